@@ -1,0 +1,162 @@
+"""Benchmark problems: load from a data directory, the Hugging Face hub, or the shipped handful; normalize.
+
+One small module per benchmark (``gsm8k``, ``math500``, ``humaneval``, ``mbpp``) declares its file name,
+its hub location, the sha256 of the published file, and how one original record becomes a normalized
+problem record (``docs/interfaces.md``)::
+
+    {"id": ..., "benchmark": ..., "index": i, "gold": ..., "source": {original fields}}
+
+Sources, in order (issue 2): a data directory (config ``data_dir`` or ``$ORL_EVAL_DATA``) holding the
+original JSONL files; else the hub through ``datasets``; else ``repro/data/builtin/`` — a few problems per
+benchmark written for this project (not copied from the benchmarks) so a machine with neither network
+nor data still runs the smoke suite. The source used is recorded and printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp")
+BUILTIN_DIR = Path(__file__).with_name("builtin")
+
+
+class DataError(RuntimeError):
+    """A benchmark file is missing, unreadable, or not in the expected layout."""
+
+
+def spec(benchmark: str):
+    """The per-benchmark module (``repro.data.<benchmark>``)."""
+    if benchmark not in BENCHMARKS:
+        raise DataError(f"unknown benchmark {benchmark!r}; allowed: {', '.join(BENCHMARKS)}")
+    return importlib.import_module(f"repro.data.{benchmark}")
+
+
+@dataclass
+class LoadedProblems:
+    """Normalized problems plus where they came from (for provenance)."""
+
+    benchmark: str
+    problems: list[dict]
+    source: str            # "data_dir" | "hub" | "builtin"
+    location: str          # file path or hub id
+    sha256: str            # of the original file (data_dir/builtin) or of the canonical JSONL (hub)
+    total: int             # problems in the source before `limit`
+    notes: list[str] = field(default_factory=list)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read a JSON Lines file; raise DataError naming the file and line on a bad line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    return rows
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def normalize(benchmark: str, rows: list[dict], where: str) -> list[dict]:
+    """Turn original records into normalized problem records; DataError names missing fields."""
+    mod = spec(benchmark)
+    out = []
+    for i, r in enumerate(rows):
+        missing = [k for k in mod.FIELDS if k not in r]
+        if missing:
+            raise DataError(f"{where}: record {i} lacks field(s) {', '.join(missing)}; "
+                            f"a {benchmark} file needs {', '.join(mod.FIELDS)}")
+        out.append({"id": mod.problem_id(i, r), "benchmark": benchmark, "index": i,
+                    "gold": mod.gold(r), "source": {k: r[k] for k in r}})
+    ids = [p["id"] for p in out]
+    if len(set(ids)) != len(ids):
+        raise DataError(f"{where}: duplicate problem ids")
+    return out
+
+
+def _from_file(benchmark: str, path: Path, source: str) -> LoadedProblems:
+    mod = spec(benchmark)
+    path = path.resolve()
+    probs = normalize(benchmark, read_jsonl(path), str(path))
+    digest = _sha256(path)
+    notes = []
+    if source == "data_dir" and digest != mod.PUBLISHED_SHA256:
+        notes.append(f"{path.name}: sha256 {digest[:12]}… differs from the published file "
+                     f"({mod.PUBLISHED_SHA256[:12]}…); results are not comparable with the paper")
+    return LoadedProblems(benchmark, probs, source, str(path), digest, len(probs), notes)
+
+
+def _from_hub(benchmark: str) -> LoadedProblems:
+    mod = spec(benchmark)
+    import datasets  # lazy: heavy, and only needed without a data directory
+
+    ds = datasets.load_dataset(mod.HUB_PATH, mod.HUB_CONFIG, split=mod.HUB_SPLIT)
+    rows = [dict(r) for r in ds]
+    rows = mod.from_hub(rows) if hasattr(mod, "from_hub") else rows
+    blob = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
+    probs = normalize(benchmark, rows, f"hub:{mod.HUB_PATH}")
+    return LoadedProblems(benchmark, probs, "hub", f"{mod.HUB_PATH}/{mod.HUB_CONFIG or ''}:{mod.HUB_SPLIT}",
+                          hashlib.sha256(blob).hexdigest(), len(probs))
+
+
+def hub_disabled() -> bool:
+    """True when the environment says not to try the hub (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``)."""
+    return any(os.environ.get(k, "0").lower() in ("1", "true", "yes")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "ORL_EVAL_NO_HUB"))
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Quick TCP probe of the hub endpoint (``$HF_ENDPOINT``), so an offline machine falls back in
+    seconds instead of sitting through ``datasets``' retry loop (measured here: 24 s per benchmark)."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def load_problems(benchmark: str, data_dir: Path | None, limit: int | None = None,
+                  allow_hub: bool = True) -> LoadedProblems:
+    """Load one benchmark from the first source that works and keep the first ``limit`` problems.
+
+    Raises:
+        DataError: ``data_dir`` is given but lacks the benchmark's file (the message names the file).
+    """
+    mod = spec(benchmark)
+    notes = []
+    if data_dir is not None:
+        path = Path(data_dir) / mod.FILE
+        if not path.is_file():
+            raise DataError(f"{path}: missing; the data directory must hold {mod.FILE} "
+                            f"(original {benchmark} layout), or unset data_dir / ORL_EVAL_DATA")
+        loaded = _from_file(benchmark, path, "data_dir")
+    else:
+        loaded = None
+        if allow_hub and not hub_disabled() and not hub_reachable():
+            notes.append(f"hub unreachable for {benchmark} (no network to $HF_ENDPOINT)")
+        elif allow_hub and not hub_disabled():
+            try:
+                loaded = _from_hub(benchmark)
+            except Exception as e:  # no network, no datasets, gated repo: fall back, say why
+                notes.append(f"hub unavailable for {benchmark} ({type(e).__name__}: {str(e)[:120]})")
+        if loaded is None:
+            loaded = _from_file(benchmark, BUILTIN_DIR / mod.FILE, "builtin")
+            notes.append(f"{benchmark}: using the {loaded.total} shipped problems written for this project "
+                         "(not the benchmark); set data_dir or ORL_EVAL_DATA for real problems")
+    loaded.notes = notes + loaded.notes
+    if limit is not None:
+        loaded.problems = loaded.problems[:limit]
+    return loaded
