@@ -1,0 +1,182 @@
+"""`python -m repro.backends.generate`: one generation job (a model × benchmark × seed × shard).
+
+    python -m repro.backends.generate --backend engine --model tiny-orl --model-dir DIR --role orl \
+        --verified STAMP.json --decoder DEC.yaml --problems problems/gsm8k.jsonl --seed 12345 \
+        --shard 0 --num-shards 1 --device cpu --precision fp32 --out shard0of1.jsonl
+
+Resumable and exactly-once: each finished problem is appended (flushed + fsynced) to
+``OUT.partial.jsonl``; a rerun after a kill skips the problems already there (a truncated last line is
+dropped and regenerated). When the shard is complete the records are de-duplicated by id, checked to
+cover the shard exactly, ordered by problem index, and written to ``OUT`` atomically together with
+``OUT.meta.json`` (provenance); then the partial file is removed. ``OUT`` therefore exists only when
+complete, which is what Snakemake sees.
+
+Refuses to start when the checkpoint's verification stamp is missing or does not match the
+checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from repro.backends import get_backend
+from repro.io import append_jsonl, atomic_write_text, read_jsonl_tolerant
+from repro.provenance import code_revision, sha256_path
+
+
+class GenerationError(RuntimeError):
+    """The job cannot run (unverified checkpoint, no GPU, bad decoder config); the message says why."""
+
+
+def check_verified(model_dir: Path, stamp: Path) -> dict:
+    """Return the verification stamp if it matches ``model_dir``'s manifest; raise GenerationError if not."""
+    from repro.checkpoint.manifest import MANIFEST_NAME
+
+    if not stamp.is_file():
+        raise GenerationError(f"{stamp}: no verification stamp; run `python -m repro.checkpoint verify "
+                              f"{model_dir} --stamp {stamp}` first (generation never runs on an unverified checkpoint)")
+    info = json.loads(stamp.read_text())
+    manifest = json.loads((model_dir / MANIFEST_NAME).read_text())
+    if info.get("manifest_sha256") != manifest.get("manifest_sha256"):
+        raise GenerationError(f"{stamp}: stamp is for manifest {info.get('manifest_sha256')!r} but {model_dir} "
+                              f"now has {manifest.get('manifest_sha256')!r}; verify the checkpoint again")
+    return info
+
+
+def check_device(device: str) -> None:
+    """Fail clearly when a GPU job lands on a machine without one (Snakemake would run it anyway)."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise GenerationError(
+                "device 'cuda' requested but no CUDA GPU is visible (torch.cuda.is_available() is False, "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); run this suite on a GPU "
+                "machine or use the smoke suite (CPU by design)")
+
+
+def load_decoder(path: Path, seed: int) -> dict:
+    """Read a rendered decoder YAML (a flat mapping of decoder keys); add the job's seed."""
+    try:
+        dec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise GenerationError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(dec, dict):
+        raise GenerationError(f"{path}: a decoder config must be a mapping of decoder keys")
+    dec.setdefault("seed", seed)
+    return dec
+
+
+def shard_of(problems: list[dict], shard: int, num_shards: int) -> list[dict]:
+    """Problems of one shard: every ``num_shards``-th problem starting at ``shard`` (balanced lengths)."""
+    if not 0 <= shard < num_shards:
+        raise GenerationError(f"--shard {shard} must be in [0, {num_shards})")
+    return problems[shard::num_shards]
+
+
+def finalize(out: Path, partial: Path, todo: list[dict], meta: dict) -> list[dict]:
+    """De-duplicate the partial records, check coverage, write ``out`` + meta atomically."""
+    recs = read_jsonl_tolerant(partial)
+    by_id: dict[str, dict] = {}
+    for r in recs:
+        by_id.setdefault(r["id"], r)
+    want = [p["id"] for p in todo]
+    missing = [i for i in want if i not in by_id]
+    if missing:
+        raise GenerationError(f"{partial}: {len(missing)} problem(s) missing after generation: {missing[:5]}")
+    ordered = [by_id[i] for i in want]
+    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
+    atomic_write_text(Path(str(out) + ".meta.json"), json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    partial.unlink(missing_ok=True)
+    return ordered
+
+
+def run(a: argparse.Namespace) -> int:
+    from repro.prompts import build_prompt
+
+    model_dir, out = Path(a.model_dir), Path(a.out)
+    stamp = check_verified(model_dir, Path(a.verified))
+    check_device(a.device)
+    decoder = load_decoder(Path(a.decoder), a.seed)
+    problems = [json.loads(line) for line in Path(a.problems).read_text().splitlines() if line.strip()]
+    todo = shard_of(problems, a.shard, a.num_shards)
+    partial = Path(str(out) + ".partial.jsonl")
+    done = {r["id"] for r in read_jsonl_tolerant(partial)}
+    # rewrite the partial file without a possibly truncated last line before appending to it
+    if partial.exists():
+        kept = read_jsonl_tolerant(partial)
+        atomic_write_text(partial, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+    remaining = [p for p in todo if p["id"] not in done]
+    print(f"{a.model}/{a.benchmark}/seed{a.seed} shard {a.shard}/{a.num_shards}: {len(todo)} problems, "
+          f"{len(todo) - len(remaining)} already done, {len(remaining)} to generate", file=sys.stderr)
+
+    backend = None
+    if remaining:
+        backend = get_backend(a.backend, model_dir=str(model_dir), role=a.role, device=a.device,
+                              precision=a.precision)
+        prompts = [build_prompt(a.benchmark, p["source"]) for p in remaining]
+        from tqdm import tqdm
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        bar = tqdm(total=len(remaining), desc=f"{a.model}/{a.benchmark}", unit="problem", file=sys.stderr,
+                   mininterval=1.0)
+        toks = fwd = 0
+        t0 = time.perf_counter()
+        with open(partial, "a", encoding="utf-8") as f:
+            for prob, prompt, rec in zip(remaining, prompts, backend.generate(prompts, decoder)):
+                rec = {"id": prob["id"], "benchmark": a.benchmark, "model": a.model, "seed": a.seed,
+                       "backend": a.backend, "template_version": prompt.template_version, **rec}
+                append_jsonl(f, rec)
+                toks += rec["generated_tokens"]
+                if rec.get("forwards"):
+                    fwd += rec["forwards"]["denoise"] + rec["forwards"]["commit"]
+                bar.update(1)
+                bar.set_postfix(tok_s=f"{toks / (time.perf_counter() - t0):.1f}",
+                                TPF=f"{toks / fwd:.2f}" if fwd else "n/a")
+        bar.close()
+    meta = {
+        "model": a.model, "benchmark": a.benchmark, "seed": a.seed, "shard": a.shard,
+        "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,
+        "checkpoint_manifest_sha256": stamp.get("manifest_sha256"),
+        "decoder_sha256": sha256_path(a.decoder), "decoder": decoder,
+        "problems_sha256": sha256_path(a.problems), "code_revision": code_revision(),
+        "backend_info": backend.describe() if backend else None,
+    }
+    recs = finalize(out, partial, todo, meta)
+    print(f"wrote {len(recs)} records -> {out}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m repro.backends.generate", description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=["engine", "sglang"], default="engine")
+    ap.add_argument("--model", required=True, help="model name from config.yaml")
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--role", choices=["orl", "base"], required=True)
+    ap.add_argument("--verified", required=True, help="verification stamp written by repro.checkpoint verify")
+    ap.add_argument("--decoder", required=True, help="rendered decoder YAML")
+    ap.add_argument("--problems", required=True)
+    ap.add_argument("--benchmark", required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--shard", type=int, default=0)
+    ap.add_argument("--num-shards", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    try:
+        return run(a)
+    except GenerationError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""Where each stage writes, relative to the work directory — one place, used by the Snakefile and tools.
+
+    hf/<model>/                                  checkpoint (downloaded, local copy, or tiny)
+    hf/<model>.verified.json                     verification stamp (manifest hash)
+    <suite>/problems/<bench>.jsonl               normalized problems (+ .meta.json)
+    <suite>/decoders/<model>/<bench>/seed<S>.yaml rendered decoder config
+    <suite>/generations/<model>/<bench>/seed<S>/shard<K>of<N>.jsonl
+    <suite>/generations/<model>/<bench>/seed<S>.jsonl   merged shards (+ .meta.json)
+    <suite>/scores/<model>/<bench>/seed<S>.jsonl        per-sample verdicts (+ .summary.json)
+    results/<suite>/main_table.{md,tex,csv}, provenance.json   (in the checkout, not the work dir)
+"""
+
+CHECKPOINT = "hf/{model}"
+VERIFIED = "hf/{model}.verified.json"
+PROBLEMS = "{suite}/problems/{bench}.jsonl"
+DECODER = "{suite}/decoders/{model}/{bench}/seed{seed}.yaml"
+SHARD = "{suite}/generations/{model}/{bench}/seed{seed}/shard{shard}of{nshards}.jsonl"
+GENERATIONS = "{suite}/generations/{model}/{bench}/seed{seed}.jsonl"
+SCORES = "{suite}/scores/{model}/{bench}/seed{seed}.jsonl"
+SUMMARY = "{suite}/scores/{model}/{bench}/seed{seed}.summary.json"
