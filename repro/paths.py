@@ -1,7 +1,7 @@
 """Where each stage writes, relative to the work directory — one place, used by the Snakefile and tools.
 
     hf/<model>/                                  checkpoint (downloaded, local copy, or tiny)
-    hf/<model>.verified.json                     verification stamp (manifest hash)
+    verified/<model>.json                        verification stamp (manifest hash)
     <suite>/problems/<bench>.jsonl               normalized problems (+ .meta.json)
     <suite>/decoders/<model>/<bench>/seed<S>.yaml rendered decoder config
     <suite>/generations/<model>/<bench>/seed<S>/shard<K>of<N>.jsonl
@@ -11,7 +11,7 @@
 """
 
 CHECKPOINT = "hf/{model}"
-VERIFIED = "hf/{model}.verified.json"
+VERIFIED = "verified/{model}.json"
 PROBLEMS = "{suite}/problems/{bench}.jsonl"
 DECODER = "{suite}/decoders/{model}/{bench}/seed{seed}.yaml"
 SHARD = "{suite}/generations/{model}/{bench}/seed{seed}/shard{shard}of{nshards}.jsonl"

@@ -1,0 +1,41 @@
+# Checkpoints: obtain (HF download, local path, or the tiny random-weight model), then verify every
+# file against checkpoint_manifest.json. Generation depends on the verification stamp, never on the
+# bare directory, so it cannot start on an unverified checkpoint.
+
+
+def fetch_command(wildcards, output):
+    src = config["models"][wildcards.model]["source"]
+    if src["type"] == "tiny":
+        return f"{PY} -m repro.checkpoint.tiny --out {output[0]} --seed {src['seed']}"
+    if src["type"] == "local":
+        return f"{PY} -m repro.checkpoint download --name {wildcards.model} --local-path {src['path']} --out {output[0]}"
+    return (f"{PY} -m repro.checkpoint download --name {wildcards.model} --repo-id {src['repo_id']} "
+            f"--revision {src['revision']} --out {output[0]}")
+
+
+rule download_checkpoint:
+    output:
+        directory(W(P.CHECKPOINT, model="{model}")),
+    params:
+        cmd=fetch_command,
+    log:
+        W("logs/download/{model}.log"),
+    retries: 2
+    resources:
+        runtime=240,
+    shell:
+        "{params.cmd} > {log} 2>&1"
+
+
+rule verify_checkpoint:
+    input:
+        W(P.CHECKPOINT, model="{model}"),
+    output:
+        W(P.VERIFIED, model="{model}"),
+    log:
+        W("logs/verify/{model}.log"),
+    threads: 2
+    resources:
+        runtime=60,
+    shell:
+        "{PY} -m repro.checkpoint verify {input} --stamp {output} > {log} 2>&1"

@@ -1,0 +1,25 @@
+# Decoder configs: rendered (jinja2) per model × benchmark × seed from the checkpoint's paper_decoding.json
+# (the packaged default when the checkpoint ships none), for the configured backend.
+
+
+def render_sets(wildcards):
+    mnt = config["suites"][wildcards.suite].get("max_new_tokens")
+    return f"--set max_new_tokens={mnt}" if mnt else ""
+
+
+rule render_decoder:
+    input:
+        ckpt=W(P.CHECKPOINT, model="{model}"),
+        verified=W(P.VERIFIED, model="{model}"),
+    output:
+        W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
+    params:
+        decoder=lambda wc: config["models"][wc.model]["decoder"],
+        dsuite=lambda wc: config["suites"][wc.suite]["decoder_suite"],
+        sets=render_sets,
+    log:
+        W("logs/decoders/{suite}/{model}/{bench}/seed{seed}.log"),
+    shell:
+        "{PY} -m repro.paper.render_config --suite {params.dsuite} --model {params.decoder} "
+        "--benchmark {wildcards.bench} --seed {wildcards.seed} --checkpoint {input.ckpt} "
+        "--backend {config[backend]} {params.sets} --out {output} > {log} 2>&1"

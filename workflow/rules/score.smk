@@ -1,0 +1,20 @@
+# Scoring: extraction + comparison (GSM8K, MATH-500) or sandboxed execution (HumanEval, MBPP). CPU only.
+
+
+rule score:
+    input:
+        problems=W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
+        generations=W(P.GENERATIONS, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
+    output:
+        scores=W(P.SCORES, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
+        summary=W(P.SUMMARY, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
+    log:
+        W("logs/score/{suite}/{model}/{bench}/seed{seed}.log"),
+    threads: config["scoring"]["workers"]
+    resources:
+        runtime=60,
+        mem_mb=8000,
+    shell:
+        "{PY} -m repro.scoring score --benchmark {wildcards.bench} --problems {input.problems} "
+        "--generations {input.generations} --out {output.scores} --summary {output.summary} "
+        "--workers {threads} --timeout {config[scoring][timeout_s]} > {log} 2>&1"
