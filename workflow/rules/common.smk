@@ -11,7 +11,8 @@ from repro.config import ConfigError, data_dir, suite_cells, validate_config, wo
 try:
     config = validate_config(config)
 except ConfigError as e:
-    raise WorkflowError(str(e)) from None
+    print(f"Config error: {e}", file=sys.stderr)
+    sys.exit(1)
 
 SUITE = config["suite"]
 S = config["suites"][SUITE]
