@@ -1,0 +1,176 @@
+"""Verify a checkpoint directory against its `checkpoint_manifest.json`; write the verified stamp.
+
+Contract
+--------
+``verify(ckpt_dir, manifest_path=None, jobs=None, progress=None, expect_manifest_sha256=None)`` returns
+a ``VerifyReport``. It
+
+1. loads the manifest (default ``<ckpt_dir>/checkpoint_manifest.json``), validates its schema and checks
+   that its ``manifest_sha256`` matches its ``files`` list (an edited manifest is reported, not trusted);
+   with ``expect_manifest_sha256`` (e.g. pinned in config) the manifest must also carry that value;
+2. lists the files on disk (``repro.checkpoint.manifest.list_files``: everything except the manifest and
+   ``.cache/``) and reports **missing** files (in the manifest, not on disk) and **extra** files (on disk,
+   not in the manifest) by name;
+3. compares sizes first (a size mismatch is reported without hashing), then streams every remaining file
+   through sha256 (flat memory, several files in parallel, a tqdm bar over bytes) and reports **altered**
+   files with the expected and actual values.
+
+``write_stamp`` writes the stamp JSON atomically (the workflow's verify-rule output; generation rules take
+it as input, so generation never starts on an unverified checkpoint)::
+
+    {"schema_version": 1, "checkpoint": "<abs dir>", "manifest": "<abs manifest path>",
+     "manifest_sha256": "...", "files": N, "bytes": B, "verified_at": "<UTC ISO-8601>",
+     "seconds": s, "tool": "repro.checkpoint.verify"}
+
+On failure the CLI removes a stale stamp at the same path, so an old stamp can never vouch for a changed
+directory. ``require_verified(ckpt_dir, stamp)`` is the cheap check a generation step can make: the stamp
+exists and names the manifest_sha256 the checkpoint's manifest carries now.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import jsonschema
+
+from .manifest import MANIFEST_NAME, MANIFEST_SCHEMA, files_digest, hash_files, list_files, write_json
+
+STAMP_SCHEMA_VERSION = 1
+
+
+class ManifestError(ValueError):
+    """The manifest is missing, unreadable or inconsistent; the message names the file and the fix."""
+
+
+@dataclass
+class VerifyReport:
+    checkpoint: Path
+    manifest_path: Path
+    manifest_sha256: str = ""
+    n_files: int = 0
+    n_bytes: int = 0
+    seconds: float = 0.0
+    missing: list[dict] = field(default_factory=list)   # {path, size, sha256} expected
+    extra: list[dict] = field(default_factory=list)     # {path, size}
+    altered: list[dict] = field(default_factory=list)   # {path, field, expected, actual}
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.altered)
+
+    def lines(self) -> list[str]:
+        """Human-readable result, one problem per line, every file by name."""
+        if self.ok:
+            return [f"verify {self.checkpoint}: OK ({self.n_files} files, {self.n_bytes} bytes, "
+                    f"manifest_sha256 {self.manifest_sha256}, {self.seconds:.1f} s)"]
+        out = [f"verify {self.checkpoint}: FAILED against {self.manifest_path} "
+               f"({len(self.missing)} missing, {len(self.extra)} extra, {len(self.altered)} altered)"]
+        for m in self.missing:
+            out.append(f"  missing: {m['path']} (expected size {m['size']}, sha256 {m['sha256']})")
+        for e in self.extra:
+            out.append(f"  extra:   {e['path']} (size {e['size']}; not in the manifest)")
+        for a in self.altered:
+            out.append(f"  altered: {a['path']}: {a['field']} expected {a['expected']}, actual {a['actual']}")
+        out.append("  fix: re-download the checkpoint (python -m repro.checkpoint download ...) or restore the "
+                   "named files; if the change is intended, rewrite the manifest on a trusted copy with "
+                   "`python -m repro.checkpoint manifest DIR`")
+        return out
+
+
+def load_manifest(path: str | Path, expect_manifest_sha256: str | None = None) -> dict:
+    """Read and check a manifest; raise ``ManifestError`` naming the file and the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"{path}: no checkpoint manifest. Write one on a trusted copy with "
+                            f"`python -m repro.checkpoint manifest {path.parent}` (download does this "
+                            "when the repository ships none)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{path}: not valid JSON ({e}); rewrite it with "
+                            f"`python -m repro.checkpoint manifest {path.parent}` on a trusted copy") from None
+    errors = list(jsonschema.Draft202012Validator(MANIFEST_SCHEMA).iter_errors(manifest))
+    if errors:
+        msgs = "; ".join(f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:5])
+        raise ManifestError(f"{path}: does not match the manifest schema (version 1): {msgs}")
+    paths = [f["path"] for f in manifest["files"]]
+    if len(set(paths)) != len(paths):
+        dup = sorted({p for p in paths if paths.count(p) > 1})
+        raise ManifestError(f"{path}: lists these paths more than once: {', '.join(dup)}")
+    actual = files_digest(manifest["files"])
+    if actual != manifest["manifest_sha256"]:
+        raise ManifestError(f"{path}: manifest_sha256 expected {manifest['manifest_sha256']}, actual {actual} "
+                            "(the manifest's file list was edited); restore the manifest from the source")
+    if expect_manifest_sha256 and manifest["manifest_sha256"] != expect_manifest_sha256:
+        raise ManifestError(f"{path}: manifest_sha256 expected {expect_manifest_sha256} (pinned), actual "
+                            f"{manifest['manifest_sha256']}; this is not the pinned checkpoint")
+    return manifest
+
+
+def verify(ckpt_dir: str | Path, manifest_path: str | Path | None = None, jobs: int | None = None,
+           progress: bool | None = None, expect_manifest_sha256: str | None = None) -> VerifyReport:
+    """Check every file of ``ckpt_dir`` against the manifest (see the module docstring)."""
+    t0 = time.perf_counter()
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        raise ManifestError(f"{root}: checkpoint directory does not exist; download it first "
+                            "(python -m repro.checkpoint download ...)")
+    mpath = Path(manifest_path) if manifest_path else root / MANIFEST_NAME
+    manifest = load_manifest(mpath, expect_manifest_sha256)
+    rep = VerifyReport(root.resolve(), mpath.resolve(), manifest["manifest_sha256"])
+    expected = {f["path"]: f for f in manifest["files"]}
+    on_disk = set(list_files(root))
+    rep.missing = [expected[p] for p in sorted(set(expected) - on_disk)]
+    rep.extra = [{"path": p, "size": (root / p).stat().st_size} for p in sorted(on_disk - set(expected))]
+    to_hash = []
+    for p in sorted(set(expected) & on_disk):
+        size = (root / p).stat().st_size
+        if size != expected[p]["size"]:
+            rep.altered.append({"path": p, "field": "size", "expected": expected[p]["size"], "actual": size})
+        else:
+            to_hash.append(p)
+    digests = hash_files(root, to_hash, jobs=jobs, progress=progress, desc=f"verify {root.name}")
+    for p in to_hash:
+        if digests[p] != expected[p]["sha256"]:
+            rep.altered.append({"path": p, "field": "sha256", "expected": expected[p]["sha256"],
+                                "actual": digests[p]})
+    rep.altered.sort(key=lambda a: a["path"])
+    rep.n_files = len(expected)
+    rep.n_bytes = sum(f["size"] for f in manifest["files"])
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def stamp_dict(rep: VerifyReport) -> dict:
+    return {"schema_version": STAMP_SCHEMA_VERSION, "checkpoint": str(rep.checkpoint),
+            "manifest": str(rep.manifest_path), "manifest_sha256": rep.manifest_sha256,
+            "files": rep.n_files, "bytes": rep.n_bytes,
+            "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(rep.seconds, 3), "tool": "repro.checkpoint.verify"}
+
+
+def write_stamp(rep: VerifyReport, stamp: str | Path) -> dict:
+    """Atomically write the stamp of a successful verification; refuse a failed report."""
+    if not rep.ok:
+        raise ValueError("refusing to stamp a checkpoint that failed verification")
+    d = stamp_dict(rep)
+    write_json(stamp, d)
+    return d
+
+
+def require_verified(ckpt_dir: str | Path, stamp: str | Path) -> dict:
+    """Raise ``ManifestError`` unless ``stamp`` vouches for the manifest ``ckpt_dir`` carries now."""
+    stamp = Path(stamp)
+    if not stamp.is_file():
+        raise ManifestError(f"{stamp}: no verified stamp; run `python -m repro.checkpoint verify {ckpt_dir} "
+                            f"--stamp {stamp}` first (generation never starts on an unverified checkpoint)")
+    s = json.loads(stamp.read_text())
+    m = json.loads((Path(ckpt_dir) / MANIFEST_NAME).read_text())
+    if s.get("manifest_sha256") != m.get("manifest_sha256"):
+        raise ManifestError(f"{stamp}: manifest_sha256 expected {m.get('manifest_sha256')} (current manifest "
+                            f"of {ckpt_dir}), actual {s.get('manifest_sha256')}; verify again")
+    return s
