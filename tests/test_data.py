@@ -1,0 +1,66 @@
+"""Problem loading and normalization on the real benchmark files, the shipped problems, and bad input."""
+
+import json
+
+import pytest
+
+from repro.data import BENCHMARKS, DataError, load_problems, spec
+from repro.data.prepare import main as prepare_main
+
+
+@pytest.mark.parametrize("bench,total,first_id", [("gsm8k", 1319, "gsm8k/0"), ("math500", 500, "test/precalculus/807.json"),
+                                                   ("humaneval", 164, "HumanEval/0"), ("mbpp", 500, "mbpp/11")])
+def test_real_files_normalize_with_published_hash(data_dir, bench, total, first_id):
+    lp = load_problems(bench, data_dir)
+    assert lp.total == total and len(lp.problems) == total and lp.source == "data_dir"
+    assert lp.sha256 == spec(bench).PUBLISHED_SHA256 and not lp.notes
+    assert lp.problems[0]["id"] == first_id
+    assert len({p["id"] for p in lp.problems}) == total
+
+
+def test_gold_fields(data_dir):
+    g = load_problems("gsm8k", data_dir, limit=1).problems[0]
+    assert g["gold"] == "18" and g["source"]["question"].startswith("Janet")
+    m = load_problems("mbpp", data_dir).problems
+    assert [p["source"]["task_id"] for p in (m[0], m[-1])] == [11, 510]
+    assert load_problems("math500", data_dir, limit=1).problems[0]["gold"] == r"\left( 3, \frac{\pi}{2} \right)"
+
+
+def test_limit_takes_the_first_n(data_dir):
+    lp = load_problems("humaneval", data_dir, limit=3)
+    assert [p["id"] for p in lp.problems] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"] and lp.total == 164
+
+
+@pytest.mark.parametrize("bench", BENCHMARKS)
+def test_shipped_problems_when_offline(bench, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    lp = load_problems(bench, None)
+    assert lp.source == "builtin" and len(lp.problems) >= 4
+    assert any("shipped problems" in n for n in lp.notes)
+
+
+def test_missing_file_in_data_dir_names_it(tmp_path):
+    with pytest.raises(DataError, match=r"math500\.jsonl: missing"):
+        load_problems("math500", tmp_path)
+
+
+def test_bad_record_names_field(tmp_path):
+    (tmp_path / "gsm8k.jsonl").write_text(json.dumps({"question": "q"}) + "\n")
+    with pytest.raises(DataError, match="lacks field.*answer"):
+        load_problems("gsm8k", tmp_path)
+
+
+def test_altered_file_is_flagged(tmp_path, data_dir):
+    lines = (data_dir / "gsm8k.jsonl").read_text().splitlines()[:10]
+    (tmp_path / "gsm8k.jsonl").write_text("\n".join(lines) + "\n")
+    lp = load_problems("gsm8k", tmp_path)
+    assert any("not comparable" in n for n in lp.notes)
+
+
+def test_prepare_cli_writes_problems_and_meta(tmp_path, data_dir, capsys):
+    out = tmp_path / "p" / "mbpp.jsonl"
+    assert prepare_main(["--benchmark", "mbpp", "--out", str(out), "--data-dir", str(data_dir), "--limit", "4"]) == 0
+    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    meta = json.loads((tmp_path / "p" / "mbpp.jsonl.meta.json").read_text())
+    assert len(rows) == 4 and meta["source"] == "data_dir" and meta["kept"] == 4 and meta["total"] == 500
+    assert "from data_dir" in capsys.readouterr().out
