@@ -36,18 +36,13 @@ class GenerationError(RuntimeError):
 
 
 def check_verified(model_dir: Path, stamp: Path) -> dict:
-    """Return the verification stamp if it matches ``model_dir``'s manifest; raise GenerationError if not."""
-    from repro.checkpoint.manifest import MANIFEST_NAME
+    """The verification stamp if it vouches for ``model_dir``'s current manifest; GenerationError if not."""
+    from repro.checkpoint.verify import ManifestError, require_verified
 
-    if not stamp.is_file():
-        raise GenerationError(f"{stamp}: no verification stamp; run `python -m repro.checkpoint verify "
-                              f"{model_dir} --stamp {stamp}` first (generation never runs on an unverified checkpoint)")
-    info = json.loads(stamp.read_text())
-    manifest = json.loads((model_dir / MANIFEST_NAME).read_text())
-    if info.get("manifest_sha256") != manifest.get("manifest_sha256"):
-        raise GenerationError(f"{stamp}: stamp is for manifest {info.get('manifest_sha256')!r} but {model_dir} "
-                              f"now has {manifest.get('manifest_sha256')!r}; verify the checkpoint again")
-    return info
+    try:
+        return require_verified(model_dir, stamp)
+    except ManifestError as e:
+        raise GenerationError(str(e)) from None
 
 
 def check_device(device: str) -> None:

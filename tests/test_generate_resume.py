@@ -1,0 +1,125 @@
+"""The generation driver: exactly-once records across kills and reruns, shards, refusal conditions."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.backends import generate as gen
+from repro.backends.merge import merge
+from repro.checkpoint.manifest import write_manifest
+
+
+class Killed(Exception):
+    pass
+
+
+class FakeBackend:
+    """Deterministic stand-in for a model: completion = prompt id; can 'die' after k problems."""
+
+    name = "engine"
+
+    def __init__(self, die_after=None):
+        self.die_after, self.calls = die_after, 0
+
+    def generate(self, prompts, decoder):
+        for p in prompts:
+            if self.die_after is not None and self.calls >= self.die_after:
+                raise Killed()
+            self.calls += 1
+            text = p.messages[-1]["content"][:20]
+            yield {"prompt_text": text, "completion": text, "prompt_tokens": 5, "generated_tokens": 4,
+                   "forwards": {"prefill": 1, "denoise": 1, "commit": 1}, "tpf": 2.0, "wall_s": 0.01,
+                   "tokens_per_s": 400.0, "finish_reason": "eos", "device": "cpu"}
+
+    def describe(self):
+        return {"backend": "fake"}
+
+
+@pytest.fixture
+def job(tmp_path, data_dir):
+    from repro.data import load_problems
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    m = write_manifest(ckpt)
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text(json.dumps({"manifest_sha256": m["manifest_sha256"]}))
+    probs = load_problems("gsm8k", data_dir, limit=7).problems
+    pf = tmp_path / "problems.jsonl"
+    pf.write_text("".join(json.dumps(p) + "\n" for p in probs))
+    dec = tmp_path / "dec.yaml"
+    dec.write_text("algorithm: low_confidence\nthreshold: 0.9\n")
+
+    def args(out, shard=0, n=1):
+        return gen.argparse.Namespace(backend="engine", model="m", model_dir=str(ckpt), role="base",
+                                      verified=str(stamp), decoder=str(dec), problems=str(pf), benchmark="gsm8k",
+                                      seed=1, shard=shard, num_shards=n, device="cpu", precision="fp32", out=str(out))
+    return args, probs, ckpt, stamp
+
+
+def ids(path):
+    return [json.loads(l)["id"] for l in Path(path).read_text().splitlines()]
+
+
+def test_kill_then_rerun_gives_every_problem_once(job, tmp_path, monkeypatch):
+    args, probs, *_ = job
+    out = tmp_path / "g" / "shard0of1.jsonl"
+    backend = FakeBackend(die_after=3)
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: backend)
+    with pytest.raises(Killed):
+        gen.run(args(out))
+    assert not out.exists()                      # no half output for Snakemake to mistake as done
+    partial = Path(str(out) + ".partial.jsonl")
+    assert len(partial.read_text().splitlines()) == 3
+    with open(partial, "a") as f:                # a record torn by the kill
+        f.write('{"id": "gsm8k/3", "compl')
+    backend2 = FakeBackend()
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: backend2)
+    assert gen.run(args(out)) == 0
+    assert backend2.calls == 4                   # only the missing problems were generated
+    assert ids(out) == [p["id"] for p in probs] and not partial.exists()
+    meta = json.loads(Path(str(out) + ".meta.json").read_text())
+    assert meta["checkpoint_manifest_sha256"] and meta["decoder_sha256"] and meta["code_revision"]
+
+
+def test_shards_merge_to_the_unsharded_order(job, tmp_path, monkeypatch):
+    args, probs, *_ = job
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: FakeBackend())
+    shards = []
+    for k in range(3):
+        out = tmp_path / f"shard{k}of3.jsonl"
+        gen.run(args(out, k, 3))
+        shards.append(out)
+    merged = merge(Path(args(tmp_path / "x").problems), shards, tmp_path / "merged.jsonl")
+    assert [r["id"] for r in merged] == [p["id"] for p in probs]
+    with pytest.raises(ValueError, match="duplicated"):
+        merge(Path(args(tmp_path / "x").problems), shards + [shards[0]], tmp_path / "bad.jsonl")
+
+
+def test_refuses_unverified_or_changed_checkpoint(job, tmp_path):
+    args, _, ckpt, stamp = job
+    (ckpt / "extra.bin").write_bytes(b"x")
+    write_manifest(ckpt)                         # manifest changed since the stamp
+    with pytest.raises(gen.GenerationError, match="verify again"):
+        gen.run(args(tmp_path / "o.jsonl"))
+    stamp.unlink()
+    with pytest.raises(gen.GenerationError, match="no verified stamp"):
+        gen.run(args(tmp_path / "o.jsonl"))
+
+
+def test_gpu_job_without_gpu_fails_clearly(job, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    a = job[0](tmp_path / "o.jsonl")
+    cmd = [sys.executable, "-m", "repro.backends.generate"]
+    for k, v in vars(a).items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    cmd[cmd.index("--device") + 1] = "cuda"
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no CUDA GPU is visible" in r.stderr
