@@ -1,0 +1,164 @@
+"""LLaDA2 MoE forward pass with a prefix KV cache — wires the layer functions, nothing else.
+
+Architecture (engine_spec.md §2): ``h = E[ids]`` (no scaling); per layer (pre-norm)
+``h += Attn(RMSNorm(h))``, ``h += MLP_or_MoE(RMSNorm(h))``; ``logits = lm_head(RMSNorm(h))`` cast to fp32.
+Layer ``l < first_k_dense_replace`` uses the dense SwiGLU MLP; the others the MoE block: sigmoid
+group-limited router (fp32) + routed experts (:func:`repro.engine.layers.moe.moe_forward`, the Triton seam)
++ one always-on shared expert. Attention: fused QKV (rows Q, then K, then V), per-head RMSNorm on Q and K
+before partial NeoX RoPE, GQA, block-causal mask (:func:`repro.engine.layers.attention.attention_forward`,
+the other Triton seam). Logits at position i predict the token at position i (no shift, §2 item 4).
+
+Weights live in one flat dict ``model.params`` in the layout of :mod:`repro.engine.weights`; the model is
+built empty (:meth:`LLaDA2Model.empty`), then filled from a checkpoint (:meth:`LLaDA2Model.from_pretrained`)
+or with deterministic random values (:meth:`LLaDA2Model.random`, for full-size GPU benchmarks without a
+checkpoint).
+
+Not here: decoding (``repro.engine.generate`` / ``decoders``), the no-cache oracle (``repro.engine.reference``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from repro.engine.cache import KVCache
+from repro.engine.config import LLaDA2Config
+from repro.engine.layers.attention import attention_forward
+from repro.engine.layers.mlp import swiglu
+from repro.engine.layers.moe import moe_forward, route
+from repro.engine.layers.norm import rms_norm
+from repro.engine.layers.rotary import apply_rope, rope_cos_sin
+from repro.engine.weights import FP32_PARAMS, load_weights, param_specs
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "float32": torch.float32,
+          "bfloat16": torch.bfloat16, torch.float32: torch.float32, torch.bfloat16: torch.bfloat16}
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    """``"fp32" | "bf16"`` (or the torch dtype) → torch dtype. Raises ValueError otherwise."""
+    if dtype not in DTYPES:
+        raise ValueError(f"precision must be one of 'fp32', 'bf16', got {dtype!r}")
+    return DTYPES[dtype]
+
+
+class LLaDA2Model:
+    """The LLaDA2 MoE network over a flat parameter dict (see :mod:`repro.engine.weights` for the layout).
+
+    Attributes: ``cfg`` (:class:`LLaDA2Config`), ``params`` (name → tensor), ``dtype`` (model dtype; router
+    and expert bias are fp32), ``device``, ``with_adapter`` (whether the ORL adapter weights are loaded).
+    """
+
+    def __init__(self, cfg: LLaDA2Config, params: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device, with_adapter: bool):
+        self.cfg, self.params, self.dtype, self.device = cfg, params, dtype, torch.device(device)
+        self.with_adapter = with_adapter
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def empty(cls, cfg: LLaDA2Config, device="cpu", dtype="fp32", with_adapter: bool = True) -> "LLaDA2Model":
+        """Allocate uninitialised parameters (``torch.empty``) on ``device``; router/expert bias in fp32."""
+        dt = resolve_dtype(dtype)
+        params = {n: torch.empty(s, dtype=torch.float32 if FP32_PARAMS.match(n) else dt, device=device)
+                  for n, s in param_specs(cfg, with_adapter).items()}
+        return cls(cfg, params, dt, torch.device(device), with_adapter and cfg.adapter is not None)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device="cpu", dtype="fp32", with_adapter: bool = True,
+                        cfg: LLaDA2Config | None = None) -> "LLaDA2Model":
+        """Load a Hugging Face LLaDA2 checkpoint directory (config.json + safetensors, single or sharded).
+
+        ``with_adapter=False`` (base role) leaves the ORL adapter unloaded (its tensors are still checked).
+        Raises ConfigError / WeightLoadError with the offending names.
+        """
+        cfg = cfg or LLaDA2Config.from_file(path)
+        model = cls.empty(cfg, device, dtype, with_adapter)
+        load_weights(path, cfg, model.params, with_adapter=model.with_adapter)
+        return model
+
+    @classmethod
+    def random(cls, cfg: LLaDA2Config, device="cpu", dtype="bf16", seed: int = 0,
+               with_adapter: bool = True) -> "LLaDA2Model":
+        """Deterministic random weights from ``cfg`` alone (full-size benchmarks need no checkpoint).
+
+        Each tensor is drawn from its own ``torch.Generator`` on ``device`` seeded with ``seed`` + its index
+        in sorted-name order: norms ``1 + N(0, 0.1²)``, expert bias ``N(0, 0.1²)``, embeddings ``N(0, 1)``,
+        matrices ``N(0, 1/fan_in)`` (lm_head ×6 for non-degenerate confidences). Values are reproducible
+        per device type, not across CPU/CUDA.
+        """
+        model = cls.empty(cfg, device, dtype, with_adapter)
+        for i, name in enumerate(sorted(model.params)):
+            t = model.params[name]
+            g = torch.Generator(device=t.device).manual_seed(int(seed) * 1_000_003 + i)
+            buf = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+            if name.endswith(("norm", "_norm")):
+                buf.normal_(1.0, 0.1, generator=g)
+            elif name.endswith("expert_bias"):
+                buf.normal_(0.0, 0.1, generator=g)
+            elif name == "embed":
+                buf.normal_(0.0, 1.0, generator=g)
+            else:
+                buf.normal_(0.0, (6.0 if name == "lm_head" else 1.0) / t.shape[-1] ** 0.5, generator=g)
+            t.copy_(buf)
+            del buf
+        return model
+
+    # ---------------------------------------------------------------- pieces used by decoders
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings ``E[ids]``: ids ``[n]`` int64 → ``[n, D]`` model dtype (no scaling, §2)."""
+        return self.params["embed"][ids]
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """A zeroed :class:`KVCache` for ``capacity`` positions (allocate once per request)."""
+        c = self.cfg
+        return KVCache(c.num_hidden_layers, capacity, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, ids: torch.Tensor, start: int, cache: KVCache, block_size: int,
+                embeds: torch.Tensor | None = None, logits: bool = True) -> torch.Tensor | None:
+        """Run positions ``start .. start+n-1`` against the cached prefix ``0 .. start-1``.
+
+        ids: ``[n]`` int64 (used when ``embeds`` is None); embeds: optional ``[n, D]`` model-dtype input
+        embeddings (self-conditioning); ``start`` must be a multiple of ``block_size`` and the chunk whole
+        blocks or the final partial one. Writes this chunk's K/V into ``cache`` at its positions. Returns
+        logits ``[n, V]`` fp32, or None when ``logits=False`` (prefill/commit skip the lm_head).
+        Raises ValueError for a misaligned start.
+        """
+        c, p = self.cfg, self.params
+        if start % block_size:
+            raise ValueError(f"forward start {start} is not a multiple of block_size {block_size}")
+        h = embeds if embeds is not None else self.embed(ids)
+        n = h.shape[0]
+        H, K, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        pos = torch.arange(start, start + n, device=h.device)
+        cos, sin = rope_cos_sin(pos, c.rotary_dim, c.rope_theta, h.dtype)
+        for l in range(c.num_hidden_layers):
+            q_ = f"layers.{l}."
+            a = rms_norm(h, p[q_ + "attn_norm"], c.rms_norm_eps)
+            qkv = (a @ p[q_ + "wqkv"].t()).view(n, H + 2 * K, hd)
+            q, k, v = qkv[:, :H], qkv[:, H:H + K], qkv[:, H + K:]
+            q = apply_rope(rms_norm(q, p[q_ + "q_norm"], c.rms_norm_eps), cos, sin)
+            k = apply_rope(rms_norm(k, p[q_ + "k_norm"], c.rms_norm_eps), cos, sin)
+            cache.write(l, start, k, v)
+            kk, vv = cache.view(l, start + n)
+            o = attention_forward(q, kk, vv, start, block_size)
+            h = h + o.reshape(n, H * hd) @ p[q_ + "wo"].t()
+            m = rms_norm(h, p[q_ + "mlp_norm"], c.rms_norm_eps)
+            h = h + (self._dense(l, m) if l < c.first_k_dense_replace else self._moe(l, m))
+        if not logits:
+            return None
+        h = rms_norm(h, p["final_norm"], c.rms_norm_eps)
+        return (h @ p["lm_head"].t()).float()
+
+    def _dense(self, l: int, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x, self.params[f"layers.{l}.mlp.w_gate_up"], self.params[f"layers.{l}.mlp.w_down"])
+
+    def _moe(self, l: int, x: torch.Tensor) -> torch.Tensor:
+        """MoE block (§2): routed experts (seam) + shared expert; returns ``[n, D]`` model dtype."""
+        c, p, q = self.cfg, self.params, f"layers.{l}.moe."
+        w, ids = route(x, p[q + "router"], p.get(q + "expert_bias"), c.num_experts_per_tok, c.n_group,
+                       c.topk_group, c.routed_scaling_factor, c.norm_topk_prob)
+        out = moe_forward(x, p[q + "w_gate_up"], p[q + "w_down"], w, ids)
+        if q + "shared_gate_up" in p:
+            out = out + swiglu(x, p[q + "shared_gate_up"], p[q + "shared_down"])
+        return out

@@ -1,0 +1,267 @@
+"""Weight layout of the engine and loading of Hugging Face safetensors by the real tensor names.
+
+Internal layout (what :class:`repro.engine.model.LLaDA2Model` holds, one flat ``name → tensor`` dict):
+
+=====================================  ==========================  =====================================
+internal name                          shape                       checkpoint source (engine_spec.md §3)
+=====================================  ==========================  =====================================
+``embed``                              [V, D]                      ``model.word_embeddings.weight``
+``layers.{l}.attn_norm``               [D]                         ``…input_layernorm.weight``
+``layers.{l}.wqkv``                    [(H+2K)·hd, D]              ``…attention.query_key_value.weight``
+``layers.{l}.q_norm`` / ``k_norm``     [hd]                        ``…attention.query_/key_layernorm.weight``
+``layers.{l}.wo``                      [D, H·hd]                   ``…attention.dense.weight``
+``layers.{l}.mlp_norm``                [D]                         ``…post_attention_layernorm.weight``
+``layers.{l}.mlp.w_gate_up``           [2I, D]  (dense layers)     ``…mlp.gate_proj`` rows 0..I-1, ``up_proj`` rows I..
+``layers.{l}.mlp.w_down``              [D, I]                      ``…mlp.down_proj.weight``
+``layers.{l}.moe.router``              [E, D]   fp32               ``…mlp.gate.weight``
+``layers.{l}.moe.expert_bias``         [E]      fp32               ``…mlp.gate.expert_bias``
+``layers.{l}.moe.w_gate_up``           [E, 2Im, D]                 ``…mlp.experts.{e}.gate_proj`` / ``up_proj``
+``layers.{l}.moe.w_down``              [E, D, Im]                  ``…mlp.experts.{e}.down_proj.weight``
+``layers.{l}.moe.shared_gate_up``      [2S, D]                     ``…mlp.shared_experts.gate_proj`` / ``up_proj``
+``layers.{l}.moe.shared_down``         [D, S]                      ``…mlp.shared_experts.down_proj.weight``
+``final_norm``                         [D]                         ``model.norm.weight``
+``lm_head``                            [V, D]                      ``lm_head.weight``
+``adapter.{role}``                     per adapter form            names given in config ``orl_residual_adapter.tensors``
+=====================================  ==========================  =====================================
+
+Renames are the data table :data:`RENAMES` (regex → internal template, row part), not code branches.
+Loading checks the file's tensor names against the names the config implies and fails with the **full**
+lists of missing and unexpected names, then checks every shape (full list of mismatches), then copies
+each tensor into the preallocated destination, casting to the model dtype (router and expert bias: fp32).
+
+NVFP4 (ModelOpt) checkpoints: when ``config.quantization`` says NVFP4, each quantized expert weight arrives
+as ``weight`` (packed uint8) + ``weight_scale`` + ``weight_scale_2`` (+ ``input_scale``) and is
+dequantized by :mod:`repro.checkpoint.nvfp4` before the table lookup.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from repro.engine.config import LLaDA2Config
+
+
+class WeightLoadError(ValueError):
+    """A checkpoint whose tensors do not match the configured architecture (message lists the names)."""
+
+
+#: Checkpoint-name pattern → (internal name template, row part). Row part "gate"/"up" selects the first /
+#: second half of a fused ``w_gate_up`` destination; ``{e}`` in a pattern indexes the stacked expert dim.
+_L = r"model\.layers\.(?P<l>\d+)\."
+RENAMES: list[tuple[str, str, str | None]] = [
+    (r"model\.word_embeddings\.weight", "embed", None),
+    (_L + r"input_layernorm\.weight", "layers.{l}.attn_norm", None),
+    (_L + r"attention\.query_key_value\.weight", "layers.{l}.wqkv", None),
+    (_L + r"attention\.query_layernorm\.weight", "layers.{l}.q_norm", None),
+    (_L + r"attention\.key_layernorm\.weight", "layers.{l}.k_norm", None),
+    (_L + r"attention\.dense\.weight", "layers.{l}.wo", None),
+    (_L + r"post_attention_layernorm\.weight", "layers.{l}.mlp_norm", None),
+    (_L + r"mlp\.gate_proj\.weight", "layers.{l}.mlp.w_gate_up", "gate"),
+    (_L + r"mlp\.up_proj\.weight", "layers.{l}.mlp.w_gate_up", "up"),
+    (_L + r"mlp\.down_proj\.weight", "layers.{l}.mlp.w_down", None),
+    (_L + r"mlp\.gate\.weight", "layers.{l}.moe.router", None),
+    (_L + r"mlp\.gate\.expert_bias", "layers.{l}.moe.expert_bias", None),
+    (_L + r"mlp\.experts\.(?P<e>\d+)\.gate_proj\.weight", "layers.{l}.moe.w_gate_up", "gate"),
+    (_L + r"mlp\.experts\.(?P<e>\d+)\.up_proj\.weight", "layers.{l}.moe.w_gate_up", "up"),
+    (_L + r"mlp\.experts\.(?P<e>\d+)\.down_proj\.weight", "layers.{l}.moe.w_down", None),
+    (_L + r"mlp\.shared_experts\.gate_proj\.weight", "layers.{l}.moe.shared_gate_up", "gate"),
+    (_L + r"mlp\.shared_experts\.up_proj\.weight", "layers.{l}.moe.shared_gate_up", "up"),
+    (_L + r"mlp\.shared_experts\.down_proj\.weight", "layers.{l}.moe.shared_down", None),
+    (r"model\.norm\.weight", "final_norm", None),
+    (r"lm_head\.weight", "lm_head", None),
+]
+_COMPILED = [(re.compile(p + r"\Z"), t, part) for p, t, part in RENAMES]
+
+#: Internal names kept in fp32 regardless of the model dtype (engine_spec.md §1 ``router_dtype`` fp32).
+FP32_PARAMS = re.compile(r"layers\.\d+\.moe\.(router|expert_bias)\Z")
+
+
+def param_specs(cfg: LLaDA2Config, with_adapter: bool) -> dict[str, tuple[int, ...]]:
+    """Internal name → shape for ``cfg`` (table in the module docstring)."""
+    D, V, hd = cfg.hidden_size, cfg.vocab_size, cfg.head_dim
+    H, K = cfg.num_attention_heads, cfg.num_key_value_heads
+    E, Im, S = cfg.num_experts, cfg.moe_intermediate_size, cfg.moe_intermediate_size * cfg.num_shared_experts
+    p: dict[str, tuple[int, ...]] = {"embed": (V, D)}
+    for l in range(cfg.num_hidden_layers):
+        q = f"layers.{l}."
+        p.update({q + "attn_norm": (D,), q + "wqkv": ((H + 2 * K) * hd, D), q + "q_norm": (hd,),
+                  q + "k_norm": (hd,), q + "wo": (D, H * hd), q + "mlp_norm": (D,)})
+        if l < cfg.first_k_dense_replace:
+            p.update({q + "mlp.w_gate_up": (2 * cfg.intermediate_size, D),
+                      q + "mlp.w_down": (D, cfg.intermediate_size)})
+        else:
+            p.update({q + "moe.router": (E, D), q + "moe.w_gate_up": (E, 2 * Im, D),
+                      q + "moe.w_down": (E, D, Im)})
+            if cfg.moe_router_enable_expert_bias:
+                p[q + "moe.expert_bias"] = (E,)
+            if S:
+                p.update({q + "moe.shared_gate_up": (2 * S, D), q + "moe.shared_down": (D, S)})
+    p["final_norm"] = (D,)
+    p["lm_head"] = (V, D)
+    if with_adapter and cfg.adapter is not None:
+        for role, shape in _adapter_roles(cfg).items():
+            p[f"adapter.{role}"] = shape
+    return p
+
+
+def _adapter_roles(cfg: LLaDA2Config) -> dict[str, tuple[int, ...]]:
+    shapes = cfg.adapter.shapes(cfg.hidden_size)
+    return {role: shapes[name] for role, name in cfg.adapter.tensors.items()}
+
+
+def expected_checkpoint_shapes(cfg: LLaDA2Config) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor name → shape that ``cfg`` implies (engine_spec.md §3 plus the adapter tensors).
+
+    Adapter tensors are always expected when the config declares an adapter, whatever the role loaded.
+    """
+    D, hd = cfg.hidden_size, cfg.head_dim
+    H, K = cfg.num_attention_heads, cfg.num_key_value_heads
+    I, Im, S = cfg.intermediate_size, cfg.moe_intermediate_size, cfg.moe_intermediate_size * cfg.num_shared_experts
+    n: dict[str, tuple[int, ...]] = {"model.word_embeddings.weight": (cfg.vocab_size, D)}
+    for l in range(cfg.num_hidden_layers):
+        q = f"model.layers.{l}."
+        n.update({q + "input_layernorm.weight": (D,), q + "attention.query_key_value.weight": ((H + 2 * K) * hd, D),
+                  q + "attention.query_layernorm.weight": (hd,), q + "attention.key_layernorm.weight": (hd,),
+                  q + "attention.dense.weight": (D, H * hd), q + "post_attention_layernorm.weight": (D,)})
+        if l < cfg.first_k_dense_replace:
+            n.update({q + "mlp.gate_proj.weight": (I, D), q + "mlp.up_proj.weight": (I, D),
+                      q + "mlp.down_proj.weight": (D, I)})
+            continue
+        n[q + "mlp.gate.weight"] = (cfg.num_experts, D)
+        if cfg.moe_router_enable_expert_bias:
+            n[q + "mlp.gate.expert_bias"] = (cfg.num_experts,)
+        for e in range(cfg.num_experts):
+            x = f"{q}mlp.experts.{e}."
+            n.update({x + "gate_proj.weight": (Im, D), x + "up_proj.weight": (Im, D), x + "down_proj.weight": (D, Im)})
+        if S:
+            n.update({q + "mlp.shared_experts.gate_proj.weight": (S, D), q + "mlp.shared_experts.up_proj.weight": (S, D),
+                      q + "mlp.shared_experts.down_proj.weight": (D, S)})
+    n["model.norm.weight"] = (D,)
+    n["lm_head.weight"] = (cfg.vocab_size, D)
+    if cfg.adapter is not None:
+        n.update(cfg.adapter.shapes(D))
+    return n
+
+
+def rename(name: str, cfg: LLaDA2Config) -> tuple[str, int | None, str | None]:
+    """Map a checkpoint name to ``(internal name, expert index or None, row part or None)`` via the table.
+
+    Adapter names (from the config) map to ``adapter.{role}``. Raises KeyError if no table entry matches.
+    """
+    if cfg.adapter is not None:
+        for role, tname in cfg.adapter.tensors.items():
+            if name == tname:
+                return f"adapter.{role}", None, None
+    for pat, tmpl, part in _COMPILED:
+        m = pat.match(name)
+        if m:
+            g = m.groupdict()
+            return tmpl.format(l=g.get("l")), (int(g["e"]) if g.get("e") is not None else None), part
+    raise KeyError(f"no rename-table entry for checkpoint tensor {name!r}")
+
+
+def checkpoint_files(path: str | Path) -> dict[str, Path]:
+    """Checkpoint tensor name → safetensors file, for a single ``model.safetensors`` or a sharded index.
+
+    Raises WeightLoadError when neither exists or the index names a missing shard.
+    """
+    from safetensors import safe_open
+
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        wm = json.loads(index.read_text())["weight_map"]
+        missing = sorted({f for f in wm.values() if not (root / f).is_file()})
+        if missing:
+            raise WeightLoadError(f"{index} names shard files that do not exist: {missing}")
+        return {k: root / f for k, f in wm.items()}
+    single = root / "model.safetensors"
+    if single.is_file():
+        with safe_open(str(single), "pt") as h:
+            return {k: single for k in h.keys()}
+    raise WeightLoadError(f"no model.safetensors or model.safetensors.index.json in {root}")
+
+
+def _is_nvfp4(cfg: LLaDA2Config) -> bool:
+    q = cfg.quantization or {}
+    return str(q.get("quant_algo", "")).upper() == "NVFP4"
+
+
+def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Tensor],
+                 with_adapter: bool) -> None:
+    """Fill the preallocated ``params`` (internal layout, on their device/dtype) from the checkpoint at ``path``.
+
+    Raises WeightLoadError listing **all** missing/unexpected tensor names, or all shape mismatches
+    (adapter tensors of another form/shape included: "refuse a checkpoint whose adapter tensors do not
+    match the configured form", issue 5). With ``with_adapter=False`` the adapter tensors named by the
+    config are checked but not loaded.
+    """
+    from safetensors import safe_open
+
+    files = checkpoint_files(path)
+    expected = expected_checkpoint_shapes(cfg)
+    quant_groups: dict[str, dict[str, str]] = {}
+    if _is_nvfp4(cfg):
+        from repro.checkpoint import nvfp4
+        quant_groups, files_named = nvfp4.group_quantized_names(list(files), expected)
+    else:
+        files_named = list(files)
+    present = set(files_named)
+    missing = sorted(set(expected) - present)
+    unexpected = sorted(present - set(expected))
+    if missing or unexpected:
+        raise WeightLoadError(
+            f"checkpoint {path} does not match config: {len(missing)} missing tensors {missing}; "
+            f"{len(unexpected)} unexpected tensors {unexpected}")
+    handles: dict[Path, object] = {}
+
+    def get(name: str) -> torch.Tensor:
+        f = files[name]
+        if f not in handles:
+            handles[f] = safe_open(str(f), "pt")
+        return handles[f].get_tensor(name)
+
+    def fetch(name: str) -> torch.Tensor:
+        if name in quant_groups:
+            from repro.checkpoint import nvfp4
+            g = quant_groups[name]
+            return nvfp4.dequantize(get(g["weight"]), get(g["weight_scale"]), get(g["weight_scale_2"]),
+                                    dtype=torch.float32)
+        return get(name)
+
+    bad_shapes = []
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in sorted(expected):
+        if name in quant_groups:
+            shp = tuple(quant_groups[name]["shape"])
+        else:
+            f = files[name]
+            if f not in handles:
+                handles[f] = safe_open(str(f), "pt")
+            shp = tuple(handles[f].get_slice(name).get_shape())
+        shapes[name] = shp
+        if shp != expected[name]:
+            bad_shapes.append(f"{name}: file {list(shp)} != expected {list(expected[name])}")
+    if bad_shapes:
+        raise WeightLoadError(f"checkpoint {path} has {len(bad_shapes)} tensors of the wrong shape: " +
+                              "; ".join(bad_shapes))
+    for name in sorted(expected):
+        internal, e, part = rename(name, cfg)
+        if internal.startswith("adapter.") and not with_adapter:
+            continue
+        if internal not in params:
+            raise WeightLoadError(f"tensor {name} maps to {internal!r}, which this model does not have")
+        dst = params[internal]
+        if e is not None:
+            dst = dst[e]
+        if part is not None:
+            half = dst.shape[0] // 2
+            dst = dst[:half] if part == "gate" else dst[half:]
+        src = fetch(name)
+        if tuple(src.shape) != tuple(dst.shape):
+            raise WeightLoadError(f"{name} {list(src.shape)} does not fit {internal} slice {list(dst.shape)}")
+        dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
