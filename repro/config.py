@@ -73,6 +73,7 @@ def _fill_defaults(cfg: dict) -> dict:
     cfg = copy.deepcopy(cfg)
     cfg.setdefault("work_dir", None)
     cfg.setdefault("data_dir", None)
+    cfg.setdefault("results_dir", None)
     sc = cfg.setdefault("scoring", {}) or {}
     cfg["scoring"] = sc
     sc.setdefault("workers", 2)
@@ -133,6 +134,11 @@ def work_dir(cfg: dict) -> Path:
     """The work directory: ``cfg['work_dir']``, else ``$ORL_EVAL_WORK``, else ``<checkout>/work``."""
     wd = cfg.get("work_dir") or os.environ.get("ORL_EVAL_WORK") or str(REPO_ROOT / "work")
     return Path(wd).expanduser().resolve()
+
+
+def results_dir(cfg: dict) -> Path:
+    """Where tables go: ``cfg['results_dir']``, else ``<checkout>/results``."""
+    return Path(cfg.get("results_dir") or REPO_ROOT / "results").expanduser().resolve()
 
 
 def data_dir(cfg: dict) -> Path | None:

@@ -6,7 +6,7 @@ import sys
 sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also without `pip install`
 
 from repro import paths as P
-from repro.config import ConfigError, data_dir, suite_cells, validate_config, work_dir
+from repro.config import ConfigError, data_dir, results_dir, suite_cells, validate_config, work_dir
 
 try:
     config = validate_config(config)
@@ -18,6 +18,7 @@ SUITE = config["suite"]
 S = config["suites"][SUITE]
 WORK = str(work_dir(config))
 DATA = data_dir(config)
+RESULTS = os.path.join(str(results_dir(config)), SUITE)
 # Inside a container the image's python runs the stages; natively the interpreter running Snakemake.
 PY = "python" if config["containers"]["enabled"] else sys.executable
 

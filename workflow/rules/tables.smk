@@ -1,4 +1,4 @@
-# The paper's Table 1 for the selected suite: results/<suite>/main_table.{md,tex,csv} + provenance.json.
+# The paper's Table 1 for the selected suite: <results_dir>/<suite>/main_table.{md,tex,csv} + provenance.json.
 
 localrules:
     main_table,
@@ -22,14 +22,14 @@ rule main_table:
     input:
         unpack(table_inputs),
     output:
-        md=f"results/{SUITE}/main_table.md",
-        tex=f"results/{SUITE}/main_table.tex",
-        csv=f"results/{SUITE}/main_table.csv",
-        prov=f"results/{SUITE}/provenance.json",
+        md=os.path.join(RESULTS, "main_table.md"),
+        tex=os.path.join(RESULTS, "main_table.tex"),
+        csv=os.path.join(RESULTS, "main_table.csv"),
+        prov=os.path.join(RESULTS, "provenance.json"),
     params:
         spec=table_spec(),
     log:
         W(f"logs/tables/{SUITE}.log"),
     shell:
-        "{PY} -m repro.tables --work {WORK} --suite {SUITE} --spec '{params.spec}' --out-dir results/{SUITE} "
+        "{PY} -m repro.tables --work {WORK} --suite {SUITE} --spec '{params.spec}' --out-dir {RESULTS} "
         "2> {log}"
