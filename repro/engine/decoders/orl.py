@@ -1,0 +1,68 @@
+"""``orl``: the ORL paper's decoder — joint threshold M2T + T2T with the self-conditioning residual.
+
+Sources: ORL model card settings (threshold 0.85, edit threshold 0.5, 16 refine steps = ``max_post_steps``,
+4096 new tokens, self-conditioning on — issue 5); residual maths RCD/ORL (engine_spec.md §7–§8, formulas in
+:mod:`repro.engine.adapter`).
+
+Contract: the block loop is :mod:`joint_threshold`'s. With ``self_conditioning`` on, every forward's
+mask-excluded logits give a residual ``z = w · pᵀE`` per block position (``w`` = normalised entropy at
+temperature T_res); the **next** forward of the same block feeds, at positions whose input is still
+``<|mask|>``, ``ẽ = E[mask] + α·g(z)`` through the checkpoint's adapter g when the model has one loaded
+(role ``orl``), else the RCD interpolation ``(1 − w)·E[mask] + w·Δ``. Cold start: a block's first forward has
+no residual; the residual is reset at each new block. Non-mask positions use their token embeddings, so a
+commit / final forward (no masks) is identical with or without self-conditioning.
+T_res = ``residual_temperature`` if set, else the adapter's ``temperature``, else 1.0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from repro.engine.adapter import residual, residual_inputs
+from repro.engine.decoders.base import exclude_mask
+from repro.engine.decoders.joint_threshold import JointThreshold
+
+
+class ORLDecoder(JointThreshold):
+    """Joint threshold + self-conditioning residual (module docstring)."""
+
+    name = "orl"
+
+    def start_block(self) -> None:
+        """Reset the post-edit counter and the residual (cold start)."""
+        super().start_block()
+        self.res = None
+
+    def residual_temperature(self, model) -> float:
+        """T_res in effect for ``model``."""
+        if self.cfg.residual_temperature is not None:
+            return self.cfg.residual_temperature
+        if model.with_adapter:
+            return model.cfg.adapter.temperature
+        return 1.0
+
+    def input_embeds(self, tokens, editable):
+        """``[B, D]`` embeddings with the residual at still-masked positions, or None (no residual yet)."""
+        if not self.cfg.self_conditioning or self.res is None:
+            return None
+        masked = self.masked(tokens, editable)
+        if not bool(masked.any()):
+            return None
+        model = self.model
+        z, w, delta = self.res
+        emb = model.embed(tokens).clone()
+        e_mask = model.embed(torch.tensor([self.mask_id], device=tokens.device))[0]
+        adapter = model.cfg.adapter if model.with_adapter else None
+        emb[masked] = residual_inputs(e_mask, z[masked], w[masked], delta[masked], adapter, model.params)
+        return emb
+
+    def step(self, logits, tokens, editable, gen) -> bool:
+        """Compute this forward's residual, then the joint M2T + T2T update."""
+        lg = exclude_mask(logits, self.mask_id)
+        if self.cfg.self_conditioning:
+            m = self.model
+            self.res = residual(lg, m.params["embed"], self.residual_temperature(m))
+        return self.update(lg, tokens, editable, gen)
+
+
+Decoder = ORLDecoder

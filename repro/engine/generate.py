@@ -1,0 +1,181 @@
+"""The block-diffusion generation loop over token ids, with forward counting and TPF.
+
+Layout (engine_spec.md §4): ``num_blocks = ceil((P + G) / B)``; the canvas is the prompt followed by
+``<|mask|>`` up to ``num_blocks·B``; blocks are aligned to absolute multiples of B from position 0. The full
+prompt blocks ``[0, floor(P/B)·B)`` are prefilled in **one** forward with the block-causal mask (counted
+``prefill``; none when P < B). Decoding starts at block ``floor(P/B)``, whose prompt positions are never
+edited. Per block the decoder (:mod:`repro.engine.decoders`) runs denoising forwards (``denoise``); when the
+block is final, one ``commit`` forward writes its K/V — unless the last denoising forward already saw
+exactly the final tokens (then its K/V is kept and no commit runs, engine_spec.md §6.5). Counts say what ran.
+
+Stopping (§6.9): after each block, stop if an ``<|endoftext|>`` appears in the generated region, or when
+``max_new_tokens`` generated positions exist. The last block is decoded whole; the output is truncated to
+``max_new_tokens`` (so hitting the budget mid-block truncates) and then cut before the first EOS.
+
+TPF (§6.10, the project convention): ``generated tokens up to the first EOS (EOS excluded) /
+(denoise + commit forwards)``; prefill forwards are reported separately and not in the denominator.
+
+Backends: the loop talks to a :class:`Backend` — :class:`CachedBackend` (the engine: prefix KV cache) or
+:class:`repro.engine.reference.ReferenceBackend` (no cache, naive) — so both run the same decoders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from repro.engine.decoders import DecoderConfig, make_decoder
+from repro.engine.model import LLaDA2Model
+
+
+class Backend(Protocol):
+    """What the loop needs from a model implementation (positions are absolute token indices)."""
+
+    model: LLaDA2Model
+
+    def begin(self, capacity: int, block_size: int) -> None:
+        """Prepare a request whose canvas has ``capacity`` positions (allocate caches here, once)."""
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Process the full prompt blocks ``ids`` ``[n]`` (n a multiple of B) at positions 0..n-1."""
+
+    def denoise(self, ids: torch.Tensor, start: int, embeds: torch.Tensor | None) -> torch.Tensor:
+        """Logits ``[B, V]`` fp32 for the block at ``start`` given the final prefix ``< start``."""
+
+    def finalize(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
+        """Block at ``start`` is final with tokens ``ids``; ``run_forward`` → run the commit forward."""
+
+
+class CachedBackend:
+    """The engine: one preallocated :class:`~repro.engine.cache.KVCache` per request (engine_spec.md §4)."""
+
+    def __init__(self, model: LLaDA2Model):
+        self.model = model
+        self.cache = None
+
+    def begin(self, capacity: int, block_size: int) -> None:
+        """Allocate the KV cache for ``capacity`` positions."""
+        self.cache = self.model.new_cache(capacity)
+        self.block_size = block_size
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        """One block-causal forward over the full prompt blocks, K/V kept."""
+        self.model.forward(ids, 0, self.cache, self.block_size, logits=False)
+
+    def denoise(self, ids, start, embeds):
+        """Block forward against the cached prefix; its provisional K/V land in the block's slots."""
+        return self.model.forward(ids, start, self.cache, self.block_size, embeds=embeds)
+
+    def finalize(self, ids, start, run_forward):
+        """Commit forward (K/V of the final tokens) when needed; otherwise the last forward's K/V stay."""
+        if run_forward:
+            self.model.forward(ids, start, self.cache, self.block_size, logits=False)
+
+
+@dataclass
+class GenerationResult:
+    """Outcome of :func:`generate_ids`.
+
+    ``token_ids``: generated ids up to (excluding) the first EOS, within ``max_new_tokens``;
+    ``raw_ids``: the decoded generated positions, at most ``max_new_tokens`` (EOS and after included);
+    ``forwards``: ``{"prefill", "denoise", "commit"}`` counts; ``block_forwards``: denoise + commit per
+    decoded block; ``finish_reason``: ``"eos"`` | ``"length"``.
+    """
+
+    token_ids: list[int]
+    raw_ids: list[int]
+    forwards: dict[str, int]
+    finish_reason: str
+    block_forwards: list[int] = field(default_factory=list)
+
+    @property
+    def generated_tokens(self) -> int:
+        """``len(token_ids)``."""
+        return len(self.token_ids)
+
+    @property
+    def tpf(self) -> float | None:
+        """Tokens per forward: generated_tokens / (denoise + commit); None if no such forward ran."""
+        d = self.forwards["denoise"] + self.forwards["commit"]
+        return self.generated_tokens / d if d else None
+
+
+def generate_ids(backend: Backend, prompt_ids: list[int], decoder: DecoderConfig | dict, *,
+                 mask_id: int, eos_id: int, max_new_tokens: int | None = None,
+                 seed: int | None = None) -> GenerationResult:
+    """Decode a completion of ``prompt_ids`` with ``decoder`` on ``backend`` (module docstring).
+
+    ``max_new_tokens`` overrides the decoder's (one of them must be set); ``seed`` overrides the decoder's
+    sampling seed (used only when temperature > 0). Raises ValueError on an empty prompt, a prompt token
+    outside the vocabulary, or a missing budget; RuntimeError if a decoder fails to finish a block within
+    ``B + max_post_steps + 2`` forwards (a decoder bug, not an input error).
+    """
+    cfg = DecoderConfig.coerce(decoder)
+    G = max_new_tokens if max_new_tokens is not None else cfg.max_new_tokens
+    if G is None or G < 1:
+        raise ValueError(f"max_new_tokens must be a positive int (got {G!r}; decoder has {cfg.max_new_tokens!r})")
+    P = len(prompt_ids)
+    if P < 1:
+        raise ValueError("prompt must contain at least one token")
+    model = backend.model
+    V = model.cfg.vocab_size
+    bad = [t for t in prompt_ids if not 0 <= int(t) < V]
+    if bad:
+        raise ValueError(f"prompt token ids outside vocabulary [0, {V}): {bad[:10]}")
+    B = cfg.block_size
+    dev = model.device
+    n_blocks = -(-(P + G) // B)
+    T = n_blocks * B
+    canvas = torch.full((T,), mask_id, dtype=torch.long, device=dev)
+    canvas[:P] = torch.tensor(prompt_ids, dtype=torch.long, device=dev)
+    dec = make_decoder(cfg, mask_id)
+    dec.bind(model)
+    gen = None
+    if cfg.temperature > 0:
+        gen = torch.Generator(device=dev).manual_seed(int(seed if seed is not None else cfg.seed))
+    counts = {"prefill": 0, "denoise": 0, "commit": 0}
+    per_block: list[int] = []
+    backend.begin(T, B)
+    first = P // B
+    if first > 0:
+        backend.prefill(canvas[: first * B])
+        counts["prefill"] += 1
+    positions = torch.arange(T, device=dev)
+    cap = B + cfg.max_post_steps + 2
+    finish = "length"
+    end = P
+    for b in range(first, n_blocks):
+        s = b * B
+        end = s + B
+        tokens = canvas[s:s + B].clone()
+        editable = positions[s:s + B] >= P
+        dec.start_block()
+        last_input = None
+        n_fwd = 0
+        while not dec.before_forward(tokens, editable):
+            if n_fwd >= cap:
+                raise RuntimeError(f"decoder {cfg.algorithm} did not finish block {b} within {cap} forwards")
+            logits = backend.denoise(tokens, s, dec.input_embeds(tokens, editable))
+            n_fwd += 1
+            last_input = tokens.clone()
+            if dec.step(logits, tokens, editable, gen):
+                break
+        reuse = last_input is not None and bool(torch.equal(last_input, tokens))
+        backend.finalize(tokens, s, run_forward=not reuse)
+        counts["denoise"] += n_fwd
+        counts["commit"] += 0 if reuse else 1
+        per_block.append(n_fwd + (0 if reuse else 1))
+        canvas[s:s + B] = tokens
+        if bool((canvas[P:s + B] == eos_id).any()):
+            break
+        if s + B - P >= G:
+            break
+    raw = canvas[P:min(P + G, end)].tolist()
+    out = raw
+    if eos_id in raw:
+        out = raw[: raw.index(eos_id)]
+        finish = "eos"
+    return GenerationResult(token_ids=out, raw_ids=raw, forwards=counts, finish_reason=finish,
+                            block_forwards=per_block)

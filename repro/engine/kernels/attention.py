@@ -1,0 +1,233 @@
+"""Attention of one diffusion block (T<=128 queries) over [cached prefix | block], with references.
+
+Model facts (engine_spec §2 "Attention", §4): fused QKV projection output [T, (NQ + 2·NKV)·D] with rows
+ordered [q heads | k heads | v heads]; QK-norm (per-head RMSNorm over D=128, eps 1e-6) *before* RoPE;
+partial NeoX RoPE on the first ROT=64 channels of each head (pairs (c, c+32), ``inv_freq[j] =
+theta^(-2j/64)``, theta 600000), positions absolute; GQA (KV head j serves query heads
+j·G..j·G+G-1, G = NQ/NKV = 4); scale 1/sqrt(D); the block attends bidirectionally to itself and fully
+to the cached prefix (no mask inside [0, cache_len + T)).
+
+KV cache layout: per layer ``k_cache``/``v_cache`` [NKV, MAXLEN, D] (model dtype); the cache length is
+a device int32 tensor ``cache_len`` [1] (the prefix length P), so one CUDA graph serves every P.
+The block's K/V are written in place at rows [P, P+T) (overwritten by the next round; the commit
+forward leaves the final values there and the caller then advances ``cache_len`` by T).
+
+Kernels:
+
+* ``qk_norm_rope_kv``: grid (T, NQ + 2·NKV); QK-norm + RoPE in fp32 (one rounding), writes q [T, NQ, D]
+  and the K/V rows into the cache. cos/sin come from tables built exactly like the reference.
+* ``block_attention``: flash-decoding split over the keys, grid (NKV, NSPLIT); each program takes the
+  G·T_PAD query rows of one KV head (GQA rows share K/V tiles, K/V never repeated), keeps an online
+  softmax (exp2, fp32), writes partial (acc, max, sum); ``_attn_combine_kernel`` (grid (NQ, T)) merges
+  the splits into o [T, NQ·D]. Bytes read ≈ (P+T)·NKV·D·2·2 per layer: 41 kB/token over 20 layers.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._triton import HAS_TRITON, next_pow2, tl, triton
+
+__all__ = [
+    "rope_tables",
+    "qk_norm_rope_reference",
+    "attention_reference",
+    "qk_norm_rope_kv",
+    "AttnWorkspace",
+    "block_attention",
+]
+
+
+def rope_tables(max_len: int, rot_dim: int = 64, theta: float = 600000.0, device=None):
+    """cos, sin tables [max_len, rot_dim/2] fp32: ``cos(pos · inv_freq)``, inv_freq as HF computes it."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.int64).float().to(device) / rot_dim))
+    pos = torch.arange(max_len, device=device, dtype=torch.float32)
+    f = torch.outer(pos, inv_freq)
+    return torch.cos(f).contiguous(), torch.sin(f).contiguous()
+
+
+def qk_norm_rope_reference(qkv, q_w, k_w, pos0, cos, sin, nq, nkv, d=128, rot=64, eps=1e-6):
+    """fp32 reference: qkv [T, (nq+2nkv)·d] -> (q [T,nq,d], k [T,nkv,d], v [T,nkv,d]) fp32."""
+    T = qkv.shape[0]
+    x = qkv.float().view(T, nq + 2 * nkv, d)
+    q, k, v = x[:, :nq], x[:, nq:nq + nkv], x[:, nq + nkv:]
+
+    def norm(t, w):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+
+    q, k = norm(q, q_w), norm(k, k_w)
+    half = rot // 2
+    c = cos[pos0:pos0 + T].float()[:, None, :]
+    s = sin[pos0:pos0 + T].float()[:, None, :]
+
+    def rope(t):
+        x1, x2, rest = t[..., :half], t[..., half:rot], t[..., rot:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], -1)
+
+    return rope(q), rope(k), v
+
+
+def attention_reference(q, k, v, scale=None):
+    """q [T, NQ, D]; k, v [NKV, L, D] (all L keys visible). Returns o [T, NQ·D] fp32."""
+    T, NQ, D = q.shape
+    NKV = k.shape[0]
+    g = NQ // NKV
+    scale = scale if scale is not None else 1.0 / math.sqrt(D)
+    kf = k.float().repeat_interleave(g, 0)  # [NQ, L, D]
+    vf = v.float().repeat_interleave(g, 0)
+    s = torch.einsum("thd,hld->htl", q.float(), kf) * scale
+    p = torch.softmax(s, -1)
+    o = torch.einsum("htl,hld->thd", p, vf)
+    return o.reshape(T, NQ * D)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _qk_norm_rope_kv_kernel(
+        qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, len_ptr, q_ptr, kc_ptr, vc_ptr, stride_qkv, eps,
+        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, MAXLEN: tl.constexpr,
+    ):
+        t = tl.program_id(0)
+        hd = tl.program_id(1)
+        HALF: tl.constexpr = ROT // 2
+        REST: tl.constexpr = D - ROT
+        pos = tl.load(len_ptr) + t
+        base = qkv_ptr + t * stride_qkv + hd * D
+        oh = tl.arange(0, HALF)
+        orr = tl.arange(0, REST)
+        if hd < NQ + NKV:
+            x1 = tl.load(base + oh).to(tl.float32)
+            x2 = tl.load(base + HALF + oh).to(tl.float32)
+            xr = tl.load(base + ROT + orr).to(tl.float32)
+            ss = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0) + tl.sum(xr * xr, axis=0)
+            r = tl.rsqrt(ss / D + eps)
+            is_q = hd < NQ
+            w1 = tl.where(is_q, tl.load(qw_ptr + oh), tl.load(kw_ptr + oh)).to(tl.float32)
+            w2 = tl.where(is_q, tl.load(qw_ptr + HALF + oh), tl.load(kw_ptr + HALF + oh)).to(tl.float32)
+            wr = tl.where(is_q, tl.load(qw_ptr + ROT + orr), tl.load(kw_ptr + ROT + orr)).to(tl.float32)
+            x1 = x1 * r * w1
+            x2 = x2 * r * w2
+            xr = xr * r * wr
+            c = tl.load(cos_ptr + pos * HALF + oh)
+            s = tl.load(sin_ptr + pos * HALF + oh)
+            o1 = x1 * c - x2 * s
+            o2 = x2 * c + x1 * s
+            if is_q:
+                dst = q_ptr + (t * NQ + hd) * D
+            else:
+                dst = kc_ptr + ((hd - NQ) * MAXLEN + pos) * D
+            ty = q_ptr.dtype.element_ty
+            tl.store(dst + oh, o1.to(ty))
+            tl.store(dst + HALF + oh, o2.to(ty))
+            tl.store(dst + ROT + orr, xr.to(ty))
+        else:
+            od = tl.arange(0, D)
+            v = tl.load(base + od)
+            tl.store(vc_ptr + ((hd - NQ - NKV) * MAXLEN + pos) * D + od, v.to(vc_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _attn_split_kernel(
+        q_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr, T, qk_scale,
+        NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, MAXLEN: tl.constexpr,
+        NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        h = tl.program_id(0)
+        sp = tl.program_id(1)
+        M: tl.constexpr = G * T_PAD
+        kv_len = tl.load(len_ptr) + T
+        per = tl.cdiv(tl.cdiv(kv_len, NSPLIT), BLOCK_N) * BLOCK_N
+        start = sp * per
+        end = tl.minimum(start + per, kv_len)
+        rows = tl.arange(0, M)
+        g = rows // T_PAD
+        t = rows % T_PAD
+        od = tl.arange(0, D)
+        q = tl.load(q_ptr + (t[:, None] * NQ + h * G + g[:, None]) * D + od[None, :],
+                    mask=(t < T)[:, None], other=0.0)
+        m_i = tl.full((M,), float("-inf"), tl.float32)
+        l_i = tl.zeros((M,), dtype=tl.float32)
+        acc = tl.zeros((M, D), dtype=tl.float32)
+        kbase = kc_ptr + h * MAXLEN * D
+        vbase = vc_ptr + h * MAXLEN * D
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            nm = offs_n < end
+            k = tl.load(kbase + offs_n[None, :] * D + od[:, None], mask=nm[None, :], other=0.0)
+            s = tl.dot(q, k) * qk_scale
+            s = tl.where(nm[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(vbase + offs_n[:, None] * D + od[None, :], mask=nm[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        pbase = (h * NSPLIT + sp) * M
+        tl.store(po_ptr + (pbase + rows[:, None]) * D + od[None, :], acc)
+        tl.store(pm_ptr + pbase + rows, m_i)
+        tl.store(pl_ptr + pbase + rows, l_i)
+
+    @triton.jit
+    def _attn_combine_kernel(
+        po_ptr, pm_ptr, pl_ptr, o_ptr,
+        NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, NSPLIT: tl.constexpr,
+    ):
+        qh = tl.program_id(0)
+        t = tl.program_id(1)
+        h = qh // G
+        g = qh % G
+        M: tl.constexpr = G * T_PAD
+        row = g * T_PAD + t
+        sidx = tl.arange(0, NSPLIT)
+        od = tl.arange(0, D)
+        base = (h * NSPLIT + sidx) * M + row
+        m = tl.load(pm_ptr + base)
+        l = tl.load(pl_ptr + base)
+        mx = tl.max(m, axis=0)
+        wgt = tl.exp2(m - mx)  # empty splits: exp2(-inf) = 0
+        den = tl.sum(wgt * l, axis=0)
+        acc = tl.load(po_ptr + base[:, None] * D + od[None, :])
+        o = tl.sum(acc * wgt[:, None], axis=0) / den
+        tl.store(o_ptr + t * (NQ * D) + qh * D + od, o.to(o_ptr.dtype.element_ty))
+
+
+def qk_norm_rope_kv(qkv, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache, nq, nkv, rot=64, eps=1e-6):
+    """qkv [T, (nq+2nkv)·D]; writes q_out [T, nq, D], k_cache/v_cache [nkv, MAXLEN, D] rows [P, P+T)."""
+    T = qkv.shape[0]
+    D = q_out.shape[-1]
+    assert qkv.stride(1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    _qk_norm_rope_kv_kernel[(T, nq + 2 * nkv)](
+        qkv, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache, qkv.stride(0), eps,
+        NQ=nq, NKV=nkv, D=D, ROT=rot, MAXLEN=k_cache.shape[1], num_warps=1,
+    )
+    return q_out
+
+
+class AttnWorkspace:
+    """Split-KV partials for T queries: o [NKV, NSPLIT, G·T_PAD, D] fp32, m/l [NKV, NSPLIT, G·T_PAD]."""
+
+    def __init__(self, T, nq, nkv, d, device, nsplit=32, block_n=64, num_warps=8, num_stages=2):
+        self.T, self.T_PAD = T, max(16, next_pow2(T))
+        self.nsplit, self.block_n, self.num_warps, self.num_stages = nsplit, block_n, num_warps, num_stages
+        M = (nq // nkv) * self.T_PAD
+        self.po = torch.zeros(nkv, nsplit, M, d, dtype=torch.float32, device=device)
+        self.pm = torch.zeros(nkv, nsplit, M, dtype=torch.float32, device=device)
+        self.pl = torch.zeros(nkv, nsplit, M, dtype=torch.float32, device=device)
+
+
+def block_attention(q, k_cache, v_cache, cache_len, out, ws: AttnWorkspace, scale=None):
+    """q [T, NQ, D]; caches [NKV, MAXLEN, D]; cache_len int32 [1] (device); out [T, NQ·D] (written)."""
+    T, NQ, D = q.shape
+    NKV, MAXLEN, _ = k_cache.shape
+    G = NQ // NKV
+    scale = scale if scale is not None else 1.0 / math.sqrt(D)
+    _attn_split_kernel[(NKV, ws.nsplit)](
+        q, k_cache, v_cache, cache_len, ws.po, ws.pm, ws.pl, T, scale * 1.4426950408889634,
+        NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD, MAXLEN=MAXLEN, NSPLIT=ws.nsplit, BLOCK_N=ws.block_n,
+        num_warps=ws.num_warps, num_stages=ws.num_stages,
+    )
+    _attn_combine_kernel[(NQ, T)](ws.po, ws.pm, ws.pl, out, NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD,
+                                  NSPLIT=ws.nsplit, num_warps=4)
+    return out

@@ -1,0 +1,131 @@
+"""The naive reference implementation — the oracle the cached engine is tested against (issue 5).
+
+Obviously correct and slow, written independently of the engine's attention/MoE/router code:
+
+* no KV cache — every forward runs the **whole** sequence ``[0, end of the current block)`` from token
+  embeddings, HF-generate style (engine_spec.md §6.1);
+* attention with an explicit ``T×T`` additive block-causal mask built as in HF
+  (``tril(ones(nb, nb))`` expanded by ``B×B``, engine_spec.md §4), K/V heads repeated for GQA;
+* router written out step by step (sigmoid, +bias, group top-2 sums, kept groups, top-k, renormalise,
+  × scaling; engine_spec.md §2) and a plain loop over **every** expert, each applied to all tokens and
+  weighted by its (possibly zero) routing weight.
+
+It shares only the elementwise primitives (RMSNorm, RoPE, SwiGLU) and the parameter dict with the engine,
+and drives the same decoders through :func:`repro.engine.generate.generate_ids` via :class:`ReferenceBackend`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from repro.engine.layers.mlp import swiglu
+from repro.engine.layers.norm import rms_norm
+from repro.engine.layers.rotary import apply_rope, rope_cos_sin
+from repro.engine.model import LLaDA2Model
+
+
+def block_causal_mask(T: int, B: int, device) -> torch.Tensor:
+    """Additive ``[T, T]`` fp32 mask: 0 where key block ≤ query block, −inf elsewhere (HF construction)."""
+    nb = -(-T // B)
+    allowed = torch.tril(torch.ones(nb, nb, device=device))
+    allowed = allowed.repeat_interleave(B, 0).repeat_interleave(B, 1)[:T, :T]
+    return torch.zeros(T, T, device=device).masked_fill(allowed == 0, float("-inf"))
+
+
+def naive_route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor | None, k: int, n_group: int,
+                topk_group: int, scaling: float, norm: bool) -> torch.Tensor:
+    """Dense routing matrix ``[n, E]`` fp32: the combine weight of expert e for token t (0 if unchosen)."""
+    n, E = x.shape[0], router.shape[0]
+    scores = torch.sigmoid(x.float() @ router.float().t())
+    biased = scores + (bias.float() if bias is not None else 0.0)
+    per = E // n_group
+    group_score = torch.stack([biased[:, g * per:(g + 1) * per].sort(dim=-1, descending=True).values[:, :2].sum(-1)
+                               for g in range(n_group)], dim=-1)
+    kept_groups = group_score.argsort(dim=-1, descending=True)[:, :topk_group]
+    allowed = torch.zeros(n, E, dtype=torch.bool, device=x.device)
+    for t in range(n):
+        for g in kept_groups[t].tolist():
+            allowed[t, g * per:(g + 1) * per] = True
+    cand = torch.where(allowed, biased, torch.full_like(biased, float("-inf")))
+    chosen = cand.argsort(dim=-1, descending=True)[:, :k]
+    dense = torch.zeros(n, E, device=x.device)
+    dense.scatter_(1, chosen, scores.gather(1, chosen))
+    if norm:
+        dense = dense / (dense.sum(-1, keepdim=True) + 1e-20)
+    return dense * scaling
+
+
+def naive_forward(model: LLaDA2Model, embeds: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Full-sequence forward: embeds ``[T, D]`` at positions 0..T-1 → logits ``[T, V]`` fp32."""
+    c, p = model.cfg, model.params
+    T = embeds.shape[0]
+    H, K, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    mask = block_causal_mask(T, block_size, embeds.device)
+    cos, sin = rope_cos_sin(torch.arange(T, device=embeds.device), c.rotary_dim, c.rope_theta, embeds.dtype)
+    h = embeds
+    for l in range(c.num_hidden_layers):
+        q_ = f"layers.{l}."
+        a = rms_norm(h, p[q_ + "attn_norm"], c.rms_norm_eps)
+        qkv = a @ p[q_ + "wqkv"].t()
+        q = qkv[:, : H * hd].view(T, H, hd)
+        k = qkv[:, H * hd:(H + K) * hd].view(T, K, hd)
+        v = qkv[:, (H + K) * hd:].view(T, K, hd)
+        q = apply_rope(rms_norm(q, p[q_ + "q_norm"], c.rms_norm_eps), cos, sin)
+        k = apply_rope(rms_norm(k, p[q_ + "k_norm"], c.rms_norm_eps), cos, sin)
+        outs = []
+        for head in range(H):
+            kv = head // (H // K)
+            s = (q[:, head].float() @ k[:, kv].float().t()) / math.sqrt(hd) + mask
+            outs.append(torch.softmax(s, dim=-1).to(v.dtype) @ v[:, kv])
+        o = torch.stack(outs, dim=1).reshape(T, H * hd)
+        h = h + o @ p[q_ + "wo"].t()
+        m = rms_norm(h, p[q_ + "mlp_norm"], c.rms_norm_eps)
+        if l < c.first_k_dense_replace:
+            h = h + swiglu(m, p[q_ + "mlp.w_gate_up"], p[q_ + "mlp.w_down"])
+            continue
+        e_ = q_ + "moe."
+        wts = naive_route(m, p[e_ + "router"], p.get(e_ + "expert_bias"), c.num_experts_per_tok, c.n_group,
+                          c.topk_group, c.routed_scaling_factor, c.norm_topk_prob)
+        routed = torch.zeros(T, c.hidden_size, dtype=torch.float32, device=m.device)
+        for e in range(c.num_experts):
+            y = swiglu(m, p[e_ + "w_gate_up"][e], p[e_ + "w_down"][e])
+            routed = routed + wts[:, e:e + 1] * y.float()
+        out = routed.to(m.dtype)
+        if e_ + "shared_gate_up" in p:
+            out = out + swiglu(m, p[e_ + "shared_gate_up"], p[e_ + "shared_down"])
+        h = h + out
+    h = rms_norm(h, p["final_norm"], c.rms_norm_eps)
+    return (h @ p["lm_head"].t()).float()
+
+
+class ReferenceBackend:
+    """No-cache :class:`~repro.engine.generate.Backend`: keeps the final token prefix, recomputes everything."""
+
+    def __init__(self, model: LLaDA2Model):
+        self.model = model
+
+    def begin(self, capacity: int, block_size: int) -> None:
+        """Start a request (no cache to allocate)."""
+        self.block_size = block_size
+        self.prefix = torch.empty(0, dtype=torch.long, device=self.model.device)
+
+    def prefill(self, ids):
+        """Record the prompt blocks and run one full forward over them (result unused, as a prefill)."""
+        self.prefix = ids.clone()
+        naive_forward(self.model, self.model.embed(ids), self.block_size)
+
+    def denoise(self, ids, start, embeds):
+        """Full forward over ``prefix + block``; logits of the block positions."""
+        if start != self.prefix.shape[0]:
+            raise RuntimeError(f"reference prefix has {self.prefix.shape[0]} tokens, block starts at {start}")
+        blk = embeds if embeds is not None else self.model.embed(ids)
+        x = torch.cat([self.model.embed(self.prefix), blk], dim=0)
+        return naive_forward(self.model, x, self.block_size)[start:]
+
+    def finalize(self, ids, start, run_forward):
+        """Append the final block to the prefix; the commit forward (if asked) recomputes it, unused."""
+        self.prefix = torch.cat([self.prefix, ids])
+        if run_forward:
+            naive_forward(self.model, self.model.embed(self.prefix), self.block_size)
