@@ -10,7 +10,8 @@ Contract
 All three sources go through the same two steps, so online, offline and local runs behave alike:
 
 1. **Snapshot.** ``--local-path PATH``: the folder itself. Otherwise
-   ``huggingface_hub.snapshot_download(repo_id, revision=REV, cache_dir=...)``: downloads into the hub
+   ``huggingface_hub.snapshot_download(repo_id, revision=REV, cache_dir=...)`` (a commit revision already in
+   the cache is used without contacting the hub: it is immutable): downloads into the hub
    cache (``--cache-dir``, else ``$HF_HUB_CACHE`` / ``$HF_HOME/hub``), or, with ``HF_HUB_OFFLINE=1`` or an
    unreachable hub, returns the cached snapshot of that revision. If the revision is in no cache and the hub
    cannot be reached, ``DownloadError`` says how to pre-seed the cache (exit status 3).
@@ -68,7 +69,16 @@ def hub_snapshot(repo_id: str, revision: str, cache_dir: str | None = None) -> t
     cache = str(cache_dir or constants.HF_HUB_CACHE)
     offline = bool(constants.HF_HUB_OFFLINE)
     try:
-        path = snapshot_download(repo_id, revision=revision, cache_dir=cache)
+        path = None
+        if COMMIT_RE.match(revision):
+            # A commit's snapshot is immutable: when the cache has it, use it without asking the hub (fast
+            # offline; an unreachable hub otherwise costs ~20 s of connection retries).
+            try:
+                path = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True)
+            except LocalEntryNotFoundError:
+                path = None
+        if path is None:
+            path = snapshot_download(repo_id, revision=revision, cache_dir=cache)
     except GatedRepoError as e:
         raise DownloadError(f"{repo_id}: gated repository; accept its terms on huggingface.co and log in "
                             f"(hf auth login / HF_TOKEN). Hub said: {e}") from None
