@@ -444,12 +444,12 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     )
 
 
-def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None):
-    """Kernels 3-4: grouped gate+up (SiLU·mul·weight fused) and down into ``ws.pair_out`` (fp32)."""
+def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None):
+    """Kernel 3: grouped gate+up GEMM with SiLU·mul·routing weight fused -> ``ws.inter`` [P1, N]."""
     T, H = x.shape
     E1, twoN, _ = w13.shape
     N = twoN // 2
-    assert w13.is_contiguous() and w2.is_contiguous() and w2.shape == (E1, H, N)
+    assert w13.is_contiguous() and x.stride(1) == 1
     gc = _cfg("gate_up", configs, H, N, E1, T)
     bn, bk = min(gc["BLOCK_N"], N), min(gc["BLOCK_K"], H)
     _moe_gate_up_kernel[(E1, N // bn, triton.cdiv(ws.T_PAD, gc["BLOCK_M"]))](
@@ -457,6 +457,13 @@ def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None):
         MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
         num_warps=gc["num_warps"], num_stages=gc["num_stages"],
     )
+
+
+def moe_down(w2, ws: MoEWorkspace, configs=None):
+    """Kernel 4: grouped down GEMM ``ws.pair_out[p] = ws.inter[p]·w2[e]ᵀ`` (fp32)."""
+    E1, H, N = w2.shape
+    T = ws.T
+    assert w2.is_contiguous() and ws.inter.shape[1] == N
     dc = _cfg("down", configs, H, N, E1, T)
     bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
     _moe_down_kernel[(E1, H // bn, triton.cdiv(ws.T_PAD, dc["BLOCK_M"]))](
@@ -464,6 +471,12 @@ def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None):
         BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
         num_warps=dc["num_warps"], num_stages=dc["num_stages"],
     )
+
+
+def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None):
+    """Kernels 3-4: grouped gate+up (SiLU·mul·weight fused) and down into ``ws.pair_out`` (fp32)."""
+    moe_gate_up(x, w13, ws, top_k, configs)
+    moe_down(w2, ws, configs)
 
 
 def moe_sum(ws: MoEWorkspace, E, E1, top_k, configs=None):

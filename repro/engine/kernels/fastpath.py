@@ -1,0 +1,334 @@
+"""Graph-capturable forward of one diffusion block (T=32 tokens) for LLaDA2.1-mini, built from the kernels.
+
+This is the benchmark's engine path and a drop-in fast path for the engine model: it takes a plain
+weights structure (:class:`ModelShape` + :func:`random_weights` here, or weights converted from the
+engine model with :func:`weights_from_state_dict`), keeps every buffer static (ids, cache length, KV
+cache, activations, MoE/attention workspaces) and runs, per layer (engine_spec §2):
+
+  add+RMSNorm (Triton; fuses the previous MoE top-k sum + shared expert + residual) -> QKV GEMM (cuBLAS)
+  -> QK-norm + RoPE + KV write (Triton) -> split-KV attention + combine (Triton) -> O GEMM (cuBLAS)
+  -> add+RMSNorm (Triton) -> router GEMM + route/align (Triton) -> gate+up and down grouped GEMMs (Triton)
+
+then the final norm, the lm_head over the T block positions only (cuBLAS, bf16 logits [T, V]) and the
+decode statistics in fp32 on device (argmax, max probability, entropy). The layer-0 dense FFN runs
+through the same grouped-GEMM kernels as one "expert" that all tokens select with weight 1.
+
+The cache length is a device int32 tensor, so :meth:`BlockForward.capture` records one CUDA graph that is
+valid for every prefix length P (P + T <= max_len). No host sync inside :meth:`forward`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from . import attention as A
+from . import moe as M
+from . import norm as Nm
+from .configs import load_config
+
+__all__ = ["ModelShape", "random_weights", "weights_from_state_dict", "BlockForward", "round_bytes"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """LLaDA2.1-mini geometry (engine_spec §1)."""
+
+    vocab: int = 157184
+    hidden: int = 2048
+    layers: int = 20
+    nq: int = 16
+    nkv: int = 4
+    head_dim: int = 128
+    dense_inter: int = 5120
+    first_dense: int = 1
+    moe_inter: int = 512
+    experts: int = 256
+    top_k: int = 8
+    n_group: int = 8
+    topk_group: int = 4
+    scaling: float = 2.5
+    rope_theta: float = 600000.0
+    rot_dim: int = 64
+    eps: float = 1e-6
+    mask_id: int = 156895
+
+    @property
+    def qkv_out(self) -> int:
+        return (self.nq + 2 * self.nkv) * self.head_dim
+
+
+def random_weights(shape: ModelShape, device, dtype=torch.bfloat16, seed: int = 0, std: float = 0.02):
+    """Deterministic random weights in the kernel layout (bf16; router + expert bias fp32).
+
+    Returns a dict: embed [V,H], lm_head [V,H], final_norm [H], layers: list of dicts with in_norm,
+    post_norm [H], qkv [(NQ+2NKV)·D, H], q_norm/k_norm [D], o [H,H], and either (dense) w13 [1, 2·I, H],
+    w2 [1, H, I] or (MoE) gate [E,H] fp32, bias [E] fp32, w13 [E+1, 2N, H], w2 [E+1, H, N] (index E =
+    shared expert). Norm weights are 1 + 0.1·N(0,1) so that they are not trivially 1.
+    """
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    H, D = shape.hidden, shape.head_dim
+
+    def rn(*s, dt=dtype, scale=std):
+        t = torch.empty(*s, dtype=dt, device=device)
+        t.normal_(0.0, scale, generator=g)
+        return t
+
+    def nw(n):
+        return (1.0 + rn(n, dt=torch.float32, scale=0.1)).to(dtype)
+
+    W = {"embed": rn(shape.vocab, H, scale=1.0), "lm_head": rn(shape.vocab, H), "final_norm": nw(H), "layers": []}
+    for layer in range(shape.layers):
+        L = {"in_norm": nw(H), "post_norm": nw(H), "qkv": rn(shape.qkv_out, H), "q_norm": nw(D),
+             "k_norm": nw(D), "o": rn(H, H)}
+        if layer < shape.first_dense:
+            L["w13"] = rn(1, 2 * shape.dense_inter, H)
+            L["w2"] = rn(1, H, shape.dense_inter)
+        else:
+            L["gate"] = rn(shape.experts, H, dt=torch.float32)
+            L["bias"] = rn(shape.experts, dt=torch.float32, scale=0.01)
+            L["w13"] = rn(shape.experts + 1, 2 * shape.moe_inter, H)
+            L["w2"] = rn(shape.experts + 1, H, shape.moe_inter)
+        W["layers"].append(L)
+    return W
+
+
+def weights_from_state_dict(sd: dict, shape: ModelShape, device=None, dtype=torch.bfloat16):
+    """Convert HF-named tensors (engine_spec §3) into the kernel layout used by :class:`BlockForward`."""
+    p = "model."
+    dev = device
+
+    def get(name, dt=dtype):
+        return sd[name].to(device=dev, dtype=dt).contiguous()
+
+    W = {"embed": get(p + "word_embeddings.weight"), "lm_head": get("lm_head.weight"),
+         "final_norm": get(p + "norm.weight"), "layers": []}
+    for layer in range(shape.layers):
+        q = f"{p}layers.{layer}."
+        L = {"in_norm": get(q + "input_layernorm.weight"), "post_norm": get(q + "post_attention_layernorm.weight"),
+             "qkv": get(q + "attention.query_key_value.weight"), "q_norm": get(q + "attention.query_layernorm.weight"),
+             "k_norm": get(q + "attention.key_layernorm.weight"), "o": get(q + "attention.dense.weight")}
+        if layer < shape.first_dense:
+            L["w13"] = torch.cat([get(q + "mlp.gate_proj.weight"), get(q + "mlp.up_proj.weight")], 0)[None].contiguous()
+            L["w2"] = get(q + "mlp.down_proj.weight")[None].contiguous()
+        else:
+            E = shape.experts
+            L["gate"] = get(q + "mlp.gate.weight", torch.float32)
+            L["bias"] = get(q + "mlp.gate.expert_bias", torch.float32) if q + "mlp.gate.expert_bias" in sd else None
+            ex = q + "mlp.experts.{}.{}.weight"
+            sh = q + "mlp.shared_experts.{}.weight"
+            L["w13"], L["w2"] = M.stack_experts(
+                [get(ex.format(e, "gate_proj")) for e in range(E)],
+                [get(ex.format(e, "up_proj")) for e in range(E)],
+                [get(ex.format(e, "down_proj")) for e in range(E)],
+                shared=(get(sh.format("gate_proj")), get(sh.format("up_proj")), get(sh.format("down_proj"))),
+            )
+        W["layers"].append(L)
+    return W
+
+
+def round_bytes(shape: ModelShape, distinct: list[int], prefix: int, T: int = 32, wbytes: int = 2) -> dict:
+    """Bytes one round must read (each weight once, KV of [0, P+T) once); perf_anchors §2.1.
+
+    ``distinct``: touched routed experts per MoE layer (len = layers - first_dense). Router weights
+    counted as stored (fp32). Returns a dict of byte counts by item and ``total``.
+    """
+    H, D = shape.hidden, shape.head_dim
+    n_moe = shape.layers - shape.first_dense
+    per_exp = 3 * shape.moe_inter * H * wbytes
+    b = {
+        "embed_rows": T * H * wbytes,
+        "attention": shape.layers * (shape.qkv_out * H + H * H + 2 * D) * wbytes,
+        "norms": (2 * shape.layers + 1) * H * wbytes,
+        "dense_ffn": shape.first_dense * 3 * shape.dense_inter * H * wbytes,
+        "router": n_moe * (shape.experts * H * 4 + shape.experts * 4),
+        "shared_experts": n_moe * per_exp,
+        "routed_experts": sum(distinct) * per_exp,
+        "lm_head": shape.vocab * H * wbytes,
+        "kv_cache": shape.layers * 2 * shape.nkv * D * wbytes * (prefix + T),
+    }
+    b["total"] = sum(b.values())
+    return b
+
+
+@dataclass
+class _Stats:
+    counts: list = field(default_factory=list)
+
+
+class BlockForward:
+    """Static-buffer forward of a T-token block over a KV cache of ``max_len`` rows per layer.
+
+    Inputs: ``self.ids`` [T] int64 (block tokens), ``self.cache_len`` [1] int32 (prefix length P).
+    Outputs after :meth:`forward` (or a graph replay): ``self.logits`` [T, V] bf16, ``self.pred`` [T]
+    int64 argmax, ``self.conf`` [T] fp32 max probability, ``self.entropy`` [T] fp32 (nats);
+    the block's K/V are in ``self.kv[l, 0/1, :, P:P+T]``.
+    """
+
+    def __init__(self, W, shape: ModelShape, max_len: int, T: int = 32, device="cuda",
+                 configs: dict | None = None, attn_splits: int | None = None):
+        self.W, self.s, self.T, self.max_len, self.device = W, shape, T, max_len, device
+        dt = W["embed"].dtype
+        H, D = shape.hidden, shape.head_dim
+        self.dtype = dt
+        self.configs = configs or {}
+        self.ids = torch.full((T,), shape.mask_id, dtype=torch.long, device=device)
+        self.cache_len = torch.zeros(1, dtype=torch.int32, device=device)
+        self.kv = torch.zeros(shape.layers, 2, shape.nkv, max_len, D, dtype=dt, device=device)
+        self.h = torch.zeros(T, H, dtype=dt, device=device)
+        self.a = torch.zeros(T, H, dtype=dt, device=device)
+        self.qkv = torch.zeros(T, shape.qkv_out, dtype=dt, device=device)
+        self.q = torch.zeros(T, shape.nq, D, dtype=dt, device=device)
+        self.o = torch.zeros(T, shape.nq * D, dtype=dt, device=device)
+        self.attn_out = torch.zeros(T, H, dtype=dt, device=device)
+        self.cos, self.sin = A.rope_tables(max_len, shape.rot_dim, shape.rope_theta, device)
+        ac = load_config("attn", "split", dict(NSPLIT=32, BLOCK_N=64, num_warps=8, num_stages=2),
+                         NQ=shape.nq, NKV=shape.nkv, D=D, T=T)
+        ac.update(self.configs.get("attn", {}))
+        if attn_splits is not None:
+            ac["NSPLIT"] = attn_splits
+        self.aws = A.AttnWorkspace(T, shape.nq, shape.nkv, D, device, nsplit=ac["NSPLIT"],
+                                   block_n=ac["BLOCK_N"], num_warps=ac["num_warps"], num_stages=ac["num_stages"])
+        E = shape.experts
+        self.moe_cfg = self.configs.get("moe")
+        split = M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T)["SPLIT_K"]
+        self.ws = M.MoEWorkspace.create(T, H, shape.moe_inter, E, E + 1, shape.top_k, dt, device, split_k=split)
+        # dense layer 0 as one always-selected expert (top_k=1, no shared): static routing
+        self.dws = M.MoEWorkspace.create(T, H, shape.dense_inter, 1, 1, 1, dt, device, split_k=1)
+        self.dws.counts.fill_(T)
+        self.dws.pairs[0, :T] = torch.arange(T, device=device, dtype=torch.int32)
+        self.dws.pair_w.fill_(1.0)
+        self.dense_cfg = self.configs.get("dense") or {
+            "gate_up": load_config("dense", "gate_up", dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4,
+                                                             num_stages=4), N=shape.dense_inter, H=H, T=T),
+            "down": load_config("dense", "down", dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4,
+                                                       num_stages=4), N=shape.dense_inter, H=H, T=T),
+        }
+        self.graph = None
+        self.logits = torch.zeros(T, shape.vocab, dtype=dt, device=device)
+        self.pred = torch.zeros(T, dtype=torch.long, device=device)
+        self.conf = torch.zeros(T, dtype=torch.float32, device=device)
+        self.entropy = torch.zeros(T, dtype=torch.float32, device=device)
+
+    # ------------------------------------------------------------------------------------------
+    def forward(self, head: bool = True, stats: _Stats | None = None):
+        s, W, T = self.s, self.W, self.T
+        torch.index_select(W["embed"], 0, self.ids, out=self.h)
+        prev = None  # (workspace, top_k, shared) of the previous FFN
+        for li, L in enumerate(W["layers"]):
+            kc, vc = self.kv[li, 0], self.kv[li, 1]
+            if prev is None:
+                Nm.add_rmsnorm(self.h, L["in_norm"], self.a, eps=s.eps)
+            else:
+                Nm.add_rmsnorm(self.h, L["in_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1],
+                               shared=prev[2], eps=s.eps)
+            torch.mm(self.a, L["qkv"].t(), out=self.qkv)
+            A.qk_norm_rope_kv(self.qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
+                              kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
+            A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
+            torch.mm(self.o, L["o"].t(), out=self.attn_out)
+            Nm.add_rmsnorm(self.h, L["post_norm"], self.a, delta=self.attn_out, eps=s.eps)
+            if "gate" not in L:
+                M.moe_experts(self.a, L["w13"], L["w2"], self.dws, 1, self.dense_cfg)
+                prev = (self.dws, 1, False)
+            else:
+                E1 = L["w13"].shape[0]
+                M.moe_route_align(self.a, L["gate"], L["bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
+                                  s.scaling, True, self.moe_cfg)
+                if stats is not None:
+                    stats.counts.append(self.ws.counts[: s.experts].clone())
+                M.moe_experts(self.a, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg)
+                prev = (self.ws, s.top_k, E1 == s.experts + 1)
+        Nm.add_rmsnorm(self.h, W["final_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1], shared=prev[2],
+                       eps=s.eps)
+        if head:
+            torch.mm(self.a, W["lm_head"].t(), out=self.logits)
+            lf = self.logits.float()
+            mx, am = lf.max(-1)
+            lse = torch.logsumexp(lf, -1)
+            pr = torch.exp(lf - lse[:, None])
+            self.pred.copy_(am)
+            self.conf.copy_(torch.exp(mx - lse))
+            self.entropy.copy_(lse - (pr * lf).sum(-1))
+
+    # ------------------------------------------------------------------------------------------
+    def warmup(self, n: int = 2, head: bool = True):
+        st = torch.cuda.Stream()
+        st.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(st):
+            for _ in range(n):
+                self.forward(head=head)
+        torch.cuda.current_stream().wait_stream(st)
+        torch.cuda.synchronize()
+
+    def capture(self, head: bool = True, extra=None, pool=None) -> torch.cuda.CUDAGraph:
+        """Capture forward (+ ``extra()``, e.g. a decode step) into a CUDA graph and return it."""
+        self.warmup(2, head)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            self.forward(head=head)
+            if extra is not None:
+                extra()
+        torch.cuda.synchronize()
+        return g
+
+    def distinct_experts(self) -> list[int]:
+        """Run one eager forward and return the touched routed experts per MoE layer (host sync)."""
+        st = _Stats()
+        self.forward(head=False, stats=st)
+        return [int((c > 0).sum().item()) for c in st.counts]
+
+
+# ----------------------------------------------------------------------------------------------
+# Plain PyTorch reference of the same forward (HF remote-code style; the benchmark's naive baseline)
+# ----------------------------------------------------------------------------------------------
+
+
+def reference_forward(W, shape: ModelShape, kv: torch.Tensor, prefix: int, ids: torch.Tensor,
+                      moe_fn=None) -> torch.Tensor:
+    """Eager forward of a T-token block at positions [P, P+T) over ``kv[:, :, :, :P]``; returns logits [T, V].
+
+    Computes in the weights' dtype like the HF code (bf16 on GPU; fp32 in CPU tests): RMSNorm casts,
+    QK-norm before partial NeoX RoPE (cos/sin cast to the dtype), SDPA over [prefix | block] without a
+    mask (GQA), SwiGLU dense layer 0, MoE through ``moe_fn`` (default :func:`moe.moe_naive_loop`, the
+    per-expert loop with a host sync per expert). Does not write the cache.
+    """
+    moe_fn = moe_fn or M.moe_naive_loop
+    s = shape
+    T = ids.shape[0]
+    D, half = s.head_dim, s.rot_dim // 2
+    dt = W["embed"].dtype
+    cos, sin = A.rope_tables(prefix + T, s.rot_dim, s.rope_theta, ids.device)
+    c = torch.cat([cos[prefix:], cos[prefix:]], -1).to(dt)[:, None, :]
+    si = torch.cat([sin[prefix:], sin[prefix:]], -1).to(dt)[:, None, :]
+
+    def rope(x):
+        xr, rest = x[..., : s.rot_dim], x[..., s.rot_dim:]
+        rot = torch.cat([-xr[..., half:], xr[..., :half]], -1)
+        return torch.cat([xr * c + rot * si, rest], -1)
+
+    h = W["embed"][ids]
+    for li, L in enumerate(W["layers"]):
+        a = Nm.rmsnorm_reference(h, L["in_norm"], s.eps)
+        qkv = (a @ L["qkv"].t()).view(T, s.nq + 2 * s.nkv, D)
+        q = rope(Nm.rmsnorm_reference(qkv[:, : s.nq], L["q_norm"], s.eps))
+        k = rope(Nm.rmsnorm_reference(qkv[:, s.nq: s.nq + s.nkv], L["k_norm"], s.eps))
+        v = qkv[:, s.nq + s.nkv:]
+        K = torch.cat([kv[li, 0, :, :prefix], k.transpose(0, 1)], 1)
+        V = torch.cat([kv[li, 1, :, :prefix], v.transpose(0, 1)], 1)
+        g = s.nq // s.nkv
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], K.repeat_interleave(g, 0)[None], V.repeat_interleave(g, 0)[None])
+        h = h + o[0].transpose(0, 1).reshape(T, s.nq * D) @ L["o"].t()
+        m = Nm.rmsnorm_reference(h, L["post_norm"], s.eps)
+        if "gate" not in L:
+            n = L["w13"].shape[1] // 2
+            w13 = L["w13"][0]
+            h = h + (torch.nn.functional.silu(m @ w13[:n].t()) * (m @ w13[n:].t())) @ L["w2"][0].t()
+        else:
+            h = h + moe_fn(m, L["gate"], L["bias"], L["w13"], L["w2"], s.top_k, s.n_group, s.topk_group,
+                           s.scaling).to(dt)
+    f = Nm.rmsnorm_reference(h, W["final_norm"], s.eps)
+    return f @ W["lm_head"].t()

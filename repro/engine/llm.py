@@ -1,0 +1,174 @@
+"""``LLM``: the user-facing engine API (docs/interfaces.md "Engine API"; mirrors the model-card usage).
+
+    llm = LLM(path, role="orl" | "base", precision="fp32" | "bf16", device="cpu" | "cuda")
+    out = llm.generate(prompt_or_messages, decoder=None, max_new_tokens=None, seed=None)
+
+* ``role="orl"`` loads the ORL residual adapter (when config.json declares one) and defaults to the
+  ``llada-orl`` decoder of the checkpoint's ``paper_decoding.json`` (packaged copy if absent); ``"base"``
+  skips the adapter and defaults to the ``llada`` decoder (LLaDA2.1 S mode).
+* ``prompt_or_messages``: a ``str`` is used **as is** (already chat-formatted, as SGLang expects); a list of
+  ``{"role", "content"}`` messages is rendered with the checkpoint's chat template (jinja2) with the
+  generation prompt appended.
+* Timing: ``wall_s`` covers decoding (prefill through the last commit, CUDA synchronised), not
+  tokenisation or template rendering; ``request_tps = generated_tokens / wall_s`` (tokens/s).
+* TPF = generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); prefill
+  forwards are reported separately (engine_spec.md §6.10; :mod:`repro.engine.generate`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from repro.engine.config import LLaDA2Config
+from repro.engine.decoders import DecoderConfig
+from repro.engine.generate import CachedBackend, generate_ids
+from repro.engine.model import LLaDA2Model, resolve_dtype
+from repro.engine.tokenizer import ChatTokenizer
+
+ROLES = {"orl": "llada-orl", "base": "llada"}
+
+
+@dataclass
+class GenerateOutput:
+    """Result of :meth:`LLM.generate` (fields of docs/interfaces.md).
+
+    ``text`` (completion up to the first EOS, special tokens skipped), ``token_ids`` (ids up to, excluding,
+    the first EOS), ``prompt_tokens``, ``generated_tokens`` (== len(token_ids)), ``forwards``
+    (``{"prefill", "denoise", "commit"}``), ``tpf`` (tokens per denoise+commit forward, None if none ran),
+    ``wall_s`` (seconds), ``request_tps`` (tokens/s), ``finish_reason`` (``"eos"`` | ``"length"``),
+    ``prompt_text``, ``decoder`` (settings used), ``raw_token_ids`` (decoded positions incl. EOS and after),
+    ``block_forwards`` (denoise + commit per block).
+    """
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    generated_tokens: int
+    forwards: dict
+    tpf: float | None
+    wall_s: float
+    request_tps: float
+    finish_reason: str
+    prompt_text: str = ""
+    decoder: dict = field(default_factory=dict)
+    raw_token_ids: list[int] = field(default_factory=list)
+    block_forwards: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict of all fields."""
+        return dict(self.__dict__)
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class LLM:
+    """A loaded LLaDA2 checkpoint plus tokenizer and default decoder.
+
+    ``path``: checkpoint directory (config.json, safetensors, tokenizer files). ``role``: ``"orl"`` |
+    ``"base"``. ``precision``: ``"fp32"`` | ``"bf16"`` (router always fp32). ``device``: ``"cpu"`` |
+    ``"cuda"`` | ``"cuda:N"`` (default: cuda when available). ``backend``: ``"engine"`` (cached) or
+    ``"reference"`` (the naive oracle, for tests). Raises ValueError for a bad role/precision, and the
+    ConfigError / WeightLoadError / TokenizerError of the loaders for a bad checkpoint.
+    """
+
+    def __init__(self, path: str | Path, role: str = "orl", precision: str = "fp32", device: str | None = None,
+                 backend: str = "engine"):
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
+        if backend not in ("engine", "reference"):
+            raise ValueError(f"backend must be 'engine' or 'reference', got {backend!r}")
+        self.path, self.role, self.precision = Path(path), role, precision
+        self.device = device or _default_device()
+        resolve_dtype(precision)
+        self.config = LLaDA2Config.from_file(self.path)
+        self.tokenizer_ = ChatTokenizer(self.path)
+        if self.tokenizer_.vocab_size > self.config.vocab_size:
+            raise ValueError(f"tokenizer has {self.tokenizer_.vocab_size} tokens but config vocab_size is "
+                             f"{self.config.vocab_size}")
+        self.model = LLaDA2Model.from_pretrained(self.path, self.device, precision, with_adapter=(role == "orl"),
+                                                 cfg=self.config)
+        if backend == "engine":
+            self.backend = CachedBackend(self.model)
+        else:
+            from repro.engine.reference import ReferenceBackend
+            self.backend = ReferenceBackend(self.model)
+        self.paper_decoding = self._paper_decoding()
+
+    # ------------------------------------------------------------------ properties of the interface
+    @property
+    def tokenizer(self):
+        """The ``tokenizers.Tokenizer`` of the checkpoint."""
+        return self.tokenizer_.tokenizer
+
+    @property
+    def mask_id(self) -> int:
+        """Id of ``<|mask|>`` (found by string)."""
+        return self.tokenizer_.mask_id
+
+    @property
+    def eos_id(self) -> int:
+        """Id of ``<|endoftext|>`` (found by string)."""
+        return self.tokenizer_.eos_id
+
+    def apply_chat_template(self, messages: list[dict]) -> str:
+        """Chat-formatted prompt string (generation prompt appended)."""
+        return self.tokenizer_.apply_chat_template(messages, add_generation_prompt=True)
+
+    # ------------------------------------------------------------------ decoder defaults
+    def _paper_decoding(self) -> dict:
+        p = self.path / "paper_decoding.json"
+        if not p.is_file():
+            from repro.paper import DEFAULT_PAPER_DECODING
+            p = DEFAULT_PAPER_DECODING
+        return json.loads(Path(p).read_text())
+
+    def default_decoder(self) -> DecoderConfig:
+        """The role's decoder from ``paper_decoding.json`` (suite ``main``, defaults) plus its engine block."""
+        pd = self.paper_decoding
+        eng = pd.get("engine", {})
+        d = dict(pd["suites"]["main"][ROLES[self.role]]["defaults"])
+        d.setdefault("block_size", eng.get("block_size", 32))
+        d.setdefault("temperature", eng.get("temperature", 0.0))
+        return DecoderConfig.from_dict(d)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt_or_messages, decoder=None, max_new_tokens: int | None = None,
+                 seed: int | None = None) -> GenerateOutput:
+        """Generate one completion (see module docstring). ``decoder``: dict of engine keys or
+        :class:`DecoderConfig` (None → :meth:`default_decoder`); ``max_new_tokens`` / ``seed`` override the
+        decoder's. Raises TypeError for a prompt of another type, DecoderConfigError for bad settings."""
+        if isinstance(prompt_or_messages, str):
+            prompt_text = prompt_or_messages
+        elif isinstance(prompt_or_messages, list):
+            prompt_text = self.apply_chat_template(prompt_or_messages)
+        else:
+            raise TypeError(f"prompt must be str or list of chat messages, got {type(prompt_or_messages).__name__}")
+        cfg = self.default_decoder() if decoder is None else DecoderConfig.coerce(decoder)
+        ids = self.tokenizer_.encode(prompt_text)
+        sync = self.model.device.type == "cuda"
+        if sync:
+            torch.cuda.synchronize(self.model.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            res = generate_ids(self.backend, ids, cfg, mask_id=self.mask_id, eos_id=self.eos_id,
+                               max_new_tokens=max_new_tokens, seed=seed)
+        if sync:
+            torch.cuda.synchronize(self.model.device)
+        wall = time.perf_counter() - t0
+        used = cfg.to_dict()
+        if max_new_tokens is not None:
+            used["max_new_tokens"] = max_new_tokens
+        if seed is not None:
+            used["seed"] = seed
+        return GenerateOutput(
+            text=self.tokenizer_.decode(res.token_ids), token_ids=res.token_ids, prompt_tokens=len(ids),
+            generated_tokens=res.generated_tokens, forwards=dict(res.forwards), tpf=res.tpf, wall_s=wall,
+            request_tps=res.generated_tokens / wall if wall > 0 else 0.0, finish_reason=res.finish_reason,
+            prompt_text=prompt_text, decoder=used, raw_token_ids=res.raw_ids, block_forwards=res.block_forwards)

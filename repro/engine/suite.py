@@ -1,0 +1,90 @@
+"""``bench suite``: run the engine over benchmark problem files and write per-problem records + a summary.
+
+Input files: the original benchmark JSONL files (``../shared/data/{gsm8k,math500,humaneval,mbpp}.jsonl``;
+the benchmark is the file stem) or normalized problem records (``{"id", "benchmark", "source"}``,
+docs/interfaces.md). Prompts come from :func:`repro.prompts.build_prompt` (chat messages, rendered with the
+checkpoint's chat template); ids from :mod:`repro.data`.
+
+Outputs in ``--out``: ``records.jsonl`` — one generation record per problem (docs/interfaces.md
+"Generation record" fields plus ``decoder``, ``block_forwards``, ``token_ids``) — and ``summary.json``:
+per benchmark and overall ``n``, ``generated_tokens``, ``forwards`` (summed by kind), ``wall_s``,
+``tokens_per_s = Σ generated / Σ wall_s`` and ``tpf = Σ generated / Σ (denoise + commit)`` (aggregate TPF,
+same convention as repro.tables). Not here: scoring (``repro.scoring``).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+from repro.engine.llm import LLM
+
+
+def _problems(path: Path, limit: int | None):
+    """Yield ``(id, benchmark, source)`` for the first ``limit`` records of ``path``."""
+    from repro import data
+
+    stem = path.name.split(".")[0]
+    with path.open() as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if limit is not None:
+        rows = rows[:limit]
+    for i, r in enumerate(rows):
+        if "source" in r and "benchmark" in r:
+            yield r.get("id", f"{r['benchmark']}/{i}"), r["benchmark"], r["source"]
+        else:
+            if stem not in data.BENCHMARKS:
+                raise ValueError(f"cannot tell the benchmark of {path} (stem {stem!r} not in {data.BENCHMARKS}) "
+                                 "and its records are not normalized problem records")
+            yield data.spec(stem).problem_id(i, r), stem, r
+
+
+def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], out: str, limit: int | None = None,
+              precision: str = "fp32", device: str | None = None, seed: int = 12345) -> dict:
+    """Generate for every problem; write ``records.jsonl`` and ``summary.json`` in ``out``; return the summary.
+
+    ``decoder``: engine decoder keys overriding the role's default decoder. Raises FileNotFoundError for a
+    missing problem file and the loaders' errors for a bad checkpoint.
+    """
+    from repro.prompts import build_prompt
+
+    files = [Path(p) for p in problem_files]
+    missing = [str(p) for p in files if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"problem files not found: {missing}")
+    llm = LLM(model, role=role, precision=precision, device=device)
+    dec = {**llm.default_decoder().to_dict(), **decoder, "seed": seed}
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    per: dict[str, dict] = {}
+    with (outdir / "records.jsonl").open("w") as fh:
+        for f in files:
+            for pid, bench, src in _problems(f, limit):
+                prompt = build_prompt(bench, src)
+                o = llm.generate(prompt.messages, decoder=dec)
+                rec = {"id": pid, "benchmark": bench, "model": Path(model).name, "role": role, "seed": seed,
+                       "backend": "engine", "prompt_text": o.prompt_text, "completion": o.text,
+                       "prompt_tokens": o.prompt_tokens, "generated_tokens": o.generated_tokens,
+                       "forwards": o.forwards, "tpf": o.tpf, "wall_s": o.wall_s, "tokens_per_s": o.request_tps,
+                       "finish_reason": o.finish_reason, "device": str(llm.model.device),
+                       "decoder": o.decoder, "block_forwards": o.block_forwards, "token_ids": o.token_ids}
+                fh.write(json.dumps(rec) + "\n")
+                for key in (bench, "all"):
+                    s = per.setdefault(key, {"n": 0, "generated_tokens": 0, "wall_s": 0.0,
+                                             "forwards": {"prefill": 0, "denoise": 0, "commit": 0}})
+                    s["n"] += 1
+                    s["generated_tokens"] += o.generated_tokens
+                    s["wall_s"] += o.wall_s
+                    for k, v in o.forwards.items():
+                        s["forwards"][k] += v
+    for s in per.values():
+        d = s["forwards"]["denoise"] + s["forwards"]["commit"]
+        s["tpf"] = s["generated_tokens"] / d if d else None
+        s["tokens_per_s"] = s["generated_tokens"] / s["wall_s"] if s["wall_s"] > 0 else None
+    summary = {"model": str(model), "role": role, "precision": precision, "device": str(llm.model.device),
+               "host": platform.node(), "decoder": dec,
+               "tpf_convention": "generated tokens up to first EOS (excluded) / (denoise + commit forwards)",
+               "benchmarks": {k: v for k, v in per.items() if k != "all"}, "overall": per.get("all")}
+    (outdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
