@@ -1,0 +1,113 @@
+"""Scoring stage: per-sample verdicts and per-benchmark summaries for GSM8K, MATH-500, HumanEval, MBPP.
+
+Contract (docs/interfaces.md, "Scoring"):
+``score_records(benchmark, problems, completions, workers) -> list[score record]`` with one record per
+problem, in the order of ``problems``; ``completions`` maps problem id -> raw completion text and must
+cover every problem (a missing id is an error naming it). A score record is
+``{"id", "benchmark", "correct", "extracted", "reason", "status", "strict_correct"}`` with status
+``correct``/``wrong`` (gsm8k, math500; math500 also ``timeout``/``error`` when Math-Verify hangs or
+crashes) or ``passed``/``failed``/``timeout``/``error`` (humaneval, mbpp; ``reason`` carries the
+sandbox verdict and the tail of stderr). ``strict_correct``: GSM8K/MATH answer given in ``\\boxed{}``
+(or ``#### N`` for GSM8K); null for code benchmarks.
+``summarize(benchmark, scores)`` is ``stats.summarize``. CLI: ``python -m repro.scoring score|cases``.
+
+Problems are the normalized records of ``repro.data`` (``id``, ``benchmark``, ``gold``, ``source``).
+One module per concept: ``truncate`` (EOS/stop cut), ``boxed``, ``gsm8k``, ``math`` + ``verify_worker``
+(Math-Verify in a killable process), ``code/extract``, ``code/sandbox``, ``humaneval``, ``mbpp``,
+``stats``, ``cases`` (the regression-case runner), ``__main__`` (CLI). Design notes and peer behaviour:
+``../shared/reference/scoring.md``; regression cases: ``../shared/cases/scoring_cases.jsonl``.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from . import gsm8k, humaneval, mbpp
+from . import math as math_scorer
+from .code.sandbox import Limits, Sandbox, default_workers
+from .stats import summarize
+from .truncate import truncate_for
+from .verify_worker import get_pool
+
+__all__ = ["BENCHMARKS", "score_records", "summarize", "score_programs"]
+
+BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp")
+_STDERR_IN_REASON = 400
+
+
+def _check_inputs(benchmark: str, problems: list[dict], completions: dict) -> None:
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {', '.join(BENCHMARKS)}")
+    ids = []
+    for i, p in enumerate(problems):
+        if not isinstance(p, dict) or "id" not in p:
+            raise ValueError(f"problem #{i} is not a problem record with an 'id': {str(p)[:120]}")
+        if p.get("benchmark", benchmark) != benchmark:
+            raise ValueError(f"problem {p['id']!r} is a {p.get('benchmark')!r} problem, not {benchmark!r}")
+        ids.append(p["id"])
+    dup = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
+    if dup:
+        raise ValueError(f"duplicate problem ids: {dup[:10]}")
+    missing = [i for i in ids if i not in completions]
+    if missing:
+        raise ValueError(f"no completion for {len(missing)} problem(s), e.g. {missing[:5]}")
+    wrong_type = [i for i in ids if not isinstance(completions[i], str)]
+    if wrong_type:
+        raise ValueError(f"completion is not a string for {wrong_type[:5]}")
+
+
+def _score_math(problems, completions, workers) -> list[dict]:
+    pool = get_pool(workers)
+
+    def one(p):
+        text = truncate_for("math500", completions[p["id"]])
+        answer, rule = math_scorer.extract(text)
+        rec = {"id": p["id"], "benchmark": "math500", "extracted": answer, "strict_correct": False}
+        if answer is None:
+            return {**rec, "correct": False, "status": "wrong",
+                    "reason": f"no \\boxed{{}} or 'final answer is' in the completion; gold {p['gold']!r}"}
+        v = pool.check(str(p["gold"]), answer)
+        ok = v["status"] == "ok" and bool(v["equal"])
+        status = {"ok": "correct" if ok else "wrong"}.get(v["status"], v["status"])
+        reason = (f"{rule}: {answer!r} {'==' if ok else '!='} gold {p['gold']!r} "
+                  f"[{v['detail']}; parsed gold={v.get('gold_parsed')!r} pred={v.get('pred_parsed')!r}]")
+        return {**rec, "correct": ok, "status": status, "reason": reason, "strict_correct": ok and rule == "boxed"}
+
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        return list(ex.map(one, problems))
+
+
+def score_programs(benchmark: str, items: list[tuple[str, str, str, str]], workers: int,
+                   limits: Limits | None = None) -> list[dict]:
+    """Run ``(id, program, extracted, how)`` items in the sandbox and build score records."""
+    with Sandbox(workers, limits) as sb:
+        results = sb.run_many([prog for _, prog, _, _ in items])
+    out = []
+    for (pid, _, code, how), r in zip(items, results):
+        reason = f"{r.status}: {r.reason} (code: {how}, {r.wall_s:.2f} s"
+        reason += f", attempts {r.attempts})" if r.attempts > 1 else ")"
+        if r.status != "passed" and r.stderr_tail.strip():
+            reason += " | stderr tail: " + r.stderr_tail.strip()[-_STDERR_IN_REASON:]
+        out.append({"id": pid, "benchmark": benchmark, "correct": r.status == "passed", "extracted": code,
+                    "reason": reason, "status": r.status, "strict_correct": None})
+    return out
+
+
+def score_records(benchmark: str, problems: list[dict], completions: dict, workers: int | None = None) -> list[dict]:
+    """Score every problem's completion (see module docstring)."""
+    _check_inputs(benchmark, problems, completions)
+    workers = int(workers) if workers else default_workers()
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if benchmark == "gsm8k":
+        return [gsm8k.score(p, completions[p["id"]]) for p in problems]
+    if benchmark == "math500":
+        return _score_math(problems, completions, workers)
+    build = humaneval.build_program if benchmark == "humaneval" else mbpp.build_program
+    items = []
+    for p in problems:
+        if "source" not in p:
+            raise ValueError(f"{benchmark} problem {p['id']!r} has no 'source' record (needed for its tests)")
+        program, code, how = build(p["source"], completions[p["id"]])
+        items.append((p["id"], program, code, how))
+    return score_programs(benchmark, items, workers)

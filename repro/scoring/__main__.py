@@ -1,0 +1,91 @@
+"""CLI of the scoring stage (docs/interfaces.md, "Scoring"; issue 3).
+
+``python -m repro.scoring score --benchmark B --problems P.jsonl --generations G.jsonl --out S.jsonl
+--summary S.summary.json [--workers N]``: scores every generation record (``id``, ``completion``)
+against its problem; an id absent from the problems file, a duplicate id, or a record without a string
+``completion`` is an error naming it; problems without a generation are skipped with a warning on
+stderr (the summary's ``n`` says how many were scored). Both outputs are written atomically
+(temporary file + rename), so a killed job never leaves a partial file behind.
+
+``python -m repro.scoring cases FILE.jsonl --data-dir DIR [--workers N]``: prints one JSON line per
+case ``{id, correct, extracted, reason}`` then a summary line; exit status 1 when a case disagrees with
+its ``expected_correct``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import BENCHMARKS, score_records, summarize
+from .cases import run_cases
+from .jsonl import read_jsonl, write_json_atomic, write_jsonl_atomic
+
+
+def _score(args) -> int:
+    problems = read_jsonl(args.problems)
+    gens = read_jsonl(args.generations)
+    by_id = {p.get("id"): p for p in problems}
+    completions: dict[str, str] = {}
+    for n, g in enumerate(gens, 1):
+        gid = g.get("id")
+        if gid is None:
+            raise SystemExit(f"{args.generations}:{n}: generation record has no 'id'")
+        if gid not in by_id:
+            raise SystemExit(f"{args.generations}:{n}: id {gid!r} is not in {args.problems}")
+        if gid in completions:
+            raise SystemExit(f"{args.generations}:{n}: duplicate generation for id {gid!r}")
+        if not isinstance(g.get("completion"), str):
+            raise SystemExit(f"{args.generations}:{n}: id {gid!r} has no string 'completion'")
+        if g.get("benchmark", args.benchmark) != args.benchmark:
+            raise SystemExit(f"{args.generations}:{n}: id {gid!r} is a {g['benchmark']!r} generation, "
+                             f"not {args.benchmark!r}")
+        completions[gid] = g["completion"]
+    scored = [p for p in problems if p.get("id") in completions]
+    if len(scored) < len(problems):
+        print(f"warning: {len(problems) - len(scored)} of {len(problems)} problems have no generation "
+              f"in {args.generations}; scoring {len(scored)}", file=sys.stderr)
+    if not scored:
+        raise SystemExit(f"{args.generations}: no generations to score")
+    scores = score_records(args.benchmark, scored, completions, args.workers)
+    summary = summarize(args.benchmark, scores)
+    write_jsonl_atomic(args.out, scores)
+    write_json_atomic(args.summary, summary)
+    print(json.dumps(summary))
+    return 0
+
+
+def _cases(args) -> int:
+    cases = read_jsonl(args.file)
+    results, summary = run_cases(cases, args.data_dir, args.workers)
+    for r in results:
+        print(json.dumps(r, ensure_ascii=False))
+    print(json.dumps(summary))
+    return 1 if summary["disagree_ids"] else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m repro.scoring", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("score", help="score generations of one benchmark")
+    s.add_argument("--benchmark", required=True, choices=BENCHMARKS)
+    s.add_argument("--problems", required=True)
+    s.add_argument("--generations", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--summary", required=True)
+    s.add_argument("--workers", type=int, default=None, help="parallel workers (default: available CPUs)")
+    c = sub.add_parser("cases", help="run regression cases")
+    c.add_argument("file")
+    c.add_argument("--data-dir", required=True)
+    c.add_argument("--workers", type=int, default=None)
+    args = ap.parse_args(argv)
+    try:
+        return _score(args) if args.cmd == "score" else _cases(args)
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Find the last ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed X`` answer in a text, brace-balanced.
+
+Source: scoring.md sections 2-3 and scoring cases math500-06, math500-08, math500-09. A ``[^}]+`` regex
+truncates nested braces (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1``, case math500-08), so braces are
+counted (escaped ``\\{`` / ``\\}`` do not count). ``\\boxed 2`` (space, no braces) yields the next token.
+Unlike lm-eval's ``last_boxed_only_string`` (lm-eval #3477) the *last* box by position wins, whichever
+form it has. An unclosed ``\\boxed{`` is ignored (the previous complete box, if any, is used).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["last_boxed", "all_boxed"]
+
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def _content_at(text: str, pos: int) -> str | None:
+    """Content of the box whose command name ends at ``pos``; None if malformed/unclosed."""
+    i = pos
+    n = len(text)
+    while i < n and text[i] in " \t":
+        i += 1
+    if i < n and text[i] == "{":
+        depth = 0
+        j = i
+        while j < n:
+            c = text[j]
+            if c == "\\" and j + 1 < n and text[j + 1] in "{}":
+                j += 2
+                continue
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[i + 1 : j]
+            j += 1
+        return None
+    if i > pos:  # "\boxed 2": a space, then one token up to whitespace or '$'
+        m = re.match(r"[^\s$]+", text[i:])
+        if m:
+            return m.group(0).rstrip(".,;")
+    return None
+
+
+def all_boxed(text: str) -> list[str]:
+    """Contents of every well-formed box in ``text``, in order of appearance."""
+    out = []
+    for m in _BOX.finditer(text):
+        c = _content_at(text, m.end())
+        if c is not None:
+            out.append(c)
+    return out
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last well-formed box in ``text`` (stripped), or None."""
+    for m in reversed(list(_BOX.finditer(text))):
+        c = _content_at(text, m.end())
+        if c is not None:
+            return c.strip()
+    return None

@@ -1,0 +1,110 @@
+"""Regression-case runner and problem loading from the shared data files.
+
+``run_cases(cases, data_dir, workers) -> (results, summary)`` scores records
+``{id, benchmark, model_output, gold?, task_id?}`` (format of ``../shared/cases/scoring_cases.jsonl``,
+issue 3): ``gold`` is the GSM8K answer text (``#### N`` or a number) or the MATH answer; ``task_id``
+names the HumanEval/MBPP problem whose tests apply, read from ``data_dir``. Each result is
+``{id, correct, extracted, reason}`` (plus ``expected_correct`` and ``agrees`` when the case has an
+expectation); the summary counts correct verdicts and disagreements with ``expected_correct``.
+
+``load_problems(data_dir, benchmark)`` turns ``<data_dir>/<file>.jsonl`` into normalized problem records
+as specified in docs/interfaces.md (ids: ``gsm8k/<line>``, ``unique_id``, ``task_id``,
+``mbpp/<task_id>``; gold: text after ``#### ``, ``answer``, ``canonical_solution``, ``code``). It is a
+small reader for tests and case runs, not the data stage (``repro.data`` owns preparation and hashing).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .jsonl import read_jsonl
+
+__all__ = ["load_problems", "problem_from_source", "run_cases", "DATA_FILES"]
+
+DATA_FILES = {"gsm8k": "gsm8k.jsonl", "math500": "math500.jsonl", "humaneval": "humaneval.jsonl", "mbpp": "mbpp.jsonl"}
+
+
+def problem_from_source(benchmark: str, source: dict, index: int) -> dict:
+    """Normalized problem record for one original record (docs/interfaces.md)."""
+    if benchmark == "gsm8k":
+        pid, gold = f"gsm8k/{index}", source["answer"].split("#### ")[-1].strip()
+    elif benchmark == "math500":
+        pid, gold = source["unique_id"], source["answer"]
+    elif benchmark == "humaneval":
+        pid, gold = source["task_id"], source["canonical_solution"]
+    elif benchmark == "mbpp":
+        pid, gold = f"mbpp/{source['task_id']}", source["code"]
+    else:
+        raise ValueError(f"unknown benchmark {benchmark!r}")
+    return {"id": pid, "benchmark": benchmark, "index": index, "gold": gold, "source": source}
+
+
+def load_problems(data_dir, benchmark: str, filename: str | None = None) -> list[dict]:
+    """All problems of ``benchmark`` from ``data_dir`` as normalized records."""
+    if benchmark not in DATA_FILES:
+        raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {', '.join(DATA_FILES)}")
+    path = Path(data_dir) / (filename or DATA_FILES[benchmark])
+    return [problem_from_source(benchmark, s, i) for i, s in enumerate(read_jsonl(path))]
+
+
+def _find_task(data_dir, benchmark: str, task_id, cache: dict) -> dict:
+    if benchmark not in cache:
+        probs = load_problems(data_dir, benchmark)
+        if benchmark == "mbpp":
+            full = Path(data_dir) / "mbpp_full.jsonl"
+            if full.is_file():  # tasks outside the test split (e.g. 927) are still addressable
+                seen = {p["source"]["task_id"] for p in probs}
+                probs += [p for p in load_problems(data_dir, "mbpp", "mbpp_full.jsonl")
+                          if p["source"]["task_id"] not in seen]
+        cache[benchmark] = {str(p["source"]["task_id"]): p for p in probs}
+    try:
+        return cache[benchmark][str(task_id)]
+    except KeyError:
+        raise ValueError(f"{benchmark} task_id {task_id!r} not found in {data_dir}") from None
+
+
+def run_cases(cases: list[dict], data_dir, workers: int | None = None) -> tuple[list[dict], dict]:
+    """Score regression cases grouped by benchmark; results keep the input order."""
+    from . import score_records
+
+    cache: dict = {}
+    groups: dict[str, list[tuple[int, dict]]] = {}
+    for i, c in enumerate(cases):
+        for k in ("id", "benchmark", "model_output"):
+            if k not in c:
+                raise ValueError(f"case #{i} ({c.get('id', '?')}) lacks field {k!r}")
+        b = c["benchmark"]
+        if b in ("gsm8k", "math500"):
+            if "gold" not in c:
+                raise ValueError(f"case {c['id']!r}: {b} cases need 'gold'")
+            problem = {"id": c["id"], "benchmark": b, "gold": c["gold"], "source": {}}
+        elif b in ("humaneval", "mbpp"):
+            if "task_id" not in c:
+                raise ValueError(f"case {c['id']!r}: {b} cases need 'task_id'")
+            base = _find_task(data_dir, b, c["task_id"], cache)
+            problem = {**base, "id": c["id"]}
+        else:
+            raise ValueError(f"case {c['id']!r}: unknown benchmark {b!r}")
+        groups.setdefault(b, []).append((i, problem))
+    results: list[dict | None] = [None] * len(cases)
+    for b, items in groups.items():
+        problems = [p for _, p in items]
+        completions = {cases[i]["id"]: cases[i]["model_output"] for i, _ in items}
+        if len(completions) != len(items):
+            raise ValueError(f"duplicate case ids among {b} cases")
+        for (i, _), s in zip(items, score_records(b, problems, completions, workers)):
+            r = {"id": s["id"], "correct": s["correct"], "extracted": s["extracted"], "reason": s["reason"]}
+            if "expected_correct" in cases[i]:
+                r["expected_correct"] = bool(cases[i]["expected_correct"])
+                r["agrees"] = r["correct"] == r["expected_correct"]
+            results[i] = r
+    with_exp = [r for r in results if "agrees" in r]
+    summary = {
+        "summary": True,
+        "n": len(results),
+        "correct": sum(r["correct"] for r in results),
+        "with_expectation": len(with_exp),
+        "agree": sum(r["agrees"] for r in with_exp),
+        "disagree_ids": [r["id"] for r in with_exp if not r["agrees"]],
+    }
+    return results, summary

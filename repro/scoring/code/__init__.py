@@ -1,0 +1,1 @@
+"""Code benchmarks' shared parts: ``extract`` (code out of a completion) and ``sandbox`` (running it)."""

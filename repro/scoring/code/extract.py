@@ -1,0 +1,88 @@
+"""Code extraction from a (truncated) completion: fenced blocks with or without a tag, or raw code.
+
+Sources: scoring.md sections 4-5 and scoring cases humaneval-05 (bare ``` fences), humaneval-07 (a fenced
+body must not be concatenated raw), mbpp-01 (unfenced code followed by a stray closing fence; lm-eval's
+``extract_code_blocks`` swallows ``def`` there).
+
+Rules:
+- A fence is a line whose first non-blank characters are three backticks; whatever follows them on
+  that line (``python``, ``py``, nothing) is the tag and is ignored. The last block may be unclosed.
+- With ``entry_point``: the first non-empty block that defines ``def <entry_point>(`` wins, else the
+  first non-empty block. If every block is empty (only a closing fence after raw code, mbpp-01), the
+  text before the first fence is the code.
+- Without any fence the whole text is the code.
+- MBPP format markers: a leading ``[BEGIN]`` is dropped; the text is cut at the first *exact*
+  ``[DONE]`` (never at a bare ``DONE`` substring, unlike OpenCompass); surrounding single quotes are
+  stripped only when the code both starts and ends with ``'`` (OpenCompass's quoted exemplar format).
+Not done: AST "sanitising" (EvalPlus drops helpers without ``return``, case note mbpp-05) -- the
+extracted code runs as written.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["fenced_blocks", "extract_code", "defines"]
+
+_FENCE = re.compile(r"^\s*```")
+
+
+def fenced_blocks(text: str) -> tuple[str, list[str]]:
+    """``(text before the first fence, [block contents])``; an unclosed last block is included."""
+    before: list[str] = []
+    blocks: list[str] = []
+    cur: list[str] | None = None
+    seen_fence = False
+    for line in text.split("\n"):
+        if _FENCE.match(line):
+            seen_fence = True
+            if cur is None:
+                cur = []
+            else:
+                blocks.append("\n".join(cur))
+                cur = None
+            continue
+        if cur is not None:
+            cur.append(line)
+        elif not seen_fence:
+            before.append(line)
+    if cur is not None:
+        blocks.append("\n".join(cur))
+    return "\n".join(before), blocks
+
+
+def defines(code: str, name: str) -> bool:
+    """Whether ``code`` defines ``name`` as a top-level (column 0) function."""
+    return re.search(rf"^(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+
+
+def _strip_markers(code: str) -> str:
+    code = code.split("[DONE]", 1)[0]
+    stripped = code.strip()
+    if stripped.startswith("[BEGIN]"):
+        stripped = stripped[len("[BEGIN]"):].strip()
+    if len(stripped) >= 2 and stripped.startswith("'") and stripped.endswith("'") and not stripped.startswith("'''"):
+        stripped = stripped[1:-1]
+    # keep the original leading indentation of a bare body (HumanEval continuation)
+    if stripped and code.lstrip("\n").startswith((" ", "\t")) and not code.strip().startswith("[BEGIN]"):
+        return code.rstrip().lstrip("\n")
+    return stripped
+
+
+def extract_code(text: str, entry_point: str | None = None) -> tuple[str, str]:
+    """``(code, how)`` where how is ``fenced`` | ``before_fence`` | ``raw`` (see module docstring)."""
+    if "```" in text:
+        before, blocks = fenced_blocks(text)
+        nonempty = [b for b in blocks if b.strip()]
+        if nonempty:
+            chosen = nonempty[0]
+            if entry_point:
+                for b in nonempty:
+                    if defines(b, entry_point) or re.search(rf"\bdef\s+{re.escape(entry_point)}\s*\(", b):
+                        chosen = b
+                        break
+            return _strip_markers(chosen), "fenced"
+        if before.strip():
+            return _strip_markers(before), "before_fence"
+        return "", "fenced"
+    return _strip_markers(text), "raw"

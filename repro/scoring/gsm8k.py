@@ -1,0 +1,120 @@
+"""GSM8K scorer: numeric answer extraction and comparison with the ``#### N`` gold.
+
+Contract: ``score(problem, completion) -> score record`` (docs/interfaces.md, "Scoring"); ``status`` is
+``correct`` | ``wrong``; ``correct`` is the *flexible* verdict (primary score), ``strict_correct`` the
+verdict when only an explicit ``\\boxed{}`` or ``#### N`` answer counts (diagnostic column).
+
+Rules (scoring.md section 2 "Recommended GSM8K scorer"; issue 3):
+1. The completion is cut at EOS markers and stop strings first (case gsm8k-07).
+2. Prediction: last ``\\boxed{}`` -> last "the answer is N" -> last ``#### N`` -> last number in the text.
+3. Numbers are anchored on digits: ``-?\\d{1,3}(,\\d{3})+`` or ``\\d+``, optional decimals; commas between
+   digit groups and LaTeX separators (``{,}``, ``\\,``, ``\\!``) are dropped, so ``8,000`` is 8000
+   (cases gsm8k-01/02; OpenCompass reads ``000``); ``$``, ``%`` and unit words around a number are ignored.
+4. Comparison is numeric with exact decimals (``29.00`` == ``29``, case gsm8k-04; lm-eval #3214).
+5. The gold (text after ``#### ``, or a whole ``answer`` text) is normalised the same way: 14 golds
+   carry thousands separators and 2 are negative (SOURCES.md).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+from .boxed import last_boxed
+from .truncate import truncate_for
+
+__all__ = ["parse_gold", "extract", "score", "find_numbers"]
+
+# A minus sign counts only when it is not a binary minus (not preceded by a word char, ')' or ']').
+_NUM = re.compile(r"(?<![\w.)\]])(-?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?")
+_LATEX_SEP = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\,|\\!|\\;|\{\\,\})(?=\d)")
+_ANSWER_IS = re.compile(r"answer\s+is\b[:\s]*", re.IGNORECASE)
+_HASHES = re.compile(r"####\s*")
+
+
+def _normalise_text(text: str) -> str:
+    text = text.replace("\u2212", "-").replace("\u2013", "-")  # unicode minus / en dash
+    text = _LATEX_SEP.sub(",", text)
+    text = text.replace(",\\!", ",")
+    return text
+
+
+def find_numbers(text: str) -> list[tuple[str, Fraction]]:
+    """All numbers in ``text`` as ``(as written, exact value)`` pairs, in order."""
+    out = []
+    for m in _NUM.finditer(_normalise_text(text)):
+        written = m.group(0)
+        digits = (m.group(1) + m.group(2).replace(",", "") + (m.group(3) or ""))
+        try:
+            out.append((written, Fraction(Decimal(digits))))
+        except (InvalidOperation, ValueError):  # pragma: no cover - regex guarantees a number
+            continue
+    return out
+
+
+def _fmt(value: Fraction) -> str:
+    if value.denominator == 1:
+        return str(value.numerator)
+    return str(Decimal(value.numerator) / Decimal(value.denominator)).rstrip("0").rstrip(".")
+
+
+def parse_gold(gold: str) -> Fraction:
+    """Exact value of a GSM8K gold: ``2,125``, ``-3``, ``#### 8000`` or a full ``answer`` text."""
+    if not isinstance(gold, str):
+        raise TypeError(f"GSM8K gold must be a str, got {type(gold).__name__}: {gold!r}")
+    text = gold.rsplit("####", 1)[1] if "####" in gold else gold
+    nums = find_numbers(text)
+    if not nums:
+        raise ValueError(f"GSM8K gold {gold!r} contains no number")
+    return nums[0][1]
+
+
+def extract(completion: str) -> tuple[str | None, Fraction | None, str]:
+    """``(as written, value, rule)`` of the predicted answer of an already truncated completion.
+
+    ``rule`` is ``boxed`` | ``answer_is`` | ``hashes`` | ``last_number`` | ``none``.
+    """
+    box = last_boxed(completion)
+    if box is not None:
+        nums = find_numbers(box)
+        if nums:
+            return nums[-1][0], nums[-1][1], "boxed"
+    matches = list(_ANSWER_IS.finditer(completion))
+    if matches:
+        tail = completion[matches[-1].end():].split("\n", 1)[0]
+        nums = find_numbers(tail)
+        if nums:
+            return nums[0][0], nums[0][1], "answer_is"
+    matches = list(_HASHES.finditer(completion))
+    if matches:
+        tail = completion[matches[-1].end():].split("\n", 1)[0]
+        nums = find_numbers(tail)
+        if nums:
+            return nums[0][0], nums[0][1], "hashes"
+    nums = find_numbers(completion)
+    if nums:
+        return nums[-1][0], nums[-1][1], "last_number"
+    return None, None, "none"
+
+
+def score(problem: dict, completion: str) -> dict:
+    """Score one completion against ``problem['gold']`` (see module docstring)."""
+    gold = parse_gold(problem["gold"])
+    text = truncate_for("gsm8k", completion)
+    written, value, rule = extract(text)
+    correct = value is not None and value == gold
+    strict = correct and rule in ("boxed", "hashes")
+    if value is None:
+        reason = f"no number found in the completion; gold {_fmt(gold)}"
+    else:
+        reason = f"{rule}: {written!r} -> {_fmt(value)} {'==' if correct else '!='} gold {_fmt(gold)}"
+    return {
+        "id": problem["id"],
+        "benchmark": "gsm8k",
+        "correct": bool(correct),
+        "extracted": None if value is None else _fmt(value),
+        "reason": reason,
+        "status": "correct" if correct else "wrong",
+        "strict_correct": bool(strict),
+    }

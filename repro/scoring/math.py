@@ -1,0 +1,117 @@
+"""MATH-500 scorer: last-boxed answer extraction and math-verify equivalence with exactness guards.
+
+Contract: ``extract(completion) -> (answer | None, rule)`` and ``equivalent(gold, pred) -> dict`` (the
+latter is what ``verify_worker`` runs inside a separate process, never in the caller); batch scoring is
+``repro.scoring.score_records("math500", ...)``. Status ``correct`` | ``wrong`` | ``timeout`` | ``error``;
+``strict_correct`` is true only when the answer came from a ``\\boxed{}``/``\\fbox{}``.
+
+Sources: scoring.md section 3 "Recommended MATH-500 scorer" and the math500-* scoring cases.
+1. Cut at EOS / stop strings; take the last balanced ``\\boxed{...}`` (also ``\\fbox``, ``\\boxed 2``;
+   cases math500-06/08/09); fallback "final answer is X"; otherwise no answer (wrong, logged).
+2. Gold = the ``answer`` field (never the last box of ``solution``: 8 solutions box two forms).
+3. Primary verdict: Math-Verify 0.9.0, ``verify(parse("$gold$"), parse("$pred$"))`` -- gold first, the
+   order matters. It handles ``\\text{}`` (math500-02/16), ``^\\circ`` (math500-13), ``10,\\!080``,
+   mixed numbers, tuples/intervals element-wise (math500-12) and ``\\pm`` as a set (math500-04).
+4. Guards against known Math-Verify false positives (re-checked on 0.9.0):
+   - malformed ``\\sqrt(2)`` is parsed as nothing, so ``4\\sqrt(2)`` == 4 (math500-01): ``\\sqrt(x)`` is
+     rewritten to ``\\sqrt{x}`` before parsing;
+   - float rounding equates tiny exact numbers (``1/2004!`` vs ``1/2006!``, ``1/2^99`` vs ``1/2^98``):
+     when both sides are exact numbers (no Float, no free symbol) a True verdict must also pass an exact
+     sympy check ``(gold - pred) == 0``; element-wise for tuples of the same length.
+   A prediction written as a decimal approximation of an exact gold (``1.41421356`` for ``\\sqrt{2}``) is
+   left to Math-Verify's rounding (accepted), as peers do.
+5. Math-Verify's own SIGALRM timeouts are disabled (they raise outside the main thread, Math-Verify
+   #50/#55, case math500-05); the hard timeout is enforced by killing the worker process.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .boxed import last_boxed
+
+__all__ = ["extract", "prepare", "equivalent"]
+
+_FINAL = re.compile(r"final answer is[:\s]*", re.IGNORECASE)
+
+
+def extract(completion: str) -> tuple[str | None, str]:
+    """``(answer, rule)`` from an already truncated completion; rule: boxed | final_answer | none."""
+    box = last_boxed(completion)
+    if box is not None and box.strip():
+        return box.strip(), "boxed"
+    matches = list(_FINAL.finditer(completion))
+    if matches:
+        tail = completion[matches[-1].end():].split("\n", 1)[0].strip()
+        tail = re.sub(r"\.\s*(?:I hope it is correct\.?)?$", "", tail).strip()
+        if tail.startswith("$") and tail.endswith("$") and len(tail) > 1:
+            tail = tail.strip("$").strip()
+        if tail:
+            return tail, "final_answer"
+    return None, "none"
+
+
+def _fix_sqrt_parens(s: str) -> str:
+    """``\\sqrt(x)`` -> ``\\sqrt{x}`` with balanced parentheses (math500-01 family)."""
+    out = []
+    i = 0
+    while True:
+        j = s.find("\\sqrt(", i)
+        if j < 0:
+            out.append(s[i:])
+            return "".join(out)
+        k = j + len("\\sqrt(")
+        depth = 1
+        while k < len(s) and depth:
+            depth += {"(": 1, ")": -1}.get(s[k], 0)
+            k += 1
+        if depth:  # unbalanced: leave as is
+            out.append(s[i:])
+            return "".join(out)
+        out.append(s[i:j] + "\\sqrt{" + s[j + 6 : k - 1] + "}")
+        i = k
+
+
+def prepare(answer: str) -> str:
+    """Text handed to Math-Verify's parser: malformed-LaTeX fixes, unescaped ``$`` removed, ``$``-wrapped."""
+    s = _fix_sqrt_parens(answer.strip())
+    s = re.sub(r"(?<!\\)\$", "", s)
+    return "$" + s + "$"
+
+
+def _exact_mismatch(g, p) -> bool:
+    """True when ``g`` and ``p`` are exact numbers (or same-length tuples of them) that differ."""
+    import sympy
+
+    if isinstance(g, sympy.Tuple) and isinstance(p, sympy.Tuple):
+        return len(g) == len(p) and any(_exact_mismatch(a, b) for a, b in zip(g, p))
+    if not (isinstance(g, sympy.Expr) and isinstance(p, sympy.Expr)):
+        return False
+    if g.free_symbols or p.free_symbols or g.atoms(sympy.Float) or p.atoms(sympy.Float):
+        return False
+    if not (g.is_number and p.is_number):
+        return False
+    diff = sympy.simplify(g - p)
+    return diff.is_zero is False
+
+
+def equivalent(gold: str, pred: str) -> dict:
+    """Math-Verify verdict plus guards; runs in the worker process (imports math_verify lazily)."""
+    from math_verify import parse, verify
+
+    g = parse(prepare(gold), parsing_timeout=None)
+    p = parse(prepare(pred), parsing_timeout=None)
+    info = {"gold_parsed": str(g[0]) if g else None, "pred_parsed": str(p[0]) if p else None}
+    if not g:
+        # Math-Verify could not read the gold: fall back to a normalised string comparison.
+        norm = lambda s: re.sub(r"\\(?:left|right|!|,|;)|\\text\{([^{}]*)\}|\s|\$", r"\1", s).lower()
+        eq = norm(gold) == norm(pred)
+        return {**info, "equal": eq, "detail": "gold not parseable by math-verify; string comparison"}
+    if not p:
+        return {**info, "equal": False, "detail": "prediction not parseable by math-verify"}
+    eq = bool(verify(g, p, timeout_seconds=None))
+    detail = "math-verify"
+    if eq and _exact_mismatch(g[0], p[0]):
+        eq = False
+        detail = "math-verify said equal but the exact values differ (float-rounding guard)"
+    return {**info, "equal": eq, "detail": detail}

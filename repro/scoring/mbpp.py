@@ -1,0 +1,43 @@
+"""MBPP program assembly: extracted code, then ``test_setup_code``, then *all* asserts of ``test_list``.
+
+Contract: ``build_program(source, completion) -> (program, extracted_code, how)`` for an original MBPP
+record (``code``, ``test_setup_code``, ``test_list``); execution by ``code.sandbox``.
+
+Sources: scoring.md section 5 and cases mbpp-01 (unfenced code + stray closing fence), mbpp-02 (all
+three asserts, not only the one shown), mbpp-04 (task 367: code -> test_setup_code -> asserts; lm-eval
+and OpenCompass omit the setup code and fail the task for every model). ``challenge_test_list`` is not
+run (peers ignore it; report separately if ever needed). Extraction never cuts at a bare ``DONE``
+substring and strips quotes only when the code is wrapped in them (see ``code.extract``).
+"""
+
+from __future__ import annotations
+
+from .code.extract import extract_code
+from .truncate import truncate_for
+
+__all__ = ["build_program", "reference_program"]
+
+
+def _check_source(source: dict) -> None:
+    missing = [k for k in ("test_list", "test_setup_code") if k not in source]
+    if missing:
+        raise ValueError(f"MBPP record {source.get('task_id', '?')!r} lacks field(s) {missing}")
+    if not isinstance(source["test_list"], list) or not source["test_list"]:
+        raise ValueError(f"MBPP record {source.get('task_id', '?')!r}: test_list must be a non-empty list")
+
+
+def _tests(source: dict) -> str:
+    return "\n\n" + (source.get("test_setup_code") or "") + "\n" + "\n".join(source["test_list"]) + "\n"
+
+
+def build_program(source: dict, completion: str) -> tuple[str, str, str]:
+    """``(program, extracted code, how)``; see module docstring."""
+    _check_source(source)
+    code, how = extract_code(truncate_for("mbpp", completion))
+    return code + _tests(source), code, how
+
+
+def reference_program(source: dict) -> str:
+    """The reference solution with its setup code and asserts."""
+    _check_source(source)
+    return source["code"] + _tests(source)

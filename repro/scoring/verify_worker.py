@@ -1,0 +1,197 @@
+"""Math-Verify in worker processes with a hard per-item wall-clock timeout, callable from any thread.
+
+Why: Math-Verify's timeouts use SIGALRM, which raises "signal only works in main thread" in worker
+threads (Math-Verify #50/#55, scoring case math500-05), and a pathological expression can make sympy
+run for minutes. Here each check is sent as one JSON line to a long-lived worker *process*
+(``python -m repro.scoring.verify_worker``); the calling thread waits on the pipe with ``select`` and,
+past ``timeout`` seconds, kills the worker's process group and starts a fresh one. No signals are used
+in the caller, so ``VerifyPool.check`` works from any thread or process. A worker that dies while
+checking is restarted and the item retried once; a second failure is reported as ``error``.
+
+Contract: ``VerifyPool(size, timeout).check(gold, pred) -> {"status": "ok"|"timeout"|"error",
+"equal": bool, "detail": str, "gold_parsed", "pred_parsed"}``. ``get_pool(size)`` returns a shared
+pool (closed at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["VerifyPool", "get_pool", "DEFAULT_TIMEOUT_S"]
+
+DEFAULT_TIMEOUT_S = 10.0
+_STARTUP_TIMEOUT_S = 120.0
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class _Worker:
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+        env["PYTHONPATH"] = _REPO_ROOT
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "repro.scoring.verify_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=_REPO_ROOT,
+            start_new_session=True,
+        )
+        self._buf = b""
+        self.ready = False
+
+    def _read_line(self, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise EOFError("math-verify worker exited")
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def ask(self, request: dict, timeout: float) -> dict | None:
+        """Send one request; the answer dict, or None on timeout (worker killed) / raise on death."""
+        if not self.ready:  # the worker announces itself once math_verify/sympy are imported
+            if self._read_line(_STARTUP_TIMEOUT_S) is None:
+                raise EOFError(f"math-verify worker did not start within {_STARTUP_TIMEOUT_S:g} s")
+            self.ready = True
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        line = self._read_line(timeout)
+        return None if line is None else json.loads(line)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class VerifyPool:
+    """Up to ``size`` worker processes shared by all calling threads (see module docstring)."""
+
+    def __init__(self, size: int = 1, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        if size < 1:
+            raise ValueError(f"VerifyPool size must be >= 1, got {size}")
+        self.size = size
+        self.timeout = timeout
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._slots = threading.Semaphore(size)
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def _spawn(self) -> _Worker:
+        w = _Worker()
+        with self._lock:
+            self._all.append(w)
+        return w
+
+    def check(self, gold: str, pred: str, timeout: float | None = None) -> dict:
+        timeout = self.timeout if timeout is None else timeout
+        with self._slots:
+            try:
+                w = self._idle.get_nowait()
+            except queue.Empty:
+                w = self._spawn()
+            for attempt in (1, 2):
+                try:
+                    ans = w.ask({"gold": gold, "pred": pred}, timeout)
+                except (EOFError, BrokenPipeError, OSError, ValueError) as exc:
+                    w.kill()
+                    w = self._spawn()
+                    if attempt == 2:
+                        self._idle.put(w)
+                        return {"status": "error", "equal": False, "detail": f"worker died twice: {exc}",
+                                "gold_parsed": None, "pred_parsed": None}
+                    continue
+                if ans is None:
+                    self._idle.put(self._spawn())
+                    return {"status": "timeout", "equal": False,
+                            "detail": f"math-verify exceeded {timeout:g} s; worker killed",
+                            "gold_parsed": None, "pred_parsed": None}
+                self._idle.put(w)
+                return ans
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._all = self._all, []
+        for w in workers:
+            w.kill()
+
+
+_POOL: VerifyPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def get_pool(size: int) -> VerifyPool:
+    """A process-wide pool with at least ``size`` slots (recreated when a larger one is needed)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.size < size:
+            if _POOL is not None:
+                _POOL.close()
+            _POOL = VerifyPool(size)
+        return _POOL
+
+
+@atexit.register
+def _close_pool() -> None:
+    if _POOL is not None:
+        _POOL.close()
+
+
+def _serve() -> None:
+    """Worker loop: one JSON request per stdin line, one JSON answer per stdout line."""
+    import warnings
+    import logging
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.CRITICAL)
+    import math_verify  # noqa: F401  (import cost paid before "ready")
+    from repro.scoring.math import equivalent
+
+    out = sys.stdout
+    sys.stdout = sys.stderr  # stray library prints must not corrupt the protocol stream
+    out.write('{"ready": true}\n')
+    out.flush()
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            ans = {"status": "ok", **equivalent(req["gold"], req["pred"])}
+        except Exception as exc:  # report, keep serving
+            ans = {"status": "error", "equal": False, "detail": f"{type(exc).__name__}: {exc}"[:500],
+                   "gold_parsed": None, "pred_parsed": None}
+        out.write(json.dumps(ans) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    _serve()
