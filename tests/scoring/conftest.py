@@ -1,0 +1,50 @@
+"""Shared fixtures for the scoring tests: where the real benchmark data and the regression cases live.
+
+Data are never copied into the repository: ``ORL_EVAL_DATA`` names the directory, falling back to
+``<repo>/../shared/data``; the cases file is ``ORL_EVAL_CASES`` or ``<data>/../cases/scoring_cases.jsonl``.
+Tests that need them are skipped with the path they looked at when absent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))  # helper modules of this directory (perturb.py)
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("ORL_EVAL_DATA", REPO.parent / "shared" / "data"))
+
+
+def cases_path() -> Path:
+    return Path(os.environ.get("ORL_EVAL_CASES", data_dir().parent / "cases" / "scoring_cases.jsonl"))
+
+
+@pytest.fixture(scope="session")
+def data() -> Path:
+    d = data_dir()
+    if not (d / "humaneval.jsonl").is_file():
+        pytest.skip(f"benchmark data not found in {d} (set ORL_EVAL_DATA)")
+    return d
+
+
+@pytest.fixture(scope="session")
+def problems(data):
+    from repro.scoring.cases import load_problems
+
+    cache = {}
+
+    def get(benchmark):
+        if benchmark not in cache:
+            cache[benchmark] = load_problems(data, benchmark)
+        return cache[benchmark]
+
+    return get
+
+
+WORKERS = max(1, min(2, len(os.sched_getaffinity(0))))
