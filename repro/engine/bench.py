@@ -1,0 +1,318 @@
+"""Benchmark of one denoising round and of a whole generation at the memory floor (issue 6).
+
+    python -m repro.engine.bench round     [--prefixes 1024,4096] [--iters 50] [--naive-iters 3]
+    python -m repro.engine.bench generate  [--prefix 1024] [--tokens 1024] [--steps-per-block 8]
+    python -m repro.engine.bench all       (both, one model build; last line = one JSON with both)
+
+Needs only torch + triton and a CUDA GPU. Builds LLaDA2.1-mini in its real shapes (engine_spec §1/§3:
+20 layers, hidden 2048, 16 Q / 4 KV heads x 128, dense layer 0 (5120), 19 MoE layers of 256 experts x 512
++ shared 512, vocab 157184) with deterministic random bf16 weights (router + expert bias fp32) on the GPU,
+a KV cache with a random prefix of P tokens, and a 32-token block.
+
+``round``: for each prefix P: the engine round (``kernels.fastpath.BlockForward``: the whole forward +
+lm_head over the 32 positions + fp32 argmax/confidence/entropy, one CUDA graph) timed as the median of
+CUDA-event timings of single graph replays after warm-up; the distinct routed experts per MoE layer
+(measured on that block); the bytes that round must read (``fastpath.round_bytes``: every weight it
+touches once + KV of [0, P+32)); achieved GB/s = bytes / time; the device-to-device copy bandwidth
+measured in the same run ((read + write bytes) / time, 2 GiB buffers); the floor = bytes / copy
+bandwidth and ratio = time / floor. Then the naive reference (``fastpath.reference_forward``: eager bf16,
+per-expert loop with a host sync per expert, the model's remote-code style) timed the same way, its
+ratio to the engine, and a check of the engine's logits against it (relative error, argmax agreement).
+
+``generate``: P-token random prefix, then ``tokens`` new tokens in blocks of 32 with a fixed commit
+schedule (each denoise round commits the ``32/steps`` most confident masked positions, on device; after
+``steps`` rounds a commit forward writes the block's final K/V and advances the device-side cache
+length), so the number of forwards does not depend on the random weights. Two CUDA graphs (denoise
+forward + decode step; commit forward + cache advance) are replayed with no host sync inside the
+generation. Reported: wall time (first event to last), GPU busy time (sum of per-replay event
+intervals), GPU idle time between rounds = wall - busy, tokens/s, ms per forward.
+
+Targets (issue 6, reported, never asserted): ratio <= 1.15 at P=1k, <= 1.2 at P=4k; naive/engine >= 80;
+GPU idle < 3% of the generation's wall time. The last line printed is one JSON document.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+TARGETS = {"ratio_1k": 1.15, "ratio_4k": 1.2, "naive_over_engine": 80.0, "gpu_idle_frac": 0.03}
+
+
+def env_info() -> dict:
+    info = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        info["triton"] = None
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=p.name, sms=p.multi_processor_count, gpu_mem_GiB=round(p.total_memory / 2**30, 1),
+                    cuda=torch.version.cuda)
+    return info
+
+
+def copy_bandwidth(nbytes: int = 2 << 30, iters: int = 20) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read + written (median of ``iters``)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (statistics.median(ts) * 1e-3) / 1e9
+
+
+def time_replays(fn, iters: int, warmup: int = 5) -> dict:
+    """CUDA-event time of single calls of ``fn`` (ms): median, min, p90 over ``iters`` after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return {"ms": statistics.median(ts), "ms_min": ts[0], "ms_p90": ts[int(0.9 * (len(ts) - 1))], "n": len(ts)}
+
+
+def build(seed: int = 0, max_len: int = 4096 + 128, configs=None):
+    from .kernels import fastpath as F
+
+    shape = F.ModelShape()
+    t0 = time.perf_counter()
+    W = F.random_weights(shape, "cuda", torch.bfloat16, seed=seed)
+    fw = F.BlockForward(W, shape, max_len, T=32, device="cuda", configs=configs)
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed + 1)
+    fw.kv.normal_(0.0, 1.0, generator=g)
+    torch.cuda.synchronize()
+    return shape, W, fw, time.perf_counter() - t0
+
+
+def _block_ids(shape, seed: int, T: int = 32):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    ids = torch.randint(0, shape.vocab - 512, (T,), device="cuda", generator=g)
+    ids[T // 2:] = shape.mask_id  # half the block still masked
+    return ids
+
+
+def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print):
+    from .kernels import fastpath as F
+
+    results = []
+    graph = fw.capture(head=True)
+    for P in prefixes:
+        ids = _block_ids(shape, 100 + P)
+        fw.ids.copy_(ids)
+        fw.cache_len.fill_(P)
+        distinct = fw.distinct_experts()
+        t = time_replays(graph.replay, iters)
+        nb = F.round_bytes(shape, distinct, P, fw.T)
+        floor_ms = nb["total"] / (copy_bw * 1e9) * 1e3
+        eng = dict(t, GBps=nb["total"] / (t["ms"] * 1e-3) / 1e9, ratio=t["ms"] / floor_ms)
+        graph.replay()
+        torch.cuda.synchronize()
+        r = {"prefix": P, "engine": eng, "distinct_experts_mean": sum(distinct) / len(distinct),
+             "distinct_experts_per_layer": distinct, "bytes_GB": nb["total"] / 1e9,
+             "bytes_by_item_MB": {k: round(v / 1e6, 2) for k, v in nb.items()},
+             "copy_GBps": copy_bw, "floor_ms": floor_ms}
+        log(f"[round P={P}] engine {eng['ms']:.3f} ms (min {eng['ms_min']:.3f}), {eng['GBps']:.0f} GB/s, "
+            f"D={r['distinct_experts_mean']:.1f}, {r['bytes_GB']:.2f} GB, floor {floor_ms:.3f} ms, "
+            f"ratio {eng['ratio']:.3f}")
+        if naive_iters > 0:
+            ref = F.reference_forward(W, shape, fw.kv, P, ids)  # warm-up + check
+            lg = fw.logits.float()
+            rf = ref.float()
+            r["check"] = {"logits_rel_err": float((lg - rf).norm() / rf.norm()),
+                          "argmax_agree": float((lg.argmax(-1) == rf.argmax(-1)).float().mean())}
+            del ref, lg, rf
+            tn = time_replays(lambda: F.reference_forward(W, shape, fw.kv, P, ids), naive_iters, warmup=0)
+            r["naive"] = dict(tn, GBps=nb["total"] / (tn["ms"] * 1e-3) / 1e9, ratio=tn["ms"] / floor_ms)
+            r["naive_over_engine"] = tn["ms"] / eng["ms"]
+            log(f"[round P={P}] naive {tn['ms']:.1f} ms, naive/engine {r['naive_over_engine']:.1f}x, "
+                f"check {r['check']}")
+        results.append(r)
+    if profile_path:
+        _profile(fw, profile_path, log)
+    del graph
+    return results
+
+
+def _profile(fw, path, log):
+    """Per-kernel device times of one eager forward (torch.profiler), written to ``path``."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fw.forward()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            fw.forward()
+            torch.cuda.synchronize()
+        ka = prof.key_averages()
+        try:
+            table = ka.table(sort_by="self_device_time_total", row_limit=40)
+        except Exception:  # noqa: BLE001
+            table = ka.table(sort_by="self_cuda_time_total", row_limit=40)
+        with open(path, "w") as fh:
+            fh.write(table)
+        log(table[:6000])
+    except Exception as exc:  # noqa: BLE001
+        log(f"profile failed: {exc!r}")
+
+
+def bench_generate(shape, W, fw, prefix, tokens, steps, log=print):
+    T = fw.T
+    assert T % steps == 0 and tokens % T == 0
+    k_per = T // steps
+    blocks = tokens // T
+    mask_id = shape.mask_id
+    out = torch.zeros(tokens, dtype=torch.long, device="cuda")
+    blk = torch.zeros(1, dtype=torch.long, device="cuda")
+    ar = torch.arange(T, device="cuda")
+
+    def decode_step():
+        masked = fw.ids == mask_id
+        score = torch.where(masked, fw.conf, torch.full_like(fw.conf, -1.0))
+        idx = torch.topk(score, k_per).indices
+        new = torch.where(masked[idx], fw.pred[idx], fw.ids[idx])
+        fw.ids.index_copy_(0, idx, new)
+
+    def commit_step():
+        out.index_copy_(0, blk * T + ar, fw.ids)
+        fw.cache_len.add_(T)
+        blk.add_(1)
+        fw.ids.fill_(mask_id)
+
+    fw.cache_len.fill_(prefix)
+    fw.ids.fill_(mask_id)
+    g_den = fw.capture(head=True, extra=decode_step)
+    g_com = fw.capture(head=False, extra=commit_step)
+
+    def run():
+        fw.cache_len.fill_(prefix)
+        fw.ids.fill_(mask_id)
+        blk.zero_()
+        torch.cuda.synchronize()
+        ev = []
+        h0 = time.perf_counter()
+        for _ in range(blocks):
+            for _ in range(steps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g_den.replay()
+                b.record()
+                ev.append((a, b, "denoise"))
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g_com.replay()
+            b.record()
+            ev.append((a, b, "commit"))
+        host_enqueue_s = time.perf_counter() - h0
+        torch.cuda.synchronize()
+        host_s = time.perf_counter() - h0
+        busy = {"denoise": [], "commit": []}
+        for a, b, kind in ev:
+            busy[kind].append(a.elapsed_time(b))
+        wall = ev[0][0].elapsed_time(ev[-1][1])
+        tot_busy = sum(busy["denoise"]) + sum(busy["commit"])
+        return {"wall_ms": wall, "host_wall_ms": host_s * 1e3, "host_enqueue_ms": host_enqueue_s * 1e3,
+                "gpu_busy_ms": tot_busy, "gpu_idle_ms": wall - tot_busy, "gpu_idle_frac": (wall - tot_busy) / wall,
+                "ms_per_denoise": statistics.median(busy["denoise"]), "ms_per_commit": statistics.median(busy["commit"]),
+                "tokens_per_s": tokens / (wall * 1e-3)}
+
+    run()  # warm-up
+    res = run()
+    n_gen = int((out != mask_id).sum().item())
+    res.update(prefix=prefix, tokens=tokens, blocks=blocks, steps_per_block=steps,
+               forwards={"denoise": blocks * steps, "commit": blocks}, tokens_committed=n_gen,
+               host_syncs_inside_generation=0,
+               note="prefix K/V random (no prefill timed); fixed schedule: 32/steps most confident masked "
+                    "positions committed per round, on device")
+    log(f"[generate] {tokens} tokens after P={prefix}: wall {res['wall_ms']:.1f} ms, busy {res['gpu_busy_ms']:.1f} ms, "
+        f"idle {res['gpu_idle_ms']:.2f} ms ({100 * res['gpu_idle_frac']:.2f}%), {res['tokens_per_s']:.0f} tok/s, "
+        f"denoise {res['ms_per_denoise']:.3f} ms, commit {res['ms_per_commit']:.3f} ms")
+    del g_den, g_com
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="LLaDA2.1-mini engine round / generation benchmark (issue 6)")
+    ap.add_argument("mode", choices=["round", "generate", "all"])
+    ap.add_argument("--prefixes", default="1024,4096")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--naive-iters", type=int, default=3)
+    ap.add_argument("--prefix", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--steps-per-block", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", default=None, help="write a per-kernel profile table to this file")
+    ap.add_argument("--json", default=None, help="also write the JSON document to this file")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "CUDA not available", **env_info()}))
+        return 2
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    doc = {"bench": "repro.engine.bench", "mode": args.mode, **env_info(), "targets": TARGETS}
+    prefixes = [int(p) for p in args.prefixes.split(",") if p]
+    max_len = max(prefixes + [args.prefix + args.tokens]) + 128
+    copy_bw = copy_bandwidth()
+    log(f"copy bandwidth {copy_bw:.0f} GB/s")
+    shape, W, fw, build_s = build(args.seed, max_len)
+    doc["build_s"] = build_s
+    doc["copy_GBps"] = copy_bw
+    from .kernels import moe as M
+
+    doc["configs"] = {k: M._cfg(k, None, shape.hidden, shape.moe_inter, shape.experts + 1, 32)
+                      for k in ("router", "route", "gate_up", "down")}
+    doc["configs"]["dense"] = fw.dense_cfg
+    doc["configs"]["attn"] = {"NSPLIT": fw.aws.nsplit, "BLOCK_N": fw.aws.block_n, "num_warps": fw.aws.num_warps,
+                              "num_stages": fw.aws.num_stages}
+    if args.mode in ("round", "all"):
+        doc["round"] = bench_round(shape, W, fw, prefixes, args.iters, args.naive_iters, copy_bw, args.profile, log)
+    if args.mode in ("generate", "all"):
+        doc["generate"] = bench_generate(shape, W, fw, args.prefix, args.tokens, args.steps_per_block, log)
+    doc["copy_GBps_end"] = copy_bandwidth()
+    summ = {}
+    for r in doc.get("round", []):
+        summ[f"ratio_P{r['prefix']}"] = round(r["engine"]["ratio"], 4)
+        summ[f"ms_P{r['prefix']}"] = round(r["engine"]["ms"], 4)
+        if "naive_over_engine" in r:
+            summ[f"naive_over_engine_P{r['prefix']}"] = round(r["naive_over_engine"], 1)
+    if "generate" in doc:
+        summ["gpu_idle_frac"] = round(doc["generate"]["gpu_idle_frac"], 5)
+        summ["tokens_per_s"] = round(doc["generate"]["tokens_per_s"], 1)
+    doc["summary"] = summ
+    text = json.dumps(doc)
+    if args.json:
+        with open(args.json, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

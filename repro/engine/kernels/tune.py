@@ -1,0 +1,232 @@
+"""Small tuner for the kernels' block sizes at the LLaDA2.1-mini decode shapes; writes configs/*.json.
+
+``python -m repro.engine.kernels.tune [--quick] [--out-dir DIR]`` on a CUDA machine. For each kernel it
+times a few candidate configs (CUDA-graph replay of 10 launches, median of 5 replays, after warm-up),
+prints ms and achieved GB/s (bytes the launch must read / time) per config, and saves the fastest
+under this device's name (``torch.cuda.get_device_name()``) in ``configs/<family>_<shape>.json``.
+
+Families / files: ``moe`` (router, route, gate_up, down; E=257 incl. the shared expert, N=512, H=2048,
+T=32), ``dense`` (layer-0 FFN as one expert: gate_up, down; N=5120), ``attn`` (split: NSPLIT, BLOCK_N,
+warps, stages; chosen for the sum of the times at prefix 1024 and 4096). Speed targets are not checked
+here: this only ranks configs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+from . import attention as A
+from . import moe as M
+from .configs import device_name, save_config
+
+
+def graph_time_ms(fn, inner: int = 10, reps: int = 5) -> float:
+    """Median ms of one ``fn()`` call: graph of ``inner`` calls, replayed ``reps`` times (after warm-up)."""
+    fn()
+    torch.cuda.synchronize()
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        fn()
+    torch.cuda.current_stream().wait_stream(st)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / inner)
+    del g
+    return statistics.median(ts)
+
+
+def _try(fn, label, rows):
+    try:
+        ms = graph_time_ms(fn)
+    except Exception as exc:  # noqa: BLE001 - a config may not compile (shared memory), skip it
+        rows.append((label, None, f"{type(exc).__name__}: {str(exc)[:80]}"))
+        return None
+    rows.append((label, ms, ""))
+    return ms
+
+
+GU_CANDS = [  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages
+    (16, 64, 128, 4, 4), (16, 64, 128, 4, 3), (16, 64, 256, 4, 3), (16, 64, 256, 8, 3),
+    (16, 32, 128, 4, 4), (16, 32, 256, 4, 3), (16, 32, 256, 4, 4), (16, 128, 128, 4, 3),
+    (16, 128, 128, 8, 4), (16, 64, 64, 4, 5), (16, 32, 128, 4, 6), (16, 64, 128, 8, 4),
+    (16, 16, 256, 4, 4), (16, 32, 512, 4, 2), (32, 64, 128, 4, 4), (32, 32, 256, 4, 3),
+]
+DN_CANDS = [
+    (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 64, 512, 4, 2), (16, 128, 128, 4, 4),
+    (16, 128, 256, 8, 3), (16, 32, 256, 4, 3), (16, 32, 512, 4, 2), (16, 128, 512, 8, 2),
+    (16, 64, 64, 4, 4), (16, 256, 128, 8, 3), (16, 32, 128, 4, 4), (16, 16, 512, 4, 2),
+    (32, 64, 256, 4, 3),
+]
+DGU_CANDS = [(16, 32, 128, 4, 4), (16, 32, 256, 4, 3), (16, 16, 256, 4, 3), (16, 64, 128, 4, 4),
+             (16, 16, 512, 4, 2), (32, 32, 256, 4, 3)]
+DDN_CANDS = [(16, 16, 256, 4, 3), (16, 16, 512, 4, 2), (16, 32, 256, 4, 3), (16, 32, 512, 4, 2),
+             (16, 16, 128, 4, 4), (16, 64, 256, 4, 3)]
+
+
+def _as_cfg(c):
+    return dict(BLOCK_M=c[0], BLOCK_N=c[1], BLOCK_K=c[2], num_warps=c[3], num_stages=c[4])
+
+
+def tune_moe(T=32, H=2048, N=512, E=256, top_k=8, quick=False, seed=0):
+    dev = "cuda"
+    g = torch.Generator(device=dev)
+    g.manual_seed(seed)
+    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
+    gate = torch.randn(E, H, device=dev, generator=g) * 0.02
+    bias = torch.randn(E, device=dev, generator=g) * 0.01
+    w13 = (torch.randn(E + 1, 2 * N, H, device=dev, generator=g, dtype=torch.bfloat16) * 0.02)
+    w2 = (torch.randn(E + 1, H, N, device=dev, generator=g, dtype=torch.bfloat16) * 0.02)
+    rows, best = [], {}
+    # router + route (tiny kernels; SPLIT_K changes both)
+    rbest = None
+    for be, sk, bk in [(16, 4, 128), (16, 8, 64), (32, 4, 128), (16, 2, 128), (32, 8, 64), (16, 16, 64)]:
+        for rw in (4, 8):
+            cfg = {"router": dict(BLOCK_E=be, SPLIT_K=sk, BLOCK_K=bk, num_warps=4, num_stages=2),
+                   "route": dict(EC=32, num_warps=rw)}
+            ws = M.MoEWorkspace.create(T, H, N, E, E + 1, top_k, x.dtype, dev, split_k=sk)
+            ms = _try(lambda: M.moe_route_align(x, gate, bias, ws, E + 1, top_k, configs=cfg),
+                      f"router+route BE={be} SK={sk} BK={bk} route_warps={rw}", rows)
+            if ms is not None and (rbest is None or ms < rbest[0]):
+                rbest = (ms, cfg)
+        if quick:
+            break
+    best.update(rbest[1])
+    ws = M.MoEWorkspace.create(T, H, N, E, E + 1, top_k, x.dtype, dev, split_k=best["router"]["SPLIT_K"])
+    M.moe_route_align(x, gate, bias, ws, E + 1, top_k, configs=best)
+    torch.cuda.synchronize()
+    D = int((ws.counts[:E] > 0).sum().item())
+    gu_bytes = (D + 1) * 2 * N * H * 2
+    dn_bytes = (D + 1) * H * N * 2
+    for name, cands, nbytes, fn in (
+        ("gate_up", GU_CANDS, gu_bytes, lambda c: (lambda: M.moe_gate_up(x, w13, ws, top_k, {"gate_up": c}))),
+        ("down", DN_CANDS, dn_bytes, lambda c: (lambda: M.moe_down(w2, ws, {"down": c}))),
+    ):
+        M.moe_gate_up(x, w13, ws, top_k, {"gate_up": _as_cfg(GU_CANDS[0])})  # valid inter for down
+        kb = None
+        for c in cands[:3] if quick else cands:
+            cfg = _as_cfg(c)
+            ms = _try(fn(cfg), f"{name} {c} ({nbytes / 1e6:.0f} MB)", rows)
+            if ms is not None:
+                rows[-1] = (rows[-1][0], ms, f"{nbytes / ms / 1e6:.0f} GB/s")
+                if kb is None or ms < kb[0]:
+                    kb = (ms, cfg)
+        best[name] = kb[1]
+        best.setdefault("_ms", {})[name] = kb[0]
+    best["_distinct"] = D
+    return best, rows
+
+
+def tune_dense(T=32, H=2048, I=5120, quick=False, seed=0):
+    dev = "cuda"
+    g = torch.Generator(device=dev)
+    g.manual_seed(seed)
+    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
+    w13 = torch.randn(1, 2 * I, H, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
+    w2 = torch.randn(1, H, I, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
+    ws = M.MoEWorkspace.create(T, H, I, 1, 1, 1, x.dtype, dev, split_k=1)
+    ws.counts.fill_(T)
+    ws.pairs[0, :T] = torch.arange(T, device=dev, dtype=torch.int32)
+    ws.pair_w.fill_(1.0)
+    rows, best = [], {}
+    for name, cands, nbytes, fn in (
+        ("gate_up", DGU_CANDS, 2 * I * H * 2, lambda c: (lambda: M.moe_gate_up(x, w13, ws, 1, {"gate_up": c}))),
+        ("down", DDN_CANDS, I * H * 2, lambda c: (lambda: M.moe_down(w2, ws, {"down": c}))),
+    ):
+        kb = None
+        for c in cands[:2] if quick else cands:
+            cfg = _as_cfg(c)
+            ms = _try(fn(cfg), f"dense {name} {c}", rows)
+            if ms is not None:
+                rows[-1] = (rows[-1][0], ms, f"{nbytes / ms / 1e6:.0f} GB/s")
+                if kb is None or ms < kb[0]:
+                    kb = (ms, cfg)
+        best[name] = kb[1]
+    return best, rows
+
+
+def tune_attn(T=32, NQ=16, NKV=4, D=128, prefixes=(1024, 4096), quick=False, seed=0):
+    dev = "cuda"
+    maxlen = max(prefixes) + 2 * T
+    g = torch.Generator(device=dev)
+    g.manual_seed(seed)
+    kc = torch.randn(NKV, maxlen, D, device=dev, generator=g).to(torch.bfloat16)
+    vc = torch.randn(NKV, maxlen, D, device=dev, generator=g).to(torch.bfloat16)
+    q = torch.randn(T, NQ, D, device=dev, generator=g).to(torch.bfloat16)
+    out = torch.empty(T, NQ * D, device=dev, dtype=torch.bfloat16)
+    cl = torch.zeros(1, dtype=torch.int32, device=dev)
+    rows, bestc = [], None
+    cands = [(ns, bn, w, st) for ns in (8, 16, 32, 64) for bn, w, st in ((64, 8, 2), (32, 4, 2), (64, 4, 3))]
+    for ns, bn, w, st in cands[:3] if quick else cands:
+        ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=ns, block_n=bn, num_warps=w, num_stages=st)
+        tot = 0.0
+        for P in prefixes:
+            cl.fill_(P)
+            ms = _try(lambda: A.block_attention(q, kc, vc, cl, out, ws), f"attn NSPLIT={ns} BN={bn} w={w} s={st} P={P}", rows)
+            if ms is None:
+                tot = float("inf")
+                break
+            tot += ms
+        if bestc is None or tot < bestc[0]:
+            bestc = (tot, dict(NSPLIT=ns, BLOCK_N=bn, num_warps=w, num_stages=st))
+    return {"split": bestc[1]}, rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="few candidates (smoke test)")
+    ap.add_argument("--only", default="moe,dense,attn")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("tune: CUDA not available", file=sys.stderr)
+        return 2
+    dev = device_name()
+    summary = {"device": dev, "saved": []}
+    parts = args.only.split(",")
+    if "moe" in parts:
+        best, rows = tune_moe(quick=args.quick)
+        _print(rows)
+        meta = {"distinct_experts_in_tuning": best.pop("_distinct"), "best_ms": best.pop("_ms")}
+        summary["moe"] = best
+        if not args.no_save:
+            summary["saved"].append(str(save_config("moe", best, extra=meta, E=257, N=512, H=2048, T=32)))
+    if "dense" in parts:
+        best, rows = tune_dense(quick=args.quick)
+        _print(rows)
+        summary["dense"] = best
+        if not args.no_save:
+            summary["saved"].append(str(save_config("dense", best, N=5120, H=2048, T=32)))
+    if "attn" in parts:
+        best, rows = tune_attn(quick=args.quick)
+        _print(rows)
+        summary["attn"] = best
+        if not args.no_save:
+            summary["saved"].append(str(save_config("attn", best, NQ=16, NKV=4, D=128, T=32)))
+    print(json.dumps(summary))
+    return 0
+
+
+def _print(rows):
+    for label, ms, note in rows:
+        print(f"  {label:60s} {'' if ms is None else f'{ms * 1000:9.1f} us'}  {note}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

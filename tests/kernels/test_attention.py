@@ -1,0 +1,54 @@
+"""QK-norm + RoPE + KV write and split-KV block attention vs references (kernels/attention.py)."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from repro.engine.kernels import attention as A  # noqa: E402
+
+from .conftest import rel_err  # noqa: E402
+
+
+def _run(dev, dtype, T, NQ, NKV, D, ROT, MAXLEN, P, nsplit, block_n, seed):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(T, (NQ + 2 * NKV) * D, generator=g).to(dtype).to(dev)
+    qw = (torch.rand(D, generator=g) + 0.5).to(dtype).to(dev)
+    kw = (torch.rand(D, generator=g) + 0.5).to(dtype).to(dev)
+    cos, sin = A.rope_tables(MAXLEN, ROT, 600000.0, dev)
+    kc = torch.randn(NKV, MAXLEN, D, generator=g).to(dtype).to(dev)
+    vc = torch.randn(NKV, MAXLEN, D, generator=g).to(dtype).to(dev)
+    kc0, vc0 = kc.clone(), vc.clone()
+    cl = torch.tensor([P], dtype=torch.int32, device=dev)
+    q = torch.full((T, NQ, D), float("nan"), dtype=dtype, device=dev)
+    A.qk_norm_rope_kv(qkv, qw, kw, cos, sin, cl, q, kc, vc, NQ, NKV, rot=ROT)
+    qr, kr, vr = A.qk_norm_rope_reference(qkv, qw, kw, P, cos, sin, NQ, NKV, D, ROT)
+    assert not torch.isnan(q).any()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel_err(q, qr) < tol
+    assert rel_err(kc[:, P:P + T].transpose(0, 1), kr) < tol
+    assert torch.equal(vc[:, P:P + T].transpose(0, 1).float(), vr)
+    assert torch.equal(kc[:, :P], kc0[:, :P]) and torch.equal(kc[:, P + T:], kc0[:, P + T:])
+    assert torch.equal(vc[:, :P], vc0[:, :P])
+    ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=nsplit, block_n=block_n)
+    o = torch.full((T, NQ * D), float("nan"), dtype=dtype, device=dev)
+    A.block_attention(q, kc, vc, cl, o, ws)
+    ref = A.attention_reference(q, kc[:, :P + T], vc[:, :P + T])
+    assert not torch.isnan(o).any()
+    assert rel_err(o, ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("dtype,T,P,nsplit,seed", [
+    (torch.float32, 5, 37, 4, 0),
+    (torch.float16, 16, 0, 2, 1),
+    (torch.float32, 3, 70, 8, 2),  # more splits than key tiles: empty splits
+])
+def test_attention_small(dev, dtype, T, P, nsplit, seed):
+    if dev == "cuda" and dtype == torch.float32:
+        pytest.skip("tf32 dot on GPU; covered by the bf16 GPU test")
+    _run(dev, dtype, T, 4, 2, 16, 8, 96, P, nsplit, 16, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P,nsplit", [(1000, 32), (4096, 16), (0, 8)])
+def test_attention_bf16_full_shape(P, nsplit):
+    _run("cuda", torch.bfloat16, 32, 16, 4, 128, 64, 4096 + 64, P, nsplit, 64, P)

@@ -1,0 +1,41 @@
+"""Residual add + RMSNorm kernel (with the fused MoE top-k sum) vs reference (kernels/norm.py)."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from repro.engine.kernels import norm as Nm  # noqa: E402
+
+from .conftest import rel_err  # noqa: E402
+
+
+@pytest.mark.parametrize("mode", ["none", "delta", "pairs"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_rmsnorm_small(dev, mode, dtype):
+    T, H, K = 6, 48, 4
+    h = torch.randn(T, H).to(dtype).to(dev)
+    w = (torch.rand(H) + 0.5).to(dtype).to(dev)
+    kw = {}
+    if mode == "delta":
+        kw["delta"] = torch.randn(T, H).to(dtype).to(dev)
+    if mode == "pairs":
+        kw.update(pairs=torch.randn(T * K + T, H, device=dev), top_k=K, shared=True)
+    hr, yr = Nm.add_rmsnorm_reference(h.clone(), w, **kw)
+    y = torch.full_like(h, float("nan"))
+    Nm.add_rmsnorm(h, w, y, **kw)
+    assert not torch.isnan(y).any()
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    assert rel_err(h, hr) < tol and rel_err(y, yr) < tol
+
+
+@pytest.mark.gpu
+def test_add_rmsnorm_bf16():
+    T, H, K = 32, 2048, 8
+    h = torch.randn(T, H, device="cuda").bfloat16()
+    w = (torch.rand(H, device="cuda") + 0.5).bfloat16()
+    pairs = torch.randn(T * K + T, H, device="cuda")
+    hr, yr = Nm.add_rmsnorm_reference(h.clone(), w, pairs=pairs, top_k=K, shared=True)
+    y = torch.full_like(h, float("nan"))
+    Nm.add_rmsnorm(h, w, y, pairs=pairs, top_k=K, shared=True)
+    assert not torch.isnan(y).any()
+    assert rel_err(h, hr) < 1e-2 and rel_err(y, yr) < 1e-2
