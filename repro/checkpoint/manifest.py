@@ -32,6 +32,9 @@ MANIFEST_NAME = "checkpoint_manifest.json"
 SCHEMA_VERSION = 1
 CHUNK = 8 << 20
 IGNORED_PREFIXES = (".cache/",)
+#: Bookkeeping files that tools, not checkpoint authors, put into a checkpoint directory: Snakemake's
+#: marker for ``directory()`` outputs. Neither listed in a manifest nor reported as extra.
+IGNORED_NAMES = (".snakemake_timestamp",)
 
 MANIFEST_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -86,12 +89,13 @@ def sha256_file(path: str | os.PathLike, progress: Progress | None = None) -> st
 
 
 def list_files(root: str | os.PathLike) -> list[str]:
-    """Relative POSIX paths of every regular file under ``root`` except the manifest and ``.cache/``."""
+    """Relative POSIX paths of every regular file under ``root`` except the manifest, ``.cache/`` and
+    ``IGNORED_NAMES`` (Snakemake's ``.snakemake_timestamp``)."""
     root = Path(root)
     out = []
     for p in root.rglob("*"):
         rel = p.relative_to(root).as_posix()
-        if rel == MANIFEST_NAME or any(rel.startswith(pre) for pre in IGNORED_PREFIXES):
+        if rel in (MANIFEST_NAME, *IGNORED_NAMES) or any(rel.startswith(pre) for pre in IGNORED_PREFIXES):
             continue
         if p.is_file():
             out.append(rel)
