@@ -1,0 +1,101 @@
+# Apptainer images: containers/<image>.def.j2 --render--> $WORK/images/<image>.def --build--> <image>.sif
+# plus <image>.sif.json (sif sha256, base image + digest, apptainer version) for provenance.
+# Include after common.smk. With `containers.enabled: false` (default) nothing here runs and every rule runs
+# natively; with `true`, Snakemake must run with `--sdm apptainer` and an apptainer binary on PATH, otherwise
+# the run stops at start-up with a message saying so (never a silent native run).
+#
+# Rules that run inside an image list it both as input (so the build runs first) and as container:
+#     input:  image=image_input("generate"),      # [] when containers are disabled
+#     container: image_for("generate")            # None when containers are disabled
+# Kinds: "generate" -> engine.sif or sglang.sif (config backend), "cpu" -> scoring.sif (score, tables).
+from repro import containers as _containers
+
+IMAGE_NAMES = ("engine", "sglang", "scoring")
+CONTAINERS_ON = bool(config["containers"]["enabled"])
+
+
+def _check_container_runtime():
+    if not CONTAINERS_ON:
+        return
+    try:
+        _containers.require_apptainer()
+    except _containers.ContainerError as e:
+        raise WorkflowError(str(e)) from None
+    methods = getattr(getattr(workflow, "deployment_settings", None), "deployment_method", None) or ()
+    if not any(str(getattr(m, "name", m)).lower() in ("apptainer", "singularity") for m in methods):
+        raise WorkflowError(
+            "containers.enabled is true but Snakemake was started without `--sdm apptainer`, so the jobs would "
+            "run natively. Add `--sdm apptainer --apptainer-args=\"--nv --cleanenv ...\"` (scripts/main_table.sh "
+            "does this) or set `containers: {enabled: false}`"
+        )
+
+
+_check_container_runtime()
+
+
+def image_sif(name):
+    return W(f"images/{name}.sif")
+
+
+def image_for(kind):
+    """The .sif a rule of this kind runs in, or None (containers disabled: run natively)."""
+    if not CONTAINERS_ON:
+        return None
+    if kind == "generate":
+        return image_sif("sglang" if config["backend"] == "sglang" else "engine")
+    if kind == "cpu":
+        return image_sif("scoring")
+    raise ValueError(f"image_for: unknown kind {kind!r}; allowed: generate, cpu")
+
+
+def image_input(kind):
+    sif = image_for(kind)
+    return [sif] if sif else []
+
+
+def image_sidecars():
+    """Sidecar JSONs of the images this run uses (for provenance); [] when containers are disabled."""
+    if not CONTAINERS_ON:
+        return []
+    return [image_for("generate") + ".json", image_for("cpu") + ".json"]
+
+
+wildcard_constraints:
+    image="|".join(IMAGE_NAMES),
+
+
+rule render_image_def:
+    input:
+        template="containers/{image}.def.j2",
+        pins="containers/images.yaml",
+    output:
+        W("images/{image}.def"),
+    log:
+        W("logs/images/{image}.render.log"),
+    localrule: True
+    container: None
+    shell:
+        "{sys.executable} -m repro.containers render {wildcards.image} --out {output} > {log} 2>&1"
+
+
+rule build_image:
+    input:
+        W("images/{image}.def"),
+    output:
+        sif=W("images/{image}.sif"),
+        meta=W("images/{image}.sif.json"),
+    log:
+        W("logs/images/{image}.build.log"),
+    container: None
+    resources:
+        runtime=180,
+        mem_mb=16000,
+    shell:
+        "{sys.executable} -m repro.containers build {wildcards.image} --def {input} --sif {output.sif} "
+        "--sidecar {output.meta} > {log} 2>&1"
+
+
+rule images:
+    input:
+        [image_sif(n) for n in IMAGE_NAMES],
+    localrule: True
