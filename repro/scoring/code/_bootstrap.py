@@ -8,9 +8,11 @@ new session, with an empty-ish environment. It reads one JSON request from stdin
 1. stdin <- /dev/null; reads the random completion token from ``token_fd`` (a pipe) and closes it, so
    the token lives in this interpreter only while the tests run (as a bytes object in a closure);
 2. if ``isolate`` (root only): new network namespace (loopback only, down) and new mount namespace with
-   private propagation, fresh tmpfs on /tmp, /var/tmp, /dev/shm (writes there vanish with the process);
-   directories on the interpreter's path that other users cannot traverse (e.g. a 0700 /root holding a
-   pyenv install) are replaced by a tmpfs that exposes only the interpreter tree (``expose``);
+   private propagation: empty tmpfs over /tmp, /var/tmp, /dev/shm; directories on the interpreter's
+   path that other users cannot traverse (e.g. a 0700 /root holding a pyenv install) are replaced by a
+   tmpfs exposing only the interpreter tree (``expose``); the scratch dir is bind-mounted at its own
+   path and becomes the cwd; then *every other mount is remounted read-only* in this namespace, so the
+   only writable place is the scratch dir (plus already-open stdout/stderr files);
 3. rlimits: CPU seconds, address space, processes, file size, open files, no core files;
 4. drops to the per-slot ``uid``/``gid`` (no supplementary groups) and sets no_new_privs, so the
    program cannot write host files, signal the parent or other sandboxes, or gain privileges through
@@ -34,7 +36,8 @@ import sys
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 
 
@@ -61,17 +64,35 @@ def _mount(libc, src, target, fstype, flags, data):
     )
 
 
-def _isolate(libc, expose):
+def _mountpoints():
+    """``(mount point, per-mount flags)`` from /proc/self/mountinfo (octal escapes decoded)."""
+    names = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+             "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            mp = fields[4].encode().decode("unicode_escape")
+            flags = 0
+            for opt in fields[5].split(","):
+                flags |= names.get(opt, 0)
+            out.append((mp, flags))
+    return out
+
+
+def _isolate(libc, expose, scratch):
+    """Network + mount namespaces; only ``scratch`` stays writable (see module docstring)."""
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET), "unshare(NEWNS|NEWNET)")
     _mount(libc, "none", "/", None, MS_REC | MS_PRIVATE, None)
-    # Keep handles on the interpreter trees before any tmpfs hides them.
+    # Keep handles on the interpreter trees and the scratch dir before any tmpfs hides them.
     handles = []
     for hidden_dir, child in expose:
         fd = os.open(os.path.join(hidden_dir, child), os.O_PATH | os.O_DIRECTORY)
         handles.append((hidden_dir, child, fd))
+    scratch_fd = os.open(scratch, os.O_PATH | os.O_DIRECTORY)
     for d in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(d):
-            _mount(libc, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
+            _mount(libc, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     mounted = set()
     for hidden_dir, child, fd in handles:
         if hidden_dir not in mounted:
@@ -81,6 +102,18 @@ def _isolate(libc, expose):
         os.makedirs(target, exist_ok=True)
         _mount(libc, f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC, None)
         os.close(fd)
+    os.makedirs(scratch, exist_ok=True)  # inside the new /tmp tmpfs when the original path is hidden
+    _mount(libc, f"/proc/self/fd/{scratch_fd}", scratch, None, MS_BIND, None)
+    os.close(scratch_fd)
+    os.chdir(scratch)
+    # Everything except the scratch bind mount becomes read-only (this namespace's copies only).
+    ro_failed = []
+    for mp, flags in _mountpoints():
+        if mp == scratch:
+            continue
+        if libc.mount(None, mp.encode(), None, ctypes.c_ulong(MS_REMOUNT | MS_BIND | MS_RDONLY | flags), None) != 0:
+            ro_failed.append(mp)
+    return ro_failed
 
 
 def _limits(limits):
@@ -126,7 +159,9 @@ def main():
     os.set_inheritable(result_fd, False)
     libc = _libc()
     if req.get("isolate"):
-        _isolate(libc, [tuple(x) for x in req.get("expose", [])])
+        ro_failed = _isolate(libc, [tuple(x) for x in req.get("expose", [])], os.getcwd())
+        if ro_failed:
+            sys.stderr.write(f"sandbox: could not make read-only: {ro_failed}\n")
     else:
         _block_network()
     _limits(req.get("limits", {}))

@@ -19,8 +19,9 @@ Enforced on Linux when running as root (what CI and the scoring jobs here do):
 - a distinct unprivileged uid/gid per worker slot (``ORL_SANDBOX_UID_BASE``, default 61000 + slot),
   no supplementary groups, no_new_privs: host files owned by others cannot be written or deleted, the
   parent and other sandboxes cannot be signalled, set-uid binaries give nothing;
-- a network namespace (no interfaces up: no network) and a mount namespace with fresh tmpfs on /tmp,
-  /var/tmp and /dev/shm;
+- a network namespace (no interfaces up: no network) and a mount namespace with empty tmpfs on /tmp,
+  /var/tmp and /dev/shm in which every mount except the scratch dir is remounted read-only (a probe
+  program at start-up checks this and ``enforced["read_only_outside_scratch"]`` reports it);
 - a wall-clock timeout; then SIGKILL to the process group *and* to every process of the slot's uid
   (which catches ``setsid``-escaped children and fork-bomb leftovers); the same sweep runs after every
   program, so nothing outlives its run.
@@ -55,6 +56,17 @@ __all__ = ["Limits", "RunResult", "Sandbox", "default_workers"]
 
 _BOOTSTRAP = str(Path(__file__).with_name("_bootstrap.py"))
 _TAIL = 1000
+# Isolation self-test: writing outside the scratch dir must fail, writing inside must work.
+_PROBE = """
+import os
+for path in ("/var/tmp/.orl_probe", "/tmp/.orl_probe", os.path.expanduser("~") + "/../.orl_probe"):
+    try:
+        open(path, "w").close()
+    except OSError:
+        continue
+    raise SystemExit(3)
+open("inside", "w").close()
+"""
 
 
 def default_workers() -> int:
@@ -211,6 +223,7 @@ class Sandbox:
         os.chmod(self._scratch_root, 0o711)
         self._expose = _hidden_ancestors({sys.base_prefix, sys.prefix, os.path.realpath(sys.executable)})
         self.subreaper = _become_subreaper()
+        self.read_only_outside_scratch = False
         self.isolate = self._root and self._probe_isolation()
         self.enforced = self._describe()
         for uid in self._uids:
@@ -220,7 +233,10 @@ class Sandbox:
     # ------------------------------------------------------------------ setup
     def _probe_isolation(self) -> bool:
         """Namespaces work here? (a container may forbid unshare/mount even for root)."""
-        res = self._spawn("pass", slot=0, isolate=True)
+        res = self._spawn(_PROBE, slot=0, isolate=True)
+        self.read_only_outside_scratch = res.status == "passed"
+        if res.status != "passed":  # namespaces refused, or remount incomplete: say so, keep what works
+            res = self._spawn("pass", slot=0, isolate=True)
         return res.status == "passed"
 
     def _describe(self) -> dict:
@@ -230,7 +246,8 @@ class Sandbox:
             "wall_timeout_s": self.limits.timeout_s,
             "uid_separation": self._root,
             "network_namespace": bool(self.isolate),
-            "tmpfs_tmp": bool(self.isolate),
+            "mount_namespace": bool(self.isolate),
+            "read_only_outside_scratch": bool(self.isolate and self.read_only_outside_scratch),
             "python_socket_block": not self.isolate,
             "subreaper": self.subreaper,
         }

@@ -1,0 +1,180 @@
+"""Sandbox: hostile programs are judged failed, the run goes on, and the host is unchanged.
+
+Hostile programs (issue 3 acceptance): infinite loop, fork bomb, 20 GB allocation, deleting / writing
+files outside the scratch dir, opening sockets, ``os._exit(0)`` / ``sys.exit(0)`` before the asserts,
+killing the parent, printing "passed". The host checks: a sentinel file in a world-writable directory
+is untouched, no new file appears outside the scratch dirs, a host TCP listener gets no connection, and
+afterwards no sandbox process is alive (process table scanned for the sandbox uids / bootstrap).
+"""
+
+import os
+import shutil
+import socket
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from repro.scoring.code import sandbox as sbmod
+from repro.scoring.code.sandbox import Limits, Sandbox
+
+from conftest import REPO
+
+ROOT = os.geteuid() == 0
+TESTS_PASS = "\ndef check():\n    assert sum([1, 2]) == 3\ncheck()\n"
+
+
+def live_sandbox_processes(uids):
+    out = []
+    for pid in sbmod._pids():
+        st = sbmod._stat(pid)
+        if st is None or st[0] in (b"Z", b"X"):
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"_bootstrap.py" in cmd or (sbmod._uid_of(pid) in uids):
+            out.append((pid, cmd[:80]))
+    return out
+
+
+@pytest.fixture(params=["repo_work_dir", "tmp"])
+def host(request, tmp_path):
+    # A directory the sandbox can see (under the git-ignored <repo>/work) and one under /tmp.
+    if request.param == "tmp":
+        d = tmp_path / "host"
+    else:
+        d = REPO / "work" / f"sandbox-host-{uuid.uuid4().hex}"
+    d.mkdir(parents=True)
+    os.chmod(d, 0o777)  # world-writable: only the read-only mount (or uid) protects it
+    sentinel = d / "sentinel.txt"
+    sentinel.write_text("keep me\n")
+    os.chmod(sentinel, 0o666)
+    outside = f"/tmp/orl_hostile_{uuid.uuid4().hex}"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    yield {"dir": d, "sentinel": sentinel, "outside": outside, "port": listener.getsockname()[1],
+           "listener": listener, "mtime": sentinel.stat().st_mtime_ns}
+    listener.close()
+    if os.path.exists(outside):
+        os.unlink(outside)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def hostile_programs(h):
+    s, d, out, port = str(h["sentinel"]), str(h["dir"]), h["outside"], h["port"]
+    progs = {
+        "infinite_loop": "while True:\n    pass\n",
+        "sleep_forever": "import time\ntime.sleep(10**6)\n",
+        "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        "escaped_daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(10**6)\nraise SystemExit(1)\n",
+        "alloc_20gb": "x = bytearray(20 * 1024 ** 3)\n",
+        "delete_sentinel": f"import os\nos.remove({s!r})\n",
+        "overwrite_sentinel": f"open({s!r}, 'w').write('pwned')\n",
+        "rmtree_host_dir": f"import shutil\nshutil.rmtree({d!r})\n",
+        "write_outside_tmp": f"open({out!r}, 'w').write('x')\n",
+        "write_in_host_dir": f"open({d!r} + '/new_file', 'w').write('x')\n",
+        "socket_internet": "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=3)\n",
+        "socket_host_loopback": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\n",
+        "os_exit_0_before_asserts": "import os\nos._exit(0)\n",
+        "sys_exit_0_before_asserts": "import sys\nsys.exit(0)\n",
+        "exit_builtin_before_asserts": "exit(0)\n",
+        "kill_parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
+        "kill_everything": "import os, signal\nos.kill(-1, signal.SIGKILL)\nos.kill(os.getpid(), signal.SIGKILL)\n",
+        "print_passed_then_exit": "print('passed')\nprint('All tests passed', flush=True)\nimport os\nos._exit(0)\n",
+        "print_passed_then_fail": "print('passed')\nassert False\n",
+        "huge_output": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
+        "close_result_pipes": "import os\nfor fd in range(3, 256):\n    try:\n        os.close(fd)\n    except OSError:\n        pass\n",
+    }
+    # every hostile snippet is followed by tests that would pass if reached
+    return {k: v + TESTS_PASS for k, v in progs.items()}
+
+
+def test_hostile_programs_fail_and_host_is_unchanged(host):
+    progs = hostile_programs(host)
+    names = list(progs) + ["good_after_all"]
+    programs = list(progs.values()) + ["x = 1" + TESTS_PASS]
+    with Sandbox(2, Limits(timeout_s=2.0)) as sb:
+        uids = {u for u in sb._uids if u is not None}
+        before = live_sandbox_processes(uids)
+        t0 = time.monotonic()
+        results = dict(zip(names, sb.run_many(programs)))
+        elapsed = time.monotonic() - t0
+        enforced = sb.enforced
+    verdicts = {k: (r.status, r.reason) for k, r in results.items()}
+    assert results.pop("good_after_all").status == "passed", verdicts
+    not_failed = {k: v for k, v in verdicts.items() if k != "good_after_all" and results[k].status not in ("failed", "timeout")}
+    assert not not_failed, not_failed
+    assert results["infinite_loop"].status == "timeout" and results["sleep_forever"].status == "timeout"
+    assert "MemoryError" in results["alloc_20gb"].stderr_tail
+    assert "before the test code finished" in results["os_exit_0_before_asserts"].reason
+    assert "passed" in results["print_passed_then_exit"].stdout_tail  # it did print it; still failed
+    # host unchanged
+    assert host["sentinel"].read_text() == "keep me\n"
+    assert host["sentinel"].stat().st_mtime_ns == host["mtime"]
+    assert sorted(p.name for p in host["dir"].iterdir()) == ["sentinel.txt"]
+    assert not os.path.exists(host["outside"])
+    with pytest.raises(BlockingIOError):
+        host["listener"].accept()
+    # process table: nothing of the sandbox survives; the run went on in bounded time
+    assert live_sandbox_processes(uids) == before == []
+    assert elapsed < 60
+    if ROOT:
+        assert enforced["uid_separation"] and enforced["network_namespace"] and enforced["read_only_outside_scratch"]
+
+
+def test_workers_run_in_parallel_without_oversubscription():
+    with Sandbox(2, Limits(timeout_s=10)) as sb:
+        t0 = time.monotonic()
+        res = sb.run_many(["import time\ntime.sleep(1.0)\n"] * 4)
+        elapsed = time.monotonic() - t0
+    assert [r.status for r in res] == ["passed"] * 4
+    assert 1.9 <= elapsed < 3.9, elapsed  # 2 at a time: two rounds, not one, not four
+
+
+@pytest.fixture
+def flaky_bootstrap(tmp_path, monkeypatch):
+    """A bootstrap that crashes (before the program starts) the first ``n`` times, then works."""
+    counter = tmp_path / "count"
+    counter.write_text("0")
+    script = tmp_path / "flaky_bootstrap.py"
+
+    def make(n):
+        script.write_text(textwrap.dedent(f"""
+            import runpy, sys
+            p = {str(counter)!r}
+            k = int(open(p).read())
+            open(p, "w").write(str(k + 1))
+            if k < {n}:
+                sys.exit(70)
+            runpy.run_path({sbmod._BOOTSTRAP!r}, run_name="__main__")
+        """))
+        monkeypatch.setattr(sbmod, "_BOOTSTRAP", str(script))
+        return counter
+
+    return make
+
+
+def test_crashed_worker_is_retried_once(flaky_bootstrap):
+    with Sandbox(1, Limits(timeout_s=10)) as sb:
+        counter = flaky_bootstrap(1)
+        r = sb.run("x = 1" + TESTS_PASS)
+        assert r.status == "passed" and r.attempts == 2 and counter.read_text() == "2"
+        counter = flaky_bootstrap(5)
+        counter.write_text("0")
+        r = sb.run("x = 1" + TESTS_PASS)
+        assert r.status == "error" and r.attempts == 2 and "retried once" in r.reason
+        assert counter.read_text() == "2"
+
+
+def test_bad_input():
+    with Sandbox(1) as sb:
+        with pytest.raises(TypeError, match="program must be a str"):
+            sb.run(b"print(1)")
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        Sandbox(-1)
