@@ -1,0 +1,99 @@
+"""The LLM API of docs/interfaces.md and the CLI (generate, bench suite on the real problem files)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.engine import LLM
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(os.environ.get("ORL_EVAL_DATA", ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dir):
+    return LLM(tiny_dir, role="orl", precision="fp32", device="cpu")
+
+
+def test_generate_messages_output_fields(llm, tiny_tok):
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    o = llm.generate(msgs, max_new_tokens=40)
+    assert o.prompt_text == llm.apply_chat_template(msgs)
+    assert o.prompt_text.endswith("<|role_end|><role>ASSISTANT</role>")
+    assert o.prompt_tokens == len(tiny_tok.encode(o.prompt_text))
+    assert o.generated_tokens == len(o.token_ids) <= 40
+    assert llm.eos_id not in o.token_ids and llm.mask_id not in o.token_ids
+    assert o.text == tiny_tok.decode(o.token_ids)
+    assert set(o.forwards) == {"prefill", "denoise", "commit"}
+    assert o.tpf == pytest.approx(o.generated_tokens / (o.forwards["denoise"] + o.forwards["commit"]))
+    assert o.request_tps == pytest.approx(o.generated_tokens / o.wall_s)
+    assert o.finish_reason in ("eos", "length")
+    assert o.decoder["algorithm"] == "orl" and o.decoder["max_new_tokens"] == 40
+
+
+def test_string_prompt_is_used_as_is_and_matches_messages(llm):
+    msgs = [{"role": "user", "content": "hello"}]
+    a = llm.generate(msgs, max_new_tokens=16)
+    b = llm.generate(llm.apply_chat_template(msgs), max_new_tokens=16)
+    assert a.token_ids == b.token_ids and a.forwards == b.forwards
+    with pytest.raises(TypeError):
+        llm.generate(123)
+
+
+def test_special_ids_found_by_name(llm, tiny_tok):
+    assert llm.tokenizer.id_to_token(llm.mask_id) == "<|mask|>"
+    assert llm.tokenizer.id_to_token(llm.eos_id) == "<|endoftext|>"
+
+
+def test_roles_differ_through_the_adapter(tiny_dir, llm):
+    base = LLM(tiny_dir, role="base", device="cpu")
+    assert base.default_decoder().algorithm == "joint_threshold" and llm.default_decoder().algorithm == "orl"
+    dec = {"algorithm": "orl", "max_new_tokens": 48}
+    prompt = "<role>HUMAN</role>count to ten<|role_end|><role>ASSISTANT</role>"
+    a, b = llm.generate(prompt, decoder=dec), base.generate(prompt, decoder=dec)
+    assert a.raw_token_ids != b.raw_token_ids  # adapter g vs RCD interpolation
+    with pytest.raises(ValueError, match="role"):
+        LLM(tiny_dir, role="chat")
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "repro.engine", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_generate(tiny_dir):
+    r = _run("generate", "--model", str(tiny_dir), "--role", "orl", "--max-new-tokens", "24", "Hi there")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    assert info["generated_tokens"] <= 24 and info["forwards"]["denoise"] >= 1
+    bad = _run("generate", "--model", str(tiny_dir), "--threshold", "3", "x")
+    assert bad.returncode == 2 and "threshold must be in" in bad.stderr
+
+
+@pytest.mark.skipif(not (DATA / "gsm8k.jsonl").is_file(), reason="real problem files not present")
+def test_cli_bench_suite_on_real_problem_files(tiny_dir, tmp_path):
+    files = [str(DATA / f"{b}.jsonl") for b in ("gsm8k", "math500", "humaneval", "mbpp")]
+    r = _run("bench", "suite", "--model", str(tiny_dir), "--role", "orl", "--threshold", "0.85",
+             "--edit-threshold", "0.5", "--max-new-tokens", "40", "--problems", *files, "--out", str(tmp_path),
+             "--limit", "2")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [x["id"] for x in recs][:2] == ["gsm8k/0", "gsm8k/1"] and len(recs) == 8
+    assert {x["benchmark"] for x in recs} == {"gsm8k", "math500", "humaneval", "mbpp"}
+    for x in recs:
+        assert x["generated_tokens"] == len(x["token_ids"]) <= 40
+        assert x["decoder"]["threshold"] == 0.85 and x["decoder"]["edit_threshold"] == 0.5
+        d = x["forwards"]["denoise"] + x["forwards"]["commit"]
+        assert x["tpf"] == pytest.approx(x["generated_tokens"] / d)
+        assert sum(x["block_forwards"]) == d
+    ov = summary["overall"]
+    assert ov["n"] == 8 and ov["generated_tokens"] == sum(x["generated_tokens"] for x in recs)
+    for k in ("prefill", "denoise", "commit"):
+        assert ov["forwards"][k] == sum(x["forwards"][k] for x in recs)
+    assert ov["tpf"] == pytest.approx(ov["generated_tokens"] / (ov["forwards"]["denoise"] + ov["forwards"]["commit"]))
+    assert summary["benchmarks"]["mbpp"]["n"] == 2
