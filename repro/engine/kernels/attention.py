@@ -131,13 +131,16 @@ if HAS_TRITON:
     def _attn_split_kernel(
         q_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr, T, qk_scale,
         NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, MAXLEN: tl.constexpr,
-        NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+        NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr,
     ):
         h = tl.program_id(0)
         sp = tl.program_id(1)
         M: tl.constexpr = G * T_PAD
         kv_len = tl.load(len_ptr) + T
-        per = tl.cdiv(tl.cdiv(kv_len, NSPLIT), BLOCK_N) * BLOCK_N
+        nsp = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NSPLIT)  # splits in use at this length
+        if sp >= nsp:
+            return
+        per = tl.cdiv(tl.cdiv(kv_len, nsp), BLOCK_N) * BLOCK_N
         start = sp * per
         end = tl.minimum(start + per, kv_len)
         rows = tl.arange(0, M)
@@ -171,8 +174,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _attn_combine_kernel(
-        po_ptr, pm_ptr, pl_ptr, o_ptr,
+        po_ptr, pm_ptr, pl_ptr, o_ptr, len_ptr, T,
         NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, NSPLIT: tl.constexpr,
+        MIN_KEYS: tl.constexpr,
     ):
         qh = tl.program_id(0)
         t = tl.program_id(1)
@@ -183,12 +187,15 @@ if HAS_TRITON:
         sidx = tl.arange(0, NSPLIT)
         od = tl.arange(0, D)
         base = (h * NSPLIT + sidx) * M + row
-        m = tl.load(pm_ptr + base)
-        l = tl.load(pl_ptr + base)
+        kv_len = tl.load(len_ptr) + T
+        nsp = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NSPLIT)
+        sm = sidx < nsp
+        m = tl.load(pm_ptr + base, mask=sm, other=float("-inf"))
+        l = tl.load(pl_ptr + base, mask=sm, other=0.0)
         mx = tl.max(m, axis=0)
         wgt = tl.exp2(m - mx)  # empty splits: exp2(-inf) = 0
         den = tl.sum(wgt * l, axis=0)
-        acc = tl.load(po_ptr + base[:, None] * D + od[None, :])
+        acc = tl.load(po_ptr + base[:, None] * D + od[None, :], mask=sm[:, None], other=0.0)
         o = tl.sum(acc * wgt[:, None], axis=0) / den
         tl.store(o_ptr + t * (NQ * D) + qh * D + od, o.to(o_ptr.dtype.element_ty))
 
@@ -206,10 +213,15 @@ def qk_norm_rope_kv(qkv, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache,
 
 
 class AttnWorkspace:
-    """Split-KV partials for T queries: o [NKV, NSPLIT, G·T_PAD, D] fp32, m/l [NKV, NSPLIT, G·T_PAD]."""
+    """Split-KV partials for T queries: o [NKV, NSPLIT, G·T_PAD, D] fp32, m/l [NKV, NSPLIT, G·T_PAD].
 
-    def __init__(self, T, nq, nkv, d, device, nsplit=32, block_n=64, num_warps=8, num_stages=2):
+    At run time the number of splits in use is min(NSPLIT, cdiv(P + T, min_keys)) (device-side), so short
+    caches use few programs and little partial traffic; the rest of the grid exits at once.
+    """
+
+    def __init__(self, T, nq, nkv, d, device, nsplit=32, block_n=64, num_warps=8, num_stages=2, min_keys=256):
         self.T, self.T_PAD = T, max(16, next_pow2(T))
+        self.min_keys = min_keys
         self.nsplit, self.block_n, self.num_warps, self.num_stages = nsplit, block_n, num_warps, num_stages
         M = (nq // nkv) * self.T_PAD
         self.po = torch.zeros(nkv, nsplit, M, d, dtype=torch.float32, device=device)
@@ -226,8 +238,8 @@ def block_attention(q, k_cache, v_cache, cache_len, out, ws: AttnWorkspace, scal
     _attn_split_kernel[(NKV, ws.nsplit)](
         q, k_cache, v_cache, cache_len, ws.po, ws.pm, ws.pl, T, scale * 1.4426950408889634,
         NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD, MAXLEN=MAXLEN, NSPLIT=ws.nsplit, BLOCK_N=ws.block_n,
-        num_warps=ws.num_warps, num_stages=ws.num_stages,
+        MIN_KEYS=ws.min_keys, num_warps=ws.num_warps, num_stages=ws.num_stages,
     )
-    _attn_combine_kernel[(NQ, T)](ws.po, ws.pm, ws.pl, out, NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD,
-                                  NSPLIT=ws.nsplit, num_warps=4)
+    _attn_combine_kernel[(NQ, T)](ws.po, ws.pm, ws.pl, out, cache_len, T, NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD,
+                                  NSPLIT=ws.nsplit, MIN_KEYS=ws.min_keys, num_warps=4)
     return out

@@ -184,17 +184,20 @@ class BlockForward:
         self.o = torch.zeros(T, shape.nq * D, dtype=dt, device=device)
         self.attn_out = torch.zeros(T, H, dtype=dt, device=device)
         self.cos, self.sin = A.rope_tables(max_len, shape.rot_dim, shape.rope_theta, device)
-        ac = load_config("attn", "split", dict(NSPLIT=32, BLOCK_N=64, num_warps=8, num_stages=2),
+        ac = load_config("attn", "split", dict(NSPLIT=32, BLOCK_N=64, num_warps=4, num_stages=3, MIN_KEYS=256),
                          NQ=shape.nq, NKV=shape.nkv, D=D, T=T)
         ac.update(self.configs.get("attn", {}))
         if attn_splits is not None:
             ac["NSPLIT"] = attn_splits
         self.aws = A.AttnWorkspace(T, shape.nq, shape.nkv, D, device, nsplit=ac["NSPLIT"],
-                                   block_n=ac["BLOCK_N"], num_warps=ac["num_warps"], num_stages=ac["num_stages"])
+                                   block_n=ac["BLOCK_N"], num_warps=ac["num_warps"], num_stages=ac["num_stages"],
+                                   min_keys=ac.get("MIN_KEYS", 256))
         E = shape.experts
         self.moe_cfg = self.configs.get("moe")
         split = M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T)["SPLIT_K"]
-        self.ws = M.MoEWorkspace.create(T, H, shape.moe_inter, E, E + 1, shape.top_k, dt, device, split_k=split)
+        n_moe = shape.layers - shape.first_dense
+        self.ws = M.MoEWorkspace(T, H, shape.moe_inter, E, E + 1, shape.top_k, dt, device, split_k=split,
+                                 n_slots=n_moe)
         # dense layer 0 as one always-selected expert (top_k=1, no shared): static routing
         self.dws = M.MoEWorkspace.create(T, H, shape.dense_inter, 1, 1, 1, dt, device, split_k=1)
         self.dws.counts.fill_(T)
@@ -211,6 +214,8 @@ class BlockForward:
         self.pred = torch.zeros(T, dtype=torch.long, device=device)
         self.conf = torch.zeros(T, dtype=torch.float32, device=device)
         self.entropy = torch.zeros(T, dtype=torch.float32, device=device)
+        self.stat_nchunk = 16
+        self.stat_part = torch.zeros(T, self.stat_nchunk, 4, dtype=torch.float32, device=device)
 
     # ------------------------------------------------------------------------------------------
     def forward(self, head: bool = True, stats: _Stats | None = None):
@@ -236,7 +241,7 @@ class BlockForward:
             else:
                 E1 = L["w13"].shape[0]
                 M.moe_route_align(self.a, L["gate"], L["bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                                  s.scaling, True, self.moe_cfg)
+                                  s.scaling, True, self.moe_cfg, slot=li - s.first_dense)
                 if stats is not None:
                     stats.counts.append(self.ws.counts[: s.experts].clone())
                 M.moe_experts(self.a, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg)
@@ -245,13 +250,7 @@ class BlockForward:
                        eps=s.eps)
         if head:
             torch.mm(self.a, W["lm_head"].t(), out=self.logits)
-            lf = self.logits.float()
-            mx, am = lf.max(-1)
-            lse = torch.logsumexp(lf, -1)
-            pr = torch.exp(lf - lse[:, None])
-            self.pred.copy_(am)
-            self.conf.copy_(torch.exp(mx - lse))
-            self.entropy.copy_(lse - (pr * lf).sum(-1))
+            M.logits_stats(self.logits, self.stat_part, self.pred, self.conf, self.entropy, nchunk=self.stat_nchunk)
 
     # ------------------------------------------------------------------------------------------
     def warmup(self, n: int = 2, head: bool = True):

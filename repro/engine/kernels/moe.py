@@ -17,9 +17,10 @@ Weight layout used by the kernels (stack once at load time with :func:`stack_exp
 Kernel pipeline (all on device, no host sync, static shapes -> CUDA-graph capturable):
 
 1. ``_router_logits_kernel``: split-K fp32 (IEEE) GEMM, partial logits [SPLIT_K, T_PAD, E].
-2. ``_route_align_kernel`` (one program): sums the partials, sigmoid, bias, group-limited top-k,
-   renormalisation x scale, then the token-expert alignment: for every expert e its count ``counts[e]``
-   and the list of (token, slot) pair indices ``pairs[e, :counts[e]]`` in ascending pair order.
+2. ``_route_select_kernel`` (one program per token): sums the partials, sigmoid, bias, group-limited
+   top-k, renormalisation x scale, then the token-expert alignment by atomics: for every expert e its
+   count ``counts[e]`` and the list of pair indices ``pairs[e, :counts[e]]`` (order not fixed; each
+   pair's result row is computed independently, so the output does not depend on it).
    Pair index ``p = t*top_k + k`` for routed pairs, ``T*top_k + t`` for the shared expert.
 3. ``_moe_gate_up_kernel``: grid (E1, N/BLOCK_N, cdiv(T_PAD, BLOCK_M)); each program streams one
    [2 x BLOCK_N, H] tile of its expert's w13 once, gathers only that expert's token rows, and writes
@@ -31,12 +32,10 @@ Kernel pipeline (all on device, no host sync, static shapes -> CUDA-graph captur
    the engine's fast path fuses this sum with the residual add and the next RMSNorm, see ``norm.py``).
 
 Sources: the alignment follows the idea of vLLM/SGLang ``moe_align_block_size`` + ``fused_moe_kernel``
-(own code; per-expert lists instead of a padded sort since T*top_k is tiny); routing semantics from
+(own code; per-expert lists filled by atomics instead of a padded sort, since T*top_k is tiny); routing semantics from
 SGLang ``biased_grouped_topk`` (masked groups get -inf).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -179,8 +178,8 @@ def stack_experts(gate_projs, up_projs, down_projs, shared=None):
 
 DEFAULT_CONFIGS = {
     # tiles for the bandwidth-streaming regime (M ~ 1-2 rows per expert); tuned values in configs/*.json
-    "router": dict(BLOCK_E=16, SPLIT_K=4, BLOCK_K=128, num_warps=4, num_stages=2),
-    "route": dict(EC=32, num_warps=8),
+    "router": dict(BLOCK_E=16, SPLIT_K=8, BLOCK_K=64, num_warps=4, num_stages=2, PREC="ieee"),
+    "route": dict(num_warps=4),
     "gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
     "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
     "sum": dict(BLOCK_H=512, num_warps=4),
@@ -192,9 +191,9 @@ if HAS_TRITON:
     def _router_logits_kernel(
         x_ptr, w_ptr, part_ptr, T, stride_xt,
         H: tl.constexpr, E: tl.constexpr, T_PAD: tl.constexpr,
-        BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
     ):
-        """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (IEEE); rows t >= T are 0."""
+        """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (PREC "ieee" or "tf32x3"); rows t >= T are 0."""
         pid_e = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_t = tl.arange(0, T_PAD)
@@ -207,81 +206,135 @@ if HAS_TRITON:
             xv = tl.load(x_ptr + offs_t[:, None] * stride_xt + kk[None, :],
                          mask=offs_t[:, None] < T, other=0.0).to(tl.float32)
             wv = tl.load(w_ptr + offs_e[None, :] * H + kk[:, None]).to(tl.float32)
-            acc = tl.dot(xv, wv, acc, input_precision="ieee")
+            acc = tl.dot(xv, wv, acc, input_precision=PREC)
         tl.store(part_ptr + pid_k * (T_PAD * E) + offs_t[:, None] * E + offs_e[None, :], acc)
 
     @triton.jit
-    def _route_align_kernel(
-        part_ptr, bias_ptr, ids_ptr, topw_ptr, pairw_ptr, counts_ptr, pairs_ptr, T,
+    def _route_select_kernel(
+        part_ptr, bias_ptr, ids_ptr, topw_ptr, pairw_ptr, counts_ptr, pairs_ptr, next_counts_ptr,
         E: tl.constexpr, T_PAD: tl.constexpr, TOPK: tl.constexpr, N_GROUP: tl.constexpr,
         TOPK_GROUP: tl.constexpr, SPLIT_K: tl.constexpr, SCALE: tl.constexpr,
-        RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SHARED: tl.constexpr,
-        MAXC: tl.constexpr, EC: tl.constexpr,
+        RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, MAXC: tl.constexpr, ZERO_NEXT: tl.constexpr,
     ):
-        """One program: routing for all T tokens, then per-expert pair lists (see module doc)."""
-        offs_t = tl.arange(0, T_PAD)
+        """One program per token t: routing of t, then its pairs appended to the experts' lists.
+
+        slot = atomic_add(counts[e], 1) (counts[:E] must be 0 on entry); pairs[e, slot] = t*TOPK + k.
+        The order inside an expert's list is not fixed, but every pair's result row is computed
+        independently, so outputs do not depend on it. ZERO_NEXT: program 0 also clears
+        ``next_counts[:E]`` (the counts buffer of the next MoE layer; see fastpath).
+        """
+        t = tl.program_id(0)
         offs_e = tl.arange(0, E)
-        logits = tl.zeros((T_PAD, E), dtype=tl.float32)
+        logits = tl.zeros((E,), dtype=tl.float32)
         for s in tl.static_range(SPLIT_K):
-            logits += tl.load(part_ptr + s * (T_PAD * E) + offs_t[:, None] * E + offs_e[None, :])
+            logits += tl.load(part_ptr + s * (T_PAD * E) + t * E + offs_e)
         scores = tl.sigmoid(logits)
         if HAS_BIAS:
-            biased = scores + tl.load(bias_ptr + offs_e)[None, :]
+            biased = scores + tl.load(bias_ptr + offs_e)
         else:
             biased = scores
         GS: tl.constexpr = E // N_GROUP
         NEG: tl.constexpr = float("-inf")
-        # group score = sum of the two largest biased scores inside each group
-        g3 = tl.reshape(biased, (T_PAD, N_GROUP, GS))
-        idx3 = tl.arange(0, GS)[None, None, :]
-        m1 = tl.max(g3, axis=2)
-        a1 = tl.argmax(g3, axis=2)
-        m2 = tl.max(tl.where(idx3 == a1[:, :, None], NEG, g3), axis=2)
+        g2 = tl.reshape(biased, (N_GROUP, GS))
+        gi = tl.arange(0, GS)[None, :]
+        m1 = tl.max(g2, axis=1)
+        a1 = tl.argmax(g2, axis=1)
+        m2 = tl.max(tl.where(gi == a1[:, None], NEG, g2), axis=1)
         gwork = m1 + m2
-        gidx = tl.arange(0, N_GROUP)[None, :]
-        keep = tl.zeros((T_PAD, N_GROUP), dtype=tl.int32)
+        gidx = tl.arange(0, N_GROUP)
+        keep = tl.zeros((N_GROUP,), dtype=tl.int32)
         for _ in tl.static_range(TOPK_GROUP):
-            ag = tl.argmax(gwork, axis=1)
-            hit = gidx == ag[:, None]
-            keep = tl.where(hit, 1, keep)
-            gwork = tl.where(hit, NEG, gwork)
-        keep3 = tl.broadcast_to(keep[:, :, None], (T_PAD, N_GROUP, GS))
-        keep2 = tl.reshape(keep3, (T_PAD, E))
+            ag = tl.argmax(gwork, axis=0)
+            keep = tl.where(gidx == ag, 1, keep)
+            gwork = tl.where(gidx == ag, NEG, gwork)
+        keep2 = tl.reshape(tl.broadcast_to(keep[:, None], (N_GROUP, GS)), (E,))
         work = tl.where(keep2 != 0, biased, NEG)
-        kcol = tl.arange(0, TOPK)[None, :]
-        ids = tl.zeros((T_PAD, TOPK), dtype=tl.int32)
-        wts = tl.zeros((T_PAD, TOPK), dtype=tl.float32)
+        kidx = tl.arange(0, TOPK)
+        ids = tl.zeros((TOPK,), dtype=tl.int32)
+        wts = tl.zeros((TOPK,), dtype=tl.float32)
         for i in tl.static_range(TOPK):
-            a = tl.argmax(work, axis=1)
-            sel = offs_e[None, :] == a[:, None]
-            wi = tl.sum(tl.where(sel, scores, 0.0), axis=1)
+            a = tl.argmax(work, axis=0)
+            sel = offs_e == a
+            wi = tl.sum(tl.where(sel, scores, 0.0), axis=0)
             work = tl.where(sel, NEG, work)
-            ids = tl.where(kcol == i, a[:, None], ids)
-            wts = tl.where(kcol == i, wi[:, None], wts)
+            ids = tl.where(kidx == i, a, ids)
+            wts = tl.where(kidx == i, wi, wts)
         if RENORM:
-            wts = wts / (tl.sum(wts, axis=1)[:, None] + 1e-20)
+            wts = wts / (tl.sum(wts, axis=0) + 1e-20)
         wts = wts * SCALE
-        tmask = offs_t[:, None] < T
-        pidx = offs_t[:, None] * TOPK + kcol
-        tl.store(ids_ptr + pidx, ids, mask=tmask)
-        tl.store(topw_ptr + pidx, wts, mask=tmask)
-        tl.store(pairw_ptr + pidx, wts, mask=tmask)
-        # alignment: per-expert ascending pair lists
-        P: tl.constexpr = T_PAD * TOPK
-        pflat = tl.arange(0, P)
-        idsf = tl.reshape(ids, (P,))
-        idsf = tl.where(pflat < T * TOPK, idsf, -1)
-        for ec in tl.static_range(E // EC):
-            ev = ec * EC + tl.arange(0, EC)
-            hitm = (idsf[None, :] == ev[:, None]).to(tl.int32)
-            cnt = tl.sum(hitm, axis=1)
-            slot = tl.cumsum(hitm, axis=1) - 1
-            tl.store(pairs_ptr + ev[:, None] * MAXC + slot, pflat[None, :] + 0 * slot, mask=hitm != 0)
-            tl.store(counts_ptr + ev, cnt)
-        if HAS_SHARED:
-            tl.store(counts_ptr + E, T)
-            tl.store(pairs_ptr + E * MAXC + offs_t, T * TOPK + offs_t, mask=offs_t < T)
-            tl.store(pairw_ptr + T * TOPK + offs_t, tl.full((T_PAD,), 1.0, tl.float32), mask=offs_t < T)
+        p = t * TOPK + kidx
+        tl.store(ids_ptr + p, ids)
+        tl.store(topw_ptr + p, wts)
+        tl.store(pairw_ptr + p, wts)
+        slot = tl.atomic_add(counts_ptr + ids, tl.full((TOPK,), 1, tl.int32))
+        tl.store(pairs_ptr + ids * MAXC + slot, p)
+        if ZERO_NEXT:
+            if t == 0:
+                tl.store(next_counts_ptr + offs_e, tl.zeros((E,), dtype=tl.int32))
+
+    @triton.jit
+    def _align_kernel(ids_ptr, w_ptr, pairw_ptr, counts_ptr, pairs_ptr,
+                      TOPK: tl.constexpr, MAXC: tl.constexpr):
+        """Alignment of given routing (ids [T, TOPK] int64/int32, w [T, TOPK] fp32); one program per token."""
+        t = tl.program_id(0)
+        kidx = tl.arange(0, TOPK)
+        p = t * TOPK + kidx
+        ids = tl.load(ids_ptr + p).to(tl.int32)
+        tl.store(pairw_ptr + p, tl.load(w_ptr + p).to(tl.float32))
+        slot = tl.atomic_add(counts_ptr + ids, tl.full((TOPK,), 1, tl.int32))
+        tl.store(pairs_ptr + ids * MAXC + slot, p)
+
+    @triton.jit
+    def _logits_partial_stats_kernel(x_ptr, part_ptr, V, stride_x, NCHUNK: tl.constexpr, BLOCK_V: tl.constexpr):
+        """Row t, vocab chunk c: (max, first argmax, Σ e^(x-max), Σ e^(x-max)·x) in fp32 -> part[t, c, 4]."""
+        t = tl.program_id(0)
+        c = tl.program_id(1)
+        per = tl.cdiv(tl.cdiv(V, NCHUNK), BLOCK_V) * BLOCK_V
+        lo = c * per
+        hi = tl.minimum(lo + per, V)
+        offs = tl.arange(0, BLOCK_V)
+        mv = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+        iv = tl.zeros((BLOCK_V,), dtype=tl.int32)
+        for v0 in range(lo, hi, BLOCK_V):
+            o = v0 + offs
+            x = tl.load(x_ptr + t * stride_x + o, mask=o < hi, other=float("-inf")).to(tl.float32)
+            up = x > mv
+            iv = tl.where(up, o, iv)
+            mv = tl.where(up, x, mv)
+        m = tl.max(mv, axis=0)
+        idx = tl.min(tl.where(mv == m, iv, 2147483647), axis=0)
+        sv = tl.zeros((BLOCK_V,), dtype=tl.float32)
+        wv = tl.zeros((BLOCK_V,), dtype=tl.float32)
+        for v0 in range(lo, hi, BLOCK_V):
+            o = v0 + offs
+            msk = o < hi
+            x = tl.load(x_ptr + t * stride_x + o, mask=msk, other=0.0).to(tl.float32)
+            e = tl.where(msk, tl.exp(x - m), 0.0)
+            sv += e
+            wv += e * x
+        base = part_ptr + (t * NCHUNK + c) * 4
+        tl.store(base, m)
+        tl.store(base + 1, idx.to(tl.float32))
+        tl.store(base + 2, tl.sum(sv, axis=0))
+        tl.store(base + 3, tl.sum(wv, axis=0))
+
+    @triton.jit
+    def _logits_stats_combine_kernel(part_ptr, pred_ptr, conf_ptr, ent_ptr, NCHUNK: tl.constexpr):
+        t = tl.program_id(0)
+        c = tl.arange(0, NCHUNK)
+        base = part_ptr + (t * NCHUNK + c) * 4
+        m = tl.load(base)
+        idx = tl.load(base + 1)
+        s = tl.load(base + 2)
+        w = tl.load(base + 3)
+        M = tl.max(m, axis=0)
+        sc = tl.exp(m - M)
+        S = tl.sum(s * sc, axis=0)
+        Wt = tl.sum(w * sc, axis=0)
+        best = tl.min(tl.where(m == M, idx, 3.0e38), axis=0)
+        tl.store(pred_ptr + t, best.to(tl.int64))
+        tl.store(conf_ptr + t, 1.0 / S)
+        tl.store(ent_ptr + t, M + tl.log(S) - Wt / S)
 
     @triton.jit
     def _moe_gate_up_kernel(
@@ -367,46 +420,45 @@ if HAS_TRITON:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass
 class MoEWorkspace:
     """Preallocated buffers for one token count T (static addresses -> CUDA-graph capturable).
 
-    part [SPLIT_K, T_PAD, E] fp32; topk_ids [T, K] int32; topk_w [T, K] fp32; pair_w [P1] fp32;
-    counts [E1] int32; pairs [E1, T_PAD] int32; inter [P1, N] dtype; pair_out [P1, H] fp32;
-    out [T, H] dtype, with P1 = T*K (+T with a shared expert).
+    part [SPLIT_K, T_PAD, E] fp32 (router partial logits); topk_ids [T, K] int32; topk_w [T, K] fp32;
+    pair_w [P1] fp32; counts_all [n_slots, E1] int32 (one row per MoE layer in the fast path, so that each
+    layer's select kernel can clear the next layer's row; ``counts`` is the row in use); pairs [E1, T_PAD]
+    int32; inter [P1, N] dtype; pair_out [P1, H] fp32; out [T, H] dtype, with P1 = T*K (+T with a shared
+    expert). The shared expert's row (index E) is constant: count T, pairs T*K + t, weight 1.
     """
 
-    T: int
-    T_PAD: int
-    part: torch.Tensor
-    topk_ids: torch.Tensor
-    topk_w: torch.Tensor
-    pair_w: torch.Tensor
-    counts: torch.Tensor
-    pairs: torch.Tensor
-    inter: torch.Tensor
-    pair_out: torch.Tensor
-    out: torch.Tensor
-
-    @classmethod
-    def create(cls, T, H, N, E, E1, top_k, dtype, device, split_k=4):
-        T_PAD = max(16, next_pow2(T))
+    def __init__(self, T, H, N, E, E1, top_k, dtype, device, split_k=4, n_slots=1):
+        self.T, self.E, self.E1, self.top_k = T, E, E1, top_k
+        self.T_PAD = T_PAD = max(16, next_pow2(T))
         P1 = T * top_k + (T if E1 == E + 1 else 0)
         f32 = dict(dtype=torch.float32, device=device)
         i32 = dict(dtype=torch.int32, device=device)
-        return cls(
-            T=T,
-            T_PAD=T_PAD,
-            part=torch.zeros(split_k, T_PAD, E, **f32),
-            topk_ids=torch.zeros(T, top_k, **i32),
-            topk_w=torch.zeros(T, top_k, **f32),
-            pair_w=torch.zeros(P1, **f32),
-            counts=torch.zeros(E1, **i32),
-            pairs=torch.zeros(E1, T_PAD, **i32),
-            inter=torch.zeros(P1, N, dtype=dtype, device=device),
-            pair_out=torch.zeros(P1, H, **f32),
-            out=torch.zeros(T, H, dtype=dtype, device=device),
-        )
+        self.part = torch.zeros(split_k, T_PAD, E, **f32)
+        self.topk_ids = torch.zeros(T, top_k, **i32)
+        self.topk_w = torch.zeros(T, top_k, **f32)
+        self.pair_w = torch.zeros(P1, **f32)
+        self.counts_all = torch.zeros(n_slots, E1, **i32)
+        self.pairs = torch.zeros(E1, T_PAD, **i32)
+        self.inter = torch.zeros(P1, N, dtype=dtype, device=device)
+        self.pair_out = torch.zeros(P1, H, **f32)
+        self.out = torch.zeros(T, H, dtype=dtype, device=device)
+        self.slot = 0
+        if E1 == E + 1:
+            self.counts_all[:, E] = T
+            self.pairs[E, :T] = torch.arange(T * top_k, T * top_k + T, device=device, dtype=torch.int32)
+            self.pair_w[T * top_k:] = 1.0
+
+    @classmethod
+    def create(cls, T, H, N, E, E1, top_k, dtype, device, split_k=4, n_slots=1):
+        return cls(T, H, N, E, E1, top_k, dtype, device, split_k, n_slots)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """Counts row [E1] of the slot in use."""
+        return self.counts_all[self.slot]
 
 
 def _cfg(kernel, configs, H, N, E1, T):
@@ -418,8 +470,12 @@ def _cfg(kernel, configs, H, N, E1, T):
 
 
 def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_group=8, topk_group=4,
-                    scaling=2.5, renormalize=True, configs=None):
-    """Kernels 1-2: routing + alignment into ``ws`` (topk_ids, topk_w, pair_w, counts, pairs)."""
+                    scaling=2.5, renormalize=True, configs=None, slot=None):
+    """Kernels 1-2: router logits + per-token selection/alignment into ``ws``.
+
+    slot=None (standalone): uses counts row 0 and clears it first (one memset). slot=l (fast path): uses
+    row l, expects it cleared, and clears row (l+1) % n_slots for the next MoE layer (no memset).
+    """
     T, H = x.shape
     E = gate_w.shape[0]
     assert x.stride(1) == 1 and gate_w.is_contiguous() and gate_w.shape[1] == H
@@ -431,17 +487,51 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     assert H % (split * bk) == 0 and E % be == 0
     _router_logits_kernel[(E // be, split)](
         x, gate_w, ws.part, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
-        BLOCK_K=bk, num_warps=rc["num_warps"], num_stages=rc["num_stages"],
+        BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), num_warps=rc["num_warps"], num_stages=rc["num_stages"],
     )
+    if slot is None:
+        ws.slot = 0
+        ws.counts_all[0, :E].zero_()
+        nxt = ws.counts_all[0]
+    else:
+        ws.slot = slot
+        nxt = ws.counts_all[(slot + 1) % ws.counts_all.shape[0]]
     ac = _cfg("route", configs, H, ws.inter.shape[1], E1, T)
-    ec = min(ac["EC"], E)
-    _route_align_kernel[(1,)](
+    _route_select_kernel[(T,)](
         ws.part, expert_bias if expert_bias is not None else ws.part, ws.topk_ids, ws.topk_w,
-        ws.pair_w, ws.counts, ws.pairs, T, E=E, T_PAD=ws.T_PAD, TOPK=top_k, N_GROUP=n_group,
+        ws.pair_w, ws.counts, ws.pairs, nxt, E=E, T_PAD=ws.T_PAD, TOPK=top_k, N_GROUP=n_group,
         TOPK_GROUP=topk_group, SPLIT_K=split, SCALE=float(scaling), RENORM=bool(renormalize),
-        HAS_BIAS=expert_bias is not None, HAS_SHARED=E1 == E + 1, MAXC=ws.T_PAD, EC=ec,
+        HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, ZERO_NEXT=slot is not None,
         num_warps=ac["num_warps"],
     )
+
+
+def moe_align(ids, weights, ws: MoEWorkspace):
+    """Alignment of a given routing decision (ids [T, K] int, weights [T, K] fp32) into ``ws`` (row 0)."""
+    T, K = ids.shape
+    ws.slot = 0
+    ws.counts_all[0, : ws.E].zero_()
+    _align_kernel[(T,)](ids.contiguous(), weights.contiguous(), ws.pair_w, ws.counts, ws.pairs, TOPK=K,
+                        MAXC=ws.T_PAD, num_warps=1)
+
+
+def logits_stats(logits, part, pred, conf, entropy, nchunk=16, block_v=1024, num_warps=4):
+    """Decode statistics of logits [T, V] (bf16/fp32) in fp32, two kernels, no host sync.
+
+    part [T, nchunk, 4] fp32 scratch; pred [T] int64 argmax (first on ties); conf [T] fp32 max softmax
+    probability; entropy [T] fp32 in nats. Reference: :func:`logits_stats_reference`.
+    """
+    T, V = logits.shape
+    _logits_partial_stats_kernel[(T, nchunk)](logits, part, V, logits.stride(0), NCHUNK=nchunk, BLOCK_V=block_v,
+                                              num_warps=num_warps)
+    _logits_stats_combine_kernel[(T,)](part, pred, conf, entropy, NCHUNK=nchunk, num_warps=1)
+
+
+def logits_stats_reference(logits):
+    """(pred int64, conf fp32, entropy fp32) of logits [T, V] computed in fp32 with torch."""
+    lf = logits.float()
+    lp = torch.log_softmax(lf, -1)
+    return lf.argmax(-1), lp.max(-1).values.exp(), -(lp.exp() * lp).sum(-1)
 
 
 def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None):
@@ -523,3 +613,45 @@ def fused_moe(
                     renormalize, configs)
     moe_experts(x, w13, w2, ws, top_k, configs)
     return moe_sum(ws, E, E1, top_k, configs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Adapter for the engine model's MoE seam (repro/engine/layers/moe.py)
+# --------------------------------------------------------------------------------------------------
+
+_SEAM_WS: dict = {}
+
+
+def moe_forward_triton(x, w_gate_up, w_down, weights, ids):
+    """Contract of ``repro.engine.layers.moe.moe_forward_torch`` (routed experts only, no shared expert).
+
+    x [n, D] model dtype; w_gate_up [E, 2I, D]; w_down [E, D, I]; weights [n, k] fp32; ids [n, k] int64.
+    Returns [n, D] in x.dtype. Uses the Triton alignment + grouped GEMMs for n <= 128 on CUDA (or under
+    the interpreter); otherwise falls back to the torch implementation of the seam.
+    """
+    from ._triton import kernels_usable
+
+    n, D = x.shape
+    E, twoI, _ = w_gate_up.shape
+    k = ids.shape[1]
+    if n > 128 or k & (k - 1) or not kernels_usable(x) or not w_gate_up.is_contiguous() or not w_down.is_contiguous():
+        from repro.engine.layers.moe import moe_forward_torch
+
+        return moe_forward_torch(x, w_gate_up, w_down, weights, ids)
+    key = (n, D, twoI // 2, E, k, x.dtype, str(x.device))
+    ws = _SEAM_WS.get(key)
+    if ws is None:
+        ws = _SEAM_WS[key] = MoEWorkspace(n, D, twoI // 2, E, E, k, x.dtype, x.device, split_k=1)
+    x = x.contiguous()
+    moe_align(ids, weights.float(), ws)
+    moe_experts(x, w_gate_up, w_down, ws, k)
+    return moe_sum(ws, E, E, k).clone()
+
+
+def register_with_seam(select: bool = True) -> None:
+    """Register :func:`moe_forward_triton` as MoE impl "triton" in the engine seam (and select it)."""
+    from repro.engine.layers import moe as seam
+
+    seam.register_moe_impl("triton", moe_forward_triton)
+    if select:
+        seam.set_moe_impl("triton")

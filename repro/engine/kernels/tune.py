@@ -95,17 +95,17 @@ def tune_moe(T=32, H=2048, N=512, E=256, top_k=8, quick=False, seed=0):
     rows, best = [], {}
     # router + route (tiny kernels; SPLIT_K changes both)
     rbest = None
-    for be, sk, bk in [(16, 4, 128), (16, 8, 64), (32, 4, 128), (16, 2, 128), (32, 8, 64), (16, 16, 64)]:
-        for rw in (4, 8):
-            cfg = {"router": dict(BLOCK_E=be, SPLIT_K=sk, BLOCK_K=bk, num_warps=4, num_stages=2),
-                   "route": dict(EC=32, num_warps=rw)}
-            ws = M.MoEWorkspace.create(T, H, N, E, E + 1, top_k, x.dtype, dev, split_k=sk)
-            ms = _try(lambda: M.moe_route_align(x, gate, bias, ws, E + 1, top_k, configs=cfg),
-                      f"router+route BE={be} SK={sk} BK={bk} route_warps={rw}", rows)
+    rc = [(16, 8, 64, "ieee"), (16, 8, 64, "tf32x3"), (16, 4, 128, "tf32x3"), (32, 8, 64, "tf32x3"),
+          (16, 16, 64, "ieee"), (16, 16, 64, "tf32x3"), (8, 8, 64, "ieee"), (32, 4, 64, "ieee")]
+    for be, sk, bk, prec in rc[:2] if quick else rc:
+        for rw in (1, 2, 4):
+            cfg = {"router": dict(BLOCK_E=be, SPLIT_K=sk, BLOCK_K=bk, num_warps=4, num_stages=2, PREC=prec),
+                   "route": dict(num_warps=rw)}
+            ws = M.MoEWorkspace(T, H, N, E, E + 1, top_k, x.dtype, dev, split_k=sk, n_slots=2)
+            ms = _try(lambda: M.moe_route_align(x, gate, bias, ws, E + 1, top_k, configs=cfg, slot=0),
+                      f"router+route BE={be} SK={sk} BK={bk} {prec} route_warps={rw}", rows)
             if ms is not None and (rbest is None or ms < rbest[0]):
                 rbest = (ms, cfg)
-        if quick:
-            break
     best.update(rbest[1])
     ws = M.MoEWorkspace.create(T, H, N, E, E + 1, top_k, x.dtype, dev, split_k=best["router"]["SPLIT_K"])
     M.moe_route_align(x, gate, bias, ws, E + 1, top_k, configs=best)
@@ -171,19 +171,20 @@ def tune_attn(T=32, NQ=16, NKV=4, D=128, prefixes=(1024, 4096), quick=False, see
     out = torch.empty(T, NQ * D, device=dev, dtype=torch.bfloat16)
     cl = torch.zeros(1, dtype=torch.int32, device=dev)
     rows, bestc = [], None
-    cands = [(ns, bn, w, st) for ns in (8, 16, 32, 64) for bn, w, st in ((64, 8, 2), (32, 4, 2), (64, 4, 3))]
-    for ns, bn, w, st in cands[:3] if quick else cands:
-        ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=ns, block_n=bn, num_warps=w, num_stages=st)
+    cands = [(ns, mk, bn, w, st) for ns in (16, 32) for mk in (128, 256, 512)
+             for bn, w, st in ((64, 4, 3), (32, 4, 2))]
+    for ns, mk, bn, w, st in cands[:3] if quick else cands:
+        ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=ns, block_n=bn, num_warps=w, num_stages=st, min_keys=mk)
         tot = 0.0
         for P in prefixes:
             cl.fill_(P)
-            ms = _try(lambda: A.block_attention(q, kc, vc, cl, out, ws), f"attn NSPLIT={ns} BN={bn} w={w} s={st} P={P}", rows)
+            ms = _try(lambda: A.block_attention(q, kc, vc, cl, out, ws), f"attn NSPLIT={ns} MIN_KEYS={mk} BN={bn} w={w} s={st} P={P}", rows)
             if ms is None:
                 tot = float("inf")
                 break
             tot += ms
         if bestc is None or tot < bestc[0]:
-            bestc = (tot, dict(NSPLIT=ns, BLOCK_N=bn, num_warps=w, num_stages=st))
+            bestc = (tot, dict(NSPLIT=ns, BLOCK_N=bn, num_warps=w, num_stages=st, MIN_KEYS=mk))
     return {"split": bestc[1]}, rows
 
 
