@@ -42,9 +42,8 @@ class EngineBackend:
     def describe(self) -> dict:
         import torch
 
-        dev = self.device
-        if dev.startswith("cuda") and torch.cuda.is_available():
-            dev = torch.cuda.get_device_name(0)
+        if self.device.startswith("cuda") and torch.cuda.is_available():
+            dev = f"cuda ({torch.cuda.get_device_name(0)})"
         else:
-            dev = platform.processor() or platform.machine()
+            dev = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
         return {"backend": "engine", "device": dev, "precision": self.precision, "torch": torch.__version__}
