@@ -236,13 +236,12 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
     bad_shapes = []
     shapes: dict[str, tuple[int, ...]] = {}
     for name in sorted(expected):
-        if name in quant_groups:
-            shp = tuple(quant_groups[name]["shape"])
-        else:
-            f = files[name]
-            if f not in handles:
-                handles[f] = safe_open(str(f), "pt")
-            shp = tuple(handles[f].get_slice(name).get_shape())
+        f = files[name]
+        if f not in handles:
+            handles[f] = safe_open(str(f), "pt")
+        shp = tuple(handles[f].get_slice(name).get_shape())
+        if name in quant_groups:  # packed FP4: two values per byte along `in`
+            shp = (shp[0], shp[1] * 2) if len(shp) == 2 else shp
         shapes[name] = shp
         if shp != expected[name]:
             bad_shapes.append(f"{name}: file {list(shp)} != expected {list(expected[name])}")

@@ -1,0 +1,127 @@
+"""NVFP4 (ModelOpt Hugging Face export) for the routed-expert weights: quantize (tiny writer) and dequantize (loader).
+
+Format (issue 5; NVIDIA ModelOpt NVFP4 export as shipped by LLaDA2.1-mini-ORL-NVFP4): for each quantized
+Linear weight ``W [out, in]`` (here: every routed expert's ``gate_proj`` / ``up_proj`` / ``down_proj``) the
+checkpoint holds, under the module prefix ``X`` (``X.weight`` in the bf16 checkpoint):
+
+* ``X.weight`` — uint8 ``[out, in/2]``: FP4 E2M1 codes, two per byte, element ``2j`` in the **low** nibble and
+  ``2j+1`` in the high nibble (this project's stated packing order);
+* ``X.weight_scale`` — float8 E4M3 ``[out, in/16]``: one scale per 16-element block along ``in``;
+* ``X.weight_scale_2`` — fp32 scalar: the global scale, ``amax(|W|) / (6 · 448)``;
+* ``X.input_scale`` — fp32 scalar: activation global scale (FP4 activations on Blackwell; unused when
+  dequantizing to bf16 on Hopper, kept so the file layout is the export's).
+
+E2M1 code ``c`` (bit 3 = sign, bits 0–2 index) has magnitude ``[0, 0.5, 1, 1.5, 2, 3, 4, 6][c & 7]``.
+Dequantization: ``W ≈ e2m1(c) · float(weight_scale[block]) · weight_scale_2``.
+Quantization (round to nearest on the E2M1 grid, ties to the lower magnitude): block scale
+``s_b = e4m3(amax_b / 6 / weight_scale_2)``, ``c = nearest(W / (s_b · weight_scale_2))``, clamped to ±6.
+
+``config.json`` gets ``quantization_config`` (``quant_method`` modelopt, ``quant_algo`` NVFP4,
+``group_size`` 16) and the directory gets ``hf_quant_config.json``; :mod:`repro.engine.weights` dequantizes
+on load when ``quant_algo`` is NVFP4. Not here: FP4 tensor-core kernels (Blackwell only).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+GROUP = 16
+E4M3_MAX = 448.0
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+#: Checkpoint tensors quantized by the tiny writer (routed experts only; everything else stays bf16).
+QUANTIZED = re.compile(r"model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight\Z")
+SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale")
+
+
+def quantization_config() -> dict:
+    """The ``quantization_config`` block written into config.json."""
+    return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": GROUP,
+            "ignore": ["lm_head", "model.word_embeddings", "*attention*", "*mlp.gate", "*shared_experts*",
+                       "model.layers.0.mlp*", "model.orl_adapter*"]}
+
+
+def hf_quant_config() -> dict:
+    """Content of ``hf_quant_config.json`` (ModelOpt layout)."""
+    q = quantization_config()
+    return {"producer": {"name": "modelopt", "version": "repro-tiny"},
+            "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": GROUP,
+                             "exclude_modules": q["ignore"]}}
+
+
+def quantize(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Quantize ``w`` ``[out, in]`` (in divisible by 16) → ``{weight, weight_scale, weight_scale_2, input_scale}``.
+
+    Raises ValueError if ``in`` is not a multiple of 16.
+    """
+    out_f, in_f = w.shape
+    if in_f % GROUP:
+        raise ValueError(f"NVFP4 needs in_features divisible by {GROUP}, got {tuple(w.shape)}")
+    wf = w.float()
+    gscale = (wf.abs().max() / (6.0 * E4M3_MAX)).clamp(min=1e-12)
+    blocks = wf.view(out_f, in_f // GROUP, GROUP)
+    bscale = (blocks.abs().amax(-1) / 6.0 / gscale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    eff = bscale.float() * gscale
+    scaled = blocks / torch.where(eff > 0, eff, torch.ones_like(eff))[..., None]
+    mag = scaled.abs().clamp(max=6.0)
+    idx = (mag[..., None] - E2M1_VALUES).abs().argmin(-1)  # first minimum → ties to the lower magnitude
+    code = (idx | ((scaled < 0).to(torch.long) << 3)).to(torch.uint8).view(out_f, in_f)
+    packed = code[:, 0::2] | (code[:, 1::2] << 4)
+    return {"weight": packed.contiguous(), "weight_scale": bscale.contiguous(),
+            "weight_scale_2": gscale.reshape(()).float(), "input_scale": torch.tensor(1.0)}
+
+
+def dequantize(packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of :func:`quantize`: packed uint8 ``[out, in/2]``, E4M3 ``[out, in/16]``, fp32 scalar →
+    ``[out, in]`` in ``dtype``. Raises ValueError on inconsistent shapes."""
+    out_f, half = packed.shape
+    in_f = half * 2
+    if packed.dtype != torch.uint8 or tuple(weight_scale.shape) != (out_f, in_f // GROUP):
+        raise ValueError(f"NVFP4 shapes: weight {tuple(packed.shape)} {packed.dtype}, "
+                         f"weight_scale {tuple(weight_scale.shape)} (expected ({out_f}, {in_f // GROUP}))")
+    lo, hi = packed & 0xF, packed >> 4
+    code = torch.stack([lo, hi], dim=-1).view(out_f, in_f).long()
+    vals = E2M1_VALUES.to(packed.device)[code & 7] * torch.where(code >= 8, -1.0, 1.0)
+    s = weight_scale.float().repeat_interleave(GROUP, dim=1) * weight_scale_2.float()
+    return (vals * s).to(dtype)
+
+
+def quantize_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Replace every routed-expert ``X.weight`` of a checkpoint dict by its four NVFP4 tensors."""
+    out = {}
+    for name, t in tensors.items():
+        if QUANTIZED.match(name):
+            prefix = name[: -len("weight")]
+            for k, v in quantize(t).items():
+                out[prefix + k] = v
+        else:
+            out[name] = t
+    return out
+
+
+def group_quantized_names(names: list[str], expected: dict[str, tuple[int, ...]]) -> tuple[dict[str, dict], list[str]]:
+    """Fold each complete NVFP4 group (``X.weight`` + ``X.weight_scale`` + ``X.weight_scale_2`` [+ ``X.input_scale``])
+    whose logical name ``X.weight`` is expected into that one logical name.
+
+    Returns ``(groups, logical_names)``: ``groups[X.weight] = {"weight", "weight_scale", "weight_scale_2",
+    "input_scale" (or None)}``; ``logical_names`` = ``names`` with each group's
+    parts replaced by ``X.weight``. Incomplete groups are left as they are (the loader then lists the parts
+    as unexpected and the weight as missing).
+    """
+    present = set(names)
+    groups: dict[str, dict] = {}
+    consumed: set[str] = set()
+    for n in names:
+        if not n.endswith(".weight_scale"):
+            continue
+        prefix = n[: -len("weight_scale")]
+        w = prefix + "weight"
+        if w in expected and w in present and prefix + "weight_scale_2" in present:
+            parts = {"weight": w, "weight_scale": n, "weight_scale_2": prefix + "weight_scale_2",
+                     "input_scale": prefix + "input_scale" if prefix + "input_scale" in present else None}
+            groups[w] = parts
+            consumed.update(v for v in parts.values() if v)
+    logical = [n for n in names if n not in consumed] + list(groups)
+    return groups, sorted(set(logical))
