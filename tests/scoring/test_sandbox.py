@@ -4,12 +4,14 @@ Hostile programs (issue 3 acceptance): infinite loop, fork bomb, 20 GB allocatio
 files outside the scratch dir, opening sockets, ``os._exit(0)`` / ``sys.exit(0)`` before the asserts,
 killing the parent, printing "passed". The host checks: a sentinel file in a world-writable directory
 is untouched, no new file appears outside the scratch dirs, a host TCP listener gets no connection, and
-afterwards no sandbox process is alive (process table scanned for the sandbox uids / bootstrap).
+afterwards no sandbox process is alive (process table scanned for the sandbox uids and fork servers).
 """
 
 import os
 import shutil
+import signal
 import socket
+import threading
 import textwrap
 import time
 import uuid
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from repro.scoring.code import _zygote as zyg
 from repro.scoring.code import sandbox as sbmod
 from repro.scoring.code.sandbox import Limits, Sandbox
 
@@ -26,17 +29,18 @@ ROOT = os.geteuid() == 0
 TESTS_PASS = "\ndef check():\n    assert sum([1, 2]) == 3\ncheck()\n"
 
 
-def live_sandbox_processes(uids):
+def live_sandbox_processes(uids, include_servers=True):
+    """Live processes of the sandbox uids, or (``include_servers``) any sandbox fork server."""
     out = []
-    for pid in sbmod._pids():
-        st = sbmod._stat(pid)
+    for pid in zyg.pids():
+        st = zyg.proc_stat(pid)
         if st is None or st[0] in (b"Z", b"X"):
             continue
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"_bootstrap.py" in cmd or (sbmod._uid_of(pid) in uids):
+        if zyg.uid_of(pid) in uids or (include_servers and b"_zygote.py" in cmd and st[1] == os.getpid()):
             out.append((pid, cmd[:80]))
     return out
 
@@ -99,13 +103,15 @@ def test_hostile_programs_fail_and_host_is_unchanged(host):
     progs = hostile_programs(host)
     names = list(progs) + ["good_after_all"]
     programs = list(progs.values()) + ["x = 1" + TESTS_PASS]
+    assert live_sandbox_processes(set()) == []
     with Sandbox(2, Limits(timeout_s=2.0)) as sb:
         uids = {u for u in sb._uids if u is not None}
-        before = live_sandbox_processes(uids)
         t0 = time.monotonic()
         results = dict(zip(names, sb.run_many(programs)))
         elapsed = time.monotonic() - t0
         enforced = sb.enforced
+        during = live_sandbox_processes(uids, include_servers=False)
+    after = live_sandbox_processes(uids)
     verdicts = {k: (r.status, r.reason) for k, r in results.items()}
     assert results.pop("good_after_all").status == "passed", verdicts
     not_failed = {k: v for k, v in verdicts.items() if k != "good_after_all" and results[k].status not in ("failed", "timeout")}
@@ -122,7 +128,7 @@ def test_hostile_programs_fail_and_host_is_unchanged(host):
     with pytest.raises(BlockingIOError):
         host["listener"].accept()
     # process table: nothing of the sandbox survives; the run went on in bounded time
-    assert live_sandbox_processes(uids) == before == []
+    assert during == [] and after == []
     assert elapsed < 60
     if ROOT:
         assert enforced["uid_separation"] and enforced["network_namespace"] and enforced["read_only_outside_scratch"]
@@ -138,11 +144,12 @@ def test_workers_run_in_parallel_without_oversubscription():
 
 
 @pytest.fixture
-def flaky_bootstrap(tmp_path, monkeypatch):
-    """A bootstrap that crashes (before the program starts) the first ``n`` times, then works."""
+def flaky_server(tmp_path, monkeypatch):
+    """A fork server that crashes on start-up the first ``n`` times, then works."""
     counter = tmp_path / "count"
     counter.write_text("0")
-    script = tmp_path / "flaky_bootstrap.py"
+    script = tmp_path / "flaky_zygote.py"
+    real = sbmod._ZYGOTE
 
     def make(n):
         script.write_text(textwrap.dedent(f"""
@@ -152,24 +159,34 @@ def flaky_bootstrap(tmp_path, monkeypatch):
             open(p, "w").write(str(k + 1))
             if k < {n}:
                 sys.exit(70)
-            runpy.run_path({sbmod._BOOTSTRAP!r}, run_name="__main__")
+            runpy.run_path({real!r}, run_name="__main__")
         """))
-        monkeypatch.setattr(sbmod, "_BOOTSTRAP", str(script))
+        monkeypatch.setattr(sbmod, "_ZYGOTE", str(script))
         return counter
 
     return make
 
 
-def test_crashed_worker_is_retried_once(flaky_bootstrap):
+def test_crashed_worker_is_retried_once(flaky_server):
+    prog = "import time\ntime.sleep(0.5)" + TESTS_PASS
     with Sandbox(1, Limits(timeout_s=10)) as sb:
-        counter = flaky_bootstrap(1)
-        r = sb.run("x = 1" + TESTS_PASS)
-        assert r.status == "passed" and r.attempts == 2 and counter.read_text() == "2"
-        counter = flaky_bootstrap(5)
-        counter.write_text("0")
-        r = sb.run("x = 1" + TESTS_PASS)
-        assert r.status == "error" and r.attempts == 2 and "retried once" in r.reason
+        # the fork server dies while the program runs: retried once on a fresh server
+        server = sb._zygote(0).proc
+        threading.Timer(0.2, os.kill, (server.pid, signal.SIGKILL)).start()
+        r = sb.run(prog)
+        assert r.status == "passed" and r.attempts == 2, r
+        assert server.poll() is not None and sb._zygotes[0].proc.pid != server.pid
+        # a server that cannot start at all: error after one retry, recorded with the reason
+        sb._zygotes[0].kill()
+        sb._zygotes[0] = None
+        counter = flaky_server(5)
+        r = sb.run(prog)
+        assert r.status == "error" and r.attempts == 2 and "retried once" in r.reason, r
         assert counter.read_text() == "2"
+        # and once servers work again, the next program runs normally
+        flaky_server(0)
+        r = sb.run(prog)
+        assert r.status == "passed", r
 
 
 def test_bad_input():

