@@ -6,7 +6,8 @@ verdict when only an explicit ``\\boxed{}`` or ``#### N`` answer counts (diagnos
 
 Rules (scoring.md section 2 "Recommended GSM8K scorer"; issue 3):
 1. The completion is cut at EOS markers and stop strings first (case gsm8k-07).
-2. Prediction: last ``\\boxed{}`` -> last "the answer is N" -> last ``#### N`` -> last number in the text.
+2. Prediction: last ``\\boxed{}`` (its last number, or the value of a lone ``\\frac{a}{b}``) -> last
+   "the answer is N" -> last ``#### N`` -> last number in the text.
 3. Numbers are anchored on digits: ``-?\\d{1,3}(,\\d{3})+`` or ``\\d+``, optional decimals; commas between
    digit groups and LaTeX separators (``{,}``, ``\\,``, ``\\!``) are dropped, so ``8,000`` is 8000
    (cases gsm8k-01/02; OpenCompass reads ``000``); ``$``, ``%`` and unit words around a number are ignored.
@@ -31,6 +32,7 @@ _NUM = re.compile(r"(?<![\w.)\]])(-?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?")
 _LATEX_SEP = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\,|\\!|\\;|\{\\,\})(?=\d)")
 _ANSWER_IS = re.compile(r"answer\s+is\b[:\s]*", re.IGNORECASE)
 _HASHES = re.compile(r"####\s*")
+_FRAC = re.compile(r"^\s*(-)?\s*\\[dt]?frac\{(\d+)\}\{([1-9]\d*)\}\s*$")
 
 
 def _normalise_text(text: str) -> str:
@@ -77,6 +79,10 @@ def extract(completion: str) -> tuple[str | None, Fraction | None, str]:
     """
     box = last_boxed(completion)
     if box is not None:
+        frac = _FRAC.search(box)
+        if frac:  # \boxed{\frac{36}{2}}: the value, not the denominator
+            sign = -1 if frac.group(1) else 1
+            return frac.group(0), sign * Fraction(int(frac.group(2)), int(frac.group(3))), "boxed"
         nums = find_numbers(box)
         if nums:
             return nums[-1][0], nums[-1][1], "boxed"

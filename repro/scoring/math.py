@@ -19,7 +19,9 @@ Sources: scoring.md section 3 "Recommended MATH-500 scorer" and the math500-* sc
      when both sides are exact numbers (no Float, no free symbol) a True verdict must also pass an exact
      sympy check ``(gold - pred) == 0``; element-wise for tuples of the same length.
    A prediction written as a decimal approximation of an exact gold (``1.41421356`` for ``\\sqrt{2}``) is
-   left to Math-Verify's rounding (accepted), as peers do.
+   left to Math-Verify's rounding (accepted), as peers do. A percent sign on one side only
+   (``10\\%`` vs ``10``) is dropped and the numbers compared again (PRM800K/Hendrycks strip ``\\%``;
+   Math-Verify alone reads it as /100 and says unequal).
 5. Math-Verify's own SIGALRM timeouts are disabled (they raise outside the main thread, Math-Verify
    #50/#55, case math500-05); the hard timeout is enforced by killing the worker process.
 """
@@ -79,6 +81,14 @@ def prepare(answer: str) -> str:
     return "$" + s + "$"
 
 
+def _has_percent(s: str) -> bool:
+    return "%" in s
+
+
+def _drop_percent(s: str) -> str:
+    return re.sub(r"\\?%", "", s)
+
+
 def _exact_mismatch(g, p) -> bool:
     """True when ``g`` and ``p`` are exact numbers (or same-length tuples of them) that differ."""
     import sympy
@@ -111,7 +121,20 @@ def equivalent(gold: str, pred: str) -> dict:
         return {**info, "equal": False, "detail": "prediction not parseable by math-verify"}
     eq = bool(verify(g, p, timeout_seconds=None))
     detail = "math-verify"
+    if not eq and _has_percent(gold) != _has_percent(pred):
+        # "10\%" vs "10": Math-Verify reads % as /100; PRM800K and Hendrycks strip it. Accept when the
+        # numbers agree once the percent sign is dropped from the side that has it.
+        g2 = parse(prepare(_drop_percent(gold)), parsing_timeout=None)
+        p2 = parse(prepare(_drop_percent(pred)), parsing_timeout=None)
+        if g2 and p2 and verify(g2, p2, timeout_seconds=None) and not _exact_mismatch(g2[0], p2[0]):
+            return {**info, "equal": True, "detail": "math-verify after dropping the percent sign"}
     if eq and _exact_mismatch(g[0], p[0]):
-        eq = False
-        detail = "math-verify said equal but the exact values differ (float-rounding guard)"
+        same_without_percent = False
+        if _has_percent(gold) or _has_percent(pred):  # Math-Verify equates 10\% and 10 on purpose
+            g2 = parse(prepare(_drop_percent(gold)), parsing_timeout=None)
+            p2 = parse(prepare(_drop_percent(pred)), parsing_timeout=None)
+            same_without_percent = bool(g2 and p2 and not _exact_mismatch(g2[0], p2[0]))
+        if not same_without_percent:
+            eq = False
+            detail = "math-verify said equal but the exact values differ (float-rounding guard)"
     return {**info, "equal": eq, "detail": detail}

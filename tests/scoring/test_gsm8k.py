@@ -42,6 +42,11 @@ def verdict(output, gold):
     ("So 18.<|endoftext|>Then 99", "18"),
     ("So 18.<|mask|><|mask|>7", "18"),
     ("She makes 18 dollars.<|role_end|><role>HUMAN</role>and 5", "18"),
+    # a boxed fraction is its value (not its denominator)
+    ("\\boxed{\\frac{36}{2}}", "18"),
+    ("\\boxed{-\\dfrac{20}{2}}", "-10"),
+    ("\\boxed{18 \\text{ dollars}}", "18"),
+    ("\\boxed{2 \\times 9 = 18}", "18"),
     # gold given as a whole answer text
     ("I get 5", "Natalia sold 48/2 = 24 clips.\n#### 5"),
 ])
@@ -59,6 +64,7 @@ def test_correct_variants(output, gold):
     ("So 29.01", "29"),
     ("I cannot tell.", "3"),
     ("\\boxed{}", "3"),
+    ("\\boxed{\\frac{1}{2}}", "2"),
     ("Values 1,2345 and so on", "12345"),           # not a thousands separator
 ])
 def test_wrong_variants(output, gold):

@@ -56,6 +56,9 @@ def mv(gold, pred):
     ("15\\frac{39}{40}", "\\frac{639}{40}"), ("\\frac{1}{2}", "0.5"), ("\\frac{1}{2}", "\\dfrac12"),
     ("(3,4]", "(3, 4]"), ("x^2+1", "1+x^2"), ("\\pm 2021", "\\pm 2021"), ("\\frac{1}{2^{99}}", "2^{-99}"),
     ("4\\sqrt{2}", "4\\sqrt(2)"),
+    # percent on one side only (PRM800K strips it), units and equations around the value
+    ("10\\%", "10"), ("10", "10\\%"), ("7.41\\%", "7.41"), ("5\\text{ cm}", "5"), ("3", "x = 3"),
+    ("\\text{(C)}", "C"), ("\\frac{270}7\\text{ degrees}", "\\frac{270}{7}"), ("1,2", "\\{1,2\\}"),
 ])
 def test_equivalent(gold, pred):
     r = mv(gold, pred)
@@ -70,6 +73,7 @@ def test_equivalent(gold, pred):
     ("\\pm 2021", "2021"),                                 # math500-04
     ("(3,4]", "(3,4)"), ("(1, 2)", "(2, 1)"), ("50", "0.5"), ("3", "-3"), ("\\frac{3}{4}", "\\frac{4}{3}"),
     ("2", "2.0000001"), ("\\text{Evelyn}", "\\text{Bob}"), ("(1, 10^{-30})", "(1, 10^{-31})"),
+    ("10\\%", "11"), ("50", "0.5\\%"), ("\\text{(C)}", "D"), ("[2,5)", "[2,5]"), ("x^2+2x", "x^2-2x"),
 ])
 def test_not_equivalent(gold, pred):
     r = mv(gold, pred)
