@@ -4,12 +4,14 @@
 #   snakemake --cores 2 main_table                      # smoke suite: tiny model, CPU (default)
 #   snakemake -n main_table --config suite=paper        # the paper suite's full DAG (GPU, HF checkpoints)
 
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.20")
 
 
-configfile: "config.yaml"
+configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
 include: "workflow/rules/common.smk"

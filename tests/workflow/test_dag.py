@@ -20,7 +20,7 @@ def test_paper_suite_dag_lists_every_stage_for_both_models_and_benchmarks(tmp_pa
     assert stats["download_checkpoint"] == 2 and stats["verify_checkpoint"] == 2
     assert stats["prepare_problems"] == 4 and stats["render_decoder"] == 8
     assert stats["generate_shard"] == 8 * 4 and stats["merge_shards"] == 8 and stats["score"] == 8
-    assert stats["main_table"] == 1
+    assert stats["write_table"] == 1 and stats["main_table"] == 1
     for model in ("llada", "llada-orl"):
         for bench in ("gsm8k", "math500", "humaneval", "mbpp"):
             assert f"/paper/scores/{model}/{bench}/seed12345.summary.json" in out

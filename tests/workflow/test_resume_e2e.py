@@ -19,9 +19,11 @@ pytestmark = pytest.mark.slow
 
 
 def snakemake(work, overlay, *args, check=True, timeout=600):
-    cmd = [sys.executable, "-m", "snakemake", *args, "--cores", "2", "--configfile", str(REPO_ROOT / "config.yaml"),
-           str(overlay), "--config", f"work_dir={work}"]
-    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    # --directory keeps Snakemake's metadata and locks in the test's own folder, not the checkout's
+    cmd = [sys.executable, "-m", "snakemake", *args, "--cores", "2", "--snakefile", str(REPO_ROOT / "Snakefile"),
+           "--directory", str(work.parent), "--configfile", str(REPO_ROOT / "config.yaml"), str(overlay),
+           "--config", f"work_dir={work}"]
+    r = subprocess.run(cmd, cwd=work.parent, capture_output=True, text=True, timeout=timeout)
     if check:
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     return r
@@ -43,9 +45,10 @@ def setup(tmp_path, data_dir):
 def test_kill9_then_rerun_every_problem_once(setup):
     work, overlay, gen, shard = setup
     target = str(gen)
-    cmd = [sys.executable, "-m", "snakemake", target, "--cores", "2", "--configfile",
-           str(REPO_ROOT / "config.yaml"), str(overlay), "--config", f"work_dir={work}"]
-    p = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    cmd = [sys.executable, "-m", "snakemake", target, "--cores", "2", "--snakefile", str(REPO_ROOT / "Snakefile"),
+           "--directory", str(work.parent), "--configfile", str(REPO_ROOT / "config.yaml"), str(overlay),
+           "--config", f"work_dir={work}"]
+    p = subprocess.Popen(cmd, cwd=work.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     partial = Path(str(shard) + ".partial.jsonl")
     deadline = time.time() + 300
@@ -60,6 +63,8 @@ def test_kill9_then_rerun_every_problem_once(setup):
     if not killed:
         pytest.skip("generation finished before it could be killed (machine too fast for this check)")
     assert not shard.exists()
+    # what the README says to do after Snakemake itself was killed: unlock, then rerun
+    snakemake(work, overlay, target, "--unlock")
     snakemake(work, overlay, target, "--rerun-incomplete")
     ids = [json.loads(l)["id"] for l in gen.read_text().splitlines()]
     assert ids == [f"gsm8k/{i}" for i in range(6)]
@@ -72,5 +77,6 @@ def test_rerun_is_noop_and_deleting_one_output_reruns_only_downstream(setup):
     assert "Nothing to be done" in again.stdout + again.stderr
     shard.unlink()
     dry = snakemake(work, overlay, "-n", "main_table")
-    stats = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.stdout, re.M))
-    assert stats == {"generate_shard": "1", "merge_shards": "1", "score": "1", "main_table": "1", "total": "4"}
+    stats = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.stdout + dry.stderr, re.M))
+    assert stats == {"generate_shard": "1", "merge_shards": "1", "score": "1", "write_table": "1", "main_table": "1",
+                     "total": "5"}

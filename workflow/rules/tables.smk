@@ -2,13 +2,17 @@
 
 localrules:
     main_table,
+    write_table,
 
 
 def table_inputs(wildcards):
     cells = suite_cells(config)
+    n = S["shards"]
     return {
         "summaries": [W(P.SUMMARY, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "generations": [W(P.GENERATIONS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
+        "shards": [W(P.SHARD, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed, shard=k, nshards=n)
+                   for c in cells for k in range(n)],
     }
 
 
@@ -17,8 +21,7 @@ def table_spec():
                        "benchmarks": S["benchmarks"], "seeds": S["seeds"], "backend": config["backend"]})
 
 
-rule main_table:
-    default_target: True
+rule write_table:
     input:
         unpack(table_inputs),
     output:
@@ -33,3 +36,17 @@ rule main_table:
     shell:
         "{PY} -m repro.tables --work {WORK} --suite {SUITE} --spec '{params.spec}' --out-dir {RESULTS} "
         "2> {log}"
+
+
+rule main_table:
+    """The target: the table plus every generation and score file it is built from, so deleting any one
+    of them re-runs exactly that job and its downstream (a rule with outputs would not notice)."""
+    default_target: True
+    input:
+        rules.write_table.output,
+        unpack(table_inputs),
+
+
+onsuccess:
+    if os.path.exists(os.path.join(RESULTS, "main_table.md")):
+        print(f"Table: {os.path.join(RESULTS, 'main_table.md')} (.tex, .csv, provenance.json beside it)")
