@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The main table for one model from a local checkpoint folder (the model card's command):
+#   bash scripts/main_table.sh MODEL CKPT_DIR [extra snakemake args]
+#   e.g. bash scripts/main_table.sh llada-orl /data/LLaDA2.1-mini-ORL
+# MODEL is a model of config.yaml (its label, role and decoder are kept); CKPT_DIR replaces its source
+# (type: local; the folder is copied/hard-linked into $ORL_EVAL_WORK/hf/MODEL-local and verified against its
+# checkpoint_manifest.json before any generation). SUITE (default paper) picks the suite; the table has this
+# one model unless KEEP_SUITE_MODELS=1. PROFILE=local|slurm, CONTAINERS=1: see _snakemake_common.sh.
+# Output: <results_dir>/<SUITE>/main_table.{md,tex,csv} + provenance.json.
+set -euo pipefail
+[ $# -ge 2 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
+MODEL=$1; CKPT=$(cd "$2" && pwd) || { echo "error: $2 is not a directory" >&2; exit 2; }; shift 2
+source "$(dirname "$0")/_snakemake_common.sh"
+SUITE=${SUITE:-paper}
+mkdir -p "$WORK/overlays"
+OVERLAY="$WORK/overlays/main_table.$MODEL.yaml"
+"$ROOT/.venv/bin/python" - "$MODEL" "$CKPT" "$SUITE" "${KEEP_SUITE_MODELS:-0}" "$OVERLAY" <<'PY'
+import sys, yaml
+model, ckpt, suite, keep, out = sys.argv[1:]
+cfg = yaml.safe_load(open("config.yaml"))
+if model not in cfg["models"]:
+    sys.exit(f"error: model {model!r} is not in config.yaml; available: {', '.join(cfg['models'])}")
+if suite not in cfg["suites"]:
+    sys.exit(f"error: suite {suite!r} is not in config.yaml; available: {', '.join(cfg['suites'])}")
+local = f"{model}-local"
+entry = dict(cfg["models"][model], source={"type": "local", "path": ckpt})
+models = list(cfg["suites"][suite]["models"]) if keep == "1" else []
+models = [m for m in models if m != model] + [local]
+overlay = {"suite": suite, "models": {local: entry}, "suites": {suite: {"models": models}}}
+open(out, "w").write(yaml.safe_dump(overlay, sort_keys=True))
+print(f"overlay {out}: {local} <- {ckpt}; suite {suite} models {models}", file=sys.stderr)
+PY
+run "$SNAKEMAKE" main_table "${SM_OPTS[@]}" --configfile "${CONFIGFILES[@]}" "$OVERLAY" "$@"
