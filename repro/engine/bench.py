@@ -117,27 +117,69 @@ def _block_ids(shape, seed: int, T: int = 32):
     return ids
 
 
-def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print):
+VARIANTS = {"base": (False, False), "pdl": (True, False), "prefetch": (False, True), "pdl+prefetch": (True, True)}
+
+
+def _set_variant(fw, name):
+    from .kernels import _triton
+
+    pdl, pf = VARIANTS[name]
+    eff = _triton.set_pdl(pdl)
+    fw.prefetch = pf
+    return eff == pdl
+
+
+def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print,
+                variants=("base", "pdl", "prefetch", "pdl+prefetch")):
     from .kernels import fastpath as F
 
     results = []
-    graph = fw.capture(head=True)
+    per_prefix = {}
     for P in prefixes:
         ids = _block_ids(shape, 100 + P)
         fw.ids.copy_(ids)
         fw.cache_len.fill_(P)
+        _set_variant(fw, "base")
         distinct = fw.distinct_experts()
-        t = time_replays(graph.replay, iters)
         nb = F.round_bytes(shape, distinct, P, fw.T)
-        floor_ms = nb["total"] / (copy_bw * 1e9) * 1e3
-        eng = dict(t, GBps=nb["total"] / (t["ms"] * 1e-3) / 1e9, ratio=t["ms"] / floor_ms)
+        per_prefix[P] = (ids, distinct, nb, nb["total"] / (copy_bw * 1e9) * 1e3)
+    times = {}
+    for name in variants:
+        try:
+            if not _set_variant(fw, name):
+                times[name] = {"error": "PDL not supported by this triton"}
+                continue
+            graph = fw.capture(head=True)
+            times[name] = {}
+            for P in prefixes:
+                fw.ids.copy_(per_prefix[P][0])
+                fw.cache_len.fill_(P)
+                times[name][P] = time_replays(graph.replay, iters)
+                log(f"[round P={P}] variant {name}: {times[name][P]['ms']:.3f} ms (min {times[name][P]['ms_min']:.3f})")
+            del graph
+        except Exception as exc:  # noqa: BLE001 - report and keep the other variants
+            times[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            log(f"variant {name} failed: {times[name]['error']}")
+    ok = [n for n in variants if P in times.get(n, {}) and "error" not in times[n]]
+    best = min(ok, key=lambda n: times[n][prefixes[0]]["ms"])
+    _set_variant(fw, best)
+    graph = fw.capture(head=True)
+    for P in prefixes:
+        ids, distinct, nb, floor_ms = per_prefix[P]
+        t = times[best][P]
+        eng = dict(t, variant=best, GBps=nb["total"] / (t["ms"] * 1e-3) / 1e9, ratio=t["ms"] / floor_ms)
+        fw.ids.copy_(ids)
+        fw.cache_len.fill_(P)
         graph.replay()
         torch.cuda.synchronize()
-        r = {"prefix": P, "engine": eng, "distinct_experts_mean": sum(distinct) / len(distinct),
+        r = {"prefix": P, "engine": eng,
+             "variants_ms": {n: (times[n][P]["ms"] if P in times.get(n, {}) else times[n].get("error"))
+                             for n in variants},
+             "distinct_experts_mean": sum(distinct) / len(distinct),
              "distinct_experts_per_layer": distinct, "bytes_GB": nb["total"] / 1e9,
              "bytes_by_item_MB": {k: round(v / 1e6, 2) for k, v in nb.items()},
              "copy_GBps": copy_bw, "floor_ms": floor_ms}
-        log(f"[round P={P}] engine {eng['ms']:.3f} ms (min {eng['ms_min']:.3f}), {eng['GBps']:.0f} GB/s, "
+        log(f"[round P={P}] engine ({best}) {eng['ms']:.3f} ms, {eng['GBps']:.0f} GB/s, "
             f"D={r['distinct_experts_mean']:.1f}, {r['bytes_GB']:.2f} GB, floor {floor_ms:.3f} ms, "
             f"ratio {eng['ratio']:.3f}")
         if naive_iters > 0:

@@ -43,11 +43,17 @@ def test_block_forward_matches_reference_tiny(dev):
 
 
 @pytest.mark.gpu
-def test_block_forward_bf16_graph():
+@pytest.mark.parametrize("pdl,prefetch", [(False, False), (True, True)])
+def test_block_forward_bf16_graph(pdl, prefetch):
     """Model-width layers (fewer layers/experts/vocab) in bf16 under a CUDA graph vs the bf16 reference."""
+    from repro.engine.kernels import _triton
+
+    if _triton.set_pdl(pdl) != pdl:
+        pytest.skip("PDL not supported by this triton")
     shape = F.ModelShape(vocab=8192, layers=3, experts=64)
     W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
     fw = F.BlockForward(W, shape, 2048, T=32, device="cuda")
+    fw.prefetch = prefetch
     fw.kv.normal_()
     ids = torch.randint(0, shape.vocab, (32,), device="cuda")
     fw.ids.copy_(ids)
@@ -61,3 +67,4 @@ def test_block_forward_bf16_graph():
         assert not torch.isnan(fw.logits).any()
         assert rel_err(fw.logits, ref) < 5e-2
         assert (fw.pred == ref.float().argmax(-1)).float().mean() > 0.8
+    _triton.set_pdl(False)

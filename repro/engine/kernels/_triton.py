@@ -17,6 +17,7 @@ except Exception:  # noqa: BLE001 - triton missing or broken: references only
     triton = None
     tl = None
     HAS_TRITON = False
+    gdc_wait = gdc_launch_dependents = None
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -31,3 +32,41 @@ def kernels_usable(t) -> bool:
     if not HAS_TRITON:
         return False
     return bool(t.is_cuda) or INTERPRET
+
+
+# ---- programmatic dependent launch (PDL): overlap a kernel's launch/prologue with its predecessor ----
+# Each kernel takes a ``USE_PDL`` constexpr; when set it calls griddepcontrol.launch_dependents and then
+# griddepcontrol.wait before touching anything a previous kernel wrote (so correctness never depends on
+# the launch order), and it is launched with ``launch_pdl=True``. Off by default; the benchmark measures
+# both. Needs triton with ``launch_pdl`` (3.4+) and sm_90+.
+HAS_PDL = False
+if HAS_TRITON:
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+        from triton.backends.nvidia.compiler import CUDAOptions
+
+        HAS_PDL = "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+    except Exception:  # noqa: BLE001
+        HAS_PDL = False
+if not HAS_PDL and HAS_TRITON:
+
+    @triton.jit
+    def gdc_wait():  # noqa: D103 - never traced (USE_PDL is False without support)
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():  # noqa: D103
+        pass
+
+_PDL = [False]
+
+
+def set_pdl(on: bool) -> bool:
+    """Enable/disable PDL launches for kernels launched from now on; returns the effective state."""
+    _PDL[0] = bool(on) and HAS_PDL and not INTERPRET
+    return _PDL[0]
+
+
+def pdl() -> dict:
+    """Launch kwargs: ``dict(USE_PDL=..., launch_pdl=...)`` (launch_pdl only when enabled)."""
+    return dict(USE_PDL=True, launch_pdl=True) if _PDL[0] else dict(USE_PDL=False)

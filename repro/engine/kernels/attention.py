@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from ._triton import HAS_TRITON, next_pow2, tl, triton
+from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, next_pow2, tl, triton
 
 __all__ = [
     "rope_tables",
@@ -87,8 +87,11 @@ if HAS_TRITON:
     @triton.jit
     def _qk_norm_rope_kv_kernel(
         qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, len_ptr, q_ptr, kc_ptr, vc_ptr, stride_qkv, eps,
-        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, MAXLEN: tl.constexpr,
+        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, MAXLEN: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         t = tl.program_id(0)
         hd = tl.program_id(1)
         HALF: tl.constexpr = ROT // 2
@@ -131,8 +134,11 @@ if HAS_TRITON:
     def _attn_split_kernel(
         q_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr, T, qk_scale,
         NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, MAXLEN: tl.constexpr,
-        NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr,
+        NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         h = tl.program_id(0)
         sp = tl.program_id(1)
         M: tl.constexpr = G * T_PAD
@@ -176,8 +182,11 @@ if HAS_TRITON:
     def _attn_combine_kernel(
         po_ptr, pm_ptr, pl_ptr, o_ptr, len_ptr, T,
         NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, NSPLIT: tl.constexpr,
-        MIN_KEYS: tl.constexpr,
+        MIN_KEYS: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         qh = tl.program_id(0)
         t = tl.program_id(1)
         h = qh // G
@@ -208,6 +217,7 @@ def qk_norm_rope_kv(qkv, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache,
     _qk_norm_rope_kv_kernel[(T, nq + 2 * nkv)](
         qkv, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache, qkv.stride(0), eps,
         NQ=nq, NKV=nkv, D=D, ROT=rot, MAXLEN=k_cache.shape[1], num_warps=1,
+        **pdl(),
     )
     return q_out
 
@@ -239,7 +249,8 @@ def block_attention(q, k_cache, v_cache, cache_len, out, ws: AttnWorkspace, scal
         q, k_cache, v_cache, cache_len, ws.po, ws.pm, ws.pl, T, scale * 1.4426950408889634,
         NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD, MAXLEN=MAXLEN, NSPLIT=ws.nsplit, BLOCK_N=ws.block_n,
         MIN_KEYS=ws.min_keys, num_warps=ws.num_warps, num_stages=ws.num_stages,
+        **pdl(),
     )
     _attn_combine_kernel[(NQ, T)](ws.po, ws.pm, ws.pl, out, cache_len, T, NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD,
-                                  NSPLIT=ws.nsplit, MIN_KEYS=ws.min_keys, num_warps=4)
+                                  NSPLIT=ws.nsplit, MIN_KEYS=ws.min_keys, num_warps=4, **pdl())
     return out

@@ -210,6 +210,10 @@ class BlockForward:
                                                        num_stages=4), N=shape.dense_inter, H=H, T=T),
         }
         self.graph = None
+        # L2 prefetch of the next layer's attention + router weights on a side stream during the FFN
+        self.prefetch = False
+        self.side = torch.cuda.Stream() if torch.cuda.is_available() and str(device).startswith("cuda") else None
+        self.pf_dummy = torch.zeros(1 << 14, dtype=torch.int32, device=device)
         self.logits = torch.zeros(T, shape.vocab, dtype=dt, device=device)
         self.pred = torch.zeros(T, dtype=torch.long, device=device)
         self.conf = torch.zeros(T, dtype=torch.float32, device=device)
@@ -222,8 +226,12 @@ class BlockForward:
         s, W, T = self.s, self.W, self.T
         torch.index_select(W["embed"], 0, self.ids, out=self.h)
         prev = None  # (workspace, top_k, shared) of the previous FFN
+        joined = True
         for li, L in enumerate(W["layers"]):
             kc, vc = self.kv[li, 0], self.kv[li, 1]
+            if not joined:
+                torch.cuda.current_stream().wait_stream(self.side)
+                joined = True
             if prev is None:
                 Nm.add_rmsnorm(self.h, L["in_norm"], self.a, eps=s.eps)
             else:
@@ -235,6 +243,12 @@ class BlockForward:
             A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
             torch.mm(self.o, L["o"].t(), out=self.attn_out)
             Nm.add_rmsnorm(self.h, L["post_norm"], self.a, delta=self.attn_out, eps=s.eps)
+            if self.prefetch and self.side is not None and li + 1 < len(W["layers"]):
+                nx = W["layers"][li + 1]
+                self.side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.side):
+                    M.l2_prefetch([nx["qkv"], nx["o"]] + ([nx["gate"]] if "gate" in nx else []), self.pf_dummy)
+                joined = False
             if "gate" not in L:
                 M.moe_experts(self.a, L["w13"], L["w2"], self.dws, 1, self.dense_cfg)
                 prev = (self.dws, 1, False)

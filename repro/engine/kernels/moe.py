@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAS_TRITON, next_pow2, tl, triton
+from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, next_pow2, tl, triton
 from .configs import load_config
 
 __all__ = [
@@ -191,9 +191,12 @@ if HAS_TRITON:
     def _router_logits_kernel(
         x_ptr, w_ptr, part_ptr, T, stride_xt,
         H: tl.constexpr, E: tl.constexpr, T_PAD: tl.constexpr,
-        BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
+        BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
         """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (PREC "ieee" or "tf32x3"); rows t >= T are 0."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         pid_e = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_t = tl.arange(0, T_PAD)
@@ -214,7 +217,7 @@ if HAS_TRITON:
         part_ptr, bias_ptr, ids_ptr, topw_ptr, pairw_ptr, counts_ptr, pairs_ptr, next_counts_ptr,
         E: tl.constexpr, T_PAD: tl.constexpr, TOPK: tl.constexpr, N_GROUP: tl.constexpr,
         TOPK_GROUP: tl.constexpr, SPLIT_K: tl.constexpr, SCALE: tl.constexpr,
-        RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, MAXC: tl.constexpr, ZERO_NEXT: tl.constexpr,
+        RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, MAXC: tl.constexpr, ZERO_NEXT: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
         """One program per token t: routing of t, then its pairs appended to the experts' lists.
 
@@ -223,6 +226,9 @@ if HAS_TRITON:
         independently, so outputs do not depend on it. ZERO_NEXT: program 0 also clears
         ``next_counts[:E]`` (the counts buffer of the next MoE layer; see fastpath).
         """
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         t = tl.program_id(0)
         offs_e = tl.arange(0, E)
         logits = tl.zeros((E,), dtype=tl.float32)
@@ -273,9 +279,14 @@ if HAS_TRITON:
                 tl.store(next_counts_ptr + offs_e, tl.zeros((E,), dtype=tl.int32))
 
     @triton.jit
-    def _align_kernel(ids_ptr, w_ptr, pairw_ptr, counts_ptr, pairs_ptr,
-                      TOPK: tl.constexpr, MAXC: tl.constexpr):
+    def _align_kernel(
+        ids_ptr, w_ptr, pairw_ptr, counts_ptr, pairs_ptr,
+                      TOPK: tl.constexpr, MAXC: tl.constexpr, USE_PDL: tl.constexpr = False,
+    ):
         """Alignment of given routing (ids [T, TOPK] int64/int32, w [T, TOPK] fp32); one program per token."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         t = tl.program_id(0)
         kidx = tl.arange(0, TOPK)
         p = t * TOPK + kidx
@@ -285,8 +296,13 @@ if HAS_TRITON:
         tl.store(pairs_ptr + ids * MAXC + slot, p)
 
     @triton.jit
-    def _logits_partial_stats_kernel(x_ptr, part_ptr, V, stride_x, NCHUNK: tl.constexpr, BLOCK_V: tl.constexpr):
+    def _logits_partial_stats_kernel(
+        x_ptr, part_ptr, V, stride_x, NCHUNK: tl.constexpr, BLOCK_V: tl.constexpr, USE_PDL: tl.constexpr = False,
+    ):
         """Row t, vocab chunk c: (max, first argmax, Σ e^(x-max), Σ e^(x-max)·x) in fp32 -> part[t, c, 4]."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         t = tl.program_id(0)
         c = tl.program_id(1)
         per = tl.cdiv(tl.cdiv(V, NCHUNK), BLOCK_V) * BLOCK_V
@@ -319,7 +335,12 @@ if HAS_TRITON:
         tl.store(base + 3, tl.sum(wv, axis=0))
 
     @triton.jit
-    def _logits_stats_combine_kernel(part_ptr, pred_ptr, conf_ptr, ent_ptr, NCHUNK: tl.constexpr):
+    def _logits_stats_combine_kernel(
+        part_ptr, pred_ptr, conf_ptr, ent_ptr, NCHUNK: tl.constexpr, USE_PDL: tl.constexpr = False,
+    ):
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         t = tl.program_id(0)
         c = tl.arange(0, NCHUNK)
         base = part_ptr + (t * NCHUNK + c) * 4
@@ -340,9 +361,12 @@ if HAS_TRITON:
     def _moe_gate_up_kernel(
         x_ptr, w13_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, T, stride_xt,
         H: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, MAXC: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
         """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e)."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         e = tl.program_id(0)
         pid_n = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -363,8 +387,8 @@ if HAS_TRITON:
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             a = tl.load(x_ptrs + k0, mask=mmask[:, None], other=0.0)
-            wg = tl.load(wg_ptrs + k0)
-            wu = tl.load(wu_ptrs + k0)
+            wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")  # streamed once: keep L2 for others
+            wu = tl.load(wu_ptrs + k0, eviction_policy="evict_first")
             acc_g = tl.dot(a, wg, acc_g)
             acc_u = tl.dot(a, wu, acc_u)
         pw = tl.load(pairw_ptr + p, mask=mmask, other=0.0)
@@ -376,9 +400,12 @@ if HAS_TRITON:
     def _moe_down_kernel(
         inter_ptr, w2_ptr, counts_ptr, pairs_ptr, out_ptr,
         H: tl.constexpr, N: tl.constexpr, MAXC: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
         """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         e = tl.program_id(0)
         pid_n = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -395,16 +422,38 @@ if HAS_TRITON:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, N, BLOCK_K):
             a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-            w = tl.load(w_ptrs + k0)
+            w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
             acc = tl.dot(a, w, acc)
         tl.store(out_ptr + p[:, None] * H + offs_n[None, :], acc, mask=mmask[:, None])
 
     @triton.jit
+    def _l2_prefetch_kernel(p0, n0, p1, n1, p2, n2, dummy_ptr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+        """Read up to three int32 arrays once with evict_last (pull them into L2 for a later kernel).
+
+        Program i covers words [i·BLOCK·ITERS, (i+1)·BLOCK·ITERS) of the concatenation; a word-sum is
+        stored to dummy[i] so the loads are not dead code.
+        """
+        pid = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        acc = tl.zeros((BLOCK,), dtype=tl.int32)
+        for it in tl.static_range(ITERS):
+            w = (pid * ITERS + it) * BLOCK + offs
+            acc += tl.load(p0 + w, mask=w < n0, other=0, eviction_policy="evict_last")
+            w1 = w - n0
+            acc += tl.load(p1 + w1, mask=(w1 >= 0) & (w1 < n1), other=0, eviction_policy="evict_last")
+            w2 = w1 - n1
+            acc += tl.load(p2 + w2, mask=(w2 >= 0) & (w2 < n2), other=0, eviction_policy="evict_last")
+        tl.store(dummy_ptr + pid, tl.sum(acc, axis=0))
+
+    @triton.jit
     def _moe_sum_kernel(
         pair_ptr, out_ptr, T, H: tl.constexpr, TOPK: tl.constexpr, HAS_SHARED: tl.constexpr,
-        BLOCK_H: tl.constexpr,
+        BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
         """out[t, h] = Σ_k pair[t*TOPK+k, h] (+ pair[T*TOPK+t, h]); fp32 sum, cast to out dtype."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         t = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
@@ -488,6 +537,7 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     _router_logits_kernel[(E // be, split)](
         x, gate_w, ws.part, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
         BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), num_warps=rc["num_warps"], num_stages=rc["num_stages"],
+        **pdl(),
     )
     if slot is None:
         ws.slot = 0
@@ -503,6 +553,7 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
         TOPK_GROUP=topk_group, SPLIT_K=split, SCALE=float(scaling), RENORM=bool(renormalize),
         HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, ZERO_NEXT=slot is not None,
         num_warps=ac["num_warps"],
+        **pdl(),
     )
 
 
@@ -512,7 +563,23 @@ def moe_align(ids, weights, ws: MoEWorkspace):
     ws.slot = 0
     ws.counts_all[0, : ws.E].zero_()
     _align_kernel[(T,)](ids.contiguous(), weights.contiguous(), ws.pair_w, ws.counts, ws.pairs, TOPK=K,
-                        MAXC=ws.T_PAD, num_warps=1)
+                        MAXC=ws.T_PAD, num_warps=1, **pdl())
+
+
+def l2_prefetch(tensors, dummy, block=2048, iters=4):
+    """Pull up to three contiguous tensors into L2 (evict_last), e.g. the next layer's weights.
+
+    dummy: int32 scratch with at least cdiv(total_words, block·iters) elements. Run it on a side stream
+    while a bandwidth-bound kernel streams other data with evict_first.
+    """
+    views = [t.view(torch.int32).reshape(-1) for t in tensors]
+    while len(views) < 3:
+        views.append(views[0][:0])
+    n = [v.numel() for v in views]
+    grid = triton.cdiv(sum(n), block * iters)
+    assert dummy.numel() >= grid
+    _l2_prefetch_kernel[(grid,)](views[0], n[0], views[1], n[1], views[2], n[2], dummy, BLOCK=block,
+                                 ITERS=iters, num_warps=4)
 
 
 def logits_stats(logits, part, pred, conf, entropy, nchunk=16, block_v=1024, num_warps=4):
@@ -523,8 +590,8 @@ def logits_stats(logits, part, pred, conf, entropy, nchunk=16, block_v=1024, num
     """
     T, V = logits.shape
     _logits_partial_stats_kernel[(T, nchunk)](logits, part, V, logits.stride(0), NCHUNK=nchunk, BLOCK_V=block_v,
-                                              num_warps=num_warps)
-    _logits_stats_combine_kernel[(T,)](part, pred, conf, entropy, NCHUNK=nchunk, num_warps=1)
+                                              num_warps=num_warps, **pdl())
+    _logits_stats_combine_kernel[(T,)](part, pred, conf, entropy, NCHUNK=nchunk, num_warps=1, **pdl())
 
 
 def logits_stats_reference(logits):
@@ -545,7 +612,7 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None):
     _moe_gate_up_kernel[(E1, N // bn, triton.cdiv(ws.T_PAD, gc["BLOCK_M"]))](
         x, w13, ws.counts, ws.pairs, ws.pair_w, ws.inter, T, x.stride(0), H=H, N=N, TOPK=top_k,
         MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=gc["num_warps"], num_stages=gc["num_stages"],
+        num_warps=gc["num_warps"], num_stages=gc["num_stages"], **pdl(),
     )
 
 
@@ -559,7 +626,7 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     _moe_down_kernel[(E1, H // bn, triton.cdiv(ws.T_PAD, dc["BLOCK_M"]))](
         ws.inter, w2, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD,
         BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=dc["num_warps"], num_stages=dc["num_stages"],
+        num_warps=dc["num_warps"], num_stages=dc["num_stages"], **pdl(),
     )
 
 
@@ -577,6 +644,7 @@ def moe_sum(ws: MoEWorkspace, E, E1, top_k, configs=None):
     _moe_sum_kernel[(T, H // bh)](
         ws.pair_out, ws.out, T, H=H, TOPK=top_k, HAS_SHARED=E1 == E + 1, BLOCK_H=bh,
         num_warps=sc["num_warps"],
+        **pdl(),
     )
     return ws.out
 

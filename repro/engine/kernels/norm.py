@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAS_TRITON, next_pow2, tl, triton
+from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, next_pow2, tl, triton
 
 __all__ = ["rmsnorm_reference", "add_rmsnorm", "add_rmsnorm_reference"]
 
@@ -46,8 +46,11 @@ if HAS_TRITON:
     def _add_rmsnorm_kernel(
         h_ptr, d_ptr, w_ptr, y_ptr, T, eps,
         H: tl.constexpr, BLOCK_H: tl.constexpr, MODE: tl.constexpr, TOPK: tl.constexpr,
-        HAS_SHARED: tl.constexpr,
+        HAS_SHARED: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         t = tl.program_id(0)
         offs = tl.arange(0, BLOCK_H)
         msk = offs < H
@@ -80,5 +83,6 @@ def add_rmsnorm(h, w, normed, delta=None, pairs=None, top_k=1, shared=False, eps
     _add_rmsnorm_kernel[(T,)](
         h, d, w, normed, T, eps, H=H, BLOCK_H=next_pow2(H), MODE=mode, TOPK=top_k,
         HAS_SHARED=bool(shared), num_warps=num_warps,
+        **pdl(),
     )
     return h, normed
