@@ -61,8 +61,9 @@ def test_roles_differ_through_the_adapter(tiny_dir, llm):
 
 
 def _run(*args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny model: one thread is fastest (see conftest)
     return subprocess.run([sys.executable, "-m", "repro.engine", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
 
 
 def test_cli_generate(tiny_dir):
