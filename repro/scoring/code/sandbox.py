@@ -24,17 +24,25 @@ Enforced on Linux when running as root (what CI and the scoring jobs here do):
 - a network namespace (no interfaces up: no network) and a mount namespace with empty tmpfs on /tmp,
   /var/tmp and /dev/shm in which every mount except the scratch dir is remounted read-only (a probe
   program at start-up checks this and ``enforced["read_only_outside_scratch"]`` reports it);
-- a wall-clock timeout; then SIGKILL to the process group *and* to every process of the slot's uid
-  (which catches ``setsid``-escaped children and fork-bomb leftovers); the same sweep runs after every
-  program, so nothing outlives its run.
-Best-effort (non-root, or when namespaces are not permitted): rlimits, process-group kill, sweep of the
-child's session, a Python-level socket block instead of the network namespace, no uid separation
-(the program runs as the scoring user and could write that user's files or signal its processes);
+- a wall-clock timeout; then SIGKILL to the process group, to every process of the slot's uid and
+  to every descendant of the fork server (a child subreaper, so ``setsid``-escaped daemons and
+  fork-bomb orphans are re-parented to it); the same sweep runs after every program, so nothing
+  outlives its run.
+Without root (``privileged=False`` forces this path, the tests run it too) where unprivileged user
+namespaces are allowed (``enforced["isolation"] == "userns"``): the same network/mount isolation and
+read-only host view inside user + mount + network + PID namespaces; the program is PID 1 of its own
+PID namespace, so it cannot name (hence not signal) the scorer, and the kernel kills whatever it leaves
+behind; capabilities are dropped through a nested user namespace; no uid separation (files are
+accessed as the scoring user, but every mount except the scratch dir is read-only); RLIMIT_NPROC is
+the user's current process count plus the limit (the kernel counts per user).
+Best-effort only (no namespaces permitted, ``enforced["isolation"] == "none"``): rlimits, process-group
+kill and sweep, a Python-level socket block instead of the network namespace; the program runs as the
+scoring user and could write that user's files or signal its processes.
 ``Sandbox.enforced`` lists what is active. In-process gaming (e.g. an object whose ``__eq__`` is always
 true) is not detected by any executor, ours included.
 
-Parallelism: ``workers`` programs at a time (default: CPUs available to this process), one fork server
-and one waiting thread per slot, so no oversubscription. A crashed worker (fork server died or did not
+Parallelism: ``workers`` programs at a time (default and maximum: the CPUs available to this process),
+one fork server and one waiting thread per slot, so no oversubscription. A crashed worker (fork server died or did not
 answer, or the child died before starting the program) gives ``error``; the program is retried once on
 a fresh fork server and the second outcome is recorded.
 """
@@ -220,12 +228,17 @@ class Sandbox:
     """See the module docstring. Thread-safe; ``workers`` programs run at a time."""
 
     def __init__(self, workers: int | None = None, limits: Limits | None = None,
-                 scratch_root: str | None = None, uid_base: int | None = None) -> None:
-        self.workers = int(workers) if workers is not None else default_workers()
-        if self.workers < 1:
+                 scratch_root: str | None = None, uid_base: int | None = None,
+                 privileged: bool | None = None) -> None:
+        requested = int(workers) if workers is not None else default_workers()
+        if requested < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers = min(requested, default_workers())  # never more programs than CPUs
         self.limits = limits or Limits()
-        self._root = os.geteuid() == 0
+        # privileged=None: use root powers when running as root; False forces the non-root path
+        self._root = os.geteuid() == 0 if privileged is None else bool(privileged)
+        if self._root and os.geteuid() != 0:
+            raise ValueError("privileged=True needs root")
         base = uid_base if uid_base is not None else int(os.environ.get("ORL_SANDBOX_UID_BASE", "61000"))
         self._uids = [base + i for i in range(self.workers)] if self._root else [None] * self.workers
         self._slots: list[int] = list(range(self.workers))
@@ -240,28 +253,30 @@ class Sandbox:
             if uid is not None:
                 sweep(uid, None)
         self.read_only_outside_scratch = False
-        self.isolate = False
-        if self._root:
-            self._probe_isolation()
+        self.isolate: str | None = None
+        self._probe_isolation()
         self.enforced = self._describe()
 
     # ------------------------------------------------------------------ setup
     def _probe_isolation(self) -> None:
-        """Namespaces work here? (a container may forbid unshare/mount even for root)."""
-        res = self._spawn(_PROBE, slot=0, isolate=True)
+        """Which namespaces work here? (containers may forbid them, even for root)."""
+        mode = "root" if self._root else "userns"
+        res = self._spawn(_PROBE, slot=0, isolate=mode)
         self.read_only_outside_scratch = res.status == "passed"
         if res.status != "passed":  # namespaces refused, or remount incomplete: keep what works
-            res = self._spawn("pass", slot=0, isolate=True)
-        self.isolate = res.status == "passed"
+            res = self._spawn("pass", slot=0, isolate=mode)
+        self.isolate = mode if res.status == "passed" else None
 
     def _describe(self) -> dict:
         return {
             "process_per_program": True,
             "rlimits": self.limits.as_rlimits(),
             "wall_timeout_s": self.limits.timeout_s,
+            "isolation": self.isolate or "none",
             "uid_separation": self._root,
             "network_namespace": bool(self.isolate),
             "mount_namespace": bool(self.isolate),
+            "pid_namespace": self.isolate == "userns",
             "read_only_outside_scratch": bool(self.isolate and self.read_only_outside_scratch),
             "python_socket_block": not self.isolate,
             "subreaper": self.subreaper,
@@ -298,8 +313,8 @@ class Sandbox:
             z = self._zygotes[slot] = _Zygote(self._scratch_root, os.path.join(self._scratch_root, f"zygote{slot}.log"))
         return z
 
-    def _spawn(self, program: str, slot: int, isolate: bool | None = None) -> RunResult:
-        isolate = self.isolate if isolate is None else isolate
+    def _spawn(self, program: str, slot: int, isolate: str | None = "default") -> RunResult:
+        isolate = self.isolate if isolate == "default" else isolate
         uid = self._uids[slot]
         scratch = tempfile.mkdtemp(prefix=f"s{slot}-", dir=self._scratch_root)
         out_path, err_path = scratch + ".out", scratch + ".err"
@@ -310,7 +325,7 @@ class Sandbox:
         req = {
             "program": program, "token": token, "scratch": scratch, "out_path": out_path, "err_path": err_path,
             "uid": uid, "limits": self.limits.as_rlimits(), "timeout_s": float(self.limits.timeout_s),
-            "isolate": bool(isolate), "expose": [list(x) for x in self._expose], "sys_path": _SITE_PATHS,
+            "isolate": isolate, "expose": [list(x) for x in self._expose], "sys_path": _SITE_PATHS,
             "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch,
                     "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"},
         }
