@@ -76,6 +76,10 @@ RENAMES: list[tuple[str, str, str | None]] = [
 ]
 _COMPILED = [(re.compile(p + r"\Z"), t, part) for p, t, part in RENAMES]
 
+#: Checkpoint tensors that carry no weights and are skipped by name (SGLang skips names containing
+#: ``inv_freq``, engine_spec.md §3). Everything else not in the expected set is an error.
+IGNORED = re.compile(r".*rotary_emb\.inv_freq\Z")
+
 #: Internal names kept in fp32 regardless of the model dtype (engine_spec.md §1 ``router_dtype`` fp32).
 FP32_PARAMS = re.compile(r"layers\.\d+\.moe\.(router|expert_bias)\Z")
 
@@ -210,7 +214,7 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
         quant_groups, files_named = nvfp4.group_quantized_names(list(files), expected)
     else:
         files_named = list(files)
-    present = set(files_named)
+    present = {n for n in files_named if not IGNORED.match(n)}
     missing = sorted(set(expected) - present)
     unexpected = sorted(present - set(expected))
     if missing or unexpected:

@@ -83,6 +83,13 @@ def test_renamed_and_missing_tensors_are_listed(tiny_dir, tmp_path):
         assert name in msg
 
 
+def test_rotary_inv_freq_buffers_are_ignored(tiny_dir, tmp_path):
+    def mutate(t):
+        t["model.layers.0.attention.rotary_emb.inv_freq"] = torch.ones(4)
+    d = _single_file_copy(tiny_dir, tmp_path / "invfreq", mutate)
+    LLaDA2Model.from_pretrained(d)
+
+
 def test_wrong_shape_is_listed(tiny_dir, tmp_path):
     def mutate(t):
         t["model.layers.0.attention.query_key_value.weight"] = t["model.layers.0.attention.query_key_value.weight"][:-1]
