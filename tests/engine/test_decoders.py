@@ -183,3 +183,21 @@ def test_orl_defaults_are_the_model_card_settings():
     c = DecoderConfig.from_dict({"algorithm": "orl"})
     assert (c.threshold, c.edit_threshold, c.editing, c.max_post_steps, c.max_new_tokens, c.self_conditioning) == \
         (0.85, 0.5, True, 16, 4096, True)
+
+
+def test_kv_cache_allocated_once_per_request(tiny_model, monkeypatch):
+    from repro.engine import cache as cache_mod
+    from repro.engine.generate import CachedBackend
+    made = []
+    orig = cache_mod.KVCache.__init__
+
+    def counting(self, *a, **k):
+        made.append(a[1])
+        orig(self, *a, **k)
+    monkeypatch.setattr(cache_mod.KVCache, "__init__", counting)
+    r = generate_ids(CachedBackend(tiny_model), list(range(40)), {"algorithm": "low_confidence", "threshold": 0.9},
+                     mask_id=MASK, eos_id=EOS, max_new_tokens=50)
+    assert made == [96]  # ceil((40 + 50) / 32) · 32, allocated once
+    assert sum(r.block_forwards) == r.forwards["denoise"] + r.forwards["commit"]
+    with pytest.raises(ValueError, match="outside capacity"):
+        tiny_model.new_cache(32).write(0, 16, torch.zeros(32, 2, 16), torch.zeros(32, 2, 16))
