@@ -39,7 +39,10 @@ def build_program(source: dict, completion: str) -> tuple[str, str, str]:
     """``(program, extracted code, how)``; see module docstring."""
     _check_source(source)
     prompt, entry = source["prompt"], source["entry_point"]
-    code, how = extract_code(truncate_for("humaneval", completion), entry)
+    text = truncate_for("humaneval", completion)
+    # An unfenced body continues the prompt; a restated function stands alone.
+    restated = defines(text, entry)
+    code, how = extract_code(text, entry, context="" if restated else prompt)
     if defines(code, entry):
         m = re.search(rf"^(?:async\s+)?def\s+{re.escape(entry)}\s*\(", prompt, re.MULTILINE)
         head = prompt[: m.start()] if m else ""

@@ -27,6 +27,11 @@ FENCE = "```"
     ("'def f():\n    return 1'", None, "def f():\n    return 1", "raw"),                            # quoted exemplar format
     ("def f():\n    return 'a'", None, "def f():\n    return 'a'", "raw"),                          # code ending in a string
     ("    return x\n", None, "    return x", "raw"),                                                # bare body keeps indent
+    # unfenced code with prose around it: the longest parseable span
+    ("Here is the function:\n\ndef f():\n    return 1\n\nIt returns one.", "f", "def f():\n    return 1", "raw+trimmed"),
+    ("Sure!\nimport math\ndef f():\n    return math.pi\nHope it helps!", None,
+     "import math\ndef f():\n    return math.pi", "raw+trimmed"),
+    ("def f(:\n    pass", None, "def f(:\n    pass", "raw"),                                          # nothing parses: as is
 ])
 def test_extract_code(text, entry, code, how):
     assert extract_code(text, entry) == (code, how)
@@ -56,6 +61,9 @@ def test_humaneval_assembly_variants():
     # a fenced body written flush-left is indented (never concatenated raw, humaneval-07)
     prog, _, how = humaneval.build_program(HE, f"{FENCE}\nreturn a + b\n{FENCE}")
     assert how == "fenced+indented" and "    return a + b" in prog
+    # unfenced body followed by prose: trimmed against the prompt
+    prog, _, how = humaneval.build_program(HE, "    return a + b\n\nThis returns the sum of a and b.")
+    assert how == "raw+trimmed" and "This returns" not in prog
     with pytest.raises(ValueError, match="lacks field"):
         humaneval.build_program({"task_id": "x"}, "")
 

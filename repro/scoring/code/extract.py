@@ -10,7 +10,8 @@ Rules:
 - With ``entry_point``: the first non-empty block that defines ``def <entry_point>(`` wins, else the
   first non-empty block. If every block is empty (only a closing fence after raw code, mbpp-01), the
   text before the first fence is the code.
-- Without any fence the whole text is the code.
+- Without any fence the whole text is the code; if it does not parse (prose before or after the
+  code), the longest parseable span is kept (``trim_to_parseable``; reported as ``raw+trimmed``).
 - MBPP format markers: a leading ``[BEGIN]`` is dropped; the text is cut at the first *exact*
   ``[DONE]`` (never at a bare ``DONE`` substring, unlike OpenCompass); surrounding single quotes are
   stripped only when the code both starts and ends with ``'`` (OpenCompass's quoted exemplar format).
@@ -20,9 +21,10 @@ extracted code runs as written.
 
 from __future__ import annotations
 
+import ast
 import re
 
-__all__ = ["fenced_blocks", "extract_code", "defines"]
+__all__ = ["fenced_blocks", "extract_code", "defines", "trim_to_parseable"]
 
 _FENCE = re.compile(r"^\s*```")
 
@@ -69,8 +71,11 @@ def _strip_markers(code: str) -> str:
     return stripped
 
 
-def extract_code(text: str, entry_point: str | None = None) -> tuple[str, str]:
-    """``(code, how)`` where how is ``fenced`` | ``before_fence`` | ``raw`` (see module docstring)."""
+def extract_code(text: str, entry_point: str | None = None, context: str = "") -> tuple[str, str]:
+    """``(code, how)`` where how is ``fenced`` | ``before_fence`` | ``raw`` | ``raw+trimmed``.
+
+    ``context`` is text the code will follow when it is a bare continuation (the HumanEval prompt); it
+    is only used to decide whether unfenced output parses (see ``trim_to_parseable``)."""
     if "```" in text:
         before, blocks = fenced_blocks(text)
         nonempty = [b for b in blocks if b.strip()]
@@ -85,4 +90,41 @@ def extract_code(text: str, entry_point: str | None = None) -> tuple[str, str]:
         if before.strip():
             return _strip_markers(before), "before_fence"
         return "", "fenced"
-    return _strip_markers(text), "raw"
+    code = _strip_markers(text)
+    trimmed = trim_to_parseable(code, context)
+    return (trimmed, "raw+trimmed") if trimmed != code else (code, "raw")
+
+
+_CODE_START = re.compile(r"^(?:async\s+def\s|def\s|class\s|import\s|from\s+\S+\s+import\s|@|[A-Za-z_]\w*\s*=)")
+
+
+def _parses(src: str) -> bool:
+    try:
+        ast.parse(src)
+        return True
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+
+
+def trim_to_parseable(code: str, context: str = "") -> str:
+    """Unfenced output with prose around the code: the longest parseable span, else ``code`` as is.
+
+    Only used when ``context + code`` does not parse. Leading lines before the first line that starts
+    top-level code (``def``, ``class``, ``import``, ``from .. import``, a decorator or an assignment)
+    are dropped -- unless ``context`` is given (a HumanEval prompt: then the code is a function body
+    and starts at once) -- and trailing lines are dropped one at a time until the rest parses
+    (EvalPlus' sanitiser also keeps the longest valid span). Nothing is ever added.
+    """
+    if _parses(context + code):
+        return code
+    lines = code.split("\n")
+    start = 0
+    if not context:
+        start = next((i for i, ln in enumerate(lines) if _CODE_START.match(ln)), None)
+        if start is None:
+            return code
+    for end in range(len(lines), start, -1):
+        cand = "\n".join(lines[start:end]).rstrip()
+        if cand.strip() and _parses(context + cand):
+            return cand
+    return code

@@ -67,7 +67,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ._zygote import become_subreaper, sweep
+from ._zygote import sweep
 
 __all__ = ["Limits", "RunResult", "Sandbox", "default_workers"]
 
@@ -248,7 +248,6 @@ class Sandbox:
         self._scratch_root = tempfile.mkdtemp(prefix="orl-sandbox-", dir=scratch_root)
         os.chmod(self._scratch_root, 0o711)
         self._expose = _hidden_ancestors({sys.base_prefix, sys.prefix, os.path.realpath(sys.executable)})
-        self.subreaper = become_subreaper()
         for uid in self._uids:
             if uid is not None:
                 sweep(uid, None)
@@ -279,7 +278,7 @@ class Sandbox:
             "pid_namespace": self.isolate == "userns",
             "read_only_outside_scratch": bool(self.isolate and self.read_only_outside_scratch),
             "python_socket_block": not self.isolate,
-            "subreaper": self.subreaper,
+            "subreaper": "fork server",
         }
 
     def close(self) -> None:
