@@ -114,6 +114,19 @@ def test_mbpp_reference_all_pass(problems):
     assert summarize("mbpp", scores)["correct"] == 500
 
 
+def test_mbpp_chat_style_reference_pass(problems):
+    """Chat-style answers: prose, a fenced block with the model's own asserts and a main guard that
+    would block on input() (not run: programs execute with ``__name__ != "__main__"``), more prose,
+    the ``[DONE]`` marker and window filler after EOS."""
+    probs = problems("mbpp")[:60]
+    comps = {p["id"]: (f"Sure! Here is the solution:\n{FENCE}python\n{p['gold']}\n\n# quick check\n"
+                       f"{p['source']['test_list'][0]}\nif __name__ == '__main__':\n    print(input())\n{FENCE}\n"
+                       "The function handles the edge cases. DONE.\n[DONE]<|endoftext|><|mask|>garbage")
+             for p in probs}
+    scores = score_records("mbpp", probs, comps, WORKERS)
+    assert all(s["status"] == "passed" for s in scores), [s["reason"] for s in scores if not s["correct"]][:2]
+
+
 def test_mbpp_367_needs_setup_code(problems):
     p = next(p for p in problems("mbpp") if p["source"]["task_id"] == 367)
     assert p["source"]["test_setup_code"].strip()

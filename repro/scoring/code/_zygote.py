@@ -357,6 +357,12 @@ def _child(req, res_w, out_fd, err_fd):
         scratch = req["scratch"]
         os.chdir(scratch)
         libc = _libc()
+        uid = req["uid"]
+        limits = dict(req["limits"])
+        if uid is None and limits.get("nproc") is not None:
+            # not root: RLIMIT_NPROC counts all processes of this user, so allow that many more
+            # (counted here, before a PID namespace hides the others)
+            limits["nproc"] += len(members(os.getuid(), None)[0])
         mode = req["isolate"]
         expose = [tuple(x) for x in req["expose"]]
         ro_failed = []
@@ -368,11 +374,6 @@ def _child(req, res_w, out_fd, err_fd):
             _block_network()
         if ro_failed:
             sys.stderr.write(f"sandbox: could not make read-only: {ro_failed}\n")
-        limits = dict(req["limits"])
-        uid = req["uid"]
-        if uid is None and limits.get("nproc") is not None:
-            # not root: RLIMIT_NPROC counts all processes of this user, so allow that many more
-            limits["nproc"] += len(members(os.getuid(), None)[0])
         _limits(limits)
         if uid is not None:
             os.setgroups([])
