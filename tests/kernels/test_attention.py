@@ -9,7 +9,7 @@ from repro.engine.kernels import attention as A  # noqa: E402
 from .conftest import rel_err  # noqa: E402
 
 
-def _run(dev, dtype, T, NQ, NKV, D, ROT, MAXLEN, P, nsplit, block_n, seed, min_keys=16):
+def _run(dev, dtype, T, NQ, NKV, D, ROT, MAXLEN, P, nsplit, block_n, seed, min_keys=16, block_m=None):
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(T, (NQ + 2 * NKV) * D, generator=g).to(dtype).to(dev)
     qw = (torch.rand(D, generator=g) + 0.5).to(dtype).to(dev)
@@ -29,7 +29,7 @@ def _run(dev, dtype, T, NQ, NKV, D, ROT, MAXLEN, P, nsplit, block_n, seed, min_k
     assert torch.equal(vc[:, P:P + T].transpose(0, 1).float(), vr)
     assert torch.equal(kc[:, :P], kc0[:, :P]) and torch.equal(kc[:, P + T:], kc0[:, P + T:])
     assert torch.equal(vc[:, :P], vc0[:, :P])
-    ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=nsplit, block_n=block_n, min_keys=min_keys)
+    ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=nsplit, block_n=block_n, min_keys=min_keys, block_m=block_m)
     ws.po.fill_(float("nan"))  # splits not in use must not be read
     o = torch.full((T, NQ * D), float("nan"), dtype=dtype, device=dev)
     A.block_attention(q, kc, vc, cl, o, ws)
@@ -44,13 +44,15 @@ def _run(dev, dtype, T, NQ, NKV, D, ROT, MAXLEN, P, nsplit, block_n, seed, min_k
     (torch.float32, 3, 70, 8, 1, 2),  # more splits than key tiles: empty splits
     (torch.float32, 6, 60, 8, 32, 3),  # fewer splits in use than NSPLIT
 ])
-def test_attention_small(dev, dtype, T, P, nsplit, min_keys, seed):
+@pytest.mark.parametrize("block_m", [None, 16])
+def test_attention_small(dev, dtype, T, P, nsplit, min_keys, seed, block_m):
     if dev == "cuda" and dtype == torch.float32:
         pytest.skip("tf32 dot on GPU; covered by the bf16 GPU test")
-    _run(dev, dtype, T, 4, 2, 16, 8, 96, P, nsplit, 16, seed, min_keys)
+    _run(dev, dtype, T, 4, 2, 16, 8, 96, P, nsplit, 16, seed, min_keys, block_m)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("P,nsplit,min_keys", [(1000, 32, 256), (4096, 16, 128), (0, 8, 256), (3000, 32, 64)])
-def test_attention_bf16_full_shape(P, nsplit, min_keys):
-    _run("cuda", torch.bfloat16, 32, 16, 4, 128, 64, 4096 + 64, P, nsplit, 64, P, min_keys)
+@pytest.mark.parametrize("P,nsplit,min_keys,block_m", [(1000, 32, 256, None), (4096, 16, 128, 32), (0, 8, 256, 64),
+                                                       (3000, 32, 64, 16)])
+def test_attention_bf16_full_shape(P, nsplit, min_keys, block_m):
+    _run("cuda", torch.bfloat16, 32, 16, 4, 128, 64, 4096 + 64, P, nsplit, 64, P, min_keys, block_m)

@@ -134,13 +134,16 @@ if HAS_TRITON:
     def _attn_split_kernel(
         q_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr, T, qk_scale,
         NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, MAXLEN: tl.constexpr,
-        NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr, USE_PDL: tl.constexpr = False,
+        NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr, BLOCK_M: tl.constexpr,
+        USE_PDL: tl.constexpr = False,
     ):
+        """Program (h, split, row block): BLOCK_M of the G·T_PAD query rows of KV head h over one key range."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
         h = tl.program_id(0)
         sp = tl.program_id(1)
+        rb = tl.program_id(2)
         M: tl.constexpr = G * T_PAD
         kv_len = tl.load(len_ptr) + T
         nsp = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NSPLIT)  # splits in use at this length
@@ -149,15 +152,15 @@ if HAS_TRITON:
         per = tl.cdiv(tl.cdiv(kv_len, nsp), BLOCK_N) * BLOCK_N
         start = sp * per
         end = tl.minimum(start + per, kv_len)
-        rows = tl.arange(0, M)
+        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         g = rows // T_PAD
         t = rows % T_PAD
         od = tl.arange(0, D)
         q = tl.load(q_ptr + (t[:, None] * NQ + h * G + g[:, None]) * D + od[None, :],
                     mask=(t < T)[:, None], other=0.0)
-        m_i = tl.full((M,), float("-inf"), tl.float32)
-        l_i = tl.zeros((M,), dtype=tl.float32)
-        acc = tl.zeros((M, D), dtype=tl.float32)
+        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         kbase = kc_ptr + h * MAXLEN * D
         vbase = vc_ptr + h * MAXLEN * D
         for n0 in range(start, end, BLOCK_N):
@@ -229,9 +232,11 @@ class AttnWorkspace:
     caches use few programs and little partial traffic; the rest of the grid exits at once.
     """
 
-    def __init__(self, T, nq, nkv, d, device, nsplit=32, block_n=64, num_warps=8, num_stages=2, min_keys=256):
+    def __init__(self, T, nq, nkv, d, device, nsplit=32, block_n=64, num_warps=8, num_stages=2, min_keys=256,
+                 block_m=None):
         self.T, self.T_PAD = T, max(16, next_pow2(T))
         self.min_keys = min_keys
+        self.block_m = block_m or (nq // nkv) * self.T_PAD
         self.nsplit, self.block_n, self.num_warps, self.num_stages = nsplit, block_n, num_warps, num_stages
         M = (nq // nkv) * self.T_PAD
         self.po = torch.zeros(nkv, nsplit, M, d, dtype=torch.float32, device=device)
@@ -245,10 +250,10 @@ def block_attention(q, k_cache, v_cache, cache_len, out, ws: AttnWorkspace, scal
     NKV, MAXLEN, _ = k_cache.shape
     G = NQ // NKV
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    _attn_split_kernel[(NKV, ws.nsplit)](
+    _attn_split_kernel[(NKV, ws.nsplit, (G * ws.T_PAD) // ws.block_m)](
         q, k_cache, v_cache, cache_len, ws.po, ws.pm, ws.pl, T, scale * 1.4426950408889634,
         NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD, MAXLEN=MAXLEN, NSPLIT=ws.nsplit, BLOCK_N=ws.block_n,
-        MIN_KEYS=ws.min_keys, num_warps=ws.num_warps, num_stages=ws.num_stages,
+        MIN_KEYS=ws.min_keys, BLOCK_M=ws.block_m, num_warps=ws.num_warps, num_stages=ws.num_stages,
         **pdl(),
     )
     _attn_combine_kernel[(NQ, T)](ws.po, ws.pm, ws.pl, out, cache_len, T, NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD,

@@ -191,7 +191,7 @@ class BlockForward:
             ac["NSPLIT"] = attn_splits
         self.aws = A.AttnWorkspace(T, shape.nq, shape.nkv, D, device, nsplit=ac["NSPLIT"],
                                    block_n=ac["BLOCK_N"], num_warps=ac["num_warps"], num_stages=ac["num_stages"],
-                                   min_keys=ac.get("MIN_KEYS", 256))
+                                   min_keys=ac.get("MIN_KEYS", 256), block_m=ac.get("BLOCK_M"))
         E = shape.experts
         self.moe_cfg = self.configs.get("moe")
         split = M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T)["SPLIT_K"]

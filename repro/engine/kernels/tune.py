@@ -71,7 +71,8 @@ DN_CANDS = [
     (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 64, 512, 4, 2), (16, 128, 128, 4, 4),
     (16, 128, 256, 8, 3), (16, 32, 256, 4, 3), (16, 32, 512, 4, 2), (16, 128, 512, 8, 2),
     (16, 64, 64, 4, 4), (16, 256, 128, 8, 3), (16, 32, 128, 4, 4), (16, 16, 512, 4, 2),
-    (32, 64, 256, 4, 3),
+    (32, 64, 256, 4, 3), (16, 64, 64, 4, 6), (16, 64, 64, 2, 4), (16, 32, 64, 4, 4), (16, 128, 64, 4, 4),
+    (16, 64, 128, 4, 5), (16, 64, 64, 8, 4),
 ]
 DGU_CANDS = [(16, 32, 128, 4, 4), (16, 32, 256, 4, 3), (16, 16, 256, 4, 3), (16, 64, 128, 4, 4),
              (16, 16, 512, 4, 2), (32, 32, 256, 4, 3)]
@@ -171,20 +172,21 @@ def tune_attn(T=32, NQ=16, NKV=4, D=128, prefixes=(1024, 4096), quick=False, see
     out = torch.empty(T, NQ * D, device=dev, dtype=torch.bfloat16)
     cl = torch.zeros(1, dtype=torch.int32, device=dev)
     rows, bestc = [], None
-    cands = [(ns, mk, bn, w, st) for ns in (16, 32) for mk in (128, 256, 512)
-             for bn, w, st in ((64, 4, 3), (32, 4, 2))]
-    for ns, mk, bn, w, st in cands[:3] if quick else cands:
-        ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=ns, block_n=bn, num_warps=w, num_stages=st, min_keys=mk)
+    cands = [(32, mk, bm, bn, w, st) for mk in (64, 128, 256) for bm in (16, 32, 64)
+             for bn, w, st in ((64, 4, 3), (32, 4, 2), (64, 2, 3))] + [(32, 128, 128, 32, 4, 2)]
+    for ns, mk, bm, bn, w, st in cands[:3] if quick else cands:
+        ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=ns, block_n=bn, num_warps=w, num_stages=st, min_keys=mk,
+                             block_m=bm)
         tot = 0.0
         for P in prefixes:
             cl.fill_(P)
-            ms = _try(lambda: A.block_attention(q, kc, vc, cl, out, ws), f"attn NSPLIT={ns} MIN_KEYS={mk} BN={bn} w={w} s={st} P={P}", rows)
+            ms = _try(lambda: A.block_attention(q, kc, vc, cl, out, ws), f"attn NSPLIT={ns} MIN_KEYS={mk} BM={bm} BN={bn} w={w} s={st} P={P}", rows)
             if ms is None:
                 tot = float("inf")
                 break
             tot += ms
         if bestc is None or tot < bestc[0]:
-            bestc = (tot, dict(NSPLIT=ns, BLOCK_N=bn, num_warps=w, num_stages=st, MIN_KEYS=mk))
+            bestc = (tot, dict(NSPLIT=ns, BLOCK_N=bn, num_warps=w, num_stages=st, MIN_KEYS=mk, BLOCK_M=bm))
     return {"split": bestc[1]}, rows
 
 
