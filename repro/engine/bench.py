@@ -130,7 +130,7 @@ def _set_variant(fw, name):
 
 
 def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print,
-                variants=("base", "pdl", "prefetch", "pdl+prefetch")):
+                variants=("base", "pdl")):
     from .kernels import fastpath as F
 
     results = []
