@@ -205,6 +205,24 @@ def test_crashed_worker_is_retried_once(flaky_server):
         assert r.status == "passed", r
 
 
+def test_concurrent_sandboxes_get_disjoint_uids():
+    """Two scoring jobs on one host must not share (and so sweep) each other's uids."""
+    if not ROOT:
+        pytest.skip("uid separation needs root")
+    with Sandbox(2) as a, Sandbox(2) as b:
+        assert set(a._uids).isdisjoint(b._uids)
+        # a long program in a survives b's runs and sweeps
+        t = threading.Thread(target=lambda: out.append(a.run("import time\ntime.sleep(1.5)" + TESTS_PASS)))
+        out = []
+        t.start()
+        time.sleep(0.3)
+        assert all(r.status == "passed" for r in b.run_many(["x = 1" + TESTS_PASS] * 6))
+        t.join()
+        assert out[0].status == "passed"
+    with Sandbox(1) as c:  # uids are free again after close
+        assert c._uids[0] <= min(a._uids + b._uids)
+
+
 def test_bad_input():
     with Sandbox(1) as sb:
         with pytest.raises(TypeError, match="program must be a str"):

@@ -18,7 +18,8 @@ Enforced on Linux when running as root (what CI and the scoring jobs here do):
   cleared to PATH/HOME/TMPDIR/LANG and every inherited descriptor closed;
 - rlimits: CPU seconds, address space (default 4 GiB), processes (default 64, counted per uid),
   file size (16 MiB), open files (256), no core dumps;
-- a distinct unprivileged uid/gid per worker slot (``ORL_SANDBOX_UID_BASE``, default 61000 + slot),
+- a distinct unprivileged uid/gid per worker slot, unique on the host (from ``ORL_SANDBOX_UID_BASE``,
+  default 61000, upwards; claimed with a lock file so concurrent scoring jobs never share one),
   no supplementary groups, no_new_privs: host files owned by others cannot be written or deleted, the
   parent and other sandboxes cannot be signalled, set-uid binaries give nothing;
 - a network namespace (no interfaces up: no network) and a mount namespace with empty tmpfs on /tmp,
@@ -50,6 +51,7 @@ a fresh fork server and the second outcome is recorded.
 from __future__ import annotations
 
 import marshal
+import fcntl
 import math
 import os
 import secrets
@@ -77,7 +79,8 @@ _ZYGOTE = str(Path(__file__).with_name("_zygote.py"))
 _SITE_PATHS = [p for p in dict.fromkeys(
     sysconfig.get_paths()[k] for k in ("purelib", "platlib")) if os.path.isdir(p)]
 _TAIL = 1000
-_ZYGOTE_GRACE_S = 15.0  # on top of the program timeout, for the fork server's own answer
+_ZYGOTE_GRACE_S = 15.0
+_UID_RANGE = 4096  # on top of the program timeout, for the fork server's own answer
 # Isolation self-test: writing outside the scratch dir must fail, writing inside must work.
 _PROBE = """
 import os
@@ -240,7 +243,8 @@ class Sandbox:
         if self._root and os.geteuid() != 0:
             raise ValueError("privileged=True needs root")
         base = uid_base if uid_base is not None else int(os.environ.get("ORL_SANDBOX_UID_BASE", "61000"))
-        self._uids = [base + i for i in range(self.workers)] if self._root else [None] * self.workers
+        self._uid_locks: list[int] = []
+        self._uids = self._claim_uids(base) if self._root else [None] * self.workers
         self._slots: list[int] = list(range(self.workers))
         self._slot_lock = threading.Lock()
         self._slot_free = threading.Semaphore(self.workers)
@@ -251,12 +255,33 @@ class Sandbox:
         for uid in self._uids:
             if uid is not None:
                 sweep(uid, None)
+        self._closed = False
         self.read_only_outside_scratch = False
         self.isolate: str | None = None
         self._probe_isolation()
         self.enforced = self._describe()
 
     # ------------------------------------------------------------------ setup
+    def _claim_uids(self, base: int) -> list[int]:
+        """One uid per slot, exclusive across every Sandbox on this host (concurrent scoring jobs must
+        not sweep each other's programs): an flock on ``<tmp>/orl-sandbox-uids/<uid>.lock`` is held for
+        the Sandbox's lifetime and released by the kernel if this process dies."""
+        lock_dir = os.path.join(tempfile.gettempdir(), "orl-sandbox-uids")
+        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        uids = []
+        for uid in range(base, base + _UID_RANGE):
+            fd = os.open(os.path.join(lock_dir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self._uid_locks.append(fd)
+            uids.append(uid)
+            if len(uids) == self.workers:
+                return uids
+        raise RuntimeError(f"no free sandbox uid in [{base}, {base + _UID_RANGE})")
+
     def _probe_isolation(self) -> None:
         """Which namespaces work here? (containers may forbid them, even for root)."""
         mode = "root" if self._root else "userns"
@@ -282,6 +307,10 @@ class Sandbox:
         }
 
     def close(self) -> None:
+        """Stop the fork servers, kill anything left of the slot uids, free the uids. Idempotent."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
         for slot, z in enumerate(self._zygotes):
             if z is not None:
                 z.kill()
@@ -290,6 +319,12 @@ class Sandbox:
             if uid is not None:
                 sweep(uid, None)
         shutil.rmtree(self._scratch_root, ignore_errors=True)
+        for fd in self._uid_locks:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._uid_locks = []
 
     def __enter__(self):
         return self
