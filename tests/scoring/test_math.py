@@ -5,6 +5,8 @@ Exceptions for "last \\boxed{} of the reference solution equals ``answer``" are 
 equivalent form last, e.g. test/number_theory/459.json ``\\frac{639}{40}`` vs ``15\\frac{39}{40}``).
 """
 
+import os
+import signal
 import threading
 
 import pytest
@@ -92,6 +94,19 @@ def test_verify_works_from_threads_and_times_out():
         r = pool.check("2", "(2^{2^{2^{2^{2^{20}}}}})!")
         assert r["status"] == "timeout" and not r["equal"]
         assert pool.check("2", "2")["equal"]  # a fresh worker replaced the killed one
+    finally:
+        pool.close()
+
+
+def test_verify_worker_crash_is_retried():
+    pool = VerifyPool(1, timeout=10)
+    try:
+        assert pool.check("1", "1")["equal"]
+        worker = pool._idle.queue[0]
+        os.kill(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait()
+        r = pool.check("\\frac{1}{2}", "0.5")  # the dead worker is replaced and the item retried
+        assert r["status"] == "ok" and r["equal"], r
     finally:
         pool.close()
 
