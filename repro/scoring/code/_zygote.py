@@ -245,6 +245,9 @@ def _isolate_userns(libc, expose, scratch):
     if pid:  # intermediate: relay the exit status of the namespace's init, nothing else
         code = 1
         try:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # zygote gone -> we go, init follows
+            if os.getppid() == 1:
+                os.kill(pid, signal.SIGKILL)
             status = os.waitpid(pid, 0)[1]
             if os.WIFSIGNALED(status):
                 sig = os.WTERMSIG(status)
@@ -254,6 +257,7 @@ def _isolate_userns(libc, expose, scratch):
             code = os.waitstatus_to_exitcode(status)
         finally:
             os._exit(code)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # intermediate gone -> namespace init goes
     libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), None)
     _check(libc.unshare(CLONE_NEWUSER), "unshare(NEWUSER) to drop capabilities")
     return ro_failed
@@ -344,6 +348,7 @@ def _child(req, res_w, out_fd, err_fd):
     """Runs in the forked child; never returns (see module docstring)."""
     code = 1
     try:
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # again after setuid (which clears it)
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)

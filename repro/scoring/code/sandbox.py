@@ -79,8 +79,8 @@ _ZYGOTE = str(Path(__file__).with_name("_zygote.py"))
 _SITE_PATHS = [p for p in dict.fromkeys(
     sysconfig.get_paths()[k] for k in ("purelib", "platlib")) if os.path.isdir(p)]
 _TAIL = 1000
-_ZYGOTE_GRACE_S = 15.0
-_UID_RANGE = 4096  # on top of the program timeout, for the fork server's own answer
+_ZYGOTE_GRACE_S = 15.0  # on top of the program timeout, for the fork server's own answer
+_UID_RANGE = 4096  # slot uids are taken from [ORL_SANDBOX_UID_BASE, + this)
 # Isolation self-test: writing outside the scratch dir must fail, writing inside must work.
 _PROBE = """
 import os
@@ -182,8 +182,12 @@ class _Zygote:
             start_new_session=True,
         )
         self._buf = b""
-        if self._recv(30.0) != "READY":
-            raise _ZygoteDied("fork server did not start")
+        try:
+            if self._recv(30.0) != "READY":
+                raise _ZygoteDied("fork server did not start")
+        except BaseException:
+            self.kill()
+            raise
 
     def _read(self, n: int, deadline: float) -> bytes:
         fd = self.proc.stdout.fileno()
