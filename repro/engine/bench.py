@@ -117,20 +117,24 @@ def _block_ids(shape, seed: int, T: int = 32):
     return ids
 
 
-VARIANTS = {"base": (False, False), "pdl": (True, False), "prefetch": (False, True), "pdl+prefetch": (True, True)}
+# variant -> (PDL launches, L2 prefetch of the next layer's weights, post-attention RMSNorm folded into the FFN GEMMs)
+VARIANTS = {"base": (False, False, False), "pdl": (True, False, False), "prefetch": (False, True, False),
+            "pdl+prefetch": (True, True, False), "fused_norm": (False, False, True),
+            "pdl+fused_norm": (True, False, True)}
 
 
 def _set_variant(fw, name):
     from .kernels import _triton
 
-    pdl, pf = VARIANTS[name]
+    pdl, pf, fn = VARIANTS[name]
     eff = _triton.set_pdl(pdl)
     fw.prefetch = pf
+    fw.fuse_norm = fn
     return eff == pdl
 
 
 def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print,
-                variants=("base", "pdl")):
+                variants=("base", "pdl", "fused_norm", "pdl+fused_norm")):
     from .kernels import fastpath as F
 
     results = []

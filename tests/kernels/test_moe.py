@@ -153,3 +153,24 @@ def test_seam_adapter_bf16():
     ref = seam.moe_forward_torch(x.float(), w13.float(), w2.float(), w, ids)
     assert not torch.isnan(got).any()
     assert rel_err(got, ref) < 1e-2
+
+
+def test_fused_norm_router_and_gate_up(dev):
+    """RMSNorm folded into the router GEMM and the gate+up GEMM == MoE on the normalised input."""
+    if dev == "cuda":
+        pytest.skip("fp32 tf32 dots on GPU; covered by the bf16 fast-path GPU test")
+    from repro.engine.kernels import norm as Nm
+
+    T, H, N, E, k, ng, tg = 6, 64, 32, 16, 4, 4, 2
+    x, gate, bias, w13, w2 = _inputs(T, H, N, E, True, torch.float32, dev, 21)
+    h = x * 3.0
+    nw = torch.rand(H) + 0.5
+    xn = Nm.rmsnorm_reference(h, nw)
+    ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, torch.float32, dev, split_k=2)
+    M.moe_route_align(h, gate, bias, ws, E + 1, k, ng, tg, configs=SMALL_CFG, norm_w=nw)
+    M.moe_experts(h, w13, w2, ws, k, SMALL_CFG, norm_w=nw)
+    out = M.moe_sum(ws, E, E + 1, k, SMALL_CFG)
+    ids_ref, _ = M.route_reference(xn, gate, bias, k, ng, tg)
+    assert torch.equal(ws.topk_ids.long().sort(1).values, ids_ref.sort(1).values)
+    ref = M.moe_reference(xn, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
+    assert rel_err(out, ref) < 1e-5

@@ -212,6 +212,8 @@ class BlockForward:
         self.graph = None
         # L2 prefetch of the next layer's attention + router weights on a side stream during the FFN
         self.prefetch = False
+        # fold the post-attention RMSNorm into the router and gate+up GEMMs (O-proj adds into h in place)
+        self.fuse_norm = False
         self.side = torch.cuda.Stream() if torch.cuda.is_available() and str(device).startswith("cuda") else None
         self.pf_dummy = torch.zeros(1 << 14, dtype=torch.int32, device=device)
         self.logits = torch.zeros(T, shape.vocab, dtype=dt, device=device)
@@ -241,8 +243,13 @@ class BlockForward:
             A.qk_norm_rope_kv(self.qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
                               kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
             A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
-            torch.mm(self.o, L["o"].t(), out=self.attn_out)
-            Nm.add_rmsnorm(self.h, L["post_norm"], self.a, delta=self.attn_out, eps=s.eps)
+            if self.fuse_norm:
+                self.h.addmm_(self.o, L["o"].t())
+                x_ffn, nw = self.h, L["post_norm"]
+            else:
+                torch.mm(self.o, L["o"].t(), out=self.attn_out)
+                Nm.add_rmsnorm(self.h, L["post_norm"], self.a, delta=self.attn_out, eps=s.eps)
+                x_ffn, nw = self.a, None
             if self.prefetch and self.side is not None and li + 1 < len(W["layers"]):
                 nx = W["layers"][li + 1]
                 self.side.wait_stream(torch.cuda.current_stream())
@@ -250,15 +257,15 @@ class BlockForward:
                     M.l2_prefetch([nx["qkv"], nx["o"]] + ([nx["gate"]] if "gate" in nx else []), self.pf_dummy)
                 joined = False
             if "gate" not in L:
-                M.moe_experts(self.a, L["w13"], L["w2"], self.dws, 1, self.dense_cfg)
+                M.moe_experts(x_ffn, L["w13"], L["w2"], self.dws, 1, self.dense_cfg, norm_w=nw, eps=s.eps)
                 prev = (self.dws, 1, False)
             else:
                 E1 = L["w13"].shape[0]
-                M.moe_route_align(self.a, L["gate"], L["bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                                  s.scaling, True, self.moe_cfg, slot=li - s.first_dense)
+                M.moe_route_align(x_ffn, L["gate"], L["bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
+                                  s.scaling, True, self.moe_cfg, slot=li - s.first_dense, norm_w=nw, eps=s.eps)
                 if stats is not None:
                     stats.counts.append(self.ws.counts[: s.experts].clone())
-                M.moe_experts(self.a, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg)
+                M.moe_experts(x_ffn, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg, norm_w=nw, eps=s.eps)
                 prev = (self.ws, s.top_k, E1 == s.experts + 1)
         Nm.add_rmsnorm(self.h, W["final_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1], shared=prev[2],
                        eps=s.eps)

@@ -189,11 +189,16 @@ if HAS_TRITON:
 
     @triton.jit
     def _router_logits_kernel(
-        x_ptr, w_ptr, part_ptr, T, stride_xt,
+        x_ptr, w_ptr, part_ptr, nw_ptr, ss_ptr, T, stride_xt,
         H: tl.constexpr, E: tl.constexpr, T_PAD: tl.constexpr,
-        BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
+        BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
+        NORM: tl.constexpr = False, USE_PDL: tl.constexpr = False,
     ):
-        """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (PREC "ieee" or "tf32x3"); rows t >= T are 0."""
+        """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (PREC "ieee" or "tf32x3"); rows t >= T are 0.
+
+        NORM: x is the raw residual h; the kernel uses h·nw (RMSNorm weight) and also writes the split's
+        Σh² to ss[s, t] (programs of the first expert tile), so the select kernel applies rsqrt(mean h² + eps).
+        """
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -204,20 +209,28 @@ if HAS_TRITON:
         offs_k = tl.arange(0, BLOCK_K)
         K_PER: tl.constexpr = H // SPLIT_K
         acc = tl.zeros((T_PAD, BLOCK_E), dtype=tl.float32)
+        ssv = tl.zeros((T_PAD,), dtype=tl.float32)
         for k0 in range(0, K_PER, BLOCK_K):
             kk = pid_k * K_PER + k0 + offs_k
             xv = tl.load(x_ptr + offs_t[:, None] * stride_xt + kk[None, :],
                          mask=offs_t[:, None] < T, other=0.0).to(tl.float32)
+            if NORM:
+                ssv += tl.sum(xv * xv, axis=1)
+                xv = xv * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
             wv = tl.load(w_ptr + offs_e[None, :] * H + kk[:, None]).to(tl.float32)
             acc = tl.dot(xv, wv, acc, input_precision=PREC)
         tl.store(part_ptr + pid_k * (T_PAD * E) + offs_t[:, None] * E + offs_e[None, :], acc)
+        if NORM:
+            if pid_e == 0:
+                tl.store(ss_ptr + pid_k * T_PAD + offs_t, ssv)
 
     @triton.jit
     def _route_select_kernel(
-        part_ptr, bias_ptr, ids_ptr, topw_ptr, pairw_ptr, counts_ptr, pairs_ptr, next_counts_ptr,
+        part_ptr, bias_ptr, ids_ptr, topw_ptr, pairw_ptr, counts_ptr, pairs_ptr, next_counts_ptr, ss_ptr, eps,
         E: tl.constexpr, T_PAD: tl.constexpr, TOPK: tl.constexpr, N_GROUP: tl.constexpr,
         TOPK_GROUP: tl.constexpr, SPLIT_K: tl.constexpr, SCALE: tl.constexpr,
-        RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, MAXC: tl.constexpr, ZERO_NEXT: tl.constexpr, USE_PDL: tl.constexpr = False,
+        RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, MAXC: tl.constexpr, ZERO_NEXT: tl.constexpr,
+        NORM: tl.constexpr = False, H: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
     ):
         """One program per token t: routing of t, then its pairs appended to the experts' lists.
 
@@ -234,6 +247,9 @@ if HAS_TRITON:
         logits = tl.zeros((E,), dtype=tl.float32)
         for s in tl.static_range(SPLIT_K):
             logits += tl.load(part_ptr + s * (T_PAD * E) + t * E + offs_e)
+        if NORM:
+            ss = tl.load(ss_ptr + tl.arange(0, SPLIT_K) * T_PAD + t)
+            logits = logits * tl.rsqrt(tl.sum(ss, axis=0) / H + eps)
         scores = tl.sigmoid(logits)
         if HAS_BIAS:
             biased = scores + tl.load(bias_ptr + offs_e)
@@ -359,9 +375,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _moe_gate_up_kernel(
-        x_ptr, w13_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, T, stride_xt,
+        x_ptr, w13_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, nw_ptr, eps, T, stride_xt,
         H: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, MAXC: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr = False,
+        USE_PDL: tl.constexpr = False,
     ):
         """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e)."""
         if USE_PDL:
@@ -385,12 +402,21 @@ if HAS_TRITON:
         wu_ptrs = wg_ptrs + N * H
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        ssv = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             a = tl.load(x_ptrs + k0, mask=mmask[:, None], other=0.0)
+            if NORM:  # RMSNorm folded in: dot with h·nw, rows scaled by rsqrt(mean h² + eps) after the loop
+                af = a.to(tl.float32)
+                ssv += tl.sum(af * af, axis=1)
+                a = (af * tl.load(nw_ptr + k0 + offs_k).to(tl.float32)[None, :]).to(a.dtype)
             wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")  # streamed once: keep L2 for others
             wu = tl.load(wu_ptrs + k0, eviction_policy="evict_first")
             acc_g = tl.dot(a, wg, acc_g)
             acc_u = tl.dot(a, wu, acc_u)
+        if NORM:
+            r = tl.rsqrt(ssv / H + eps)
+            acc_g = acc_g * r[:, None]
+            acc_u = acc_u * r[:, None]
         pw = tl.load(pairw_ptr + p, mask=mmask, other=0.0)
         h = acc_g * tl.sigmoid(acc_g) * acc_u * pw[:, None]
         tl.store(inter_ptr + p[:, None] * N + offs_n[None, :],
@@ -486,6 +512,7 @@ class MoEWorkspace:
         f32 = dict(dtype=torch.float32, device=device)
         i32 = dict(dtype=torch.int32, device=device)
         self.part = torch.zeros(split_k, T_PAD, E, **f32)
+        self.ss = torch.zeros(split_k, T_PAD, **f32)
         self.topk_ids = torch.zeros(T, top_k, **i32)
         self.topk_w = torch.zeros(T, top_k, **f32)
         self.pair_w = torch.zeros(P1, **f32)
@@ -519,9 +546,10 @@ def _cfg(kernel, configs, H, N, E1, T):
 
 
 def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_group=8, topk_group=4,
-                    scaling=2.5, renormalize=True, configs=None, slot=None):
+                    scaling=2.5, renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6):
     """Kernels 1-2: router logits + per-token selection/alignment into ``ws``.
 
+    norm_w [H]: x is the un-normalised residual; RMSNorm(x)·norm_w is folded into the router GEMM.
     slot=None (standalone): uses counts row 0 and clears it first (one memset). slot=l (fast path): uses
     row l, expects it cleared, and clears row (l+1) % n_slots for the next MoE layer (no memset).
     """
@@ -535,8 +563,9 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     bk = min(rc["BLOCK_K"], H // split)
     assert H % (split * bk) == 0 and E % be == 0
     _router_logits_kernel[(E // be, split)](
-        x, gate_w, ws.part, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
-        BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), num_warps=rc["num_warps"], num_stages=rc["num_stages"],
+        x, gate_w, ws.part, norm_w if norm_w is not None else gate_w, ws.ss, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
+        BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), NORM=norm_w is not None, num_warps=rc["num_warps"],
+        num_stages=rc["num_stages"],
         **pdl(),
     )
     if slot is None:
@@ -549,9 +578,10 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     ac = _cfg("route", configs, H, ws.inter.shape[1], E1, T)
     _route_select_kernel[(T,)](
         ws.part, expert_bias if expert_bias is not None else ws.part, ws.topk_ids, ws.topk_w,
-        ws.pair_w, ws.counts, ws.pairs, nxt, E=E, T_PAD=ws.T_PAD, TOPK=top_k, N_GROUP=n_group,
+        ws.pair_w, ws.counts, ws.pairs, nxt, ws.ss, eps, E=E, T_PAD=ws.T_PAD, TOPK=top_k, N_GROUP=n_group,
         TOPK_GROUP=topk_group, SPLIT_K=split, SCALE=float(scaling), RENORM=bool(renormalize),
         HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, ZERO_NEXT=slot is not None,
+        NORM=norm_w is not None, H=H,
         num_warps=ac["num_warps"],
         **pdl(),
     )
@@ -601,8 +631,11 @@ def logits_stats_reference(logits):
     return lf.argmax(-1), lp.max(-1).values.exp(), -(lp.exp() * lp).sum(-1)
 
 
-def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None):
-    """Kernel 3: grouped gate+up GEMM with SiLU·mul·routing weight fused -> ``ws.inter`` [P1, N]."""
+def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):
+    """Kernel 3: grouped gate+up GEMM with SiLU·mul·routing weight fused -> ``ws.inter`` [P1, N].
+
+    norm_w [H]: x is the un-normalised residual and RMSNorm(x)·norm_w is folded into the GEMM.
+    """
     T, H = x.shape
     E1, twoN, _ = w13.shape
     N = twoN // 2
@@ -610,8 +643,9 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None):
     gc = _cfg("gate_up", configs, H, N, E1, T)
     bn, bk = min(gc["BLOCK_N"], N), min(gc["BLOCK_K"], H)
     _moe_gate_up_kernel[(E1, N // bn, triton.cdiv(ws.T_PAD, gc["BLOCK_M"]))](
-        x, w13, ws.counts, ws.pairs, ws.pair_w, ws.inter, T, x.stride(0), H=H, N=N, TOPK=top_k,
-        MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
+        x, w13, ws.counts, ws.pairs, ws.pair_w, ws.inter, norm_w if norm_w is not None else x, eps, T,
+        x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
+        NORM=norm_w is not None,
         num_warps=gc["num_warps"], num_stages=gc["num_stages"], **pdl(),
     )
 
@@ -630,9 +664,9 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     )
 
 
-def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None):
+def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):
     """Kernels 3-4: grouped gate+up (SiLU·mul·weight fused) and down into ``ws.pair_out`` (fp32)."""
-    moe_gate_up(x, w13, ws, top_k, configs)
+    moe_gate_up(x, w13, ws, top_k, configs, norm_w, eps)
     moe_down(w2, ws, configs)
 
 
