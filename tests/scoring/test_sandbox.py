@@ -1,6 +1,7 @@
 """Sandbox: hostile programs are judged failed, the run goes on, and the host is unchanged.
 
-Hostile programs (issue 3 acceptance): infinite loop, fork bomb, 20 GB allocation, deleting / writing
+Hostile programs (issue 3 acceptance): infinite loop, fork bomb, 20 GB allocation (and a memory bomb
+spread over several processes), deleting / writing
 files outside the scratch dir, opening sockets, ``os._exit(0)`` / ``sys.exit(0)`` before the asserts,
 killing the parent, printing "passed". The host checks: a sentinel file in a world-writable directory
 is untouched, no new file appears outside the scratch dirs, a host TCP listener gets no connection, and
@@ -145,6 +146,21 @@ def test_hostile_programs_fail_and_host_is_unchanged(host, mode):
         assert enforced["uid_separation"] and enforced["network_namespace"] and enforced["read_only_outside_scratch"]
     if mode == "userns":
         assert enforced["pid_namespace"] and enforced["read_only_outside_scratch"] and not enforced["uid_separation"]
+
+
+@pytest.mark.parametrize("privileged", [None, False], ids=["auto", "userns"])
+def test_memory_bomb_across_processes_is_killed(privileged):
+    """RLIMIT_AS is per process; children that each stay under it but together exceed the limit are
+    caught by the fork server's resident-memory watch."""
+    bomb = ("import os, time\nfor i in range(4):\n    if os.fork() == 0:\n        x = b'x' * (300 << 20)\n"
+            "        time.sleep(30)\n        os._exit(0)\ntime.sleep(30)\n" + TESTS_PASS)
+    with Sandbox(1, Limits(timeout_s=10, memory_bytes=512 << 20), privileged=privileged) as sb:
+        t0 = time.monotonic()
+        r = sb.run(bomb)
+        assert r.status == "failed" and "memory limit exceeded" in r.reason, r
+        assert time.monotonic() - t0 < 5
+        assert sb.run("x = b'y' * (200 << 20)" + TESTS_PASS).status == "passed"  # under the limit: fine
+        assert live_sandbox_processes({u for u in sb._uids if u is not None}, include_servers=False) == []
 
 
 def test_workers_run_in_parallel_without_oversubscription():

@@ -6,12 +6,13 @@ is root), it pre-imports what every child needs (ctypes, resource, typing, ...) 
 with real isolation. Protocol on stdin/stdout: 4-byte big-endian length + ``marshal`` payload. After
 ``READY``, each request ``{"program", "token", "scratch", "out_path", "err_path", "uid", "limits",
 "timeout_s", "isolate", "expose", "sys_path", "env"}`` gets one response ``{"rc", "timed_out",
-"report", "wall_s", "swept"}``.
+"memory_exceeded", "report", "wall_s", "swept"}``.
 
 Per request the zygote:
 1. opens the stdout/stderr capture files, a result pipe, and forks the child (new session, so
    pgid = pid); the child never returns into this loop;
-2. waits on a pidfd for at most ``timeout_s``; then SIGKILLs the child's process group, reaps it,
+2. waits on a pidfd for at most ``timeout_s`` while checking the total resident memory of the run's
+   processes against ``limits["memory_bytes"]`` every 10-50 ms; then SIGKILLs the child's process group, reaps it,
    SIGKILLs every remaining process of the slot's uid (root mode), of the child's session, and every
    descendant of the zygote -- it is a child subreaper, so ``setsid``-escaped daemons and fork-bomb
    orphans are re-parented to it and cannot slip away -- and reaps the orphans;
@@ -442,23 +443,56 @@ def _send(fd, obj):
     os.write(fd, struct.pack(">I", len(body)) + body)
 
 
-def _wait(pid, timeout):
-    """True if ``pid`` exited within ``timeout`` seconds (pidfd: immediate wake-up)."""
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss(uid):
+    """Resident bytes of all processes of the current run (the slot uid, or our descendants)."""
+    live, _ = members(uid, None, descendants_of=os.getpid())
+    total = 0
+    for pid in live:
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * _PAGE
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def _watch(pid, timeout, uid, rss_limit):
+    """Wait for ``pid``: ``("exited" | "timeout" | "memory", wait status if already reaped else None)``.
+
+    A pidfd gives an immediate wake-up on exit; while the program runs, the total resident memory of
+    all its processes is checked every 10-50 ms against ``rss_limit`` (RLIMIT_AS is per process, so a
+    fork bomb of allocating children would otherwise multiply it)."""
+    end = time.monotonic() + timeout
+    interval = 0.01
     try:
         fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):  # pragma: no cover - old kernel
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                raise ChildProcessError("reaped")
-            time.sleep(0.002)
-        return False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+    except (AttributeError, OSError):  # pragma: no cover - old kernel: poll waitpid instead
+        fd = poller = None
     try:
-        p = select.poll()
-        p.register(fd, select.POLLIN)
-        return bool(p.poll(max(0, int(timeout * 1000))))
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return "timeout", None
+            step = min(left, interval)
+            if poller is not None:
+                if poller.poll(max(1, int(step * 1000))):
+                    return "exited", None
+            else:  # pragma: no cover
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    return "exited", status
+                time.sleep(step)
+            if rss_limit and _rss(uid) > rss_limit:
+                return "memory", None
+            interval = min(interval * 2, 0.05)
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def _run(req):
@@ -473,11 +507,7 @@ def _run(req):
     os.close(res_w)
     os.close(out_fd)
     os.close(err_fd)
-    status = None
-    try:
-        exited = _wait(pid, req["timeout_s"])
-    except ChildProcessError:  # pragma: no cover - fallback path reaped it
-        exited, status = True, 0
+    outcome, status = _watch(pid, req["timeout_s"], req["uid"], req["limits"].get("memory_bytes"))
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -492,8 +522,8 @@ def _run(req):
     except BlockingIOError:
         report = b""
     os.close(res_r)
-    return {"rc": os.waitstatus_to_exitcode(status), "timed_out": not exited, "report": report,
-            "wall_s": wall, "swept": swept}
+    return {"rc": os.waitstatus_to_exitcode(status), "timed_out": outcome == "timeout",
+            "memory_exceeded": outcome == "memory", "report": report, "wall_s": wall, "swept": swept}
 
 
 def main():

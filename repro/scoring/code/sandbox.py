@@ -16,8 +16,10 @@ Enforced on Linux when running as root (what CI and the scoring jobs here do):
   ``python -I -S -B`` process, so a run costs a fork, not an interpreter start) -- in a new
   session/process group, with a fresh scratch directory as cwd (deleted afterwards), environment
   cleared to PATH/HOME/TMPDIR/LANG and every inherited descriptor closed;
-- rlimits: CPU seconds, address space (default 4 GiB), processes (default 64, counted per uid),
-  file size (16 MiB), open files (256), no core dumps;
+- rlimits: CPU seconds, address space (default 4 GiB per process), processes (default 64, counted
+  per uid), file size (16 MiB), open files (256), no core dumps; and, since RLIMIT_AS is per process,
+  the fork server watches the total resident memory of the run's processes (every 10-50 ms) and kills
+  the run above ``memory_bytes`` (a fork bomb of allocating children cannot multiply the limit);
 - a distinct unprivileged uid/gid per worker slot, unique on the host (from ``ORL_SANDBOX_UID_BASE``,
   default 61000, upwards; claimed with a lock file so concurrent scoring jobs never share one),
   no supplementary groups, no_new_privs: host files owned by others cannot be written or deleted, the
@@ -388,6 +390,10 @@ class Sandbox:
         shutil.rmtree(scratch, ignore_errors=True)
         if resp is None:
             return RunResult("error", error, None, stderr_tail, stdout_tail, round(time.monotonic() - t0, 4))
+        if resp["memory_exceeded"] and (b"E" + token.encode()) not in resp["report"].split(b"\n"):
+            return RunResult("failed", f"memory limit exceeded: the program's processes held more than "
+                             f"{self.limits.memory_bytes >> 20} MiB resident in total; killed", resp["rc"],
+                             stderr_tail, stdout_tail, round(resp["wall_s"], 4))
         return self._judge(resp["report"], token.encode(), resp["rc"], resp["timed_out"], resp["wall_s"],
                            stderr_tail, stdout_tail)
 
