@@ -17,7 +17,8 @@ All three sources go through the same two steps, so online, offline and local ru
    cannot be reached, ``DownloadError`` says how to pre-seed the cache (exit status 3).
 2. **Materialise.** Every file of the snapshot (symlinks of the hub cache resolved) is hard-linked, or
    copied when linking is impossible, into ``DIR.tmp-<pid>``, which then replaces ``DIR`` with a rename
-   (atomic: a crash never leaves a half-filled ``DIR``). If the snapshot carries no
+   (atomic: a crash never leaves a half-filled ``DIR``). Hard links share storage with the source (the hub
+   cache or ``--local-path``): nothing may edit ``DIR`` in place (replace a file instead). If the snapshot carries no
    ``checkpoint_manifest.json``, one is written from the materialised files and the stamp says
    ``"manifest_origin": "generated"`` (it then guards against later corruption, not against a different
    upload: pin its ``manifest_sha256`` in config and pass it to ``verify --expect-manifest-sha256``).

@@ -20,15 +20,30 @@ it as input, so generation never starts on an unverified checkpoint)::
 
     {"schema_version": 1, "checkpoint": "<abs dir>", "manifest": "<abs manifest path>",
      "manifest_sha256": "...", "files": N, "bytes": B, "verified_at": "<UTC ISO-8601>",
-     "seconds": s, "tool": "repro.checkpoint.verify"}
+     "seconds": s, "tool": "repro.checkpoint.verify", "stat_fingerprint": "<sha256>",
+     "stat": {"<rel path>": [size, mtime_ns], ...}}
 
 On failure the CLI removes a stale stamp at the same path, so an old stamp can never vouch for a changed
-directory. ``require_verified(ckpt_dir, stamp)`` is the cheap check a generation step can make: the stamp
-exists and names the manifest_sha256 the checkpoint's manifest carries now.
+directory.
+
+A file edited *after* verification changes nothing Snakemake sees (a directory input's mtime does not
+move when a file inside it is rewritten). Two cheap guards close that gap without re-hashing:
+
+* ``rerun_trigger(dir, stamp)``: ``"ok"`` while the stamp is absent (the rule runs anyway) or every file
+  still has the size and mtime recorded in the stamp; ``"changed:<stat fingerprint>"`` otherwise. As a
+  ``params:`` value of the verify rule (a function of the wildcards only: Snakemake records those, not
+  functions of ``input``), Snakemake's default ``params`` rerun trigger re-runs verification after any file
+  was added, removed or rewritten, and the failing verification removes the stamp, so no generation job
+  starts. An unchanged checkpoint keeps "ok", so reruns stay no-ops. (``stat_fingerprint(dir)`` is the
+  sha256 over every file's (path, size, mtime_ns).)
+* ``require_verified(ckpt_dir, stamp)`` (for the generation step): the stamp exists, names the
+  manifest_sha256 the manifest carries now, and every file still has the size and mtime it had when it
+  was verified; otherwise it raises naming the changed files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -145,12 +160,51 @@ def verify(ckpt_dir: str | Path, manifest_path: str | Path | None = None, jobs: 
     return rep
 
 
+def stat_table(ckpt_dir: str | Path) -> dict[str, list[int]]:
+    """``{rel path: [size, mtime_ns]}`` of every file ``list_files`` sees, plus the manifest itself."""
+    root = Path(ckpt_dir)
+    rels = list_files(root) + ([MANIFEST_NAME] if (root / MANIFEST_NAME).is_file() else [])
+    out = {}
+    for rel in sorted(rels):
+        st = (root / rel).stat()
+        out[rel] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def stat_fingerprint(ckpt_dir: str | Path) -> str:
+    """sha256 over (path, size, mtime_ns) of every file; "absent" when the directory does not exist."""
+    if not Path(ckpt_dir).is_dir():
+        return "absent"
+    blob = json.dumps(stat_table(ckpt_dir), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def rerun_trigger(ckpt_dir: str | Path, stamp: str | Path) -> str:
+    """``"ok"`` unless the files changed since ``stamp`` was written (see the module docstring)."""
+    stamp = Path(stamp)
+    if not stamp.is_file() or not Path(ckpt_dir).is_dir():
+        return "ok"
+    try:
+        then = json.loads(stamp.read_text()).get("stat")
+    except (OSError, json.JSONDecodeError):
+        return "changed:unreadable-stamp"
+    if then is None:
+        return "ok"
+    now = stat_table(ckpt_dir)
+    if now == {k: list(v) for k, v in then.items()}:
+        return "ok"
+    return "changed:" + stat_fingerprint(ckpt_dir)
+
+
 def stamp_dict(rep: VerifyReport) -> dict:
+    table = stat_table(rep.checkpoint)
+    fp = hashlib.sha256(json.dumps(table, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return {"schema_version": STAMP_SCHEMA_VERSION, "checkpoint": str(rep.checkpoint),
             "manifest": str(rep.manifest_path), "manifest_sha256": rep.manifest_sha256,
             "files": rep.n_files, "bytes": rep.n_bytes,
             "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "seconds": round(rep.seconds, 3), "tool": "repro.checkpoint.verify"}
+            "seconds": round(rep.seconds, 3), "tool": "repro.checkpoint.verify",
+            "stat_fingerprint": fp, "stat": table}
 
 
 def write_stamp(rep: VerifyReport, stamp: str | Path) -> dict:
@@ -173,4 +227,14 @@ def require_verified(ckpt_dir: str | Path, stamp: str | Path) -> dict:
     if s.get("manifest_sha256") != m.get("manifest_sha256"):
         raise ManifestError(f"{stamp}: manifest_sha256 expected {m.get('manifest_sha256')} (current manifest "
                             f"of {ckpt_dir}), actual {s.get('manifest_sha256')}; verify again")
+    if "stat" in s:
+        now = stat_table(ckpt_dir)
+        then = {k: list(v) for k, v in s["stat"].items()}
+        changed = sorted(k for k in set(now) & set(then) if now[k] != then[k])
+        gone, new = sorted(set(then) - set(now)), sorted(set(now) - set(then))
+        if changed or gone or new:
+            parts = ([f"changed: {', '.join(changed)}"] if changed else []) + \
+                    ([f"missing: {', '.join(gone)}"] if gone else []) + ([f"extra: {', '.join(new)}"] if new else [])
+            raise ManifestError(f"{ckpt_dir}: files differ from when {stamp} was written ({'; '.join(parts)}); "
+                                f"run `python -m repro.checkpoint verify {ckpt_dir} --stamp {stamp}` again")
     return s

@@ -144,3 +144,61 @@ def test_2gib_sparse_file_verifies_with_bounded_rss(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     rss_mb = int(r.stdout.split("RSS_KB")[1].split()[0]) / 1024
     assert rss_mb < 200, f"peak RSS {rss_mb:.0f} MB while hashing 2 GiB"
+
+
+def test_require_verified_catches_changes_after_verification(ckpt, tmp_path):
+    stamp = tmp_path / "stamp.json"
+    assert verify_cli(ckpt, "--stamp", str(stamp)).returncode == 0
+    from repro.checkpoint.verify import rerun_trigger
+    assert rerun_trigger(ckpt, stamp) == "ok"
+    target = ckpt / "config.json"
+    target.write_text(target.read_text().replace("llada2_moe", "llada2_mof"))  # same size, new content
+    assert rerun_trigger(ckpt, stamp).startswith("changed:")
+    with pytest.raises(ManifestError, match="changed: config.json"):
+        require_verified(ckpt, stamp)
+
+
+SNAKEFILE = """
+import sys
+from repro.checkpoint.verify import rerun_trigger
+rule download:
+    output: directory("ckpt")
+    shell: "{sys.executable} -m repro.checkpoint download --name t --local-path src --out {output}"
+rule verify:
+    input: "ckpt"
+    output: "verified.json"
+    params: trigger=lambda wc: rerun_trigger("ckpt", "verified.json")
+    shell: "{sys.executable} -m repro.checkpoint verify {input} --stamp {output} --no-progress"
+rule generate:
+    input: v="verified.json", c="ckpt"
+    output: "gen.txt"
+    shell: "echo generated >> {output}"
+"""
+
+
+def test_workflow_byte_flip_reruns_verify_and_blocks_generation(tmp_path):
+    """The verify rule pattern proposed for workflow/rules/checkpoints.smk, in a 3-rule workflow."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "w.safetensors").write_bytes(os.urandom(50_000))
+    (src / "config.json").write_text("{}")
+    write_manifest(src)
+    (tmp_path / "Snakefile").write_text(SNAKEFILE)
+    smk = [str(os.path.join(os.path.dirname(sys.executable), "snakemake")), "gen.txt", "--cores", "1"]
+
+    def run():
+        return subprocess.run(smk, cwd=tmp_path, env=env_with_repo(), capture_output=True, text=True, timeout=120)
+
+    assert run().returncode == 0
+    r = run()
+    assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr  # unchanged: a no-op rerun
+    w = tmp_path / "ckpt" / "w.safetensors"
+    data = bytearray(w.read_bytes())
+    data[100] ^= 0xFF
+    (tmp_path / "ckpt" / "w.safetensors").unlink()  # (a new file: the source shares the hard link)
+    w.write_bytes(bytes(data))
+    r = run()
+    assert r.returncode != 0
+    assert "altered: w.safetensors: sha256" in r.stdout + r.stderr
+    assert (tmp_path / "gen.txt").read_text() == "generated\n"  # generation did not run again
+    assert not (tmp_path / "verified.json").exists()
