@@ -94,6 +94,7 @@ def hostile_programs(h):
         "print_passed_then_exit": "print('passed')\nprint('All tests passed', flush=True)\nimport os\nos._exit(0)\n",
         "print_passed_then_fail": "print('passed')\nassert False\n",
         "huge_output": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
+        "fill_disk": "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (8 << 20))\n    i += 1\n",
         "close_result_pipes": "import os\nfor fd in range(3, 256):\n    try:\n        os.close(fd)\n    except OSError:\n        pass\n",
     }
     # every hostile snippet is followed by tests that would pass if reached

@@ -24,9 +24,10 @@ The child (``_child``):
 2. ``isolate == "root"``: new network namespace (loopback only, down) and new mount namespace with
    private propagation: empty tmpfs over /tmp, /var/tmp, /dev/shm; directories on the interpreter's
    path that other users cannot traverse (e.g. a 0700 /root holding a pyenv install) are replaced by a
-   tmpfs exposing only the interpreter tree (``expose``); the scratch dir is bind-mounted at its own
-   path and becomes the cwd; then *every other mount is remounted read-only* in this namespace, so the
-   only writable place is the scratch dir (plus the already-open capture files).
+   tmpfs exposing only the interpreter tree (``expose``); a fresh size-limited tmpfs is mounted at the
+   scratch path and becomes the cwd (nothing reaches the host disk); then *every other mount is
+   remounted read-only* in this namespace, so the only writable place is the scratch tmpfs (plus the
+   already-open capture files).
    ``isolate == "userns"`` (not root, where unprivileged user namespaces are allowed): the same inside
    new user + mount + network + PID namespaces; the program runs as PID 1 of its own PID namespace
    (it cannot name, hence not signal, the zygote or scorer; when it ends the kernel kills everything
@@ -217,10 +218,10 @@ def _mountpoints():
     return out
 
 
-def _isolate(libc, expose, scratch):
+def _isolate(libc, expose, scratch, scratch_opts):
     """Root mode: network + mount namespaces; only ``scratch`` stays writable (module docstring)."""
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET), "unshare(NEWNS|NEWNET)")
-    return _mounts(libc, expose, scratch)
+    return _mounts(libc, expose, scratch, scratch_opts)
 
 
 def _write(path, text):
@@ -228,7 +229,7 @@ def _write(path, text):
         f.write(text)
 
 
-def _isolate_userns(libc, expose, scratch):
+def _isolate_userns(libc, expose, scratch, scratch_opts):
     """Non-root mode: user + mount + network + PID namespaces, same mounts as root mode.
 
     Returns in the *grandchild* (PID 1 of the new PID namespace, so the zygote and the scorer have no
@@ -241,7 +242,7 @@ def _isolate_userns(libc, expose, scratch):
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"0 {uid} 1")
     _write("/proc/self/gid_map", f"0 {gid} 1")
-    ro_failed = _mounts(libc, expose, scratch)
+    ro_failed = _mounts(libc, expose, scratch, scratch_opts)
     pid = os.fork()
     if pid:  # intermediate: relay the exit status of the namespace's init, nothing else
         code = 1
@@ -264,14 +265,13 @@ def _isolate_userns(libc, expose, scratch):
     return ro_failed
 
 
-def _mounts(libc, expose, scratch):
+def _mounts(libc, expose, scratch, scratch_opts):
     _mount(libc, "none", "/", None, MS_REC | MS_PRIVATE, None)
     # Keep handles on the interpreter trees and the scratch dir before any tmpfs hides them.
     handles = []
     for hidden_dir, child in expose:
         fd = os.open(os.path.join(hidden_dir, child), os.O_PATH | os.O_DIRECTORY)
         handles.append((hidden_dir, child, fd))
-    scratch_fd = os.open(scratch, os.O_PATH | os.O_DIRECTORY)
     for d in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(d):
             _mount(libc, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
@@ -285,8 +285,9 @@ def _mounts(libc, expose, scratch):
         _mount(libc, f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC, None)
         os.close(fd)
     os.makedirs(scratch, exist_ok=True)  # inside the new /tmp tmpfs when the original path is hidden
-    _mount(libc, f"/proc/self/fd/{scratch_fd}", scratch, None, MS_BIND, None)
-    os.close(scratch_fd)
+    # The scratch dir itself is a fresh, size-limited tmpfs: nothing the program writes reaches the
+    # host disk, and it cannot fill it.
+    _mount(libc, "tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, scratch_opts)
     os.chdir(scratch)
     # Everything except the scratch bind mount becomes read-only (this namespace's copies only).
     ro_failed = []
@@ -372,10 +373,11 @@ def _child(req, res_w, out_fd, err_fd):
         mode = req["isolate"]
         expose = [tuple(x) for x in req["expose"]]
         ro_failed = []
+        scratch_opts = f"size={int(limits.get('scratch_bytes') or 64 << 20)},mode=0700"
         if mode == "root":
-            ro_failed = _isolate(libc, expose, scratch)
+            ro_failed = _isolate(libc, expose, scratch, scratch_opts + (f",uid={uid},gid={uid}" if uid is not None else ""))
         elif mode == "userns":
-            ro_failed = _isolate_userns(libc, expose, scratch)
+            ro_failed = _isolate_userns(libc, expose, scratch, scratch_opts)
         else:
             _block_network()
         if ro_failed:

@@ -25,8 +25,9 @@ Enforced on Linux when running as root (what CI and the scoring jobs here do):
   no supplementary groups, no_new_privs: host files owned by others cannot be written or deleted, the
   parent and other sandboxes cannot be signalled, set-uid binaries give nothing;
 - a network namespace (no interfaces up: no network) and a mount namespace with empty tmpfs on /tmp,
-  /var/tmp and /dev/shm in which every mount except the scratch dir is remounted read-only (a probe
-  program at start-up checks this and ``enforced["read_only_outside_scratch"]`` reports it);
+  /var/tmp and /dev/shm, the scratch dir replaced by a fresh tmpfs of ``scratch_bytes`` (64 MiB), and
+  every other mount remounted read-only (a probe program at start-up checks this and
+  ``enforced["read_only_outside_scratch"]`` reports it) -- nothing is written to the host disk;
 - a wall-clock timeout; then SIGKILL to the process group, to every process of the slot's uid and
   to every descendant of the fork server (a child subreaper, so ``setsid``-escaped daemons and
   fork-bomb orphans are re-parented to it); the same sweep runs after every program, so nothing
@@ -114,9 +115,11 @@ class Limits:
     nproc: int = 64
     fsize_bytes: int = 16 << 20
     nofile: int = 256
+    scratch_bytes: int = 64 << 20
 
     def as_rlimits(self) -> dict:
         return {
+            "scratch_bytes": self.scratch_bytes,
             "cpu_s": self.cpu_s if self.cpu_s is not None else math.ceil(self.timeout_s) + 1,
             "memory_bytes": self.memory_bytes,
             "nproc": self.nproc,
