@@ -20,14 +20,15 @@ TINY_CFG = {
 }
 
 
-@pytest.mark.parametrize("fuse_norm", [False, True])
-def test_block_forward_matches_reference_tiny(dev, fuse_norm):
+@pytest.mark.parametrize("fuse_norm,triton_linear", [(False, False), (True, False), (False, True)])
+def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear):
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
     W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
     T, P = 8, 21
     fw = F.BlockForward(W, TINY, 64, T=T, device=dev, configs=TINY_CFG)
     fw.fuse_norm = fuse_norm
+    fw.triton_linear = triton_linear
     fw.kv.normal_()
     fw.cache_len.fill_(P)
     ids = torch.randint(0, TINY.vocab, (T,))
@@ -45,8 +46,9 @@ def test_block_forward_matches_reference_tiny(dev, fuse_norm):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl,prefetch,fuse_norm", [(False, False, False), (True, True, False), (False, False, True)])
-def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm):
+@pytest.mark.parametrize("pdl,prefetch,fuse_norm,lin", [(False, False, False, False), (True, True, False, False),
+                                                        (False, False, True, False), (True, False, False, True)])
+def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin):
     """Model-width layers (fewer layers/experts/vocab) in bf16 under a CUDA graph vs the bf16 reference."""
     from repro.engine.kernels import _triton
 
@@ -57,6 +59,7 @@ def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm):
     fw = F.BlockForward(W, shape, 2048, T=32, device="cuda")
     fw.prefetch = prefetch
     fw.fuse_norm = fuse_norm
+    fw.triton_linear = lin
     fw.kv.normal_()
     ids = torch.randint(0, shape.vocab, (32,), device="cuda")
     fw.ids.copy_(ids)

@@ -664,6 +664,25 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     )
 
 
+def linear_rows(x, w, out, counts, pairs, cfg):
+    """out[t] = x[t]·wᵀ (fp32) for a small row count through the grouped down-proj kernel (one "expert").
+
+    x [T, K] (bf16), w [N_out, K] contiguous, out [T, N_out] fp32; counts [1] = T and pairs [1, MAXC] =
+    0..T-1 (static, e.g. the dense-layer workspace). A split-free skinny GEMM: grid N_out/BLOCK_N programs
+    each streaming a [BLOCK_N, K] weight tile once. Used for the QKV and O projections (variant).
+    """
+    T, K = x.shape
+    N_out = w.shape[0]
+    maxc = pairs.shape[-1]
+    bn, bk = min(cfg["BLOCK_N"], N_out), min(cfg["BLOCK_K"], K)
+    assert x.is_contiguous() and w.is_contiguous() and out.is_contiguous() and N_out % bn == 0 and K % bk == 0
+    _moe_down_kernel[(1, N_out // bn, triton.cdiv(maxc, cfg["BLOCK_M"]))](
+        x, w, counts, pairs, out, H=N_out, N=K, MAXC=maxc, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl(),
+    )
+    return out
+
+
 def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):
     """Kernels 3-4: grouped gate+up (SiLU·mul·weight fused) and down into ``ws.pair_out`` (fp32)."""
     moe_gate_up(x, w13, ws, top_k, configs, norm_w, eps)

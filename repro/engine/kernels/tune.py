@@ -190,6 +190,40 @@ def tune_attn(T=32, NQ=16, NKV=4, D=128, prefixes=(1024, 4096), quick=False, see
     return {"split": bestc[1]}, rows
 
 
+LIN_CANDS = [(32, 16, 256, 4, 3), (32, 16, 128, 4, 4), (32, 32, 256, 4, 3), (32, 32, 128, 4, 4),
+             (32, 16, 512, 4, 2), (32, 64, 128, 4, 4), (16, 16, 256, 4, 3), (32, 16, 256, 2, 3),
+             (32, 32, 512, 8, 2)]
+
+
+def tune_linear(T=32, H=2048, shapes=(("qkv", 3072), ("o", 2048)), quick=False, seed=0):
+    """Skinny GEMM (moe.linear_rows) for the QKV and O projections vs cuBLAS (torch.mm) at M=T."""
+    dev = "cuda"
+    g = torch.Generator(device=dev)
+    g.manual_seed(seed)
+    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
+    counts = torch.full((1,), T, dtype=torch.int32, device=dev)
+    pairs = torch.arange(T, dtype=torch.int32, device=dev).view(1, T)
+    rows, best = [], {}
+    for name, n_out in shapes:
+        w = torch.randn(n_out, H, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
+        out = torch.empty(T, n_out, device=dev, dtype=torch.float32)
+        ob = torch.empty(T, n_out, device=dev, dtype=torch.bfloat16)
+        nbytes = n_out * H * 2
+        ms = _try(lambda: torch.mm(x, w.t(), out=ob), f"linear {name} cuBLAS torch.mm", rows)
+        if ms:
+            rows[-1] = (rows[-1][0], ms, f"{nbytes / ms / 1e6:.0f} GB/s")
+        kb = None
+        for c in LIN_CANDS[:2] if quick else LIN_CANDS:
+            cfg = _as_cfg(c)
+            ms = _try(lambda: M.linear_rows(x, w, out, counts, pairs, cfg), f"linear {name} {c}", rows)
+            if ms is not None:
+                rows[-1] = (rows[-1][0], ms, f"{nbytes / ms / 1e6:.0f} GB/s")
+                if kb is None or ms < kb[0]:
+                    kb = (ms, cfg)
+        best[name] = kb[1]
+    return best, rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="few candidates (smoke test)")
@@ -215,6 +249,12 @@ def main(argv=None):
         summary["dense"] = best
         if not args.no_save:
             summary["saved"].append(str(save_config("dense", best, N=5120, H=2048, T=32)))
+    if "linear" in parts:
+        best, rows = tune_linear(quick=args.quick)
+        _print(rows)
+        summary["linear"] = best
+        if not args.no_save:
+            summary["saved"].append(str(save_config("linear", best, H=2048, T=32)))
     if "attn" in parts:
         best, rows = tune_attn(quick=args.quick)
         _print(rows)
