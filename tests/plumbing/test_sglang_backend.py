@@ -168,3 +168,18 @@ def test_module_import_does_not_import_sglang():
     code = "import sys, repro.backends.sglang; print('sglang' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], env=env_with_repo(), capture_output=True, text=True)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_chat_format_matches_engine_on_tiny_checkpoint(tmp_path):
+    """The SGLang backend formats prompts exactly as our engine does (same checkpoint chat template)."""
+    pytest.importorskip("torch")
+    from repro.checkpoint.tiny import write_tiny
+    from repro.backends.sglang import ChatFormatter
+    from repro.engine import LLM
+
+    write_tiny(tmp_path / "tiny", seed=0)
+    llm = LLM(str(tmp_path / "tiny"), role="orl", precision="fp32", device="cpu")
+    fmt = ChatFormatter(tmp_path / "tiny")
+    for msgs in ([{"role": "user", "content": "What is 2+2?"}],
+                 [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a\nb"}]):
+        assert fmt(msgs) == llm.apply_chat_template(msgs)
