@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.scoring.code import _zygote as zyg
+from repro.scoring.code import proctable as zyg
 from repro.scoring.code import sandbox as sbmod
 from repro.scoring.code.sandbox import Limits, Sandbox
 

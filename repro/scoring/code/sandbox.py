@@ -72,7 +72,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ._zygote import sweep
+from .proctable import sweep
 
 __all__ = ["Limits", "RunResult", "Sandbox", "default_workers"]
 
