@@ -68,6 +68,7 @@ import sysconfig
 import tempfile
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -264,7 +265,8 @@ class Sandbox:
         for uid in self._uids:
             if uid is not None:
                 sweep(uid, None)
-        self._closed = False
+        self._finalizer = weakref.finalize(self, Sandbox._cleanup, self._zygotes, self._uids,
+                                           self._scratch_root, self._uid_locks)
         self.read_only_outside_scratch = False
         self.isolate: str | None = None
         self._probe_isolation()
@@ -316,36 +318,32 @@ class Sandbox:
         }
 
     def close(self) -> None:
-        """Stop the fork servers, kill anything left of the slot uids, free the uids. Idempotent."""
-        if getattr(self, "_closed", True):
-            return
-        self._closed = True
-        for slot, z in enumerate(self._zygotes):
+        """Stop the fork servers, kill anything left of the slot uids, free the uids. Idempotent; also
+        runs when the Sandbox is garbage-collected or at interpreter exit (``weakref.finalize``)."""
+        self._finalizer()
+
+    @staticmethod
+    def _cleanup(zygotes: list, uids: list, scratch_root: str, uid_locks: list) -> None:
+        for slot, z in enumerate(zygotes):
             if z is not None:
                 z.kill()
-                self._zygotes[slot] = None
-        for uid in self._uids:
+                zygotes[slot] = None
+        for uid in uids:
             if uid is not None:
                 sweep(uid, None)
-        shutil.rmtree(self._scratch_root, ignore_errors=True)
-        for fd in self._uid_locks:
+        shutil.rmtree(scratch_root, ignore_errors=True)
+        for fd in uid_locks:
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self._uid_locks = []
+        uid_locks.clear()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
-
-    def __del__(self):  # pragma: no cover - best effort if close() was forgotten
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # ------------------------------------------------------------------ run
     def _zygote(self, slot: int) -> _Zygote:
