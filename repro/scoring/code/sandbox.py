@@ -11,7 +11,7 @@ Sources: issue 3 "Sandbox for model-written code"; scoring.md section 4 (human-e
 "not a security sandbox"; EvalPlus' time/memory limits; generous limits on 2-core machines, case
 humaneval-02; timeouts must not hang the run, case humaneval-08).
 
-Enforced on Linux when running as root (what CI and the scoring jobs here do):
+Enforced on Linux when running as root (as on the development machine; ``enforced`` says what holds):
 - a separate process per program -- forked by a per-slot fork server (``_zygote.py``, a clean
   ``python -I -S -B`` process, so a run costs a fork, not an interpreter start) -- in a new
   session/process group, with a fresh scratch directory as cwd (deleted afterwards), environment
@@ -36,7 +36,8 @@ Without root (``privileged=False`` forces this path, the tests run it too) where
 namespaces are allowed (``enforced["isolation"] == "userns"``): the same network/mount isolation and
 read-only host view inside user + mount + network + PID namespaces; the program is PID 1 of its own
 PID namespace, so it cannot name (hence not signal) the scorer, and the kernel kills whatever it leaves
-behind; capabilities are dropped through a nested user namespace; no uid separation (files are
+behind (as PID 1 it also ignores signals it sends itself without a handler, e.g. a self-SIGKILL);
+capabilities are dropped through a nested user namespace; no uid separation (files are
 accessed as the scoring user, but every mount except the scratch dir is read-only); RLIMIT_NPROC is
 the user's current process count plus the limit (the kernel counts per user).
 Best-effort only (no namespaces permitted, ``enforced["isolation"] == "none"``): rlimits, process-group
@@ -46,9 +47,9 @@ scoring user and could write that user's files or signal its processes.
 true) is not detected by any executor, ours included.
 
 Parallelism: ``workers`` programs at a time (default and maximum: the CPUs available to this process),
-one fork server and one waiting thread per slot, so no oversubscription. A crashed worker (fork server died or did not
-answer, or the child died before starting the program) gives ``error``; the program is retried once on
-a fresh fork server and the second outcome is recorded.
+one fork server and one waiting thread per slot, so no oversubscription. A crashed worker (the fork
+server died or did not answer, or the child died before starting the program) gives ``error``; the
+program is retried once on a fresh fork server and the second outcome is recorded.
 """
 
 from __future__ import annotations
