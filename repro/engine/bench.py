@@ -118,26 +118,29 @@ def _block_ids(shape, seed: int, T: int = 32):
 
 
 # variant -> (PDL launches, L2 prefetch of the next layer's weights, post-attention RMSNorm folded into the FFN
-# GEMMs, QKV/O projections through the Triton skinny GEMM instead of cuBLAS)
-VARIANTS = {"base": (False, False, False, False), "pdl": (True, False, False, False),
-            "prefetch": (False, True, False, False), "pdl+prefetch": (True, True, False, False),
-            "fused_norm": (False, False, True, False), "pdl+fused_norm": (True, False, True, False),
-            "linear": (False, False, False, True), "pdl+linear": (True, False, False, True)}
+# GEMMs, QKV/O projections through the Triton skinny GEMM instead of cuBLAS, expert GEMM grids over the
+# active-expert list instead of all 257 experts)
+VARIANTS = {"base": (False, False, False, False, False), "pdl": (True, False, False, False, False),
+            "prefetch": (False, True, False, False, False), "pdl+prefetch": (True, True, False, False, False),
+            "fused_norm": (False, False, True, False, False), "pdl+fused_norm": (True, False, True, False, False),
+            "linear": (False, False, False, True, False), "pdl+linear": (True, False, False, True, False),
+            "compact": (False, False, False, False, True), "pdl+compact": (True, False, False, False, True)}
 
 
 def _set_variant(fw, name):
     from .kernels import _triton
 
-    pdl, pf, fn, lin = VARIANTS[name]
+    pdl, pf, fn, lin, cp = VARIANTS[name]
     eff = _triton.set_pdl(pdl)
     fw.prefetch = pf
     fw.fuse_norm = fn
     fw.triton_linear = lin
+    fw.ws.compact = cp
     return eff == pdl
 
 
 def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print,
-                variants=("base", "pdl", "linear", "pdl+linear")):
+                variants=("base", "pdl", "compact", "pdl+compact")):
     from .kernels import fastpath as F
 
     results = []

@@ -20,8 +20,9 @@ TINY_CFG = {
 }
 
 
-@pytest.mark.parametrize("fuse_norm,triton_linear", [(False, False), (True, False), (False, True)])
-def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear):
+@pytest.mark.parametrize("fuse_norm,triton_linear,compact", [(False, False, False), (True, False, False),
+                                                            (False, True, False), (False, False, True)])
+def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear, compact):
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
     W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
@@ -29,6 +30,7 @@ def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear):
     fw = F.BlockForward(W, TINY, 64, T=T, device=dev, configs=TINY_CFG)
     fw.fuse_norm = fuse_norm
     fw.triton_linear = triton_linear
+    fw.ws.compact = compact
     fw.kv.normal_()
     fw.cache_len.fill_(P)
     ids = torch.randint(0, TINY.vocab, (T,))
@@ -46,9 +48,10 @@ def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl,prefetch,fuse_norm,lin", [(False, False, False, False), (True, True, False, False),
-                                                        (False, False, True, False), (True, False, False, True)])
-def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin):
+@pytest.mark.parametrize("pdl,prefetch,fuse_norm,lin,compact", [
+    (False, False, False, False, False), (True, True, False, False, False), (False, False, True, False, False),
+    (True, False, False, True, False), (False, False, False, False, True), (True, False, False, False, True)])
+def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact):
     """Model-width layers (fewer layers/experts/vocab) in bf16 under a CUDA graph vs the bf16 reference."""
     from repro.engine.kernels import _triton
 
@@ -60,6 +63,7 @@ def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin):
     fw.prefetch = prefetch
     fw.fuse_norm = fuse_norm
     fw.triton_linear = lin
+    fw.ws.compact = compact
     fw.kv.normal_()
     ids = torch.randint(0, shape.vocab, (32,), device="cuda")
     fw.ids.copy_(ids)

@@ -51,20 +51,26 @@ def _check_routing(x, gate, bias, ws, k, ng, tg):
         assert lst.unique().numel() == lst.numel()
 
 
-@pytest.mark.parametrize("dtype,T,shared,seed", [
-    (torch.float32, 8, True, 0),
-    (torch.float16, 5, True, 1),
-    (torch.float32, 16, False, 2),
+@pytest.mark.parametrize("dtype,T,shared,seed,compact", [
+    (torch.float32, 8, True, 0, False),
+    (torch.float16, 5, True, 1, False),
+    (torch.float32, 16, False, 2, False),
+    (torch.float32, 8, True, 3, True),
+    (torch.float16, 7, False, 4, True),
 ])
-def test_fused_moe_small(dev, dtype, T, shared, seed):
+def test_fused_moe_small(dev, dtype, T, shared, seed, compact):
     H, N, E, k, ng, tg = 64, 32, 16, 4, 4, 2
     x, gate, bias, w13, w2 = _inputs(T, H, N, E, shared, dtype, dev, seed)
     E1 = w13.shape[0]
     ws = M.MoEWorkspace.create(T, H, N, E, E1, k, dtype, dev, split_k=2)
+    ws.compact = compact
     ws.out.fill_(float("nan"))
     out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=SMALL_CFG)
     assert not torch.isnan(out).any()
     _check_routing(x, gate, bias, ws, k, ng, tg)
+    nact = int(ws.counts[E1])
+    assert nact == int((ws.counts[:E] > 0).sum())
+    assert sorted(ws.active[:nact].tolist()) == torch.nonzero(ws.counts[:E] > 0).flatten().tolist()
     ref = M.moe_reference(x, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
     tol = 1e-5 if dtype == torch.float32 and dev == "cpu" else 3e-3
     assert rel_err(out, ref) < tol
@@ -81,11 +87,12 @@ def test_stack_experts_matches_layout():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed", [0, 1])
-def test_fused_moe_bf16_full_shape(seed):
+@pytest.mark.parametrize("seed,compact", [(0, False), (1, False), (2, True)])
+def test_fused_moe_bf16_full_shape(seed, compact):
     T, H, N, E, k = 32, 2048, 512, 256, 8
     x, gate, bias, w13, w2 = _inputs(T, H, N, E, True, torch.bfloat16, "cuda", seed)
     ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, torch.bfloat16, "cuda")
+    ws.compact = compact
     ws.out.fill_(float("nan"))
     ws.pair_out.fill_(float("nan"))
     out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, ws=ws)

@@ -227,7 +227,7 @@ if HAS_TRITON:
     @triton.jit
     def _route_select_kernel(
         part_ptr, bias_ptr, ids_ptr, topw_ptr, pairw_ptr, counts_ptr, pairs_ptr, next_counts_ptr, ss_ptr, eps,
-        E: tl.constexpr, T_PAD: tl.constexpr, TOPK: tl.constexpr, N_GROUP: tl.constexpr,
+        active_ptr, NACT_IDX: tl.constexpr, E: tl.constexpr, T_PAD: tl.constexpr, TOPK: tl.constexpr, N_GROUP: tl.constexpr,
         TOPK_GROUP: tl.constexpr, SPLIT_K: tl.constexpr, SCALE: tl.constexpr,
         RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, MAXC: tl.constexpr, ZERO_NEXT: tl.constexpr,
         NORM: tl.constexpr = False, H: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
@@ -290,14 +290,19 @@ if HAS_TRITON:
         tl.store(pairw_ptr + p, wts)
         slot = tl.atomic_add(counts_ptr + ids, tl.full((TOPK,), 1, tl.int32))
         tl.store(pairs_ptr + ids * MAXC + slot, p)
+        # first pair of an expert appends the expert to the active list (counts[NACT_IDX] = its length)
+        first = slot == 0
+        pos = tl.atomic_add(counts_ptr + NACT_IDX + 0 * ids, tl.full((TOPK,), 1, tl.int32), mask=first)
+        tl.store(active_ptr + pos, ids, mask=first)
         if ZERO_NEXT:
             if t == 0:
                 tl.store(next_counts_ptr + offs_e, tl.zeros((E,), dtype=tl.int32))
+                tl.store(next_counts_ptr + NACT_IDX, 0)
 
     @triton.jit
     def _align_kernel(
-        ids_ptr, w_ptr, pairw_ptr, counts_ptr, pairs_ptr,
-                      TOPK: tl.constexpr, MAXC: tl.constexpr, USE_PDL: tl.constexpr = False,
+        ids_ptr, w_ptr, pairw_ptr, counts_ptr, pairs_ptr, active_ptr,
+                      TOPK: tl.constexpr, MAXC: tl.constexpr, NACT_IDX: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
         """Alignment of given routing (ids [T, TOPK] int64/int32, w [T, TOPK] fp32); one program per token."""
         if USE_PDL:
@@ -310,6 +315,9 @@ if HAS_TRITON:
         tl.store(pairw_ptr + p, tl.load(w_ptr + p).to(tl.float32))
         slot = tl.atomic_add(counts_ptr + ids, tl.full((TOPK,), 1, tl.int32))
         tl.store(pairs_ptr + ids * MAXC + slot, p)
+        first = slot == 0
+        pos = tl.atomic_add(counts_ptr + NACT_IDX + 0 * ids, tl.full((TOPK,), 1, tl.int32), mask=first)
+        tl.store(active_ptr + pos, ids, mask=first)
 
     @triton.jit
     def _logits_partial_stats_kernel(
@@ -378,15 +386,26 @@ if HAS_TRITON:
         x_ptr, w13_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, nw_ptr, eps, T, stride_xt,
         H: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, MAXC: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr = False,
-        USE_PDL: tl.constexpr = False,
+        ACTIVE: tl.constexpr = False, active_ptr=None,
+        NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
     ):
         """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e)."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
-        e = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        pid_m = tl.program_id(2)
+        if ACTIVE:  # grid (n-tiles, active slots, m-blocks): slot 0 = shared expert, then the active list
+            pid_n = tl.program_id(0)
+            jj = tl.program_id(1) - SH
+            pid_m = tl.program_id(2)
+            nact = tl.load(counts_ptr + NACT_IDX)
+            ea = tl.load(active_ptr + tl.maximum(jj, 0))
+            e = tl.where(jj < 0, E_SH, ea)
+            if jj >= nact:
+                return
+        else:
+            e = tl.program_id(0)
+            pid_n = tl.program_id(1)
+            pid_m = tl.program_id(2)
         cnt = tl.load(counts_ptr + e)
         if pid_m * BLOCK_M >= cnt:
             return
@@ -426,15 +445,26 @@ if HAS_TRITON:
     def _moe_down_kernel(
         inter_ptr, w2_ptr, counts_ptr, pairs_ptr, out_ptr,
         H: tl.constexpr, N: tl.constexpr, MAXC: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
+        NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
     ):
         """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
-        e = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        pid_m = tl.program_id(2)
+        if ACTIVE:  # grid (n-tiles, active slots, m-blocks): slot 0 = shared expert, then the active list
+            pid_n = tl.program_id(0)
+            jj = tl.program_id(1) - SH
+            pid_m = tl.program_id(2)
+            nact = tl.load(counts_ptr + NACT_IDX)
+            ea = tl.load(active_ptr + tl.maximum(jj, 0))
+            e = tl.where(jj < 0, E_SH, ea)
+            if jj >= nact:
+                return
+        else:
+            e = tl.program_id(0)
+            pid_n = tl.program_id(1)
+            pid_m = tl.program_id(2)
         cnt = tl.load(counts_ptr + e)
         if pid_m * BLOCK_M >= cnt:
             return
@@ -516,7 +546,9 @@ class MoEWorkspace:
         self.topk_ids = torch.zeros(T, top_k, **i32)
         self.topk_w = torch.zeros(T, top_k, **f32)
         self.pair_w = torch.zeros(P1, **f32)
-        self.counts_all = torch.zeros(n_slots, E1, **i32)
+        self.counts_all = torch.zeros(n_slots, E1 + 1, **i32)  # [:, E1] = number of active routed experts
+        self.active = torch.zeros(max(E, 1), **i32)  # active routed experts of the current layer
+        self.compact = False  # launch the expert GEMMs over (active list) instead of all E1 experts
         self.pairs = torch.zeros(E1, T_PAD, **i32)
         self.inter = torch.zeros(P1, N, dtype=dtype, device=device)
         self.pair_out = torch.zeros(P1, H, **f32)
@@ -533,7 +565,7 @@ class MoEWorkspace:
 
     @property
     def counts(self) -> torch.Tensor:
-        """Counts row [E1] of the slot in use."""
+        """Counts row [E1 + 1] of the slot in use (index E1: length of the active list)."""
         return self.counts_all[self.slot]
 
 
@@ -571,6 +603,7 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     if slot is None:
         ws.slot = 0
         ws.counts_all[0, :E].zero_()
+        ws.counts_all[0, E1:].zero_()
         nxt = ws.counts_all[0]
     else:
         ws.slot = slot
@@ -578,7 +611,7 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     ac = _cfg("route", configs, H, ws.inter.shape[1], E1, T)
     _route_select_kernel[(T,)](
         ws.part, expert_bias if expert_bias is not None else ws.part, ws.topk_ids, ws.topk_w,
-        ws.pair_w, ws.counts, ws.pairs, nxt, ws.ss, eps, E=E, T_PAD=ws.T_PAD, TOPK=top_k, N_GROUP=n_group,
+        ws.pair_w, ws.counts, ws.pairs, nxt, ws.ss, eps, ws.active, NACT_IDX=E1, E=E, T_PAD=ws.T_PAD, TOPK=top_k, N_GROUP=n_group,
         TOPK_GROUP=topk_group, SPLIT_K=split, SCALE=float(scaling), RENORM=bool(renormalize),
         HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, ZERO_NEXT=slot is not None,
         NORM=norm_w is not None, H=H,
@@ -592,8 +625,9 @@ def moe_align(ids, weights, ws: MoEWorkspace):
     T, K = ids.shape
     ws.slot = 0
     ws.counts_all[0, : ws.E].zero_()
-    _align_kernel[(T,)](ids.contiguous(), weights.contiguous(), ws.pair_w, ws.counts, ws.pairs, TOPK=K,
-                        MAXC=ws.T_PAD, num_warps=1, **pdl())
+    ws.counts_all[0, ws.E1:].zero_()
+    _align_kernel[(T,)](ids.contiguous(), weights.contiguous(), ws.pair_w, ws.counts, ws.pairs, ws.active, TOPK=K,
+                        MAXC=ws.T_PAD, NACT_IDX=ws.E1, num_warps=1, **pdl())
 
 
 def l2_prefetch(tensors, dummy, block=2048, iters=4):
@@ -642,10 +676,13 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=
     assert w13.is_contiguous() and x.stride(1) == 1
     gc = _cfg("gate_up", configs, H, N, E1, T)
     bn, bk = min(gc["BLOCK_N"], N), min(gc["BLOCK_K"], H)
-    _moe_gate_up_kernel[(E1, N // bn, triton.cdiv(ws.T_PAD, gc["BLOCK_M"]))](
+    sh = int(ws.E1 == ws.E + 1)
+    grid = ((N // bn, E1, triton.cdiv(ws.T_PAD, gc["BLOCK_M"])) if ws.compact
+            else (E1, N // bn, triton.cdiv(ws.T_PAD, gc["BLOCK_M"])))
+    _moe_gate_up_kernel[grid](
         x, w13, ws.counts, ws.pairs, ws.pair_w, ws.inter, norm_w if norm_w is not None else x, eps, T,
         x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
-        NORM=norm_w is not None,
+        NORM=norm_w is not None, ACTIVE=ws.compact, active_ptr=ws.active, NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
         num_warps=gc["num_warps"], num_stages=gc["num_stages"], **pdl(),
     )
 
@@ -657,9 +694,13 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     assert w2.is_contiguous() and ws.inter.shape[1] == N
     dc = _cfg("down", configs, H, N, E1, T)
     bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
-    _moe_down_kernel[(E1, H // bn, triton.cdiv(ws.T_PAD, dc["BLOCK_M"]))](
+    sh = int(ws.E1 == ws.E + 1)
+    grid = ((H // bn, E1, triton.cdiv(ws.T_PAD, dc["BLOCK_M"])) if ws.compact
+            else (E1, H // bn, triton.cdiv(ws.T_PAD, dc["BLOCK_M"])))
+    _moe_down_kernel[grid](
         ws.inter, w2, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD,
-        BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
+        BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
+        NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
         num_warps=dc["num_warps"], num_stages=dc["num_stages"], **pdl(),
     )
 
