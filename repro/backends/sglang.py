@@ -298,10 +298,12 @@ class SGLangBackend:
         cfg_path = self.work_dir / "dllm_algorithm_config.yaml"
         cfg_path.write_text(text)
         kw, card = engine_kwargs(self.model_dir, algorithm, str(cfg_path), self.tp_size, self.card_options,
-                                 self._server_fields())
+                                 self._server_fields())  # (the sdar_* fields it has are listed in describe())
         self.engine = sgl.Engine(**kw)
         self._engine_key = key
+        fields = self._server_fields()
         self._info = {"dllm_algorithm": algorithm, "dllm_algorithm_config": cfg,
+                      "sdar_server_args_available": sorted(f for f in (fields or ()) if f.startswith("sdar_")),
                       "dllm_algorithm_config_sha256": hashlib.sha256(text.encode()).hexdigest(),
                       "engine_kwargs": {k: v for k, v in kw.items() if k != "model_path"},
                       "card_options": card, "sglang": getattr(sgl, "__version__", "unknown")}

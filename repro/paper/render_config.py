@@ -4,7 +4,7 @@ Command (the model card's, verbatim, plus options)::
 
     python -m repro.paper.render_config --suite main --model llada-orl --benchmark gsm8k --seed 12345 \
         --out decoder.yaml [--checkpoint DIR] [--backend engine|sglang] [--set key=value ...] \
-        [--hash-out FILE] [--meta-out FILE]
+        [--hash-out FILE] [--meta-out FILE] [--sglang-out FILE]
 
 Contract
 --------
@@ -16,6 +16,8 @@ Contract
   go to ``--meta-out`` (they are not YAML keys SGLang reads).
 * Output is byte-identical for identical inputs: fixed key order, normalised numbers, no timestamps, no
   absolute paths. The header comments name the source kind and the source file's sha256.
+* ``--sglang-out FILE`` (with the engine backend): also write the SGLang YAML of the same settings, so a
+  workflow can keep the engine config (all keys, what every backend consumes) and record SGLang's file.
 * Writes ``--out`` atomically; prints ``<sha256>  <out>`` on stdout; ``--hash-out FILE`` writes the hex
   digest plus newline; ``--meta-out FILE`` writes JSON ``{sha256, backend, decoder, dllm_algorithm?,
   sglang_config?, sampling_params?, notes, source, source_kind, source_sha256}``.
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="override a decoder key (repeatable), e.g. --set max_new_tokens=64")
     ap.add_argument("--hash-out", help="write the sha256 hex digest of the rendered YAML here")
     ap.add_argument("--meta-out", help="write a JSON sidecar (sha256, resolved decoder, SGLang algorithm, notes)")
+    ap.add_argument("--sglang-out", help="with --backend engine: also write the SGLang YAML of the same settings")
     args = ap.parse_args(argv)
     try:
         overrides = parse_overrides(args.sets, args.backend)
@@ -129,7 +132,22 @@ def main(argv: list[str] | None = None) -> int:
     except PaperDecodingError as e:
         print(f"render_config: error: {e}", file=sys.stderr)
         return 2
+    if args.sglang_out:
+        if args.backend != "engine":
+            print("render_config: error: --sglang-out goes with --backend engine (--out is already SGLang's)",
+                  file=sys.stderr)
+            return 2
+        try:
+            stext, smeta = render(args.suite, args.model, args.benchmark, args.seed, "sglang", args.checkpoint,
+                                  overrides)
+        except PaperDecodingError as e:
+            print(f"render_config: error: {e}", file=sys.stderr)
+            return 2
+        meta["sglang"] = {k: smeta[k] for k in ("sha256", "dllm_algorithm", "sglang_config", "sampling_params",
+                                                "notes")}
     atomic_write_text(args.out, text)
+    if args.sglang_out:
+        atomic_write_text(args.sglang_out, stext)
     if args.hash_out:
         atomic_write_text(args.hash_out, meta["sha256"] + "\n")
     if args.meta_out:

@@ -120,3 +120,12 @@ def test_unknown_suite_model_benchmark_named(tmp_path):
         cmd[i + 1] = args[1]
         r = run_py(cmd, cwd=tmp_path)
         assert r.returncode == 2 and word in r.stderr and "available" in r.stderr
+
+
+def test_sglang_out_beside_engine_config(tmp_path):
+    r = run_py(CARD + ["--sglang-out", "sglang.yaml", "--meta-out", "m.json"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load((tmp_path / "decoder.yaml").read_text())["algorithm"] == "orl"
+    text, meta = render("main", "llada-orl", "gsm8k", 12345, backend="sglang")
+    assert (tmp_path / "sglang.yaml").read_text() == text
+    assert json.loads((tmp_path / "m.json").read_text())["sglang"]["sha256"] == meta["sha256"]
