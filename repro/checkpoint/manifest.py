@@ -8,7 +8,7 @@ Schema (version 1; JSON Schema in ``MANIFEST_SCHEMA`` below)::
 
 * ``path``: POSIX path relative to the checkpoint directory; no ``..``, no leading ``/``.
 * The manifest does not list itself, nor anything under ``.cache/`` (huggingface_hub's ``local_dir``
-  bookkeeping). ``manifest_sha256`` = sha256 of ``json.dumps(files, sort_keys=True,
+  bookkeeping), nor ``IGNORED_NAMES`` (Snakemake's ``.snakemake_timestamp`` in ``directory()`` outputs). ``manifest_sha256`` = sha256 of ``json.dumps(files, sort_keys=True,
   separators=(",", ":"))``; it identifies the whole checkpoint in provenance and detects an edited
   manifest.
 * Hashing streams each file in 8 MiB chunks into one reused buffer, so memory stays flat for multi-GB
