@@ -47,3 +47,21 @@ def test_scoring_stage_on_gold_completions(tmp_path, data_dir, bench, wrong):
     assert s["accuracy"] == (0.0 if wrong else 100.0), [l for l in out.read_text().splitlines()
                                                          if ('"correct": true' in l) == wrong][:3]
     assert len(out.read_text().splitlines()) == N
+
+
+def test_scoring_stage_honours_the_configured_timeout(tmp_path, data_dir):
+    import time
+
+    probs = load_problems("humaneval", data_dir, limit=1).problems
+    pf, gf = tmp_path / "p.jsonl", tmp_path / "g.jsonl"
+    pf.write_text(json.dumps(probs[0]) + "\n")
+    gf.write_text(json.dumps({"id": probs[0]["id"], "completion": "    while True:\n        pass\n"}) + "\n")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "repro.scoring", "score", "--benchmark", "humaneval", "--problems",
+                        str(pf), "--generations", str(gf), "--out", str(tmp_path / "s.jsonl"), "--summary",
+                        str(tmp_path / "s.json"), "--workers", "1", "--timeout", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads((tmp_path / "s.jsonl").read_text())
+    assert rec["status"] == "timeout" and not rec["correct"]
+    assert time.monotonic() - t0 < 9  # the default limit is 10 s per program

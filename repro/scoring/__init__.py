@@ -93,8 +93,13 @@ def score_programs(benchmark: str, items: list[tuple[str, str, str, str]], worke
     return out
 
 
-def score_records(benchmark: str, problems: list[dict], completions: dict, workers: int | None = None) -> list[dict]:
-    """Score every problem's completion (see module docstring)."""
+def score_records(benchmark: str, problems: list[dict], completions: dict, workers: int | None = None,
+                  timeout_s: float | None = None) -> list[dict]:
+    """Score every problem's completion (see module docstring).
+
+    ``timeout_s``: wall-clock limit per sandboxed program (HumanEval, MBPP), seconds; default
+    ``Limits().timeout_s`` (10 s). The workflow passes config ``scoring.timeout_s``.
+    """
     _check_inputs(benchmark, problems, completions)
     workers = int(workers) if workers else default_workers()
     if workers < 1:
@@ -110,4 +115,5 @@ def score_records(benchmark: str, problems: list[dict], completions: dict, worke
             raise ValueError(f"{benchmark} problem {p['id']!r} has no 'source' record (needed for its tests)")
         program, code, how = build(p["source"], completions[p["id"]])
         items.append((p["id"], program, code, how))
-    return score_programs(benchmark, items, workers)
+    limits = Limits(timeout_s=float(timeout_s)) if timeout_s else None
+    return score_programs(benchmark, items, workers, limits)

@@ -48,7 +48,7 @@ def _score(args) -> int:
               f"in {args.generations}; scoring {len(scored)}", file=sys.stderr)
     if not scored:
         raise SystemExit(f"{args.generations}: no generations to score")
-    scores = score_records(args.benchmark, scored, completions, args.workers)
+    scores = score_records(args.benchmark, scored, completions, args.workers, args.timeout)
     summary = summarize(args.benchmark, scores)
     write_jsonl_atomic(args.out, scores)
     write_json_atomic(args.summary, summary)
@@ -75,6 +75,8 @@ def main(argv=None) -> int:
     s.add_argument("--out", required=True)
     s.add_argument("--summary", required=True)
     s.add_argument("--workers", type=int, default=None, help="parallel workers (default: available CPUs)")
+    s.add_argument("--timeout", type=float, default=None,
+                   help="wall-clock seconds per sandboxed program (HumanEval, MBPP; default 10)")
     c = sub.add_parser("cases", help="run regression cases")
     c.add_argument("file")
     c.add_argument("--data-dir", required=True)

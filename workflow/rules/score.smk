@@ -17,4 +17,4 @@ rule score:
     shell:
         "{PY} -m repro.scoring score --benchmark {wildcards.bench} --problems {input.problems} "
         "--generations {input.generations} --out {output.scores} --summary {output.summary} "
-        "--workers {threads} > {log} 2>&1"
+        "--workers {threads} --timeout {config[scoring][timeout_s]} > {log} 2>&1"
