@@ -64,3 +64,27 @@ def test_prepare_cli_writes_problems_and_meta(tmp_path, data_dir, capsys):
     meta = json.loads((tmp_path / "p" / "mbpp.jsonl.meta.json").read_text())
     assert len(rows) == 4 and meta["source"] == "data_dir" and meta["kept"] == 4 and meta["total"] == 500
     assert "from data_dir" in capsys.readouterr().out
+
+
+def test_hub_path_through_datasets(monkeypatch, data_dir):
+    """The hub source calls datasets.load_dataset with the benchmark's repo/config/split (no network here:
+    the call is answered from the real file) and records a hash of what it got."""
+    import sys
+    import types
+
+    import repro.data as d
+
+    calls = []
+
+    def load_dataset(path, name=None, split=None):
+        calls.append((path, name, split))
+        return [json.loads(l) for l in (data_dir / "mbpp.jsonl").read_text().splitlines()]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr(d, "hub_reachable", lambda timeout_s=3.0: True)
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "ORL_EVAL_NO_HUB"):
+        monkeypatch.delenv(k, raising=False)
+    lp = load_problems("mbpp", None, limit=2)
+    assert calls == [("google-research-datasets/mbpp", "full", "test")]
+    assert lp.source == "hub" and lp.total == 500 and [p["id"] for p in lp.problems] == ["mbpp/11", "mbpp/12"]
+    assert len(lp.sha256) == 64
