@@ -140,7 +140,7 @@ def _set_variant(fw, name):
 
 
 def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print,
-                variants=("base", "pdl", "compact", "pdl+compact")):
+                variants=("base", "pdl", "compact")):
     from .kernels import fastpath as F
 
     results = []

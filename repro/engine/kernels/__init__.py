@@ -8,3 +8,14 @@
 
 Kernels need triton (``_triton.HAS_TRITON``); the references need only torch.
 """
+
+
+def register_with_seams(select: bool = True) -> None:
+    """Register (and select) the Triton MoE and attention implementations in the engine model's seams
+    (``repro.engine.layers.moe`` / ``repro.engine.layers.attention``, impl name "triton"). Each falls back
+    to the seam's torch implementation outside its fast case (large token counts, multi-block prefill, CPU).
+    """
+    from . import attention, moe
+
+    moe.register_with_seam(select)
+    attention.register_with_seam(select)

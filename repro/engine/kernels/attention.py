@@ -132,7 +132,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _attn_split_kernel(
-        q_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr, T, qk_scale,
+        q_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr, T, qk_scale, stride_kh, stride_ks,
         NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, MAXLEN: tl.constexpr,
         NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr, BLOCK_M: tl.constexpr,
         USE_PDL: tl.constexpr = False,
@@ -161,19 +161,19 @@ if HAS_TRITON:
         m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        kbase = kc_ptr + h * MAXLEN * D
-        vbase = vc_ptr + h * MAXLEN * D
+        kbase = kc_ptr + h * stride_kh
+        vbase = vc_ptr + h * stride_kh
         for n0 in range(start, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             nm = offs_n < end
-            k = tl.load(kbase + offs_n[None, :] * D + od[:, None], mask=nm[None, :], other=0.0)
+            k = tl.load(kbase + offs_n[None, :] * stride_ks + od[:, None], mask=nm[None, :], other=0.0)
             s = tl.dot(q, k) * qk_scale
             s = tl.where(nm[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(vbase + offs_n[:, None] * D + od[None, :], mask=nm[:, None], other=0.0)
+            v = tl.load(vbase + offs_n[:, None] * stride_ks + od[None, :], mask=nm[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         pbase = (h * NSPLIT + sp) * M
@@ -244,14 +244,21 @@ class AttnWorkspace:
         self.pl = torch.zeros(nkv, nsplit, M, dtype=torch.float32, device=device)
 
 
-def block_attention(q, k_cache, v_cache, cache_len, out, ws: AttnWorkspace, scale=None):
-    """q [T, NQ, D]; caches [NKV, MAXLEN, D]; cache_len int32 [1] (device); out [T, NQ·D] (written)."""
+def block_attention(q, k_cache, v_cache, cache_len, out, ws: AttnWorkspace, scale=None, seq_major=False):
+    """q [T, NQ, D]; caches [NKV, MAXLEN, D] (or [MAXLEN, NKV, D] with seq_major, same strides for k and v;
+    the last dim contiguous); cache_len int32 [1] (device); out [T, NQ·D] (written)."""
     T, NQ, D = q.shape
-    NKV, MAXLEN, _ = k_cache.shape
+    if seq_major:
+        MAXLEN, NKV, _ = k_cache.shape
+        shd, ssq = k_cache.stride(1), k_cache.stride(0)
+    else:
+        NKV, MAXLEN, _ = k_cache.shape
+        shd, ssq = k_cache.stride(0), k_cache.stride(1)
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(2) == 1 and q.is_contiguous()
     G = NQ // NKV
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
     _attn_split_kernel[(NKV, ws.nsplit, (G * ws.T_PAD) // ws.block_m)](
-        q, k_cache, v_cache, cache_len, ws.po, ws.pm, ws.pl, T, scale * 1.4426950408889634,
+        q, k_cache, v_cache, cache_len, ws.po, ws.pm, ws.pl, T, scale * 1.4426950408889634, shd, ssq,
         NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD, MAXLEN=MAXLEN, NSPLIT=ws.nsplit, BLOCK_N=ws.block_n,
         MIN_KEYS=ws.min_keys, BLOCK_M=ws.block_m, num_warps=ws.num_warps, num_stages=ws.num_stages,
         **pdl(),
@@ -259,3 +266,48 @@ def block_attention(q, k_cache, v_cache, cache_len, out, ws: AttnWorkspace, scal
     _attn_combine_kernel[(NQ, T)](ws.po, ws.pm, ws.pl, out, cache_len, T, NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD,
                                   NSPLIT=ws.nsplit, MIN_KEYS=ws.min_keys, num_warps=4, **pdl())
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Adapter for the engine model's attention seam (repro/engine/layers/attention.py)
+# --------------------------------------------------------------------------------------------------
+
+_SEAM_WS: dict = {}
+
+
+def attention_forward_triton(q, k, v, q_start: int, block_size: int):
+    """Contract of ``repro.engine.layers.attention.attention_torch`` (block-causal GQA, fp32 softmax).
+
+    q [n, Hq, d]; k, v [S, Hkv, d] at positions 0..S-1. Uses the split-KV kernel when every key is visible
+    to every query (one chunk of at most one block starting on a block boundary, S == q_start + n: the
+    denoising/commit forwards) on CUDA (or under the interpreter); otherwise (multi-block prefill) the
+    torch implementation. Returns [n, Hq, d] in q's dtype.
+    """
+    from ._triton import kernels_usable
+
+    n, hq, d = q.shape
+    S, hkv, _ = k.shape
+    full_visible = q_start % block_size == 0 and n <= block_size and S == q_start + n
+    if (not full_visible or not kernels_usable(q) or k.stride(2) != 1 or k.stride() != v.stride()
+            or hq % hkv or d & (d - 1)):
+        from repro.engine.layers.attention import attention_torch
+
+        return attention_torch(q, k, v, q_start, block_size)
+    key = (n, hq, hkv, d, str(q.device))
+    ws = _SEAM_WS.get(key)
+    if ws is None:
+        ws = _SEAM_WS[key] = AttnWorkspace(n, hq, hkv, d, q.device, nsplit=32, block_n=min(64, max(16, d // 2)),
+                                           num_warps=4, num_stages=2, min_keys=64, block_m=None)
+    cl = torch.tensor([q_start], dtype=torch.int32, device=q.device)
+    out = torch.empty(n, hq * d, dtype=q.dtype, device=q.device)
+    block_attention(q.contiguous(), k, v, cl, out, ws, seq_major=True)
+    return out.view(n, hq, d)
+
+
+def register_with_seam(select: bool = True) -> None:
+    """Register :func:`attention_forward_triton` as attention impl "triton" in the engine seam (and select it)."""
+    from repro.engine.layers import attention as seam
+
+    seam.register_attention_impl("triton", attention_forward_triton)
+    if select:
+        seam.set_attention_impl("triton")
