@@ -367,7 +367,8 @@ def main(argv=None):
                       for k in ("router", "route", "gate_up", "down")}
     doc["configs"]["dense"] = fw.dense_cfg
     doc["configs"]["attn"] = {"NSPLIT": fw.aws.nsplit, "BLOCK_N": fw.aws.block_n, "num_warps": fw.aws.num_warps,
-                              "num_stages": fw.aws.num_stages}
+                              "num_stages": fw.aws.num_stages, "MIN_KEYS": fw.aws.min_keys,
+                              "BLOCK_M": fw.aws.block_m}
     if args.mode in ("round", "all"):
         doc["round"] = bench_round(shape, W, fw, prefixes, args.iters, args.naive_iters, copy_bw, args.profile, log)
     if args.mode in ("generate", "all"):
