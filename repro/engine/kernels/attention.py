@@ -298,7 +298,8 @@ def attention_forward_triton(q, k, v, q_start: int, block_size: int):
     if ws is None:
         ws = _SEAM_WS[key] = AttnWorkspace(n, hq, hkv, d, q.device, nsplit=32, block_n=min(64, max(16, d // 2)),
                                            num_warps=4, num_stages=2, min_keys=64, block_m=None)
-    cl = torch.tensor([q_start], dtype=torch.int32, device=q.device)
+        ws.cl = torch.zeros(1, dtype=torch.int32, device=q.device)
+    cl = ws.cl.fill_(q_start)  # a fill kernel with a scalar argument: no host<->device copy or sync
     out = torch.empty(n, hq * d, dtype=q.dtype, device=q.device)
     block_attention(q.contiguous(), k, v, cl, out, ws, seq_major=True)
     return out.view(n, hq, d)
