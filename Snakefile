@@ -15,6 +15,7 @@ configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/images.smk"
 include: "workflow/rules/checkpoints.smk"
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/decoders.smk"

@@ -4,7 +4,8 @@
         "benchmarks": [...], "seeds": [...], "backend": "engine"}' --out-dir results/smoke
 
 Provenance per cell: checkpoint manifest hash, decoder config hash, problems file hash (and the
-original data file's hash and source), seed, code revision, backend, device, prompt template version.
+original data file's hash and source), seed, code revision, backend, device, prompt template version;
+for the run: the Apptainer images' sha256 sidecars (when containers are enabled).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", required=True)
     ap.add_argument("--spec", required=True, help="JSON: models [{name,label}], benchmarks, seeds, backend")
     ap.add_argument("--out-dir", required=True, type=Path)
+    ap.add_argument("--image-sidecars", nargs="*", type=Path, default=[],
+                    help="<image>.sif.json files of the Apptainer images the run used (sha256 into provenance)")
     a = ap.parse_args(argv)
     spec = json.loads(a.spec)
     long = collect(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
@@ -62,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(out / "main_table.csv", to_csv(rows, spec["benchmarks"]))
     atomic_write_text(out / "main_table_long.csv", long.to_csv(index=False, lineterminator="\n"))
     prov = {"suite": a.suite, "code_revision": code_revision(),
+            "images": [json.loads(p.read_text()) for p in a.image_sidecars] or "none (containers disabled: native run)",
             "tpf_convention": "generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); "
                               "prefill forwards excluded",
             "cells": [cell_provenance(a.work, a.suite, m["name"], b, s) for m in spec["models"]

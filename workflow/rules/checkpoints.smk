@@ -20,6 +20,7 @@ rule download_checkpoint:
         cmd=fetch_command,
     log:
         W("logs/download/{model}.log"),
+    localrule: True  # needs the network: runs on the submit host, not a compute node
     retries: 2
     resources:
         runtime=240,
@@ -32,6 +33,9 @@ rule verify_checkpoint:
         W(P.CHECKPOINT, model="{model}"),
     output:
         W(P.VERIFIED, model="{model}"),
+    params:
+        # changes when any checkpoint file changed since the stamp: a byte flip re-runs verify, which fails
+        trigger=lambda wc: rerun_trigger(W(P.CHECKPOINT, model=wc.model), W(P.VERIFIED, model=wc.model)),
     log:
         W("logs/verify/{model}.log"),
     threads: 2

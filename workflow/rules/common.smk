@@ -6,6 +6,7 @@ import sys
 sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also without `pip install`
 
 from repro import paths as P
+from repro.checkpoint.verify import rerun_trigger
 from repro.config import ConfigError, data_dir, results_dir, suite_cells, validate_config, work_dir
 
 try:

@@ -1,5 +1,6 @@
 # Decoder configs: rendered (jinja2) per model × benchmark × seed from the checkpoint's paper_decoding.json
-# (the packaged default when the checkpoint ships none), for the configured backend.
+# (the packaged default when the checkpoint ships none). Always the engine's keys: the SGLang backend maps
+# them to its algorithm and YAML itself (repro.backends.sglang), since SGLang's file has no max_new_tokens.
 
 
 def render_sets(wildcards):
@@ -19,7 +20,8 @@ rule render_decoder:
         sets=render_sets,
     log:
         W("logs/decoders/{suite}/{model}/{bench}/seed{seed}.log"),
+    localrule: True
     shell:
         "{PY} -m repro.paper.render_config --suite {params.dsuite} --model {params.decoder} "
         "--benchmark {wildcards.bench} --seed {wildcards.seed} --checkpoint {input.ckpt} "
-        "--backend {config[backend]} {params.sets} --out {output} > {log} 2>&1"
+        "--backend engine {params.sets} --out {output} > {log} 2>&1"

@@ -12,6 +12,7 @@ rule generate_shard:
         ckpt=W(P.CHECKPOINT, model="{model}"),
         decoder=W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
         problems=W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
+        image=image_input("generate"),
     output:
         W(P.SHARD, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}", shard="{shard}", nshards="{nshards}"),
     params:
@@ -20,6 +21,7 @@ rule generate_shard:
         precision=lambda wc: config["suites"][wc.suite]["precision"],
     log:
         W("logs/generate/{suite}/{model}/{bench}/seed{seed}/shard{shard}of{nshards}.log"),
+    container: image_for("generate")
     threads: 1
     resources:
         gpu=lambda wc: 1 if config["suites"][wc.suite]["device"] == "cuda" else 0,
@@ -47,5 +49,6 @@ rule merge_shards:
         W(P.GENERATIONS, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
     log:
         W("logs/merge/{suite}/{model}/{bench}/seed{seed}.log"),
+    localrule: True
     shell:
         "{PY} -m repro.backends.merge --problems {input.problems} --out {output} {input.shards} > {log} 2>&1"

@@ -13,5 +13,6 @@ rule prepare_problems:
         limit=lambda wc: f"--limit {config['suites'][wc.suite]['limit']}" if config["suites"][wc.suite]["limit"] else "",
     log:
         W("logs/prepare/{suite}/{bench}.log"),
+    localrule: True
     shell:
         "{PY} -m repro.data.prepare --benchmark {wildcards.bench} --out {output} {params.data} {params.limit} 2> {log}"

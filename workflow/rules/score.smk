@@ -5,11 +5,13 @@ rule score:
     input:
         problems=W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
         generations=W(P.GENERATIONS, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
+        image=image_input("cpu"),
     output:
         scores=W(P.SCORES, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
         summary=W(P.SUMMARY, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
     log:
         W("logs/score/{suite}/{model}/{bench}/seed{seed}.log"),
+    container: image_for("cpu")
     threads: config["scoring"]["workers"]
     resources:
         runtime=60,

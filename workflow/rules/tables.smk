@@ -11,6 +11,7 @@ def table_inputs(wildcards):
     return {
         "summaries": [W(P.SUMMARY, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "generations": [W(P.GENERATIONS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
+        "images": image_sidecars(),
         "shards": [W(P.SHARD, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed, shard=k, nshards=n)
                    for c in cells for k in range(n)],
     }
@@ -33,8 +34,10 @@ rule write_table:
         spec=table_spec(),
     log:
         W(f"logs/tables/{SUITE}.log"),
+    container: image_for("cpu")
     shell:
         "{PY} -m repro.tables --work {WORK} --suite {SUITE} --spec '{params.spec}' --out-dir {RESULTS} "
+        "--image-sidecars {input.images} "
         "2> {log}"
 
 
