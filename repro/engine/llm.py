@@ -68,24 +68,54 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _select_kernels(kernels: str, device: str) -> str:
+    """Select the MoE/attention implementations in the layer seams; return the name in use."""
+    from repro.engine.layers import attention, moe
+
+    want = kernels
+    if kernels == "auto":
+        want = "torch"
+        if str(device).startswith("cuda"):
+            try:
+                import triton  # noqa: F401
+
+                want = "triton"
+            except ImportError:
+                pass
+    if want == "triton":
+        from repro.engine.kernels import register_with_seams
+
+        register_with_seams(select=True)
+    else:
+        moe.set_moe_impl("torch")
+        attention.set_attention_impl("torch")
+    return want
+
+
 class LLM:
     """A loaded LLaDA2 checkpoint plus tokenizer and default decoder.
 
     ``path``: checkpoint directory (config.json, safetensors, tokenizer files). ``role``: ``"orl"`` |
     ``"base"``. ``precision``: ``"fp32"`` | ``"bf16"`` (router always fp32). ``device``: ``"cpu"`` |
     ``"cuda"`` | ``"cuda:N"`` (default: cuda when available). ``backend``: ``"engine"`` (cached) or
-    ``"reference"`` (the naive oracle, for tests). Raises ValueError for a bad role/precision, and the
+    ``"reference"`` (the naive oracle, for tests). ``kernels``: ``"auto"`` (Triton MoE + block attention
+    from ``repro.engine.kernels`` on CUDA when triton imports, else torch), ``"torch"`` or ``"triton"``;
+    the Triton implementations register into the same seams as the torch ones and fall back to them
+    outside their fast case (issue 6). Raises ValueError for a bad role/precision/kernels, and the
     ConfigError / WeightLoadError / TokenizerError of the loaders for a bad checkpoint.
     """
 
     def __init__(self, path: str | Path, role: str = "orl", precision: str = "fp32", device: str | None = None,
-                 backend: str = "engine"):
+                 backend: str = "engine", kernels: str = "auto"):
+        if kernels not in ("auto", "torch", "triton"):
+            raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {kernels!r}")
         if role not in ROLES:
             raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
         if backend not in ("engine", "reference"):
             raise ValueError(f"backend must be 'engine' or 'reference', got {backend!r}")
         self.path, self.role, self.precision = Path(path), role, precision
         self.device = device or _default_device()
+        self.kernels = _select_kernels(kernels, self.device)
         resolve_dtype(precision)
         self.config = LLaDA2Config.from_file(self.path)
         self.tokenizer_ = ChatTokenizer(self.path)
