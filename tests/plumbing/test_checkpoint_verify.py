@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import env_with_repo, run_py
+from plumbing_util import env_with_repo, run_py
 from repro.checkpoint.manifest import MANIFEST_NAME, build_manifest, files_digest, sha256_file, write_manifest
 from repro.checkpoint.verify import ManifestError, require_verified, verify
 

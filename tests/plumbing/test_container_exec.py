@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, env_with_repo
+from plumbing_util import ROOT, env_with_repo
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 STUB = f"""#!{sys.executable}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from spython.main.parse.parsers import SingularityParser
 
-from conftest import ROOT, run_py
+from plumbing_util import ROOT, run_py
 from repro.containers import ContainerError, build_image, load_images, render_def
 
 STUB = """#!/bin/sh

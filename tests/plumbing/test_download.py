@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from conftest import run_py
+from plumbing_util import run_py
 from repro.checkpoint.manifest import MANIFEST_NAME, write_manifest
 from repro.checkpoint.verify import verify
 

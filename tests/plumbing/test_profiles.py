@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, env_with_repo
+from plumbing_util import ROOT, env_with_repo
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 PROFILES = ROOT / "workflow" / "profiles"

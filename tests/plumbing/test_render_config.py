@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from conftest import run_py
+from plumbing_util import run_py
 from repro.paper import DEFAULT_PAPER_DECODING
 from repro.paper.decoding import (ENGINE_KEYS, PaperDecodingError, load_paper_decoding, resolve_decoder,
                                   to_sglang, validate_paper_decoding)

@@ -6,7 +6,7 @@ import subprocess
 
 import yaml
 
-from conftest import ROOT, env_with_repo
+from plumbing_util import ROOT, env_with_repo
 
 
 def sh(args, tmp_path, **env):

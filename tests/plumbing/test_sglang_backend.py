@@ -164,7 +164,7 @@ def test_cpu_and_missing_sglang_fail_clearly(ckpt, monkeypatch):
 def test_module_import_does_not_import_sglang():
     import subprocess
 
-    from conftest import env_with_repo
+    from plumbing_util import env_with_repo
     code = "import sys, repro.backends.sglang; print('sglang' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], env=env_with_repo(), capture_output=True, text=True)
     assert r.stdout.strip() == "False", r.stderr

@@ -13,16 +13,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).parent))  # helper modules of this directory (perturb.py)
+sys.path.insert(0, str(Path(__file__).parent))  # helper modules of this directory (perturb.py, scoring_util.py)
 
-
-def data_dir() -> Path:
-    return Path(os.environ.get("ORL_EVAL_DATA", REPO.parent / "shared" / "data"))
-
-
-def cases_path() -> Path:
-    return Path(os.environ.get("ORL_EVAL_CASES", data_dir().parent / "cases" / "scoring_cases.jsonl"))
+from scoring_util import REPO, WORKERS, cases_path, data_dir  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
@@ -46,5 +39,3 @@ def problems(data):
 
     return get
 
-
-WORKERS = max(1, min(2, len(os.sched_getaffinity(0))))

@@ -12,7 +12,7 @@ import pytest
 
 from repro.scoring.cases import run_cases
 
-from conftest import REPO, WORKERS, cases_path
+from scoring_util import REPO, WORKERS, cases_path
 
 
 def _load():

@@ -9,7 +9,7 @@ import pytest
 from repro.scoring import summarize
 from repro.scoring.stats import bootstrap_ci
 
-from conftest import REPO, WORKERS
+from scoring_util import REPO, WORKERS
 
 SCORE_KEYS = {"id", "benchmark", "correct", "extracted", "reason", "status", "strict_correct"}
 SUMMARY_KEYS = {"benchmark", "n", "correct", "accuracy", "ci95", "status_counts", "strict_accuracy"}

@@ -9,7 +9,7 @@ import pytest
 from repro.scoring import humaneval, mbpp, score_records, summarize
 from repro.scoring.code.extract import defines, extract_code, fenced_blocks
 
-from conftest import WORKERS
+from scoring_util import WORKERS
 
 FENCE = "```"
 

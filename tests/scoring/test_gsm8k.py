@@ -6,7 +6,7 @@ import pytest
 
 from repro.scoring import gsm8k, score_records, summarize
 
-from conftest import WORKERS
+from scoring_util import WORKERS
 
 
 def verdict(output, gold):

@@ -16,7 +16,7 @@ from repro.scoring import score_records, summarize
 from repro.scoring.boxed import all_boxed, last_boxed
 from repro.scoring.verify_worker import VerifyPool, get_pool
 
-from conftest import WORKERS
+from scoring_util import WORKERS
 from perturb import PERTURBATIONS
 
 SOLUTION_BOX_EXCEPTIONS: dict[str, str] = {}

@@ -24,7 +24,7 @@ from repro.scoring.code import proctable as zyg
 from repro.scoring.code import sandbox as sbmod
 from repro.scoring.code.sandbox import Limits, Sandbox
 
-from conftest import REPO
+from scoring_util import REPO
 
 ROOT = os.geteuid() == 0
 TESTS_PASS = "\ndef check():\n    assert sum([1, 2]) == 3\ncheck()\n"

@@ -293,7 +293,9 @@ def attention_forward_triton(q, k, v, q_start: int, block_size: int):
         from repro.engine.layers.attention import attention_torch
 
         return attention_torch(q, k, v, q_start, block_size)
-    key = (n, hq, hkv, d, str(q.device))
+    # inference-mode tensors cannot be updated in place outside inference mode (and vice versa): one
+    # workspace per mode
+    key = (n, hq, hkv, d, str(q.device), torch.is_inference_mode_enabled())
     ws = _SEAM_WS.get(key)
     if ws is None:
         ws = _SEAM_WS[key] = AttnWorkspace(n, hq, hkv, d, q.device, nsplit=32, block_n=min(64, max(16, d // 2)),
