@@ -134,10 +134,13 @@ def test_2gib_sparse_file_verifies_with_bounded_rss(tmp_path):
     files = [{"path": "shard.safetensors", "size": 2 << 30, "sha256": ZEROS_2GIB_SHA256}]
     (d / MANIFEST_NAME).write_text(json.dumps({"schema_version": 1, "files": files,
                                                "manifest_sha256": files_digest(files)}))
-    code = ("import resource, sys\n"
+    # VmHWM is this process image's peak RSS. (ru_maxrss is not: Linux carries the forking parent's peak
+    # across exec, so under a large pytest process it reports the parent's memory.)
+    code = ("import re, sys\n"
             "from repro.checkpoint.__main__ import main\n"
             f"rc = main(['verify', {str(d)!r}, '--no-progress'])\n"
-            "print('RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+            "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
+            "print('RSS_KB', hwm)\n"
             "sys.exit(rc)\n")
     r = subprocess.run([sys.executable, "-c", code], env=env_with_repo(), capture_output=True, text=True,
                        timeout=300)
