@@ -87,6 +87,7 @@ def _fill_defaults(cfg: dict) -> dict:
             s.setdefault("decoder_suite", "main")
             s.setdefault("shards", 1)
             s.setdefault("max_new_tokens", None)
+            s.setdefault("builtin_data", False)
     return cfg
 
 

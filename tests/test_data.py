@@ -46,7 +46,7 @@ def test_missing_file_in_data_dir_names_it(tmp_path):
 
 def test_bad_record_names_field(tmp_path):
     (tmp_path / "gsm8k.jsonl").write_text(json.dumps({"question": "q"}) + "\n")
-    with pytest.raises(DataError, match="lacks field.*answer"):
+    with pytest.raises(DataError, match="line 1 lacks field.*answer"):
         load_problems("gsm8k", tmp_path)
 
 

@@ -73,7 +73,7 @@ def normalize(benchmark: str, rows: list[dict], where: str) -> list[dict]:
     for i, r in enumerate(rows):
         missing = [k for k in mod.FIELDS if k not in r]
         if missing:
-            raise DataError(f"{where}: record {i} lacks field(s) {', '.join(missing)}; "
+            raise DataError(f"{where}: line {i + 1} lacks field(s) {', '.join(missing)}; "
                             f"a {benchmark} file needs {', '.join(mod.FIELDS)}")
         out.append({"id": mod.problem_id(i, r), "benchmark": benchmark, "index": i,
                     "gold": mod.gold(r), "source": {k: r[k] for k in r}})
@@ -129,11 +129,12 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
 
 
 def load_problems(benchmark: str, data_dir: Path | None, limit: int | None = None,
-                  allow_hub: bool = True) -> LoadedProblems:
+                  allow_hub: bool = True, allow_builtin: bool = True) -> LoadedProblems:
     """Load one benchmark from the first source that works and keep the first ``limit`` problems.
 
     Raises:
-        DataError: ``data_dir`` is given but lacks the benchmark's file (the message names the file).
+        DataError: ``data_dir`` is given but lacks the benchmark's file (the message names the file), or
+            neither a data directory nor the hub is available and ``allow_builtin`` is False.
     """
     mod = spec(benchmark)
     notes = []
@@ -152,6 +153,10 @@ def load_problems(benchmark: str, data_dir: Path | None, limit: int | None = Non
                 loaded = _from_hub(benchmark)
             except Exception as e:  # no network, no datasets, gated repo: fall back, say why
                 notes.append(f"hub unavailable for {benchmark} ({type(e).__name__}: {str(e)[:120]})")
+        if loaded is None and not allow_builtin:
+            raise DataError(f"{benchmark}: no data directory and the hub is not available ({'; '.join(notes)}); "
+                            f"set data_dir in config.yaml or ORL_EVAL_DATA to a folder holding {mod.FILE} "
+                            "(this suite refuses the shipped non-benchmark problems: builtin_data is false)")
         if loaded is None:
             loaded = _from_file(benchmark, BUILTIN_DIR / mod.FILE, "builtin")
             notes.append(f"{benchmark}: using the {loaded.total} shipped problems written for this project "

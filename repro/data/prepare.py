@@ -24,9 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--no-hub", action="store_true", help="never try the Hugging Face hub")
+    ap.add_argument("--no-builtin", action="store_true",
+                    help="fail instead of falling back to the shipped non-benchmark problems (paper suite)")
     a = ap.parse_args(argv)
     try:
-        loaded = load_problems(a.benchmark, a.data_dir, a.limit, allow_hub=not a.no_hub)
+        loaded = load_problems(a.benchmark, a.data_dir, a.limit, allow_hub=not a.no_hub,
+                               allow_builtin=not a.no_builtin)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

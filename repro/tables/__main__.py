@@ -41,6 +41,7 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int) -
         "code_revision": first.get("code_revision"), "backend": first.get("backend"),
         "device": (first.get("backend_info") or {}).get("device", first.get("device")),
         "precision": first.get("precision"), "num_shards": len(shards), "prompt_template_version": tv,
+        "torch": (first.get("backend_info") or {}).get("torch"), "decoder": first.get("decoder"),
     }
 
 
@@ -56,20 +57,24 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(a.spec)
     long = collect(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
     rows = wide(long, spec["benchmarks"])
-    caption = (f"Accuracy (\\%, pass@1 for code) and tokens per forward (TPF) — suite {a.suite}, "
-               f"backend {spec.get('backend', 'engine')}, seeds {', '.join(map(str, spec['seeds']))}")
+    cells = [cell_provenance(a.work, a.suite, m["name"], b, s) for m in spec["models"]
+             for b in spec["benchmarks"] for s in spec["seeds"]]
+    caption = (f"Accuracy (%, pass@1 for code; greedy) and tokens per forward (TPF); suite {a.suite}, "
+               f"backend {spec.get('backend', 'engine')}, seed(s) {', '.join(map(str, spec['seeds']))}.")
+    builtin = sorted({c["benchmark"] for c in cells if c["data_source"] == "builtin"})
+    if builtin:
+        caption += (f" Not benchmark results: {', '.join(builtin)} used the few problems shipped with the "
+                    "pipeline (no data directory, no hub).")
     out = a.out_dir
-    atomic_write_text(out / "main_table.md", to_markdown(rows, spec["benchmarks"]))
-    atomic_write_text(out / "main_table.tex", to_latex(rows, spec["benchmarks"], caption.replace("\\%", "%"),
-                                                       f"tab:main-{a.suite}"))
+    atomic_write_text(out / "main_table.md", caption + "\n\n" + to_markdown(rows, spec["benchmarks"]))
+    atomic_write_text(out / "main_table.tex", to_latex(rows, spec["benchmarks"], caption, f"tab:main-{a.suite}"))
     atomic_write_text(out / "main_table.csv", to_csv(rows, spec["benchmarks"]))
     atomic_write_text(out / "main_table_long.csv", long.to_csv(index=False, lineterminator="\n"))
     prov = {"suite": a.suite, "code_revision": code_revision(),
             "images": [json.loads(p.read_text()) for p in a.image_sidecars] or "none (containers disabled: native run)",
             "tpf_convention": "generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); "
                               "prefill forwards excluded",
-            "cells": [cell_provenance(a.work, a.suite, m["name"], b, s) for m in spec["models"]
-                      for b in spec["benchmarks"] for s in spec["seeds"]]}
+            "cells": cells}
     atomic_write_text(out / "provenance.json", json.dumps(prov, indent=1, sort_keys=True) + "\n")
     print((out / "main_table.md").read_text())
     print(f"Table written to {(out / 'main_table.md').resolve()} (.tex, .csv beside it; provenance.json)")

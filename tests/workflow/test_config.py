@@ -63,4 +63,26 @@ def test_snakemake_stops_with_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "main_table", "--config", "backend=vllm"],
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
-    assert "Config error: config.yaml: backend = 'vllm' is not allowed; allowed: engine, sglang" in r.stderr
+    assert "Config error: config.yaml + --config: backend = 'vllm' is not allowed; allowed: engine, sglang" in r.stderr
+
+
+def test_error_names_every_config_file_and_missing_data_dir(tmp_path):
+    ov = tmp_path / "overlay.yaml"
+    ov.write_text("suit: paper\n")
+    r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "main_table", "--configfile", "config.yaml", str(ov)],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Config error: config.yaml + overlay.yaml: unknown key 'suit'" in r.stderr
+    env = dict(__import__("os").environ, ORL_EVAL_DATA=str(tmp_path / "nope"))
+    r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "main_table"], cwd=REPO_ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and f"data directory {tmp_path / 'nope'}" in r.stderr and "does not exist" in r.stderr
+
+
+def test_paper_suite_refuses_shipped_problems(tmp_path, monkeypatch):
+    from repro.data import DataError, load_problems
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match="builtin_data is false"):
+        load_problems("gsm8k", None, allow_builtin=False)
+    cfg = load_config()
+    assert cfg["suites"]["paper"]["builtin_data"] is False and cfg["suites"]["smoke"]["builtin_data"] is True

@@ -25,7 +25,7 @@ rule download_checkpoint:
     resources:
         runtime=240,
     shell:
-        "{params.cmd} > {log} 2>&1"
+        logged("{params.cmd}")
 
 
 rule verify_checkpoint:
@@ -42,4 +42,4 @@ rule verify_checkpoint:
     resources:
         runtime=60,
     shell:
-        "{PY} -m repro.checkpoint verify {input} --stamp {output} > {log} 2>&1"
+        logged("{PY} -m repro.checkpoint verify {input} --stamp {output}")

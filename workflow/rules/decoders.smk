@@ -22,6 +22,6 @@ rule render_decoder:
         W("logs/decoders/{suite}/{model}/{bench}/seed{seed}.log"),
     localrule: True
     shell:
-        "{PY} -m repro.paper.render_config --suite {params.dsuite} --model {params.decoder} "
-        "--benchmark {wildcards.bench} --seed {wildcards.seed} --checkpoint {input.ckpt} "
-        "--backend engine {params.sets} --out {output} > {log} 2>&1"
+        logged("{PY} -m repro.paper.render_config --suite {params.dsuite} --model {params.decoder} "
+               "--benchmark {wildcards.bench} --seed {wildcards.seed} --checkpoint {input.ckpt} "
+               "--backend engine {params.sets} --out {output}")

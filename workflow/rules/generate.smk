@@ -28,11 +28,11 @@ rule generate_shard:
         runtime=lambda wc, attempt: 60 * attempt if config["suites"][wc.suite]["device"] == "cuda" else 30,
         mem_mb=lambda wc, attempt: 64000 if config["suites"][wc.suite]["device"] == "cuda" else 4000,
     shell:
-        "OMP_NUM_THREADS={threads} {PY} -m repro.backends.generate --backend {config[backend]} "
-        "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
-        "--decoder {input.decoder} --problems {input.problems} --benchmark {wildcards.bench} "
-        "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "
-        "--device {params.device} --precision {params.precision} --out {output} 2> {log}"
+        logged("OMP_NUM_THREADS={threads} {PY} -m repro.backends.generate --backend {config[backend]} "
+               "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
+               "--decoder {input.decoder} --problems {input.problems} --benchmark {wildcards.bench} "
+               "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "
+               "--device {params.device} --precision {params.precision} --out {output}", streams="2> {log}")
 
 
 def shard_files(wildcards):
@@ -51,4 +51,4 @@ rule merge_shards:
         W("logs/merge/{suite}/{model}/{bench}/seed{seed}.log"),
     localrule: True
     shell:
-        "{PY} -m repro.backends.merge --problems {input.problems} --out {output} {input.shards} > {log} 2>&1"
+        logged("{PY} -m repro.backends.merge --problems {input.problems} --out {output} {input.shards}")

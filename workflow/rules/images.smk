@@ -75,7 +75,7 @@ rule render_image_def:
     localrule: True
     container: None
     shell:
-        "{sys.executable} -m repro.containers render {wildcards.image} --out {output} > {log} 2>&1"
+        logged("{sys.executable} -m repro.containers render {wildcards.image} --out {output}")
 
 
 rule build_image:
@@ -91,8 +91,8 @@ rule build_image:
         runtime=180,
         mem_mb=16000,
     shell:
-        "{sys.executable} -m repro.containers build {wildcards.image} --def {input} --sif {output.sif} "
-        "--sidecar {output.meta} > {log} 2>&1"
+        logged("{sys.executable} -m repro.containers build {wildcards.image} --def {input} --sif {output.sif} "
+               "--sidecar {output.meta}")
 
 
 rule images:

@@ -10,9 +10,11 @@ rule prepare_problems:
         W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
     params:
         data=data_arg,
+        builtin=lambda wc: "" if config["suites"][wc.suite]["builtin_data"] else "--no-builtin",
         limit=lambda wc: f"--limit {config['suites'][wc.suite]['limit']}" if config["suites"][wc.suite]["limit"] else "",
     log:
         W("logs/prepare/{suite}/{bench}.log"),
     localrule: True
     shell:
-        "{PY} -m repro.data.prepare --benchmark {wildcards.bench} --out {output} {params.data} {params.limit} 2> {log}"
+        logged("{PY} -m repro.data.prepare --benchmark {wildcards.bench} --out {output} {params.data} "
+               "{params.limit} {params.builtin}", streams="2> {log}")

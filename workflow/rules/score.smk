@@ -17,6 +17,6 @@ rule score:
         runtime=60,
         mem_mb=8000,
     shell:
-        "{PY} -m repro.scoring score --benchmark {wildcards.bench} --problems {input.problems} "
-        "--generations {input.generations} --out {output.scores} --summary {output.summary} "
-        "--workers {threads} --timeout {config[scoring][timeout_s]} > {log} 2>&1"
+        logged("{PY} -m repro.scoring score --benchmark {wildcards.bench} --problems {input.problems} "
+               "--generations {input.generations} --out {output.scores} --summary {output.summary} "
+               "--workers {threads} --timeout {config[scoring][timeout_s]}")

@@ -36,9 +36,8 @@ rule write_table:
         W(f"logs/tables/{SUITE}.log"),
     container: image_for("cpu")
     shell:
-        "{PY} -m repro.tables --work {WORK} --suite {SUITE} --spec '{params.spec}' --out-dir {RESULTS} "
-        "--image-sidecars {input.images} "
-        "2> {log}"
+        logged("{PY} -m repro.tables --work {WORK} --suite {SUITE} --spec '{params.spec}' --out-dir {RESULTS} "
+               "--image-sidecars {input.images}", streams="2> {log}")
 
 
 rule main_table:
