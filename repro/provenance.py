@@ -28,6 +28,18 @@ def code_revision() -> str:
         return f"repro-{__version__}"
 
 
+def tree_digest(*packages: str) -> str:
+    """sha256 over the sources (``*.py``, ``*.j2``, ``*.json``) of the named package folders under the
+    checkout, e.g. ``tree_digest("repro/scoring")``; used as a Snakemake param so that a code change
+    re-runs the stage."""
+    h = hashlib.sha256()
+    for pkg in packages:
+        for p in sorted((REPO_ROOT / pkg).rglob("*")):
+            if p.is_file() and p.suffix in (".py", ".j2", ".json") and "__pycache__" not in p.parts:
+                h.update(p.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def sha256_path(path: str | os.PathLike) -> str:
     """sha256 of a (small) file's bytes, hex."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()

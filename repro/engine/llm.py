@@ -115,6 +115,9 @@ class LLM:
             raise ValueError(f"backend must be 'engine' or 'reference', got {backend!r}")
         self.path, self.role, self.precision = Path(path), role, precision
         self.device = device or _default_device()
+        if str(self.device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} requested but no CUDA GPU is usable here "
+                             f"(torch {torch.__version__}, torch.cuda.is_available() is False); use device='cpu'")
         self.kernels = _select_kernels(kernels, self.device)
         resolve_dtype(precision)
         self.config = LLaDA2Config.from_file(self.path)

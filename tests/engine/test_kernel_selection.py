@@ -23,3 +23,12 @@ def test_kernel_choices_agree_on_cpu(tiny_dir):
 def test_bad_kernels_value(tiny_dir):
     with pytest.raises(ValueError, match="kernels must be"):
         LLM(tiny_dir, kernels="cuda")
+
+
+def test_cuda_without_gpu_is_a_clear_error(tiny_dir):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="no CUDA GPU is usable"):
+        LLM(tiny_dir, device="cuda")

@@ -36,10 +36,12 @@ rule verify_checkpoint:
     params:
         # changes when any checkpoint file changed since the stamp: a byte flip re-runs verify, which fails
         trigger=lambda wc: rerun_trigger(W(P.CHECKPOINT, model=wc.model), W(P.VERIFIED, model=wc.model)),
+        pin=lambda wc: (f"--expect-manifest-sha256 {config['models'][wc.model]['source']['manifest_sha256']}"
+                        if config["models"][wc.model]["source"].get("manifest_sha256") else ""),
     log:
         W("logs/verify/{model}.log"),
     threads: 2
     resources:
         runtime=60,
     shell:
-        logged("{PY} -m repro.checkpoint verify {input} --stamp {output}")
+        logged("{PY} -m repro.checkpoint verify {input} --stamp {output} {params.pin}")

@@ -9,6 +9,8 @@ rule score:
     output:
         scores=W(P.SCORES, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
         summary=W(P.SUMMARY, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
+    params:
+        code=tree_digest("repro/scoring"),  # a scorer fix re-scores, without regenerating
     log:
         W("logs/score/{suite}/{model}/{bench}/seed{seed}.log"),
     container: image_for("cpu")
