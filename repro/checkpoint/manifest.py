@@ -22,11 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
+
+from repro.io import atomic_write_bytes
 
 MANIFEST_NAME = "checkpoint_manifest.json"
 SCHEMA_VERSION = 1
@@ -157,25 +158,6 @@ def build_manifest(root: str | os.PathLike, jobs: int | None = None, progress: b
     digests = hash_files(root, rels, jobs=jobs, progress=progress, desc=f"hash {root.name}")
     files = [{"path": rel, "size": (root / rel).stat().st_size, "sha256": digests[rel]} for rel in rels]
     return {"schema_version": SCHEMA_VERSION, "files": files, "manifest_sha256": files_digest(files)}
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a unique temp file in the same directory, fsync, ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_json(path: str | os.PathLike, obj) -> None:

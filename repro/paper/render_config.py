@@ -31,10 +31,11 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import jinja2
+
+from repro.io import atomic_write_text
 
 from .decoding import (PaperDecodingError, _coerce, load_paper_decoding, parse_overrides, resolve_decoder,
                        sglang_sampling_params, to_sglang)
@@ -89,25 +90,6 @@ def render(suite: str, model: str, benchmark: str, seed: int, backend: str = "en
                     notes=notes)
     meta["sha256"] = hashlib.sha256(text.encode()).hexdigest()
     return text, meta
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same directory + fsync + ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:
