@@ -12,7 +12,9 @@ cover the shard exactly, ordered by problem index, and written to ``OUT`` atomic
 complete, which is what Snakemake sees.
 
 Refuses to start when the checkpoint's verification stamp is missing or does not match the
-checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU.
+checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU. A local
+GPU job pins itself to one free device (``repro.backends.gpu_slot``) unless ``CUDA_VISIBLE_DEVICES`` is
+already set (as Slurm does).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -98,6 +101,18 @@ def run(a: argparse.Namespace) -> int:
 
     model_dir, out = Path(a.model_dir), Path(a.out)
     stamp = check_verified(model_dir, Path(a.verified))
+    gpu_lock = None
+    if a.device.startswith("cuda"):
+        from repro.backends.gpu_slot import GpuSlotError, claim_gpu
+
+        # host-wide, like the GPUs: every job on this machine must see the same locks
+        lock_dir = os.environ.get("ORL_EVAL_GPU_LOCKS") or os.path.join(tempfile.gettempdir(), "repro-gpu-locks")
+        try:
+            index, gpu_lock = claim_gpu(lock_dir)
+        except GpuSlotError as e:
+            raise GenerationError(str(e)) from None
+        if index is not None:
+            print(f"pinned to GPU {index} (CUDA_VISIBLE_DEVICES={index})", file=sys.stderr)
     check_device(a.device)
     decoder = load_decoder(Path(a.decoder), a.seed)
     problems = [json.loads(line) for line in Path(a.problems).read_text().splitlines() if line.strip()]
