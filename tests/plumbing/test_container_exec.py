@@ -35,6 +35,8 @@ config.update({{"containers": {{"enabled": True}}, "backend": "{backend}"}})
 WORK = os.path.abspath("work")
 def W(t):
     return os.path.join(WORK, t)
+def logged(cmd, streams="> {{log}} 2>&1"):  # as in common.smk, without the log tail
+    return cmd + " " + streams
 include: "{images_smk}"
 rule all:
     input: "gen.txt", "score.txt"
