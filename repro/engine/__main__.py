@@ -26,6 +26,7 @@ def _decoder_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--precision", default=None, choices=["fp32", "bf16"],
                     help="default: bf16 on cuda, fp32 on cpu")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+    ap.add_argument("--decoder", help="a decoder YAML rendered by repro.paper.render_config (flags below override it)")
     ap.add_argument("--algorithm", choices=["low_confidence", "joint_threshold", "orl"])
     ap.add_argument("--threshold", type=float)
     ap.add_argument("--edit-threshold", type=float)
@@ -40,10 +41,17 @@ def _decoder_flags(ap: argparse.ArgumentParser) -> None:
 
 
 def _decoder_overrides(a) -> dict:
+    base = {}
+    if a.decoder:
+        import yaml
+
+        base = yaml.safe_load(open(a.decoder)) or {}
+        if not isinstance(base, dict):
+            raise SystemExit(f"{a.decoder}: a decoder config must be a mapping of decoder keys")
     d = {"algorithm": a.algorithm, "threshold": a.threshold, "edit_threshold": a.edit_threshold,
          "max_post_steps": a.max_post_steps, "max_new_tokens": a.max_new_tokens, "temperature": a.temperature,
          "residual_temperature": a.residual_temperature, "block_size": a.block_size}
-    d = {k: v for k, v in d.items() if v is not None}
+    d = {**base, **{k: v for k, v in d.items() if v is not None}}
     if a.no_editing:
         d["editing"] = False
     if a.no_self_conditioning:
