@@ -118,10 +118,9 @@ def run(a: argparse.Namespace) -> int:
     problems = [json.loads(line) for line in Path(a.problems).read_text().splitlines() if line.strip()]
     todo = shard_of(problems, a.shard, a.num_shards)
     partial = Path(str(out) + ".partial.jsonl")
-    done = {r["id"] for r in read_jsonl_tolerant(partial)}
-    # rewrite the partial file without a possibly truncated last line before appending to it
-    if partial.exists():
-        kept = read_jsonl_tolerant(partial)
+    kept = read_jsonl_tolerant(partial)
+    done = {r["id"] for r in kept}
+    if partial.exists():  # drop a record torn by a kill before appending after it
         atomic_write_text(partial, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
     remaining = [p for p in todo if p["id"] not in done]
     print(f"{a.model}/{a.benchmark}/seed{a.seed} shard {a.shard}/{a.num_shards}: {len(todo)} problems, "
