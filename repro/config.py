@@ -16,7 +16,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import yaml
@@ -161,8 +160,3 @@ def suite_cells(cfg: dict, suite: str | None = None) -> list[Cell]:
     """Every (model, benchmark, seed) of a suite, models in table order."""
     s = cfg["suites"][suite or cfg["suite"]]
     return [Cell(m, b, seed) for m in s["models"] for b in s["benchmarks"] for seed in s["seeds"]]
-
-
-def suite(cfg: dict, name: str | None = None) -> dict[str, Any]:
-    """The settings of the selected (or named) suite."""
-    return cfg["suites"][name or cfg["suite"]]

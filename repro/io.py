@@ -35,6 +35,27 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[dict]:
+    """Read JSON Lines strictly: every non-blank line must be a JSON object. ``error`` (default
+    ValueError) is raised naming the file and 1-based line; FileNotFoundError names a missing file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise error(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+            if not isinstance(rec, dict):
+                raise error(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
+            out.append(rec)
+    return out
+
+
 def read_jsonl_tolerant(path: str | os.PathLike) -> list[dict]:
     """Read JSON Lines, dropping a truncated last line (a record a killed writer did not finish)."""
     path = Path(path)

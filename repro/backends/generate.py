@@ -101,7 +101,7 @@ def run(a: argparse.Namespace) -> int:
 
     model_dir, out = Path(a.model_dir), Path(a.out)
     stamp = check_verified(model_dir, Path(a.verified))
-    gpu_lock = None
+    gpu_lock = None  # held (not read) until the job ends: the flock on it is the GPU claim
     if a.device.startswith("cuda"):
         from repro.backends.gpu_slot import GpuSlotError, claim_gpu
 

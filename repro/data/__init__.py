@@ -21,6 +21,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from repro.io import read_jsonl
+from repro.provenance import sha256_path
+
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp")
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 
@@ -49,23 +52,6 @@ class LoadedProblems:
     notes: list[str] = field(default_factory=list)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Read a JSON Lines file; raise DataError naming the file and line on a bad line."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-    return rows
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def normalize(benchmark: str, rows: list[dict], where: str) -> list[dict]:
     """Turn original records into normalized problem records; DataError names missing fields."""
     mod = spec(benchmark)
@@ -86,8 +72,8 @@ def normalize(benchmark: str, rows: list[dict], where: str) -> list[dict]:
 def _from_file(benchmark: str, path: Path, source: str) -> LoadedProblems:
     mod = spec(benchmark)
     path = path.resolve()
-    probs = normalize(benchmark, read_jsonl(path), str(path))
-    digest = _sha256(path)
+    probs = normalize(benchmark, read_jsonl(path, error=DataError), str(path))
+    digest = sha256_path(path)
     notes = []
     if source == "data_dir" and digest != mod.PUBLISHED_SHA256:
         notes.append(f"{path.name}: sha256 {digest[:12]}… differs from the published file "
