@@ -29,6 +29,7 @@ rule write_table:
         md=os.path.join(RESULTS, "main_table.md"),
         tex=os.path.join(RESULTS, "main_table.tex"),
         csv=os.path.join(RESULTS, "main_table.csv"),
+        long=os.path.join(RESULTS, "main_table_long.csv"),  # tidy per-cell numbers, full precision
         prov=os.path.join(RESULTS, "provenance.json"),
     params:
         spec=table_spec(),
