@@ -117,26 +117,32 @@ def _block_ids(shape, seed: int, T: int = 32):
     return ids
 
 
-# variant -> (PDL launches, L2 prefetch of the next layer's weights, post-attention RMSNorm folded into the FFN
-# GEMMs, QKV/O projections through the Triton skinny GEMM instead of cuBLAS, expert GEMM grids over the
-# active-expert list instead of all 257 experts)
-VARIANTS = {"base": (False, False, False, False, False), "pdl": (True, False, False, False, False),
-            "prefetch": (False, True, False, False, False), "pdl+prefetch": (True, True, False, False, False),
-            "fused_norm": (False, False, True, False, False), "pdl+fused_norm": (True, False, True, False, False),
-            "linear": (False, False, False, True, False), "pdl+linear": (True, False, False, True, False),
-            "compact": (False, False, False, False, True), "pdl+compact": (True, False, False, False, True)}
+# variant -> settings: ``pdl`` (programmatic dependent launch for Triton kernels), and BlockForward attributes:
+# ``prefetch`` (L2 prefetch of the next layer's weights), ``fuse_norm`` (post-attention RMSNorm folded into the
+# FFN GEMMs), ``triton_linear`` (QKV/O through the Triton skinny GEMM), ``compact`` (expert GEMM grids over the
+# active-expert list; a MoE-workspace attribute). Unnamed settings keep BlockForward's defaults (``BASE``).
+BASE = {"pdl": False, "prefetch": False, "fuse_norm": False, "triton_linear": False, "compact": False}
+VARIANTS = {
+    "base": {},
+    "pdl": {"pdl": True},
+    "prefetch": {"prefetch": True},
+    "pdl+prefetch": {"pdl": True, "prefetch": True},
+    "fused_norm": {"fuse_norm": True},
+    "linear": {"triton_linear": True},
+    "compact": {"compact": True},
+}
 
 
 def _set_variant(fw, name):
+    """Apply VARIANTS[name] on top of BASE; returns False when PDL was asked for but is unsupported."""
     from .kernels import _triton
 
-    pdl, pf, fn, lin, cp = VARIANTS[name]
-    eff = _triton.set_pdl(pdl)
-    fw.prefetch = pf
-    fw.fuse_norm = fn
-    fw.triton_linear = lin
-    fw.ws.compact = cp
-    return eff == pdl
+    v = {**BASE, **VARIANTS[name]}
+    eff = _triton.set_pdl(v.pop("pdl"))
+    fw.ws.compact = v.pop("compact")
+    for k, val in v.items():
+        setattr(fw, k, val)
+    return eff == VARIANTS[name].get("pdl", False)
 
 
 def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print,
