@@ -53,6 +53,7 @@ class ModelShape:
     rot_dim: int = 64
     eps: float = 1e-6
     mask_id: int = 156895
+    renormalize: bool = True  # norm_topk_prob: top-k routing weights renormalised to sum 1 before the scaling
 
     @property
     def qkv_out(self) -> int:
@@ -161,7 +162,8 @@ class _Stats:
 class BlockForward:
     """Static-buffer forward of a T-token block over a KV cache of ``max_len`` rows per layer.
 
-    Inputs: ``self.ids`` [T] int64 (block tokens), ``self.cache_len`` [1] int32 (prefix length P).
+    Inputs: ``self.ids`` [T] int64 (block tokens), ``self.cache_len`` [1] int32 (prefix length P); with
+    ``from_embeds`` set, ``self.embeds_in`` [T, H] (model dtype) replaces ``E[ids]`` as the layer-0 input.
     Outputs after :meth:`forward` (or a graph replay): ``self.logits`` [T, V] bf16, ``self.pred`` [T]
     int64 argmax, ``self.conf`` [T] fp32 max probability, ``self.entropy`` [T] fp32 (nats);
     the block's K/V are in ``self.kv[l, 0/1, :, P:P+T]``.
@@ -175,6 +177,9 @@ class BlockForward:
         self.dtype = dt
         self.configs = configs or {}
         self.ids = torch.full((T,), shape.mask_id, dtype=torch.long, device=device)
+        # input embeddings [T, H] used instead of E[ids] when ``from_embeds`` is set (self-conditioning)
+        self.embeds_in = torch.zeros(T, H, dtype=dt, device=device)
+        self.from_embeds = False
         self.cache_len = torch.zeros(1, dtype=torch.int32, device=device)
         self.kv = torch.zeros(shape.layers, 2, shape.nkv, max_len, D, dtype=dt, device=device)
         self.h = torch.zeros(T, H, dtype=dt, device=device)
@@ -233,7 +238,10 @@ class BlockForward:
     # ------------------------------------------------------------------------------------------
     def forward(self, head: bool = True, stats: _Stats | None = None):
         s, W, T = self.s, self.W, self.T
-        torch.index_select(W["embed"], 0, self.ids, out=self.h)
+        if self.from_embeds:
+            self.h.copy_(self.embeds_in)
+        else:
+            torch.index_select(W["embed"], 0, self.ids, out=self.h)
         prev = None  # (workspace, top_k, shared) of the previous FFN
         joined = True
         for li, L in enumerate(W["layers"]):
@@ -275,7 +283,7 @@ class BlockForward:
             else:
                 E1 = L["w13"].shape[0]
                 M.moe_route_align(x_ffn, L["gate"], L["bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                                  s.scaling, True, self.moe_cfg, slot=li - s.first_dense, norm_w=nw, eps=s.eps)
+                                  s.scaling, s.renormalize, self.moe_cfg, slot=li - s.first_dense, norm_w=nw, eps=s.eps)
                 if stats is not None:
                     stats.counts.append(self.ws.counts[: s.experts].clone())
                 M.moe_experts(x_ffn, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg, norm_w=nw, eps=s.eps)
