@@ -46,4 +46,5 @@ class EngineBackend:
             dev = f"cuda ({torch.cuda.get_device_name(0)})"
         else:
             dev = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
-        return {"backend": "engine", "device": dev, "precision": self.precision, "torch": torch.__version__}
+        return {"backend": "engine", "device": dev, "precision": self.precision, "torch": torch.__version__,
+                "engine_path": self.llm.engine_path, "kernels": self.llm.kernels}

@@ -98,7 +98,10 @@ class LLM:
     ``path``: checkpoint directory (config.json, safetensors, tokenizer files). ``role``: ``"orl"`` |
     ``"base"``. ``precision``: ``"fp32"`` | ``"bf16"`` (router always fp32). ``device``: ``"cpu"`` |
     ``"cuda"`` | ``"cuda:N"`` (default: cuda when available). ``backend``: ``"engine"`` (cached) or
-    ``"reference"`` (the naive oracle, for tests). ``kernels``: ``"auto"`` (Triton MoE + block attention
+    ``"reference"`` (the naive oracle, for tests). ``graphs``: ``"auto"`` (every forward a CUDA-graph replay of
+the Triton block forward, :mod:`repro.engine.graph`, when on CUDA with triton and a supported shape; the
+chosen path is in ``engine_path``: ``"cuda-graph"`` | ``"eager"`` | ``"reference"``), ``"on"`` (required; raises
+ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE + block attention
     from ``repro.engine.kernels`` on CUDA when triton imports, else torch), ``"torch"`` or ``"triton"``;
     the Triton implementations register into the same seams as the torch ones and fall back to them
     outside their fast case (issue 6). Raises ValueError for a bad role/precision/kernels, and the
@@ -106,9 +109,11 @@ class LLM:
     """
 
     def __init__(self, path: str | Path, role: str = "orl", precision: str = "fp32", device: str | None = None,
-                 backend: str = "engine", kernels: str = "auto"):
+                 backend: str = "engine", kernels: str = "auto", graphs: str = "auto"):
         if kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {kernels!r}")
+        if graphs not in ("auto", "on", "off"):
+            raise ValueError(f"graphs must be 'auto', 'on' or 'off', got {graphs!r}")
         if role not in ROLES:
             raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
         if backend not in ("engine", "reference"):
@@ -128,11 +133,33 @@ class LLM:
         self.model = LLaDA2Model.from_pretrained(self.path, self.device, precision, with_adapter=(role == "orl"),
                                                  cfg=self.config)
         if backend == "engine":
-            self.backend = CachedBackend(self.model)
+            self.backend, self.engine_path = self._engine_backend(graphs)
         else:
+            self.engine_path = "reference"
             from repro.engine.reference import ReferenceBackend
             self.backend = ReferenceBackend(self.model)
         self.paper_decoding = self._paper_decoding()
+
+    def _engine_backend(self, graphs: str):
+        """(backend, name): the CUDA-graph path (:mod:`repro.engine.graph`) when ``graphs`` allows and the
+        model/device support it, else the eager cached path. ``graphs="on"`` raises ValueError naming why
+        the graph path cannot run."""
+        from repro.engine.graph import GraphBackend, unsupported_reason
+
+        if graphs != "off":
+            block = self.default_decoder_block_size()
+            why = unsupported_reason(self.config, block, self.device)
+            if why is None and self.kernels != "triton":
+                why = f"kernels={self.kernels!r} (the graph path runs the Triton kernels)"
+            if why is None:
+                return GraphBackend(self.model, self.tokenizer_.mask_id), "cuda-graph"
+            if graphs == "on":
+                raise ValueError(f"graphs='on' but the CUDA-graph engine path cannot run here: {why}")
+        return CachedBackend(self.model), "eager"
+
+    def default_decoder_block_size(self) -> int:
+        """Block size of the packaged/checkpoint ``paper_decoding.json`` engine block (32 unless it says)."""
+        return int(self._paper_decoding().get("engine", {}).get("block_size", 32))
 
     # ------------------------------------------------------------------ properties of the interface
     @property
@@ -189,8 +216,11 @@ class LLM:
         if sync:
             torch.cuda.synchronize(self.model.device)
         t0 = time.perf_counter()
+        backend = self.backend
+        if self.engine_path == "cuda-graph" and not (cfg.block_size >= 16 and cfg.block_size & (cfg.block_size - 1) == 0):
+            backend = CachedBackend(self.model)  # block shape the graph path does not take: eager for this request
         with torch.inference_mode():
-            res = generate_ids(self.backend, ids, cfg, mask_id=self.mask_id, eos_id=self.eos_id,
+            res = generate_ids(backend, ids, cfg, mask_id=self.mask_id, eos_id=self.eos_id,
                                max_new_tokens=max_new_tokens, seed=seed)
         if sync:
             torch.cuda.synchronize(self.model.device)

@@ -98,3 +98,11 @@ def test_cli_bench_suite_on_real_problem_files(tiny_dir, tmp_path):
         assert ov["forwards"][k] == sum(x["forwards"][k] for x in recs)
     assert ov["tpf"] == pytest.approx(ov["generated_tokens"] / (ov["forwards"]["denoise"] + ov["forwards"]["commit"]))
     assert summary["benchmarks"]["mbpp"]["n"] == 2
+
+
+def test_graph_path_selection_on_cpu(tiny_dir, llm):
+    assert llm.engine_path == "eager"  # CPU: the CUDA-graph path is not available, auto falls back
+    with pytest.raises(ValueError, match="graphs must be"):
+        LLM(tiny_dir, device="cpu", graphs="sometimes")
+    with pytest.raises(ValueError, match="CUDA-graph engine path cannot run here: device cpu is not CUDA"):
+        LLM(tiny_dir, device="cpu", graphs="on")

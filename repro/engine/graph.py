@@ -1,0 +1,210 @@
+"""CUDA-graph block decoding: the engine's forward on a GPU as graph replays (issue 6).
+
+:class:`GraphBackend` implements the generate loop's backend protocol (:class:`repro.engine.generate.Backend`)
+with :class:`repro.engine.kernels.fastpath.BlockForward`: every forward of a request — prompt prefill (block by
+block, block-causal, K/V kept), denoising forwards (lm_head over the block's positions only) and commit
+forwards (K/V only) — is one replay of a CUDA graph captured once for the fixed block shape. The prefix length
+lives in a device int32 tensor (``cache_len``), so one graph serves every position; the KV cache is a static
+buffer grown (and the graphs recaptured) only when a request needs more positions than any before it.
+
+Weights are the model's own tensors (no copy): :func:`kernel_weights` stacks each MoE layer's routed experts
+and its shared expert into one ``[E+1, …]`` tensor (shared = index E, the kernels' layout) and re-points the
+model's parameters at views of it, so the eager path and the graph path share storage.
+
+What the graph path supports (:func:`unsupported_reason` says why not otherwise; ``LLM(graphs="auto")`` then
+keeps the eager cached path): a CUDA device with triton, bf16 or fp32 weights (not NVFP4-dequantised — those
+are plain tensors after loading, so they are supported too), power-of-two experts / groups / top-k, at most
+one shared expert, and a block of 32 tokens or another power of two ≥ 16.
+
+Numerics: the kernels compute like the eager bf16 engine (fp32 accumulation, fp32 router, bf16 residual
+stream), but not bit-identically: reductions are ordered differently, so greedy decoding can diverge from the
+eager path at near-ties of the argmax or of the routing top-k (tests/engine/test_gpu.py measures agreement).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from repro.engine.config import LLaDA2Config
+
+#: Small-shape tiles (hidden < 1024, e.g. the tiny test checkpoint); full-size shapes use the tuned JSON
+#: configs of repro/engine/kernels/configs.
+SMALL_TILES = {
+    "moe": {"router": dict(BLOCK_E=16, SPLIT_K=2, BLOCK_K=16), "route": dict(num_warps=4),
+            "gate_up": dict(BLOCK_N=16, BLOCK_K=16, num_stages=2), "down": dict(BLOCK_N=16, BLOCK_K=16, num_stages=2),
+            "sum": dict(BLOCK_H=32)},
+    "dense": {"gate_up": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=2),
+              "down": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=2)},
+    "attn": dict(NSPLIT=4, BLOCK_N=16),
+}
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def unsupported_reason(cfg: LLaDA2Config, block_size: int, device) -> str | None:
+    """Why the graph path cannot run this model/device (a sentence), or None when it can."""
+    if not str(device).startswith("cuda"):
+        return f"device {device} is not CUDA"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    if not (_pow2(cfg.num_experts) and _pow2(cfg.n_group) and _pow2(cfg.num_experts_per_tok)):
+        return "num_experts, n_group and num_experts_per_tok must be powers of two for the MoE kernels"
+    if cfg.num_shared_experts > 1:
+        return "more than one shared expert"
+    if not (_pow2(block_size) and block_size >= 16):
+        return f"block_size {block_size} is not a power of two ≥ 16"
+    return None
+
+
+def model_shape(cfg: LLaDA2Config, mask_id: int):
+    """The kernels' :class:`~repro.engine.kernels.fastpath.ModelShape` for a checkpoint config."""
+    from repro.engine.kernels.fastpath import ModelShape
+
+    return ModelShape(vocab=cfg.vocab_size, hidden=cfg.hidden_size, layers=cfg.num_hidden_layers,
+                      nq=cfg.num_attention_heads, nkv=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                      dense_inter=cfg.intermediate_size, first_dense=cfg.first_k_dense_replace,
+                      moe_inter=cfg.moe_intermediate_size, experts=cfg.num_experts, top_k=cfg.num_experts_per_tok,
+                      n_group=cfg.n_group, topk_group=cfg.topk_group, scaling=cfg.routed_scaling_factor,
+                      rope_theta=cfg.rope_theta, rot_dim=cfg.rotary_dim, eps=cfg.rms_norm_eps, mask_id=mask_id,
+                      renormalize=cfg.norm_topk_prob)
+
+
+def kernel_weights(model) -> dict:
+    """The kernel-layout weight dict of :func:`repro.engine.kernels.fastpath.random_weights` for ``model``.
+
+    Dense tensors are the model's own (views). Each MoE layer's ``moe.w_gate_up`` ``[E, 2I, H]`` /
+    ``moe.w_down`` ``[E, H, I]`` and shared expert ``[2I, H]`` / ``[H, I]`` are copied once into stacked
+    ``w13 [E+1, 2I, H]`` / ``w2 [E+1, H, I]`` (shared = index E; without a shared expert ``[E, …]``) and the
+    model's parameters are replaced by views of them (storage shared, no lasting extra memory). Idempotent.
+    """
+    c, p = model.cfg, model.params
+    cached = getattr(model, "_kernel_weights", None)
+    if cached is not None:
+        return cached
+    W = {"embed": p["embed"], "lm_head": p["lm_head"], "final_norm": p["final_norm"], "layers": []}
+    for l in range(c.num_hidden_layers):
+        q = f"layers.{l}."
+        L = {"in_norm": p[q + "attn_norm"], "post_norm": p[q + "mlp_norm"], "qkv": p[q + "wqkv"],
+             "q_norm": p[q + "q_norm"], "k_norm": p[q + "k_norm"], "o": p[q + "wo"]}
+        if l < c.first_k_dense_replace:
+            L["w13"] = p[q + "mlp.w_gate_up"][None]
+            L["w2"] = p[q + "mlp.w_down"][None]
+        else:
+            m = q + "moe."
+            L["gate"] = p[m + "router"]
+            L["bias"] = p.get(m + "expert_bias")
+            E = c.num_experts
+            shared = m + "shared_gate_up" in p
+            gu, dn = p[m + "w_gate_up"], p[m + "w_down"]
+            w13 = torch.empty((E + shared,) + tuple(gu.shape[1:]), dtype=gu.dtype, device=gu.device)
+            w2 = torch.empty((E + shared,) + tuple(dn.shape[1:]), dtype=dn.dtype, device=dn.device)
+            w13[:E].copy_(gu)
+            w2[:E].copy_(dn)
+            p[m + "w_gate_up"], p[m + "w_down"] = w13[:E], w2[:E]
+            if shared:
+                w13[E].copy_(p[m + "shared_gate_up"])
+                w2[E].copy_(p[m + "shared_down"])
+                p[m + "shared_gate_up"], p[m + "shared_down"] = w13[E], w2[E]
+            del gu, dn
+            L["w13"], L["w2"] = w13, w2
+        W["layers"].append(L)
+    model._kernel_weights = W
+    return W
+
+
+class GraphBackend:
+    """Backend of :func:`repro.engine.generate.generate_ids` that runs every forward as a CUDA-graph replay.
+
+    ``model``: a loaded :class:`~repro.engine.model.LLaDA2Model` on CUDA; ``mask_id``: the ``<|mask|>`` id;
+    ``use_graphs=False`` runs the same kernels eagerly (CPU tests under ``TRITON_INTERPRET=1``).
+    Graphs: ``denoise`` (forward from token ids + lm_head + fp32 decode statistics), ``denoise_embeds`` (the
+    same from ``embeds`` — self-conditioning; captured on first use) and ``commit`` (forward without lm_head:
+    K/V of final tokens; also used for prompt prefill, block by block). ``capture_s`` accumulates the seconds
+    spent capturing. Raises ValueError for a model the kernels cannot run (:func:`unsupported_reason`).
+    """
+
+    def __init__(self, model, mask_id: int, use_graphs: bool = True, min_capacity: int = 1024):
+        self.model, self.mask_id, self.use_graphs = model, mask_id, use_graphs
+        self.shape = model_shape(model.cfg, mask_id)
+        self.W = kernel_weights(model)
+        self.configs = SMALL_TILES if model.cfg.hidden_size < 1024 else None
+        self.fw = None
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.min_capacity = min_capacity
+        self.capture_s = 0.0
+        self.forwards = 0
+
+    # ------------------------------------------------------------------ static buffers and graphs
+    def begin(self, capacity: int, block_size: int) -> None:
+        """Make sure the static KV cache holds ``capacity`` positions (grow + recapture only if needed)."""
+        from repro.engine.kernels.fastpath import BlockForward
+
+        self.block_size = block_size
+        fw = self.fw
+        if fw is not None and fw.T == block_size and fw.max_len >= capacity:
+            return
+        max_len = max(self.min_capacity, -(-capacity // 1024) * 1024)
+        self.graphs.clear()
+        self.fw = None
+        if self.model.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.fw = BlockForward(self.W, self.shape, max_len, T=block_size, device=self.model.device,
+                               configs=self.configs)
+
+    def _graph(self, name: str) -> torch.cuda.CUDAGraph:
+        g = self.graphs.get(name)
+        if g is None:
+            import time
+
+            fw = self.fw
+            t0 = time.perf_counter()
+            fw.from_embeds = name == "denoise_embeds"
+            # capture() runs two warm-up forwards: keep the request's cache rows out of their way
+            keep = fw.cache_len.clone()
+            fw.cache_len.fill_(fw.max_len - fw.T)
+            g = fw.capture(head=name != "commit")
+            fw.cache_len.copy_(keep)
+            self.graphs[name] = g
+            self.capture_s += time.perf_counter() - t0
+        return g
+
+    def _run(self, name: str) -> None:
+        fw = self.fw
+        self.forwards += 1
+        if self.use_graphs:
+            self._graph(name).replay()
+        else:
+            fw.from_embeds = name == "denoise_embeds"
+            fw.forward(head=name != "commit")
+
+    # ------------------------------------------------------------------ Backend protocol
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Full prompt blocks ``ids`` ``[n]`` (n a multiple of B): one commit replay per block, in order."""
+        B = self.block_size
+        for s in range(0, ids.shape[0], B):
+            self.fw.ids.copy_(ids[s:s + B])
+            self.fw.cache_len.fill_(s)
+            self._run("commit")
+
+    def denoise(self, ids: torch.Tensor, start: int, embeds: torch.Tensor | None) -> torch.Tensor:
+        """Logits ``[B, V]`` fp32 (a new tensor) of the block at ``start``; its provisional K/V are written."""
+        fw = self.fw
+        fw.ids.copy_(ids)
+        fw.cache_len.fill_(start)
+        if embeds is not None:
+            fw.embeds_in.copy_(embeds)
+            self._run("denoise_embeds")
+        else:
+            self._run("denoise")
+        return fw.logits.float()
+
+    def finalize(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
+        """Commit replay (K/V of the final tokens) when needed; otherwise the last forward's K/V stay."""
+        if run_forward:
+            self.fw.ids.copy_(ids)
+            self.fw.cache_len.fill_(start)
+            self._run("commit")
