@@ -129,8 +129,11 @@ def _block_ids(shape, seed: int, kind: str = "issue", T: int = 32):
 # variant -> settings: ``pdl`` (programmatic dependent launch for Triton kernels), and BlockForward attributes:
 # ``prefetch`` (L2 prefetch of the next layer's weights), ``fuse_norm`` (post-attention RMSNorm folded into the
 # FFN GEMMs), ``triton_linear`` (QKV/O through the Triton skinny GEMM), ``compact`` (expert GEMM grids over the
-# active-expert list; a MoE-workspace attribute). Unnamed settings keep BlockForward's defaults (``BASE``).
-BASE = {"pdl": False, "prefetch": False, "fuse_norm": False, "triton_linear": False, "compact": False}
+# active-expert list; a MoE-workspace attribute), ``norm_in_route`` (MoE layers: post-attention RMSNorm written
+# by the route-select kernel), ``fused_attn`` (QK-norm + RoPE + KV write + attention + combine in one launch).
+# Unnamed settings keep BlockForward's defaults (``BASE``).
+BASE = {"pdl": False, "prefetch": False, "fuse_norm": False, "triton_linear": False, "compact": False,
+        "norm_in_route": False, "fused_attn": False}
 VARIANTS = {
     "base": {},
     "pdl": {"pdl": True},
@@ -139,6 +142,8 @@ VARIANTS = {
     "fused_norm": {"fuse_norm": True},
     "linear": {"triton_linear": True},
     "compact": {"compact": True},
+    "norm_in_route": {"norm_in_route": True},
+    "fused_attn": {"fused_attn": True},
 }
 
 
@@ -155,7 +160,7 @@ def _set_variant(fw, name):
 
 
 def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print,
-                variants=("base", "pdl", "compact")):
+                variants=("base", "pdl", "compact", "norm_in_route", "fused_attn")):
     """Time one denoising round (graph replay, head included) for every block kind × prefix.
 
     Variants are timed on the headline block ("issue") at every prefix; the best over all prefixes is kept
@@ -340,15 +345,87 @@ def bench_generate(shape, W, fw, prefix, tokens, steps, log=print):
     return res
 
 
+def bench_decode(prefix: int, tokens: int, algorithms=("low_confidence", "joint_threshold"), seed: int = 0,
+                 eager_tokens: int = 64, log=print) -> dict:
+    """The engine's own decode loop at full size: :func:`repro.engine.generate.generate_ids` with the real
+    decoders over :class:`repro.engine.graph.GraphBackend` (every forward a CUDA-graph replay) on
+    ``LLaDA2Model.random`` (LLaDA2.1-mini preset, bf16), a prompt of ``prefix`` random token ids and
+    ``tokens`` new tokens; then the same request on the eager engine path (``CachedBackend`` with the Triton
+    seams) for ``eager_tokens`` tokens. Reports per algorithm: wall ms (CUDA-synchronised), forwards, ms per
+    forward (GPU, CUDA events around each replay), forward-busy fraction of the wall time, the rest (decoder
+    step on device + host gaps: the decoders sync the host a few times per step), tokens/s and TPF. With
+    random weights the number of steps per block is whatever the decoder decides (confidences are low, so
+    mostly the one-token fallback), so tokens/s here is a lower bound for a trained model.
+    """
+    from repro.engine.config import LLaDA2Config
+    from repro.engine.generate import CachedBackend, generate_ids
+    from repro.engine.graph import GraphBackend
+    from repro.engine.kernels import register_with_seams
+    from repro.engine.model import LLaDA2Model
+    from repro.engine.presets import PRESETS
+
+    cfg = LLaDA2Config.from_dict(PRESETS["llada2.1-mini"])
+    t0 = time.perf_counter()
+    model = LLaDA2Model.random(cfg, device="cuda", dtype="bf16", seed=seed, with_adapter=False)
+    mask_id, eos_id = 156895, 156892  # LLaDA2.1 <|mask|> and <|endoftext|> ids (engine_spec §5)
+    gb = GraphBackend(model, mask_id)
+    torch.cuda.synchronize()
+    out = {"build_s": time.perf_counter() - t0, "prefix": prefix, "tokens": tokens, "runs": {}}
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, cfg.vocab_size - 512, (prefix,), generator=g).tolist()
+
+    def run(backend, algo, n):
+        torch.cuda.synchronize()
+        h0 = time.perf_counter()
+        with torch.inference_mode():
+            r = generate_ids(backend, prompt, {"algorithm": algo}, mask_id=mask_id, eos_id=eos_id, max_new_tokens=n)
+        torch.cuda.synchronize()
+        return r, (time.perf_counter() - h0) * 1e3
+
+    for algo in algorithms:
+        run(gb, algo, 64)  # warm-up: graph capture, autotune-free kernels already compiled
+        gb.events = []
+        r, wall = run(gb, algo, tokens)
+        ev = gb.events
+        gb.events = None
+        busy = sum(a.elapsed_time(b) for a, b in ev)
+        n_fwd = len(ev)  # prefill blocks + denoise + commit replays
+        res = {"wall_ms": wall, "replays": n_fwd, "forwards": r.forwards, "gpu_forward_ms": busy,
+               "ms_per_forward": busy / max(n_fwd, 1), "forward_busy_frac": busy / wall,
+               "other_frac": 1 - busy / wall, "generated_tokens": len(r.raw_ids),
+               "tokens_per_s": len(r.raw_ids) / (wall * 1e-3), "tpf": len(r.raw_ids) / max(
+                   r.forwards["denoise"] + r.forwards["commit"], 1)}
+        log(f"[decode {algo}] {len(r.raw_ids)} tokens after P={prefix}: wall {wall:.0f} ms, {n_fwd} replays, "
+            f"{res['ms_per_forward']:.3f} ms/forward, forward-busy {100 * res['forward_busy_frac']:.1f}%, "
+            f"{res['tokens_per_s']:.0f} tok/s, TPF {res['tpf']:.2f}")
+        out["runs"][algo] = res
+    out["capture_s"] = gb.capture_s
+    del gb
+    register_with_seams(select=True)
+    eb = CachedBackend(model)
+    algo = algorithms[0]
+    run(eb, algo, 32)
+    r, wall = run(eb, algo, eager_tokens)
+    n = r.forwards["prefill"] + r.forwards["denoise"] + r.forwards["commit"]
+    out["eager"] = {"algorithm": algo, "wall_ms": wall, "forwards": r.forwards, "ms_per_forward": wall / n,
+                    "tokens_per_s": len(r.raw_ids) / (wall * 1e-3)}
+    log(f"[decode eager {algo}] {len(r.raw_ids)} tokens: wall {wall:.0f} ms, {wall / n:.2f} ms/forward "
+        f"(incl. decoder), {out['eager']['tokens_per_s']:.0f} tok/s")
+    del eb, model
+    torch.cuda.empty_cache()
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="LLaDA2.1-mini engine round / generation benchmark (issue 6)")
-    ap.add_argument("mode", choices=["round", "generate", "all"])
+    ap.add_argument("mode", choices=["round", "generate", "decode", "all"])
     ap.add_argument("--prefixes", default="1024,4096")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--naive-iters", type=int, default=3)
     ap.add_argument("--prefix", type=int, default=1024)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--steps-per-block", type=int, default=8)
+    ap.add_argument("--decode-tokens", type=int, default=256, help="decode mode: new tokens per request")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default=None, help="write a per-kernel profile table to this file")
     ap.add_argument("--json", default=None, help="also write the JSON document to this file")
@@ -363,6 +440,13 @@ def main(argv=None):
     doc = {"bench": "repro.engine.bench", "mode": args.mode, **env_info(), "targets": TARGETS}
     prefixes = [int(p) for p in args.prefixes.split(",") if p]
     max_len = max(prefixes + [args.prefix + args.tokens]) + 128
+    if args.mode == "decode":
+        doc["decode"] = bench_decode(args.prefix, args.decode_tokens, log=log)
+        print(json.dumps(doc))
+        if args.json:
+            with open(args.json, "w") as fh:
+                fh.write(json.dumps(doc) + "\n")
+        return 0
     copy_bw = copy_bandwidth()
     log(f"copy bandwidth {copy_bw:.0f} GB/s")
     shape, W, fw, build_s = build(args.seed, max_len)

@@ -137,6 +137,8 @@ class GraphBackend:
         self.min_capacity = min_capacity
         self.capture_s = 0.0
         self.forwards = 0
+        #: set to a list to collect (start, end) CUDA events around every replay (benchmarks: GPU busy time)
+        self.events: list | None = None
 
     # ------------------------------------------------------------------ static buffers and graphs
     def begin(self, capacity: int, block_size: int) -> None:
@@ -176,7 +178,15 @@ class GraphBackend:
         fw = self.fw
         self.forwards += 1
         if self.use_graphs:
-            self._graph(name).replay()
+            g = self._graph(name)
+            if self.events is None:
+                g.replay()
+            else:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                self.events.append((a, b))
         else:
             fw.from_embeds = name == "denoise_embeds"
             fw.forward(head=name != "commit")
