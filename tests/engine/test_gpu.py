@@ -70,29 +70,45 @@ def test_full_size_random_llada21_mini_forward_bf16():
           f"median {sorted(times)[2] * 1e3:.1f} ms, mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
 
 
-def test_llm_cuda_graph_path_tracks_eager_engine(tiny_dir):
-    """LLM on CUDA selects the CUDA-graph path; its greedy tokens track the eager bf16 engine (near-ties in
-    bf16 may flip a token and the decoding then diverges, so agreement is counted, not required everywhere)."""
+def test_llm_cuda_graph_path_matches_eager_engine_forwards(tiny_dir, tiny_tok):
+    """LLM on CUDA selects the CUDA-graph path. Teacher-forced check: the graph replays and the eager bf16
+    engine see the same inputs (prefill, denoise with ids and with embeddings, commit) and give the same
+    logits within bf16 rounding. Free-running greedy generations are compared only for determinism: bf16
+    confidences near a threshold flip commit decisions between the two paths, after which they diverge."""
     from repro.engine import LLM
+    from repro.engine.graph import GraphBackend
 
     fast = LLM(tiny_dir, role="orl", precision="bf16", device="cuda")
-    slow = LLM(tiny_dir, role="orl", precision="bf16", device="cuda", graphs="off")
-    assert fast.engine_path == "cuda-graph" and slow.engine_path == "eager"
+    assert fast.engine_path == "cuda-graph" and isinstance(fast.backend, GraphBackend)
+    m = fast.model
+    eager, graph = CachedBackend(m), fast.backend
+    B = 32
+    g = torch.Generator(device="cuda").manual_seed(0)
+    errs, agree = [], []
+    for trial in range(3):
+        P = B * (1 + trial)
+        prompt = torch.randint(0, 256, (P,), device="cuda", generator=g)
+        for be in (eager, graph):
+            be.begin(P + 3 * B, B)
+            be.prefill(prompt)
+        for b in range(3):
+            s = P + b * B
+            block = torch.randint(0, 256, (B,), device="cuda", generator=g)
+            block[torch.rand(B, device="cuda", generator=g) < 0.5] = tiny_tok.mask_id
+            emb = m.embed(block) + 0.3 * torch.randn(B, m.cfg.hidden_size, device="cuda", generator=g).to(m.dtype)
+            for e in (None, emb):
+                la, lb = eager.denoise(block, s, e), graph.denoise(block, s, e)
+                errs.append(float((lb - la).norm() / la.norm()))
+                agree.append(float((lb.argmax(-1) == la.argmax(-1)).float().mean()))
+            final = la.argmax(-1)
+            for be in (eager, graph):
+                be.finalize(final, s, run_forward=True)
+    print(f"\ncuda-graph vs eager bf16 logits: rel err max {max(errs):.2e}, argmax agreement min {min(agree):.2f}")
+    assert max(errs) < 3e-2 and sum(agree) / len(agree) > 0.95
     rng = random.Random(5)
-    same, total, tok_agree, tok_total = 0, 0, 0, 0
     for algo in ("low_confidence", "joint_threshold", "orl"):
-        for _ in range(3):
-            prompt = "".join(chr(rng.randrange(97, 123)) for _ in range(rng.randint(5, 90)))
-            dec = {"algorithm": algo, "max_new_tokens": rng.randint(8, 70)}
-            a = fast.generate(prompt, decoder=dec)
-            again = fast.generate(prompt, decoder=dec)
-            b = slow.generate(prompt, decoder=dec)
-            assert a.raw_token_ids == again.raw_token_ids and a.forwards == again.forwards  # replays deterministic
-            assert a.forwards["denoise"] > 0 and 0 < len(a.raw_token_ids) <= dec["max_new_tokens"]
-            same += a.raw_token_ids == b.raw_token_ids
-            total += 1
-            n = min(len(a.raw_token_ids), len(b.raw_token_ids))
-            tok_agree += sum(x == y for x, y in zip(a.raw_token_ids[:n], b.raw_token_ids[:n]))
-            tok_total += n
-    print(f"\ncuda-graph vs eager bf16: {same}/{total} generations identical, {tok_agree}/{tok_total} tokens")
-    assert same >= total - 3 and tok_agree >= 0.8 * tok_total
+        prompt = "".join(chr(rng.randrange(97, 123)) for _ in range(rng.randint(5, 90)))
+        dec = {"algorithm": algo, "max_new_tokens": rng.randint(8, 70)}
+        a, again = fast.generate(prompt, decoder=dec), fast.generate(prompt, decoder=dec)
+        assert a.raw_token_ids == again.raw_token_ids and a.forwards == again.forwards  # replays deterministic
+        assert a.forwards["denoise"] > 0 and 0 < len(a.raw_token_ids) <= dec["max_new_tokens"]
