@@ -22,6 +22,8 @@ Kernel pipeline (all on device, no host sync, static shapes -> CUDA-graph captur
    count ``counts[e]`` and the list of pair indices ``pairs[e, :counts[e]]`` (order not fixed; each
    pair's result row is computed independently, so the output does not depend on it).
    Pair index ``p = t*top_k + k`` for routed pairs, ``T*top_k + t`` for the shared expert.
+   With the RMSNorm folded into the router (``norm_w``), it can also write the normalised rows that the
+   expert GEMMs read (``norm_out``), replacing the separate add+RMSNorm launch.
 3. ``_moe_gate_up_kernel``: grid (E1, N/BLOCK_N, cdiv(T_PAD, BLOCK_M)); each program streams one
    [2 x BLOCK_N, H] tile of its expert's w13 once, gathers only that expert's token rows, and writes
    ``silu(gate)*up*routing_weight`` to ``inter[p]``. Programs of untouched experts exit after one load,
@@ -192,12 +194,13 @@ if HAS_TRITON:
         x_ptr, w_ptr, part_ptr, nw_ptr, ss_ptr, T, stride_xt,
         H: tl.constexpr, E: tl.constexpr, T_PAD: tl.constexpr,
         BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
-        NORM: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+        NORM: tl.constexpr = False, WRITE_SS: tl.constexpr = True, USE_PDL: tl.constexpr = False,
     ):
         """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (PREC "ieee" or "tf32x3"); rows t >= T are 0.
 
-        NORM: x is the raw residual h; the kernel uses h·nw (RMSNorm weight) and also writes the split's
-        Σh² to ss[s, t] (programs of the first expert tile), so the select kernel applies rsqrt(mean h² + eps).
+        NORM: x is the raw residual h; the kernel uses h·nw (RMSNorm weight) and, with WRITE_SS, also writes
+        the split's Σh² to ss[s, t] (programs of the first expert tile), so the select kernel applies
+        rsqrt(mean h² + eps) (without WRITE_SS the select kernel sums h² of its row itself).
         """
         if USE_PDL:
             gdc_launch_dependents()
@@ -215,22 +218,25 @@ if HAS_TRITON:
             xv = tl.load(x_ptr + offs_t[:, None] * stride_xt + kk[None, :],
                          mask=offs_t[:, None] < T, other=0.0).to(tl.float32)
             if NORM:
-                ssv += tl.sum(xv * xv, axis=1)
+                if WRITE_SS:
+                    ssv += tl.sum(xv * xv, axis=1)
                 xv = xv * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
             wv = tl.load(w_ptr + offs_e[None, :] * H + kk[:, None]).to(tl.float32)
             acc = tl.dot(xv, wv, acc, input_precision=PREC)
         tl.store(part_ptr + pid_k * (T_PAD * E) + offs_t[:, None] * E + offs_e[None, :], acc)
-        if NORM:
+        if NORM and WRITE_SS:
             if pid_e == 0:
                 tl.store(ss_ptr + pid_k * T_PAD + offs_t, ssv)
 
     @triton.jit
     def _route_select_kernel(
         part_ptr, bias_ptr, ids_ptr, topw_ptr, pairw_ptr, counts_ptr, pairs_ptr, next_counts_ptr, ss_ptr, eps,
+        x_ptr, nw_ptr, normed_ptr, stride_xt, stride_nt,
         active_ptr, NACT_IDX: tl.constexpr, E: tl.constexpr, T_PAD: tl.constexpr, TOPK: tl.constexpr, N_GROUP: tl.constexpr,
         TOPK_GROUP: tl.constexpr, SPLIT_K: tl.constexpr, SCALE: tl.constexpr,
         RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, MAXC: tl.constexpr, ZERO_NEXT: tl.constexpr,
-        NORM: tl.constexpr = False, H: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
+        NORM: tl.constexpr = False, H: tl.constexpr = 1, WRITE_NORMED: tl.constexpr = False,
+        BLOCK_H: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
     ):
         """One program per token t: routing of t, then its pairs appended to the experts' lists.
 
@@ -238,16 +244,31 @@ if HAS_TRITON:
         The order inside an expert's list is not fixed, but every pair's result row is computed
         independently, so outputs do not depend on it. ZERO_NEXT: program 0 also clears
         ``next_counts[:E]`` (the counts buffer of the next MoE layer; see fastpath).
+        NORM: the partial logits are of the raw residual h (times the norm weight); they are scaled by
+        r = rsqrt(mean h² + eps), with Σh² from the router's ss partials, or, with WRITE_NORMED, from row t of h
+        (x, loaded first so that its latency overlaps the partials' loads), which is then also written as
+        ``normed[t] = (x[t]·r).to(x.dtype)·nw`` in normed's dtype (the RMSNorm of ``norm.add_rmsnorm``).
         """
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
         t = tl.program_id(0)
         offs_e = tl.arange(0, E)
+        if WRITE_NORMED:
+            offs_h = tl.arange(0, BLOCK_H)
+            mh = offs_h < H
+            xv = tl.load(x_ptr + t * stride_xt + offs_h, mask=mh, other=0.0)
+            nwv = tl.load(nw_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
         logits = tl.zeros((E,), dtype=tl.float32)
         for s in tl.static_range(SPLIT_K):
             logits += tl.load(part_ptr + s * (T_PAD * E) + t * E + offs_e)
-        if NORM:
+        if WRITE_NORMED:
+            xf = xv.to(tl.float32)
+            r = tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
+            logits = logits * r
+            y = (xf * r).to(xv.dtype).to(tl.float32) * nwv
+            tl.store(normed_ptr + t * stride_nt + offs_h, y.to(normed_ptr.dtype.element_ty), mask=mh)
+        elif NORM:
             ss = tl.load(ss_ptr + tl.arange(0, SPLIT_K) * T_PAD + t)
             logits = logits * tl.rsqrt(tl.sum(ss, axis=0) / H + eps)
         scores = tl.sigmoid(logits)
@@ -578,15 +599,25 @@ def _cfg(kernel, configs, H, N, E1, T):
 
 
 def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_group=8, topk_group=4,
-                    scaling=2.5, renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6):
+                    scaling=2.5, renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6, norm_out=None):
     """Kernels 1-2: router logits + per-token selection/alignment into ``ws``.
 
-    norm_w [H]: x is the un-normalised residual; RMSNorm(x)·norm_w is folded into the router GEMM.
+    x [T, H] (bf16 on GPU; fp32/fp16 under the interpreter), unit stride along H; gate_w [E, H] fp32
+    contiguous; expert_bias [E] fp32 or None. Results in ``ws`` (topk_ids, topk_w, pair_w, counts, pairs, active).
+    norm_w [H] (x.dtype): x is the un-normalised residual h; RMSNorm(h)·norm_w is folded into the router GEMM.
+    norm_out [T, H] (x.dtype, unit stride along H; needs norm_w): the select kernel also writes
+    ``norm_out = RMSNorm(h)·norm_w`` there with the numerics of ``norm.add_rmsnorm`` (Σh² of the row in one
+    fp32 reduction, ``(h·r).to(dtype)·w`` rounded to the dtype; only the reduction order on the GPU may
+    differ, by a last-bit change of r), and scales the logits by the same r. Rows >= T are not touched.
+    This replaces the separate add+RMSNorm launch when the O projection adds into h in place.
     slot=None (standalone): uses counts row 0 and clears it first (one memset). slot=l (fast path): uses
     row l, expects it cleared, and clears row (l+1) % n_slots for the next MoE layer (no memset).
+    Raises ValueError for norm_out without norm_w, or not of x's shape with unit stride along H.
     """
     T, H = x.shape
     E = gate_w.shape[0]
+    if norm_out is not None and (norm_w is None or norm_out.shape != x.shape or norm_out.stride(1) != 1):
+        raise ValueError("norm_out needs norm_w and the shape [T, H] of x with unit stride along H")
     assert x.stride(1) == 1 and gate_w.is_contiguous() and gate_w.shape[1] == H
     assert E & (E - 1) == 0 and n_group & (n_group - 1) == 0 and top_k & (top_k - 1) == 0
     rc = _cfg("router", configs, H, ws.inter.shape[1], E1, T)
@@ -596,7 +627,8 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     assert H % (split * bk) == 0 and E % be == 0
     _router_logits_kernel[(E // be, split)](
         x, gate_w, ws.part, norm_w if norm_w is not None else gate_w, ws.ss, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
-        BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), NORM=norm_w is not None, num_warps=rc["num_warps"],
+        BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), NORM=norm_w is not None, WRITE_SS=norm_out is None,
+        num_warps=rc["num_warps"],
         num_stages=rc["num_stages"],
         **pdl(),
     )
@@ -609,12 +641,14 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
         ws.slot = slot
         nxt = ws.counts_all[(slot + 1) % ws.counts_all.shape[0]]
     ac = _cfg("route", configs, H, ws.inter.shape[1], E1, T)
+    no = norm_out if norm_out is not None else x
     _route_select_kernel[(T,)](
         ws.part, expert_bias if expert_bias is not None else ws.part, ws.topk_ids, ws.topk_w,
-        ws.pair_w, ws.counts, ws.pairs, nxt, ws.ss, eps, ws.active, NACT_IDX=E1, E=E, T_PAD=ws.T_PAD, TOPK=top_k, N_GROUP=n_group,
+        ws.pair_w, ws.counts, ws.pairs, nxt, ws.ss, eps, x, norm_w if norm_w is not None else x, no, x.stride(0),
+        no.stride(0), ws.active, NACT_IDX=E1, E=E, T_PAD=ws.T_PAD, TOPK=top_k, N_GROUP=n_group,
         TOPK_GROUP=topk_group, SPLIT_K=split, SCALE=float(scaling), RENORM=bool(renormalize),
         HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, ZERO_NEXT=slot is not None,
-        NORM=norm_w is not None, H=H,
+        NORM=norm_w is not None, H=H, WRITE_NORMED=norm_out is not None, BLOCK_H=next_pow2(H),
         num_warps=ac["num_warps"],
         **pdl(),
     )
