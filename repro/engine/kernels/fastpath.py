@@ -221,6 +221,8 @@ class BlockForward:
         self.fuse_norm = False  # slower on the H200 (6.2 vs 4.35 ms: the K loop no longer pipelines); kept as an option
         # QKV and O projections through the Triton skinny GEMM (fp32 outputs consumed by the next kernels)
         self.triton_linear = False
+        # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts
+        self.norm_in_route = False
         lin_default = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
         self.lin_cfg = {k: load_config("linear", k, lin_default, H=H, T=T) for k in ("qkv", "o")}
         self.lin_cfg.update(self.configs.get("linear", {}))
@@ -261,7 +263,8 @@ class BlockForward:
             A.qk_norm_rope_kv(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
                               kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
             A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
-            if self.fuse_norm:
+            route_norm = self.norm_in_route and "gate" in L
+            if self.fuse_norm or route_norm:
                 self.h.addmm_(self.o, L["o"].t())
                 x_ffn, nw = self.h, L["post_norm"]
             else:
@@ -283,7 +286,10 @@ class BlockForward:
             else:
                 E1 = L["w13"].shape[0]
                 M.moe_route_align(x_ffn, L["gate"], L["bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                                  s.scaling, s.renormalize, self.moe_cfg, slot=li - s.first_dense, norm_w=nw, eps=s.eps)
+                                  s.scaling, s.renormalize, self.moe_cfg, slot=li - s.first_dense, norm_w=nw, eps=s.eps,
+                                  norm_out=self.a if route_norm else None)
+                if route_norm:
+                    x_ffn, nw = self.a, None
                 if stats is not None:
                     stats.counts.append(self.ws.counts[: s.experts].clone())
                 M.moe_experts(x_ffn, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg, norm_w=nw, eps=s.eps)
