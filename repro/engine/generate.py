@@ -15,6 +15,10 @@ Stopping (§6.9): after each block, stop if an ``<|endoftext|>`` appears in the 
 TPF (§6.10, the project convention): ``generated tokens up to the first EOS (EOS excluded) /
 (denoise + commit forwards)``; prefill forwards are reported separately and not in the denominator.
 
+Decoder steps: greedy decoding on a backend with ``device_stepper`` (the CUDA-graph engine,
+:mod:`repro.engine.graph`) runs each round as forward + on-device step (:mod:`repro.engine.decoders.device`)
+and reads one device flag per round; otherwise the host-driven decoders run (identical results, tested).
+
 Backends: the loop talks to a :class:`Backend` — :class:`CachedBackend` (the engine: prefix KV cache) or
 :class:`repro.engine.reference.ReferenceBackend` (no cache, naive) — so both run the same decoders.
 """
@@ -144,25 +148,18 @@ def generate_ids(backend: Backend, prompt_ids: list[int], decoder: DecoderConfig
         counts["prefill"] += 1
     positions = torch.arange(T, device=dev)
     cap = B + cfg.max_post_steps + 2
+    make_stepper = getattr(backend, "device_stepper", None)  # backends with an on-device decoder step
+    stepper = make_stepper(cfg) if make_stepper is not None else None
     finish = "length"
     end = P
     for b in range(first, n_blocks):
         s = b * B
         end = s + B
-        tokens = canvas[s:s + B].clone()
         editable = positions[s:s + B] >= P
-        dec.start_block()
-        last_input = None
-        n_fwd = 0
-        while not dec.before_forward(tokens, editable):
-            if n_fwd >= cap:
-                raise RuntimeError(f"decoder {cfg.algorithm} did not finish block {b} within {cap} forwards")
-            logits = backend.denoise(tokens, s, dec.input_embeds(tokens, editable))
-            n_fwd += 1
-            last_input = tokens.clone()
-            if dec.step(logits, tokens, editable, gen):
-                break
-        reuse = last_input is not None and bool(torch.equal(last_input, tokens))
+        if stepper is not None:
+            tokens, n_fwd, reuse = _device_block(backend, stepper, canvas[s:s + B], editable, s, cap, cfg, b)
+        else:
+            tokens, n_fwd, reuse = _host_block(backend, dec, canvas[s:s + B].clone(), editable, s, cap, cfg, b, gen)
         backend.finalize(tokens, s, run_forward=not reuse)
         counts["denoise"] += n_fwd
         counts["commit"] += 0 if reuse else 1
@@ -179,3 +176,32 @@ def generate_ids(backend: Backend, prompt_ids: list[int], decoder: DecoderConfig
         finish = "eos"
     return GenerationResult(token_ids=out, raw_ids=raw, forwards=counts, finish_reason=finish,
                             block_forwards=per_block)
+
+
+def _host_block(backend, dec, tokens, editable, s, cap, cfg, b, gen):
+    """Decode one block with the host-driven decoder; returns (final tokens, denoise forwards, reuse)."""
+    dec.start_block()
+    last_input = None
+    n_fwd = 0
+    while not dec.before_forward(tokens, editable):
+        if n_fwd >= cap:
+            raise RuntimeError(f"decoder {cfg.algorithm} did not finish block {b} within {cap} forwards")
+        logits = backend.denoise(tokens, s, dec.input_embeds(tokens, editable))
+        n_fwd += 1
+        last_input = tokens.clone()
+        if dec.step(logits, tokens, editable, gen):
+            break
+    return tokens, n_fwd, last_input is not None and bool(torch.equal(last_input, tokens))
+
+
+def _device_block(backend, stepper, tokens, editable, s, cap, cfg, b):
+    """Decode one block with the on-device step (:mod:`repro.engine.decoders.device`): one host read of the
+    device "final" flag per round, nothing else; returns (final tokens, denoise forwards, reuse)."""
+    stepper.start_block(tokens, editable)
+    n_fwd = 0
+    while not bool(stepper.final):
+        if n_fwd >= cap:
+            raise RuntimeError(f"decoder {cfg.algorithm} did not finish block {b} within {cap} forwards")
+        backend.denoise_step(stepper, s)
+        n_fwd += 1
+    return stepper.tokens.clone(), n_fwd, bool(stepper.reuse())

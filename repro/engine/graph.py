@@ -134,6 +134,8 @@ class GraphBackend:
         self.configs = SMALL_TILES if model.cfg.hidden_size < 1024 else None
         self.fw = None
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.steppers: dict = {}
+        self.pool = None
         self.min_capacity = min_capacity
         self.capture_s = 0.0
         self.forwards = 0
@@ -151,32 +153,58 @@ class GraphBackend:
             return
         max_len = max(self.min_capacity, -(-capacity // 1024) * 1024)
         self.graphs.clear()
+        self.steppers.clear()
         self.fw = None
         if self.model.device.type == "cuda":
             torch.cuda.empty_cache()
         self.fw = BlockForward(self.W, self.shape, max_len, T=block_size, device=self.model.device,
                                configs=self.configs)
 
-    def _graph(self, name: str) -> torch.cuda.CUDAGraph:
-        g = self.graphs.get(name)
-        if g is None:
-            import time
+    def _capture(self, name: str, head: bool, from_embeds: bool, extra=None) -> None:
+        """Warm up (two eager runs on a side stream) and capture ``forward(head)`` + ``extra()`` as graph
+        ``name``. The warm-up forwards write K/V at the last T rows of the cache (never a prefix row a request
+        reads before its own forward rewrites it); ``extra`` must tolerate being run (its state is reset later)."""
+        import time
 
-            fw = self.fw
-            t0 = time.perf_counter()
-            fw.from_embeds = name == "denoise_embeds"
-            # capture() runs two warm-up forwards: keep the request's cache rows out of their way
-            keep = fw.cache_len.clone()
-            fw.cache_len.fill_(fw.max_len - fw.T)
-            g = fw.capture(head=name != "commit")
-            fw.cache_len.copy_(keep)
+        fw = self.fw
+        t0 = time.perf_counter()
+        fw.from_embeds = from_embeds
+        fw.cache_len.fill_(fw.max_len - fw.T)
+        if self.use_graphs:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            st = torch.cuda.Stream()
+            st.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(st):
+                for _ in range(2):
+                    fw.forward(head=head)
+                    if extra is not None:
+                        extra()
+            torch.cuda.current_stream().wait_stream(st)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                fw.forward(head=head)
+                if extra is not None:
+                    extra()
+            torch.cuda.synchronize()
             self.graphs[name] = g
-            self.capture_s += time.perf_counter() - t0
-        return g
+        self.capture_s += time.perf_counter() - t0
+
+    def _graph(self, name: str) -> torch.cuda.CUDAGraph:
+        if name not in self.graphs:
+            self._capture(name, head=name != "commit", from_embeds=name == "denoise_embeds")
+        return self.graphs[name]
 
     def _run(self, name: str) -> None:
         fw = self.fw
         self.forwards += 1
+        if name.startswith("step:") and not self.use_graphs:
+            stepper = self.steppers[name]
+            fw.from_embeds = stepper.self_conditioning
+            fw.forward(head=True)
+            stepper.step(fw.logits)
+            return
         if self.use_graphs:
             g = self._graph(name)
             if self.events is None:
@@ -218,3 +246,28 @@ class GraphBackend:
             self.fw.ids.copy_(ids)
             self.fw.cache_len.fill_(start)
             self._run("commit")
+
+    # ------------------------------------------------------------------ on-device decoder steps
+    def device_stepper(self, cfg):
+        """A :class:`repro.engine.decoders.device.DeviceStep` for greedy ``cfg`` over this backend's input
+        buffers, with its round graph (forward + step) captured; call after :meth:`begin`. Cached per
+        decoder settings (a new block shape or capacity recaptures). None when ``cfg`` samples."""
+        from repro.engine.decoders.device import DeviceStep, supported
+
+        if not supported(cfg):
+            return None
+        name = "step:" + repr(sorted(cfg.to_dict().items()))
+        st = self.steppers.get(name)
+        if st is None:
+            fw = self.fw
+            st = DeviceStep(cfg, self.mask_id, self.model, fw.ids, fw.embeds_in)
+            st.graph_name = name
+            self.steppers[name] = st
+            if self.use_graphs:
+                self._capture(name, head=True, from_embeds=st.self_conditioning, extra=lambda: st.step(fw.logits))
+        return st
+
+    def denoise_step(self, stepper, start: int) -> None:
+        """One round of the block at ``start``: forward from the stepper's buffers + its on-device step."""
+        self.fw.cache_len.fill_(start)
+        self._run(stepper.graph_name)

@@ -75,3 +75,20 @@ def test_unsupported_reasons(tiny):
     cfg = LLaDA2Config.from_file(d)
     assert "not CUDA" in unsupported_reason(cfg, 32, "cpu")
     assert "block_size 24" in unsupported_reason(cfg, 24, "cuda")
+
+
+def test_graph_backend_device_step_generation_matches_eager_engine(tiny, dev):
+    """GraphBackend's round path (forward + on-device decoder step) through generate_ids, kernels eager."""
+    if dev == "cuda":
+        pytest.skip("covered in bf16 by tests/engine/test_gpu.py")
+    from repro.engine.generate import generate_ids
+
+    d, tok = tiny
+    m = LLaDA2Model.from_pretrained(d, "cpu", "fp32", with_adapter=True)
+    gb = GraphBackend(m, tok.mask_id, use_graphs=False)
+    kw = dict(mask_id=tok.mask_id, eos_id=tok.eos_id, max_new_tokens=6)
+    dec = {"algorithm": "low_confidence", "threshold": 0.0}  # one denoise round + one commit
+    a = generate_ids(CachedBackend(m), [5, 17, 99], dec, **kw)
+    b = generate_ids(gb, [5, 17, 99], dec, **kw)
+    assert b.raw_ids == a.raw_ids and b.forwards == a.forwards == {"prefill": 0, "denoise": 1, "commit": 1}
+    assert gb.forwards == 2 and len(gb.steppers) == 1

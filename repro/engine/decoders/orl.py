@@ -48,13 +48,18 @@ class ORLDecoder(JointThreshold):
         masked = self.masked(tokens, editable)
         if not bool(masked.any()):
             return None
+        return self.embeds_from(tokens, masked)
+
+    def embeds_from(self, tokens, masked):
+        """``[B, D]``: residual inputs at ``masked`` rows, ``E[tokens]`` elsewhere. Computed for every row and
+        then selected (row-independent maths, the same operations as the on-device step of
+        :mod:`repro.engine.decoders.device`, so both give identical inputs)."""
         model = self.model
         z, w, delta = self.res
-        emb = model.embed(tokens).clone()
-        e_mask = model.embed(torch.tensor([self.mask_id], device=tokens.device))[0]
+        e_mask = model.params["embed"][self.mask_id]
         adapter = model.cfg.adapter if model.with_adapter else None
-        emb[masked] = residual_inputs(e_mask, z[masked], w[masked], delta[masked], adapter, model.params)
-        return emb
+        res = residual_inputs(e_mask, z, w, delta, adapter, model.params)
+        return torch.where(masked[:, None], res, model.embed(tokens))
 
     def step(self, logits, tokens, editable, gen) -> bool:
         """Compute this forward's residual, then the joint M2T + T2T update."""

@@ -1,0 +1,124 @@
+"""The block decoders as one on-device step: no host sync inside a denoising round (issue 6).
+
+:class:`DeviceStep` runs the greedy (``temperature == 0``) form of ``low_confidence``, ``joint_threshold`` and
+``orl`` as tensor operations on static buffers, so the step can be captured in the same CUDA graph as the
+forward (:class:`repro.engine.graph.GraphBackend`). It computes exactly what the host-driven decoders
+(:mod:`repro.engine.decoders.low_confidence`, :mod:`~repro.engine.decoders.joint_threshold`,
+:mod:`~repro.engine.decoders.orl`) compute from the same logits — the same operations, with the host
+branches replaced by ``torch.where`` — and additionally evaluates the next round's "is the block final?"
+check (their ``before_forward``) at the end of the step, into the device flag :attr:`DeviceStep.final`.
+The loop (:func:`repro.engine.generate.generate_ids`) reads that one flag per round; nothing else syncs.
+
+State per block (static tensors): ``tokens`` ``[B]`` int64 (the forward's input ids — the backend's own
+buffer), ``editable`` ``[B]`` bool, ``last_input`` ``[B]`` (input of the latest forward), ``post`` (post-edit
+steps, int32), ``final`` (bool), ``stepped`` (bool: a forward ran in this block), and for ORL with
+self-conditioning ``embeds`` ``[B, D]`` (the next forward's input embeddings — the backend's buffer).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from repro.engine.adapter import residual, residual_inputs
+from repro.engine.decoders.base import DecoderConfig, exclude_mask
+
+
+def supported(cfg: DecoderConfig) -> bool:
+    """True when :class:`DeviceStep` implements ``cfg`` (greedy decoding; sampling stays on the host path)."""
+    return cfg.temperature <= 0
+
+
+class DeviceStep:
+    """Sync-free decoder step over static buffers (module docstring).
+
+    ``cfg``: greedy :class:`DecoderConfig`; ``model``: the :class:`~repro.engine.model.LLaDA2Model` (embedding
+    table, adapter); ``tokens``: the ``[B]`` int64 buffer the forward reads; ``embeds``: the ``[B, D]`` buffer
+    the forward reads when :attr:`self_conditioning` (else unused). Raises ValueError for sampling settings.
+    """
+
+    def __init__(self, cfg: DecoderConfig, mask_id: int, model, tokens: torch.Tensor, embeds: torch.Tensor | None):
+        if not supported(cfg):
+            raise ValueError("DeviceStep implements greedy decoding only (temperature 0)")
+        self.cfg, self.mask_id, self.model = cfg, mask_id, model
+        dev = tokens.device
+        self.tokens, self.embeds = tokens, embeds
+        self.editable = torch.zeros_like(tokens, dtype=torch.bool)
+        self.last_input = torch.zeros_like(tokens)
+        self.post = torch.zeros((), dtype=torch.int32, device=dev)
+        self.final = torch.zeros((), dtype=torch.bool, device=dev)
+        self.stepped = torch.zeros((), dtype=torch.bool, device=dev)
+        self.self_conditioning = cfg.algorithm == "orl" and cfg.self_conditioning
+        if self.self_conditioning:
+            if cfg.residual_temperature is not None:
+                self.t_res = cfg.residual_temperature
+            else:
+                self.t_res = model.cfg.adapter.temperature if model.with_adapter else 1.0
+            self.adapter = model.cfg.adapter if model.with_adapter else None
+        self.editing = cfg.algorithm != "low_confidence" and cfg.editing
+
+    # ------------------------------------------------------------------ block start (outside the graph)
+    def start_block(self, tokens: torch.Tensor, editable: torch.Tensor) -> None:
+        """Load a block's tokens ``[B]`` and editable mask ``[B]``; reset the per-block state and evaluate
+        the first "final before any forward?" check (cold start: plain token embeddings). No host sync."""
+        self.tokens.copy_(tokens)
+        self.editable.copy_(editable)
+        self.post.zero_()
+        self.stepped.zero_()
+        if self.self_conditioning:
+            self.embeds.copy_(self.model.embed(self.tokens))
+        self._before_forward()
+
+    def _masked(self) -> torch.Tensor:
+        return (self.tokens == self.mask_id) & self.editable
+
+    def _before_forward(self, after: torch.Tensor | None = None) -> None:
+        """final = the decoders' ``before_forward`` (post counter advanced as they do); ``after``: a step
+        already declared the block final (then nothing else is evaluated, as the host loop breaks)."""
+        any_mask = self._masked().any()
+        if not self.editing:
+            fin = ~any_mask
+        else:
+            bump = (~any_mask).to(torch.int32)
+            if after is not None:
+                bump = bump * (~after).to(torch.int32)
+            self.post.add_(bump)
+            fin = ~any_mask & (self.post > self.cfg.max_post_steps)
+        self.final.copy_(fin if after is None else (after | fin))
+
+    # ------------------------------------------------------------------ one round (capturable)
+    def step(self, logits: torch.Tensor) -> None:
+        """Update the state from this forward's ``logits`` ``[B, V]`` (any float dtype). No host sync."""
+        cfg = self.cfg
+        tokens = self.tokens
+        self.last_input.copy_(tokens)
+        self.stepped.fill_(True)
+        lg = exclude_mask(logits, self.mask_id)
+        p, x = torch.softmax(lg, dim=-1).max(dim=-1)
+        if self.self_conditioning:
+            z, w, delta = residual(lg, self.model.params["embed"], self.t_res)
+        masked = self._masked()
+        had_mask = masked.any()
+        # M2T: threshold, else the num_to_transfer most confident masked positions (commit_masked)
+        sel = masked & (p > cfg.threshold)
+        conf = torch.where(masked, p, torch.full_like(p, -1.0))
+        k = min(cfg.num_to_transfer, tokens.shape[0])
+        fallback = torch.zeros_like(masked).scatter_(0, conf.topk(k).indices, True) & masked
+        commit = torch.where(sel.sum() < cfg.num_to_transfer, fallback, sel) & had_mask
+        change = commit
+        step_final = None  # low_confidence: a step never ends the block by itself
+        if cfg.algorithm != "low_confidence":
+            step_final = ~had_mask
+            if self.editing:  # T2T on non-mask generation positions
+                edit = self.editable & ~masked & (x != tokens) & (p > cfg.edit_threshold)
+                change = commit | edit
+                step_final = step_final & ~edit.any()
+        tokens.copy_(torch.where(change, x, tokens))
+        if self.self_conditioning:
+            e_mask = self.model.params["embed"][self.mask_id]
+            res = residual_inputs(e_mask, z, w, delta, self.adapter, self.model.params)
+            self.embeds.copy_(torch.where(self._masked()[:, None], res, self.model.embed(tokens)))
+        self._before_forward(step_final)
+
+    def reuse(self) -> torch.Tensor:
+        """Device bool: the block's last forward saw exactly its final tokens (then no commit forward)."""
+        return self.stepped & (self.last_input == self.tokens).all()
