@@ -345,15 +345,16 @@ def bench_generate(shape, W, fw, prefix, tokens, steps, log=print):
     return res
 
 
-def bench_decode(prefix: int, tokens: int, algorithms=("low_confidence", "joint_threshold"), seed: int = 0,
+def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_confidence"), seed: int = 0,
                  eager_tokens: int = 64, log=print) -> dict:
     """The engine's own decode loop at full size: :func:`repro.engine.generate.generate_ids` with the real
     decoders over :class:`repro.engine.graph.GraphBackend` (every forward a CUDA-graph replay) on
     ``LLaDA2Model.random`` (LLaDA2.1-mini preset, bf16), a prompt of ``prefix`` random token ids and
-    ``tokens`` new tokens; then the same request on the eager engine path (``CachedBackend`` with the Triton
-    seams) for ``eager_tokens`` tokens. Reports per algorithm: wall ms (CUDA-synchronised), forwards, ms per
-    forward (GPU, CUDA events around each replay), forward-busy fraction of the wall time, the rest (decoder
-    step on device + host gaps: the decoders sync the host a few times per step), tokens/s and TPF. With
+    ``tokens`` new tokens; the first algorithm again with the host-driven decoders over the same forward
+    graphs; then the eager engine path (``CachedBackend`` with the Triton seams) for ``eager_tokens`` tokens.
+    Reports per run: wall ms (CUDA-synchronised), forwards, ms per replay (GPU, CUDA events around each
+    replay; a round replay includes the on-device decoder step), GPU-idle fraction of the wall time (host
+    gaps: one flag read per round with the device step; host decoder work and syncs without), tokens/s, TPF. With
     random weights the number of steps per block is whatever the decoder decides (confidences are low, so
     mostly the one-token fallback), so tokens/s here is a lower bound for a trained model.
     """
@@ -382,23 +383,33 @@ def bench_decode(prefix: int, tokens: int, algorithms=("low_confidence", "joint_
         torch.cuda.synchronize()
         return r, (time.perf_counter() - h0) * 1e3
 
-    for algo in algorithms:
-        run(gb, algo, 64)  # warm-up: graph capture, autotune-free kernels already compiled
-        gb.events = []
-        r, wall = run(gb, algo, tokens)
-        ev = gb.events
-        gb.events = None
+    def timed(algo, step_on_device):
+        if not step_on_device:
+            gb.device_stepper = None  # generate_ids then drives the host decoders over the forward graphs
+        try:
+            run(gb, algo, 64)  # warm-up: graph capture
+            gb.events = []
+            r, wall = run(gb, algo, tokens)
+            ev = gb.events
+        finally:
+            gb.events = None
+            gb.__dict__.pop("device_stepper", None)
         busy = sum(a.elapsed_time(b) for a, b in ev)
-        n_fwd = len(ev)  # prefill blocks + denoise + commit replays
-        res = {"wall_ms": wall, "replays": n_fwd, "forwards": r.forwards, "gpu_forward_ms": busy,
-               "ms_per_forward": busy / max(n_fwd, 1), "forward_busy_frac": busy / wall,
-               "other_frac": 1 - busy / wall, "generated_tokens": len(r.raw_ids),
+        n_fwd = len(ev)  # prefill blocks + denoise rounds + commit replays
+        res = {"wall_ms": wall, "replays": n_fwd, "forwards": r.forwards, "gpu_replay_ms": busy,
+               "ms_per_replay": busy / max(n_fwd, 1), "gpu_busy_frac": busy / wall,
+               "gpu_idle_frac": 1 - busy / wall, "generated_tokens": len(r.raw_ids),
                "tokens_per_s": len(r.raw_ids) / (wall * 1e-3), "tpf": len(r.raw_ids) / max(
                    r.forwards["denoise"] + r.forwards["commit"], 1)}
-        log(f"[decode {algo}] {len(r.raw_ids)} tokens after P={prefix}: wall {wall:.0f} ms, {n_fwd} replays, "
-            f"{res['ms_per_forward']:.3f} ms/forward, forward-busy {100 * res['forward_busy_frac']:.1f}%, "
+        where = "device step in the round graph" if step_on_device else "host decoders"
+        log(f"[decode {algo}, {where}] {len(r.raw_ids)} tokens after P={prefix}: wall {wall:.0f} ms, "
+            f"{n_fwd} replays, {res['ms_per_replay']:.3f} ms/replay, GPU idle {100 * res['gpu_idle_frac']:.1f}%, "
             f"{res['tokens_per_s']:.0f} tok/s, TPF {res['tpf']:.2f}")
-        out["runs"][algo] = res
+        return res
+
+    for algo in algorithms:
+        out["runs"][algo] = timed(algo, True)
+    out["runs"][algorithms[0] + "+host_decoders"] = timed(algorithms[0], False)
     out["capture_s"] = gb.capture_s
     del gb
     register_with_seams(select=True)
