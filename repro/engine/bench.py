@@ -144,6 +144,9 @@ VARIANTS = {
     "compact": {"compact": True},
     "norm_in_route": {"norm_in_route": True},
     "fused_attn": {"fused_attn": True},
+    "norm_in_route+pdl": {"norm_in_route": True, "pdl": True},
+    "norm_in_route+fused_attn": {"norm_in_route": True, "fused_attn": True},
+    "norm_in_route+fused_attn+pdl": {"norm_in_route": True, "fused_attn": True, "pdl": True},
 }
 
 
@@ -160,7 +163,8 @@ def _set_variant(fw, name):
 
 
 def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print,
-                variants=("base", "pdl", "compact", "norm_in_route", "fused_attn")):
+                variants=("base", "pdl", "compact", "norm_in_route", "fused_attn", "norm_in_route+pdl",
+                          "norm_in_route+fused_attn", "norm_in_route+fused_attn+pdl")):
     """Time one denoising round (graph replay, head included) for every block kind × prefix.
 
     Variants are timed on the headline block ("issue") at every prefix; the best over all prefixes is kept
