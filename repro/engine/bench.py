@@ -158,6 +158,10 @@ def _set_variant(fw, name):
     eff = _triton.set_pdl(v.pop("pdl"))
     fw.ws.compact = v.pop("compact")
     for k, val in v.items():
+        if not hasattr(fw, k):
+            if val:
+                raise AttributeError(f"BlockForward has no option {k!r} in this version")
+            continue
         setattr(fw, k, val)
     return eff == VARIANTS[name].get("pdl", False)
 
