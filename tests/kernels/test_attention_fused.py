@@ -1,0 +1,130 @@
+"""QK-norm + RoPE + KV write + split-KV attention + combine fused (attention.block_attention_fused, combine in-kernel
+or by the combine kernel) vs the reference path and vs the unfused kernels (qk_norm_rope_kv + block_attention)."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from repro.engine.kernels import attention as A  # noqa: E402
+
+from .conftest import rel_err  # noqa: E402
+
+
+def _inputs(dev, dtype, T, NQ, NKV, D, MAXLEN, g):
+    qkv = torch.randn(T, (NQ + 2 * NKV) * D, generator=g).to(dtype).to(dev)
+    qw = (torch.rand(D, generator=g) + 0.5).to(dtype).to(dev)
+    kw = (torch.rand(D, generator=g) + 0.5).to(dtype).to(dev)
+    kc = torch.randn(NKV, MAXLEN, D, generator=g).to(dtype).to(dev)
+    vc = torch.randn(NKV, MAXLEN, D, generator=g).to(dtype).to(dev)
+    return qkv, qw, kw, kc, vc
+
+
+def _run(dev, dtype, T, NQ, NKV, D, ROT, P, nsplit, block_n, min_keys, block_m=None, seed=0, calls=2,
+         combine="ticket"):
+    """``calls`` fused calls on one workspace, each with fresh inputs, a NaN-poisoned ``out`` and cache rows >= P."""
+    g = torch.Generator().manual_seed(seed)
+    MAXLEN = P + T + 19
+    cos, sin = A.rope_tables(MAXLEN, ROT, 600000.0, dev)
+    cl = torch.tensor([P], dtype=torch.int32, device=dev)
+    ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=nsplit, block_n=block_n, min_keys=min_keys, block_m=block_m)
+    ws.fused_combine = combine
+    ws.po.fill_(float("nan"))  # splits not in use must not be read
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for _ in range(calls):
+        qkv, qw, kw, kc, vc = _inputs(dev, dtype, T, NQ, NKV, D, MAXLEN, g)
+        kc[:, P:] = float("nan")  # rows [P, P+T) must come from qkv; rows >= P+T must stay untouched
+        vc[:, P:] = float("nan")
+        kc0, vc0 = kc.clone(), vc.clone()
+        out = torch.full((T, NQ * D), float("nan"), dtype=dtype, device=dev)
+        A.block_attention_fused(qkv, qw, kw, cos, sin, cl, kc, vc, out, ws, NQ, NKV, rot=ROT)
+        qr, kr, vr = A.qk_norm_rope_reference(qkv, qw, kw, P, cos, sin, NQ, NKV, D, ROT)
+        # the kernel rounds q and the block's k to the cache dtype, like the unfused path
+        K = torch.cat([kc0[:, :P].float(), kr.to(dtype).float().transpose(0, 1)], 1)
+        V = torch.cat([vc0[:, :P].float(), vr.transpose(0, 1)], 1)
+        ref = A.attention_reference(qr.to(dtype).float(), K, V)
+        assert not torch.isnan(out).any()
+        assert rel_err(out, ref) < tol
+        assert rel_err(kc[:, P:P + T].transpose(0, 1), kr) < tol
+        assert torch.equal(vc[:, P:P + T].transpose(0, 1).float(), vr)
+        assert torch.equal(kc[:, :P], kc0[:, :P]) and torch.equal(vc[:, :P], vc0[:, :P])
+        assert torch.isnan(kc[:, P + T:]).all() and torch.isnan(vc[:, P + T:]).all()
+        assert not ws.tickets.any()
+
+
+@pytest.mark.parametrize("dtype,T,P,nsplit,min_keys,block_m", [
+    (torch.float32, 8, 0, 4, 16, None),  # one split in use: no partials, no ticket
+    (torch.float16, 8, 37, 4, 16, None),  # P not a multiple of the key tile; 3 splits, the last one straddles P
+    (torch.float32, 32, 70, 8, 16, None),  # block keys over 3 splits, 7 splits in use
+    (torch.float16, 32, 48, 8, 16, 32),  # P on a tile boundary; two row blocks (only row block 0 writes)
+    (torch.float32, 8, 5, 8, 1, 16),  # more splits than key tiles: empty splits; two row blocks
+])
+@pytest.mark.parametrize("combine", ["ticket", "kernel"])
+def test_fused_small(dev, dtype, T, P, nsplit, min_keys, block_m, combine):
+    if dev == "cuda" and dtype == torch.float32:
+        pytest.skip("tf32 dot on GPU; covered by the bf16 GPU test")
+    _run(dev, dtype, T, 4, 2, 64, 32, P, nsplit, 16, min_keys, block_m, seed=P + T, combine=combine)
+
+
+def test_fused_rejects_bad_arguments(dev):
+    T, NQ, NKV, D = 8, 4, 2, 64
+    g = torch.Generator().manual_seed(0)
+    qkv, qw, kw, kc, vc = _inputs(dev, torch.float32, T, NQ, NKV, D, 64, g)
+    cos, sin = A.rope_tables(64, D // 2, 600000.0, dev)
+    cl = torch.zeros(1, dtype=torch.int32, device=dev)
+    out = torch.empty(T, NQ * D, device=dev)
+    ws = A.AttnWorkspace(T, NQ, NKV, 2 * D, dev)
+    with pytest.raises(ValueError, match="workspace"):
+        A.block_attention_fused(qkv, qw, kw, cos, sin, cl, kc, vc, out, ws, NQ, NKV, rot=D // 2)
+    with pytest.raises(ValueError, match="rot"):  # D - rot = 48 is not a power of two
+        A.block_attention_fused(qkv, qw, kw, cos, sin, cl, kc, vc, out, ws, NQ, NKV, rot=D // 4)
+    ws = A.AttnWorkspace(T, NQ, NKV, D, dev)
+    ws.fused_combine = "atomic"
+    with pytest.raises(ValueError, match="fused_combine"):
+        A.block_attention_fused(qkv, qw, kw, cos, sin, cl, kc, vc, out, ws, NQ, NKV, rot=D // 2)
+
+
+def _unfused(qkv, qw, kw, cos, sin, cl, kc, vc, ws, NQ, NKV, ROT):
+    q = torch.empty(qkv.shape[0], NQ, kc.shape[-1], dtype=kc.dtype, device=kc.device)
+    o = torch.empty(qkv.shape[0], NQ * kc.shape[-1], dtype=kc.dtype, device=kc.device)
+    A.qk_norm_rope_kv(qkv, qw, kw, cos, sin, cl, q, kc, vc, NQ, NKV, rot=ROT)
+    return A.block_attention(q, kc, vc, cl, o, ws)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_m,min_keys,combine", [(None, 256, "ticket"), (64, 64, "ticket"), (32, 128, "ticket"),
+                                                      (64, 64, "kernel")])
+def test_fused_bf16_model_shape_graph(block_m, min_keys, combine):
+    """Model shape in bf16: one CUDA graph of the fused kernel replayed at P in {0, 1000, 4000} vs unfused kernels."""
+    T, NQ, NKV, D, ROT, MAXLEN = 32, 16, 4, 128, 64, 4096 + 64
+    g = torch.Generator().manual_seed(block_m or 0)
+    qkv, qw, kw, kc, vc = _inputs("cuda", torch.bfloat16, T, NQ, NKV, D, MAXLEN, g)
+    cos, sin = A.rope_tables(MAXLEN, ROT, 600000.0, "cuda")
+    cl = torch.zeros(1, dtype=torch.int32, device="cuda")
+    ws = A.AttnWorkspace(T, NQ, NKV, D, "cuda", nsplit=32, block_n=64, num_warps=4, num_stages=3,
+                         min_keys=min_keys, block_m=block_m)
+    ws.fused_combine = combine
+    ws_ref = A.AttnWorkspace(T, NQ, NKV, D, "cuda", nsplit=32, block_n=64, min_keys=min_keys, block_m=block_m)
+    kf, vf = kc.clone(), vc.clone()
+    out = torch.empty(T, NQ * D, dtype=torch.bfloat16, device="cuda")
+    A.block_attention_fused(qkv, qw, kw, cos, sin, cl, kf, vf, out, ws, NQ, NKV, rot=ROT)  # compile
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        A.block_attention_fused(qkv, qw, kw, cos, sin, cl, kf, vf, out, ws, NQ, NKV, rot=ROT)
+    for P in (0, 1000, 4000, 1000):
+        cl.fill_(P)
+        kr, vr = kc.clone(), vc.clone()
+        ref = _unfused(qkv, qw, kw, cos, sin, cl, kr, vr, ws_ref, NQ, NKV, ROT)
+        kf.copy_(kc)
+        vf.copy_(vc)
+        kf[:, P:] = float("nan")
+        vf[:, P:] = float("nan")
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any()
+        assert rel_err(out, ref) < 1e-2
+        torch.testing.assert_close(kf[:, P:P + T], kr[:, P:P + T], rtol=1e-2, atol=1e-2)
+        assert torch.equal(vf[:, P:P + T], vr[:, P:P + T])
+        assert torch.equal(kf[:, :P], kc[:, :P]) and torch.isnan(kf[:, P + T:]).all()
+        assert not ws.tickets.any()
