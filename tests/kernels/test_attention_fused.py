@@ -6,8 +6,10 @@ import torch
 pytest.importorskip("triton")
 
 from repro.engine.kernels import attention as A  # noqa: E402
+from repro.engine.kernels import fastpath as F  # noqa: E402
 
 from .conftest import rel_err  # noqa: E402
+from .test_fastpath import TINY, TINY_CFG  # noqa: E402
 
 
 def _inputs(dev, dtype, T, NQ, NKV, D, MAXLEN, g):
@@ -83,6 +85,30 @@ def test_fused_rejects_bad_arguments(dev):
         A.block_attention_fused(qkv, qw, kw, cos, sin, cl, kc, vc, out, ws, NQ, NKV, rot=D // 2)
 
 
+def test_block_forward_fused_attn_tiny(dev):
+    """Whole block forward with fused_attn vs the unfused kernels and vs the PyTorch reference forward."""
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
+    W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
+    T, P = 8, 21
+    cfg = {**TINY_CFG, "attn": dict(NSPLIT=4, BLOCK_N=16, MIN_KEYS=8)}  # 4 splits in use
+    fw = F.BlockForward(W, TINY, 64, T=T, device=dev, configs=cfg)
+    fw.kv.normal_()
+    fw.cache_len.fill_(P)
+    ids = torch.randint(0, TINY.vocab, (T,))
+    fw.ids.copy_(ids)
+    fw.forward()
+    logits, kv = fw.logits.clone(), fw.kv.clone()
+    fw.kv[..., P:, :] = float("nan")
+    fw.logits.fill_(float("nan"))
+    fw.fused_attn = True
+    fw.forward()
+    assert not torch.isnan(fw.logits).any()
+    assert rel_err(fw.logits, logits) < 1e-5
+    assert rel_err(fw.kv[..., :P + T, :], kv[..., :P + T, :]) < 1e-5
+    assert rel_err(fw.logits, F.reference_forward(W, TINY, kv, P, ids)) < 1e-5
+
+
 def _unfused(qkv, qw, kw, cos, sin, cl, kc, vc, ws, NQ, NKV, ROT):
     q = torch.empty(qkv.shape[0], NQ, kc.shape[-1], dtype=kc.dtype, device=kc.device)
     o = torch.empty(qkv.shape[0], NQ * kc.shape[-1], dtype=kc.dtype, device=kc.device)
@@ -128,3 +154,28 @@ def test_fused_bf16_model_shape_graph(block_m, min_keys, combine):
         assert torch.equal(vf[:, P:P + T], vr[:, P:P + T])
         assert torch.equal(kf[:, :P], kc[:, :P]) and torch.isnan(kf[:, P + T:]).all()
         assert not ws.tickets.any()
+
+
+@pytest.mark.gpu
+def test_block_forward_fused_attn_bf16_graph():
+    """Model-width layers in bf16 under a CUDA graph: fused_attn logits vs the unfused graph's."""
+    shape = F.ModelShape(vocab=8192, layers=3, experts=64)
+    W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
+    fw = F.BlockForward(W, shape, 2048, T=32, device="cuda")
+    fw.kv.normal_()
+    fw.ids.copy_(torch.randint(0, shape.vocab, (32,), device="cuda"))
+    graphs = {}
+    for fused in (False, True):
+        fw.fused_attn = fused
+        graphs[fused] = fw.capture()
+    for P in (100, 1500):
+        fw.cache_len.fill_(P)
+        got = {}
+        for fused, graph in graphs.items():
+            fw.logits.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            got[fused] = fw.logits.float().clone()
+        assert not torch.isnan(got[True]).any()
+        assert rel_err(got[True], got[False]) < 2e-2
+        assert (got[True].argmax(-1) == got[False].argmax(-1)).float().mean() > 0.9

@@ -221,6 +221,8 @@ class BlockForward:
         self.fuse_norm = False  # slower on the H200 (6.2 vs 4.35 ms: the K loop no longer pipelines); kept as an option
         # QKV and O projections through the Triton skinny GEMM (fp32 outputs consumed by the next kernels)
         self.triton_linear = False
+        # QK-norm + RoPE + KV write + split attention + combine in one launch (attention.block_attention_fused)
+        self.fused_attn = False
         # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts
         self.norm_in_route = False
         lin_default = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
@@ -260,9 +262,13 @@ class BlockForward:
                 qkv = M.linear_rows(self.a, L["qkv"], self.qkv32, self.dws.counts, self.dws.pairs, self.lin_cfg["qkv"])
             else:
                 qkv = torch.mm(self.a, L["qkv"].t(), out=self.qkv)
-            A.qk_norm_rope_kv(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
-                              kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
-            A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
+            if self.fused_attn:
+                A.block_attention_fused(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, kc, vc,
+                                        self.o, self.aws, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
+            else:
+                A.qk_norm_rope_kv(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
+                                  kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
+                A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
             route_norm = self.norm_in_route and "gate" in L
             if self.fuse_norm or route_norm:
                 self.h.addmm_(self.o, L["o"].t())
