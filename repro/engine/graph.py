@@ -169,6 +169,7 @@ class GraphBackend:
         fw = self.fw
         t0 = time.perf_counter()
         fw.from_embeds = from_embeds
+        keep = fw.cache_len.clone()  # a lazy capture happens between setting the position and the replay
         fw.cache_len.fill_(fw.max_len - fw.T)
         if self.use_graphs:
             if self.pool is None:
@@ -189,6 +190,7 @@ class GraphBackend:
                     extra()
             torch.cuda.synchronize()
             self.graphs[name] = g
+        fw.cache_len.copy_(keep)
         self.capture_s += time.perf_counter() - t0
 
     def _graph(self, name: str) -> torch.cuda.CUDAGraph:
