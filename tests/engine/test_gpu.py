@@ -70,41 +70,52 @@ def test_full_size_random_llada21_mini_forward_bf16():
           f"median {sorted(times)[2] * 1e3:.1f} ms, mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
 
 
-def test_llm_cuda_graph_path_matches_eager_engine_forwards(tiny_dir, tiny_tok):
-    """LLM on CUDA selects the CUDA-graph path. Teacher-forced check: the graph replays and the eager bf16
-    engine see the same inputs (prefill, denoise with ids and with embeddings, commit) and give the same
-    logits within bf16 rounding. Free-running greedy generations are compared only for determinism: bf16
-    confidences near a threshold flip commit decisions between the two paths, after which they diverge."""
+def test_llm_cuda_graph_path_matches_eager_engine_forwards(tiny_dir, tiny_tok, tiny_model):
+    """LLM on CUDA selects the CUDA-graph path. Teacher-forced check: the graph replays, the eager bf16 engine
+    and the fp32 CPU engine see the same inputs (prefill, denoise with ids and with embeddings, commit); the
+    graph path must be as close to fp32 as the eager bf16 path is (bf16 flips near-tie routing choices, so
+    both sit at a similar distance from fp32). Free-running greedy generations are compared only for
+    determinism: bf16 confidences near a threshold flip commit decisions, after which runs diverge."""
     from repro.engine import LLM
     from repro.engine.graph import GraphBackend
 
     fast = LLM(tiny_dir, role="orl", precision="bf16", device="cuda")
     assert fast.engine_path == "cuda-graph" and isinstance(fast.backend, GraphBackend)
     m = fast.model
-    eager, graph = CachedBackend(m), fast.backend
+    eager, graph, ref = CachedBackend(m), fast.backend, CachedBackend(tiny_model)
     B = 32
-    g = torch.Generator(device="cuda").manual_seed(0)
-    errs, agree = [], []
+    g = torch.Generator().manual_seed(0)
+    e_graph, e_eager, a_graph, a_eager = [], [], [], []
+
+    def rel(x, y):
+        return float((x.cpu() - y).norm() / y.norm())
+
     for trial in range(3):
         P = B * (1 + trial)
-        prompt = torch.randint(0, 256, (P,), device="cuda", generator=g)
-        for be in (eager, graph):
+        prompt = torch.randint(0, 256, (P,), generator=g)
+        for be in (eager, graph, ref):
             be.begin(P + 3 * B, B)
-            be.prefill(prompt)
+            be.prefill(prompt.to(be.model.device))
         for b in range(3):
             s = P + b * B
-            block = torch.randint(0, 256, (B,), device="cuda", generator=g)
-            block[torch.rand(B, device="cuda", generator=g) < 0.5] = tiny_tok.mask_id
-            emb = m.embed(block) + 0.3 * torch.randn(B, m.cfg.hidden_size, device="cuda", generator=g).to(m.dtype)
+            block = torch.randint(0, 256, (B,), generator=g)
+            block[torch.rand(B, generator=g) < 0.5] = tiny_tok.mask_id
+            emb = tiny_model.embed(block) + 0.3 * torch.randn(B, m.cfg.hidden_size, generator=g)
             for e in (None, emb):
-                la, lb = eager.denoise(block, s, e), graph.denoise(block, s, e)
-                errs.append(float((lb - la).norm() / la.norm()))
-                agree.append(float((lb.argmax(-1) == la.argmax(-1)).float().mean()))
-            final = la.argmax(-1)
-            for be in (eager, graph):
-                be.finalize(final, s, run_forward=True)
-    print(f"\ncuda-graph vs eager bf16 logits: rel err max {max(errs):.2e}, argmax agreement min {min(agree):.2f}")
-    assert max(errs) < 3e-2 and sum(agree) / len(agree) > 0.95
+                lr = ref.denoise(block, s, e)
+                ec = None if e is None else e.to("cuda", m.dtype)
+                la, lb = eager.denoise(block.cuda(), s, ec), graph.denoise(block.cuda(), s, ec)
+                e_eager.append(rel(la, lr))
+                e_graph.append(rel(lb, lr))
+                a_eager.append(float((la.argmax(-1).cpu() == lr.argmax(-1)).float().mean()))
+                a_graph.append(float((lb.argmax(-1).cpu() == lr.argmax(-1)).float().mean()))
+            final = lr.argmax(-1)
+            for be in (eager, graph, ref):
+                be.finalize(final.to(be.model.device), s, run_forward=True)
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    print(f"\nvs fp32 CPU: graph rel err {mean(e_graph):.3f} argmax {mean(a_graph):.3f}; "
+          f"eager bf16 rel err {mean(e_eager):.3f} argmax {mean(a_eager):.3f}")
+    assert mean(e_graph) <= 1.5 * mean(e_eager) + 1e-3 and mean(a_graph) >= mean(a_eager) - 0.05
     rng = random.Random(5)
     for algo in ("low_confidence", "joint_threshold", "orl"):
         prompt = "".join(chr(rng.randrange(97, 123)) for _ in range(rng.randint(5, 90)))
