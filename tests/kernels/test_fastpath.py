@@ -20,9 +20,10 @@ TINY_CFG = {
 }
 
 
-@pytest.mark.parametrize("fuse_norm,triton_linear,compact", [(False, False, False), (True, False, False),
-                                                            (False, True, False), (False, False, True)])
-def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear, compact):
+@pytest.mark.parametrize("fuse_norm,triton_linear,compact,norm_in_route", [
+    (False, False, False, False), (True, False, False, False), (False, True, False, False),
+    (False, False, True, False), (False, False, False, True)])
+def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear, compact, norm_in_route):
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
     W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
@@ -31,6 +32,7 @@ def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear, com
     fw.fuse_norm = fuse_norm
     fw.triton_linear = triton_linear
     fw.ws.compact = compact
+    fw.norm_in_route = norm_in_route
     fw.kv.normal_()
     fw.cache_len.fill_(P)
     ids = torch.randint(0, TINY.vocab, (T,))
@@ -64,6 +66,7 @@ def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact):
     fw.fuse_norm = fuse_norm
     fw.triton_linear = lin
     fw.ws.compact = compact
+    fw.norm_in_route = False  # tested in test_route_norm.py; off so that each option above is what runs
     fw.kv.normal_()
     ids = torch.randint(0, shape.vocab, (32,), device="cuda")
     fw.ids.copy_(ids)

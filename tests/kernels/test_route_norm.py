@@ -132,6 +132,7 @@ def test_block_forward_norm_in_route_tiny(dev):
     fw.kv.normal_()
     fw.cache_len.fill_(P)
     fw.ids.copy_(torch.randint(0, TINY.vocab, (T,)))
+    fw.norm_in_route = False
     fw.forward()
     base = fw.logits.clone()
     fw.norm_in_route = True

@@ -221,10 +221,12 @@ class BlockForward:
         self.fuse_norm = False  # slower on the H200 (6.2 vs 4.35 ms: the K loop no longer pipelines); kept as an option
         # QKV and O projections through the Triton skinny GEMM (fp32 outputs consumed by the next kernels)
         self.triton_linear = False
-        # QK-norm + RoPE + KV write + split attention + combine in one launch (attention.block_attention_fused)
+        # QK-norm + RoPE + KV write + split attention + combine in one launch (attention.block_attention_fused);
+        # slower on the H200 once the cache needs several splits (6.03 vs 5.56 ms at P=1k, docs/perf.md v9)
         self.fused_attn = False
-        # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts
-        self.norm_in_route = False
+        # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts.
+        # On by default: the fastest measured variant (H200, docs/perf.md v8/v9: 5.54 vs 5.61 ms at P=1k)
+        self.norm_in_route = True
         lin_default = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
         self.lin_cfg = {k: load_config("linear", k, lin_default, H=H, T=T) for k in ("qkv", "o")}
         self.lin_cfg.update(self.configs.get("linear", {}))
