@@ -12,9 +12,13 @@ and its shared expert into one ``[E+1, …]`` tensor (shared = index E, the kern
 model's parameters at views of it, so the eager path and the graph path share storage.
 
 What the graph path supports (:func:`unsupported_reason` says why not otherwise; ``LLM(graphs="auto")`` then
-keeps the eager cached path): a CUDA device with triton, bf16 or fp32 weights (not NVFP4-dequantised — those
-are plain tensors after loading, so they are supported too), power-of-two experts / groups / top-k, at most
-one shared expert, and a block of 32 tokens or another power of two ≥ 16.
+keeps the eager cached path): a CUDA device with triton, bf16 or fp32 weights (NVFP4 checkpoints are
+dequantised at load, so they run too), power-of-two experts / groups / top-k, at most one shared expert, and a
+block of 32 tokens or another power of two ≥ 16.
+
+Greedy decoding goes one step further (:meth:`GraphBackend.device_stepper`): the decoder step runs on the device
+in the same graph as the denoising forward (:mod:`repro.engine.decoders.device`), so a round is one replay and
+the loop reads one device flag per round.
 
 Numerics: the kernels compute like the eager bf16 engine (fp32 accumulation, fp32 router, bf16 residual
 stream), but not bit-identically: reductions are ordered differently, so greedy decoding can diverge from the
@@ -122,9 +126,10 @@ class GraphBackend:
     ``model``: a loaded :class:`~repro.engine.model.LLaDA2Model` on CUDA; ``mask_id``: the ``<|mask|>`` id;
     ``use_graphs=False`` runs the same kernels eagerly (CPU tests under ``TRITON_INTERPRET=1``).
     Graphs: ``denoise`` (forward from token ids + lm_head + fp32 decode statistics), ``denoise_embeds`` (the
-    same from ``embeds`` — self-conditioning; captured on first use) and ``commit`` (forward without lm_head:
-    K/V of final tokens; also used for prompt prefill, block by block). ``capture_s`` accumulates the seconds
-    spent capturing. Raises ValueError for a model the kernels cannot run (:func:`unsupported_reason`).
+    same from ``embeds`` — self-conditioning), ``commit`` (forward without lm_head: K/V of final tokens; also
+    prompt prefill, block by block), each captured on first use, and ``step:<decoder settings>`` (denoising
+    forward + on-device decoder step, captured by :meth:`device_stepper`). ``capture_s`` accumulates the
+    seconds spent capturing; ``forwards`` counts forwards run.
     """
 
     def __init__(self, model, mask_id: int, use_graphs: bool = True, min_capacity: int = 1024):
