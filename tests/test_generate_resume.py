@@ -84,6 +84,29 @@ def test_kill_then_rerun_gives_every_problem_once(job, tmp_path, monkeypatch):
     assert ids(out) == [p["id"] for p in probs] and not partial.exists()
     meta = json.loads(Path(str(out) + ".meta.json").read_text())
     assert meta["checkpoint_manifest_sha256"] and meta["decoder_sha256"] and meta["code_revision"]
+    assert meta["backend_info"] == {"backend": "fake"} and len(meta["backend_sessions"]) == 2
+    assert not Path(str(out) + ".partial.backends.json").exists()
+
+
+def test_resume_with_nothing_left_keeps_the_backend_provenance(job, tmp_path, monkeypatch):
+    """Killed after the last record but before the output was written: the rerun generates nothing and
+    must still record which backend wrote the records."""
+    args, probs, *_ = job
+    out = tmp_path / "g" / "shard0of1.jsonl"
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: FakeBackend())
+    real_finalize = gen.finalize
+
+    def die(*a, **k):
+        raise Killed()
+    monkeypatch.setattr(gen, "finalize", die)
+    with pytest.raises(Killed):
+        gen.run(args(out))
+    monkeypatch.setattr(gen, "finalize", real_finalize)
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: pytest.fail("nothing is left to generate"))
+    assert gen.run(args(out)) == 0
+    meta = json.loads(Path(str(out) + ".meta.json").read_text())
+    assert meta["backend_info"] == {"backend": "fake"} and meta["backend_sessions"] == [{"backend": "fake"}]
+    assert ids(out) == [p["id"] for p in probs]
 
 
 def test_shards_merge_to_the_unsharded_order(job, tmp_path, monkeypatch):

@@ -127,9 +127,13 @@ def run(a: argparse.Namespace) -> int:
           f"{len(todo) - len(remaining)} already done, {len(remaining)} to generate", file=sys.stderr)
 
     backend = None
+    sessions_file = Path(str(out) + ".partial.backends.json")  # backend of every session that wrote records
+    sessions = json.loads(sessions_file.read_text()) if sessions_file.exists() else []
     if remaining:
         backend = get_backend(a.backend, model_dir=str(model_dir), role=a.role, device=a.device,
                               precision=a.precision)
+        sessions.append(backend.describe())
+        atomic_write_text(sessions_file, json.dumps(sessions, indent=1) + "\n")
         prompts = [build_prompt(a.benchmark, p["source"]) for p in remaining]
         from tqdm import tqdm
 
@@ -156,9 +160,13 @@ def run(a: argparse.Namespace) -> int:
         "checkpoint_manifest_sha256": stamp.get("manifest_sha256"),
         "decoder_sha256": sha256_path(a.decoder), "decoder": decoder,
         "problems_sha256": sha256_path(a.problems), "code_revision": code_revision(),
-        "backend_info": backend.describe() if backend else None,
+        # the backend that wrote the records: this session's, else (resumed with nothing left) the last
+        # session's; every session's when a resumed job mixed several
+        "backend_info": sessions[-1] if sessions else None,
+        "backend_sessions": sessions,
     }
     recs = finalize(out, partial, todo, meta)
+    sessions_file.unlink(missing_ok=True)
     print(f"wrote {len(recs)} records -> {out}", file=sys.stderr)
     return 0
 

@@ -42,6 +42,7 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int) -
         "device": (first.get("backend_info") or {}).get("device", first.get("device")),
         "precision": first.get("precision"), "num_shards": len(shards), "prompt_template_version": tv,
         "torch": (first.get("backend_info") or {}).get("torch"), "decoder": first.get("decoder"),
+        "engine_path": (first.get("backend_info") or {}).get("engine_path"),
     }
 
 
