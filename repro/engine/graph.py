@@ -13,8 +13,8 @@ model's parameters at views of it, so the eager path and the graph path share st
 
 What the graph path supports (:func:`unsupported_reason` says why not otherwise; ``LLM(graphs="auto")`` then
 keeps the eager cached path): a CUDA device with triton, bf16 or fp32 weights (NVFP4 checkpoints are
-dequantised at load, so they run too), power-of-two experts / groups / top-k, at most one shared expert, and a
-block of 32 tokens or another power of two ≥ 16.
+dequantised at load, so they run too), power-of-two experts / groups / top-k, at most one shared expert, and
+32-token blocks (the paper's and the model card's block size; other sizes run on the eager path).
 
 Greedy decoding goes one step further (:meth:`GraphBackend.device_stepper`): the decoder step runs on the device
 in the same graph as the denoising forward (:mod:`repro.engine.decoders.device`), so a round is one replay and
@@ -59,8 +59,8 @@ def unsupported_reason(cfg: LLaDA2Config, block_size: int, device) -> str | None
         return "num_experts, n_group and num_experts_per_tok must be powers of two for the MoE kernels"
     if cfg.num_shared_experts > 1:
         return "more than one shared expert"
-    if not (_pow2(block_size) and block_size >= 16):
-        return f"block_size {block_size} is not a power of two ≥ 16"
+    if block_size != 32:
+        return f"block_size {block_size}: the graph path is built and tested for 32-token blocks"
     return None
 
 

@@ -217,7 +217,7 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
             torch.cuda.synchronize(self.model.device)
         t0 = time.perf_counter()
         backend = self.backend
-        if self.engine_path == "cuda-graph" and not (cfg.block_size >= 16 and cfg.block_size & (cfg.block_size - 1) == 0):
+        if self.engine_path == "cuda-graph" and cfg.block_size != 32:
             backend = CachedBackend(self.model)  # block shape the graph path does not take: eager for this request
         with torch.inference_mode():
             res = generate_ids(backend, ids, cfg, mask_id=self.mask_id, eos_id=self.eos_id,

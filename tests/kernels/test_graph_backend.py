@@ -74,7 +74,7 @@ def test_unsupported_reasons(tiny):
     d, _ = tiny
     cfg = LLaDA2Config.from_file(d)
     assert "not CUDA" in unsupported_reason(cfg, 32, "cpu")
-    assert "block_size 24" in unsupported_reason(cfg, 24, "cuda")
+    assert "block_size 16" in unsupported_reason(cfg, 16, "cuda")
 
 
 def test_graph_backend_device_step_generation_matches_eager_engine(tiny, dev):
