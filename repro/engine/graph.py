@@ -263,7 +263,8 @@ class GraphBackend:
 
         if not supported(cfg):
             return None
-        name = "step:" + repr(sorted(cfg.to_dict().items()))
+        # settings the step reads (max_new_tokens and seed do not change the graph: no recapture for them)
+        name = "step:" + repr(sorted((k, v) for k, v in cfg.to_dict().items() if k not in ("max_new_tokens", "seed")))
         st = self.steppers.get(name)
         if st is None:
             fw = self.fw
