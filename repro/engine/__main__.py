@@ -93,8 +93,9 @@ def main(argv=None) -> int:
             prompt = a.prompt if a.raw else [{"role": "user", "content": a.prompt}]
             o = llm.generate(prompt, decoder=dec, seed=a.seed)
             print(o.text)
-            print(json.dumps({k: getattr(o, k) for k in ("prompt_tokens", "generated_tokens", "forwards", "tpf",
-                                                         "wall_s", "request_tps", "finish_reason")}))
+            print(json.dumps({**{k: getattr(o, k) for k in ("prompt_tokens", "generated_tokens", "forwards", "tpf",
+                                                            "wall_s", "request_tps", "finish_reason")},
+                              "engine_path": llm.engine_path}))
             return 0
         from repro.engine.suite import run_suite
         summary = run_suite(a.model, a.role, _decoder_overrides(a), a.problems, a.out, limit=a.limit,

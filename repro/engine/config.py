@@ -138,9 +138,21 @@ class LLaDA2Config:
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
+        elif p.name != "config.json":
+            raise ConfigError(f"{p} is not a checkpoint directory (expected a directory holding config.json, "
+                              f"the tokenizer files and the safetensors weights)")
         if not p.is_file():
             raise ConfigError(f"no config.json at {p}")
-        return cls.from_dict(json.loads(p.read_text()))
+        try:
+            d = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{p}: not valid JSON ({e}); re-download the checkpoint or fix the file") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{p}: must hold a JSON object of model settings, got a {type(d).__name__}")
+        try:
+            return cls.from_dict(d)
+        except ConfigError as e:
+            raise ConfigError(f"{p}: {e}") from None
 
     def validate(self) -> None:
         """Check divisibility constraints of §2. Raises :class:`ConfigError`."""

@@ -120,6 +120,12 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
             raise ValueError(f"backend must be 'engine' or 'reference', got {backend!r}")
         self.path, self.role, self.precision = Path(path), role, precision
         self.device = device or _default_device()
+        dev = str(self.device)
+        if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if kernels == "triton" and not dev.startswith("cuda"):
+            raise ValueError("kernels='triton' needs a CUDA device (on the CPU the engine runs its torch "
+                             "implementations); use kernels='auto' or 'torch'")
         if str(self.device).startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} requested but no CUDA GPU is usable here "
                              f"(torch {torch.__version__}, torch.cuda.is_available() is False); use device='cpu'")

@@ -19,6 +19,7 @@ import platform
 from pathlib import Path
 
 from repro.engine.llm import LLM
+from repro.provenance import code_revision
 
 
 def _problems(path: Path, limit: int | None):
@@ -83,7 +84,8 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
         s["tpf"] = s["generated_tokens"] / d if d else None
         s["tokens_per_s"] = s["generated_tokens"] / s["wall_s"] if s["wall_s"] > 0 else None
     summary = {"model": str(model), "role": role, "precision": precision, "device": str(llm.model.device),
-               "host": platform.node(), "decoder": dec,
+               "host": platform.node(), "decoder": dec, "engine_path": llm.engine_path,
+               "code_revision": code_revision(),
                "tpf_convention": "generated tokens up to first EOS (excluded) / (denoise + commit forwards)",
                "benchmarks": {k: v for k, v in per.items() if k != "all"}, "overall": per.get("all")}
     (outdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

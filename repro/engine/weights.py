@@ -173,21 +173,41 @@ def checkpoint_files(path: str | Path) -> dict[str, Path]:
 
     Raises WeightLoadError when neither exists or the index names a missing shard.
     """
-    from safetensors import safe_open
-
     root = Path(path)
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        wm = json.loads(index.read_text())["weight_map"]
+        try:
+            wm = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise WeightLoadError(f"{index}: not a safetensors index with a weight_map ({e!r}); re-download "
+                                  f"it") from None
         missing = sorted({f for f in wm.values() if not (root / f).is_file()})
         if missing:
             raise WeightLoadError(f"{index} names shard files that do not exist: {missing}")
         return {k: root / f for k, f in wm.items()}
     single = root / "model.safetensors"
     if single.is_file():
-        with safe_open(str(single), "pt") as h:
+        with _open(single) as h:
             return {k: single for k in h.keys()}
     raise WeightLoadError(f"no model.safetensors or model.safetensors.index.json in {root}")
+
+
+def _open(f: Path):
+    """``safe_open`` that names the file when it is not a readable safetensors file (truncated, corrupt)."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(f), "pt")
+    except Exception as e:  # noqa: BLE001 - SafetensorError and OSError variants
+        raise WeightLoadError(f"{f}: not a readable safetensors file ({e}); re-download it and re-run the "
+                              f"checkpoint verification") from None
+
+
+def _names(items: list[str], limit: int = 20) -> str:
+    """The first ``limit`` entries of a list for an error message, with the count of the rest."""
+    if len(items) <= limit:
+        return str(items)
+    return f"{items[:limit]} … and {len(items) - limit} more"
 
 
 def _is_nvfp4(cfg: LLaDA2Config) -> bool:
@@ -204,8 +224,6 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
     match the configured form", issue 5). With ``with_adapter=False`` the adapter tensors named by the
     config are checked but not loaded.
     """
-    from safetensors import safe_open
-
     files = checkpoint_files(path)
     expected = expected_checkpoint_shapes(cfg)
     quant_groups: dict[str, dict[str, str]] = {}
@@ -219,14 +237,14 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
     unexpected = sorted(present - set(expected))
     if missing or unexpected:
         raise WeightLoadError(
-            f"checkpoint {path} does not match config: {len(missing)} missing tensors {missing}; "
-            f"{len(unexpected)} unexpected tensors {unexpected}")
+            f"checkpoint {path} does not match config: {len(missing)} missing tensors {_names(missing)}; "
+            f"{len(unexpected)} unexpected tensors {_names(unexpected)}")
     handles: dict[Path, object] = {}
 
     def get(name: str) -> torch.Tensor:
         f = files[name]
         if f not in handles:
-            handles[f] = safe_open(str(f), "pt")
+            handles[f] = _open(f)
         return handles[f].get_tensor(name)
 
     def fetch(name: str) -> torch.Tensor:
@@ -242,7 +260,7 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
     for name in sorted(expected):
         f = files[name]
         if f not in handles:
-            handles[f] = safe_open(str(f), "pt")
+            handles[f] = _open(f)
         shp = tuple(handles[f].get_slice(name).get_shape())
         if name in quant_groups:  # packed FP4: two values per byte along `in`
             shp = (shp[0], shp[1] * 2) if len(shp) == 2 else shp
@@ -250,8 +268,9 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
         if shp != expected[name]:
             bad_shapes.append(f"{name}: file {list(shp)} != expected {list(expected[name])}")
     if bad_shapes:
-        raise WeightLoadError(f"checkpoint {path} has {len(bad_shapes)} tensors of the wrong shape: " +
-                              "; ".join(bad_shapes))
+        more = f"; … and {len(bad_shapes) - 20} more" if len(bad_shapes) > 20 else ""
+        raise WeightLoadError(f"checkpoint {path} has {len(bad_shapes)} tensors of the wrong shape (does "
+                              f"config.json belong to these weights?): " + "; ".join(bad_shapes[:20]) + more)
     for name in sorted(expected):
         internal, e, part = rename(name, cfg)
         if internal.startswith("adapter.") and not with_adapter:

@@ -201,3 +201,16 @@ def test_kv_cache_allocated_once_per_request(tiny_model, monkeypatch):
     assert sum(r.block_forwards) == r.forwards["denoise"] + r.forwards["commit"]
     with pytest.raises(ValueError, match="outside capacity"):
         tiny_model.new_cache(32).write(0, 16, torch.zeros(32, 2, 16), torch.zeros(32, 2, 16))
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"editing": "no"}, "'editing' must be true or false, got 'no'"),
+    ({"threshold": "0.9"}, "'threshold' must be a number"),
+    ({"max_new_tokens": 1.5}, "'max_new_tokens' must be an integer"),
+    ({"seed": "abc"}, "'seed' must be an integer"),
+    ({"self_conditioning": 1, "algorithm": "orl"}, "'self_conditioning' must be true or false"),
+    ({"edit_threshold": -1}, r"edit_threshold must be in \[0, 1\]"),
+])
+def test_decoder_settings_of_the_wrong_type_or_range_are_named(bad, match):
+    with pytest.raises(DecoderConfigError, match=match):
+        DecoderConfig.from_dict({"algorithm": "joint_threshold", **bad})

@@ -106,3 +106,10 @@ def test_graph_path_selection_on_cpu(tiny_dir, llm):
         LLM(tiny_dir, device="cpu", graphs="sometimes")
     with pytest.raises(ValueError, match="CUDA-graph engine path cannot run here: device cpu is not CUDA"):
         LLM(tiny_dir, device="cpu", graphs="on")
+
+
+def test_device_and_kernel_choices_are_checked(tiny_dir):
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"):
+        LLM(tiny_dir, device="gpu")
+    with pytest.raises(ValueError, match="kernels='triton' needs a CUDA device"):
+        LLM(tiny_dir, device="cpu", kernels="triton")

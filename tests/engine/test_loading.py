@@ -150,3 +150,39 @@ def test_random_model_from_config_is_deterministic(tiny_model):
     cache = a.new_cache(32)
     logits = a.forward(torch.arange(32), 0, cache, 32)
     assert logits.shape == (32, tiny_model.cfg.vocab_size) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("write,match", [
+    (lambda p: p.write_text('{"model_type": "llada2_moe", "vocab_size": 3'), "config.json: not valid JSON"),
+    (lambda p: p.write_text("[1, 2]"), "config.json: must hold a JSON object of model settings, got a list"),
+    (lambda p: p.write_bytes(b"\xff\xfe\x00garbage"), "config.json: not valid JSON"),
+])
+def test_damaged_config_json_is_named(tiny_dir, tmp_path, write, match):
+    d = tmp_path / "ck"
+    shutil.copytree(tiny_dir, d)
+    write(d / "config.json")
+    with pytest.raises(ConfigError, match=match) as e:
+        LLaDA2Model.from_pretrained(d)
+    assert str(d / "config.json") in str(e.value)
+
+
+def test_file_instead_of_checkpoint_directory(tiny_dir):
+    with pytest.raises(ConfigError, match="is not a checkpoint directory"):
+        LLaDA2Config.from_file(tiny_dir / "tokenizer.json")
+
+
+def test_truncated_safetensors_file_is_named(tiny_dir, tmp_path):
+    d = _single_file_copy(tiny_dir, tmp_path / "trunc")
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:5])
+    with pytest.raises(WeightLoadError, match="not a readable safetensors file") as e:
+        LLaDA2Model.from_pretrained(d)
+    assert str(f) in str(e.value)
+
+
+def test_config_of_other_weights_gives_a_bounded_message(tiny_dir, tmp_path):
+    d = _single_file_copy(tiny_dir, tmp_path / "wide", cfg_mutate=lambda c: c.update(hidden_size=128))
+    with pytest.raises(WeightLoadError, match="tensors of the wrong shape") as e:
+        LLaDA2Model.from_pretrained(d)
+    msg = str(e.value)
+    assert "does config.json belong to these weights?" in msg and "more" in msg and len(msg) < 4000

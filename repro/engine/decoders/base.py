@@ -27,7 +27,14 @@ import torch
 
 
 class DecoderConfigError(ValueError):
-    """Unknown decoder key, unknown algorithm, or an out-of-range setting."""
+    """Unknown decoder key, unknown algorithm, a setting of the wrong type, or an out-of-range setting."""
+
+
+#: Value kind of each setting (``algorithm`` is checked against the known names instead).
+_KINDS = {"block_size": "int", "threshold": "float", "edit_threshold": "float", "editing": "bool",
+          "max_post_steps": "int", "num_to_transfer": "int", "max_new_tokens": "int", "temperature": "float",
+          "self_conditioning": "bool", "residual_temperature": "float", "seed": "int"}
+_KIND_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number"}
 
 
 #: Per-algorithm defaults (sources: SGLang LowConfidence threshold 0.95 §6.4; SGLang JointThreshold
@@ -95,15 +102,27 @@ class DecoderConfig:
         return cls.from_dict(d)
 
     def validate(self) -> None:
-        """Range checks; raises DecoderConfigError naming the key."""
+        """Type and range checks; raises DecoderConfigError naming the key."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kind = _KINDS.get(f.name)
+            if kind is None or (v is None and f.name in ("max_new_tokens", "residual_temperature")):
+                continue
+            ok = {"bool": isinstance(v, bool),
+                  "int": isinstance(v, int) and not isinstance(v, bool),
+                  "float": isinstance(v, (int, float)) and not isinstance(v, bool)}[kind]
+            if not ok:
+                raise DecoderConfigError(f"decoder key {f.name!r} must be {_KIND_WORDS[kind]}, got {v!r} "
+                                         f"({type(v).__name__})")
         if self.algorithm not in ALGORITHM_DEFAULTS:
             raise DecoderConfigError(f"unknown decoder algorithm {self.algorithm!r}")
         if self.block_size < 1:
             raise DecoderConfigError(f"block_size must be ≥ 1, got {self.block_size}")
         if not 0.0 <= self.threshold <= 1.0:
             raise DecoderConfigError(f"threshold must be in [0, 1], got {self.threshold}")
-        if self.editing and not self.edit_threshold <= 1.0:
-            raise DecoderConfigError(f"edit_threshold must be ≤ 1, got {self.edit_threshold}")
+        if not 0.0 <= self.edit_threshold <= 1.0:
+            raise DecoderConfigError(f"edit_threshold must be in [0, 1] (0 edits every disagreement), got "
+                                     f"{self.edit_threshold}")
         if self.max_post_steps < 0 or self.num_to_transfer < 1:
             raise DecoderConfigError("max_post_steps must be ≥ 0 and num_to_transfer ≥ 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
