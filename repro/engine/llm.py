@@ -96,7 +96,7 @@ class LLM:
     """A loaded LLaDA2 checkpoint plus tokenizer and default decoder.
 
     ``path``: checkpoint directory (config.json, safetensors, tokenizer files). ``role``: ``"orl"`` |
-    ``"base"``. ``precision``: ``"fp32"`` | ``"bf16"`` (router always fp32). ``device``: ``"cpu"`` |
+    ``"base"``. ``precision``: ``"fp32"`` | ``"bf16"`` (router always fp32; default bf16 on CUDA, fp32 on the CPU). ``device``: ``"cpu"`` |
     ``"cuda"`` | ``"cuda:N"`` (default: cuda when available). ``backend``: ``"engine"`` (cached) or
     ``"reference"`` (the naive oracle, for tests). ``graphs``: ``"auto"`` (every forward a CUDA-graph replay of
 the Triton block forward, :mod:`repro.engine.graph`, when on CUDA with triton and a supported shape; the
@@ -108,7 +108,7 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
     ConfigError / WeightLoadError / TokenizerError of the loaders for a bad checkpoint.
     """
 
-    def __init__(self, path: str | Path, role: str = "orl", precision: str = "fp32", device: str | None = None,
+    def __init__(self, path: str | Path, role: str = "orl", precision: str | None = None, device: str | None = None,
                  backend: str = "engine", kernels: str = "auto", graphs: str = "auto"):
         if kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {kernels!r}")
@@ -118,8 +118,10 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
             raise ValueError(f"role must be one of {sorted(ROLES)}, got {role!r}")
         if backend not in ("engine", "reference"):
             raise ValueError(f"backend must be 'engine' or 'reference', got {backend!r}")
-        self.path, self.role, self.precision = Path(path), role, precision
         self.device = device or _default_device()
+        if precision is None:  # the CLI's and the pipeline's default: bf16 on a GPU, fp32 on the CPU
+            precision = "bf16" if str(self.device).startswith("cuda") else "fp32"
+        self.path, self.role, self.precision = Path(path), role, precision
         dev = str(self.device)
         if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
