@@ -436,7 +436,8 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="LLaDA2.1-mini engine benchmarks on a CUDA GPU: denoising round, generation, decode loop (docs/perf.md)")
+    ap = argparse.ArgumentParser(description="LLaDA2.1-mini engine benchmarks on a CUDA GPU: denoising round, "
+                                             "generation, decode loop (docs/perf.md)")
     ap.add_argument("mode", choices=["round", "generate", "decode", "all"])
     ap.add_argument("--prefixes", default="1024,4096")
     ap.add_argument("--iters", type=int, default=50)

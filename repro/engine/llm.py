@@ -96,7 +96,8 @@ class LLM:
     """A loaded LLaDA2 checkpoint plus tokenizer and default decoder.
 
     ``path``: checkpoint directory (config.json, safetensors, tokenizer files). ``role``: ``"orl"`` |
-    ``"base"``. ``precision``: ``"fp32"`` | ``"bf16"`` (router always fp32; default bf16 on CUDA, fp32 on the CPU). ``device``: ``"cpu"`` |
+    ``"base"``. ``precision``: ``"fp32"`` | ``"bf16"`` (router always fp32; None = bf16 on CUDA, fp32 on the
+    CPU). ``device``: ``"cpu"`` |
     ``"cuda"`` | ``"cuda:N"`` (default: cuda when available). ``backend``: ``"engine"`` (cached) or
     ``"reference"`` (the naive oracle, for tests). ``graphs``: ``"auto"`` (every forward a CUDA-graph replay of
 the Triton block forward, :mod:`repro.engine.graph`, when on CUDA with triton and a supported shape; the
