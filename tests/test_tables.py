@@ -1,8 +1,14 @@
-"""Table rendering: paper layout, half-up rounding on displayed values, LaTeX escaping, missing cells."""
+"""Table rendering: paper layout, half-up rounding on displayed values, LaTeX escaping, missing cells;
+the caption says what was run (problems scored per benchmark, subsets, decoding temperature)."""
+
+import json
+from pathlib import Path
 
 import pandas as pd
 
-from repro.tables.render import fmt, latex_escape, to_csv, to_latex, to_markdown, wide
+from repro import paths
+from repro.tables.__main__ import main as tables_main
+from repro.tables.render import caption, fmt, latex_escape, to_csv, to_latex, to_markdown, wide
 
 BENCH = ["gsm8k", "math500"]
 
@@ -38,5 +44,87 @@ def test_latex_is_booktabs_and_escaped():
 
 def test_csv_keeps_machine_names():
     csv = to_csv(wide(long_frame(), BENCH), BENCH).splitlines()
-    assert csv[0] == "model,label,gsm8k_acc,gsm8k_tpf,math500_acc,math500_tpf"
-    assert csv[1] == 'a_b,LLaDA_2.1 & co,62.3,5.6,80.0,'
+    assert csv[0] == "model,label,gsm8k_acc,gsm8k_tpf,math500_acc,math500_tpf,gsm8k_n,math500_n,decoding"
+    assert csv[1] == 'a_b,LLaDA_2.1 & co,62.3,5.6,80.0,,,,decoding temperature not recorded'
+
+
+def measured(n=3, total=(1319, 500), temps=(0.0, 0.0), source="data_dir"):
+    """A long table as aggregate.collect builds it: two models x GSM8K, MATH-500, one seed."""
+    rows = []
+    for (model, label), t in zip([("a_b", "LLaDA_2.1 & co"), ("orl", "+ ORL")], temps):
+        for b, tot in zip(BENCH, total):
+            rows.append({"model": model, "label": label, "benchmark": b, "seed": 1, "accuracy": 50.0, "tpf": 2.0,
+                         "n": n if n is not None else tot, "n_total": tot, "data_source": source, "temperature": t})
+    return pd.DataFrame(rows)
+
+
+CAP = dict(benchmarks=BENCH, suite="smoke", backend="engine", seeds=[12345])
+
+
+def test_caption_states_problems_scored_and_subsets():
+    text = caption(measured(n=3), **CAP)
+    assert "Problems scored: n = 3 of 1319 GSM8K, 3 of 500 MATH-500; subsets, not full-benchmark results." in text
+    assert "greedy" in text and "seed 12345" in text
+    tex = caption(measured(n=3), latex=True, **CAP)
+    assert r"$n = 3$ of 1319 GSM8K, 3 of 500 MATH-500; subsets" in tex and r"(\%, pass@1" in tex
+    # only one benchmark cut: named
+    one = measured(n=None)
+    one.loc[one["benchmark"] == "gsm8k", "n"] = 10
+    assert "n = 10 of 1319 GSM8K, 500 MATH-500; GSM8K: subsets, not full-benchmark" in caption(one, **CAP)
+
+
+def test_caption_full_sets_and_shipped_problems():
+    text = caption(measured(n=None), **CAP)
+    assert "Problems scored: n = 1319 GSM8K, 500 MATH-500 (full test sets)." in text and " of " not in text
+    shipped = caption(measured(n=3, total=(5, 5), source="builtin"), **CAP)
+    assert "n = 3 GSM8K, 3 MATH-500." in shipped and "full test sets" not in shipped
+    assert "Not benchmark results: GSM8K, MATH-500 used the few problems shipped" in shipped
+
+
+def test_caption_decoding_from_the_decoders_temperature():
+    sampled = caption(measured(temps=(0.7, 0.7)), **CAP)
+    assert "sampling, T = 0.7" in sampled and "greedy" not in sampled
+    assert r"sampling, $T = 0.7$" in caption(measured(temps=(0.7, 0.7)), latex=True, **CAP)
+    mixed = caption(measured(temps=(0.0, 0.7)), latex=True, **CAP)
+    assert r"greedy for LLaDA\_2.1 \& co; sampling, $T = 0.7$ for + ORL" in mixed
+    rows = wide(measured(n=3, temps=(0.0, 0.7)), BENCH)
+    assert [r["decoding"] for r in rows] == ["greedy", "sampling, T = 0.7"] and rows[0]["gsm8k_n"] == "3"
+
+
+def fake_cell(work, bench, n, total, temperature, source="data_dir"):
+    fmt_ = dict(suite="smoke", model="m", bench=bench, seed=1)
+    gen = work / paths.GENERATIONS.format(**fmt_)
+    gen.parent.mkdir(parents=True, exist_ok=True)
+    gen.write_text("".join(json.dumps({"id": f"{bench}/{i}", "generated_tokens": 8, "template_version": "v1",
+                                       "forwards": {"denoise": 2, "commit": 2}}) + "\n" for i in range(n)))
+    Path(str(gen) + ".meta.json").write_text(json.dumps({"shards": [{"backend": "engine", "decoder": {
+        "algorithm": "orl", "temperature": temperature}}]}))
+    prob = work / paths.PROBLEMS.format(**fmt_)
+    prob.parent.mkdir(parents=True, exist_ok=True)
+    Path(str(prob) + ".meta.json").write_text(json.dumps({"source": source, "total": total, "kept": n,
+                                                          "limit": n if n < total else None}))
+    summ = work / paths.SUMMARY.format(**fmt_)
+    summ.parent.mkdir(parents=True, exist_ok=True)
+    summ.write_text(json.dumps({"accuracy": 33.3, "n": n, "ci95": [0, 90]}))
+
+
+def test_written_table_says_limit_and_temperature_in_every_format(tmp_path):
+    """The reported case: `limit: 3` and a sampling decoder; before, the caption said neither (and 'greedy')."""
+    fake_cell(tmp_path, "gsm8k", 3, 1319, 0.6)
+    fake_cell(tmp_path, "math500", 3, 500, 0.6)
+    spec = {"models": [{"name": "m", "label": "M_1"}], "benchmarks": BENCH, "seeds": [1], "backend": "engine"}
+    out = tmp_path / "res"
+    assert tables_main(["--work", str(tmp_path), "--suite", "smoke", "--spec", json.dumps(spec),
+                        "--out-dir", str(out)]) == 0
+    md = (out / "main_table.md").read_text().split("\n\n")[0]
+    assert "n = 3 of 1319 GSM8K, 3 of 500 MATH-500; subsets, not full-benchmark results" in md
+    assert "sampling, T = 0.6" in md and "greedy" not in md
+    tex = (out / "main_table.tex").read_text()
+    assert r"$n = 3$ of 1319 GSM8K" in tex and r"sampling, $T = 0.6$" in tex and r"\toprule" in tex
+    csv = (out / "main_table.csv").read_text().splitlines()
+    assert csv[0].endswith(",gsm8k_n,math500_n,decoding") and csv[1].endswith(",3,3,\"sampling, T = 0.6\"")
+    long = (out / "main_table_long.csv").read_text().splitlines()
+    assert long[0] == ("model,label,benchmark,seed,accuracy,ci_lo,ci_hi,n,n_total,data_source,temperature,"
+                       "tpf,tokens,forwards")
+    prov = json.loads((out / "provenance.json").read_text())
+    assert {(c["problems_kept"], c["problems_total"]) for c in prov["cells"]} == {(3, 1319), (3, 500)}

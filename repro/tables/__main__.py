@@ -1,4 +1,4 @@
-"""`python -m repro.tables`: write results/<suite>/main_table.{md,tex,csv} and provenance.json.
+"""`python -m repro.tables`: write results/<suite>/main_table.{md,tex,csv}, main_table_long.csv, provenance.json.
 
     python -m repro.tables --work WORK --suite smoke --spec '{"models": [{"name":..,"label":..}],
         "benchmarks": [...], "seeds": [...], "backend": "engine"}' --out-dir results/smoke
@@ -19,7 +19,7 @@ from repro import paths
 from repro.io import atomic_write_text
 from repro.provenance import code_revision
 from repro.tables.aggregate import collect
-from repro.tables.render import to_csv, to_latex, to_markdown, wide
+from repro.tables.render import caption, to_csv, to_latex, to_markdown, wide
 
 
 def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int) -> dict:
@@ -38,6 +38,7 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int) -
         "problems_sha256": first.get("problems_sha256"),
         "data_source": prob_meta.get("source"), "data_sha256": prob_meta.get("sha256"),
         "data_location": prob_meta.get("location"), "problems_kept": prob_meta.get("kept"),
+        "problems_total": prob_meta.get("total"),
         "code_revision": first.get("code_revision"), "backend": first.get("backend"),
         "device": (first.get("backend_info") or {}).get("device", first.get("device")),
         "precision": first.get("precision"), "num_shards": len(shards), "prompt_template_version": tv,
@@ -60,15 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = wide(long, spec["benchmarks"])
     cells = [cell_provenance(a.work, a.suite, m["name"], b, s) for m in spec["models"]
              for b in spec["benchmarks"] for s in spec["seeds"]]
-    caption = (f"Accuracy (%, pass@1 for code; greedy) and tokens per forward (TPF); suite {a.suite}, "
-               f"backend {spec.get('backend', 'engine')}, seed(s) {', '.join(map(str, spec['seeds']))}.")
-    builtin = sorted({c["benchmark"] for c in cells if c["data_source"] == "builtin"})
-    if builtin:
-        caption += (f" Not benchmark results: {', '.join(builtin)} used the few problems shipped with the "
-                    "pipeline (no data directory, no hub).")
+    # the caption says what was run: decoding (from the decoders' temperatures), problems scored per
+    # benchmark (and "of <full size>" when the suite's limit cut it), shipped non-benchmark problems
+    cap = dict(benchmarks=spec["benchmarks"], suite=a.suite, backend=spec.get("backend", "engine"),
+               seeds=spec["seeds"])
     out = a.out_dir
-    atomic_write_text(out / "main_table.md", caption + "\n\n" + to_markdown(rows, spec["benchmarks"]))
-    atomic_write_text(out / "main_table.tex", to_latex(rows, spec["benchmarks"], caption, f"tab:main-{a.suite}"))
+    atomic_write_text(out / "main_table.md", caption(long, **cap) + "\n\n" + to_markdown(rows, spec["benchmarks"]))
+    atomic_write_text(out / "main_table.tex", to_latex(rows, spec["benchmarks"], caption(long, latex=True, **cap),
+                                                       f"tab:main-{a.suite}", escape_caption=False))
     atomic_write_text(out / "main_table.csv", to_csv(rows, spec["benchmarks"]))
     atomic_write_text(out / "main_table_long.csv", long.to_csv(index=False, lineterminator="\n"))
     prov = {"suite": a.suite, "code_revision": code_revision(),

@@ -4,6 +4,11 @@ Accuracy: the scorer's summary (percent; pass@1 for code, greedy n=1). TPF of a 
 tokens up to the first EOS divided by total denoise + commit forwards over the cell's problems
 (prefill forwards excluded; engine_spec.md §6.10 recommendation, stated in the README). Over several
 seeds, the mean of the per-seed values.
+
+Beside the numbers, each row says what they were measured on: ``n`` (problems scored), ``n_total``
+(problems in the benchmark's source before the suite's ``limit``; from the problems' ``.meta.json``),
+``data_source`` (``data_dir`` | ``hub`` | ``builtin``) and ``temperature`` (of the rendered decoder the
+generation used, from the generations' ``.meta.json``; 0 = greedy). The table caption is built from them.
 """
 
 from __future__ import annotations
@@ -30,8 +35,22 @@ def cell_tpf(generations: Path) -> tuple[float | None, int, int]:
     return (toks / fwd if fwd else None), toks, fwd
 
 
+def _meta(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def decoder_temperature(gen_meta: dict) -> float | None:
+    """The sampling temperature of the decoder a generation file was made with (None if not recorded)."""
+    for sh in gen_meta.get("shards", [gen_meta]):  # the shards of one cell share one decoder file
+        dec = sh.get("decoder")
+        if isinstance(dec, dict) and dec.get("temperature") is not None:
+            return float(dec["temperature"])
+    return None
+
+
 def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], seeds: list[int]) -> pd.DataFrame:
-    """Tidy rows: model, label, benchmark, seed, accuracy, ci_lo, ci_hi, n, tpf, tokens, forwards."""
+    """Tidy rows: model, label, benchmark, seed, accuracy, ci_lo, ci_hi, n, n_total, data_source,
+    temperature, tpf, tokens, forwards."""
     rows = []
     for m in models:
         for b in benchmarks:
@@ -39,8 +58,12 @@ def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], s
                 fmt = dict(suite=suite, model=m["name"], bench=b, seed=s)
                 summ = json.loads((work / paths.SUMMARY.format(**fmt)).read_text())
                 tpf, toks, fwd = cell_tpf(work / paths.GENERATIONS.format(**fmt))
+                prob_meta = _meta(work / (paths.PROBLEMS.format(**fmt) + ".meta.json"))
+                gen_meta = _meta(work / (paths.GENERATIONS.format(**fmt) + ".meta.json"))
                 ci = summ.get("ci95") or [None, None]
                 rows.append({"model": m["name"], "label": m["label"], "benchmark": b, "seed": s,
                              "accuracy": summ["accuracy"], "ci_lo": ci[0], "ci_hi": ci[1], "n": summ["n"],
+                             "n_total": prob_meta.get("total"), "data_source": prob_meta.get("source"),
+                             "temperature": decoder_temperature(gen_meta),
                              "tpf": tpf, "tokens": toks, "forwards": fwd})
     return pd.DataFrame(rows)

@@ -4,6 +4,12 @@ Numbers are rounded half-up on their decimal value (accuracy 1 decimal in %, TPF
 paper), so 62.25 prints 62.3 (Python's format would give 62.2). Missing values print ``-`` (Markdown,
 CSV) or ``--`` (LaTeX). LaTeX uses booktabs rules, a ``\\cmidrule`` under each benchmark spanner, and
 escapes every label. No timestamps inside table files (they live in provenance.json).
+
+``caption`` states what the numbers were measured on, from the long table (so the three formats
+agree): the decoding (``greedy`` only when every decoder's temperature is 0, else ``sampling, T = …``),
+the suite, backend and seeds, and always the number of problems scored per benchmark, with ``of <full
+size>`` and a "subsets, not full-benchmark results" note when a benchmark was cut by the suite's
+``limit``. The CSV carries the same facts as columns (``<bench>_n``, ``decoding``).
 """
 
 from __future__ import annotations
@@ -30,8 +36,40 @@ def latex_escape(s: str) -> str:
     return "".join(_LATEX_ESCAPES.get(c, c) for c in s)
 
 
+def _present(values) -> list:
+    """The distinct non-missing values, sorted."""
+    return sorted({v for v in values if v is not None and not (isinstance(v, float) and v != v)})
+
+
+def _count(values) -> str | None:
+    """``"3"``, or ``"2-3"`` when the cells disagree (e.g. a generation file missing problems); None if unknown."""
+    vs = [int(v) for v in _present(values)]
+    if not vs:
+        return None
+    return str(vs[0]) if vs[0] == vs[-1] else f"{vs[0]}-{vs[-1]}"
+
+
+def _column(df: pd.DataFrame, name: str) -> list:
+    return list(df[name]) if name in df.columns else [None] * len(df)
+
+
+def decoding(temperatures, latex: bool = False) -> str:
+    """``greedy`` when every temperature is 0, ``sampling, T = 0.7`` for one non-zero temperature,
+    ``T = 0, 0.7 (by benchmark)`` for several; ``decoding temperature not recorded`` when none is known."""
+    ts = [float(t) for t in _present(temperatures)]
+    math = (lambda x: f"${x}$") if latex else (lambda x: x)
+    if not ts:
+        return "decoding temperature not recorded"
+    if ts == [0.0]:
+        return "greedy"
+    if len(ts) == 1:
+        return "sampling, " + math(f"T = {ts[0]:g}")
+    return math("T = " + ", ".join(f"{t:g}" for t in ts)) + " (by benchmark)"
+
+
 def wide(long: pd.DataFrame, benchmarks: list[str]) -> list[dict]:
-    """One dict per model (table order): label, and per benchmark the seed-mean accuracy and TPF."""
+    """One dict per model (table order): label, per benchmark the seed-mean accuracy and TPF and the
+    number of problems scored (``<bench>_n``), and the model's ``decoding`` (see ``decoding``)."""
     out = []
     for model, g in long.groupby("model", sort=False):
         row = {"model": model, "label": g["label"].iloc[0]}
@@ -40,8 +78,62 @@ def wide(long: pd.DataFrame, benchmarks: list[str]) -> list[dict]:
             row[f"{b}_acc"] = gb["accuracy"].mean() if len(gb) else None
             tpf = gb["tpf"].dropna()
             row[f"{b}_tpf"] = tpf.mean() if len(tpf) else None
+            row[f"{b}_n"] = _count(_column(gb, "n"))
+        row["decoding"] = decoding(_column(g, "temperature"))
         out.append(row)
     return out
+
+
+def caption(long: pd.DataFrame, benchmarks: list[str], suite: str, backend: str, seeds: list[int],
+            latex: bool = False) -> str:
+    """The table's caption (plain text, or LaTeX with labels escaped and ``$n = …$`` / ``$T = …$``)."""
+    esc = latex_escape if latex else (lambda x: x)
+    math = (lambda x: f"${x}$") if latex else (lambda x: x)
+    dash = "--" if latex else "\u2013"
+    # decoding: one phrase when every model decoded alike, else one per model
+    per_model = {}
+    for _, g in long.groupby("model", sort=False):
+        per_model[esc(str(g["label"].iloc[0]))] = decoding(_column(g, "temperature"), latex)
+    phrases = list(dict.fromkeys(per_model.values()))
+    dec = phrases[0] if len(phrases) == 1 else "; ".join(f"{d} for {lab}" for lab, d in per_model.items())
+    seeds_txt = (f"seed {seeds[0]}" if len(seeds) == 1
+                 else f"mean over seeds {', '.join(map(str, seeds))}")
+    text = (f"Accuracy ({esc('%')}, pass@1 for code; {dec}) and tokens per forward (TPF); suite {esc(suite)}, "
+            f"backend {esc(backend)}, {seeds_txt}.")
+    # problems scored per benchmark, always; "of <full size>" where the suite's limit cut the benchmark
+    counts, subsets, builtin, full = [], [], [], True
+    for b in benchmarks:
+        gb = long[long["benchmark"] == b]
+        n = _count(_column(gb, "n")) or "?"
+        lo, hi = (n.split("-") + [n])[:2] if n != "?" else ("?", "?")
+        totals = [int(t) for t in _present(_column(gb, "n_total"))]
+        title = BENCH_TITLES[b]
+        of = ""
+        if "builtin" in _present(_column(gb, "data_source")):
+            builtin.append(title)
+            full = False
+        elif len(totals) == 1 and lo != "?" and int(lo) < totals[0]:
+            of = f" of {totals[0]}"
+            subsets.append(title)
+        elif len(totals) != 1 or hi == "?" or int(hi) != totals[0]:
+            full = False  # not known to be the full set (no problems .meta.json)
+        counts.append((lo, hi, of, title))
+    parts = []
+    for i, (lo, hi, of, title) in enumerate(counts):
+        num = math(f"n = {lo}") if i == 0 else lo
+        parts.append(num + (f"{dash}{hi}" if hi != lo else "") + f"{of} {title}")
+    text += " Problems scored: " + ", ".join(parts)
+    if subsets:
+        which = "" if len(subsets) == len(counts) else ", ".join(subsets) + ": "
+        text += f"; {which}subsets, not full-benchmark results."
+    elif full:
+        text += " (full test sets)."
+    else:
+        text += "."
+    if builtin:
+        text += (f" Not benchmark results: {', '.join(builtin)} used the few problems shipped with the "
+                 "pipeline (no data directory, no hub).")
+    return text
 
 
 def to_markdown(rows: list[dict], benchmarks: list[str]) -> str:
@@ -53,26 +145,33 @@ def to_markdown(rows: list[dict], benchmarks: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str) -> str:
+def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str, escape_caption: bool = True) -> str:
+    """A booktabs table (``\\toprule``, ``\\cmidrule``, ``\\midrule``, ``\\bottomrule``; needs
+    ``\\usepackage{booktabs}``). ``caption`` is plain text and escaped, or LaTeX source as given when
+    ``escape_caption`` is False (``caption(..., latex=True)`` builds one)."""
     n = len(benchmarks)
     spans = " & ".join(rf"\multicolumn{{2}}{{c}}{{{BENCH_TITLES[b]}}}" for b in benchmarks)
     rules = " ".join(rf"\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(n))
     sub = " & ".join(["Acc & TPF"] * n)
+    cap = latex_escape(caption) if escape_caption else caption
     body = []
     for r in rows:
         cells = [latex_escape(r["label"])] + [fmt(r[f"{b}_{k}"], missing="--") for b in benchmarks
                                               for k in ("acc", "tpf")]
         body.append(" & ".join(cells) + r" \\")
     return "\n".join([
-        r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(caption)}}}", rf"\label{{{label}}}",
+        r"\begin{table}[t]", r"\centering", rf"\caption{{{cap}}}", rf"\label{{{label}}}",
         r"\begin{tabular}{l" + "rr" * n + "}", r"\toprule",
         rf"Model & {spans} \\", rules, rf" & {sub} \\", r"\midrule", *body, r"\bottomrule",
         r"\end{tabular}", r"\end{table}", ""])
 
 
 def to_csv(rows: list[dict], benchmarks: list[str]) -> str:
-    cols = ["model", "label"] + [f"{b}_{k}" for b in benchmarks for k in ("acc", "tpf")]
-    df = pd.DataFrame([{c: r[c] for c in cols} for r in rows], columns=cols)
-    for c in cols[2:]:
+    """The wide table; after the numbers, what they were measured on (the caption's facts): problems
+    scored per benchmark (``<bench>_n``) and the model's ``decoding``."""
+    nums = [f"{b}_{k}" for b in benchmarks for k in ("acc", "tpf")]
+    cols = ["model", "label"] + nums + [f"{b}_n" for b in benchmarks] + ["decoding"]
+    df = pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
+    for c in nums:
         df[c] = [fmt(v, missing="") for v in df[c]]
     return df.to_csv(index=False, lineterminator="\n")
