@@ -6,7 +6,14 @@ defined). Every problem is reported as **one line** naming the key and the allow
 
     config.yaml: unknown key 'limt' in suites.smoke; allowed: benchmarks, decoder_suite, device, ...
 
-This module does not run anything; the Snakefile and the `python -m repro.*` stages import it.
+Where a mistake comes from how Snakemake merges config, the line says so and gives the fix: an overlay
+that switches a model's source form (the merged source has keys of two forms), a nested value given
+with ``--config`` (it arrives as a string). ``yaml_syntax_error`` names the file, line and column of a
+YAML syntax error, which Snakemake's own message does not.
+
+This module runs no stage; the Snakefile and the `python -m repro.*` stages import it.
+``python -m repro.config check-yaml FILE...`` (used by scripts/_snakemake_common.sh) reports YAML
+syntax errors before Snakemake reads the files.
 """
 
 from __future__ import annotations
@@ -44,7 +51,91 @@ def _allowed(schema: dict) -> str:
     return ""
 
 
-def _one_line(err: jsonschema.ValidationError, source: str) -> str:
+_JSON_TYPES = {"integer": lambda x: isinstance(x, int) and not isinstance(x, bool),
+               "number": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+               "boolean": lambda x: isinstance(x, bool), "null": lambda x: x is None,
+               "string": lambda x: isinstance(x, str), "array": lambda x: isinstance(x, list),
+               "object": lambda x: isinstance(x, dict)}
+
+
+def _string_of_type(value, types) -> bool:
+    """True when ``value`` is a string whose YAML reading has one of the JSON-schema ``types`` (``'3'``
+    for integer, ``'true'`` for boolean): a nested value that came through ``--config`` unparsed."""
+    if not isinstance(value, str) or "string" in types:
+        return False
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return False
+    return any(_JSON_TYPES[t](parsed) for t in types if t in _JSON_TYPES)
+
+
+def _string_hint(source: str) -> str:
+    if "--config" in source:
+        return ("; --config passes nested values as strings: put nested settings in an overlay file "
+                "instead (--configfile config.yaml overlay.yaml)")
+    return "; a quoted value is a string in YAML: write it without quotes"
+
+
+# The source forms of a model (schema: models.*.source.oneOf), by the keys only that form has.
+_FORM_NAMES = {"hf": "hub", "local": "local", "tiny": "tiny"}
+
+
+def _source_forms(one_of: list[dict]) -> list[tuple[str, list[str]]]:
+    """(type, keys only this form has) for each form of the oneOf, e.g. ('hf', ['repo_id', 'revision'])."""
+    props = [set(f.get("properties", {})) - {"type"} for f in one_of]
+    out = []
+    for i, f in enumerate(one_of):
+        own = props[i] - set().union(*(p for j, p in enumerate(props) if j != i))
+        out.append((f.get("properties", {}).get("type", {}).get("const", "?"), sorted(own)))
+    return out
+
+
+def _source_error(err: jsonschema.ValidationError, source: str, where: str, cfg: dict | None) -> str:
+    allowed = "{type: hf, repo_id, revision} | {type: local, path} | {type: tiny, seed}"
+    inst = err.instance if isinstance(err.instance, dict) else {}
+    forms = _source_forms(err.schema["oneOf"])
+    present = [(t, [k for k in own if k in inst]) for t, own in forms]
+    present = [(t, ks) for t, ks in present if ks]
+    if len(present) >= 2:
+        kinds = " and ".join(f"the {_FORM_NAMES.get(t, t)} form ({', '.join(ks)})" for t, ks in present)
+        msg = f"{source}: {where} mixes keys of {kinds}"
+        if "+" in source:  # several config files / --config: Snakemake merged the source dicts key by key
+            msg += ("; an overlay (--configfile config.yaml overlay.yaml, or --config) merges nested keys into "
+                    "config.yaml's, so it cannot switch a model to another source form")
+        path = list(err.absolute_path)
+        model = str(path[1]) if len(path) >= 3 and path[0] == "models" else "my-model"
+        entry = ((cfg or {}).get("models") or {}).get(model) or {}
+        suite = (cfg or {}).get("suite") or "SUITE"
+        new = f"{model}-{inst.get('type') or 'new'}"
+        keys = {"hf": "repo_id: ..., revision: ...", "local": f"path: {inst.get('path') or '...'}",
+                "tiny": f"seed: {inst.get('seed', 0)}"}.get(inst.get("type"), "...")
+        label = json.dumps(f"{entry['label']} ({inst.get('type')})" if entry.get("label") else "...")
+        msg += (f"; define a new model name instead, e.g. models: {{{new}: {{label: {label}, "
+                f"role: {entry.get('role') or 'base|orl'}, decoder: {entry.get('decoder') or 'llada|llada-orl'}, "
+                f"source: {{type: {inst.get('type') or '...'}, {keys}}}}}}}, and use it in the suite "
+                f"(suites: {{{suite}: {{models: [{new}]}}}})")
+        if inst.get("type") == "local":
+            msg += f", or run: bash scripts/main_table.sh {model} {inst.get('path') or 'CKPT_DIR'}"
+        return msg
+    # one form named by `type`: say what that form lacks or has wrong
+    detail = ""
+    idx = [i for i, f in enumerate(err.schema["oneOf"])
+           if f.get("properties", {}).get("type", {}).get("const") == inst.get("type")]
+    subs = [e for e in (err.context or []) if idx and e.relative_schema_path and e.relative_schema_path[0] == idx[0]]
+    if subs:
+        sub = min(subs, key=lambda e: len(e.absolute_path))
+        if sub.validator == "type" and sub.absolute_path:
+            t = sub.schema["type"]
+            ts = t if isinstance(t, list) else [t]
+            detail = (f" ({where}.{sub.absolute_path[-1]} must be {' or '.join(ts)}, got {sub.instance!r}"
+                      + (_string_hint(source) if _string_of_type(sub.instance, ts) else "") + ")")
+        else:
+            detail = f" ({sub.message})"
+    return f"{source}: {where} = {err.instance!r} matches no source form{detail}; allowed: {allowed}"
+
+
+def _one_line(err: jsonschema.ValidationError, source: str, cfg: dict | None = None) -> str:
     where = _where(err.absolute_path)
     v = err.validator
     if v == "additionalProperties":
@@ -59,12 +150,13 @@ def _one_line(err: jsonschema.ValidationError, source: str) -> str:
     if v == "required":
         return f"{source}: {err.message.split(' is a required')[0]} is missing in {where}"
     if v == "type":
-        t = err.schema["type"]
-        t = " or ".join(t) if isinstance(t, list) else t
-        return f"{source}: {where} must be {t}, got {err.instance!r}"
+        ts = err.schema["type"] if isinstance(err.schema["type"], list) else [err.schema["type"]]
+        msg = f"{source}: {where} must be {' or '.join(ts)}, got {err.instance!r}"
+        if len(err.absolute_path) >= 2 and _string_of_type(err.instance, ts):
+            msg += _string_hint(source)
+        return msg
     if v == "oneOf" and where.endswith("source"):
-        return (f"{source}: {where} = {err.instance!r} matches no source form; allowed: "
-                "{type: hf, repo_id, revision} | {type: local, path} | {type: tiny, seed}")
+        return _source_error(err, source, where, cfg)
     return f"{source}: {where}: {err.message}"
 
 
@@ -104,7 +196,7 @@ def validate_config(cfg: dict, source: str = "config.yaml") -> dict:
     if errors:
         # the deepest error is the most specific one
         err = max(errors, key=lambda e: len(e.absolute_path))
-        raise ConfigError(_one_line(err, source))
+        raise ConfigError(_one_line(err, source, cfg))
     cfg = _fill_defaults(cfg)
     suites = cfg["suites"]
     if cfg["suite"] not in suites:
@@ -117,6 +209,60 @@ def validate_config(cfg: dict, source: str = "config.yaml") -> dict:
     return cfg
 
 
+def yaml_syntax_error(path: str | os.PathLike) -> str | None:
+    """One line naming the file, line and column of a YAML syntax error in ``path`` (None if it parses).
+
+    Only syntax (scanner, parser, composer, reader) errors: what YAML forbids whatever the loader. Snakemake's
+    own message for these is "Config file is not valid JSON or YAML" without a line; the Snakefile checks
+    ``config.yaml`` with this before its ``configfile:`` directive, and ``scripts/_snakemake_common.sh``
+    (``python -m repro.config check-yaml FILE...``) every ``--configfile`` before calling Snakemake (which
+    reads those before any Snakefile code runs). A missing file is left to Snakemake's own message.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    except UnicodeDecodeError as e:
+        return f"{path}: not valid YAML: not UTF-8 text ({e.reason} at byte {e.start})"
+    try:
+        json.loads(text)  # Snakemake reads a config file as JSON first
+        return None
+    except ValueError:
+        pass
+    try:
+        yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.scanner.ScannerError, yaml.parser.ParserError, yaml.composer.ComposerError,
+            yaml.reader.ReaderError) as e:
+        mark = getattr(e, "problem_mark", None)
+        ctx, ctx_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        lines = text.splitlines()
+        # where the construct that failed began (the unclosed '[', the key without ':') is usually
+        # the line to fix; the problem mark is where the parser noticed
+        at = ctx_mark or mark
+        if at is None:
+            return f"{path}: not valid YAML: {problem}"
+        msg = f"{path}, line {at.line + 1}, column {at.column + 1}: not valid YAML: "
+        if ctx and ctx_mark is not None:
+            msg += f"{ctx}: {problem}"
+            if mark is not None and (mark.line, mark.column) != (ctx_mark.line, ctx_mark.column):
+                msg += f" (at line {mark.line + 1}, column {mark.column + 1})"
+        else:
+            msg += problem
+        if at.line < len(lines):
+            msg += f"; line {at.line + 1} reads: {lines[at.line].rstrip()!r}"
+        if problem == "mapping values are not allowed here":
+            # `key value` without ':' continues as a plain scalar into the next line, where the ':' is seen
+            prev = next((i for i in range(at.line - 1, -1, -1)
+                         if lines[i].strip() and not lines[i].lstrip().startswith("#")), None)
+            if prev is not None and ":" not in lines[prev] and not lines[prev].lstrip().startswith("-"):
+                msg += f"; line {prev + 1} ({lines[prev].strip()!r}) has no ':' (a missing colon?)"
+        if "'\\t'" in problem:
+            msg += "; indent with spaces, not tabs"
+        return msg
+    return None
+
+
 def load_config(path: str | os.PathLike = REPO_ROOT / "config.yaml", overrides: dict | None = None) -> dict:
     """Read a YAML config file, apply ``overrides`` (top-level keys), validate; return the config."""
     path = Path(path)
@@ -125,7 +271,7 @@ def load_config(path: str | os.PathLike = REPO_ROOT / "config.yaml", overrides: 
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(yaml_syntax_error(path) or f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     cfg.update(overrides or {})
     return validate_config(cfg, source=path.name)
 
@@ -160,3 +306,24 @@ def suite_cells(cfg: dict, suite: str | None = None) -> list[Cell]:
     """Every (model, benchmark, seed) of a suite, models in table order."""
     s = cfg["suites"][suite or cfg["suite"]]
     return [Cell(m, b, seed) for m in s["models"] for b in s["benchmarks"] for seed in s["seeds"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m repro.config check-yaml FILE...``: exit 65 (EX_DATAERR) with one line per file that is
+    not valid YAML (file, line, column), 0 when every file parses."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m repro.config", description=main.__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("check-yaml", help="report YAML syntax errors with file, line and column").add_argument(
+        "files", nargs="*")
+    a = ap.parse_args(argv)
+    errors = [e for e in map(yaml_syntax_error, a.files) if e]
+    for e in errors:
+        print(f"Config error: {e}", file=sys.stderr)
+    return 65 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

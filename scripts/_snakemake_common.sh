@@ -1,7 +1,8 @@
 # Sourced by build_images.sh, prepare.sh and main_table.sh: the Snakemake command line they share.
 #   PROFILE=local|slurm  workflow profile (default local)      CORES   --cores for local runs (default all)
 #   CONTAINERS=1         run jobs in the Apptainer images (adds --sdm apptainer + GPU/cache binds)
-# Sets ROOT (checkout, also the cwd), SNAKEMAKE, WORK (exported as ORL_EVAL_WORK), SM_OPTS, CONFIGFILES, run().
+# Sets ROOT (checkout, also the cwd), SNAKEMAKE, PY_CHECK, WORK (exported as ORL_EVAL_WORK), SM_OPTS, CONFIGFILES,
+# run() (checks the YAML syntax of every --configfile first: errors name file, line and column).
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 SNAKEMAKE=${SNAKEMAKE:-$ROOT/.venv/bin/snakemake}
@@ -25,4 +26,33 @@ else
   CONFIGFILES=(config.yaml)
 fi
 # (--config cannot carry a nested boolean: Snakemake leaves `containers={enabled: true}` values as strings)
-run() { echo "+ $*" >&2; "$@"; }
+
+# YAML syntax errors with file, line and column: Snakemake reads --configfile files before any workflow
+# code runs and only says "Config file is not valid JSON or YAML", so every config file is checked first
+# (python -m repro.config check-yaml exits 65 on a syntax error; if the check itself cannot run, Snakemake's
+# own message stands).
+PY_CHECK=$(dirname "$SNAKEMAKE")/python
+[ -x "$PY_CHECK" ] || PY_CHECK=$ROOT/.venv/bin/python
+check_yaml() {
+  [ $# -gt 0 ] || return 0
+  local rc=0
+  "$PY_CHECK" -m repro.config check-yaml "$@" || rc=$?
+  if [ "$rc" = 65 ]; then exit 2; fi
+  if [ "$rc" != 0 ]; then echo "warning: YAML syntax check skipped ($PY_CHECK exited $rc)" >&2; fi
+  return 0
+}
+check_yaml config.yaml   # read by the scripts themselves (main_table.sh) before Snakemake runs
+# run CMD...: echo and run it, after checking the YAML syntax of every file after --configfile(s)
+run() {
+  local files=() in_cf=0 a
+  for a in "$@"; do
+    case "$a" in
+      --configfile|--configfiles) in_cf=1 ;;
+      --configfile=*|--configfiles=*) files+=("${a#*=}"); in_cf=0 ;;
+      -*) in_cf=0 ;;
+      *) if [ "$in_cf" = 1 ]; then files+=("$a"); fi ;;
+    esac
+  done
+  check_yaml "${files[@]+"${files[@]}"}"
+  echo "+ $*" >&2; "$@"
+}
