@@ -1,6 +1,6 @@
 """Rerun triggers of the scoring stage: a changed scoring setting that changes verdicts (scoring.timeout_s)
 re-scores -- only the benchmarks it affects, without regenerating -- and one that does not
-(scoring.workers) re-runs nothing. Tiny model, one problem of GSM8K and HumanEval, 32 new tokens."""
+(scoring.workers) re-runs nothing; switching the generation backend regenerates. Tiny model, one problem of GSM8K and HumanEval, 32 new tokens."""
 
 import json
 import re
@@ -14,10 +14,10 @@ from repro.config import REPO_ROOT
 pytestmark = pytest.mark.slow
 
 
-def snakemake(tmp_path, data_dir, scoring, *args):
+def snakemake(tmp_path, data_dir, scoring, *args, extra=None):
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text(json.dumps({
-        "data_dir": str(data_dir), "results_dir": str(tmp_path / "results"), "scoring": scoring,
+        **(extra or {}), "data_dir": str(data_dir), "results_dir": str(tmp_path / "results"), "scoring": scoring,
         "suites": {"smoke": {"models": ["tiny-orl"], "benchmarks": ["gsm8k", "humaneval"], "limit": 1,
                              "max_new_tokens": 32}}}))
     # --directory keeps Snakemake's metadata (where the params are recorded) in the test's own folder
@@ -52,3 +52,7 @@ def test_changed_timeout_rescores_code_benchmarks_only_and_workers_reruns_nothin
     assert after[scores["humaneval"]] != before[scores["humaneval"]]
     assert after[scores["gsm8k"]] == before[scores["gsm8k"]] and all(after[g] == before[g] for g in gens)
     assert "Nothing to be done" in snakemake(tmp_path, data_dir, {"timeout_s": 3, "workers": 2}, "-n")
+
+    # switching the generation backend regenerates (its shards and everything downstream)
+    dry = snakemake(tmp_path, data_dir, {"timeout_s": 3, "workers": 2}, "-n", extra={"backend": "sglang"})
+    assert job_counts(dry).get("generate_shard") == 2 and "Params have changed" in dry, dry[-3000:]
