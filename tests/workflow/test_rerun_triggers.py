@@ -1,6 +1,7 @@
 """Rerun triggers of the scoring stage: a changed scoring setting that changes verdicts (scoring.timeout_s)
 re-scores -- only the benchmarks it affects, without regenerating -- and one that does not
-(scoring.workers) re-runs nothing; switching the generation backend regenerates. Tiny model, one problem of GSM8K and HumanEval, 32 new tokens."""
+(scoring.workers) re-runs nothing; switching the generation backend regenerates. Tiny model, one problem of
+GSM8K and HumanEval, 32 new tokens."""
 
 import json
 import re
