@@ -4,20 +4,14 @@ import torch
 
 pytest.importorskip("triton")
 
+from repro.engine.graph import SMALL_TILES  # noqa: E402
 from repro.engine.kernels import fastpath as F  # noqa: E402
 
 from .conftest import rel_err  # noqa: E402
 
 TINY = F.ModelShape(vocab=64, hidden=64, layers=3, nq=4, nkv=2, head_dim=16, dense_inter=64, moe_inter=32,
                     experts=16, top_k=4, n_group=4, topk_group=2, rot_dim=8, mask_id=63)
-TINY_CFG = {
-    "moe": {"router": dict(BLOCK_E=16, SPLIT_K=2, BLOCK_K=16), "route": dict(num_warps=4),
-            "gate_up": dict(BLOCK_N=16, BLOCK_K=16, num_stages=2), "down": dict(BLOCK_N=16, BLOCK_K=16, num_stages=2),
-            "sum": dict(BLOCK_H=32)},
-    "dense": {"gate_up": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=2),
-              "down": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=2)},
-    "attn": dict(NSPLIT=4, BLOCK_N=16),
-}
+TINY_CFG = SMALL_TILES  # the tiles the engine's graph path uses for small shapes
 
 
 @pytest.mark.parametrize("fuse_norm,triton_linear,compact,norm_in_route", [
