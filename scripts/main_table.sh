@@ -30,5 +30,8 @@ models = [m for m in models if m != model] + [local]
 overlay = {"suite": suite, "models": {local: entry}, "suites": {suite: {"models": models}}}
 open(out, "w").write(yaml.safe_dump(overlay, sort_keys=True))
 print(f"overlay {out}: {local} <- {ckpt}; suite {suite} models {models}", file=sys.stderr)
+if keep != "1":
+    print(f"note: the table written to {cfg.get('results_dir') or 'results'}/{suite}/ has only {local}; it replaces a "
+          f"table of the whole suite there (KEEP_SUITE_MODELS=1 keeps the suite's other models)", file=sys.stderr)
 PY
 run "$SNAKEMAKE" main_table "${SM_OPTS[@]}" --configfile "${CONFIGFILES[@]}" "$OVERLAY" "$@"
