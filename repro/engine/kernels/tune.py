@@ -84,6 +84,23 @@ def _as_cfg(c):
     return dict(BLOCK_M=c[0], BLOCK_N=c[1], BLOCK_K=c[2], num_warps=c[3], num_stages=c[4])
 
 
+def _best_of(cands, label, make_fn, nbytes, rows):
+    """Time every tile candidate (tuple, see ``_as_cfg``) as ``make_fn(cfg)()`` in a graph, note its GB/s for
+    ``nbytes`` in ``rows``, and return ``(ms, cfg)`` of the fastest. ``label(c)`` names a row. Raises
+    RuntimeError when no candidate compiled."""
+    kb = None
+    for c in cands:
+        cfg = _as_cfg(c)
+        ms = _try(make_fn(cfg), label(c), rows)
+        if ms is not None:
+            rows[-1] = (rows[-1][0], ms, f"{nbytes / ms / 1e6:.0f} GB/s")
+            if kb is None or ms < kb[0]:
+                kb = (ms, cfg)
+    if kb is None:
+        raise RuntimeError(f"no tile candidate ran for {label(cands[0])} (see the rows above)")
+    return kb
+
+
 def tune_moe(T=32, H=2048, N=512, E=256, top_k=8, quick=False, seed=0):
     dev = "cuda"
     g = torch.Generator(device=dev)
@@ -119,14 +136,8 @@ def tune_moe(T=32, H=2048, N=512, E=256, top_k=8, quick=False, seed=0):
         ("down", DN_CANDS, dn_bytes, lambda c: (lambda: M.moe_down(w2, ws, {"down": c}))),
     ):
         M.moe_gate_up(x, w13, ws, top_k, {"gate_up": _as_cfg(GU_CANDS[0])})  # valid inter for down
-        kb = None
-        for c in cands[:3] if quick else cands:
-            cfg = _as_cfg(c)
-            ms = _try(fn(cfg), f"{name} {c} ({nbytes / 1e6:.0f} MB)", rows)
-            if ms is not None:
-                rows[-1] = (rows[-1][0], ms, f"{nbytes / ms / 1e6:.0f} GB/s")
-                if kb is None or ms < kb[0]:
-                    kb = (ms, cfg)
+        kb = _best_of(cands[:3] if quick else cands, lambda c: f"{name} {c} ({nbytes / 1e6:.0f} MB)", fn, nbytes,
+                      rows)
         best[name] = kb[1]
         best.setdefault("_ms", {})[name] = kb[0]
     best["_distinct"] = D
@@ -149,15 +160,7 @@ def tune_dense(T=32, H=2048, I=5120, quick=False, seed=0):
         ("gate_up", DGU_CANDS, 2 * I * H * 2, lambda c: (lambda: M.moe_gate_up(x, w13, ws, 1, {"gate_up": c}))),
         ("down", DDN_CANDS, I * H * 2, lambda c: (lambda: M.moe_down(w2, ws, {"down": c}))),
     ):
-        kb = None
-        for c in cands[:2] if quick else cands:
-            cfg = _as_cfg(c)
-            ms = _try(fn(cfg), f"dense {name} {c}", rows)
-            if ms is not None:
-                rows[-1] = (rows[-1][0], ms, f"{nbytes / ms / 1e6:.0f} GB/s")
-                if kb is None or ms < kb[0]:
-                    kb = (ms, cfg)
-        best[name] = kb[1]
+        best[name] = _best_of(cands[:2] if quick else cands, lambda c: f"dense {name} {c}", fn, nbytes, rows)[1]
     return best, rows
 
 
@@ -212,15 +215,8 @@ def tune_linear(T=32, H=2048, shapes=(("qkv", 3072), ("o", 2048)), quick=False, 
         ms = _try(lambda: torch.mm(x, w.t(), out=ob), f"linear {name} cuBLAS torch.mm", rows)
         if ms:
             rows[-1] = (rows[-1][0], ms, f"{nbytes / ms / 1e6:.0f} GB/s")
-        kb = None
-        for c in LIN_CANDS[:2] if quick else LIN_CANDS:
-            cfg = _as_cfg(c)
-            ms = _try(lambda: M.linear_rows(x, w, out, counts, pairs, cfg), f"linear {name} {c}", rows)
-            if ms is not None:
-                rows[-1] = (rows[-1][0], ms, f"{nbytes / ms / 1e6:.0f} GB/s")
-                if kb is None or ms < kb[0]:
-                    kb = (ms, cfg)
-        best[name] = kb[1]
+        best[name] = _best_of(LIN_CANDS[:2] if quick else LIN_CANDS, lambda c: f"linear {name} {c}",
+                              lambda cfg: (lambda: M.linear_rows(x, w, out, counts, pairs, cfg)), nbytes, rows)[1]
     return best, rows
 
 
