@@ -44,10 +44,12 @@ def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear, com
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl,prefetch,fuse_norm,lin,compact", [
-    (False, False, False, False, False), (True, True, False, False, False), (False, False, True, False, False),
-    (True, False, False, True, False), (False, False, False, False, True), (True, False, False, False, True)])
-def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact):
+@pytest.mark.parametrize("pdl,prefetch,fuse_norm,lin,compact,norm_in_route", [
+    (False, False, False, False, False, False), (True, True, False, False, False, False),
+    (False, False, True, False, False, False), (True, False, False, True, False, False),
+    (False, False, False, False, True, False), (True, False, False, False, True, False),
+    (False, False, False, False, False, True), (True, False, False, False, False, True)])
+def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact, norm_in_route):
     """Model-width layers (fewer layers/experts/vocab) in bf16 under a CUDA graph vs the bf16 reference."""
     from repro.engine.kernels import _triton
 
@@ -60,7 +62,7 @@ def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact):
     fw.fuse_norm = fuse_norm
     fw.triton_linear = lin
     fw.ws.compact = compact
-    fw.norm_in_route = False  # tested in test_route_norm.py; off so that each option above is what runs
+    fw.norm_in_route = norm_in_route  # the default; off in the other cases so that their option is what runs
     fw.kv.normal_()
     ids = torch.randint(0, shape.vocab, (32,), device="cuda")
     fw.ids.copy_(ids)
