@@ -392,8 +392,7 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
         return r, (time.perf_counter() - h0) * 1e3
 
     def timed(algo, step_on_device):
-        if not step_on_device:
-            gb.device_stepper = None  # generate_ids then drives the host decoders over the forward graphs
+        gb.device_steps = step_on_device  # off: generate_ids drives the host decoders over the forward graphs
         try:
             run(gb, algo, 64)  # warm-up: graph capture
             gb.events = []
@@ -401,7 +400,7 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
             ev = gb.events
         finally:
             gb.events = None
-            gb.__dict__.pop("device_stepper", None)
+            gb.device_steps = True
         busy = sum(a.elapsed_time(b) for a, b in ev)
         n_fwd = len(ev)  # prefill blocks + denoise rounds + commit replays
         res = {"wall_ms": wall, "replays": n_fwd, "forwards": r.forwards, "gpu_replay_ms": busy,

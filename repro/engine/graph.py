@@ -124,7 +124,8 @@ class GraphBackend:
     """Backend of :func:`repro.engine.generate.generate_ids` that runs every forward as a CUDA-graph replay.
 
     ``model``: a loaded :class:`~repro.engine.model.LLaDA2Model` on CUDA; ``mask_id``: the ``<|mask|>`` id;
-    ``use_graphs=False`` runs the same kernels eagerly (CPU tests under ``TRITON_INTERPRET=1``).
+    ``use_graphs=False`` runs the same kernels eagerly (CPU tests under ``TRITON_INTERPRET=1``);
+    ``device_steps=False`` keeps greedy decoding on the host decoders (comparisons, benchmarks).
     Graphs: ``denoise`` (forward from token ids + lm_head + fp32 decode statistics), ``denoise_embeds`` (the
     same from ``embeds`` — self-conditioning), ``commit`` (forward without lm_head: K/V of final tokens; also
     prompt prefill, block by block), each captured on first use, and ``step:<decoder settings>`` (denoising
@@ -132,8 +133,10 @@ class GraphBackend:
     seconds spent capturing; ``forwards`` counts forwards run.
     """
 
-    def __init__(self, model, mask_id: int, use_graphs: bool = True, min_capacity: int = 1024):
+    def __init__(self, model, mask_id: int, use_graphs: bool = True, min_capacity: int = 1024,
+                 device_steps: bool = True):
         self.model, self.mask_id, self.use_graphs = model, mask_id, use_graphs
+        self.device_steps = device_steps
         self.shape = model_shape(model.cfg, mask_id)
         self.W = kernel_weights(model)
         self.configs = SMALL_TILES if model.cfg.hidden_size < 1024 else None
@@ -258,10 +261,11 @@ class GraphBackend:
     def device_stepper(self, cfg):
         """A :class:`repro.engine.decoders.device.DeviceStep` for greedy ``cfg`` over this backend's input
         buffers, with its round graph (forward + step) captured; call after :meth:`begin`. Cached per
-        decoder settings (a new block shape or capacity recaptures). None when ``cfg`` samples."""
+        decoder settings (a new block shape or capacity recaptures). None when ``cfg`` samples or
+        ``device_steps`` is off (the loop then drives the host decoders over the forward graphs)."""
         from repro.engine.decoders.device import DeviceStep, supported
 
-        if not supported(cfg):
+        if not (self.device_steps and supported(cfg)):
             return None
         # settings the step reads (max_new_tokens and seed do not change the graph: no recapture for them)
         name = "step:" + repr(sorted((k, v) for k, v in cfg.to_dict().items() if k not in ("max_new_tokens", "seed")))

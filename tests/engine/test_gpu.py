@@ -133,10 +133,7 @@ def test_graph_device_step_equals_graph_host_decoders(tiny_dir, tiny_tok):
 
     fast = LLM(tiny_dir, role="orl", precision="bf16", device="cuda")
 
-    class HostDriven(GraphBackend):
-        device_stepper = None  # generate_ids then drives the host decoders over the same graphs
-
-    host = HostDriven(fast.model, tiny_tok.mask_id)
+    host = GraphBackend(fast.model, tiny_tok.mask_id, device_steps=False)  # host decoders over the same graphs
     rng = random.Random(11)
     for algo in ("low_confidence", "joint_threshold", "orl"):
         for _ in range(2):

@@ -92,3 +92,16 @@ def test_graph_backend_device_step_generation_matches_eager_engine(tiny, dev):
     b = generate_ids(gb, [5, 17, 99], dec, **kw)
     assert b.raw_ids == a.raw_ids and b.forwards == a.forwards == {"prefill": 0, "denoise": 1, "commit": 1}
     assert gb.forwards == 2 and len(gb.steppers) == 1
+
+
+def test_device_steps_off_or_sampling_leaves_decoding_to_the_host(tiny):
+    from repro.engine.decoders import DecoderConfig
+
+    d, tok = tiny
+    m = LLaDA2Model.from_pretrained(d, "cpu", "fp32", with_adapter=True)
+    greedy, sampling = DecoderConfig.from_dict({"algorithm": "orl"}), DecoderConfig.from_dict(
+        {"algorithm": "orl", "temperature": 0.7})
+    assert GraphBackend(m, tok.mask_id, use_graphs=False, device_steps=False).device_stepper(greedy) is None
+    gb = GraphBackend(m, tok.mask_id, use_graphs=False)
+    gb.begin(64, 32)
+    assert gb.device_stepper(sampling) is None and gb.device_stepper(greedy) is not None
