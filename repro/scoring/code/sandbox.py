@@ -47,8 +47,9 @@ the user's current process count plus the limit (the kernel counts per user).
 Best-effort only (no namespaces permitted, ``enforced["isolation"] == "none"``): rlimits, process-group
 kill and sweep, a Python-level socket block instead of the network namespace; the program runs as the
 scoring user and could write that user's files or signal its processes.
-``Sandbox.enforced`` lists what is active. In-process gaming (e.g. an object whose ``__eq__`` is always
-true) is not detected by any executor, ours included.
+``Sandbox.enforced`` lists what is active. In-process gaming (an object whose ``__eq__`` is always
+true) is not something an executor can see; the scorers harden their test code instead
+(``strict_compare.harden``) and every program gets the helpers it calls (``strict_compare.GLOBALS``).
 
 Parallelism: ``workers`` programs at a time (default and maximum: the CPUs available to this process),
 one fork server and one waiting thread per slot, so no oversubscription. A crashed worker (the fork
