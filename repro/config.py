@@ -27,9 +27,10 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from repro import benchmarks
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.json"
-BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp")
 
 
 class ConfigError(ValueError):
@@ -191,6 +192,7 @@ def validate_config(cfg: dict, source: str = "config.yaml") -> dict:
     if not isinstance(cfg, dict):
         raise ConfigError(f"{source}: the config must be a mapping, got {type(cfg).__name__}")
     schema = json.loads(SCHEMA_PATH.read_text())
+    schema["$defs"]["benchmark"]["enum"] = list(benchmarks.names())  # the declared benchmarks
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
     if errors:

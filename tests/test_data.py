@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from repro.data import BENCHMARKS, DataError, load_problems, spec
+from repro import benchmarks
+from repro.data import DataError, load_problems, spec
 from repro.data.prepare import main as prepare_main
 
 
@@ -13,7 +14,7 @@ from repro.data.prepare import main as prepare_main
 def test_real_files_normalize_with_published_hash(data_dir, bench, total, first_id):
     lp = load_problems(bench, data_dir)
     assert lp.total == total and len(lp.problems) == total and lp.source == "data_dir"
-    assert lp.sha256 == spec(bench).PUBLISHED_SHA256 and not lp.notes
+    assert lp.sha256 == spec(bench).published_sha256 and not lp.notes
     assert lp.problems[0]["id"] == first_id
     assert len({p["id"] for p in lp.problems}) == total
 
@@ -31,7 +32,7 @@ def test_limit_takes_the_first_n(data_dir):
     assert [p["id"] for p in lp.problems] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"] and lp.total == 164
 
 
-@pytest.mark.parametrize("bench", BENCHMARKS)
+@pytest.mark.parametrize("bench", benchmarks.names())
 def test_shipped_problems_when_offline(bench, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     lp = load_problems(bench, None)
@@ -76,8 +77,8 @@ def test_hub_path_through_datasets(monkeypatch, data_dir):
 
     calls = []
 
-    def load_dataset(path, name=None, split=None):
-        calls.append((path, name, split))
+    def load_dataset(path, name=None, split=None, revision=None):
+        calls.append((path, name, split, revision))
         return [json.loads(l) for l in (data_dir / "mbpp.jsonl").read_text().splitlines()]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
@@ -85,6 +86,16 @@ def test_hub_path_through_datasets(monkeypatch, data_dir):
     for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "ORL_EVAL_NO_HUB"):
         monkeypatch.delenv(k, raising=False)
     lp = load_problems("mbpp", None, limit=2)
-    assert calls == [("google-research-datasets/mbpp", "full", "test")]
+    assert calls == [("google-research-datasets/mbpp", "full", "test", None)]
     assert lp.source == "hub" and lp.total == 500 and [p["id"] for p in lp.problems] == ["mbpp/11", "mbpp/12"]
     assert len(lp.sha256) == 64
+    # no pinned revision: said in the notes (printed by prepare) and in the location
+    assert lp.location.endswith("@unpinned") and any("no pinned revision" in n for n in lp.notes)
+    # a pinned revision in the declaration is passed to the hub loader and recorded
+    import dataclasses
+
+    pinned = dataclasses.replace(spec("mbpp"), hub_revision="0123abcd" * 5)
+    monkeypatch.setattr(d, "spec", lambda b: pinned)
+    lp = load_problems("mbpp", None, limit=1)
+    assert calls[-1] == ("google-research-datasets/mbpp", "full", "test", "0123abcd" * 5)
+    assert lp.location.endswith("@" + "0123abcd" * 5) and not any("pinned" in n for n in lp.notes)

@@ -1,30 +1,30 @@
 """Benchmark problems: load from a data directory, the Hugging Face hub, or the shipped handful; normalize.
 
-One small module per benchmark (``gsm8k``, ``math500``, ``humaneval``, ``mbpp``) declares its file name,
-its hub location, the sha256 of the published file, and how one original record becomes a normalized
-problem record (``docs/interfaces.md``)::
+What a benchmark's file looks like -- its file name, required fields, the sha256 of the published file,
+its hub location and pinned revision, and how one original record becomes a normalized problem record
+(``docs/interfaces.md``) -- is declared once in ``repro.benchmarks.<name>``::
 
     {"id": ..., "benchmark": ..., "index": i, "gold": ..., "source": {original fields}}
 
-Sources, in order (issue 2): a data directory (config ``data_dir`` or ``$ORL_EVAL_DATA``) holding the
-original JSONL files; else the hub through ``datasets``; else ``repro/data/builtin/`` — a few problems per
-benchmark written for this project (not copied from the benchmarks) so a machine with neither network
-nor data still runs the smoke suite. The source used is recorded and printed.
+Sources, in order: a data directory (config ``data_dir`` or ``$ORL_EVAL_DATA``) holding the original
+JSONL files; else the hub through ``datasets`` (at the declared revision; an unpinned revision is said
+in the notes); else ``repro/data/builtin/`` -- a few problems per benchmark written for this project
+(not copied from the benchmarks) so a machine with neither network nor data still runs the smoke
+suite. The source used is recorded and printed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from repro import benchmarks
 from repro.io import read_jsonl
 from repro.provenance import sha256_path
 
-BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp")
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 
 
@@ -32,11 +32,12 @@ class DataError(RuntimeError):
     """A benchmark file is missing, unreadable, or not in the expected layout."""
 
 
-def spec(benchmark: str):
-    """The per-benchmark module (``repro.data.<benchmark>``)."""
-    if benchmark not in BENCHMARKS:
-        raise DataError(f"unknown benchmark {benchmark!r}; allowed: {', '.join(BENCHMARKS)}")
-    return importlib.import_module(f"repro.data.{benchmark}")
+def spec(benchmark: str) -> benchmarks.Benchmark:
+    """The declaration of ``benchmark`` (``repro.benchmarks``); DataError names the known ones."""
+    try:
+        return benchmarks.get(benchmark)
+    except ValueError as e:
+        raise DataError(str(e)) from None
 
 
 @dataclass
@@ -54,15 +55,15 @@ class LoadedProblems:
 
 def normalize(benchmark: str, rows: list[dict], where: str) -> list[dict]:
     """Turn original records into normalized problem records; DataError names missing fields."""
-    mod = spec(benchmark)
+    decl = spec(benchmark)
     out = []
     for i, r in enumerate(rows):
-        missing = [k for k in mod.FIELDS if k not in r]
+        missing = [k for k in decl.fields if k not in r]
         if missing:
             raise DataError(f"{where}: line {i + 1} lacks field(s) {', '.join(missing)}; "
-                            f"a {benchmark} file needs {', '.join(mod.FIELDS)}")
-        out.append({"id": mod.problem_id(i, r), "benchmark": benchmark, "index": i,
-                    "gold": mod.gold(r), "source": {k: r[k] for k in r}})
+                            f"a {benchmark} file needs {', '.join(decl.fields)}")
+        out.append({"id": decl.problem_id(i, r), "benchmark": benchmark, "index": i,
+                    "gold": decl.gold(r), "source": {k: r[k] for k in r}})
     ids = [p["id"] for p in out]
     if len(set(ids)) != len(ids):
         raise DataError(f"{where}: duplicate problem ids")
@@ -70,28 +71,32 @@ def normalize(benchmark: str, rows: list[dict], where: str) -> list[dict]:
 
 
 def _from_file(benchmark: str, path: Path, source: str) -> LoadedProblems:
-    mod = spec(benchmark)
+    decl = spec(benchmark)
     path = path.resolve()
     probs = normalize(benchmark, read_jsonl(path, error=DataError), str(path))
     digest = sha256_path(path)
     notes = []
-    if source == "data_dir" and digest != mod.PUBLISHED_SHA256:
+    if source == "data_dir" and digest != decl.published_sha256:
         notes.append(f"{path.name}: sha256 {digest[:12]}… differs from the published file "
-                     f"({mod.PUBLISHED_SHA256[:12]}…); results are not comparable with the paper")
+                     f"({decl.published_sha256[:12]}…); results are not comparable with the paper")
     return LoadedProblems(benchmark, probs, source, str(path), digest, len(probs), notes)
 
 
 def _from_hub(benchmark: str) -> LoadedProblems:
-    mod = spec(benchmark)
+    decl = spec(benchmark)
     import datasets  # lazy: heavy, and only needed without a data directory
 
-    ds = datasets.load_dataset(mod.HUB_PATH, mod.HUB_CONFIG, split=mod.HUB_SPLIT)
+    ds = datasets.load_dataset(decl.hub_path, decl.hub_config, split=decl.hub_split, revision=decl.hub_revision)
     rows = [dict(r) for r in ds]
-    rows = mod.from_hub(rows) if hasattr(mod, "from_hub") else rows
+    rows = decl.from_hub(rows) if decl.from_hub is not None else rows
     blob = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
-    probs = normalize(benchmark, rows, f"hub:{mod.HUB_PATH}")
-    return LoadedProblems(benchmark, probs, "hub", f"{mod.HUB_PATH}/{mod.HUB_CONFIG or ''}:{mod.HUB_SPLIT}",
-                          hashlib.sha256(blob).hexdigest(), len(probs))
+    probs = normalize(benchmark, rows, f"hub:{decl.hub_path}")
+    location = f"{decl.hub_path}/{decl.hub_config or ''}:{decl.hub_split}@{decl.hub_revision or 'unpinned'}"
+    notes = [] if decl.hub_revision else [
+        f"{benchmark}: hub dataset {decl.hub_path} has no pinned revision (repro/benchmarks/{benchmark}.py); "
+        "loaded its current revision -- the sha256 of the rows is recorded, pin hub_revision to fix it"]
+    return LoadedProblems(benchmark, probs, "hub", location, hashlib.sha256(blob).hexdigest(), len(probs),
+                          notes)
 
 
 def hub_disabled() -> bool:
@@ -122,12 +127,12 @@ def load_problems(benchmark: str, data_dir: Path | None, limit: int | None = Non
         DataError: ``data_dir`` is given but lacks the benchmark's file (the message names the file), or
             neither a data directory nor the hub is available and ``allow_builtin`` is False.
     """
-    mod = spec(benchmark)
+    decl = spec(benchmark)
     notes = []
     if data_dir is not None:
-        path = Path(data_dir) / mod.FILE
+        path = Path(data_dir) / decl.file
         if not path.is_file():
-            raise DataError(f"{path}: missing; the data directory must hold {mod.FILE} "
+            raise DataError(f"{path}: missing; the data directory must hold {decl.file} "
                             f"(original {benchmark} layout), or unset data_dir / ORL_EVAL_DATA")
         loaded = _from_file(benchmark, path, "data_dir")
     else:
@@ -141,10 +146,10 @@ def load_problems(benchmark: str, data_dir: Path | None, limit: int | None = Non
                 notes.append(f"hub unavailable for {benchmark} ({type(e).__name__}: {str(e)[:120]})")
         if loaded is None and not allow_builtin:
             raise DataError(f"{benchmark}: no data directory and the hub is not available ({'; '.join(notes)}); "
-                            f"set data_dir in config.yaml or ORL_EVAL_DATA to a folder holding {mod.FILE} "
+                            f"set data_dir in config.yaml or ORL_EVAL_DATA to a folder holding {decl.file} "
                             "(this suite refuses the shipped non-benchmark problems: builtin_data is false)")
         if loaded is None:
-            loaded = _from_file(benchmark, BUILTIN_DIR / mod.FILE, "builtin")
+            loaded = _from_file(benchmark, BUILTIN_DIR / decl.file, "builtin")
             notes.append(f"{benchmark}: using the {loaded.total} shipped problems written for this project "
                          "(not the benchmark); set data_dir or ORL_EVAL_DATA for real problems")
     loaded.notes = notes + loaded.notes

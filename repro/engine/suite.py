@@ -24,7 +24,7 @@ from repro.provenance import code_revision
 
 def _problems(path: Path, limit: int | None):
     """Yield ``(id, benchmark, source)`` for the first ``limit`` records of ``path``."""
-    from repro import data
+    from repro import benchmarks, data
 
     stem = path.name.split(".")[0]
     with path.open() as f:
@@ -35,8 +35,8 @@ def _problems(path: Path, limit: int | None):
         if "source" in r and "benchmark" in r:
             yield r.get("id", f"{r['benchmark']}/{i}"), r["benchmark"], r["source"]
         else:
-            if stem not in data.BENCHMARKS:
-                raise ValueError(f"cannot tell the benchmark of {path} (stem {stem!r} not in {data.BENCHMARKS}) "
+            if stem not in benchmarks.names():
+                raise ValueError(f"cannot tell the benchmark of {path} (stem {stem!r} not in {benchmarks.names()}) "
                                  "and its records are not normalized problem records")
             yield data.spec(stem).problem_id(i, r), stem, r
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import jinja2
 
+from repro import benchmarks
 from repro.io import atomic_write_text
 
 from .decoding import (PaperDecodingError, _coerce, load_paper_decoding, parse_overrides, resolve_decoder,
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.paper.render_config", description=__doc__.split("\n")[0])
     ap.add_argument("--suite", required=True, help="suite in paper_decoding.json (e.g. main)")
     ap.add_argument("--model", required=True, help="decoder model name (llada-orl | llada)")
-    ap.add_argument("--benchmark", required=True, help="gsm8k | math500 | humaneval | mbpp")
+    ap.add_argument("--benchmark", required=True, help=" | ".join(benchmarks.names()))
     ap.add_argument("--seed", required=True, type=int)
     ap.add_argument("--out", required=True, help="YAML file to write")
     ap.add_argument("--checkpoint", help="checkpoint dir; its paper_decoding.json wins over the packaged one")

@@ -1,4 +1,4 @@
-"""Scoring stage: per-sample verdicts and per-benchmark summaries for GSM8K, MATH-500, HumanEval, MBPP.
+"""Scoring stage: per-sample verdicts and per-benchmark summaries for the declared benchmarks.
 
 Contract (docs/interfaces.md, "Scoring"):
 ``score_records(benchmark, problems, completions, workers) -> list[score record]`` with one record per
@@ -12,6 +12,8 @@ sandbox verdict and the tail of stderr). ``strict_correct``: GSM8K/MATH answer g
 ``summarize(benchmark, scores)`` is ``stats.summarize``. CLI: ``python -m repro.scoring score|cases``.
 
 Problems are the normalized records of ``repro.data`` (``id``, ``benchmark``, ``gold``, ``source``).
+Dispatch: the benchmark's declaration (``repro.benchmarks``) names its kind and scorer module; a ``math``
+scorer exposes ``score_many``, a ``code`` scorer ``build_program`` (run here in the sandbox).
 One module per concept: ``truncate`` (EOS/stop cut), ``boxed``, ``gsm8k``, ``math`` + ``verify_worker``
 (Math-Verify in a killable process), ``code/extract``, ``code/sandbox``, ``humaneval``, ``mbpp``,
 ``stats``, ``cases`` (the regression-case runner), ``__main__`` (CLI). Design notes and peer behaviour:
@@ -20,29 +22,32 @@ One module per concept: ``truncate`` (EOS/stop cut), ``boxed``, ``gsm8k``, ``mat
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import importlib
 
-from . import gsm8k, humaneval, mbpp
-from . import math as math_scorer
+from repro import benchmarks
+
 from .code.sandbox import Limits, Sandbox, default_workers
 from .stats import summarize
-from .truncate import truncate_for
-from .verify_worker import get_pool
 
-__all__ = ["BENCHMARKS", "SCORER_VERSION", "score_records", "summarize", "score_programs"]
+__all__ = ["SCORER_VERSION", "score_records", "summarize", "score_programs", "scorer_module"]
 
 # Bumped whenever a verdict can change for the same completion, so the pipeline re-scores (without
 # regenerating). 1: first scorer. 2: blank boxes skipped, LaTeX thousands spacing, plain mixed numbers,
 # GSM8K "answer is ... = N" and last-marker-wins, hardened code tests, output drained (docs/scoring.md).
 SCORER_VERSION = 2
 
-BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp")
 _STDERR_IN_REASON = 400
 
 
+def scorer_module(benchmark: str):
+    """The scorer module a benchmark declares (``repro.benchmarks``): ``math`` kind -> it has
+    ``score_many(benchmark, problems, completions, workers)``; ``code`` kind -> ``build_program(source, completion)``.
+    ValueError for an unknown benchmark."""
+    return importlib.import_module(f"{__name__}.{benchmarks.get(benchmark).scorer}")
+
+
 def _check_inputs(benchmark: str, problems: list[dict], completions: dict) -> None:
-    if benchmark not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {', '.join(BENCHMARKS)}")
+    benchmarks.get(benchmark)  # ValueError naming the known benchmarks
     ids = []
     for i, p in enumerate(problems):
         if not isinstance(p, dict) or "id" not in p:
@@ -59,27 +64,6 @@ def _check_inputs(benchmark: str, problems: list[dict], completions: dict) -> No
     wrong_type = [i for i in ids if not isinstance(completions[i], str)]
     if wrong_type:
         raise ValueError(f"completion is not a string for {wrong_type[:5]}")
-
-
-def _score_math(problems, completions, workers) -> list[dict]:
-    pool = get_pool(workers)
-
-    def one(p):
-        text = truncate_for("math500", completions[p["id"]])
-        answer, rule = math_scorer.extract(text)
-        rec = {"id": p["id"], "benchmark": "math500", "extracted": answer, "strict_correct": False}
-        if answer is None:
-            return {**rec, "correct": False, "status": "wrong",
-                    "reason": f"no \\boxed{{}} or 'final answer is' in the completion; gold {p['gold']!r}"}
-        v = pool.check(str(p["gold"]), answer)
-        ok = v["status"] == "ok" and bool(v["equal"])
-        status = {"ok": "correct" if ok else "wrong"}.get(v["status"], v["status"])
-        reason = (f"{rule}: {answer!r} {'==' if ok else '!='} gold {p['gold']!r} "
-                  f"[{v['detail']}; parsed gold={v.get('gold_parsed')!r} pred={v.get('pred_parsed')!r}]")
-        return {**rec, "correct": ok, "status": status, "reason": reason, "strict_correct": ok and rule == "boxed"}
-
-    with ThreadPoolExecutor(max_workers=workers) as ex:
-        return list(ex.map(one, problems))
 
 
 def score_programs(benchmark: str, items: list[tuple[str, str, str, str]], workers: int,
@@ -109,16 +93,14 @@ def score_records(benchmark: str, problems: list[dict], completions: dict, worke
     workers = int(workers) if workers else default_workers()
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    if benchmark == "gsm8k":
-        return [gsm8k.score(p, completions[p["id"]]) for p in problems]
-    if benchmark == "math500":
-        return _score_math(problems, completions, workers)
-    build = humaneval.build_program if benchmark == "humaneval" else mbpp.build_program
+    scorer = scorer_module(benchmark)
+    if benchmarks.get(benchmark).kind == "math":
+        return scorer.score_many(benchmark, problems, completions, workers)
     items = []
     for p in problems:
         if "source" not in p:
             raise ValueError(f"{benchmark} problem {p['id']!r} has no 'source' record (needed for its tests)")
-        program, code, how = build(p["source"], completions[p["id"]])
+        program, code, how = scorer.build_program(p["source"], completions[p["id"]])
         items.append((p["id"], program, code, how))
     limits = Limits(timeout_s=float(timeout_s)) if timeout_s else None
     return score_programs(benchmark, items, workers, limits)

@@ -18,7 +18,9 @@ import argparse
 import json
 import sys
 
-from . import BENCHMARKS, score_records, summarize
+from repro import benchmarks
+
+from . import score_records, summarize
 from .cases import run_cases
 from .jsonl import read_jsonl, write_json_atomic, write_jsonl_atomic
 
@@ -69,7 +71,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.scoring", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("score", help="score generations of one benchmark")
-    s.add_argument("--benchmark", required=True, choices=BENCHMARKS)
+    s.add_argument("--benchmark", required=True, choices=benchmarks.names())
     s.add_argument("--problems", required=True)
     s.add_argument("--generations", required=True)
     s.add_argument("--out", required=True)

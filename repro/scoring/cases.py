@@ -7,54 +7,37 @@ names the HumanEval/MBPP problem whose tests apply, read from ``data_dir``. Each
 ``{id, correct, extracted, reason}`` (plus ``expected_correct`` and ``agrees`` when the case has an
 expectation); the summary counts correct verdicts and disagreements with ``expected_correct``.
 
-``load_problems(data_dir, benchmark)`` turns ``<data_dir>/<file>.jsonl`` into normalized problem records
-as specified in docs/interfaces.md (ids: ``gsm8k/<line>``, ``unique_id``, ``task_id``,
-``mbpp/<task_id>``; gold: text after ``#### ``, ``answer``, ``canonical_solution``, ``code``). It is a
-small reader for tests and case runs, not the data stage (``repro.data`` owns preparation and hashing).
+``load_problems(data_dir, benchmark)`` reads ``<data_dir>/<declared file>`` into normalized problem
+records through ``repro.data.normalize`` (ids and gold as the benchmark declares them). It is a small
+reader for tests and case runs, not the data stage (``repro.data`` owns preparation and hashing).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from repro import benchmarks
+
 from .jsonl import read_jsonl
 
-__all__ = ["load_problems", "problem_from_source", "run_cases", "DATA_FILES"]
-
-DATA_FILES = {"gsm8k": "gsm8k.jsonl", "math500": "math500.jsonl", "humaneval": "humaneval.jsonl", "mbpp": "mbpp.jsonl"}
-
-
-def problem_from_source(benchmark: str, source: dict, index: int) -> dict:
-    """Normalized problem record for one original record (docs/interfaces.md)."""
-    if benchmark == "gsm8k":
-        pid, gold = f"gsm8k/{index}", source["answer"].split("#### ")[-1].strip()
-    elif benchmark == "math500":
-        pid, gold = source["unique_id"], source["answer"]
-    elif benchmark == "humaneval":
-        pid, gold = source["task_id"], source["canonical_solution"]
-    elif benchmark == "mbpp":
-        pid, gold = f"mbpp/{source['task_id']}", source["code"]
-    else:
-        raise ValueError(f"unknown benchmark {benchmark!r}")
-    return {"id": pid, "benchmark": benchmark, "index": index, "gold": gold, "source": source}
+__all__ = ["load_problems", "run_cases"]
 
 
 def load_problems(data_dir, benchmark: str, filename: str | None = None) -> list[dict]:
-    """All problems of ``benchmark`` from ``data_dir`` as normalized records."""
-    if benchmark not in DATA_FILES:
-        raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {', '.join(DATA_FILES)}")
-    path = Path(data_dir) / (filename or DATA_FILES[benchmark])
-    return [problem_from_source(benchmark, s, i) for i, s in enumerate(read_jsonl(path))]
+    """All problems of ``benchmark`` from ``data_dir`` (its declared file, or ``filename``), normalized."""
+    from repro.data import normalize
+
+    path = Path(data_dir) / (filename or benchmarks.get(benchmark).file)
+    return normalize(benchmark, read_jsonl(path), str(path))
 
 
 def _find_task(data_dir, benchmark: str, task_id, cache: dict) -> dict:
     if benchmark not in cache:
         probs = load_problems(data_dir, benchmark)
-        if benchmark == "mbpp":
-            full = Path(data_dir) / "mbpp_full.jsonl"
-            if full.is_file():  # tasks outside the test split (e.g. 927) are still addressable
+        for extra in benchmarks.get(benchmark).case_files:
+            if (Path(data_dir) / extra).is_file():  # tasks outside the test split (e.g. MBPP 927)
                 seen = {p["source"]["task_id"] for p in probs}
-                probs += [p for p in load_problems(data_dir, "mbpp", "mbpp_full.jsonl")
+                probs += [p for p in load_problems(data_dir, benchmark, extra)
                           if p["source"]["task_id"] not in seen]
         cache[benchmark] = {str(p["source"]["task_id"]): p for p in probs}
     try:
@@ -74,17 +57,19 @@ def run_cases(cases: list[dict], data_dir, workers: int | None = None) -> tuple[
             if k not in c:
                 raise ValueError(f"case #{i} ({c.get('id', '?')}) lacks field {k!r}")
         b = c["benchmark"]
-        if b in ("gsm8k", "math500"):
+        try:
+            kind = benchmarks.get(b).kind
+        except ValueError as e:
+            raise ValueError(f"case {c['id']!r}: {e}") from None
+        if kind == "math":
             if "gold" not in c:
                 raise ValueError(f"case {c['id']!r}: {b} cases need 'gold'")
             problem = {"id": c["id"], "benchmark": b, "gold": c["gold"], "source": {}}
-        elif b in ("humaneval", "mbpp"):
+        else:
             if "task_id" not in c:
                 raise ValueError(f"case {c['id']!r}: {b} cases need 'task_id'")
             base = _find_task(data_dir, b, c["task_id"], cache)
             problem = {**base, "id": c["id"]}
-        else:
-            raise ValueError(f"case {c['id']!r}: unknown benchmark {b!r}")
         groups.setdefault(b, []).append((i, problem))
     results: list[dict | None] = [None] * len(cases)
     for b, items in groups.items():

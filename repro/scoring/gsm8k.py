@@ -29,7 +29,7 @@ from fractions import Fraction
 from .boxed import last_boxed_at
 from .truncate import truncate_for
 
-__all__ = ["parse_gold", "extract", "score", "find_numbers"]
+__all__ = ["parse_gold", "extract", "score", "score_many", "find_numbers"]
 
 # A minus sign counts only when it is not a binary minus (not preceded by a word char, ')' or ']').
 _NUM = re.compile(r"(?<![\w.)\]])(-?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?")
@@ -126,10 +126,10 @@ def extract(completion: str) -> tuple[str | None, Fraction | None, str]:
     return None, None, "none"
 
 
-def score(problem: dict, completion: str) -> dict:
+def score(problem: dict, completion: str, benchmark: str = "gsm8k") -> dict:
     """Score one completion against ``problem['gold']`` (see module docstring)."""
     gold = parse_gold(problem["gold"])
-    text = truncate_for("gsm8k", completion)
+    text = truncate_for(benchmark, completion)
     written, value, rule = extract(text)
     correct = value is not None and value == gold
     strict = correct and rule in ("boxed", "hashes")
@@ -139,10 +139,15 @@ def score(problem: dict, completion: str) -> dict:
         reason = f"{rule}: {written!r} -> {_fmt(value)} {'==' if correct else '!='} gold {_fmt(gold)}"
     return {
         "id": problem["id"],
-        "benchmark": "gsm8k",
+        "benchmark": benchmark,
         "correct": bool(correct),
         "extracted": None if value is None else _fmt(value),
         "reason": reason,
         "status": "correct" if correct else "wrong",
         "strict_correct": bool(strict),
     }
+
+
+def score_many(benchmark: str, problems: list[dict], completions: dict, workers: int) -> list[dict]:
+    """Score records for ``problems`` in order (the ``math``-kind scorer interface; no worker needed)."""
+    return [score(p, completions[p["id"]], benchmark) for p in problems]

@@ -1,8 +1,9 @@
 """MATH-500 scorer: last-boxed answer extraction and math-verify equivalence with exactness guards.
 
 Contract: ``extract(completion) -> (answer | None, rule)`` and ``equivalent(gold, pred) -> dict`` (the
-latter is what ``verify_worker`` runs inside a separate process, never in the caller); batch scoring is
-``repro.scoring.score_records("math500", ...)``. Status ``correct`` | ``wrong`` | ``timeout`` | ``error``;
+latter is what ``verify_worker`` runs inside a separate process, never in the caller);
+``score_many(benchmark, problems, completions, workers)`` scores a batch through the worker pool (what
+``repro.scoring.score_records("math500", ...)`` calls). Status ``correct`` | ``wrong`` | ``timeout`` | ``error``;
 ``strict_correct`` is true only when the answer came from a ``\\boxed{}``/``\\fbox{}``.
 
 Sources: scoring.md section 3 "Recommended MATH-500 scorer" and the math500-* scoring cases.
@@ -37,7 +38,7 @@ import re
 
 from .boxed import last_boxed
 
-__all__ = ["extract", "prepare", "equivalent"]
+__all__ = ["extract", "prepare", "equivalent", "score_many"]
 
 _FINAL = re.compile(r"final answer(?:\s+is\b|\s*\**\s*:)[\s*:]*", re.IGNORECASE)
 # LaTeX spacing used as a thousands separator inside a number (``11\,111\,100``, ``1~000``): dropped
@@ -163,3 +164,31 @@ def equivalent(gold: str, pred: str) -> dict:
             eq = False
             detail = "math-verify said equal but the exact values differ (float-rounding guard)"
     return {**info, "equal": eq, "detail": detail}
+
+
+def score_many(benchmark: str, problems: list[dict], completions: dict, workers: int) -> list[dict]:
+    """Score records for ``problems`` in order: extraction here, equivalence in ``workers`` Math-Verify
+    worker processes (``verify_worker``), called from as many threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .truncate import truncate_for
+    from .verify_worker import get_pool  # lazy: the worker process imports this module
+
+    pool = get_pool(workers)
+
+    def one(p):
+        text = truncate_for(benchmark, completions[p["id"]])
+        answer, rule = extract(text)
+        rec = {"id": p["id"], "benchmark": benchmark, "extracted": answer, "strict_correct": False}
+        if answer is None:
+            return {**rec, "correct": False, "status": "wrong",
+                    "reason": f"no \\boxed{{}} or 'final answer is' in the completion; gold {p['gold']!r}"}
+        v = pool.check(str(p["gold"]), answer)
+        ok = v["status"] == "ok" and bool(v["equal"])
+        status = {"ok": "correct" if ok else "wrong"}.get(v["status"], v["status"])
+        reason = (f"{rule}: {answer!r} {'==' if ok else '!='} gold {p['gold']!r} "
+                  f"[{v['detail']}; parsed gold={v.get('gold_parsed')!r} pred={v.get('pred_parsed')!r}]")
+        return {**rec, "correct": ok, "status": status, "reason": reason, "strict_correct": ok and rule == "boxed"}
+
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        return list(ex.map(one, problems))

@@ -18,7 +18,8 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pandas as pd
 
-BENCH_TITLES = {"gsm8k": "GSM8K", "math500": "MATH-500", "humaneval": "HumanEval", "mbpp": "MBPP"}
+from repro.benchmarks import get as declared_benchmark
+
 _LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
 
@@ -107,7 +108,7 @@ def caption(long: pd.DataFrame, benchmarks: list[str], suite: str, backend: str,
         n = _count(_column(gb, "n")) or "?"
         lo, hi = (n.split("-") + [n])[:2] if n != "?" else ("?", "?")
         totals = [int(t) for t in _present(_column(gb, "n_total"))]
-        title = BENCH_TITLES[b]
+        title = declared_benchmark(b).title
         of = ""
         if "builtin" in _present(_column(gb, "data_source")):
             builtin.append(title)
@@ -137,7 +138,7 @@ def caption(long: pd.DataFrame, benchmarks: list[str], suite: str, backend: str,
 
 
 def to_markdown(rows: list[dict], benchmarks: list[str]) -> str:
-    head = ["Model"] + [f"{BENCH_TITLES[b]} {k}" for b in benchmarks for k in ("Acc", "TPF")]
+    head = ["Model"] + [f"{declared_benchmark(b).title} {k}" for b in benchmarks for k in ("Acc", "TPF")]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in rows:
         cells = [r["label"]] + [fmt(r[f"{b}_{k}"]) for b in benchmarks for k in ("acc", "tpf")]
@@ -150,7 +151,7 @@ def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str, 
     ``\\usepackage{booktabs}``). ``caption`` is plain text and escaped, or LaTeX source as given when
     ``escape_caption`` is False (``caption(..., latex=True)`` builds one)."""
     n = len(benchmarks)
-    spans = " & ".join(rf"\multicolumn{{2}}{{c}}{{{BENCH_TITLES[b]}}}" for b in benchmarks)
+    spans = " & ".join(rf"\multicolumn{{2}}{{c}}{{{declared_benchmark(b).title}}}" for b in benchmarks)
     rules = " ".join(rf"\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(n))
     sub = " & ".join(["Acc & TPF"] * n)
     cap = latex_escape(caption) if escape_caption else caption

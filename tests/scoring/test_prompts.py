@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from repro.prompts import BENCHMARKS, Prompt, build_prompt, template_version
-from repro.scoring.cases import DATA_FILES
+from repro import benchmarks
+from repro.prompts import Prompt, build_prompt, template_version
 
 
-@pytest.mark.parametrize("benchmark", BENCHMARKS)
+@pytest.mark.parametrize("benchmark", benchmarks.names())
 def test_every_real_record_renders(benchmark, data):
-    lines = (data / DATA_FILES[benchmark]).read_text().splitlines()
+    lines = (data / benchmarks.get(benchmark).file).read_text().splitlines()
     for line in lines:
         p = build_prompt(benchmark, json.loads(line))
         assert isinstance(p, Prompt)

@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also without `pip install`
 
-from repro import paths as P
+from repro import benchmarks, paths as P
 from repro.checkpoint.verify import rerun_trigger
 from repro.provenance import tree_digest
 from repro.config import ConfigError, data_dir, results_dir, suite_cells, validate_config, work_dir
@@ -26,7 +26,7 @@ WORK = str(work_dir(config))
 DATA = data_dir(config)
 if DATA is not None and not DATA.is_dir():
     print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) does not exist; point it at a folder "
-          "holding gsm8k.jsonl, math500.jsonl, humaneval.jsonl, mbpp.jsonl, or unset it", file=sys.stderr)
+          f"holding {', '.join(b.file for b in benchmarks.declarations())}, or unset it", file=sys.stderr)
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
 # Inside a container the image's python runs the stages; natively the interpreter running Snakemake.
@@ -35,7 +35,7 @@ PY = "python" if config["containers"]["enabled"] else sys.executable
 
 wildcard_constraints:
     model="[A-Za-z0-9][A-Za-z0-9._-]*",
-    bench="gsm8k|math500|humaneval|mbpp",
+    bench="|".join(benchmarks.names()),
     seed=r"\d+",
     suite="[A-Za-z0-9_-]+",
     shard=r"\d+",

@@ -1,12 +1,8 @@
 # Scoring: extraction + comparison (GSM8K, MATH-500) or sandboxed execution (HumanEval, MBPP). CPU only.
 
-# Benchmarks whose verdicts come from running programs in the sandbox (the ones scoring.timeout_s affects).
-CODE_BENCHMARKS = ("humaneval", "mbpp")
-
-
 def score_timeout_arg(wildcards):
-    """``--timeout S`` for the code benchmarks, empty for GSM8K / MATH-500 (no programs run)."""
-    return f"--timeout {config['scoring']['timeout_s']}" if wildcards.bench in CODE_BENCHMARKS else ""
+    """``--timeout S`` for benchmarks of kind ``code`` (programs run in the sandbox), empty otherwise."""
+    return f"--timeout {config['scoring']['timeout_s']}" if benchmarks.get(wildcards.bench).kind == "code" else ""
 
 
 rule score:
