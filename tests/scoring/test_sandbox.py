@@ -329,3 +329,12 @@ def test_tens_of_megabytes_of_output_still_pass(privileged):
         r = sb.run(prog)
     assert r.status == "passed", r.reason
     assert r.stdout_tail.endswith("last line\n") and r.stderr_tail.endswith("warn ") and len(r.stderr_tail) <= 1000
+
+
+def test_pth_files_add_their_directories_not_their_hooks(tmp_path):
+    site_dir, lib = tmp_path / "site-packages", tmp_path / "src"
+    site_dir.mkdir()
+    lib.mkdir()
+    (site_dir / "a.pth").write_text(f"# comment\n{lib}\n../src\nimport os; os.environ['X'] = '1'\nmissing_dir\n")
+    assert sbmod.pth_dirs(str(site_dir)) == [str(lib)]
+    assert sbmod.pth_dirs(str(tmp_path / "absent")) == []

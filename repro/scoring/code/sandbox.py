@@ -85,12 +85,50 @@ from .proctable import sweep
 __all__ = ["Limits", "RunResult", "Sandbox", "default_workers"]
 
 _ZYGOTE = str(Path(__file__).with_name("_zygote.py"))
-# Children run with -S (the site module's .pth processing costs ~20 ms per interpreter start); installed
-# packages stay importable because their directories are appended to sys.path explicitly: the
-# interpreter's own site dirs and, for a ``--system-site-packages`` venv, the base interpreter's.
-_SITE_PATHS = [p for p in dict.fromkeys(
-    [sysconfig.get_paths()[k] for k in ("purelib", "platlib")] + list(site.getsitepackages()))
-    if os.path.isdir(p)]
+
+
+def pth_dirs(site_dir: str) -> list[str]:
+    """Directories the ``.pth`` files of ``site_dir`` add to ``sys.path`` (as ``site.addsitedir`` does);
+    ``import`` lines -- executable hooks, e.g. setuptools' editable finders -- are not run."""
+    out = []
+    try:
+        names = sorted(n for n in os.listdir(site_dir) if n.endswith(".pth"))
+    except OSError:
+        return out
+    for name in names:
+        try:
+            with open(os.path.join(site_dir, name), encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            line = line.rstrip()
+            if not line or line.startswith(("#", "import ", "import\t")):
+                continue
+            d = os.path.abspath(os.path.join(site_dir, line))
+            if os.path.isdir(d) and d not in out:
+                out.append(d)
+    return out
+
+
+def site_paths() -> list[str]:
+    """Where installed packages live, appended to a sandboxed program's ``sys.path`` (children run with
+    ``-S``: the site module's start-up costs ~20 ms per interpreter): the interpreter's site-packages,
+    the base interpreter's for a ``--system-site-packages`` venv, the user site when enabled, and the
+    directories their ``.pth`` files name."""
+    dirs = [sysconfig.get_paths()[k] for k in ("purelib", "platlib")] + list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    out: list[str] = []
+    for d in dict.fromkeys(dirs):
+        if os.path.isdir(d):
+            for p in [d, *pth_dirs(d)]:
+                if p not in out:
+                    out.append(p)
+    return out
+
+
+_SITE_PATHS = site_paths()
 # Directories the child's mount namespace covers with an empty tmpfs (see ``isolation._mounts``).
 _MASKED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 _TAIL = 1000  # characters of stderr kept in a RunResult
