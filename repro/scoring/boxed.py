@@ -19,9 +19,18 @@ _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _SPACING = re.compile(r"\\(?:[,:;! ]|quad|qquad|thinspace|medspace|thickspace|enspace)|~|\s")
 
 
+_EMPTY_WRAPPER = re.compile(r"\\(?:text|mathrm|mbox|textbf|mathbf)\{\}")
+
+
 def is_blank(content: str) -> bool:
-    """True for box content that holds nothing but whitespace / LaTeX spacing commands."""
-    return not _SPACING.sub("", content).strip("{}")
+    """True for box content that holds nothing but whitespace, LaTeX spacing commands, empty braces or
+    an empty ``\\text{}``."""
+    s = _SPACING.sub("", content)
+    while True:
+        t = _EMPTY_WRAPPER.sub("", s).replace("{}", "")
+        if t == s:
+            return not s
+        s = t
 
 
 def _content_at(text: str, pos: int) -> str | None:

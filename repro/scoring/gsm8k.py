@@ -9,7 +9,8 @@ Rules (scoring.md section 2 "Recommended GSM8K scorer"; issue 3):
 2. Prediction: of the explicit markers -- last non-blank ``\\boxed{}`` (its last number, or the value of
    a lone ``\\frac{a}{b}``), last "the answer is N", last ``#### N`` -- the one written last wins (a
    recited example's "the answer is 6" must not outrank the model's own final ``#### 18``); a marker
-   followed by arithmetic states the result after its last ``=`` ("the answer is 9 * 2 = 18" -> 18);
+   followed by arithmetic states the side of an ``=`` that is a lone number ("the answer is 9 * 2 = 18"
+   -> 18, not the operand 9);
    no marker: the last number in the text.
 3. Numbers are anchored on digits: ``-?\\d{1,3}(,\\d{3})+`` or ``\\d+``, optional decimals; commas between
    digit groups and LaTeX separators (``{,}``, ``\\,``, ``\\!``, ``\\;``, ``\\:``, ``~``) are dropped,
@@ -77,14 +78,16 @@ def parse_gold(gold: str) -> Fraction:
 
 
 def _stated_value(tail: str) -> tuple[str, Fraction] | None:
-    """The number a marker ("the answer is", ``####``) states: first number of its sentence, or the
-    result after the sentence's last ``=`` when the marker is followed by arithmetic (``9 * 2 = 18``)."""
+    """The number a marker ("the answer is", ``####``) states: the first number of its sentence; when
+    the marker is followed by arithmetic, the side of an ``=`` that is a lone number, the last such side
+    (``9 * 2 = 18`` -> 18, ``18 = 9 * 2`` -> 18)."""
     line = tail.split("\n", 1)[0]
     sentence = re.split(r"\.(?=\s|$)", line, maxsplit=1)[0]
     if "=" in sentence:
-        after = find_numbers(sentence.rsplit("=", 1)[1])
-        if after:
-            return after[0]
+        sides = [find_numbers(side) for side in sentence.split("=")]
+        lone = [nums[0] for nums in sides if len(nums) == 1]
+        if lone:
+            return lone[-1]
     nums = find_numbers(sentence) or find_numbers(line)
     return nums[0] if nums else None
 

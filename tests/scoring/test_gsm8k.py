@@ -57,6 +57,8 @@ def verdict(output, gold):
     ("The answer is: 3 + 4 + 5 = $12 in all.", "12"),
     ("#### 6 * 7 = 42", "42"),
     ("The answer is 18 (that is 9 * 2).", "18"),
+    ("The answer is 18 = 9 * 2.", "18"),
+    ("The answer is 16 - 3 - 4 = 9 eggs, times 2 = $18 in total.", "18"),
     # the marker written last wins (t2-gsm8k-02): a recited example's "answer is" does not outrank it
     ("Example: 21 - 15 = 6, so the answer is 6.\nOurs: 9 * 2 = 18.\n#### 18", "18"),
     ("Example: #### 6\nOurs: so the answer is 18.", "18"),

@@ -34,6 +34,7 @@ SOLUTION_BOX_EXCEPTIONS: dict[str, str] = {}
     ("$\\boxed{42}$. I put my final answer within \\boxed{}.", "42"),  # blank box skipped (t2-math500-18)
     ("\\boxed{7} then \\boxed{ } and \\fbox{\\,~}", "7"),
     ("only \\boxed{}", None),
+    ("\\boxed{8} and \\boxed{\\text{ }} and \\boxed{{}}", "8"),
     ("\\boxedfoo{3}", None),
     ("no box", None),
 ])
