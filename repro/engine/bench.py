@@ -355,7 +355,7 @@ def bench_generate(shape, W, fw, prefix, tokens, steps, log=print):
 
 def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_confidence"), seed: int = 0,
                  eager_tokens: int = 64, log=print) -> dict:
-    """The engine's own decode loop at full size: :func:`repro.engine.generate.generate_ids` with the real
+    """The engine's own decode loop at full size: :func:`repro.engine.decode_loop.generate_ids` with the real
     decoders over :class:`repro.engine.graph.GraphBackend` (every forward a CUDA-graph replay) on
     ``LLaDA2Model.random`` (LLaDA2.1-mini preset, bf16), a prompt of ``prefix`` random token ids and
     ``tokens`` new tokens; the first algorithm again with the host-driven decoders over the same forward
@@ -367,7 +367,7 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
     mostly the one-token fallback), so tokens/s here is a lower bound for a trained model.
     """
     from repro.engine.config import LLaDA2Config
-    from repro.engine.generate import CachedBackend, generate_ids
+    from repro.engine.decode_loop import CachedBackend, generate_ids
     from repro.engine.graph import GraphBackend
     from repro.engine.kernels import register_with_seams
     from repro.engine.model import LLaDA2Model

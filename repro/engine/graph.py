@@ -1,6 +1,6 @@
 """CUDA-graph block decoding: the engine's forward on a GPU as graph replays (issue 6).
 
-:class:`GraphBackend` implements the generate loop's backend protocol (:class:`repro.engine.generate.Backend`)
+:class:`GraphBackend` implements the generate loop's backend protocol (:class:`repro.engine.decode_loop.ForwardBackend`)
 with :class:`repro.engine.kernels.fastpath.BlockForward`: every forward of a request — prompt prefill (block by
 block, block-causal, K/V kept), denoising forwards (lm_head over the block's positions only) and commit
 forwards (K/V only) — is one replay of a CUDA graph captured once for the fixed block shape. The prefix length
@@ -121,7 +121,7 @@ def kernel_weights(model) -> dict:
 
 
 class GraphBackend:
-    """Backend of :func:`repro.engine.generate.generate_ids` that runs every forward as a CUDA-graph replay.
+    """Forward backend of :func:`repro.engine.decode_loop.generate_ids` that runs every forward as a CUDA-graph replay.
 
     ``model``: a loaded :class:`~repro.engine.model.LLaDA2Model` on CUDA; ``mask_id``: the ``<|mask|>`` id;
     ``use_graphs=False`` runs the same kernels eagerly (CPU tests under ``TRITON_INTERPRET=1``);
@@ -229,7 +229,7 @@ class GraphBackend:
             fw.from_embeds = name == "denoise_embeds"
             fw.forward(head=name != "commit")
 
-    # ------------------------------------------------------------------ Backend protocol
+    # ------------------------------------------------------------------ ForwardBackend protocol
     def prefill(self, ids: torch.Tensor) -> None:
         """Full prompt blocks ``ids`` ``[n]`` (n a multiple of B): one commit replay per block, in order."""
         B = self.block_size
@@ -250,7 +250,7 @@ class GraphBackend:
             self._run("denoise")
         return fw.logits.float()
 
-    def finalize(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
+    def commit_block(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
         """Commit replay (K/V of the final tokens) when needed; otherwise the last forward's K/V stay."""
         if run_forward:
             self.fw.ids.copy_(ids)

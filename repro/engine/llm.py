@@ -12,7 +12,7 @@
 * Timing: ``wall_s`` covers decoding (prefill through the last commit, CUDA synchronised), not
   tokenisation or template rendering; ``request_tps = generated_tokens / wall_s`` (tokens/s).
 * TPF = generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); prefill
-  forwards are reported separately (engine_spec.md §6.10; :mod:`repro.engine.generate`).
+  forwards are reported separately (engine_spec.md §6.10; :mod:`repro.engine.decode_loop`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from repro.engine.config import LLaDA2Config
 from repro.engine.decoders import DecoderConfig
-from repro.engine.generate import CachedBackend, generate_ids
+from repro.engine.decode_loop import CachedBackend, generate_ids
 from repro.engine.model import LLaDA2Model, resolve_dtype
 from repro.engine.tokenizer import ChatTokenizer
 

@@ -5,13 +5,13 @@ import torch
 
 from repro.engine.adapter import normalized_entropy, residual
 from repro.engine.decoders import DecoderConfig, DecoderConfigError
-from repro.engine.generate import generate_ids
+from repro.engine.decode_loop import generate_ids
 
 V, MASK, EOS, B = 262, 258, 256, 32
 
 
 class Scripted:
-    """Backend whose denoise logits come from ``fn(step, tokens, start)``; records calls."""
+    """Forward backend whose denoise logits come from ``fn(step, tokens, start)``; records calls."""
 
     def __init__(self, model, fn):
         self.model, self.fn, self.calls = model, fn, []
@@ -28,7 +28,7 @@ class Scripted:
         self.step += 1
         return out
 
-    def finalize(self, ids, start, run_forward):
+    def commit_block(self, ids, start, run_forward):
         self.calls.append(("commit" if run_forward else "reuse", start))
 
 
@@ -187,7 +187,7 @@ def test_orl_defaults_are_the_model_card_settings():
 
 def test_kv_cache_allocated_once_per_request(tiny_model, monkeypatch):
     from repro.engine import cache as cache_mod
-    from repro.engine.generate import CachedBackend
+    from repro.engine.decode_loop import CachedBackend
     made = []
     orig = cache_mod.KVCache.__init__
 

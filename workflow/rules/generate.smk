@@ -29,7 +29,7 @@ rule generate_shard:
         runtime=lambda wc, attempt: 60 * attempt if config["suites"][wc.suite]["device"] == "cuda" else 30,
         mem_mb=lambda wc, attempt: 64000 if config["suites"][wc.suite]["device"] == "cuda" else 4000,
     shell:
-        logged("OMP_NUM_THREADS={threads} {PY} -m repro.backends.generate --backend {params.backend} "
+        logged("OMP_NUM_THREADS={threads} {PY} -m repro.backends.generation_job --backend {params.backend} "
                "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
                "--decoder {input.decoder} --problems {input.problems} --benchmark {wildcards.bench} "
                "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "

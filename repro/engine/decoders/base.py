@@ -1,7 +1,7 @@
 """Decoder settings and the block-decoder interface shared by all algorithms.
 
 A decoder sees one block of ``block_size`` tokens at a time and is driven by
-:func:`repro.engine.generate.generate_ids`:
+:func:`repro.engine.decode_loop.generate_ids`:
 
 0. ``bind(model)`` — once per request: the :class:`~repro.engine.model.LLaDA2Model` whose embedding table
    and adapter self-conditioning uses;

@@ -7,7 +7,7 @@ forward (:class:`repro.engine.graph.GraphBackend`). It computes exactly what the
 :mod:`~repro.engine.decoders.orl`) compute from the same logits — the same operations, with the host
 branches replaced by ``torch.where`` — and additionally evaluates the next round's "is the block final?"
 check (their ``before_forward``) at the end of the step, into the device flag :attr:`DeviceStep.final`.
-The loop (:func:`repro.engine.generate.generate_ids`) reads that one flag per round; nothing else syncs.
+The loop (:func:`repro.engine.decode_loop.generate_ids`) reads that one flag per round; nothing else syncs.
 
 State per block (static tensors): ``tokens`` ``[B]`` int64 (the forward's input ids — the backend's own
 buffer), ``editable`` ``[B]`` bool, ``last_input`` ``[B]`` (input of the latest forward), ``post`` (post-edit

@@ -19,7 +19,7 @@ Decoder steps: greedy decoding on a backend with ``device_stepper`` (the CUDA-gr
 :mod:`repro.engine.graph`) runs each round as forward + on-device step (:mod:`repro.engine.decoders.device`)
 and reads one device flag per round; otherwise the host-driven decoders run (identical results, tested).
 
-Backends: the loop talks to a :class:`Backend` — :class:`CachedBackend` (the engine: prefix KV cache) or
+Backends: the loop talks to a :class:`ForwardBackend` — :class:`CachedBackend` (the engine: prefix KV cache) or
 :class:`repro.engine.reference.ReferenceBackend` (no cache, naive) — so both run the same decoders.
 """
 
@@ -34,7 +34,7 @@ from repro.engine.decoders import DecoderConfig, make_decoder
 from repro.engine.model import LLaDA2Model
 
 
-class Backend(Protocol):
+class ForwardBackend(Protocol):
     """What the loop needs from a model implementation (positions are absolute token indices)."""
 
     model: LLaDA2Model
@@ -48,7 +48,7 @@ class Backend(Protocol):
     def denoise(self, ids: torch.Tensor, start: int, embeds: torch.Tensor | None) -> torch.Tensor:
         """Logits ``[B, V]`` fp32 for the block at ``start`` given the final prefix ``< start``."""
 
-    def finalize(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
+    def commit_block(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
         """Block at ``start`` is final with tokens ``ids``; ``run_forward`` → run the commit forward."""
 
 
@@ -72,7 +72,7 @@ class CachedBackend:
         """Block forward against the cached prefix; its provisional K/V land in the block's slots."""
         return self.model.forward(ids, start, self.cache, self.block_size, embeds=embeds)
 
-    def finalize(self, ids, start, run_forward):
+    def commit_block(self, ids, start, run_forward):
         """Commit forward (K/V of the final tokens) when needed; otherwise the last forward's K/V stay."""
         if run_forward:
             self.model.forward(ids, start, self.cache, self.block_size, logits=False)
@@ -106,7 +106,7 @@ class GenerationResult:
         return self.generated_tokens / d if d else None
 
 
-def generate_ids(backend: Backend, prompt_ids: list[int], decoder: DecoderConfig | dict, *,
+def generate_ids(backend: ForwardBackend, prompt_ids: list[int], decoder: DecoderConfig | dict, *,
                  mask_id: int, eos_id: int, max_new_tokens: int | None = None,
                  seed: int | None = None) -> GenerationResult:
     """Decode a completion of ``prompt_ids`` with ``decoder`` on ``backend`` (module docstring).
@@ -160,7 +160,7 @@ def generate_ids(backend: Backend, prompt_ids: list[int], decoder: DecoderConfig
             tokens, n_fwd, reuse = _device_block(backend, stepper, canvas[s:s + B], editable, s, cap, cfg, b)
         else:
             tokens, n_fwd, reuse = _host_block(backend, dec, canvas[s:s + B].clone(), editable, s, cap, cfg, b, gen)
-        backend.finalize(tokens, s, run_forward=not reuse)
+        backend.commit_block(tokens, s, run_forward=not reuse)
         counts["denoise"] += n_fwd
         counts["commit"] += 0 if reuse else 1
         per_block.append(n_fwd + (0 if reuse else 1))

@@ -1,6 +1,6 @@
-"""`python -m repro.backends.generate`: one generation job (a model × benchmark × seed × shard).
+"""`python -m repro.backends.generation_job`: one generation job (a model × benchmark × seed × shard).
 
-    python -m repro.backends.generate --backend engine --model tiny-orl --model-dir DIR --role orl \
+    python -m repro.backends.generation_job --backend engine --model tiny-orl --model-dir DIR --role orl \
         --verified STAMP.json --decoder DEC.yaml --problems problems/gsm8k.jsonl --seed 12345 \
         --shard 0 --num-shards 1 --device cpu --precision fp32 --out shard0of1.jsonl
 
@@ -79,7 +79,7 @@ def shard_of(problems: list[dict], shard: int, num_shards: int) -> list[dict]:
     return problems[shard::num_shards]
 
 
-def finalize(out: Path, partial: Path, todo: list[dict], meta: dict) -> list[dict]:
+def complete_shard(out: Path, partial: Path, todo: list[dict], meta: dict) -> list[dict]:
     """De-duplicate the partial records, check coverage, write ``out`` + meta atomically."""
     recs = read_jsonl_tolerant(partial)
     by_id: dict[str, dict] = {}
@@ -165,14 +165,14 @@ def run(a: argparse.Namespace) -> int:
         "backend_info": sessions[-1] if sessions else None,
         "backend_sessions": sessions,
     }
-    recs = finalize(out, partial, todo, meta)
+    recs = complete_shard(out, partial, todo, meta)
     sessions_file.unlink(missing_ok=True)
     print(f"wrote {len(recs)} records -> {out}", file=sys.stderr)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m repro.backends.generate", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m repro.backends.generation_job", description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=["engine", "sglang"], default="engine")
     ap.add_argument("--model", required=True, help="model name from config.yaml")
     ap.add_argument("--model-dir", required=True)
