@@ -25,6 +25,7 @@ import torch
 
 from . import attention as A
 from . import moe as M
+from . import logits as Lg
 from . import norm as Nm
 from .configs import load_config
 
@@ -306,7 +307,7 @@ class BlockForward:
                        eps=s.eps)
         if head:
             torch.mm(self.a, W["lm_head"].t(), out=self.logits)
-            M.logits_stats(self.logits, self.stat_part, self.pred, self.conf, self.entropy, nchunk=self.stat_nchunk)
+            Lg.logits_stats(self.logits, self.stat_part, self.pred, self.conf, self.entropy, nchunk=self.stat_nchunk)
 
     # ------------------------------------------------------------------------------------------
     def warmup(self, n: int = 2, head: bool = True):
