@@ -99,7 +99,7 @@ def time_replays(fn, iters: int, warmup: int = 5) -> dict:
 def build(seed: int = 0, max_len: int = 4096 + 128, configs=None):
     from .kernels import fastpath as F
 
-    shape = F.ModelShape()
+    shape = F.preset_shape("llada2.1-mini")
     t0 = time.perf_counter()
     W = F.random_weights(shape, "cuda", torch.bfloat16, seed=seed)
     fw = F.BlockForward(W, shape, max_len, T=32, device="cuda", configs=configs)
@@ -371,12 +371,12 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
     from repro.engine.graph import GraphBackend
     from repro.engine.kernels import register_with_seams
     from repro.engine.model import LLaDA2Model
-    from repro.engine.presets import PRESETS
+    from repro.engine.presets import PRESET_MASK_IDS, PRESETS
 
     cfg = LLaDA2Config.from_dict(PRESETS["llada2.1-mini"])
     t0 = time.perf_counter()
     model = LLaDA2Model.random(cfg, device="cuda", dtype="bf16", seed=seed, with_adapter=False)
-    mask_id, eos_id = 156895, 156892  # LLaDA2.1 <|mask|> and <|endoftext|> ids (engine_spec §5)
+    mask_id, eos_id = PRESET_MASK_IDS["llada2.1-mini"], PRESETS["llada2.1-mini"]["eos_token_id"]
     gb = GraphBackend(model, mask_id)
     torch.cuda.synchronize()
     out = {"build_s": time.perf_counter() - t0, "prefix": prefix, "tokens": tokens, "runs": {}}
