@@ -16,6 +16,8 @@ in it (or an outside source by URL / ``owner/repo:path`` / paper). Reported, one
   ``OUTSIDE_WORDS`` (``LLaDA2.1 report §4.2``) a section of an outside source, not checked; any other
   ``§`` (``of §2``, ``§1–§3``, ``, §5``) refers to the last doc named earlier on the same line, else, in a
   Markdown file, to that file, elsewhere to the last doc named before it in the file;
+  A section cited by name right after the doc (``docs/interfaces.md, "Scoring"``) must occur in that
+  doc's text (case-insensitive);
 * ``dangling-section`` — such a ``§`` in a non-Markdown file with no doc named before it;
 * ``issue-number`` — the word issue followed by a number: cite the rule it stands for (in ``docs/``)
   instead. Outside bug reports are cited by URL, which this check does not flag.
@@ -58,6 +60,7 @@ PSEUDO_DOC_RE = re.compile(r"(?<![\w/.:@-])([A-Za-z]\w*_\w+)(?:\.md)?`?\s*(?=§)
 SECTION_RE = re.compile(rf"§\s*({_SEC})(?:\s*[–-]\s*§?\s*({_SEC}))?")
 WORD_SECTION_RE = re.compile(rf"((?:\.\.?/)*[\w.-]+(?:/[\w.-]+)*\.md)`?,?\s+sections?\s+({_SEC})"
                              rf"((?:\s*(?:-|–|,|and)\s*{_SEC})*)")
+NAMED_SECTION_RE = re.compile(r"(?<![\w/.:@-])((?:\.\.?/)*[\w.-]+(?:/[\w.-]+)*\.md)`?,?\s+\"([^\"\n]{2,60})\"")
 ISSUE_RE = re.compile(r"(?<![\w/#-])[Ii]ssues?\s+#?\d+")
 PATH_RE = re.compile(r"(?<![\w/.:@$-])((?:" + "|".join(re.escape(d) for d in TOP_DIRS) + r")/[\w./-]*\w)"
                      r"(?![\w{<*$])")
@@ -109,6 +112,12 @@ def doc_sections(path: Path) -> frozenset[str]:
         if m:
             found.add(m.group(1).rstrip("."))
     return frozenset(found)
+
+
+@functools.lru_cache(maxsize=None)
+def doc_text(path: Path) -> str:
+    """The text of the document ``path`` (for named-section look-ups)."""
+    return path.read_text(encoding="utf-8", errors="replace")
 
 
 def resolve_doc(token: str, source: Path, root: Path) -> Path | None:
@@ -235,6 +244,11 @@ def check_file(path: Path, root: Path) -> list[Problem]:
             for sec in [m.group(2)] + re.findall(_SEC, m.group(3) or ""):
                 if not _section_ok(target, sec):
                     add(lineno, "missing-section", f"{target.relative_to(root.resolve())} has no section {sec}")
+
+        for m in NAMED_SECTION_RE.finditer(line):
+            target = resolve_doc(m.group(1), path, root)
+            if target is not None and m.group(2).lower() not in doc_text(target).lower():
+                add(lineno, "missing-section", f'{target.relative_to(root.resolve())} has no section "{m.group(2)}"')
 
         for m in ISSUE_RE.finditer(line):
             add(lineno, "issue-number", f"{m.group(0)!r}: name the rule it stands for (and cite docs/…), not "

@@ -96,6 +96,14 @@ def test_bare_section_refers_to_the_last_document_named(tmp_path):
     assert "no section " + SEC + "2" in probs[0].message and f"docs/work{MD}" in probs[0].message
 
 
+def test_sections_cited_by_name_must_occur_in_the_doc(tmp_path):
+    text = f'"""Contract: docs/engine{MD}, "Forward pass"; docs/work{MD} "Renamed away".\n"""\n'
+    root = make_tree(tmp_path, {rel("repro", "b.py"): text})
+    probs = cc.find_problems(root)
+    assert [(p.line, p.kind) for p in probs] == [(1, "missing-section")]
+    assert '"Renamed away"' in probs[0].message
+
+
 def test_markdown_bare_sections_are_checked_against_the_file_itself(tmp_path):
     doc = f"# Notes\n\n## 1. One\n\nSee {SEC}1 and {SEC}4.\n"
     root = make_tree(tmp_path, {f"docs/notes{MD}": doc})
