@@ -6,10 +6,12 @@ CSV) or ``--`` (LaTeX). LaTeX uses booktabs rules, a ``\\cmidrule`` under each b
 escapes every label. No timestamps inside table files (they live in provenance.json).
 
 The ``.tex`` is written to be pasted into a paper: its first lines are ``%`` comments saying what it needs
-(``\\usepackage{booktabs}``) and the pipeline details (suite, backend, seeds, where provenance is), its
-caption is in a paper's words (no suite or backend names), it sets ``\\small`` and a 4 pt column gap
-inside the float so four benchmarks fit one column of a two-column article (checked with pdflatex in the
-tests), and its ``\\label`` comes from config (``table.latex_label``).
+(``\\usepackage{booktabs}`` and ``\\usepackage{graphicx}``) and the pipeline details (suite, backend,
+seeds, where provenance is), its caption is in a paper's words (no suite or backend names), it fits one
+column: ``\\small``, a 3 pt column gap, and the tabular scaled down to ``\\columnwidth`` only when wider
+(``\\resizebox{\\ifdim\\width>\\columnwidth ...}``, graphicx), so four benchmarks with the paper's labels
+fit a column of a two-column article without an overfull box (checked with pdflatex in the tests); its
+``\\label`` comes from config (``table.latex_label``).
 
 ``caption`` states what the numbers were measured on, from the long table (so the three formats
 agree): the decoding (``greedy`` only when every decoder's temperature is 0, else ``sampling, T = …``),
@@ -158,9 +160,13 @@ def to_markdown(rows: list[dict], benchmarks: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The first line of every .tex: the packages it needs.
+NEEDS = r"% Needs \usepackage{booktabs} and \usepackage{graphicx} in the preamble."
+
+
 def tex_header(suite: str, backend: str, seeds: list[int], provenance: str = "provenance.json") -> list[str]:
     """The ``%`` comment lines atop the ``.tex``: what it needs and the pipeline details its caption omits."""
-    return [r"% Table 1 written by repro (python -m repro.tables). Needs \usepackage{booktabs} in the preamble.",
+    return [NEEDS.replace("% Needs", "% Table 1 written by repro (python -m repro.tables). Needs"),
             f"% Pipeline: suite {suite}, backend {backend}, seeds {', '.join(map(str, seeds))}; per-cell provenance "
             f"(checkpoint, decoder, data hashes, code versions) in {provenance}."]
 
@@ -168,7 +174,7 @@ def tex_header(suite: str, backend: str, seeds: list[int], provenance: str = "pr
 def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str, escape_caption: bool = True,
              header: list[str] | None = None) -> str:
     """A booktabs table (``\\toprule``, ``\\cmidrule``, ``\\midrule``, ``\\bottomrule``; needs
-    ``\\usepackage{booktabs}``, which the first comment line says). ``caption`` is plain text and escaped,
+    ``\\usepackage{booktabs}`` and ``\\usepackage{graphicx}``, which the first comment line says). ``caption`` is plain text and escaped,
     or LaTeX source as given when ``escape_caption`` is False (``caption(..., latex=True)`` builds one);
     ``header``: comment lines put first (``tex_header``; default: the booktabs line only)."""
     n = len(benchmarks)
@@ -182,14 +188,15 @@ def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str, 
                                               for k in ("acc", "tpf")]
         body.append(" & ".join(cells) + r" \\")
     if header is None:
-        header = [r"% Needs \usepackage{booktabs} in the preamble."]
+        header = [NEEDS]
     return "\n".join([
         *header,
-        r"\begin{table}[t]", r"\centering", r"\small", r"\setlength{\tabcolsep}{4pt}",
+        r"\begin{table}[t]", r"\centering", r"\small", r"\setlength{\tabcolsep}{3pt}",
         rf"\caption{{{cap}}}", rf"\label{{{label}}}",
+        r"\resizebox{\ifdim\width>\columnwidth\columnwidth\else\width\fi}{!}{%",  # shrink only if too wide
         r"\begin{tabular}{l" + "rr" * n + "}", r"\toprule",
         rf"Model & {spans} \\", rules, rf" & {sub} \\", r"\midrule", *body, r"\bottomrule",
-        r"\end{tabular}", r"\end{table}", ""])
+        r"\end{tabular}}", r"\end{table}", ""])
 
 
 def to_csv(rows: list[dict], benchmarks: list[str]) -> str:
