@@ -237,13 +237,18 @@ def yaml_syntax_error(path: str | os.PathLike) -> str | None:
         ctx, ctx_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         lines = text.splitlines()
-        # where the construct that failed began (the unclosed '[', the key without ':') is usually
-        # the line to fix; the problem mark is where the parser noticed
-        at = ctx_mark or mark
+        # The line to fix comes first. For an unclosed flow collection ('[', '{', a quote) or a key without
+        # ':' that is where the construct began (the context mark; the parser notices lines later). For a
+        # block mapping or sequence the context mark is merely where that collection starts (often line 1
+        # of the file) and the failing line is the problem mark: lead with it, the context goes after.
+        block = bool(ctx) and ctx.startswith("while parsing a block")
+        at = mark if (block and mark is not None) else (ctx_mark or mark)
         if at is None:
             return f"{path}: not valid YAML: {problem}"
         msg = f"{path}, line {at.line + 1}, column {at.column + 1}: not valid YAML: "
-        if ctx and ctx_mark is not None:
+        if block and ctx_mark is not None:
+            msg += f"{problem} ({ctx.removeprefix('while parsing ')} that starts at line {ctx_mark.line + 1})"
+        elif ctx and ctx_mark is not None:
             msg += f"{ctx}: {problem}"
             if mark is not None and (mark.line, mark.column) != (ctx_mark.line, ctx_mark.column):
                 msg += f" (at line {mark.line + 1}, column {mark.column + 1})"
@@ -257,6 +262,8 @@ def yaml_syntax_error(path: str | os.PathLike) -> str | None:
                          if lines[i].strip() and not lines[i].lstrip().startswith("#")), None)
             if prev is not None and ":" not in lines[prev] and not lines[prev].lstrip().startswith("-"):
                 msg += f"; line {prev + 1} ({lines[prev].strip()!r}) has no ':' (a missing colon?)"
+        if block and "expected <block end>" in problem:
+            msg += "; its indentation does not match the keys above it"
         if "'\\t'" in problem:
             msg += "; indent with spaces, not tabs"
         return msg

@@ -19,7 +19,8 @@ from repro import paths
 from repro.io import atomic_write_text
 from repro.provenance import code_revision
 from repro.tables.aggregate import collect
-from repro.tables.render import caption, to_csv, to_latex, to_markdown, wide
+from repro.provenance import STAGE_CODE, stage_code_version
+from repro.tables.render import caption, tex_header, to_csv, to_latex, to_markdown, wide
 
 
 def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int) -> dict:
@@ -44,6 +45,7 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int) -
         "precision": first.get("precision"), "num_shards": len(shards), "prompt_template_version": tv,
         "torch": (first.get("backend_info") or {}).get("torch"), "decoder": first.get("decoder"),
         "engine_path": (first.get("backend_info") or {}).get("engine_path"),
+        "generation_code_version": first.get("code_version"),
     }
 
 
@@ -51,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.tables", description=__doc__.splitlines()[0])
     ap.add_argument("--work", required=True, type=Path)
     ap.add_argument("--suite", required=True)
-    ap.add_argument("--spec", required=True, help="JSON: models [{name,label}], benchmarks, seeds, backend")
+    ap.add_argument("--spec", required=True, help="JSON: models [{name, label, checkpoint_source}], benchmarks, "
+                    "seeds, backend, latex_label")
     ap.add_argument("--out-dir", required=True, type=Path)
     ap.add_argument("--image-sidecars", nargs="*", type=Path, default=[],
                     help="<image>.sif.json files of the Apptainer images the run used (sha256 into provenance)")
@@ -59,19 +62,24 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(a.spec)
     long = collect(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
     rows = wide(long, spec["benchmarks"])
-    cells = [cell_provenance(a.work, a.suite, m["name"], b, s) for m in spec["models"]
-             for b in spec["benchmarks"] for s in spec["seeds"]]
+    cells = [dict(cell_provenance(a.work, a.suite, m["name"], b, s), checkpoint_source=m.get("checkpoint_source"))
+             for m in spec["models"] for b in spec["benchmarks"] for s in spec["seeds"]]
     # the caption says what was run: decoding (from the decoders' temperatures), problems scored per
     # benchmark (and "of <full size>" when the suite's limit cut it), shipped non-benchmark problems
     cap = dict(benchmarks=spec["benchmarks"], suite=a.suite, backend=spec.get("backend", "engine"),
                seeds=spec["seeds"])
     out = a.out_dir
     atomic_write_text(out / "main_table.md", caption(long, **cap) + "\n\n" + to_markdown(rows, spec["benchmarks"]))
+    label = spec.get("latex_label") or f"tab:main-{a.suite}"
+    header = tex_header(a.suite, cap["backend"], spec["seeds"])
     atomic_write_text(out / "main_table.tex", to_latex(rows, spec["benchmarks"], caption(long, latex=True, **cap),
-                                                       f"tab:main-{a.suite}", escape_caption=False))
+                                                       label, escape_caption=False, header=header))
     atomic_write_text(out / "main_table.csv", to_csv(rows, spec["benchmarks"]))
     atomic_write_text(out / "main_table_long.csv", long.to_csv(index=False, lineterminator="\n"))
-    prov = {"suite": a.suite, "code_revision": code_revision(),
+    # the code versions of the stages (sha256 of their sources): scores and the table are current with
+    # this checkout (the workflow re-runs them when these change); generation records its own per cell
+    versions = {st: stage_code_version(st) for st in STAGE_CODE if st not in ("generate", "tiny")}
+    prov = {"suite": a.suite, "code_revision": code_revision(), "code_versions": versions,
             "images": [json.loads(p.read_text()) for p in a.image_sidecars] or "none (containers disabled: native run)",
             "tpf_convention": "generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); "
                               "prefill forwards excluded",

@@ -1,13 +1,5 @@
 # Scoring: extraction + comparison (GSM8K, MATH-500) or sandboxed execution (HumanEval, MBPP). CPU only.
 
-# Benchmarks whose verdicts come from running programs in the sandbox (the ones scoring.timeout_s affects).
-CODE_BENCHMARKS = ("humaneval", "mbpp")
-
-
-def score_timeout_arg(wildcards):
-    """``--timeout S`` for the code benchmarks, empty for GSM8K / MATH-500 (no programs run)."""
-    return f"--timeout {config['scoring']['timeout_s']}" if wildcards.bench in CODE_BENCHMARKS else ""
-
 
 rule score:
     input:
@@ -18,7 +10,7 @@ rule score:
         scores=W(P.SCORES, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
         summary=W(P.SUMMARY, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
     params:
-        code=tree_digest("repro/scoring"),  # a scorer fix re-scores, without regenerating
+        code=code_version("score"),  # a scorer fix re-scores, without regenerating
         # the scoring settings that change verdicts, as params: changing one re-scores (params rerun
         # trigger) without regenerating. Only the code benchmarks run programs under timeout_s, so only
         # their scores are redone when it changes. (workers changes speed, not verdicts: not a param.)
