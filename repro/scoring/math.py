@@ -6,12 +6,17 @@ latter is what ``verify_worker`` runs inside a separate process, never in the ca
 ``strict_correct`` is true only when the answer came from a ``\\boxed{}``/``\\fbox{}``.
 
 Sources: scoring.md section 3 "Recommended MATH-500 scorer" and the math500-* scoring cases.
-1. Cut at EOS / stop strings; take the last balanced ``\\boxed{...}`` (also ``\\fbox``, ``\\boxed 2``;
-   cases math500-06/08/09); fallback "final answer is X"; otherwise no answer (wrong, logged).
+1. Cut at EOS / stop strings; take the last balanced, non-blank ``\\boxed{...}`` (also ``\\fbox``,
+   ``\\boxed 2``; cases math500-06/08/09; an empty ``\\boxed{}`` after the answer is skipped); fallback
+   the last "final answer is X" / "Final Answer: X"; otherwise no answer (wrong, logged). The box
+   outranks a later unboxed statement: the prompt asks for the box (docs/scoring.md).
 2. Gold = the ``answer`` field (never the last box of ``solution``: 8 solutions box two forms).
 3. Primary verdict: Math-Verify 0.9.0, ``verify(parse("$gold$"), parse("$pred$"))`` -- gold first, the
    order matters. It handles ``\\text{}`` (math500-02/16), ``^\\circ`` (math500-13), ``10,\\!080``,
-   mixed numbers, tuples/intervals element-wise (math500-12) and ``\\pm`` as a set (math500-04).
+   LaTeX mixed numbers, tuples/intervals element-wise (math500-12) and ``\\pm`` as a set (math500-04).
+   Before parsing, both sides get: LaTeX spacing between digit groups dropped (``11\\,111\\,100``,
+   Math-Verify reads a product), and a plain-text mixed number ``15 39/40`` as a whole answer rewritten
+   ``\\frac{639}{40}`` (Math-Verify reads ``15*39/40``; PRM800K's normaliser does the same rewrite).
 4. Guards against known Math-Verify false positives (re-checked on 0.9.0):
    - malformed ``\\sqrt(2)`` is parsed as nothing, so ``4\\sqrt(2)`` == 4 (math500-01): ``\\sqrt(x)`` is
      rewritten to ``\\sqrt{x}`` before parsing;
@@ -34,7 +39,12 @@ from .boxed import last_boxed
 
 __all__ = ["extract", "prepare", "equivalent"]
 
-_FINAL = re.compile(r"final answer is[:\s]*", re.IGNORECASE)
+_FINAL = re.compile(r"final answer(?:\s+is\b|\s*\**\s*:)[\s*:]*", re.IGNORECASE)
+# LaTeX spacing used as a thousands separator inside a number (``11\,111\,100``, ``1~000``): dropped
+# before Math-Verify, which otherwise reads ``11\,111`` as a product.
+_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\\[,!;:]|\\thinspace|~|\\ )+\s*(?=\d{3}(?!\d))")
+# A plain-text mixed number as the whole answer (``15 39/40``, optional unit in ``\text{}``).
+_MIXED = re.compile(r"^(-)?\s*(\d+)\s+(\d+)\s*/\s*(\d+)(\s*\\(?:text|mbox|mathrm)\{[^{}]*\})?$")
 
 
 def extract(completion: str) -> tuple[str | None, str]:
@@ -44,7 +54,7 @@ def extract(completion: str) -> tuple[str | None, str]:
         return box.strip(), "boxed"
     matches = list(_FINAL.finditer(completion))
     if matches:
-        tail = completion[matches[-1].end():].split("\n", 1)[0].strip()
+        tail = completion[matches[-1].end():].split("\n", 1)[0].strip().strip("*").strip()
         tail = re.sub(r"\.\s*(?:I hope it is correct\.?)?$", "", tail).strip()
         if tail.startswith("$") and tail.endswith("$") and len(tail) > 1:
             tail = tail.strip("$").strip()
@@ -74,10 +84,25 @@ def _fix_sqrt_parens(s: str) -> str:
         i = k
 
 
+def _mixed_number(s: str) -> str:
+    """``15 39/40`` -> ``\\frac{639}{40}`` (whole part plus a proper fraction, as PRM800K reads
+    ``7 3/4``); Math-Verify would read the space as a product (``15*39/40``). Other text unchanged."""
+    m = _MIXED.match(s.strip())
+    if not m:
+        return s
+    whole, num, den = int(m.group(2)), int(m.group(3)), int(m.group(4))
+    if not 0 < num < den:
+        return s
+    return f"{m.group(1) or ''}\\frac{{{whole * den + num}}}{{{den}}}{m.group(5) or ''}"
+
+
 def prepare(answer: str) -> str:
-    """Text handed to Math-Verify's parser: malformed-LaTeX fixes, unescaped ``$`` removed, ``$``-wrapped."""
+    """Text handed to Math-Verify's parser: malformed-LaTeX fixes, LaTeX thousands spacing dropped, a
+    plain mixed number rewritten as a fraction, unescaped ``$`` removed, ``$``-wrapped."""
     s = _fix_sqrt_parens(answer.strip())
     s = re.sub(r"(?<!\\)\$", "", s)
+    s = _LATEX_THOUSANDS.sub("", s)
+    s = _mixed_number(s)
     return "$" + s + "$"
 
 

@@ -7,12 +7,14 @@ Sources: scoring.md section 5 and cases mbpp-01 (unfenced code + stray closing f
 three asserts, not only the one shown), mbpp-04 (task 367: code -> test_setup_code -> asserts; lm-eval
 and OpenCompass omit the setup code and fail the task for every model). ``challenge_test_list`` is not
 run (peers ignore it; report separately if ever needed). Extraction never cuts at a bare ``DONE``
-substring and strips quotes only when the code is wrapped in them (see ``code.extract``).
+substring and strips quotes only when the code is wrapped in them (see ``code.extract``). The asserts
+are hardened (``code.strict_compare``): a returned object whose ``__eq__`` always says True fails them.
 """
 
 from __future__ import annotations
 
 from .code.extract import extract_code
+from .code.strict_compare import harden
 from .truncate import truncate_for
 
 __all__ = ["build_program", "reference_program"]
@@ -27,7 +29,7 @@ def _check_source(source: dict) -> None:
 
 
 def _tests(source: dict) -> str:
-    return "\n\n" + (source.get("test_setup_code") or "") + "\n" + "\n".join(source["test_list"]) + "\n"
+    return "\n\n" + (source.get("test_setup_code") or "") + "\n" + harden("\n".join(source["test_list"]))
 
 
 def build_program(source: dict, completion: str) -> tuple[str, str, str]:

@@ -71,7 +71,7 @@ def test_humaneval_assembly_variants():
 def test_mbpp_assembly_order():
     src = {"task_id": 1, "code": "", "test_setup_code": "z = make()", "test_list": ["assert f(z) == 1", "assert f(0) == 0"]}
     prog, code, _ = mbpp.build_program(src, f"{FENCE}python\ndef make(): return 1\ndef f(x): return x\n{FENCE}")
-    assert prog.index("def f") < prog.index("z = make()") < prog.index("assert f(z)") < prog.index("assert f(0)")
+    assert prog.index("def f") < prog.index("z = make()") < prog.index("assert __orl_truth__(__orl_cmp__('==', f(z), 1))") < prog.index("f(0)")
     with pytest.raises(ValueError, match="test_list must be a non-empty list"):
         mbpp.build_program({"task_id": 2, "test_setup_code": "", "test_list": []}, "")
 

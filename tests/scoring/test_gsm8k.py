@@ -49,6 +49,21 @@ def verdict(output, gold):
     ("\\boxed{2 \\times 9 = 18}", "18"),
     # gold given as a whole answer text
     ("I get 5", "Natalia sold 48/2 = 24 clips.\n#### 5"),
+    # LaTeX spacing as thousands separator (turn-2 family)
+    ("She earns $1\\;250 in total", "1250"), ("That makes 12~000 people", "12000"),
+    ("\\boxed{1\\:000\\:000}", "1000000"),
+    # "the answer is" / "####" followed by arithmetic: the result after the last "=" (t2-gsm8k-01)
+    ("Eggs left: 9. The answer is 9 * 2 = 18.", "18"),
+    ("The answer is: 3 + 4 + 5 = $12 in all.", "12"),
+    ("#### 6 * 7 = 42", "42"),
+    ("The answer is 18 (that is 9 * 2).", "18"),
+    # the marker written last wins (t2-gsm8k-02): a recited example's "answer is" does not outrank it
+    ("Example: 21 - 15 = 6, so the answer is 6.\nOurs: 9 * 2 = 18.\n#### 18", "18"),
+    ("Example: #### 6\nOurs: so the answer is 18.", "18"),
+    ("Recall: the answer is 6.\nNow 9 * 2 = 18, so \\boxed{18}.", "18"),
+    # an empty / blank box after the real one (t2-math500-18 family)
+    ("So \\boxed{18}. I put the final answer within \\boxed{}.", "18"),
+    ("\\boxed{18} \\boxed{ \\, }", "18"),
 ])
 def test_correct_variants(output, gold):
     r = verdict(output, gold)
@@ -66,6 +81,9 @@ def test_correct_variants(output, gold):
     ("\\boxed{}", "3"),
     ("\\boxed{\\frac{1}{2}}", "2"),
     ("Values 1,2345 and so on", "12345"),           # not a thousands separator
+    ("The answer is 9 * 2 = 18.", "9"),             # the operand is not the answer
+    ("#### 18\nA recited example: the answer is 6.", "18"),  # a later marker wins, even a wrong one
+    ("Between 2~5 hours", "25"),                    # '~' is a separator only before a 3-digit group
 ])
 def test_wrong_variants(output, gold):
     r = verdict(output, gold)

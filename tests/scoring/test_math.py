@@ -31,6 +31,9 @@ SOLUTION_BOX_EXCEPTIONS: dict[str, str] = {}
     ("\\boxed 3 then \\boxed{4}", "4"),                                  # last by position (lm-eval #3477)
     ("\\[ \\boxed{42} \\]", "42"),                                      # display math (math500-06)
     ("\\boxed{5} and an unclosed \\boxed{6", "5"),
+    ("$\\boxed{42}$. I put my final answer within \\boxed{}.", "42"),  # blank box skipped (t2-math500-18)
+    ("\\boxed{7} then \\boxed{ } and \\fbox{\\,~}", "7"),
+    ("only \\boxed{}", None),
     ("\\boxedfoo{3}", None),
     ("no box", None),
 ])
@@ -42,6 +45,16 @@ def test_all_boxed_and_extract_rules():
     assert all_boxed("\\boxed{1} x \\boxed{2}") == ["1", "2"]
     assert m.extract("Final Answer: The final answer is $24$. I hope it is correct.") == ("24", "final_answer")
     assert m.extract("answer \\boxed{3}") == ("3", "boxed")
+    # unboxed "Final Answer: X" (docs/scoring.md): accepted, not strict; a box outranks it
+    assert m.extract("Final Answer: $\\frac{1}{2}$") == ("\\frac{1}{2}", "final_answer")
+    assert m.extract("**Final Answer:** 42") == ("42", "final_answer")
+    assert m.extract("\\boxed{3}. Final Answer: 4") == ("3", "boxed")
+    assert m.extract("So \\boxed{3}. Done, within \\boxed{}.") == ("3", "boxed")
+    # LaTeX thousands spacing dropped; plain mixed numbers read as whole + fraction
+    assert m.prepare("11\\,111\\,100") == "$11111100$" and m.prepare("1~000") == "$1000$"
+    assert m.prepare("x~=~3") == "$x~=~3$" and m.prepare("1\\,5") == "$1\\,5$"
+    assert m.prepare("15 39/40") == "$\\frac{639}{40}$" and m.prepare("-2 1/2") == "$-\\frac{5}{2}$"
+    assert m.prepare("3 5/4") == "$3 5/4$"  # not a proper fraction: left to Math-Verify
     assert m.extract("The side length is $4\\sqrt(2)$.") == (None, "none")
     assert m.prepare("4\\sqrt(2)") == "$4\\sqrt{2}$"
     assert m.prepare("\\sqrt((1+x))") == "$\\sqrt{(1+x)}$"
@@ -61,6 +74,10 @@ def mv(gold, pred):
     # percent on one side only (PRM800K strips it), units and equations around the value
     ("10\\%", "10"), ("10", "10\\%"), ("7.41\\%", "7.41"), ("5\\text{ cm}", "5"), ("3", "x = 3"),
     ("\\text{(C)}", "C"), ("\\frac{270}7\\text{ degrees}", "\\frac{270}{7}"), ("1,2", "\\{1,2\\}"),
+    # LaTeX spacing inside numbers (t2-math500-19 family) and plain mixed numbers (t2-math500-06)
+    ("11,\\! 111,\\! 111,\\! 100", "11\\,111\\,111\\,100"), ("1000000", "1\\;000\\;000"),
+    ("58,500", "58~500"), ("10,\\!080", "10\\!080"), ("\\frac{639}{40}", "15 39/40"),
+    ("-\\frac{7}{2}", "-3 1/2"), ("\\frac{9}{4}", "2 1/4 \\text{ inches}"),
 ])
 def test_equivalent(gold, pred):
     r = mv(gold, pred)
@@ -76,6 +93,8 @@ def test_equivalent(gold, pred):
     ("(3,4]", "(3,4)"), ("(1, 2)", "(2, 1)"), ("50", "0.5"), ("3", "-3"), ("\\frac{3}{4}", "\\frac{4}{3}"),
     ("2", "2.0000001"), ("\\text{Evelyn}", "\\text{Bob}"), ("(1, 10^{-30})", "(1, 10^{-31})"),
     ("10\\%", "11"), ("50", "0.5\\%"), ("\\text{(C)}", "D"), ("[2,5)", "[2,5]"), ("x^2+2x", "x^2-2x"),
+    ("2", "2 2/3"), ("\\frac{2}{3}", "2 2/3"), ("\\frac{4}{3}", "2 2/3"),  # t2-math500-07: whole part alone is wrong
+    ("11111111100", "11\\,111\\,111\\,000"), ("333", "11\\,111\\,111\\,100"),
 ])
 def test_not_equivalent(gold, pred):
     r = mv(gold, pred)

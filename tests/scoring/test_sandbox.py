@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import threading
+import tempfile
 import textwrap
 import time
 import uuid
@@ -247,3 +248,84 @@ def test_bad_input():
             sb.run(b"print(1)")
     with pytest.raises(ValueError, match="workers must be >= 1"):
         Sandbox(-1)
+
+
+def test_exposures_rebind_interpreter_dirs_hidden_by_tmpfs_or_modes(tmp_path):
+    """Paths under /tmp (a venv there) are bound back; under a 0700 dir the dir gets a tmpfs cover;
+    visible paths are left alone, nested ones are covered by their ancestor's recursive bind."""
+    hidden = tmp_path / "hidden"
+    (hidden / "py" / "lib").mkdir(parents=True)
+    os.chmod(hidden, 0o700)
+    venv = "/tmp/ci-venv/lib/python3.11/site-packages"
+    got = sbmod.exposures([venv, "/tmp/ci-venv", "/tmp"], masked=("/tmp",))
+    assert got == [("/tmp/ci-venv", "")]  # nested path covered; /tmp itself never bound over its tmpfs
+    got = sbmod.exposures([str(REPO), str(hidden / "py"), str(hidden / "py" / "lib")], masked=())
+    assert len(got) == 1 and got[0][0] == str(hidden / "py"), got  # REPO is visible; lib nested
+    cover = got[0][1]  # the first ancestor others cannot traverse (hidden, or pytest's 0700 base dir)
+    assert str(hidden).startswith(cover + "/") or cover == str(hidden)
+    assert not os.stat(cover).st_mode & 0o001
+    if not str(REPO).startswith("/tmp/"):
+        assert all(p != str(REPO) for p, _ in got)
+
+
+def test_scorer_from_a_venv_under_tmp_imports_installed_packages(data):
+    """A venv whose prefix and site-packages live under /tmp (as on many CI machines) -- hidden from
+    the program by the sandbox's tmpfs over /tmp unless bound back. The real scorer (CLI, subprocess)
+    runs from that venv on a correct HumanEval solution that imports numpy from the venv: it passes."""
+    import json
+    import subprocess
+    import sys
+    import sysconfig
+    import venv as venvmod
+
+    import numpy
+
+    root = Path(tempfile.mkdtemp(prefix="orl-tmp-venv-", dir="/tmp"))
+    try:
+        venvmod.EnvBuilder(with_pip=False, symlinks=True).create(root / "venv")
+        py = root / "venv" / "bin" / "python"
+        site_dir = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                       capture_output=True, text=True, check=True).stdout.strip())
+        assert str(site_dir).startswith("/tmp/")
+        # numpy "installed" in the /tmp venv (hard links when on the same file system), the rest of
+        # the scorer's dependencies and this checkout through a .pth file (read by the scorer only:
+        # sandboxed programs run without .pth processing, so numpy must come from the /tmp venv)
+        src_site = Path(numpy.__file__).parents[1]
+        for name in ("numpy", "numpy.libs"):
+            if (src_site / name).is_dir():
+                shutil.copytree(src_site / name, site_dir / name, copy_function=_link_or_copy)
+        (site_dir / "repro_test.pth").write_text(f"{REPO}\n{sysconfig.get_paths()['purelib']}\n")
+        case = {"id": "tmp-venv-numpy", "benchmark": "humaneval", "task_id": "HumanEval/23",
+                "model_output": "    import numpy\n    assert numpy.__file__.startswith('/tmp/'), numpy.__file__\n"
+                                "    return int(numpy.asarray([len(string)])[0])\n",
+                "expected_correct": True}
+        cases = root / "cases.jsonl"
+        cases.write_text(json.dumps(case) + "\n")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        proc = subprocess.run([str(py), "-m", "repro.scoring", "cases", str(cases), "--data-dir",
+                               str(data), "--workers", "1"],
+                              capture_output=True, text=True, cwd=root, env=env, timeout=120)
+        lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.strip()]
+        assert proc.returncode == 0 and lines and lines[0]["correct"], (proc.stdout, proc.stderr[-2000:])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("privileged", [None, False], ids=["auto", "userns"])
+def test_tens_of_megabytes_of_output_still_pass(privileged):
+    """Output goes to pipes the fork server drains, keeping only a tail: 48 MB on stdout and stderr
+    (more than RLIMIT_FSIZE and the scratch tmpfs) neither fails the program nor hangs it."""
+    prog = ("import sys\nprint('debug ' * 4_000_000)\nsys.stderr.write('warn ' * 5_000_000)\n"
+            "print('last line')\n" + TESTS_PASS)
+    with Sandbox(1, Limits(timeout_s=20), privileged=privileged) as sb:
+        r = sb.run(prog)
+    assert r.status == "passed", r.reason
+    assert r.stdout_tail.endswith("last line\n") and r.stderr_tail.endswith("warn ") and len(r.stderr_tail) <= 1000

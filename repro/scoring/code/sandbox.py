@@ -25,9 +25,13 @@ Enforced on Linux when running as root (as on the development machine; ``enforce
   no supplementary groups, no_new_privs: host files owned by others cannot be written or deleted, the
   parent and other sandboxes cannot be signalled, set-uid binaries give nothing;
 - a network namespace (no interfaces up: no network) and a mount namespace with empty tmpfs on /tmp,
-  /var/tmp and /dev/shm, the scratch dir replaced by a fresh tmpfs of ``scratch_bytes`` (64 MiB), and
+  /var/tmp and /dev/shm, the interpreter's directories (prefixes, site-packages) bound back in place
+  where those tmpfs or a non-traversable parent would hide them (``exposures``: a venv under /tmp, a
+  pyenv under /root 0700), the scratch dir replaced by a fresh tmpfs of ``scratch_bytes`` (64 MiB), and
   every other mount remounted read-only (a probe program at start-up checks this and
   ``enforced["read_only_outside_scratch"]`` reports it) -- nothing is written to the host disk;
+- stdout/stderr go to pipes the fork server drains, keeping the last bytes of each (``stdout_tail``,
+  ``stderr_tail``): any amount of output is harmless (no disk, no RLIMIT_FSIZE error, no blocking);
 - a wall-clock timeout; then SIGKILL to the process group, to every process of the slot's uid and
   to every descendant of the fork server (a child subreaper, so ``setsid``-escaped daemons and
   fork-bomb orphans are re-parented to it); the same sweep runs after every program, so nothing
@@ -43,8 +47,9 @@ the user's current process count plus the limit (the kernel counts per user).
 Best-effort only (no namespaces permitted, ``enforced["isolation"] == "none"``): rlimits, process-group
 kill and sweep, a Python-level socket block instead of the network namespace; the program runs as the
 scoring user and could write that user's files or signal its processes.
-``Sandbox.enforced`` lists what is active. In-process gaming (e.g. an object whose ``__eq__`` is always
-true) is not detected by any executor, ours included.
+``Sandbox.enforced`` lists what is active. In-process gaming (an object whose ``__eq__`` is always
+true) is not something an executor can see; the scorers harden their test code instead
+(``strict_compare.harden``) and every program gets the helpers it calls (``strict_compare.GLOBALS``).
 
 Parallelism: ``workers`` programs at a time (default and maximum: the CPUs available to this process),
 one fork server and one waiting thread per slot, so no oversubscription. A crashed worker (the fork
@@ -62,6 +67,7 @@ import secrets
 import select
 import shutil
 import signal
+import site
 import struct
 import subprocess
 import sys
@@ -80,10 +86,15 @@ __all__ = ["Limits", "RunResult", "Sandbox", "default_workers"]
 
 _ZYGOTE = str(Path(__file__).with_name("_zygote.py"))
 # Children run with -S (the site module's .pth processing costs ~20 ms per interpreter start); installed
-# packages stay importable because their directories are appended to sys.path explicitly.
+# packages stay importable because their directories are appended to sys.path explicitly: the
+# interpreter's own site dirs and, for a ``--system-site-packages`` venv, the base interpreter's.
 _SITE_PATHS = [p for p in dict.fromkeys(
-    sysconfig.get_paths()[k] for k in ("purelib", "platlib")) if os.path.isdir(p)]
-_TAIL = 1000
+    [sysconfig.get_paths()[k] for k in ("purelib", "platlib")] + list(site.getsitepackages()))
+    if os.path.isdir(p)]
+# Directories the child's mount namespace covers with an empty tmpfs (see ``isolation._mounts``).
+_MASKED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+_TAIL = 1000  # characters of stderr kept in a RunResult
+_STDOUT_TAIL = 300
 _ZYGOTE_GRACE_S = 15.0  # on top of the program timeout, for the fork server's own answer
 _UID_RANGE = 4096  # slot uids are taken from [ORL_SANDBOX_UID_BASE, + this)
 # Isolation self-test: writing outside the scratch dir must fail, writing inside must work.
@@ -144,22 +155,44 @@ class RunResult:
         return asdict(self)
 
 
-def _tail(path: str, n: int = _TAIL) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _hidden_ancestors(paths) -> list[tuple[str, str]]:
-    """``(dir, child)`` pairs: dirs others cannot traverse on the way to ``paths`` (e.g. /root 0700)."""
+def interpreter_paths() -> list[str]:
+    """Directories a sandboxed program needs to see for ``import``: the interpreter's prefixes, the
+    directory of its executable and the site-packages dirs, each as written and as resolved."""
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)), *_SITE_PATHS]
     out = []
     for p in paths:
-        parts = Path(p).resolve().parts
+        for q in (os.path.abspath(p), os.path.realpath(p)):
+            if os.path.isdir(q) and q not in out:
+                out.append(q)
+    return out
+
+
+def exposures(paths, masked=_MASKED_DIRS) -> list[tuple[str, str]]:
+    """``(path, cover)`` pairs: each ``path`` the child's mount namespace must bind back in place.
+
+    A path is hidden from the program when it lies under a directory that gets an empty tmpfs
+    (``masked``: /tmp, /var/tmp, /dev/shm -- e.g. a venv under /tmp, common on CI machines), or when an
+    ancestor is not traversable by other users (e.g. /root 0700, the program runs as a slot uid). In the
+    first case ``cover`` is ``""`` (the tmpfs is already there); in the second it is that ancestor, which
+    gets its own small tmpfs. The child then re-creates the path's parents (mode 0755) in the tmpfs and
+    bind-mounts the original directory there; the bind is made read-only with every other mount.
+    Paths under an already exposed path are left out (the bind is recursive).
+    """
+    out: list[tuple[str, str]] = []
+    for p in sorted({os.path.abspath(x) for x in paths}, key=len):
+        if any(_under(p, q) for q, _ in out):
+            continue
+        mask = next((m for m in masked if _under(p, m)), None)
+        if mask is not None:
+            if p != mask:  # never bind a masked dir itself back over its tmpfs
+                out.append((p, ""))
+            continue
+        parts = Path(p).parts
         for i in range(1, len(parts) - 1):
             d = os.path.join(*parts[: i + 1])
             try:
@@ -167,9 +200,7 @@ def _hidden_ancestors(paths) -> list[tuple[str, str]]:
             except OSError:
                 break
             if not mode & 0o001:
-                pair = (d, parts[i + 1])
-                if pair not in out:
-                    out.append(pair)
+                out.append((p, d))
                 break
     return out
 
@@ -262,7 +293,7 @@ class Sandbox:
         self._zygotes: list[_Zygote | None] = [None] * self.workers
         self._scratch_root = tempfile.mkdtemp(prefix="orl-sandbox-", dir=scratch_root)
         os.chmod(self._scratch_root, 0o711)
-        self._expose = _hidden_ancestors({sys.base_prefix, sys.prefix, os.path.realpath(sys.executable)})
+        self._expose = exposures(interpreter_paths())
         for uid in self._uids:
             if uid is not None:
                 sweep(uid, None)
@@ -359,13 +390,12 @@ class Sandbox:
         isolate = self.isolate if isolate == "default" else isolate
         uid = self._uids[slot]
         scratch = tempfile.mkdtemp(prefix=f"s{slot}-", dir=self._scratch_root)
-        out_path, err_path = scratch + ".out", scratch + ".err"
         if uid is not None:
             os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
         token = secrets.token_hex(16)
         req = {
-            "program": program, "token": token, "scratch": scratch, "out_path": out_path, "err_path": err_path,
+            "program": program, "token": token, "scratch": scratch, "tail_bytes": 4 * _TAIL,
             "uid": uid, "limits": self.limits.as_rlimits(), "timeout_s": float(self.limits.timeout_s),
             "isolate": isolate, "expose": [list(x) for x in self._expose], "sys_path": _SITE_PATHS,
             "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch,
@@ -383,12 +413,10 @@ class Sandbox:
                 sweep(uid, None)
             resp = None
             error = f"sandbox worker crashed: {exc}"
-        stderr_tail, stdout_tail = _tail(err_path), _tail(out_path, 300)
-        for p in (out_path, err_path):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        stderr_tail = stdout_tail = ""
+        if resp is not None:
+            stderr_tail = resp["stderr_tail"].decode("utf-8", "replace")[-_TAIL:]
+            stdout_tail = resp["stdout_tail"].decode("utf-8", "replace")[-_STDOUT_TAIL:]
         shutil.rmtree(scratch, ignore_errors=True)
         if resp is None:
             return RunResult("error", error, None, stderr_tail, stdout_tail, round(time.monotonic() - t0, 4))
