@@ -8,7 +8,7 @@ sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also wit
 from repro import paths as P
 from repro.checkpoint.verify import rerun_trigger
 from repro.provenance import tree_digest
-from repro.config import ConfigError, data_dir, results_dir, suite_cells, validate_config, work_dir
+from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
 
 _sources = [os.path.basename(str(f)) for f in (workflow.configfiles or [])]
 _source = " + ".join(dict.fromkeys(_sources)) or "config.yaml"

@@ -4,8 +4,12 @@
 
 
 def render_sets(wildcards):
-    mnt = config["suites"][wildcards.suite].get("max_new_tokens")
-    return f"--set max_new_tokens={mnt}" if mnt else ""
+    s = config["suites"][wildcards.suite]
+    mnt = s.get("max_new_tokens")
+    # a sweep point's suite (analysis.smk) carries its decoder overrides; nowhere else are they set
+    sets = [f"--set max_new_tokens={mnt}"] if mnt else []
+    sets += [f"--set {k}={v}" for k, v in sorted((s.get("_decoder_overrides") or {}).items())]
+    return " ".join(sets)
 
 
 rule render_decoder:

@@ -13,13 +13,16 @@ def table_inputs(wildcards):
         "generations": [W(P.GENERATIONS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "images": image_sidecars(),
         "shards": [W(P.SHARD, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed, shard=k, nshards=n)
-                   for c in cells for k in range(n)],
+                   for c in cells if not is_replay(config, c.model) for k in range(n)],  # replay: no shards
     }
 
 
 def table_spec():
-    return json.dumps({"models": [{"name": m, "label": config["models"][m]["label"]} for m in S["models"]],
-                       "benchmarks": S["benchmarks"], "seeds": S["seeds"], "backend": config["backend"]})
+    return json.dumps({"models": [{"name": m, "label": config["models"][m]["label"],
+                                   "repo_id": config["models"][m]["source"].get("repo_id"),
+                                   "replay": is_replay(config, m)} for m in S["models"]],
+                       "benchmarks": S["benchmarks"], "seeds": S["seeds"], "backend": config["backend"],
+                       "reported": S["reported"]})
 
 
 rule write_table:
