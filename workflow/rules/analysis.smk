@@ -13,6 +13,8 @@ import shlex
 from repro.provenance import sha256_path
 
 RESULTS_ROOT = str(results_dir(config))
+if not os.path.relpath(RESULTS_ROOT).startswith(".."):  # relative, so `results/smoke/compare/a_vs_b.md` is a target
+    RESULTS_ROOT = os.path.relpath(RESULTS_ROOT)
 REPLAY_MODELS = [m for m in config["models"] if is_replay(config, m)]
 _MODEL_RE = "[A-Za-z0-9][A-Za-z0-9.-]*(?:_(?!vs_)[A-Za-z0-9.-]+)*"  # a model name without "_vs_"
 
