@@ -78,7 +78,7 @@ def _string_hint(source: str) -> str:
 
 
 # The source forms of a model (schema: models.*.source.oneOf), by the keys only that form has.
-_FORM_NAMES = {"hf": "hub", "local": "local", "tiny": "tiny"}
+_FORM_NAMES = {"hf": "hub", "local": "local", "tiny": "tiny", "replay": "replay"}
 
 
 def _source_forms(one_of: list[dict]) -> list[tuple[str, list[str]]]:
@@ -92,7 +92,7 @@ def _source_forms(one_of: list[dict]) -> list[tuple[str, list[str]]]:
 
 
 def _source_error(err: jsonschema.ValidationError, source: str, where: str, cfg: dict | None) -> str:
-    allowed = "{type: hf, repo_id, revision} | {type: local, path} | {type: tiny, seed}"
+    allowed = "{type: hf, repo_id, revision} | {type: local, path} | {type: tiny, seed} | {type: replay, samples}"
     inst = err.instance if isinstance(err.instance, dict) else {}
     forms = _source_forms(err.schema["oneOf"])
     present = [(t, [k for k in own if k in inst]) for t, own in forms]
@@ -179,6 +179,9 @@ def _fill_defaults(cfg: dict) -> dict:
             s.setdefault("shards", 1)
             s.setdefault("max_new_tokens", None)
             s.setdefault("builtin_data", False)
+            s.setdefault("reported", False)
+            s.setdefault("compare", None)
+            s.setdefault("sweep", None)
     return cfg
 
 
@@ -206,7 +209,22 @@ def validate_config(cfg: dict, source: str = "config.yaml") -> dict:
             if m not in cfg["models"]:
                 raise ConfigError(f"{source}: suites.{sname}.models names unknown model {m!r}; "
                                   f"allowed: {', '.join(sorted(cfg['models']))}")
+        for key, names in (("compare", [m for pair in s["compare"] or [] for m in pair]),
+                           ("sweep.models", (s["sweep"] or {}).get("models", []))):
+            for m in names:
+                if m not in cfg["models"]:
+                    raise ConfigError(f"{source}: suites.{sname}.{key} names unknown model {m!r}; "
+                                      f"allowed: {', '.join(sorted(cfg['models']))}")
+                if key == "sweep.models" and is_replay(cfg, m):
+                    raise ConfigError(f"{source}: suites.{sname}.sweep.models names {m!r}, a replay model (its "
+                                      "samples are fixed); sweep models that generate")
     return cfg
+
+
+def is_replay(cfg: dict, model: str) -> bool:
+    """Whether ``model`` replays completions from a samples file (``source.type: replay``) instead of
+    generating them (``repro.backends.replay``)."""
+    return (cfg["models"][model].get("source") or {}).get("type") == "replay"
 
 
 def yaml_syntax_error(path: str | os.PathLike) -> str | None:

@@ -12,8 +12,8 @@ sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also wit
 
 from repro import paths as P
 from repro.checkpoint.verify import rerun_trigger
-from repro.config import ConfigError, data_dir, results_dir, suite_cells, validate_config, work_dir
-from repro.provenance import checkpoint_source_key, data_source_key, stage_code_version
+from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
+from repro.provenance import checkpoint_source_key, data_source_key, stage_code_version, tree_digest
 
 _sources = [os.path.basename(str(f)) for f in (workflow.configfiles or [])]
 _source = " + ".join(dict.fromkeys(_sources)) or "config.yaml"
@@ -179,8 +179,12 @@ def limit_arg(wildcards):
 
 
 def render_sets(wildcards):
-    mnt = suite_cfg(wildcards).get("max_new_tokens")
-    return f"--set max_new_tokens={mnt}" if mnt else ""
+    s = suite_cfg(wildcards)
+    mnt = s.get("max_new_tokens")
+    # a sweep point's suite (analysis.smk) carries its decoder overrides; nowhere else are they set
+    sets = [f"--set max_new_tokens={mnt}"] if mnt else []
+    sets += [f"--set {k}={v}" for k, v in sorted((s.get("_decoder_overrides") or {}).items())]
+    return " ".join(sets)
 
 
 def nshards(wildcards):
@@ -215,7 +219,7 @@ def table_inputs(wildcards):
         "generations": [W(P.GENERATIONS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "images": image_sidecars(),
         "shards": [W(P.SHARD, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed, shard=k, nshards=n)
-                   for c in cells for k in range(n)],
+                   for c in cells if not is_replay(config, c.model) for k in range(n)],  # replay: no shards
     }
 
 
@@ -224,7 +228,9 @@ def table_spec():
     checkpoint source (for provenance)."""
     return json.dumps({
         "models": [{"name": m, "label": config["models"][m]["label"],
-                    "checkpoint_source": json.loads(checkpoint_source_key(config["models"][m]["source"]))}
+                    "checkpoint_source": json.loads(checkpoint_source_key(config["models"][m]["source"])),
+                    "repo_id": config["models"][m]["source"].get("repo_id"), "replay": is_replay(config, m)}
                    for m in S["models"]],
         "benchmarks": S["benchmarks"], "seeds": S["seeds"], "backend": config["backend"],
+        "reported": S["reported"],
         "latex_label": config.get("table", {}).get("latex_label") or f"tab:main-{SUITE}"})
