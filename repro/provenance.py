@@ -133,8 +133,10 @@ def checkpoint_source_key(source: dict) -> str:
                "files": stat_fingerprint(folder)}
     elif kind == "tiny":
         key = {"type": "tiny", "seed": source["seed"], "code": stage_code_version("tiny")}
+    elif kind == "replay":  # no checkpoint: completions replayed from a samples file (repro.backends.replay)
+        key = {"type": "replay", "samples": source["samples"]}
     else:
-        raise ValueError(f"unknown checkpoint source type {kind!r}; allowed: hf, local, tiny")
+        raise ValueError(f"unknown checkpoint source type {kind!r}; allowed: hf, local, tiny, replay")
     return json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 

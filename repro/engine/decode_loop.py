@@ -93,8 +93,8 @@ class GenerationResult:
     ``token_ids``: generated ids up to (excluding) the first EOS, within ``max_new_tokens``;
     ``raw_ids``: the decoded generated positions, at most ``max_new_tokens`` (EOS and after included);
     ``forwards``: ``{"prefill", "denoise", "commit"}`` counts; ``block_forwards``: denoise + commit per
-    decoded block; ``finish_reason``: ``"eos"`` | ``"length"``; ``stalled_blocks``: indices of blocks that
-    reached the forward cap without finishing (module docstring).
+    decoded block; ``finish_reason``: ``"eos"`` | ``"length"`` | ``"stop"`` (an ``on_block`` hook stopped it);
+    ``stalled_blocks``: indices of blocks that reached the forward cap without finishing (module docstring).
     """
 
     token_ids: list[int]
@@ -126,13 +126,16 @@ class GenerationResult:
 
 def generate_ids(backend: ForwardBackend, prompt_ids: list[int], decoder: DecoderConfig | dict, *,
                  mask_id: int, eos_id: int, max_new_tokens: int | None = None,
-                 seed: int | None = None) -> GenerationResult:
+                 seed: int | None = None, on_block=None) -> GenerationResult:
     """Decode a completion of ``prompt_ids`` with ``decoder`` on ``backend`` (module docstring).
 
     ``max_new_tokens`` overrides the decoder's (one of them must be set); ``seed`` overrides the decoder's
-    sampling seed (used only when temperature > 0). Raises ValueError on an empty prompt, a prompt token
-    outside the vocabulary, or a missing budget. A block that reaches the forward cap ends there, is listed
-    in ``stalled_blocks`` and warned about (RuntimeWarning).
+    sampling seed (used only when temperature > 0). ``on_block(ids: list[int]) -> bool``, if given, is called
+    once per committed block with the generated ids that block adds (within ``max_new_tokens``; EOS and
+    what follows included, as decoded); returning True stops decoding after that block (finish reason
+    ``"stop"`` unless an EOS was decoded) — the streaming hook of :mod:`repro.engine.serve`. Raises
+    ValueError on an empty prompt, a prompt token outside the vocabulary, or a missing budget. A block that
+    reaches the forward cap ends there, is listed in ``stalled_blocks`` and warned about (RuntimeWarning).
     """
     cfg = DecoderConfig.coerce(decoder)
     G = max_new_tokens if max_new_tokens is not None else cfg.max_new_tokens
@@ -190,6 +193,9 @@ def generate_ids(backend: ForwardBackend, prompt_ids: list[int], decoder: Decode
         counts["commit"] += 0 if reuse else 1
         per_block.append(n_fwd + (0 if reuse else 1))
         canvas[s:s + B] = tokens
+        if on_block is not None and on_block(canvas[max(s, P):min(P + G, s + B)].tolist()):
+            finish = "stop"
+            break
         if bool((canvas[P:s + B] == eos_id).any()):
             break
         if s + B - P >= G:
