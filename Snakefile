@@ -14,6 +14,21 @@ min_version("9.20")
 sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also without `pip install`
 from repro.config import yaml_syntax_error
 
+# The run works against the checkout, wherever Snakemake was started (`-s path/to/Snakefile` from another
+# directory): Snakemake's state (.snakemake: recorded params, locks) and the default work/ and results/ live
+# there. `--directory DIR` still picks another working directory (Snakemake then ignores `workdir:`).
+# Relative paths in ORL_EVAL_DATA / ORL_EVAL_WORK are taken relative to where the command was typed.
+for _var in ("ORL_EVAL_DATA", "ORL_EVAL_WORK"):
+    if os.environ.get(_var):
+        os.environ[_var] = os.path.abspath(os.environ[_var])
+if workflow.overwrite_workdir is None and os.path.realpath(os.getcwd()) != os.path.realpath(workflow.basedir):
+    print(f"note: running in the checkout {workflow.basedir} (its .snakemake state, work/ and results/), "
+          f"not in {os.getcwd()}", file=sys.stderr)
+
+
+workdir: workflow.basedir
+
+
 # A YAML syntax error in config.yaml: name the line and column (Snakemake's `configfile:` only says "not
 # valid JSON or YAML"). Files given with --configfile are read by Snakemake before this code runs;
 # scripts/_snakemake_common.sh checks those the same way before calling Snakemake.
@@ -34,3 +49,4 @@ include: "workflow/rules/decoders.smk"
 include: "workflow/rules/generate.smk"
 include: "workflow/rules/score.smk"
 include: "workflow/rules/tables.smk"
+include: "workflow/rules/analysis.smk"

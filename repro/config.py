@@ -79,7 +79,7 @@ def _string_hint(source: str) -> str:
 
 
 # The source forms of a model (schema: models.*.source.oneOf), by the keys only that form has.
-_FORM_NAMES = {"hf": "hub", "local": "local", "tiny": "tiny"}
+_FORM_NAMES = {"hf": "hub", "local": "local", "tiny": "tiny", "replay": "replay"}
 
 
 def _source_forms(one_of: list[dict]) -> list[tuple[str, list[str]]]:
@@ -93,7 +93,7 @@ def _source_forms(one_of: list[dict]) -> list[tuple[str, list[str]]]:
 
 
 def _source_error(err: jsonschema.ValidationError, source: str, where: str, cfg: dict | None) -> str:
-    allowed = "{type: hf, repo_id, revision} | {type: local, path} | {type: tiny, seed}"
+    allowed = "{type: hf, repo_id, revision} | {type: local, path} | {type: tiny, seed} | {type: replay, samples}"
     inst = err.instance if isinstance(err.instance, dict) else {}
     forms = _source_forms(err.schema["oneOf"])
     present = [(t, [k for k in own if k in inst]) for t, own in forms]
@@ -180,6 +180,9 @@ def _fill_defaults(cfg: dict) -> dict:
             s.setdefault("shards", 1)
             s.setdefault("max_new_tokens", None)
             s.setdefault("builtin_data", False)
+            s.setdefault("reported", False)
+            s.setdefault("compare", None)
+            s.setdefault("sweep", None)
     return cfg
 
 
@@ -208,7 +211,22 @@ def validate_config(cfg: dict, source: str = "config.yaml") -> dict:
             if m not in cfg["models"]:
                 raise ConfigError(f"{source}: suites.{sname}.models names unknown model {m!r}; "
                                   f"allowed: {', '.join(sorted(cfg['models']))}")
+        for key, names in (("compare", [m for pair in s["compare"] or [] for m in pair]),
+                           ("sweep.models", (s["sweep"] or {}).get("models", []))):
+            for m in names:
+                if m not in cfg["models"]:
+                    raise ConfigError(f"{source}: suites.{sname}.{key} names unknown model {m!r}; "
+                                      f"allowed: {', '.join(sorted(cfg['models']))}")
+                if key == "sweep.models" and is_replay(cfg, m):
+                    raise ConfigError(f"{source}: suites.{sname}.sweep.models names {m!r}, a replay model (its "
+                                      "samples are fixed); sweep models that generate")
     return cfg
+
+
+def is_replay(cfg: dict, model: str) -> bool:
+    """Whether ``model`` replays completions from a samples file (``source.type: replay``) instead of
+    generating them (``repro.backends.replay``)."""
+    return (cfg["models"][model].get("source") or {}).get("type") == "replay"
 
 
 def yaml_syntax_error(path: str | os.PathLike) -> str | None:
@@ -239,13 +257,18 @@ def yaml_syntax_error(path: str | os.PathLike) -> str | None:
         ctx, ctx_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         lines = text.splitlines()
-        # where the construct that failed began (the unclosed '[', the key without ':') is usually
-        # the line to fix; the problem mark is where the parser noticed
-        at = ctx_mark or mark
+        # The line to fix comes first. For an unclosed flow collection ('[', '{', a quote) or a key without
+        # ':' that is where the construct began (the context mark; the parser notices lines later). For a
+        # block mapping or sequence the context mark is merely where that collection starts (often line 1
+        # of the file) and the failing line is the problem mark: lead with it, the context goes after.
+        block = bool(ctx) and ctx.startswith("while parsing a block")
+        at = mark if (block and mark is not None) else (ctx_mark or mark)
         if at is None:
             return f"{path}: not valid YAML: {problem}"
         msg = f"{path}, line {at.line + 1}, column {at.column + 1}: not valid YAML: "
-        if ctx and ctx_mark is not None:
+        if block and ctx_mark is not None:
+            msg += f"{problem} ({ctx.removeprefix('while parsing ')} that starts at line {ctx_mark.line + 1})"
+        elif ctx and ctx_mark is not None:
             msg += f"{ctx}: {problem}"
             if mark is not None and (mark.line, mark.column) != (ctx_mark.line, ctx_mark.column):
                 msg += f" (at line {mark.line + 1}, column {mark.column + 1})"
@@ -259,6 +282,8 @@ def yaml_syntax_error(path: str | os.PathLike) -> str | None:
                          if lines[i].strip() and not lines[i].lstrip().startswith("#")), None)
             if prev is not None and ":" not in lines[prev] and not lines[prev].lstrip().startswith("-"):
                 msg += f"; line {prev + 1} ({lines[prev].strip()!r}) has no ':' (a missing colon?)"
+        if block and "expected <block end>" in problem:
+            msg += "; its indentation does not match the keys above it"
         if "'\\t'" in problem:
             msg += "; indent with spaces, not tabs"
         return msg

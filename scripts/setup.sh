@@ -10,5 +10,5 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: on machines that carry the CPU wheel locally this takes it from disk
 .venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-.venv/bin/python -m pip install -q -e ".[workflow,kernels,dev]"
+.venv/bin/python -m pip install -q -e ".[workflow,kernels,serve,dev]"
 .venv/bin/python -c 'import repro, torch, snakemake; print(f"setup ok: repro {repro.__version__}, torch {torch.__version__}, snakemake ready in .venv")'

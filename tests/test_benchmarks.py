@@ -71,6 +71,7 @@ def fifth(tmp_path, monkeypatch):
             name="arith", title="Arith", kind="math", file="arith.jsonl", fields=("q", "a"),
             published_sha256="0" * 64, problem_id=lambda i, r: f"arith/{i}", gold=lambda r: r["a"],
             template="arith.v1.j2", template_number=1, prompt_fields=("q",), stop=("\\nQ:",),
+            reference_completion=lambda r: "#### " + r["a"],
             scorer="gsm8k", hub_path="example/arith", hub_config=None, hub_split="test", hub_revision=None)
     '''))
     templates = tmp_path / "templates"
@@ -88,7 +89,7 @@ def fifth(tmp_path, monkeypatch):
     yield tmp_path
     benchmarks._registry.cache_clear()
     prompts._load.cache_clear()
-    sys.modules.pop("repro.benchmarks.arith", None)
+    sys.modules.pop(benchmarks.__name__ + ".arith", None)
 
 
 def test_a_fifth_benchmark_is_one_module_away(fifth):

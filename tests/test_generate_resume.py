@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.backends import generate as gen
+from repro.backends import generation_job as gen
 from repro.backends.merge import merge
 from repro.checkpoint.manifest import write_manifest
 
@@ -94,14 +94,14 @@ def test_resume_with_nothing_left_keeps_the_backend_provenance(job, tmp_path, mo
     args, probs, *_ = job
     out = tmp_path / "g" / "shard0of1.jsonl"
     monkeypatch.setattr(gen, "get_backend", lambda *a, **k: FakeBackend())
-    real_finalize = gen.finalize
+    real_complete = gen.complete_shard
 
     def die(*a, **k):
         raise Killed()
-    monkeypatch.setattr(gen, "finalize", die)
+    monkeypatch.setattr(gen, "complete_shard", die)
     with pytest.raises(Killed):
         gen.run(args(out))
-    monkeypatch.setattr(gen, "finalize", real_finalize)
+    monkeypatch.setattr(gen, "complete_shard", real_complete)
     monkeypatch.setattr(gen, "get_backend", lambda *a, **k: pytest.fail("nothing is left to generate"))
     assert gen.run(args(out)) == 0
     meta = json.loads(Path(str(out) + ".meta.json").read_text())
@@ -140,7 +140,7 @@ def test_gpu_job_without_gpu_fails_clearly(job, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     a = job[0](tmp_path / "o.jsonl")
-    cmd = [sys.executable, "-m", "repro.backends.generate"]
+    cmd = [sys.executable, "-m", "repro.backends.generation_job"]
     for k, v in vars(a).items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     cmd[cmd.index("--device") + 1] = "cuda"

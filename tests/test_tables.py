@@ -128,3 +128,58 @@ def test_written_table_says_limit_and_temperature_in_every_format(tmp_path):
                        "tpf,tokens,forwards")
     prov = json.loads((out / "provenance.json").read_text())
     assert {(c["problems_kept"], c["problems_total"]) for c in prov["cells"]} == {(3, 1319), (3, 500)}
+
+
+def four_benchmark_tex(tmp_path, label=None):
+    """The .tex main() writes for four benchmarks (full test sets, greedy) and the paper's longer label."""
+    benches = ["gsm8k", "math500", "humaneval", "mbpp"]
+    totals = {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 500}
+    for b in benches:
+        fake_cell(tmp_path, b, totals[b], totals[b], 0.0)
+    spec = {"models": [{"name": "m", "label": "LLaDA-2.1-mini"}], "benchmarks": benches, "seeds": [1],
+            "backend": "engine", "latex_label": label}
+    out = tmp_path / "res"
+    assert tables_main(["--work", str(tmp_path), "--suite", "smoke", "--spec", json.dumps(spec),
+                        "--out-dir", str(out)]) == 0
+    return (out / "main_table.tex").read_text(), json.loads((out / "provenance.json").read_text())
+
+
+def test_tex_says_what_it_needs_and_prints_a_papers_words(tmp_path):
+    tex, prov = four_benchmark_tex(tmp_path, label="tab:orl-main")
+    lines = tex.splitlines()
+    assert lines[0].startswith("%") and r"\usepackage{booktabs}" in lines[0] and r"\usepackage{graphicx}" in lines[0]
+    assert lines[1].startswith("% Pipeline: suite smoke, backend engine, seeds 1")
+    cap = next(l for l in lines if l.startswith(r"\caption{"))
+    assert "suite" not in cap and "backend" not in cap and "engine" not in cap and "one seed" in cap
+    assert r"\label{tab:orl-main}" in tex and tex.index(r"\label") > tex.index(r"\caption")
+    assert set(prov["code_versions"]) == {"prepare", "decoder", "score", "table"}
+    tex_default, _ = four_benchmark_tex(tmp_path / "default")
+    assert r"\label{tab:main-smoke}" in tex_default
+
+
+def test_tex_compiles_in_a_minimal_document_and_fits_a_column(tmp_path):
+    """pdflatex (texlive-latex-base + texlive-latex-recommended) in a two-column article with the packages
+    the .tex's first line names: no error, no overfull box (four benchmarks and the paper's labels fit one
+    column)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex not installed (apt-get install texlive-latex-base texlive-latex-recommended)")
+    tex, _ = four_benchmark_tex(tmp_path)
+    doc = tmp_path / "doc.tex"
+    doc.write_text("\\documentclass[twocolumn]{article}\n\\usepackage{booktabs}\n\\usepackage{graphicx}\n"
+                   "\\begin{document}\n"
+                   + tex + "\nText.\n\\end{document}\n")
+    r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    log = (tmp_path / "doc.log").read_text(errors="replace")
+    assert r.returncode == 0, log[-2000:]
+    assert "Overfull \\hbox" not in log, log[-2000:]
+    # without booktabs the document fails: the first line of the .tex is what tells the reader
+    doc.write_text(doc.read_text().replace("\\usepackage{booktabs}\n", ""))
+    r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0

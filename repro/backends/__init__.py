@@ -1,4 +1,4 @@
-"""Generation backends behind one small interface (``base.Backend``): ``engine`` (ours) and ``sglang``.
+"""Generation backends behind one small interface (``base.GenerationBackend``): ``engine`` (ours) and ``sglang``.
 
 ``get_backend(name, **kwargs)`` imports the chosen module lazily, so SGLang is imported only when used.
 """

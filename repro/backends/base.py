@@ -9,7 +9,7 @@ A backend is built once per job (it loads the model) and then asked for completi
 Each yielded dict has the generation-record fields that depend on the backend (``docs/interfaces.md``):
 ``prompt_text``, ``completion``, ``prompt_tokens``, ``generated_tokens``, ``forwards`` (dict or None),
 ``tpf`` (float or None), ``wall_s``, ``tokens_per_s``, ``finish_reason``, ``device``, and optionally
-``forwards_note``. The driver (``repro.backends.generate``) adds ``id``, ``benchmark``, ``model``,
+``forwards_note``. The driver (``repro.backends.generation_job``) adds ``id``, ``benchmark``, ``model``,
 ``seed``, ``backend`` and writes the records.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator, Protocol
 
 
-class Backend(Protocol):
+class GenerationBackend(Protocol):
     """What every backend provides (see module docstring)."""
 
     name: str

@@ -4,7 +4,7 @@ NOT RUN HERE: SGLang cannot be installed on the development machines (no GPU). W
 (``tests/plumbing/test_sglang_backend.py``) is the argument mapping and the parsing of example outputs that
 we constructed by hand from the key names in engine_spec.md §6.10/§9 — not outputs captured from SGLang.
 
-Contract (``repro.backends.base.Backend``)
+Contract (``repro.backends.base.GenerationBackend``)
 -----------------------------------------
 ``SGLangBackend(model_dir, role, device="cuda", precision="bf16", tp_size=1, work_dir=None, batch_size=1,
 card_options=None)``; ``generate(prompts, decoder)`` yields one record per prompt, in order, with the

@@ -2,7 +2,9 @@
 
 Contract: each module ``repro/benchmarks/<name>.py`` defines ``BENCHMARK = Benchmark(...)`` with
 ``name == <name>``: display title, data file and its required fields, published sha256, how a record
-becomes a problem id and gold, prompt template and the fields it reads, stop strings, kind (``math``:
+becomes a problem id and gold, its reference solution written as a completion (the ``replay``
+backend's self-test, which must score 100 %), prompt template and the fields it reads, stop strings,
+kind (``math``:
 the answer is extracted and compared; ``code``: a program runs in the sandbox), the scorer module
 under ``repro.scoring``, and the hub dataset (path, config, split, pinned revision). ``get(name)``
 returns one declaration (``ValueError`` naming the known benchmarks otherwise), ``names()`` all names,
@@ -50,6 +52,7 @@ class Benchmark:
     hub_config: str | None
     hub_split: str
     hub_revision: str | None               # pinned dataset commit; None = not pinned (logged at load)
+    reference_completion: Callable[[dict], str]  # record -> its reference solution written as a completion
     from_hub: Callable[[list[dict]], list[dict]] | None = None  # hub rows -> original layout, if they differ
     case_files: tuple[str, ...] = ()       # extra files whose tasks regression cases may name (code)
 

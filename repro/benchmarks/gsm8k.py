@@ -30,6 +30,7 @@ BENCHMARK = Benchmark(
     template_number=1,
     prompt_fields=("question",),
     stop=("\nQuestion:",),
+    reference_completion=lambda r: r["answer"],  # the worked answer, ending "#### N"
     scorer="gsm8k",
     hub_path="openai/gsm8k",
     hub_config="main",

@@ -21,6 +21,7 @@ BENCHMARK = Benchmark(
     template_number=1,
     prompt_fields=("prompt",),
     stop=(),
+    reference_completion=lambda r: f"```python\n{r['prompt']}{r['canonical_solution']}```",
     scorer="humaneval",
     hub_path="openai/openai_humaneval",
     hub_config=None,

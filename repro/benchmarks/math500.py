@@ -21,6 +21,7 @@ BENCHMARK = Benchmark(
     template_number=1,
     prompt_fields=("problem",),
     stop=("\nProblem:",),
+    reference_completion=lambda r: r["solution"],  # the worked solution, its answer in \\boxed{}
     scorer="math",
     hub_path="HuggingFaceH4/MATH-500",
     hub_config=None,

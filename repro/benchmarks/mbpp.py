@@ -29,6 +29,7 @@ BENCHMARK = Benchmark(
     template_number=1,
     prompt_fields=("text", "test_list"),
     stop=("[DONE]",),
+    reference_completion=lambda r: f"```python\n{r['code']}\n```",
     scorer="mbpp",
     hub_path="google-research-datasets/mbpp",
     hub_config="full",

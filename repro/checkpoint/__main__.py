@@ -2,8 +2,10 @@
 
 * ``manifest DIR [--jobs N] [--progress|--no-progress]`` — hash every file of DIR and write
   ``DIR/checkpoint_manifest.json`` atomically; prints the manifest_sha256.
-* ``verify DIR [--stamp FILE] [--manifest FILE] [--expect-manifest-sha256 HEX] [--jobs N]
-  [--progress|--no-progress]`` — see ``repro.checkpoint.verify``. Exit 0 and (with ``--stamp``) an atomic
+* ``verify DIR [--stamp FILE] [--manifest FILE] [--expect-manifest-sha256 HEX] [--copy-of FOLDER] [--jobs N]
+  [--progress|--no-progress]`` — see ``repro.checkpoint.verify``. ``--copy-of`` (a local checkpoint): DIR is
+  the pipeline's copy of FOLDER; the output says which copy is checked and, on failure, to repair FOLDER
+  (the workflow copies it again when a file there changes). Exit 0 and (with ``--stamp``) an atomic
   stamp JSON on success; exit 1 naming every missing / extra / altered file otherwise (a stale stamp is
   removed); exit 2 when the manifest itself is missing or invalid.
 * ``download --name NAME (--repo-id ID --revision REV | --local-path DIR) --out DIR [--cache-dir DIR]
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--stamp", help="stamp JSON written atomically on success (removed on failure)")
     v.add_argument("--manifest", help="manifest path (default DIR/checkpoint_manifest.json)")
     v.add_argument("--expect-manifest-sha256", help="pinned manifest_sha256 the manifest must carry")
+    v.add_argument("--copy-of", help="the user's folder DIR was copied from (named in the messages)")
     v.add_argument("--jobs", type=int, default=None)
     _progress_flag(v)
     d = sub.add_parser("download", help="fetch a checkpoint (hub, hub cache, or local path) into --out")
@@ -77,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         from .verify import ManifestError, verify, write_stamp
 
         stamp = Path(args.stamp) if args.stamp else None
+        copy_note = ""
+        if args.copy_of:
+            copy_note = (f"  note: {args.dir} is the pipeline's copy of your folder {args.copy_of}; repair the files "
+                         f"there and rerun the same command: the copy is refreshed when a file in {args.copy_of} "
+                         "changes, then checked again")
+            print(f"verify: checking {args.dir}, the pipeline's copy of {args.copy_of}")
         try:
             rep = verify(args.dir, args.manifest, jobs=args.jobs, progress=args.progress,
                          expect_manifest_sha256=args.expect_manifest_sha256)
@@ -84,9 +93,13 @@ def main(argv: list[str] | None = None) -> int:
             if stamp is not None:
                 stamp.unlink(missing_ok=True)
             print(f"verify: error: {e}", file=sys.stderr)
+            if copy_note:
+                print(copy_note, file=sys.stderr)
             return 2
         stream = sys.stdout if rep.ok else sys.stderr
         print("\n".join(rep.lines()), file=stream)
+        if not rep.ok and copy_note:
+            print(copy_note, file=stream)
         if not rep.ok:
             if stamp is not None:
                 stamp.unlink(missing_ok=True)

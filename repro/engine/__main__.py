@@ -8,6 +8,9 @@ it as is); prints the completion, then one JSON line with counts, TPF and timing
 --max-new-tokens 4096 --problems gsm8k.jsonl ... --out DIR [--limit N]`` — see :mod:`repro.engine.suite`;
 prints the summary JSON as the last line.
 
+``python -m repro.engine serve --model DIR|HUB_ID --role orl --port 18080 [--precision] [--host] [--api-key]``
+— the HTTP server (``/generate`` streamed per block, OpenAI-compatible ``/v1/...``): :mod:`repro.engine.serve`.
+
 Decoder flags (override the role's default decoder from paper_decoding.json): ``--algorithm``,
 ``--threshold``, ``--edit-threshold``, ``--no-editing``, ``--max-post-steps``, ``--max-new-tokens``,
 ``--temperature``, ``--no-self-conditioning``, ``--residual-temperature``, ``--block-size``, ``--seed``.
@@ -82,11 +85,23 @@ def main(argv=None) -> int:
     s.add_argument("--problems", nargs="+", required=True, help="benchmark JSONL files")
     s.add_argument("--out", required=True, help="output directory")
     s.add_argument("--limit", type=int, default=None, help="first N problems of each file")
+    v = sub.add_parser("serve", help="HTTP server: /generate (streamed per block) and an OpenAI-compatible API")
+    v.add_argument("--model", required=True, help="checkpoint directory or hub id (owner/name)")
+    v.add_argument("--role", default="orl", choices=["orl", "base"])
+    v.add_argument("--precision", default=None, choices=["fp32", "bf16"], help="default: bf16 on cuda, fp32 on cpu")
+    v.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available)")
+    from repro.engine.serve import add_serve_args
+
+    add_serve_args(v)
     a = ap.parse_args(argv)
 
     from repro.engine.llm import LLM
 
     try:
+        if a.cmd == "serve":
+            from repro.engine.serve import serve_main
+
+            return serve_main(a, _precision(a))
         if a.cmd == "generate":
             llm = LLM(a.model, role=a.role, precision=_precision(a), device=a.device)
             dec = {**llm.default_decoder().to_dict(), **_decoder_overrides(a)}

@@ -99,7 +99,7 @@ def time_replays(fn, iters: int, warmup: int = 5) -> dict:
 def build(seed: int = 0, max_len: int = 4096 + 128, configs=None):
     from .kernels import fastpath as F
 
-    shape = F.ModelShape()
+    shape = F.preset_shape("llada2.1-mini")
     t0 = time.perf_counter()
     W = F.random_weights(shape, "cuda", torch.bfloat16, seed=seed)
     fw = F.BlockForward(W, shape, max_len, T=32, device="cuda", configs=configs)
@@ -355,7 +355,7 @@ def bench_generate(shape, W, fw, prefix, tokens, steps, log=print):
 
 def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_confidence"), seed: int = 0,
                  eager_tokens: int = 64, log=print) -> dict:
-    """The engine's own decode loop at full size: :func:`repro.engine.generate.generate_ids` with the real
+    """The engine's own decode loop at full size: :func:`repro.engine.decode_loop.generate_ids` with the real
     decoders over :class:`repro.engine.graph.GraphBackend` (every forward a CUDA-graph replay) on
     ``LLaDA2Model.random`` (LLaDA2.1-mini preset, bf16), a prompt of ``prefix`` random token ids and
     ``tokens`` new tokens; the first algorithm again with the host-driven decoders over the same forward
@@ -367,16 +367,16 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
     mostly the one-token fallback), so tokens/s here is a lower bound for a trained model.
     """
     from repro.engine.config import LLaDA2Config
-    from repro.engine.generate import CachedBackend, generate_ids
+    from repro.engine.decode_loop import CachedBackend, generate_ids
     from repro.engine.graph import GraphBackend
     from repro.engine.kernels import register_with_seams
     from repro.engine.model import LLaDA2Model
-    from repro.engine.presets import PRESETS
+    from repro.engine.presets import PRESET_MASK_IDS, PRESETS
 
     cfg = LLaDA2Config.from_dict(PRESETS["llada2.1-mini"])
     t0 = time.perf_counter()
     model = LLaDA2Model.random(cfg, device="cuda", dtype="bf16", seed=seed, with_adapter=False)
-    mask_id, eos_id = 156895, 156892  # LLaDA2.1 <|mask|> and <|endoftext|> ids (engine_spec §5)
+    mask_id, eos_id = PRESET_MASK_IDS["llada2.1-mini"], PRESETS["llada2.1-mini"]["eos_token_id"]
     gb = GraphBackend(model, mask_id)
     torch.cuda.synchronize()
     out = {"build_s": time.perf_counter() - t0, "prefix": prefix, "tokens": tokens, "runs": {}}

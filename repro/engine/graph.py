@@ -1,6 +1,6 @@
 """CUDA-graph block decoding: the engine's forward on a GPU as graph replays (issue 6).
 
-:class:`GraphBackend` implements the generate loop's backend protocol (:class:`repro.engine.generate.Backend`)
+:class:`GraphBackend` implements the generate loop's backend protocol (:class:`repro.engine.decode_loop.ForwardBackend`)
 with :class:`repro.engine.kernels.fastpath.BlockForward`: every forward of a request — prompt prefill (block by
 block, block-causal, K/V kept), denoising forwards (lm_head over the block's positions only) and commit
 forwards (K/V only) — is one replay of a CUDA graph captured once for the fixed block shape. The prefix length
@@ -64,27 +64,17 @@ def unsupported_reason(cfg: LLaDA2Config, block_size: int, device) -> str | None
     return None
 
 
-def model_shape(cfg: LLaDA2Config, mask_id: int):
-    """The kernels' :class:`~repro.engine.kernels.fastpath.ModelShape` for a checkpoint config."""
-    from repro.engine.kernels.fastpath import ModelShape
-
-    return ModelShape(vocab=cfg.vocab_size, hidden=cfg.hidden_size, layers=cfg.num_hidden_layers,
-                      nq=cfg.num_attention_heads, nkv=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                      dense_inter=cfg.intermediate_size, first_dense=cfg.first_k_dense_replace,
-                      moe_inter=cfg.moe_intermediate_size, experts=cfg.num_experts, top_k=cfg.num_experts_per_tok,
-                      n_group=cfg.n_group, topk_group=cfg.topk_group, scaling=cfg.routed_scaling_factor,
-                      rope_theta=cfg.rope_theta, rot_dim=cfg.rotary_dim, eps=cfg.rms_norm_eps, mask_id=mask_id,
-                      renormalize=cfg.norm_topk_prob)
-
-
 def kernel_weights(model) -> dict:
     """The kernel-layout weight dict of :func:`repro.engine.kernels.fastpath.random_weights` for ``model``.
 
-    Dense tensors are the model's own (views). Each MoE layer's ``moe.w_gate_up`` ``[E, 2I, H]`` /
+    Names from the tables :data:`repro.engine.weights.KERNEL_LAYER_NAMES` (dense tensors: the model's own,
+    no copy) and :data:`~repro.engine.weights.KERNEL_FFN`: each MoE layer's ``moe.w_gate_up`` ``[E, 2I, H]`` /
     ``moe.w_down`` ``[E, H, I]`` and shared expert ``[2I, H]`` / ``[H, I]`` are copied once into stacked
     ``w13 [E+1, 2I, H]`` / ``w2 [E+1, H, I]`` (shared = index E; without a shared expert ``[E, …]``) and the
     model's parameters are replaced by views of them (storage shared, no lasting extra memory). Idempotent.
     """
+    from repro.engine.weights import KERNEL_FFN, KERNEL_LAYER_NAMES
+
     c, p = model.cfg, model.params
     cached = getattr(model, "_kernel_weights", None)
     if cached is not None:
@@ -92,36 +82,29 @@ def kernel_weights(model) -> dict:
     W = {"embed": p["embed"], "lm_head": p["lm_head"], "final_norm": p["final_norm"], "layers": []}
     for l in range(c.num_hidden_layers):
         q = f"layers.{l}."
-        L = {"in_norm": p[q + "attn_norm"], "post_norm": p[q + "mlp_norm"], "qkv": p[q + "wqkv"],
-             "q_norm": p[q + "q_norm"], "k_norm": p[q + "k_norm"], "o": p[q + "wo"]}
+        L = {k: p[q + v] for k, v in KERNEL_LAYER_NAMES.items() if q + v in p}
         if l < c.first_k_dense_replace:
-            L["w13"] = p[q + "mlp.w_gate_up"][None]
-            L["w2"] = p[q + "mlp.w_down"][None]
+            L.update({k: p[q + dense][None] for k, (dense, _, _) in KERNEL_FFN.items()})
         else:
-            m = q + "moe."
-            L["gate"] = p[m + "router"]
-            L["bias"] = p.get(m + "expert_bias")
             E = c.num_experts
-            shared = m + "shared_gate_up" in p
-            gu, dn = p[m + "w_gate_up"], p[m + "w_down"]
-            w13 = torch.empty((E + shared,) + tuple(gu.shape[1:]), dtype=gu.dtype, device=gu.device)
-            w2 = torch.empty((E + shared,) + tuple(dn.shape[1:]), dtype=dn.dtype, device=dn.device)
-            w13[:E].copy_(gu)
-            w2[:E].copy_(dn)
-            p[m + "w_gate_up"], p[m + "w_down"] = w13[:E], w2[:E]
-            if shared:
-                w13[E].copy_(p[m + "shared_gate_up"])
-                w2[E].copy_(p[m + "shared_down"])
-                p[m + "shared_gate_up"], p[m + "shared_down"] = w13[E], w2[E]
-            del gu, dn
-            L["w13"], L["w2"] = w13, w2
+            for k, (_, routed, shared) in KERNEL_FFN.items():
+                src, has_shared = p[q + routed], q + shared in p
+                w = torch.empty((E + has_shared,) + tuple(src.shape[1:]), dtype=src.dtype, device=src.device)
+                w[:E].copy_(src)
+                p[q + routed] = w[:E]
+                if has_shared:
+                    w[E].copy_(p[q + shared])
+                    p[q + shared] = w[E]
+                del src
+                L[k] = w
+            L.setdefault("expert_bias", None)
         W["layers"].append(L)
     model._kernel_weights = W
     return W
 
 
 class GraphBackend:
-    """Backend of :func:`repro.engine.generate.generate_ids` that runs every forward as a CUDA-graph replay.
+    """Forward backend of :func:`repro.engine.decode_loop.generate_ids` that runs every forward as a CUDA-graph replay.
 
     ``model``: a loaded :class:`~repro.engine.model.LLaDA2Model` on CUDA; ``mask_id``: the ``<|mask|>`` id;
     ``use_graphs=False`` runs the same kernels eagerly (CPU tests under ``TRITON_INTERPRET=1``);
@@ -137,7 +120,9 @@ class GraphBackend:
                  device_steps: bool = True):
         self.model, self.mask_id, self.use_graphs = model, mask_id, use_graphs
         self.device_steps = device_steps
-        self.shape = model_shape(model.cfg, mask_id)
+        from repro.engine.kernels.fastpath import ModelShape
+
+        self.shape = ModelShape.from_config(model.cfg, mask_id)
         self.W = kernel_weights(model)
         self.configs = SMALL_TILES if model.cfg.hidden_size < 1024 else None
         self.fw = None
@@ -229,7 +214,7 @@ class GraphBackend:
             fw.from_embeds = name == "denoise_embeds"
             fw.forward(head=name != "commit")
 
-    # ------------------------------------------------------------------ Backend protocol
+    # ------------------------------------------------------------------ ForwardBackend protocol
     def prefill(self, ids: torch.Tensor) -> None:
         """Full prompt blocks ``ids`` ``[n]`` (n a multiple of B): one commit replay per block, in order."""
         B = self.block_size
@@ -250,7 +235,7 @@ class GraphBackend:
             self._run("denoise")
         return fw.logits.float()
 
-    def finalize(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
+    def commit_block(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
         """Commit replay (K/V of the final tokens) when needed; otherwise the last forward's K/V stay."""
         if run_forward:
             self.fw.ids.copy_(ids)

@@ -12,7 +12,7 @@
 * Timing: ``wall_s`` covers decoding (prefill through the last commit, CUDA synchronised), not
   tokenisation or template rendering; ``request_tps = generated_tokens / wall_s`` (tokens/s).
 * TPF = generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); prefill
-  forwards are reported separately (engine_spec.md §6.10; :mod:`repro.engine.generate`).
+  forwards are reported separately (engine_spec.md §6.10; :mod:`repro.engine.decode_loop`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from repro.engine.config import LLaDA2Config
 from repro.engine.decoders import DecoderConfig
-from repro.engine.generate import CachedBackend, generate_ids
+from repro.engine.decode_loop import CachedBackend, generate_ids
 from repro.engine.model import LLaDA2Model, resolve_dtype
 from repro.engine.tokenizer import ChatTokenizer
 
@@ -40,7 +40,8 @@ class GenerateOutput:
     ``text`` (completion up to the first EOS, special tokens skipped), ``token_ids`` (ids up to, excluding,
     the first EOS), ``prompt_tokens``, ``generated_tokens`` (== len(token_ids)), ``forwards``
     (``{"prefill", "denoise", "commit"}``), ``tpf`` (tokens per denoise+commit forward, None if none ran),
-    ``wall_s`` (seconds), ``request_tps`` (tokens/s), ``finish_reason`` (``"eos"`` | ``"length"``),
+    ``wall_s`` (seconds), ``request_tps`` (tokens/s), ``finish_reason`` (``"eos"`` | ``"length"`` |
+    ``"stop"``: stopped by an ``on_block`` hook),
     ``prompt_text``, ``decoder`` (settings used), ``raw_token_ids`` (decoded positions incl. EOS and after),
     ``block_forwards`` (denoise + commit per block).
     """
@@ -209,10 +210,12 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt_or_messages, decoder=None, max_new_tokens: int | None = None,
-                 seed: int | None = None) -> GenerateOutput:
+                 seed: int | None = None, on_block=None) -> GenerateOutput:
         """Generate one completion (see module docstring). ``decoder``: dict of engine keys or
         :class:`DecoderConfig` (None → :meth:`default_decoder`); ``max_new_tokens`` / ``seed`` override the
-        decoder's. Raises TypeError for a prompt of another type, DecoderConfigError for bad settings."""
+        decoder's; ``on_block``: per-block streaming hook of :func:`repro.engine.decode_loop.generate_ids` (its
+        time is inside ``wall_s``; returning True stops decoding, finish reason ``"stop"``). Raises TypeError
+        for a prompt of another type, DecoderConfigError for bad settings."""
         if isinstance(prompt_or_messages, str):
             prompt_text = prompt_or_messages
         elif isinstance(prompt_or_messages, list):
@@ -230,7 +233,7 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
             backend = CachedBackend(self.model)  # block shape the graph path does not take: eager for this request
         with torch.inference_mode():
             res = generate_ids(backend, ids, cfg, mask_id=self.mask_id, eos_id=self.eos_id,
-                               max_new_tokens=max_new_tokens, seed=seed)
+                               max_new_tokens=max_new_tokens, seed=seed, on_block=on_block)
         if sync:
             torch.cuda.synchronize(self.model.device)
         wall = time.perf_counter() - t0

@@ -13,7 +13,7 @@ built empty (:meth:`LLaDA2Model.empty`), then filled from a checkpoint (:meth:`L
 or with deterministic random values (:meth:`LLaDA2Model.random`, for full-size GPU benchmarks without a
 checkpoint).
 
-Not here: decoding (``repro.engine.generate`` / ``decoders``), the no-cache oracle (``repro.engine.reference``).
+Not here: decoding (``repro.engine.decode_loop`` / ``decoders``), the no-cache oracle (``repro.engine.reference``).
 """
 
 from __future__ import annotations

@@ -22,3 +22,7 @@ LLADA21_MINI = {
 
 #: name → config dict
 PRESETS = {"llada2.1-mini": LLADA21_MINI}
+
+#: name → id of ``<|mask|>`` in the preset's tokenizer (a tokenizer fact, not in config.json; LLaDA2.1-mini:
+#: 156895: SGLang ``python/sglang/srt/dllm/config.py`` DLLM_PARAMS and the HF ``generate`` default mask_id)
+PRESET_MASK_IDS = {"llada2.1-mini": 156895}

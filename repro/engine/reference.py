@@ -11,7 +11,7 @@ Obviously correct and slow, written independently of the engine's attention/MoE/
   weighted by its (possibly zero) routing weight.
 
 It shares only the elementwise primitives (RMSNorm, RoPE, SwiGLU) and the parameter dict with the engine,
-and drives the same decoders through :func:`repro.engine.generate.generate_ids` via :class:`ReferenceBackend`.
+and drives the same decoders through :func:`repro.engine.decode_loop.generate_ids` via :class:`ReferenceBackend`.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def naive_forward(model: LLaDA2Model, embeds: torch.Tensor, block_size: int) -> 
 
 
 class ReferenceBackend:
-    """No-cache :class:`~repro.engine.generate.Backend`: keeps the final token prefix, recomputes everything."""
+    """No-cache :class:`~repro.engine.decode_loop.ForwardBackend`: keeps the final token prefix, recomputes everything."""
 
     def __init__(self, model: LLaDA2Model):
         self.model = model
@@ -124,7 +124,7 @@ class ReferenceBackend:
         x = torch.cat([self.model.embed(self.prefix), blk], dim=0)
         return naive_forward(self.model, x, self.block_size)[start:]
 
-    def finalize(self, ids, start, run_forward):
+    def commit_block(self, ids, start, run_forward):
         """Append the final block to the prefix; the commit forward (if asked) recomputes it, unused."""
         self.prefix = torch.cat([self.prefix, ids])
         if run_forward:

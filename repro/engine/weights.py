@@ -76,6 +76,23 @@ RENAMES: list[tuple[str, str, str | None]] = [
 ]
 _COMPILED = [(re.compile(p + r"\Z"), t, part) for p, t, part in RENAMES]
 
+#: Kernel layout (:mod:`repro.engine.kernels.fastpath`, built by ``repro.engine.graph.kernel_weights``): the
+#: per-layer kernel key → internal name under ``layers.{l}.``. Keys are the internal names themselves where the
+#: tensor is used as is; the MoE router and bias drop their ``moe.`` prefix. Model-level tensors (``embed``,
+#: ``lm_head``, ``final_norm``) keep their names. The FFN weights are rebuilt, not renamed: see
+#: :data:`KERNEL_FFN`.
+KERNEL_LAYER_NAMES: dict[str, str] = {
+    "attn_norm": "attn_norm", "wqkv": "wqkv", "q_norm": "q_norm", "k_norm": "k_norm", "wo": "wo",
+    "mlp_norm": "mlp_norm", "router": "moe.router", "expert_bias": "moe.expert_bias",
+}
+#: Kernel FFN weights → (dense-layer source, routed-expert source, shared-expert source): ``w13`` [E1, 2I, D]
+#: stacks gate rows over up rows per expert, ``w2`` [E1, D, I]; a dense layer is one expert (E1 = 1), an
+#: MoE layer E routed experts with the shared expert at index E (E1 = E + 1).
+KERNEL_FFN: dict[str, tuple[str, str, str]] = {
+    "w13": ("mlp.w_gate_up", "moe.w_gate_up", "moe.shared_gate_up"),
+    "w2": ("mlp.w_down", "moe.w_down", "moe.shared_down"),
+}
+
 #: Checkpoint tensors that carry no weights and are skipped by name (SGLang skips names containing
 #: ``inv_freq``, engine_spec.md §3). Everything else not in the expected set is an error.
 IGNORED = re.compile(r".*rotary_emb\.inv_freq\Z")

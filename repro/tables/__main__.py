@@ -1,5 +1,6 @@
 """`python -m repro.tables`: write results/<suite>/main_table.{md,tex,csv}, main_table_long.csv, provenance.json.
 
+    python -m repro.tables compare RUN_A RUN_B [--out PREFIX]     # per-problem differences (compare.py)
     python -m repro.tables --work WORK --suite smoke --spec '{"models": [{"name":..,"label":..}],
         "benchmarks": [...], "seeds": [...], "backend": "engine"}' --out-dir results/smoke
 
@@ -11,15 +12,21 @@ for the run: the Apptainer images' sha256 sidecars (when containers are enabled)
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
+
+import pandas as pd
 
 from repro import paths
 from repro.io import atomic_write_text
 from repro.provenance import code_revision
 from repro.tables.aggregate import collect
-from repro.tables.render import caption, to_csv, to_latex, to_markdown, wide
+from repro.backends.replay import caption_note as replay_caption
+from repro.provenance import STAGE_CODE, stage_code_version
+from repro.tables.reference import compare_reported, csv_rows, footnote, latex_rows, long_csv, markdown_rows
+from repro.tables.render import caption, tex_header, to_csv, to_latex, to_markdown, wide
 
 
 def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int) -> dict:
@@ -44,14 +51,22 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int) -
         "precision": first.get("precision"), "num_shards": len(shards), "prompt_template_version": tv,
         "torch": (first.get("backend_info") or {}).get("torch"), "decoder": first.get("decoder"),
         "engine_path": (first.get("backend_info") or {}).get("engine_path"),
+        "generation_code_version": first.get("code_version"),
+        "samples": first.get("samples"),  # replayed cells: the samples file, its sha256, the note
     }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:  # python -m repro.tables compare RUN_A RUN_B (repro/tables/compare.py)
+        from repro.tables.compare import main as compare_main
+
+        return compare_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m repro.tables", description=__doc__.splitlines()[0])
     ap.add_argument("--work", required=True, type=Path)
     ap.add_argument("--suite", required=True)
-    ap.add_argument("--spec", required=True, help="JSON: models [{name,label}], benchmarks, seeds, backend")
+    ap.add_argument("--spec", required=True, help="JSON: models [{name, label, checkpoint_source}], benchmarks, "
+                    "seeds, backend, latex_label")
     ap.add_argument("--out-dir", required=True, type=Path)
     ap.add_argument("--image-sidecars", nargs="*", type=Path, default=[],
                     help="<image>.sif.json files of the Apptainer images the run used (sha256 into provenance)")
@@ -59,19 +74,47 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(a.spec)
     long = collect(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
     rows = wide(long, spec["benchmarks"])
-    cells = [cell_provenance(a.work, a.suite, m["name"], b, s) for m in spec["models"]
-             for b in spec["benchmarks"] for s in spec["seeds"]]
+    cells = [dict(cell_provenance(a.work, a.suite, m["name"], b, s), checkpoint_source=m.get("checkpoint_source"))
+             for m in spec["models"] for b in spec["benchmarks"] for s in spec["seeds"]]
     # the caption says what was run: decoding (from the decoders' temperatures), problems scored per
     # benchmark (and "of <full size>" when the suite's limit cut it), shipped non-benchmark problems
     cap = dict(benchmarks=spec["benchmarks"], suite=a.suite, backend=spec.get("backend", "engine"),
                seeds=spec["seeds"])
+    # replayed models (repro/backends/replay.py) decode nothing: the caption's decoding is the generating
+    # models', and a sentence per replayed row says where its samples came from
+    replayed = [m for m in spec["models"] if m.get("replay")]
+    cap_long = long[~long["model"].isin([m["name"] for m in replayed])] if len(replayed) < len(spec["models"]) else long
+    notes_md = notes_tex = ""
+    for m in replayed:
+        samples = next((c.get("samples") for c in cells if c["model"] == m["name"] and c.get("samples")), None) or {}
+        notes_md += " " + replay_caption(m["label"], samples, long[long["model"] == m["name"]]["tpf"].notna().any())
+        notes_tex += " " + replay_caption(m["label"], samples, long[long["model"] == m["name"]]["tpf"].notna().any(),
+                                          latex=True)
+    md_table, csv_text = to_markdown(rows, spec["benchmarks"]), to_csv(rows, spec["benchmarks"])
+    label = spec.get("latex_label") or f"tab:main-{a.suite}"
+    tex = to_latex(rows, spec["benchmarks"], caption(cap_long, latex=True, **cap) + notes_tex, label,
+                   escape_caption=False, header=tex_header(a.suite, cap["backend"], spec["seeds"]))
+    footer = ""
     out = a.out_dir
-    atomic_write_text(out / "main_table.md", caption(long, **cap) + "\n\n" + to_markdown(rows, spec["benchmarks"]))
-    atomic_write_text(out / "main_table.tex", to_latex(rows, spec["benchmarks"], caption(long, latex=True, **cap),
-                                                       f"tab:main-{a.suite}", escape_caption=False))
-    atomic_write_text(out / "main_table.csv", to_csv(rows, spec["benchmarks"]))
+    if spec.get("reported"):  # reference rows: the paper's numbers beside ours (repro/tables/reference.py)
+        ref = compare_reported(long, spec["models"], spec["benchmarks"])
+        md_table += markdown_rows(ref, spec["benchmarks"])
+        footer = "\n\u00b9 " + footnote(ref) + "\n"
+        tex = tex.replace("\\bottomrule", "\n".join(latex_rows(ref, spec["benchmarks"])) + "\n\\bottomrule", 1) if ref else tex
+        tex = tex.replace("}\n\\label{", " " + footnote(ref, latex=True) + "}\n\\label{", 1)
+        cols = list(pd.read_csv(io.StringIO(csv_text), nrows=0).columns)
+        csv_text = pd.concat([pd.read_csv(io.StringIO(csv_text), dtype=str, keep_default_na=False),
+                              pd.DataFrame(csv_rows(ref, spec["benchmarks"], list(cols)))]).to_csv(
+            index=False, lineterminator="\n")
+        atomic_write_text(out / "main_table_reported.csv", long_csv(ref, spec["benchmarks"]))
+    atomic_write_text(out / "main_table.md", caption(cap_long, **cap) + notes_md + "\n\n" + md_table + footer)
+    atomic_write_text(out / "main_table.tex", tex)
+    atomic_write_text(out / "main_table.csv", csv_text)
     atomic_write_text(out / "main_table_long.csv", long.to_csv(index=False, lineterminator="\n"))
-    prov = {"suite": a.suite, "code_revision": code_revision(),
+    # the code versions of the stages (sha256 of their sources): scores and the table are current with
+    # this checkout (the workflow re-runs them when these change); generation records its own per cell
+    versions = {st: stage_code_version(st) for st in STAGE_CODE if st not in ("generate", "tiny")}
+    prov = {"suite": a.suite, "code_revision": code_revision(), "code_versions": versions,
             "images": [json.loads(p.read_text()) for p in a.image_sidecars] or "none (containers disabled: native run)",
             "tpf_convention": "generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); "
                               "prefill forwards excluded",

@@ -5,6 +5,14 @@ paper), so 62.25 prints 62.3 (Python's format would give 62.2). Missing values p
 CSV) or ``--`` (LaTeX). LaTeX uses booktabs rules, a ``\\cmidrule`` under each benchmark spanner, and
 escapes every label. No timestamps inside table files (they live in provenance.json).
 
+The ``.tex`` is written to be pasted into a paper: its first lines are ``%`` comments saying what it needs
+(``\\usepackage{booktabs}`` and ``\\usepackage{graphicx}``) and the pipeline details (suite, backend,
+seeds, where provenance is), its caption is in a paper's words (no suite or backend names), it fits one
+column: ``\\small``, a 3 pt column gap, and the tabular scaled down to ``\\columnwidth`` only when wider
+(``\\resizebox{\\ifdim\\width>\\columnwidth ...}``, graphicx), so four benchmarks with the paper's labels
+fit a column of a two-column article without an overfull box (checked with pdflatex in the tests); its
+``\\label`` comes from config (``table.latex_label``).
+
 ``caption`` states what the numbers were measured on, from the long table (so the three formats
 agree): the decoding (``greedy`` only when every decoder's temperature is 0, else ``sampling, T = …``),
 the suite, backend and seeds, and always the number of problems scored per benchmark, with ``of <full
@@ -87,7 +95,10 @@ def wide(long: pd.DataFrame, benchmarks: list[str]) -> list[dict]:
 
 def caption(long: pd.DataFrame, benchmarks: list[str], suite: str, backend: str, seeds: list[int],
             latex: bool = False) -> str:
-    """The table's caption (plain text, or LaTeX with labels escaped and ``$n = …$`` / ``$T = …$``)."""
+    """The table's caption (plain text, or LaTeX with labels escaped and ``$n = …$`` / ``$T = …$``).
+
+    The plain text (Markdown) names the suite, backend and seeds; the LaTeX caption is in a paper's words
+    (``one seed`` / ``mean over N seeds``) and leaves those to the ``.tex`` file's comment (``tex_header``)."""
     esc = latex_escape if latex else (lambda x: x)
     math = (lambda x: f"${x}$") if latex else (lambda x: x)
     dash = "--" if latex else "\u2013"
@@ -97,10 +108,14 @@ def caption(long: pd.DataFrame, benchmarks: list[str], suite: str, backend: str,
         per_model[esc(str(g["label"].iloc[0]))] = decoding(_column(g, "temperature"), latex)
     phrases = list(dict.fromkeys(per_model.values()))
     dec = phrases[0] if len(phrases) == 1 else "; ".join(f"{d} for {lab}" for lab, d in per_model.items())
-    seeds_txt = (f"seed {seeds[0]}" if len(seeds) == 1
-                 else f"mean over seeds {', '.join(map(str, seeds))}")
-    text = (f"Accuracy ({esc('%')}, pass@1 for code; {dec}) and tokens per forward (TPF); suite {esc(suite)}, "
-            f"backend {esc(backend)}, {seeds_txt}.")
+    if latex:
+        seeds_txt = "one seed" if len(seeds) == 1 else f"mean over {len(seeds)} seeds"
+        text = f"Accuracy ({esc('%')}, pass@1 for code; {dec}) and tokens per forward (TPF); {seeds_txt}."
+    else:
+        seeds_txt = (f"seed {seeds[0]}" if len(seeds) == 1
+                     else f"mean over seeds {', '.join(map(str, seeds))}")
+        text = (f"Accuracy (%, pass@1 for code; {dec}) and tokens per forward (TPF); suite {suite}, "
+                f"backend {backend}, {seeds_txt}.")
     # problems scored per benchmark, always; "of <full size>" where the suite's limit cut the benchmark
     counts, subsets, builtin, full = [], [], [], True
     for b in benchmarks:
@@ -146,10 +161,23 @@ def to_markdown(rows: list[dict], benchmarks: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str, escape_caption: bool = True) -> str:
+#: The first line of every .tex: the packages it needs.
+NEEDS = r"% Needs \usepackage{booktabs} and \usepackage{graphicx} in the preamble."
+
+
+def tex_header(suite: str, backend: str, seeds: list[int], provenance: str = "provenance.json") -> list[str]:
+    """The ``%`` comment lines atop the ``.tex``: what it needs and the pipeline details its caption omits."""
+    return [NEEDS.replace("% Needs", "% Table 1 written by repro (python -m repro.tables). Needs"),
+            f"% Pipeline: suite {suite}, backend {backend}, seeds {', '.join(map(str, seeds))}; per-cell provenance "
+            f"(checkpoint, decoder, data hashes, code versions) in {provenance}."]
+
+
+def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str, escape_caption: bool = True,
+             header: list[str] | None = None) -> str:
     """A booktabs table (``\\toprule``, ``\\cmidrule``, ``\\midrule``, ``\\bottomrule``; needs
-    ``\\usepackage{booktabs}``). ``caption`` is plain text and escaped, or LaTeX source as given when
-    ``escape_caption`` is False (``caption(..., latex=True)`` builds one)."""
+    ``\\usepackage{booktabs}`` and ``\\usepackage{graphicx}``, which the first comment line says). ``caption`` is plain text and escaped,
+    or LaTeX source as given when ``escape_caption`` is False (``caption(..., latex=True)`` builds one);
+    ``header``: comment lines put first (``tex_header``; default: the booktabs line only)."""
     n = len(benchmarks)
     spans = " & ".join(rf"\multicolumn{{2}}{{c}}{{{declared_benchmark(b).title}}}" for b in benchmarks)
     rules = " ".join(rf"\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(n))
@@ -160,11 +188,16 @@ def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str, 
         cells = [latex_escape(r["label"])] + [fmt(r[f"{b}_{k}"], missing="--") for b in benchmarks
                                               for k in ("acc", "tpf")]
         body.append(" & ".join(cells) + r" \\")
+    if header is None:
+        header = [NEEDS]
     return "\n".join([
-        r"\begin{table}[t]", r"\centering", rf"\caption{{{cap}}}", rf"\label{{{label}}}",
+        *header,
+        r"\begin{table}[t]", r"\centering", r"\small", r"\setlength{\tabcolsep}{3pt}",
+        rf"\caption{{{cap}}}", rf"\label{{{label}}}",
+        r"\resizebox{\ifdim\width>\columnwidth\columnwidth\else\width\fi}{!}{%",  # shrink only if too wide
         r"\begin{tabular}{l" + "rr" * n + "}", r"\toprule",
         rf"Model & {spans} \\", rules, rf" & {sub} \\", r"\midrule", *body, r"\bottomrule",
-        r"\end{tabular}", r"\end{table}", ""])
+        r"\end{tabular}}", r"\end{table}", ""])
 
 
 def to_csv(rows: list[dict], benchmarks: list[str]) -> str:

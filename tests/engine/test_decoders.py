@@ -5,13 +5,13 @@ import torch
 
 from repro.engine.adapter import normalized_entropy, residual
 from repro.engine.decoders import DecoderConfig, DecoderConfigError
-from repro.engine.generate import generate_ids
+from repro.engine.decode_loop import generate_ids
 
 V, MASK, EOS, B = 262, 258, 256, 32
 
 
 class Scripted:
-    """Backend whose denoise logits come from ``fn(step, tokens, start)``; records calls."""
+    """Forward backend whose denoise logits come from ``fn(step, tokens, start)``; records calls."""
 
     def __init__(self, model, fn):
         self.model, self.fn, self.calls = model, fn, []
@@ -28,7 +28,7 @@ class Scripted:
         self.step += 1
         return out
 
-    def finalize(self, ids, start, run_forward):
+    def commit_block(self, ids, start, run_forward):
         self.calls.append(("commit" if run_forward else "reuse", start))
 
 
@@ -60,18 +60,34 @@ def test_low_confidence_threshold_and_top1_fallback(tiny_model):
     assert be.calls[3][2][4] == 65 + 4 and be.calls[3][2][5] == MASK
 
 
-def test_never_commits_mask_and_never_edits_prompt(tiny_model):
-    def fn(step, ids, start):
-        lg = torch.zeros(B, V)
-        lg[:, MASK] = 100.0  # the model "wants" <|mask|> everywhere
-        lg[:, 70] = 5.0
-        return lg
+def _wants_mask(step, ids, start):
+    lg = torch.zeros(B, V)
+    lg[:, MASK] = 100.0  # the model "wants" <|mask|> everywhere
+    lg[:, 70] = 5.0
+    return lg
+
+
+def test_excluded_mask_is_never_committed_and_prompt_never_edited(tiny_model):
     prompt = [10] * 40  # block 1 holds 8 prompt tokens
-    r, be = run(tiny_model, fn, {"algorithm": "joint_threshold", "threshold": 0.5, "edit_threshold": 0.0}, prompt, 24)
-    assert r.token_ids == [70] * 24
+    r, be = run(tiny_model, _wants_mask, {"algorithm": "joint_threshold", "threshold": 0.5, "edit_threshold": 0.0,
+                                          "exclude_mask_token": True}, prompt, 24)
+    assert r.token_ids == [70] * 24 and r.stalled_blocks == []
     for c in be.calls:
         if c[0] == "denoise":
             assert c[2][:8].tolist() == [10] * 8
+
+
+@pytest.mark.parametrize("algo", ["low_confidence", "joint_threshold", "orl"])
+def test_mask_candidate_that_always_wins_stops_at_the_cap_and_says_so(tiny_model, algo):
+    # the references write <|mask|> back (no progress); ours stops at SGLang's max_steps and reports the block
+    prompt = [10] * 40
+    dec = {"algorithm": algo, "max_post_steps": 3, "self_conditioning": False}
+    with pytest.warns(RuntimeWarning, match=r"did not finish block 1 within \d+ denoising forwards; 24 <\|mask\|>"):
+        r, be = run(tiny_model, _wants_mask, dec, prompt, 24)
+    cap = 32 + (3 if algo != "low_confidence" else 0) + 1
+    assert r.stalled_blocks == [1] and "exclude_mask_token" in r.stall_note
+    assert r.raw_ids == [MASK] * 24 and r.forwards == {"prefill": 1, "denoise": cap, "commit": 0}
+    assert be.calls[-1] == ("reuse", 32)  # the last forward saw the (unchanged) final tokens
 
 
 def test_editing_off_differs_from_edit_threshold_zero(tiny_model):
@@ -187,7 +203,7 @@ def test_orl_defaults_are_the_model_card_settings():
 
 def test_kv_cache_allocated_once_per_request(tiny_model, monkeypatch):
     from repro.engine import cache as cache_mod
-    from repro.engine.generate import CachedBackend
+    from repro.engine.decode_loop import CachedBackend
     made = []
     orig = cache_mod.KVCache.__init__
 

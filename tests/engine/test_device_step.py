@@ -9,7 +9,7 @@ import torch
 
 from repro.engine.decoders import DecoderConfig
 from repro.engine.decoders.device import DeviceStep, supported
-from repro.engine.generate import CachedBackend, generate_ids
+from repro.engine.decode_loop import CachedBackend, generate_ids
 
 
 class EagerStepBackend(CachedBackend):

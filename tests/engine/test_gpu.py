@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from repro.engine.config import LLaDA2Config
-from repro.engine.generate import CachedBackend, generate_ids
+from repro.engine.decode_loop import CachedBackend, generate_ids
 from repro.engine.model import LLaDA2Model
 from repro.engine.presets import PRESETS
 from repro.engine.reference import ReferenceBackend
@@ -111,7 +111,7 @@ def test_llm_cuda_graph_path_matches_eager_engine_forwards(tiny_dir, tiny_tok, t
                 a_graph.append(float((lb.argmax(-1).cpu() == lr.argmax(-1)).float().mean()))
             final = lr.argmax(-1)
             for be in (eager, graph, ref):
-                be.finalize(final.to(be.model.device), s, run_forward=True)
+                be.commit_block(final.to(be.model.device), s, run_forward=True)
     mean = lambda v: sum(v) / len(v)  # noqa: E731
     print(f"\nvs fp32 CPU: graph rel err {mean(e_graph):.3f} argmax {mean(a_graph):.3f}; "
           f"eager bf16 rel err {mean(e_eager):.3f} argmax {mean(a_eager):.3f}")

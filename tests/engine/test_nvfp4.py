@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from repro.checkpoint.nvfp4 import E2M1_VALUES, dequantize, quantize
 from repro.checkpoint.tiny import write_tiny
-from repro.engine.generate import CachedBackend, generate_ids
+from repro.engine.decode_loop import CachedBackend, generate_ids
 from repro.engine.model import LLaDA2Model
 from repro.engine.reference import ReferenceBackend
 from repro.engine.weights import WeightLoadError

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from repro.engine.generate import CachedBackend, generate_ids
+from repro.engine.decode_loop import CachedBackend, generate_ids
 from repro.engine.reference import ReferenceBackend
 
 N_PROMPTS = 30

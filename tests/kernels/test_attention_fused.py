@@ -159,7 +159,7 @@ def test_fused_bf16_model_shape_graph(block_m, min_keys, combine):
 @pytest.mark.gpu
 def test_block_forward_fused_attn_bf16_graph():
     """Model-width layers in bf16 under a CUDA graph: fused_attn logits vs the unfused graph's."""
-    shape = F.ModelShape(vocab=8192, layers=3, experts=64)
+    shape = F.preset_shape(vocab_size=8192, num_hidden_layers=3, num_experts=64)
     W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
     fw = F.BlockForward(W, shape, 2048, T=32, device="cuda")
     fw.kv.normal_()

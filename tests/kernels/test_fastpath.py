@@ -9,8 +9,9 @@ from repro.engine.kernels import fastpath as F  # noqa: E402
 
 from .conftest import rel_err  # noqa: E402
 
-TINY = F.ModelShape(vocab=64, hidden=64, layers=3, nq=4, nkv=2, head_dim=16, dense_inter=64, moe_inter=32,
-                    experts=16, top_k=4, n_group=4, topk_group=2, rot_dim=8, mask_id=63)
+TINY = F.preset_shape(vocab_size=64, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, intermediate_size=64, moe_intermediate_size=32, num_experts=16,
+                      num_experts_per_tok=4, n_group=4, topk_group=2, mask_id=63)
 TINY_CFG = SMALL_TILES  # the tiles the engine's graph path uses for small shapes
 
 
@@ -55,7 +56,7 @@ def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact, norm_i
 
     if _triton.set_pdl(pdl) != pdl:
         pytest.skip("PDL not supported by this triton")
-    shape = F.ModelShape(vocab=8192, layers=3, experts=64)
+    shape = F.preset_shape(vocab_size=8192, num_hidden_layers=3, num_experts=64)
     W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
     fw = F.BlockForward(W, shape, 2048, T=32, device="cuda")
     fw.prefetch = prefetch

@@ -7,7 +7,7 @@ import torch
 pytest.importorskip("triton")
 
 from repro.checkpoint.tiny import write_tiny  # noqa: E402
-from repro.engine.generate import CachedBackend  # noqa: E402
+from repro.engine.decode_loop import CachedBackend  # noqa: E402
 from repro.engine.graph import GraphBackend, kernel_weights, unsupported_reason  # noqa: E402
 from repro.engine.model import LLaDA2Model  # noqa: E402
 from repro.engine.tokenizer import ChatTokenizer  # noqa: E402
@@ -44,7 +44,7 @@ def test_graph_backend_forwards_match_eager_engine(tiny, dev):
     assert rel_err(lb, la) < 1e-5
     final = torch.randint(0, 256, (B,), generator=g)
     for be in (eager, graph):
-        be.finalize(final, B, run_forward=True)
+        be.commit_block(final, B, run_forward=True)
     nxt = torch.full((B,), tok.mask_id)
     la, lb = eager.denoise(nxt, 2 * B, None), graph.denoise(nxt, 2 * B, None)  # reads the committed K/V
     assert rel_err(lb, la) < 1e-5 and torch.equal(lb.argmax(-1), la.argmax(-1))
@@ -81,7 +81,7 @@ def test_graph_backend_device_step_generation_matches_eager_engine(tiny, dev):
     """GraphBackend's round path (forward + on-device decoder step) through generate_ids, kernels eager."""
     if dev == "cuda":
         pytest.skip("covered in bf16 by tests/engine/test_gpu.py")
-    from repro.engine.generate import generate_ids
+    from repro.engine.decode_loop import generate_ids
 
     d, tok = tiny
     m = LLaDA2Model.from_pretrained(d, "cpu", "fp32", with_adapter=True)

@@ -4,6 +4,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from repro.engine.kernels import logits as Lg  # noqa: E402
 from repro.engine.kernels import moe as M  # noqa: E402
 
 from .conftest import rel_err  # noqa: E402
@@ -128,8 +129,8 @@ def test_logits_stats_small(dev, dtype):
     pred = torch.full((T,), -1, dtype=torch.long, device=dev)
     conf = torch.full((T,), float("nan"), device=dev)
     ent = torch.full((T,), float("nan"), device=dev)
-    M.logits_stats(logits, part, pred, conf, ent, nchunk=4, block_v=64)
-    p_ref, c_ref, e_ref = M.logits_stats_reference(logits)
+    Lg.logits_stats(logits, part, pred, conf, ent, nchunk=4, block_v=64)
+    p_ref, c_ref, e_ref = Lg.logits_stats_reference(logits)
     assert torch.equal(pred, p_ref) and int(pred[1]) == 7
     torch.testing.assert_close(conf, c_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ent, e_ref, rtol=1e-4, atol=1e-5)
@@ -143,8 +144,8 @@ def test_logits_stats_bf16_full_vocab():
     pred = torch.full((T,), -1, dtype=torch.long, device="cuda")
     conf = torch.full((T,), float("nan"), device="cuda")
     ent = torch.full((T,), float("nan"), device="cuda")
-    M.logits_stats(logits, part, pred, conf, ent, nchunk=16)
-    p_ref, c_ref, e_ref = M.logits_stats_reference(logits)
+    Lg.logits_stats(logits, part, pred, conf, ent, nchunk=16)
+    p_ref, c_ref, e_ref = Lg.logits_stats_reference(logits)
     assert torch.equal(pred, p_ref)
     torch.testing.assert_close(conf, c_ref, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(ent, e_ref, rtol=1e-4, atol=1e-4)

@@ -175,3 +175,16 @@ def test_scripts_report_the_line_of_every_config_file(checkout, tmp_path):
     assert r.returncode == 2 and f"Config error: {ov}, line 4, column 11: not valid YAML" in r.stderr, r.stderr
     assert "line 3 ('limit 2') has no ':' (a missing colon?)" in r.stderr
     assert "+ " not in r.stderr  # stopped before calling Snakemake
+
+
+def test_block_mapping_error_names_the_failing_line_first(tmp_path):
+    """A mis-indented key deep in the file: the line to fix comes first, not the line where the enclosing
+    mapping starts (line 5 of config.yaml)."""
+    text = (REPO_ROOT / "config.yaml").read_text().splitlines()
+    at = text.index("scoring:") + 2  # after `workers:`
+    text.insert(at, "   timeout: 3")
+    p = tmp_path / "config.yaml"
+    p.write_text("\n".join(text) + "\n")
+    msg = yaml_syntax_error(p)
+    assert msg.startswith(f"{p}, line {at + 1}, column 4: not valid YAML"), msg
+    assert "'   timeout: 3'" in msg and "indentation" in msg, msg

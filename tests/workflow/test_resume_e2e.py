@@ -1,5 +1,5 @@
-"""End to end through Snakemake on the tiny model: kill -9 mid-generation then rerun gives every problem
-exactly once; a finished DAG reruns nothing; deleting one generation output re-runs only it and its
+"""End to end through Snakemake on the tiny model: kill -9 of Snakemake mid-generation leaves no orphaned
+generation process, and the same command again gives every problem exactly once; a finished DAG reruns nothing; deleting one generation output re-runs only it and its
 downstream jobs. Real problems (GSM8K) from the shared data directory."""
 
 import json
@@ -42,7 +42,23 @@ def setup(tmp_path, data_dir):
     return work, overlay, gen, shard
 
 
-def test_kill9_then_rerun_every_problem_once(setup):
+def generation_processes(shard: Path) -> list[int]:
+    """Pids of live generation jobs writing ``shard`` (any parent)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "repro.backends.generate" in cmd and str(shard) in cmd:
+                pids.append(int(d.name))
+    return pids
+
+
+def test_kill9_of_snakemake_then_the_same_command_recovers(setup):
+    """kill -9 of Snakemake alone (not its jobs): the generation job dies with it, and rerunning the very
+    same command (no --unlock, no --rerun-incomplete) finishes with every problem exactly once."""
     work, overlay, gen, shard = setup
     target = str(gen)
     cmd = [sys.executable, "-m", "snakemake", target, "--cores", "2", "--snakefile", str(REPO_ROOT / "Snakefile"),
@@ -53,19 +69,31 @@ def test_kill9_then_rerun_every_problem_once(setup):
     partial = Path(str(shard) + ".partial.jsonl")
     deadline = time.time() + 300
     killed = False
-    while time.time() < deadline and p.poll() is None:
-        if partial.exists() and len(partial.read_text().splitlines()) >= 2:
-            os.killpg(p.pid, signal.SIGKILL)
-            killed = True
-            break
-        time.sleep(0.05)
-    p.wait()
-    if not killed:
-        pytest.skip("generation finished before it could be killed (machine too fast for this check)")
-    assert not shard.exists()
-    # what the README says to do after Snakemake itself was killed: unlock, then rerun
-    snakemake(work, overlay, target, "--unlock")
-    snakemake(work, overlay, target, "--rerun-incomplete")
+    try:
+        while time.time() < deadline and p.poll() is None:
+            if partial.exists() and len(partial.read_text().splitlines()) >= 2:
+                assert generation_processes(shard)
+                os.kill(p.pid, signal.SIGKILL)  # Snakemake only: its job processes are left to themselves
+                killed = True
+                break
+            time.sleep(0.05)
+        p.wait()
+        if not killed:
+            pytest.skip("generation finished before it could be killed (machine too fast for this check)")
+        # no orphans: the generation job notices within a few seconds and stops
+        gone = time.time() + 20
+        while generation_processes(shard) and time.time() < gone:
+            time.sleep(0.2)
+        assert generation_processes(shard) == []
+    finally:
+        for pid in generation_processes(shard):  # never leave a process behind, even on failure
+            os.kill(pid, signal.SIGKILL)
+    assert not shard.exists() and (work.parent / ".snakemake" / "locks").exists()
+    log = work / "logs/generate/smoke/tiny-orl/gsm8k/seed12345/shard0of1.log"
+    assert f"Snakemake (pid {p.pid}) has exited: stopping this job" in log.read_text()
+    # the same command again: stale locks removed, the incomplete output re-run, resumed from the partial file
+    out = snakemake(work, overlay, target).stderr
+    assert "removed the locks left" in out, out[-3000:]
     ids = [json.loads(l)["id"] for l in gen.read_text().splitlines()]
     assert ids == [f"gsm8k/{i}" for i in range(6)]
 

@@ -3,21 +3,14 @@
 # bare directory, so it cannot start on an unverified checkpoint.
 
 
-def fetch_command(wildcards, output):
-    src = config["models"][wildcards.model]["source"]
-    if src["type"] == "tiny":
-        return f"{PY} -m repro.checkpoint.tiny --out {output[0]} --seed {src['seed']}"
-    if src["type"] == "local":
-        return f"{PY} -m repro.checkpoint download --name {wildcards.model} --local-path {src['path']} --out {output[0]}"
-    return (f"{PY} -m repro.checkpoint download --name {wildcards.model} --repo-id {src['repo_id']} "
-            f"--revision {src['revision']} --out {output[0]}")
-
-
 rule download_checkpoint:
     output:
         directory(W(P.CHECKPOINT, model="{model}")),
     params:
         cmd=fetch_command,
+        # what the checkpoint is (hub id + revision, local folder + manifest + file fingerprint, tiny seed +
+        # code): another source, a repaired local folder or a new seed fetches again (params rerun trigger)
+        source=checkpoint_key,
     log:
         W("logs/download/{model}.log"),
     localrule: True  # needs the network: runs on the submit host, not a compute node
@@ -34,14 +27,13 @@ rule verify_checkpoint:
     output:
         W(P.VERIFIED, model="{model}"),
     params:
-        # changes when any checkpoint file changed since the stamp: a byte flip re-runs verify, which fails
-        trigger=lambda wc: rerun_trigger(W(P.CHECKPOINT, model=wc.model), W(P.VERIFIED, model=wc.model)),
-        pin=lambda wc: (f"--expect-manifest-sha256 {config['models'][wc.model]['source']['manifest_sha256']}"
-                        if config["models"][wc.model]["source"].get("manifest_sha256") else ""),
+        trigger=verify_trigger,
+        pin=manifest_pin_arg,
+        copy_of=copy_of_arg,
     log:
         W("logs/verify/{model}.log"),
     threads: 2
     resources:
         runtime=60,
     shell:
-        logged("{PY} -m repro.checkpoint verify {input} --stamp {output} {params.pin}")
+        logged("{PY} -m repro.checkpoint verify {input} --stamp {output} {params.pin} {params.copy_of}")

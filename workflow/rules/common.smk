@@ -1,14 +1,19 @@
-# Config validation (one-line errors naming the key and the allowed values), suite resolution, paths.
+# Start-up checks (config validation with one-line errors, --cores, stale locks of a killed run), suite
+# lookup, paths, and every input/param helper the rules use (functions live here, rules in their .smk).
+import atexit
+import fcntl
 import json
 import os
+import shutil
 import sys
+from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also without `pip install`
 
 from repro import benchmarks, paths as P
 from repro.checkpoint.verify import rerun_trigger
-from repro.provenance import tree_digest
-from repro.config import ConfigError, data_dir, results_dir, suite_cells, validate_config, work_dir
+from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
+from repro.provenance import checkpoint_source_key, data_source_key, stage_code_version, tree_digest
 
 _sources = [os.path.basename(str(f)) for f in (workflow.configfiles or [])]
 _source = " + ".join(dict.fromkeys(_sources)) or "config.yaml"
@@ -20,8 +25,12 @@ except ConfigError as e:
     print(f"Config error: {e}", file=sys.stderr)
     sys.exit(1)
 
+if workflow.resource_settings.cores == 0:
+    print("Error: --cores 0 lets no job run (Snakemake would wait at 'Select jobs to execute' forever); give "
+          "--cores N with N >= 1, or --cores all", file=sys.stderr)
+    sys.exit(1)
+
 SUITE = config["suite"]
-S = config["suites"][SUITE]
 WORK = str(work_dir(config))
 DATA = data_dir(config)
 if DATA is not None and not DATA.is_dir():
@@ -31,6 +40,55 @@ if DATA is not None and not DATA.is_dir():
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
 # Inside a container the image's python runs the stages; natively the interpreter running Snakemake.
 PY = "python" if config["containers"]["enabled"] else sys.executable
+# Jobs import this checkout's `repro` (the code whose versions the params below record), wherever they run.
+os.environ["PYTHONPATH"] = os.pathsep.join([workflow.basedir] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+
+
+# --- Recovery after Snakemake itself was killed ------------------------------------------------------------
+# A `kill -9` of Snakemake leaves its locks (.snakemake/locks) behind, and the next run would stop with
+# "Directory cannot be locked" until `--unlock`. Every Snakemake started on this workflow holds an flock on
+# its own file in .snakemake/repro-runs/ for as long as it lives (the kernel drops it when the process dies,
+# however it dies). If no other such file is still locked, no Snakemake of this workflow is alive here and
+# any lock left is stale: it is removed, saying so. Incomplete outputs of the killed run are re-run because
+# the default workflow profile (profiles/default) sets rerun-incomplete. Generation jobs die with the
+# Snakemake that started them: they watch the pid exported here (repro.backends.lifeline).
+_RUN_LOCK_FD = None
+
+
+def _claim_run_and_clear_stale_locks():
+    global _RUN_LOCK_FD
+    runs = Path(".snakemake/repro-runs")
+    runs.mkdir(parents=True, exist_ok=True)
+    mine = runs / f"{os.getpid()}.lock"
+    _RUN_LOCK_FD = os.open(mine, os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(_RUN_LOCK_FD, fcntl.LOCK_EX)
+    atexit.register(mine.unlink, missing_ok=True)
+    alive = 0
+    for other in runs.glob("*.lock"):
+        if other == mine:
+            continue
+        try:
+            fd = os.open(other, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            alive += 1
+        else:
+            other.unlink(missing_ok=True)  # its Snakemake is gone
+        finally:
+            os.close(fd)
+    locks = Path(".snakemake/locks")
+    if not alive and locks.is_dir() and any(locks.iterdir()):
+        shutil.rmtree(locks, ignore_errors=True)
+        print(f"note: removed the locks left in {locks.resolve()} by a Snakemake that was killed (no Snakemake "
+              "of this workflow is running here); its unfinished jobs are re-run", file=sys.stderr)
+
+
+if workflow.is_main_process:
+    _claim_run_and_clear_stale_locks()
+os.environ["REPRO_SNAKEMAKE_PID"] = str(os.getpid())
 
 
 wildcard_constraints:
@@ -53,5 +111,123 @@ def W(template, **kw):
     return os.path.join(WORK, template.format(**kw)) if kw else os.path.join(WORK, template)
 
 
+# --- Config lookups ------------------------------------------------------------------------------------------
+def suite_cfg(wildcards=None):
+    """The config of the suite a job belongs to (``wildcards.suite``), or of the selected suite."""
+    return config["suites"][getattr(wildcards, "suite", None) or SUITE]
+
+
 def model_cfg(wildcards):
     return config["models"][wildcards.model]
+
+
+S = suite_cfg()
+
+
+# --- Content keys: every input that decides a cell, as params (repro.provenance) ------------------------------
+def checkpoint_key(wildcards):
+    """hub id + revision | local folder + manifest hash + file fingerprint | tiny seed + code version."""
+    return checkpoint_source_key(model_cfg(wildcards)["source"])
+
+
+def data_key(wildcards):
+    """sha256 of the benchmark file prepare reads (data directory, or hub id + shipped fallback)."""
+    return data_source_key(wildcards.bench, DATA, bool(suite_cfg(wildcards)["builtin_data"]))
+
+
+def code_version(stage):
+    """A params function: the sha256 of one stage's code, so a code fix re-runs that stage only."""
+    return lambda wildcards: stage_code_version(stage, config["backend"] if stage == "generate" else None)
+
+
+# --- Checkpoints ---------------------------------------------------------------------------------------------
+def fetch_command(wildcards):
+    src = model_cfg(wildcards)["source"]
+    out = W(P.CHECKPOINT, model=wildcards.model)
+    if src["type"] == "tiny":
+        return f"{PY} -m repro.checkpoint.tiny --out {out} --seed {src['seed']}"
+    if src["type"] == "local":
+        return f"{PY} -m repro.checkpoint download --name {wildcards.model} --local-path {src['path']} --out {out}"
+    return (f"{PY} -m repro.checkpoint download --name {wildcards.model} --repo-id {src['repo_id']} "
+            f"--revision {src['revision']} --out {out}")
+
+
+def verify_trigger(wildcards):
+    """Changes when any checkpoint file changed since the stamp: a byte flip re-runs verify, which fails."""
+    return rerun_trigger(W(P.CHECKPOINT, model=wildcards.model), W(P.VERIFIED, model=wildcards.model))
+
+
+def manifest_pin_arg(wildcards):
+    pin = model_cfg(wildcards)["source"].get("manifest_sha256")
+    return f"--expect-manifest-sha256 {pin}" if pin else ""
+
+
+def copy_of_arg(wildcards):
+    """``--copy-of FOLDER`` for a local checkpoint: verification names the user's folder it was copied from."""
+    src = model_cfg(wildcards)["source"]
+    return f"--copy-of {src['path']}" if src["type"] == "local" else ""
+
+
+# --- Problems, decoders, generation, scoring -----------------------------------------------------------------
+def data_arg(wildcards):
+    return f"--data-dir {DATA}" if DATA else ""
+
+
+def limit_arg(wildcards):
+    limit = suite_cfg(wildcards)["limit"]
+    return f"--limit {limit}" if limit else ""
+
+
+def render_sets(wildcards):
+    s = suite_cfg(wildcards)
+    mnt = s.get("max_new_tokens")
+    # a sweep point's suite (analysis.smk) carries its decoder overrides; nowhere else are they set
+    sets = [f"--set max_new_tokens={mnt}"] if mnt else []
+    sets += [f"--set {k}={v}" for k, v in sorted((s.get("_decoder_overrides") or {}).items())]
+    return " ".join(sets)
+
+
+def nshards(wildcards):
+    return suite_cfg(wildcards)["shards"]
+
+
+def shard_files(wildcards):
+    n = nshards(wildcards)
+    return [W(P.SHARD, suite=wildcards.suite, model=wildcards.model, bench=wildcards.bench, seed=wildcards.seed,
+              shard=k, nshards=n) for k in range(n)]
+
+
+def on_gpu(wildcards):
+    return suite_cfg(wildcards)["device"] == "cuda"
+
+
+# Benchmarks whose verdicts come from running programs in the sandbox (the ones scoring.timeout_s affects).
+def score_timeout_arg(wildcards):
+    """``--timeout S`` for benchmarks of kind ``code`` (programs run in the sandbox), empty otherwise."""
+    return f"--timeout {config['scoring']['timeout_s']}" if benchmarks.get(wildcards.bench).kind == "code" else ""
+
+
+# --- Table ---------------------------------------------------------------------------------------------------
+def table_inputs(wildcards):
+    cells = suite_cells(config)
+    n = S["shards"]
+    return {
+        "summaries": [W(P.SUMMARY, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
+        "generations": [W(P.GENERATIONS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
+        "images": image_sidecars(),
+        "shards": [W(P.SHARD, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed, shard=k, nshards=n)
+                   for c in cells if not is_replay(config, c.model) for k in range(n)],  # replay: no shards
+    }
+
+
+def table_spec():
+    """What the table shows and the paper-facing words for it (labels, LaTeX label), plus each model's
+    checkpoint source (for provenance)."""
+    return json.dumps({
+        "models": [{"name": m, "label": config["models"][m]["label"],
+                    "checkpoint_source": json.loads(checkpoint_source_key(config["models"][m]["source"])),
+                    "repo_id": config["models"][m]["source"].get("repo_id"), "replay": is_replay(config, m)}
+                   for m in S["models"]],
+        "benchmarks": S["benchmarks"], "seeds": S["seeds"], "backend": config["backend"],
+        "reported": S["reported"],
+        "latex_label": config.get("table", {}).get("latex_label") or f"tab:main-{SUITE}"})

@@ -3,11 +3,6 @@
 # them to its algorithm and YAML itself (repro.backends.sglang), since SGLang's file has no max_new_tokens.
 
 
-def render_sets(wildcards):
-    mnt = config["suites"][wildcards.suite].get("max_new_tokens")
-    return f"--set max_new_tokens={mnt}" if mnt else ""
-
-
 rule render_decoder:
     input:
         ckpt=W(P.CHECKPOINT, model="{model}"),
@@ -15,9 +10,10 @@ rule render_decoder:
     output:
         W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
     params:
-        decoder=lambda wc: config["models"][wc.model]["decoder"],
-        dsuite=lambda wc: config["suites"][wc.suite]["decoder_suite"],
+        decoder=lambda wc: model_cfg(wc)["decoder"],
+        dsuite=lambda wc: suite_cfg(wc)["decoder_suite"],
         sets=render_sets,
+        code=code_version("decoder"),  # templates, packaged paper_decoding.json, renderer
     log:
         W("logs/decoders/{suite}/{model}/{bench}/seed{seed}.log"),
     localrule: True

@@ -1,17 +1,15 @@
 # Problems: one normalized JSONL per benchmark from the data directory, the hub, or the shipped handful.
 
 
-def data_arg(wildcards):
-    return f"--data-dir {DATA}" if DATA else ""
-
-
 rule prepare_problems:
     output:
         W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
     params:
         data=data_arg,
-        builtin=lambda wc: "" if config["suites"][wc.suite]["builtin_data"] else "--no-builtin",
-        limit=lambda wc: f"--limit {config['suites'][wc.suite]['limit']}" if config["suites"][wc.suite]["limit"] else "",
+        source=data_key,  # the data file's sha256: an edit in place re-prepares (and re-runs what follows)
+        code=code_version("prepare"),
+        builtin=lambda wc: "" if suite_cfg(wc)["builtin_data"] else "--no-builtin",
+        limit=limit_arg,
     log:
         W("logs/prepare/{suite}/{bench}.log"),
     localrule: True

@@ -1,9 +1,5 @@
 # Scoring: extraction + comparison (GSM8K, MATH-500) or sandboxed execution (HumanEval, MBPP). CPU only.
 
-def score_timeout_arg(wildcards):
-    """``--timeout S`` for benchmarks of kind ``code`` (programs run in the sandbox), empty otherwise."""
-    return f"--timeout {config['scoring']['timeout_s']}" if benchmarks.get(wildcards.bench).kind == "code" else ""
-
 
 rule score:
     input:
@@ -14,7 +10,7 @@ rule score:
         scores=W(P.SCORES, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
         summary=W(P.SUMMARY, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
     params:
-        code=tree_digest("repro/scoring"),  # a scorer fix re-scores, without regenerating
+        code=code_version("score"),  # a scorer fix re-scores, without regenerating
         # the scoring settings that change verdicts, as params: changing one re-scores (params rerun
         # trigger) without regenerating. Only the code benchmarks run programs under timeout_s, so only
         # their scores are redone when it changes. (workers changes speed, not verdicts: not a param.)

@@ -5,23 +5,6 @@ localrules:
     write_table,
 
 
-def table_inputs(wildcards):
-    cells = suite_cells(config)
-    n = S["shards"]
-    return {
-        "summaries": [W(P.SUMMARY, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
-        "generations": [W(P.GENERATIONS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
-        "images": image_sidecars(),
-        "shards": [W(P.SHARD, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed, shard=k, nshards=n)
-                   for c in cells for k in range(n)],
-    }
-
-
-def table_spec():
-    return json.dumps({"models": [{"name": m, "label": config["models"][m]["label"]} for m in S["models"]],
-                       "benchmarks": S["benchmarks"], "seeds": S["seeds"], "backend": config["backend"]})
-
-
 rule write_table:
     input:
         unpack(table_inputs),
@@ -33,12 +16,16 @@ rule write_table:
         prov=os.path.join(RESULTS, "provenance.json"),
     params:
         spec=table_spec(),
+        work=WORK,
+        suite=SUITE,
+        out_dir=RESULTS,
+        code=code_version("table"),
     log:
         W(f"logs/tables/{SUITE}.log"),
     container: image_for("cpu")
     shell:
-        logged("{PY} -m repro.tables --work {WORK} --suite {SUITE} --spec '{params.spec}' --out-dir {RESULTS} "
-               "--image-sidecars {input.images}", streams="2> {log}")
+        logged("{PY} -m repro.tables --work {params.work} --suite {params.suite} --spec '{params.spec}' "
+               "--out-dir {params.out_dir} --image-sidecars {input.images}", streams="2> {log}")
 
 
 rule main_table:

@@ -1,23 +1,26 @@
 """Block decoders, one module per algorithm, behind one small interface (:class:`base.BlockDecoder`).
 
-* ``low_confidence`` — threshold commit with top-1 fallback (SGLang LowConfidence, engine_spec.md §6.4);
-* ``joint_threshold`` — LLaDA2.1 M2T + T2T editing (engine_spec.md §6.2, §6.5, LLaDA2.1 report Eqs. 1–3);
-* ``orl`` — joint threshold + ORL self-conditioning residual (engine_spec.md §7–§8, issue 5).
+* ``low_confidence`` — threshold commit with top-1 fallback (SGLang ``LowConfidence``);
+* ``joint_threshold`` — LLaDA2.1 M2T + T2T editing (LLaDA2.1 reference generate, report Eqs. 1–3; SGLang
+  ``JointThreshold``);
+* ``orl`` — joint threshold + ORL self-conditioning residual (ORL model card; RCD/ORL papers).
 
-:func:`make_decoder` builds one from a :class:`DecoderConfig` (or the interface dict of docs/interfaces.md).
+Registry: each module defines ``Decoder`` (its class, with ``name``) and ``DEFAULTS`` (its settings'
+defaults) and is found by name (:func:`base.algorithms`, as SGLang's ``dllm/algorithm/__init__.py``); a new
+algorithm is one new module here. :func:`make_decoder` builds one from a :class:`DecoderConfig` (or the
+interface dict of docs/interfaces.md). :mod:`.device` is the greedy step of all of them as one on-device
+operation, built from the same helpers.
 """
 
-from repro.engine.decoders.base import BlockDecoder, DecoderConfig, DecoderConfigError
+from repro.engine.decoders.base import (BlockDecoder, DecoderConfig, DecoderConfigError, algorithm_defaults,
+                                        algorithms)
 
 
 def make_decoder(cfg, mask_id: int) -> BlockDecoder:
     """Decoder instance for ``cfg`` (:class:`DecoderConfig` or dict); raises DecoderConfigError if unknown."""
-    from repro.engine.decoders import joint_threshold, low_confidence, orl
-
     cfg = DecoderConfig.coerce(cfg)
-    cls = {"low_confidence": low_confidence.LowConfidence, "joint_threshold": joint_threshold.JointThreshold,
-           "orl": orl.ORLDecoder}[cfg.algorithm]
-    return cls(cfg, mask_id)
+    return algorithms()[cfg.algorithm].Decoder(cfg, mask_id)
 
 
-__all__ = ["BlockDecoder", "DecoderConfig", "DecoderConfigError", "make_decoder"]
+__all__ = ["BlockDecoder", "DecoderConfig", "DecoderConfigError", "algorithm_defaults", "algorithms",
+           "make_decoder"]

@@ -1,7 +1,7 @@
-"""Decoder settings and the block-decoder interface shared by all algorithms.
+"""Decoder settings, the decoder registry and the block-decoder interface shared by all algorithms.
 
 A decoder sees one block of ``block_size`` tokens at a time and is driven by
-:func:`repro.engine.generate.generate_ids`:
+:func:`repro.engine.decode_loop.generate_ids`:
 
 0. ``bind(model)`` — once per request: the :class:`~repro.engine.model.LLaDA2Model` whose embedding table
    and adapter self-conditioning uses;
@@ -11,17 +11,29 @@ A decoder sees one block of ``block_size`` tokens at a time and is driven by
 4. one forward → ``logits [B, V]`` fp32; ``step(logits, tokens, editable, gen)`` updates ``tokens`` in place
    and returns True when the block is final (the forward just run saw the final tokens).
 
-Shared conventions (engine_spec.md §6): ``tokens`` ``[B]`` int64 on the model device; ``editable`` ``[B]`` bool
-(False at prompt positions, which are never changed); the ``<|mask|>`` logit is excluded (−inf) before any
-softmax, so a decoder never commits ``<|mask|>`` (an engine choice, documented); greedy proposals are
-``x̂ = argmax``, ``p = softmax(logits)[x̂]``; with ``temperature > 0`` ``x̂`` is sampled from
-``softmax(logits / T)`` with the request's seeded generator and ``p`` is its probability under that
-distribution (HF/diffusers convention, §6).
+Shared conventions: ``tokens`` ``[B]`` int64 on the model device; ``editable`` ``[B]`` bool
+(False at prompt positions, which are never changed). Proposals ``x̂ = argmax`` and confidences
+``p = softmax(logits)[x̂]`` are taken over the **full** vocabulary, ``<|mask|>`` included, as the official
+LLaDA2.1 ``generate`` (Hugging Face remote code of ``inclusionAI/LLaDA2.1-mini``) and SGLang's
+``LowConfidence`` / ``JointThreshold`` (``python/sglang/srt/dllm/algorithm/``) do: a step may write
+``<|mask|>`` back (a no-op fill at a masked position, a re-mask through an edit). The setting
+``exclude_mask_token`` (off by default) instead sets the mask logit to −inf before argmax and softmax (the
+engine's earlier rule). With ``temperature > 0`` ``x̂`` is sampled from ``softmax(logits / T)`` with the
+request's seeded generator and ``p`` is its probability under that distribution (HF/diffusers convention).
+
+Registry (as SGLang's ``dllm/algorithm/__init__.py``): every module of this package that defines
+``Decoder`` (a :class:`BlockDecoder` subclass with a ``name``) and ``DEFAULTS`` (its setting defaults) is an
+algorithm, found by ``Decoder.name``; :func:`algorithms` lists them. :class:`DecoderConfig` fills every
+setting left unset from the algorithm's ``DEFAULTS``, then from :data:`COMMON_DEFAULTS`, so
+``DecoderConfig()`` and ``DecoderConfig.from_dict({})`` are the same decoder.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 
 import torch
 
@@ -30,65 +42,105 @@ class DecoderConfigError(ValueError):
     """Unknown decoder key, unknown algorithm, a setting of the wrong type, or an out-of-range setting."""
 
 
-#: Value kind of each setting (``algorithm`` is checked against the known names instead).
+#: Algorithm used when a config names none (LLaDA2.1's own decoder).
+DEFAULT_ALGORITHM = "joint_threshold"
+
+#: Defaults of settings no algorithm module sets (block size 32 and one fallback commit per step as in the
+#: LLaDA2.1 reference generate and SGLang ``DllmConfig``; greedy; the mask token is a candidate).
+COMMON_DEFAULTS = dict(block_size=32, threshold=0.95, edit_threshold=0.0, editing=False, max_post_steps=16,
+                       num_to_transfer=1, max_new_tokens=None, temperature=0.0, self_conditioning=False,
+                       exclude_mask_token=False, seed=0)
+
+#: Value kind of each setting (``algorithm`` is checked against the registry instead).
 _KINDS = {"block_size": "int", "threshold": "float", "edit_threshold": "float", "editing": "bool",
           "max_post_steps": "int", "num_to_transfer": "int", "max_new_tokens": "int", "temperature": "float",
-          "self_conditioning": "bool", "residual_temperature": "float", "seed": "int"}
+          "self_conditioning": "bool", "residual_temperature": "float", "exclude_mask_token": "bool",
+          "seed": "int"}
 _KIND_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number"}
+#: Settings whose ``None`` is a value of its own (no budget; the adapter's temperature).
+_NONE_ALLOWED = ("max_new_tokens", "residual_temperature")
 
 
-#: Per-algorithm defaults (sources: SGLang LowConfidence threshold 0.95 §6.4; SGLang JointThreshold
-#: threshold 0.5 / edit 0.0 / 16 post steps = LLaDA2.1 S mode §6.5–6.6; ORL model card: threshold 0.85,
-#: edit threshold 0.5, 16 refine steps, 4096 new tokens, self-conditioning on — issue 5).
-ALGORITHM_DEFAULTS = {
-    "low_confidence": dict(threshold=0.95, editing=False, self_conditioning=False),
-    "joint_threshold": dict(threshold=0.5, edit_threshold=0.0, editing=True, max_post_steps=16,
-                            self_conditioning=False),
-    "orl": dict(threshold=0.85, edit_threshold=0.5, editing=True, max_post_steps=16, max_new_tokens=4096,
-                self_conditioning=True),
-}
+@lru_cache(maxsize=1)
+def algorithms() -> dict:
+    """Algorithm name → decoder module, for every module of :mod:`repro.engine.decoders` that defines
+    ``Decoder`` and ``DEFAULTS`` (discovered once, like SGLang's ``algo_name_to_cls``)."""
+    import repro.engine.decoders as pkg
+
+    found = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        cls = getattr(mod, "Decoder", None)
+        if cls is not None and hasattr(mod, "DEFAULTS"):
+            if cls.name in found:
+                raise RuntimeError(f"two decoder modules register {cls.name!r}: {found[cls.name].__name__}, "
+                                   f"{mod.__name__}")
+            found[cls.name] = mod
+    return found
+
+
+def algorithm_defaults(name: str) -> dict:
+    """Every setting's default for algorithm ``name`` (its module's ``DEFAULTS`` over
+    :data:`COMMON_DEFAULTS`); DecoderConfigError naming the known algorithms if unknown."""
+    mods = algorithms()
+    if name not in mods:
+        raise DecoderConfigError(f"unknown decoder algorithm {name!r}; known: {sorted(mods)}")
+    return {**COMMON_DEFAULTS, **mods[name].DEFAULTS}
+
+
+_UNSET = object()
 
 
 @dataclass(frozen=True)
 class DecoderConfig:
     """Decoder settings, the engine keys of docs/interfaces.md "Decoder dict".
 
-    ``algorithm``: ``low_confidence`` | ``joint_threshold`` | ``orl``; ``block_size`` (tokens, 32 §4);
-    ``threshold`` τ_mask (commit masked positions with p > τ); ``edit_threshold`` τ_edit (edit committed
-    positions with p > τ_edit and x̂ ≠ current); ``editing`` (False = T2T off, distinct from
-    ``edit_threshold = 0`` which edits every disagreement, §6.6); ``max_post_steps`` (forwards allowed after
-    the block has no masks); ``num_to_transfer`` (fallback commit count, 1); ``max_new_tokens``;
+    ``algorithm``: a registered name (:func:`algorithms`: ``low_confidence`` | ``joint_threshold`` | ``orl``);
+    ``block_size`` (tokens); ``threshold`` τ_mask (commit masked positions with p > τ); ``edit_threshold``
+    τ_edit (edit written positions with p > τ_edit and x̂ ≠ current); ``editing`` (False = T2T off,
+    distinct from ``edit_threshold = 0`` which edits every disagreement); ``max_post_steps`` (forwards
+    allowed after the block has no masks); ``num_to_transfer`` (fallback commit count, 1); ``max_new_tokens``;
     ``temperature`` (0 = greedy); ``self_conditioning`` (ORL residual on/off); ``residual_temperature``
-    (T_res; None = the adapter's configured temperature, 1.0 without adapter); ``seed`` (sampling seed).
+    (T_res; None = the adapter's configured temperature, 1.0 without adapter); ``exclude_mask_token``
+    (True = ``<|mask|>`` is never proposed, its logit −inf before argmax/softmax; False, the default = full
+    vocabulary as the references); ``seed`` (sampling seed).
+
+    A setting not given takes the algorithm's default (its module's ``DEFAULTS``), else
+    :data:`COMMON_DEFAULTS`; ``DecoderConfig()`` is ``DecoderConfig.from_dict({})``.
     """
 
-    algorithm: str = "joint_threshold"
-    block_size: int = 32
-    threshold: float = 0.95
-    edit_threshold: float = 0.0
-    editing: bool = False
-    max_post_steps: int = 16
-    num_to_transfer: int = 1
-    max_new_tokens: int | None = None
-    temperature: float = 0.0
-    self_conditioning: bool = False
+    algorithm: str = DEFAULT_ALGORITHM
+    block_size: int = _UNSET
+    threshold: float = _UNSET
+    edit_threshold: float = _UNSET
+    editing: bool = _UNSET
+    max_post_steps: int = _UNSET
+    num_to_transfer: int = _UNSET
+    max_new_tokens: int | None = _UNSET
+    temperature: float = _UNSET
+    self_conditioning: bool = _UNSET
     residual_temperature: float | None = None
-    seed: int = 0
+    exclude_mask_token: bool = _UNSET
+    seed: int = _UNSET
+
+    def __post_init__(self):
+        defaults = algorithm_defaults(self.algorithm)
+        for f in fields(self):
+            if getattr(self, f.name) is _UNSET:
+                object.__setattr__(self, f.name, defaults[f.name])
 
     @classmethod
     def from_dict(cls, d: dict) -> "DecoderConfig":
-        """Build from the interface dict; algorithm defaults fill missing keys. Raises DecoderConfigError."""
+        """Build from the interface dict; unset (or None) keys take the algorithm's defaults.
+        Raises DecoderConfigError."""
         if not isinstance(d, dict):
             raise DecoderConfigError(f"decoder must be a dict or DecoderConfig, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise DecoderConfigError(f"unknown decoder keys {unknown}; known keys: {sorted(known)}")
-        algo = d.get("algorithm", "joint_threshold")
-        if algo not in ALGORITHM_DEFAULTS:
-            raise DecoderConfigError(f"unknown decoder algorithm {algo!r}; known: {sorted(ALGORITHM_DEFAULTS)}")
-        kw = {**ALGORITHM_DEFAULTS[algo], **{k: v for k, v in d.items() if v is not None or k == "residual_temperature"}}
-        kw["algorithm"] = algo
+        kw = {k: v for k, v in d.items() if v is not None or k == "residual_temperature"}
+        kw.setdefault("algorithm", DEFAULT_ALGORITHM)
         cfg = cls(**kw)
         cfg.validate()
         return cfg
@@ -106,7 +158,7 @@ class DecoderConfig:
         for f in fields(self):
             v = getattr(self, f.name)
             kind = _KINDS.get(f.name)
-            if kind is None or (v is None and f.name in ("max_new_tokens", "residual_temperature")):
+            if kind is None or (v is None and f.name in _NONE_ALLOWED):
                 continue
             ok = {"bool": isinstance(v, bool),
                   "int": isinstance(v, int) and not isinstance(v, bool),
@@ -114,8 +166,7 @@ class DecoderConfig:
             if not ok:
                 raise DecoderConfigError(f"decoder key {f.name!r} must be {_KIND_WORDS[kind]}, got {v!r} "
                                          f"({type(v).__name__})")
-        if self.algorithm not in ALGORITHM_DEFAULTS:
-            raise DecoderConfigError(f"unknown decoder algorithm {self.algorithm!r}")
+        algorithm_defaults(self.algorithm)  # raises for an unknown name
         if self.block_size < 1:
             raise DecoderConfigError(f"block_size must be ≥ 1, got {self.block_size}")
         if not 0.0 <= self.threshold <= 1.0:
@@ -131,23 +182,44 @@ class DecoderConfig:
             raise DecoderConfigError(f"temperature must be ≥ 0, got {self.temperature}")
         if self.residual_temperature is not None and self.residual_temperature <= 0:
             raise DecoderConfigError(f"residual_temperature must be > 0, got {self.residual_temperature}")
-        if self.self_conditioning and self.algorithm != "orl":
-            raise DecoderConfigError("self_conditioning is only implemented by the 'orl' decoder")
+        if self.self_conditioning and not algorithms()[self.algorithm].Decoder.self_conditions:
+            raise DecoderConfigError(f"self_conditioning is only implemented by the 'orl' decoder, not "
+                                     f"{self.algorithm!r}")
 
     def to_dict(self) -> dict:
         """Plain dict of every setting (for records)."""
         return asdict(self)
 
+    @property
+    def edits(self) -> bool:
+        """True when the algorithm applies T2T edits under these settings."""
+        return algorithms()[self.algorithm].Decoder.can_edit and self.editing
 
-def exclude_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
-    """fp32 copy of ``logits`` ``[B, V]`` with the ``<|mask|>`` column set to −inf."""
-    lg = logits.float().clone()
-    lg[:, mask_id] = float("-inf")
+    def max_denoise_forwards(self) -> int:
+        """Cap on a block's denoising forwards (the reference loop has none): SGLang's ``max_steps`` —
+        ``block_size + 1`` without editing (``DllmAlgorithm.max_steps``), ``block_size + max_post_steps + 1``
+        with it (``JointThreshold.max_steps``). With ``exclude_mask_token`` every block finishes well inside
+        it; with the mask as a candidate a decoder that keeps proposing ``<|mask|>`` stops here, the block
+        keeps its tokens (masks included, as SGLang emits them) and the loop reports it."""
+        return self.block_size + (self.max_post_steps if self.edits else 0) + 1
+
+
+# ---------------------------------------------------------------------------------------------- shared rules
+# Tensor operations without host synchronisation, used both by the host decoders (with host branches around
+# them) and by the on-device step (repro.engine.decoders.device), so both compute the same sets.
+
+def candidate_logits(logits: torch.Tensor, mask_id: int, exclude_mask_token: bool) -> torch.Tensor:
+    """fp32 logits ``[B, V]`` the proposals are drawn from: the forward's logits (full vocabulary, the
+    references' rule), or a copy with the ``<|mask|>`` column at −inf when ``exclude_mask_token``."""
+    lg = logits.float()
+    if exclude_mask_token:
+        lg = lg.clone()
+        lg[:, mask_id] = float("-inf")
     return lg
 
 
 def propose(logits: torch.Tensor, temperature: float, gen: torch.Generator | None):
-    """Proposed tokens and their confidences from mask-excluded logits ``[B, V]`` fp32.
+    """Proposed tokens and their confidences from candidate logits ``[B, V]`` fp32.
 
     Greedy (``temperature == 0``): ``x̂ = argmax``, ``p = max softmax``. Sampling: ``x̂ ~ softmax(logits/T)``
     drawn with ``gen``, ``p`` = its probability. Returns ``(x̂ [B] int64, p [B] fp32)``.
@@ -160,25 +232,42 @@ def propose(logits: torch.Tensor, temperature: float, gen: torch.Generator | Non
     return x, probs.gather(-1, x[:, None]).squeeze(-1)
 
 
+def m2t_set(masked: torch.Tensor, p: torch.Tensor, threshold: float, num_to_transfer: int) -> torch.Tensor:
+    """M2T (mask-to-token) positions, bool ``[B]``: masked positions with ``p > threshold``; if fewer than
+    ``num_to_transfer`` qualify, the ``num_to_transfer`` most confident masked positions instead (LLaDA2.1
+    reference generate; SGLang ``LowConfidence`` / ``JointThreshold`` with ``num_to_transfer = 1``). Empty
+    when nothing is masked. No host sync."""
+    sel = masked & (p > threshold)
+    conf = torch.where(masked, p, torch.full_like(p, -1.0))
+    k = min(num_to_transfer, masked.shape[0])
+    fallback = torch.zeros_like(masked).scatter_(0, conf.topk(k).indices, True) & masked
+    return torch.where(sel.sum() < num_to_transfer, fallback, sel)
+
+
+def t2t_set(editable: torch.Tensor, masked: torch.Tensor, tokens: torch.Tensor, x: torch.Tensor,
+            p: torch.Tensor, edit_threshold: float) -> torch.Tensor:
+    """T2T (token-to-token) edits, bool ``[B]``: written generation positions (not prompt, not mask) whose
+    proposal differs from the current token with ``p > edit_threshold`` (LLaDA2.1 report Eq. 2; SGLang
+    ``JointThreshold``). With the mask as a candidate ``x̂`` may be ``<|mask|>``: a re-mask. No host sync."""
+    return editable & ~masked & (x != tokens) & (p > edit_threshold)
+
+
 def commit_masked(tokens: torch.Tensor, masked: torch.Tensor, x: torch.Tensor, p: torch.Tensor,
                   threshold: float, num_to_transfer: int) -> torch.Tensor:
-    """M2T: write ``x̂`` into masked positions with ``p > threshold``; if fewer than ``num_to_transfer``
-    qualify, write the ``num_to_transfer`` most confident masked positions instead (§6.1, §6.2 step 4,
-    §6.4). Updates ``tokens`` in place; returns the bool ``[B]`` set written."""
-    sel = masked & (p > threshold)
-    if int(sel.sum()) < num_to_transfer:
-        k = min(num_to_transfer, int(masked.sum()))
-        conf = torch.where(masked, p, torch.full_like(p, -1.0))
-        sel = torch.zeros_like(masked)
-        sel[conf.topk(k).indices] = True
+    """Write ``x̂`` at :func:`m2t_set` in place; returns that bool ``[B]`` set (written even when ``x̂`` is
+    ``<|mask|>``: then the position stays masked)."""
+    sel = m2t_set(masked, p, threshold, num_to_transfer)
     tokens[sel] = x[sel]
     return sel
 
 
 class BlockDecoder:
-    """Interface (see module docstring). Subclasses set ``name`` and implement the hooks."""
+    """Interface (see module docstring). Subclasses set ``name`` and implement the hooks; ``can_edit`` /
+    ``self_conditions`` say whether the algorithm uses ``editing`` / ``self_conditioning``."""
 
     name = "base"
+    can_edit = False
+    self_conditions = False
 
     def __init__(self, cfg: DecoderConfig, mask_id: int):
         self.cfg, self.mask_id = cfg, mask_id
@@ -193,6 +282,10 @@ class BlockDecoder:
     def masked(self, tokens: torch.Tensor, editable: torch.Tensor) -> torch.Tensor:
         """Bool ``[B]``: generation positions still holding ``<|mask|>``."""
         return (tokens == self.mask_id) & editable
+
+    def candidates(self, logits: torch.Tensor) -> torch.Tensor:
+        """:func:`candidate_logits` under this decoder's ``exclude_mask_token``."""
+        return candidate_logits(logits, self.mask_id, self.cfg.exclude_mask_token)
 
     def before_forward(self, tokens: torch.Tensor, editable: torch.Tensor) -> bool:
         """True → the block is final without another forward."""

@@ -1,4 +1,4 @@
-"""The block decoders as one on-device step: no host sync inside a denoising round (issue 6).
+"""The block decoders as one on-device step: no host sync inside a denoising round.
 
 :class:`DeviceStep` runs the greedy (``temperature == 0``) form of ``low_confidence``, ``joint_threshold`` and
 ``orl`` as tensor operations on static buffers, so the step can be captured in the same CUDA graph as the
@@ -7,7 +7,7 @@ forward (:class:`repro.engine.graph.GraphBackend`). It computes exactly what the
 :mod:`~repro.engine.decoders.orl`) compute from the same logits — the same operations, with the host
 branches replaced by ``torch.where`` — and additionally evaluates the next round's "is the block final?"
 check (their ``before_forward``) at the end of the step, into the device flag :attr:`DeviceStep.final`.
-The loop (:func:`repro.engine.generate.generate_ids`) reads that one flag per round; nothing else syncs.
+The loop (:func:`repro.engine.decode_loop.generate_ids`) reads that one flag per round; nothing else syncs.
 
 State per block (static tensors): ``tokens`` ``[B]`` int64 (the forward's input ids — the backend's own
 buffer), ``editable`` ``[B]`` bool, ``last_input`` ``[B]`` (input of the latest forward), ``post`` (post-edit
@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from repro.engine.adapter import residual, residual_inputs
-from repro.engine.decoders.base import DecoderConfig, exclude_mask
+from repro.engine.decoders.base import DecoderConfig, algorithms, candidate_logits, m2t_set, t2t_set
+from repro.engine.decoders.orl import residual_temperature
 
 
 def supported(cfg: DecoderConfig) -> bool:
@@ -47,14 +48,12 @@ class DeviceStep:
         self.post = torch.zeros((), dtype=torch.int32, device=dev)
         self.final = torch.zeros((), dtype=torch.bool, device=dev)
         self.stepped = torch.zeros((), dtype=torch.bool, device=dev)
-        self.self_conditioning = cfg.algorithm == "orl" and cfg.self_conditioning
+        self.self_conditioning = cfg.self_conditioning  # validated: only algorithms that self-condition
         if self.self_conditioning:
-            if cfg.residual_temperature is not None:
-                self.t_res = cfg.residual_temperature
-            else:
-                self.t_res = model.cfg.adapter.temperature if model.with_adapter else 1.0
+            self.t_res = residual_temperature(cfg, model)
             self.adapter = model.cfg.adapter if model.with_adapter else None
-        self.editing = cfg.algorithm != "low_confidence" and cfg.editing
+        self.can_edit = algorithms()[cfg.algorithm].Decoder.can_edit  # a step may end the block
+        self.editing = cfg.edits
 
     # ------------------------------------------------------------------ block start (outside the graph)
     def start_block(self, tokens: torch.Tensor, editable: torch.Tensor) -> None:
@@ -92,25 +91,19 @@ class DeviceStep:
         tokens = self.tokens
         self.last_input.copy_(tokens)
         self.stepped.fill_(True)
-        lg = exclude_mask(logits, self.mask_id)
-        p, x = torch.softmax(lg, dim=-1).max(dim=-1)
+        lg = candidate_logits(logits, self.mask_id, cfg.exclude_mask_token)
+        p, x = torch.softmax(lg, dim=-1).max(dim=-1)  # = base.propose at temperature 0
         if self.self_conditioning:
             z, w, delta = residual(lg, self.model.params["embed"], self.t_res)
         masked = self._masked()
         had_mask = masked.any()
-        # M2T: threshold, else the num_to_transfer most confident masked positions (commit_masked)
-        sel = masked & (p > cfg.threshold)
-        conf = torch.where(masked, p, torch.full_like(p, -1.0))
-        k = min(cfg.num_to_transfer, tokens.shape[0])
-        fallback = torch.zeros_like(masked).scatter_(0, conf.topk(k).indices, True) & masked
-        commit = torch.where(sel.sum() < cfg.num_to_transfer, fallback, sel) & had_mask
-        change = commit
-        step_final = None  # low_confidence: a step never ends the block by itself
-        if cfg.algorithm != "low_confidence":
+        change = m2t_set(masked, p, cfg.threshold, cfg.num_to_transfer)  # empty when nothing is masked
+        step_final = None  # without editing a step never ends the block by itself (low_confidence)
+        if self.can_edit:
             step_final = ~had_mask
-            if self.editing:  # T2T on non-mask generation positions
-                edit = self.editable & ~masked & (x != tokens) & (p > cfg.edit_threshold)
-                change = commit | edit
+            if self.editing:
+                edit = t2t_set(self.editable, masked, tokens, x, p, cfg.edit_threshold)
+                change = change | edit
                 step_final = step_final & ~edit.any()
         tokens.copy_(torch.where(change, x, tokens))
         if self.self_conditioning:

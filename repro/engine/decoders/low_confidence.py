@@ -1,19 +1,26 @@
 """``low_confidence``: commit every masked position whose confidence passes the threshold, else the single
 most confident one; committed tokens are never revised.
 
-Source: SGLang ``LowConfidence`` (engine_spec.md §6.4) = the LLaDA2.0 reference generate with threshold and
-top-1 fallback (§6.1), dInfer ``ThresholdParallelDecoder`` (§6.8).
+Source: SGLang ``LowConfidence`` (``python/sglang/srt/dllm/algorithm/low_confidence.py``) = the LLaDA2.0
+reference generate with threshold and top-1 fallback (Hugging Face remote code of
+``inclusionAI/LLaDA2.0-mini``), dInfer ``ThresholdParallelDecoder``.
 Contract: a block is final when its input has no ``<|mask|>`` left — checked before the forward, so the
-forwards of a block are its unmasking steps plus one commit forward (SGLang: "steps + 1"). Each step
-commits ≥ 1 position, so a block of B masks needs at most B denoising forwards.
-Settings used: ``threshold``, ``num_to_transfer``, ``temperature``.
+forwards of a block are its unmasking steps plus one commit forward (SGLang: "steps + 1"). Proposals are
+over the full vocabulary (module :mod:`repro.engine.decoders.base`): a fill whose proposal is ``<|mask|>``
+leaves the position masked, so a step may make no progress; the loop's cap
+(:meth:`DecoderConfig.max_denoise_forwards`, ``block_size + 1`` = SGLang's ``max_steps``) bounds the block.
+With ``exclude_mask_token`` each step commits ≥ 1 position and a block of B masks needs at most B forwards.
+Settings used: ``threshold``, ``num_to_transfer``, ``temperature``, ``exclude_mask_token``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from repro.engine.decoders.base import BlockDecoder, commit_masked, exclude_mask, propose
+from repro.engine.decoders.base import BlockDecoder, commit_masked, propose
+
+#: SGLang ``LowConfidence`` reads ``threshold`` with default 0.95; no editing.
+DEFAULTS = dict(threshold=0.95, editing=False, self_conditioning=False)
 
 
 class LowConfidence(BlockDecoder):
@@ -27,7 +34,7 @@ class LowConfidence(BlockDecoder):
 
     def step(self, logits, tokens, editable, gen) -> bool:
         """One M2T update; never final by itself (the next ``before_forward`` decides)."""
-        x, p = propose(exclude_mask(logits, self.mask_id), self.cfg.temperature, gen)
+        x, p = propose(self.candidates(logits), self.cfg.temperature, gen)
         commit_masked(tokens, self.masked(tokens, editable), x, p, self.cfg.threshold, self.cfg.num_to_transfer)
         return False
 

@@ -1,6 +1,8 @@
 """Triton kernels of the embedded engine, each beside its plain PyTorch reference.
 
-* ``moe``: fused MoE for small token counts (routing + alignment + grouped SwiGLU GEMMs), references.
+* ``route``: MoE router + group-limited top-k + token-expert alignment (and the MoE workspace), reference.
+* ``moe``: grouped SwiGLU expert GEMMs (routed + shared expert) and the top-k sum, references.
+* ``logits``: decode statistics of the block's logits (argmax, max probability, entropy), reference.
 * ``attention``: QK-norm + partial RoPE + in-place KV write; split-KV block attention over the cache.
 * ``norm``: residual add + RMSNorm (with the MoE top-k sum fused in).
 * ``fastpath``: graph-capturable block forward built from them (+ the reference forward).

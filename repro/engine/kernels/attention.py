@@ -141,6 +141,50 @@ if HAS_TRITON:
             tl.store(vc_ptr + ((hd - NQ - NKV) * MAXLEN + pos) * D + od, v.to(vc_ptr.dtype.element_ty))
 
     @triton.jit
+    def _num_splits(kv_len, NSPLIT: tl.constexpr, MIN_KEYS: tl.constexpr):
+        """Key splits in use for kv_len keys: min(NSPLIT, max(1, cdiv(kv_len, MIN_KEYS)))."""
+        return tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NSPLIT)
+
+    @triton.jit
+    def _split_range(len_ptr, T, sp, rb, NSPLIT: tl.constexpr, MIN_KEYS: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_M: tl.constexpr, T_PAD: tl.constexpr):
+        """Key range and query rows of program (split sp, row block rb), shared by the split and fused kernels.
+
+        Splits in use at this length: nsp = min(NSPLIT, max(1, cdiv(P + T, MIN_KEYS))); split sp covers keys
+        [start, end) in BLOCK_N-aligned pieces; rows = rb·BLOCK_M + [0, BLOCK_M) of the G·T_PAD query rows
+        (GQA group g = row // T_PAD, token t = row % T_PAD). Returns (P, nsp, start, end, rows, g, t); the
+        caller returns at once when sp >= nsp.
+        """
+        P = tl.load(len_ptr)
+        kv_len = P + T
+        nsp = _num_splits(kv_len, NSPLIT, MIN_KEYS)
+        per = tl.cdiv(tl.cdiv(kv_len, nsp), BLOCK_N) * BLOCK_N
+        start = sp * per
+        end = tl.minimum(start + per, kv_len)
+        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+        return P, nsp, start, end, rows, rows // T_PAD, rows % T_PAD
+
+    @triton.jit
+    def _online_softmax(s, v, m_i, l_i, acc):
+        """One key tile of the online softmax (exp2 domain, fp32): scores s [M, N] (already scaled by
+        log2(e)/sqrt(D), -inf at masked keys), values v [N, D]; returns the updated (m_i, l_i, acc).
+        Source: FlashAttention-2 (Dao, 2023, arXiv 2307.08691), Algorithm 1."""
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _store_partials(po_ptr, pm_ptr, pl_ptr, pbase, rows, acc, m_i, l_i, D: tl.constexpr):
+        """Partial (acc, max, sum) of one split for ``_attn_combine_kernel`` (or the fused kernel's ticket merge)."""
+        od = tl.arange(0, D)
+        tl.store(po_ptr + (pbase + rows[:, None]) * D + od[None, :], acc)
+        tl.store(pm_ptr + pbase + rows, m_i)
+        tl.store(pl_ptr + pbase + rows, l_i)
+
+    @triton.jit
     def _attn_split_kernel(
         q_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr, T, qk_scale, stride_kh, stride_ks,
         NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, MAXLEN: tl.constexpr,
@@ -155,16 +199,9 @@ if HAS_TRITON:
         sp = tl.program_id(1)
         rb = tl.program_id(2)
         M: tl.constexpr = G * T_PAD
-        kv_len = tl.load(len_ptr) + T
-        nsp = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NSPLIT)  # splits in use at this length
+        P, nsp, start, end, rows, g, t = _split_range(len_ptr, T, sp, rb, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M, T_PAD)
         if sp >= nsp:
             return
-        per = tl.cdiv(tl.cdiv(kv_len, nsp), BLOCK_N) * BLOCK_N
-        start = sp * per
-        end = tl.minimum(start + per, kv_len)
-        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-        g = rows // T_PAD
-        t = rows % T_PAD
         od = tl.arange(0, D)
         q = tl.load(q_ptr + (t[:, None] * NQ + h * G + g[:, None]) * D + od[None, :],
                     mask=(t < T)[:, None], other=0.0)
@@ -177,19 +214,10 @@ if HAS_TRITON:
             offs_n = n0 + tl.arange(0, BLOCK_N)
             nm = offs_n < end
             k = tl.load(kbase + offs_n[None, :] * stride_ks + od[:, None], mask=nm[None, :], other=0.0)
-            s = tl.dot(q, k) * qk_scale
-            s = tl.where(nm[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
+            s = tl.where(nm[None, :], tl.dot(q, k) * qk_scale, float("-inf"))
             v = tl.load(vbase + offs_n[:, None] * stride_ks + od[None, :], mask=nm[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        pbase = (h * NSPLIT + sp) * M
-        tl.store(po_ptr + (pbase + rows[:, None]) * D + od[None, :], acc)
-        tl.store(pm_ptr + pbase + rows, m_i)
-        tl.store(pl_ptr + pbase + rows, l_i)
+            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
+        _store_partials(po_ptr, pm_ptr, pl_ptr, (h * NSPLIT + sp) * M, rows, acc, m_i, l_i, D)
 
     @triton.jit
     def _attn_combine_kernel(
@@ -209,8 +237,7 @@ if HAS_TRITON:
         sidx = tl.arange(0, NSPLIT)
         od = tl.arange(0, D)
         base = (h * NSPLIT + sidx) * M + row
-        kv_len = tl.load(len_ptr) + T
-        nsp = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NSPLIT)
+        nsp = _num_splits(tl.load(len_ptr) + T, NSPLIT, MIN_KEYS)
         sm = sidx < nsp
         m = tl.load(pm_ptr + base, mask=sm, other=float("-inf"))
         l = tl.load(pl_ptr + base, mask=sm, other=0.0)
@@ -250,13 +277,7 @@ if HAS_TRITON:
         s = tl.dot(q1, tl.trans(k1))
         s = tl.dot(q2, tl.trans(k2), s)
         s = tl.dot(qr, tl.trans(kr), s) * qk_scale
-        s = tl.where(nm[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        return m_new, l_i, acc
+        return _online_softmax(tl.where(nm[None, :], s, float("-inf")), v, m_i, l_i, acc)
 
     @triton.jit
     def _attn_fused_kernel(
@@ -278,17 +299,9 @@ if HAS_TRITON:
         rb = tl.program_id(2)
         M: tl.constexpr = G * T_PAD
         HALF: tl.constexpr = ROT // 2
-        P = tl.load(len_ptr)
-        kv_len = P + T
-        nsp = tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NSPLIT)  # splits in use at this length
+        P, nsp, start, end, rows, g, t = _split_range(len_ptr, T, sp, rb, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M, T_PAD)
         if sp >= nsp:
             return
-        per = tl.cdiv(tl.cdiv(kv_len, nsp), BLOCK_N) * BLOCK_N
-        start = sp * per
-        end = tl.minimum(start + per, kv_len)
-        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-        g = rows // T_PAD
-        t = rows % T_PAD
         tm = t < T
         od = tl.arange(0, D)
         oh = tl.arange(0, HALF)
@@ -335,9 +348,7 @@ if HAS_TRITON:
         if TICKET:
             last = nsp == 1
             if nsp > 1:
-                tl.store(po_ptr + (pbase + rows[:, None]) * D + od[None, :], acc)
-                tl.store(pm_ptr + pbase + rows, m_i)
-                tl.store(pl_ptr + pbase + rows, l_i)
+                _store_partials(po_ptr, pm_ptr, pl_ptr, pbase, rows, acc, m_i, l_i, D)
                 tl.debug_barrier()  # every thread's partial stores precede the (release) ticket
                 cnt = cnt_ptr + h * (M // BLOCK_M) + rb
                 ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
@@ -361,9 +372,7 @@ if HAS_TRITON:
                 tl.store(o_ptr + t[:, None] * (NQ * D) + (h * G + g)[:, None] * D + od[None, :],
                          o.to(o_ptr.dtype.element_ty), mask=tm[:, None])
         else:  # partials for _attn_combine_kernel
-            tl.store(po_ptr + (pbase + rows[:, None]) * D + od[None, :], acc)
-            tl.store(pm_ptr + pbase + rows, m_i)
-            tl.store(pl_ptr + pbase + rows, l_i)
+            _store_partials(po_ptr, pm_ptr, pl_ptr, pbase, rows, acc, m_i, l_i, D)
 
 
 def qk_norm_rope_kv(qkv, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache, nq, nkv, rot=64, eps=1e-6):

@@ -1,8 +1,10 @@
 """Graph-capturable forward of one diffusion block (T=32 tokens) for LLaDA2.1-mini, built from the kernels.
 
-This is the benchmark's engine path and a drop-in fast path for the engine model: it takes a plain
-weights structure (:class:`ModelShape` + :func:`random_weights` here, or weights converted from the
-engine model with :func:`weights_from_state_dict`), keeps every buffer static (ids, cache length, KV
+This is the benchmark's engine path and the engine's GPU path (``repro/engine/graph.py``): it takes a plain
+weights structure in the kernel layout (:data:`repro.engine.weights.KERNEL_LAYER_NAMES`: random weights from
+:func:`random_weights` here, or the loaded model's own tensors through ``graph.kernel_weights``) and the
+kernel shape :class:`ModelShape` derived from the model's :class:`~repro.engine.config.LLaDA2Config`,
+keeps every buffer static (ids, cache length, KV
 cache, activations, MoE/attention workspaces) and runs, per layer (engine_spec §2):
 
   add+RMSNorm (Triton; fuses the previous MoE top-k sum + shared expert + residual) -> QKV GEMM (cuBLAS)
@@ -25,48 +27,80 @@ import torch
 
 from . import attention as A
 from . import moe as M
+from . import logits as Lg
 from . import norm as Nm
 from .configs import load_config
 
-__all__ = ["ModelShape", "random_weights", "weights_from_state_dict", "BlockForward", "round_bytes"]
+__all__ = ["ModelShape", "preset_shape", "random_weights", "BlockForward", "round_bytes", "reference_forward"]
+
+
+#: Kernel shape field -> :class:`~repro.engine.config.LLaDA2Config` attribute (config.json names): the one
+#: place the kernels' short names are defined.
+SHAPE_FROM_CONFIG = {
+    "vocab": "vocab_size", "hidden": "hidden_size", "layers": "num_hidden_layers", "nq": "num_attention_heads",
+    "nkv": "num_key_value_heads", "head_dim": "head_dim", "dense_inter": "intermediate_size",
+    "first_dense": "first_k_dense_replace", "moe_inter": "moe_intermediate_size", "experts": "num_experts",
+    "top_k": "num_experts_per_tok", "n_group": "n_group", "topk_group": "topk_group",
+    "scaling": "routed_scaling_factor", "rope_theta": "rope_theta", "rot_dim": "rotary_dim", "eps": "rms_norm_eps",
+    "renormalize": "norm_topk_prob",
+}
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """LLaDA2.1-mini geometry (engine_spec §1)."""
+    """The kernels' view of a model config: the fields of :data:`SHAPE_FROM_CONFIG` plus the ``<|mask|>`` id
+    (a tokenizer fact, the initial block token). Build it with :meth:`from_config` or :func:`preset_shape`;
+    there are no defaults, so no model's numbers can leak into another's shape."""
 
-    vocab: int = 157184
-    hidden: int = 2048
-    layers: int = 20
-    nq: int = 16
-    nkv: int = 4
-    head_dim: int = 128
-    dense_inter: int = 5120
-    first_dense: int = 1
-    moe_inter: int = 512
-    experts: int = 256
-    top_k: int = 8
-    n_group: int = 8
-    topk_group: int = 4
-    scaling: float = 2.5
-    rope_theta: float = 600000.0
-    rot_dim: int = 64
-    eps: float = 1e-6
-    mask_id: int = 156895
-    renormalize: bool = True  # norm_topk_prob: top-k routing weights renormalised to sum 1 before the scaling
+    vocab: int
+    hidden: int
+    layers: int
+    nq: int
+    nkv: int
+    head_dim: int
+    dense_inter: int
+    first_dense: int
+    moe_inter: int
+    experts: int
+    top_k: int
+    n_group: int
+    topk_group: int
+    scaling: float
+    rope_theta: float
+    rot_dim: int
+    eps: float
+    renormalize: bool  # norm_topk_prob: top-k routing weights renormalised to sum 1 before the scaling
+    mask_id: int
+
+    @classmethod
+    def from_config(cls, cfg, mask_id: int) -> "ModelShape":
+        """Shape of ``cfg`` (a :class:`~repro.engine.config.LLaDA2Config`) with the tokenizer's mask id."""
+        return cls(**{k: getattr(cfg, v) for k, v in SHAPE_FROM_CONFIG.items()}, mask_id=int(mask_id))
 
     @property
     def qkv_out(self) -> int:
         return (self.nq + 2 * self.nkv) * self.head_dim
 
 
+def preset_shape(name: str = "llada2.1-mini", mask_id: int | None = None, **config_overrides) -> ModelShape:
+    """Shape of a named preset of :mod:`repro.engine.presets`, with config.json fields overridden by name
+    (``preset_shape(vocab_size=8192, num_hidden_layers=3)``); mask id default: the preset's own.
+    Raises KeyError for an unknown preset and ConfigError for an invalid resulting config."""
+    from repro.engine.config import LLaDA2Config
+    from repro.engine.presets import PRESET_MASK_IDS, PRESETS
+
+    cfg = LLaDA2Config.from_dict({**PRESETS[name], **config_overrides})
+    return ModelShape.from_config(cfg, PRESET_MASK_IDS[name] if mask_id is None else mask_id)
+
+
 def random_weights(shape: ModelShape, device, dtype=torch.bfloat16, seed: int = 0, std: float = 0.02):
     """Deterministic random weights in the kernel layout (bf16; router + expert bias fp32).
 
-    Returns a dict: embed [V,H], lm_head [V,H], final_norm [H], layers: list of dicts with in_norm,
-    post_norm [H], qkv [(NQ+2NKV)·D, H], q_norm/k_norm [D], o [H,H], and either (dense) w13 [1, 2·I, H],
-    w2 [1, H, I] or (MoE) gate [E,H] fp32, bias [E] fp32, w13 [E+1, 2N, H], w2 [E+1, H, N] (index E =
-    shared expert). Norm weights are 1 + 0.1·N(0,1) so that they are not trivially 1.
+    Returns a dict with the names of :data:`repro.engine.weights.KERNEL_LAYER_NAMES`: embed [V,H], lm_head [V,H],
+    final_norm [H], layers: list of dicts with attn_norm, mlp_norm [H], wqkv [(NQ+2NKV)·D, H], q_norm/k_norm
+    [D], wo [H,H], and either (dense) w13 [1, 2·I, H], w2 [1, H, I] or (MoE) router [E,H] fp32, expert_bias
+    [E] fp32, w13 [E+1, 2N, H], w2 [E+1, H, N] (index E = shared expert). Norm weights are 1 + 0.1·N(0,1)
+    so that they are not trivially 1.
     """
     g = torch.Generator(device=device)
     g.manual_seed(seed)
@@ -82,50 +116,16 @@ def random_weights(shape: ModelShape, device, dtype=torch.bfloat16, seed: int = 
 
     W = {"embed": rn(shape.vocab, H, scale=1.0), "lm_head": rn(shape.vocab, H), "final_norm": nw(H), "layers": []}
     for layer in range(shape.layers):
-        L = {"in_norm": nw(H), "post_norm": nw(H), "qkv": rn(shape.qkv_out, H), "q_norm": nw(D),
-             "k_norm": nw(D), "o": rn(H, H)}
+        L = {"attn_norm": nw(H), "mlp_norm": nw(H), "wqkv": rn(shape.qkv_out, H), "q_norm": nw(D),
+             "k_norm": nw(D), "wo": rn(H, H)}
         if layer < shape.first_dense:
             L["w13"] = rn(1, 2 * shape.dense_inter, H)
             L["w2"] = rn(1, H, shape.dense_inter)
         else:
-            L["gate"] = rn(shape.experts, H, dt=torch.float32)
-            L["bias"] = rn(shape.experts, dt=torch.float32, scale=0.01)
+            L["router"] = rn(shape.experts, H, dt=torch.float32)
+            L["expert_bias"] = rn(shape.experts, dt=torch.float32, scale=0.01)
             L["w13"] = rn(shape.experts + 1, 2 * shape.moe_inter, H)
             L["w2"] = rn(shape.experts + 1, H, shape.moe_inter)
-        W["layers"].append(L)
-    return W
-
-
-def weights_from_state_dict(sd: dict, shape: ModelShape, device=None, dtype=torch.bfloat16):
-    """Convert HF-named tensors (engine_spec §3) into the kernel layout used by :class:`BlockForward`."""
-    p = "model."
-    dev = device
-
-    def get(name, dt=dtype):
-        return sd[name].to(device=dev, dtype=dt).contiguous()
-
-    W = {"embed": get(p + "word_embeddings.weight"), "lm_head": get("lm_head.weight"),
-         "final_norm": get(p + "norm.weight"), "layers": []}
-    for layer in range(shape.layers):
-        q = f"{p}layers.{layer}."
-        L = {"in_norm": get(q + "input_layernorm.weight"), "post_norm": get(q + "post_attention_layernorm.weight"),
-             "qkv": get(q + "attention.query_key_value.weight"), "q_norm": get(q + "attention.query_layernorm.weight"),
-             "k_norm": get(q + "attention.key_layernorm.weight"), "o": get(q + "attention.dense.weight")}
-        if layer < shape.first_dense:
-            L["w13"] = torch.cat([get(q + "mlp.gate_proj.weight"), get(q + "mlp.up_proj.weight")], 0)[None].contiguous()
-            L["w2"] = get(q + "mlp.down_proj.weight")[None].contiguous()
-        else:
-            E = shape.experts
-            L["gate"] = get(q + "mlp.gate.weight", torch.float32)
-            L["bias"] = get(q + "mlp.gate.expert_bias", torch.float32) if q + "mlp.gate.expert_bias" in sd else None
-            ex = q + "mlp.experts.{}.{}.weight"
-            sh = q + "mlp.shared_experts.{}.weight"
-            L["w13"], L["w2"] = M.stack_experts(
-                [get(ex.format(e, "gate_proj")) for e in range(E)],
-                [get(ex.format(e, "up_proj")) for e in range(E)],
-                [get(ex.format(e, "down_proj")) for e in range(E)],
-                shared=(get(sh.format("gate_proj")), get(sh.format("up_proj")), get(sh.format("down_proj"))),
-            )
         W["layers"].append(L)
     return W
 
@@ -256,14 +256,14 @@ class BlockForward:
                 torch.cuda.current_stream().wait_stream(self.side)
                 joined = True
             if prev is None:
-                Nm.add_rmsnorm(self.h, L["in_norm"], self.a, eps=s.eps)
+                Nm.add_rmsnorm(self.h, L["attn_norm"], self.a, eps=s.eps)
             else:
-                Nm.add_rmsnorm(self.h, L["in_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1],
+                Nm.add_rmsnorm(self.h, L["attn_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1],
                                shared=prev[2], eps=s.eps)
             if self.triton_linear:
-                qkv = M.linear_rows(self.a, L["qkv"], self.qkv32, self.dws.counts, self.dws.pairs, self.lin_cfg["qkv"])
+                qkv = M.linear_rows(self.a, L["wqkv"], self.qkv32, self.dws.counts, self.dws.pairs, self.lin_cfg["qkv"])
             else:
-                qkv = torch.mm(self.a, L["qkv"].t(), out=self.qkv)
+                qkv = torch.mm(self.a, L["wqkv"].t(), out=self.qkv)
             if self.fused_attn:
                 A.block_attention_fused(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, kc, vc,
                                         self.o, self.aws, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
@@ -271,29 +271,29 @@ class BlockForward:
                 A.qk_norm_rope_kv(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
                                   kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
                 A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
-            route_norm = self.norm_in_route and "gate" in L
+            route_norm = self.norm_in_route and "router" in L
             if self.fuse_norm or route_norm:
-                self.h.addmm_(self.o, L["o"].t())
-                x_ffn, nw = self.h, L["post_norm"]
+                self.h.addmm_(self.o, L["wo"].t())
+                x_ffn, nw = self.h, L["mlp_norm"]
             else:
                 if self.triton_linear:
-                    ao = M.linear_rows(self.o, L["o"], self.attn32, self.dws.counts, self.dws.pairs, self.lin_cfg["o"])
+                    ao = M.linear_rows(self.o, L["wo"], self.attn32, self.dws.counts, self.dws.pairs, self.lin_cfg["o"])
                 else:
-                    ao = torch.mm(self.o, L["o"].t(), out=self.attn_out)
-                Nm.add_rmsnorm(self.h, L["post_norm"], self.a, delta=ao, eps=s.eps)
+                    ao = torch.mm(self.o, L["wo"].t(), out=self.attn_out)
+                Nm.add_rmsnorm(self.h, L["mlp_norm"], self.a, delta=ao, eps=s.eps)
                 x_ffn, nw = self.a, None
             if self.prefetch and self.side is not None and li + 1 < len(W["layers"]):
                 nx = W["layers"][li + 1]
                 self.side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(self.side):
-                    M.l2_prefetch([nx["qkv"], nx["o"]] + ([nx["gate"]] if "gate" in nx else []), self.pf_dummy)
+                    M.l2_prefetch([nx["wqkv"], nx["wo"]] + ([nx["router"]] if "router" in nx else []), self.pf_dummy)
                 joined = False
-            if "gate" not in L:
+            if "router" not in L:
                 M.moe_experts(x_ffn, L["w13"], L["w2"], self.dws, 1, self.dense_cfg, norm_w=nw, eps=s.eps)
                 prev = (self.dws, 1, False)
             else:
                 E1 = L["w13"].shape[0]
-                M.moe_route_align(x_ffn, L["gate"], L["bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
+                M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
                                   s.scaling, s.renormalize, self.moe_cfg, slot=li - s.first_dense, norm_w=nw, eps=s.eps,
                                   norm_out=self.a if route_norm else None)
                 if route_norm:
@@ -306,7 +306,7 @@ class BlockForward:
                        eps=s.eps)
         if head:
             torch.mm(self.a, W["lm_head"].t(), out=self.logits)
-            M.logits_stats(self.logits, self.stat_part, self.pred, self.conf, self.entropy, nchunk=self.stat_nchunk)
+            Lg.logits_stats(self.logits, self.stat_part, self.pred, self.conf, self.entropy, nchunk=self.stat_nchunk)
 
     # ------------------------------------------------------------------------------------------
     def warmup(self, n: int = 2, head: bool = True):
@@ -366,8 +366,8 @@ def reference_forward(W, shape: ModelShape, kv: torch.Tensor, prefix: int, ids: 
 
     h = W["embed"][ids]
     for li, L in enumerate(W["layers"]):
-        a = Nm.rmsnorm_reference(h, L["in_norm"], s.eps)
-        qkv = (a @ L["qkv"].t()).view(T, s.nq + 2 * s.nkv, D)
+        a = Nm.rmsnorm_reference(h, L["attn_norm"], s.eps)
+        qkv = (a @ L["wqkv"].t()).view(T, s.nq + 2 * s.nkv, D)
         q = rope(Nm.rmsnorm_reference(qkv[:, : s.nq], L["q_norm"], s.eps))
         k = rope(Nm.rmsnorm_reference(qkv[:, s.nq: s.nq + s.nkv], L["k_norm"], s.eps))
         v = qkv[:, s.nq + s.nkv:]
@@ -376,14 +376,14 @@ def reference_forward(W, shape: ModelShape, kv: torch.Tensor, prefix: int, ids: 
         g = s.nq // s.nkv
         o = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(0, 1)[None], K.repeat_interleave(g, 0)[None], V.repeat_interleave(g, 0)[None])
-        h = h + o[0].transpose(0, 1).reshape(T, s.nq * D) @ L["o"].t()
-        m = Nm.rmsnorm_reference(h, L["post_norm"], s.eps)
-        if "gate" not in L:
+        h = h + o[0].transpose(0, 1).reshape(T, s.nq * D) @ L["wo"].t()
+        m = Nm.rmsnorm_reference(h, L["mlp_norm"], s.eps)
+        if "router" not in L:
             n = L["w13"].shape[1] // 2
             w13 = L["w13"][0]
             h = h + (torch.nn.functional.silu(m @ w13[:n].t()) * (m @ w13[n:].t())) @ L["w2"][0].t()
         else:
-            h = h + moe_fn(m, L["gate"], L["bias"], L["w13"], L["w2"], s.top_k, s.n_group, s.topk_group,
+            h = h + moe_fn(m, L["router"], L["expert_bias"], L["w13"], L["w2"], s.top_k, s.n_group, s.topk_group,
                            s.scaling).to(dt)
     f = Nm.rmsnorm_reference(h, W["final_norm"], s.eps)
     return f @ W["lm_head"].t()

@@ -12,6 +12,12 @@ Stopping (§6.9): after each block, stop if an ``<|endoftext|>`` appears in the 
 ``max_new_tokens`` generated positions exist. The last block is decoded whole; the output is truncated to
 ``max_new_tokens`` (so hitting the budget mid-block truncates) and then cut before the first EOS.
 
+Bounded blocks: a block runs at most ``cfg.max_denoise_forwards()`` denoising forwards (SGLang's
+``max_steps``; the reference generate has no cap). With the mask token a candidate (the default), a decoder
+whose proposals at the remaining masked positions stay ``<|mask|>`` makes no progress; at the cap the block
+ends with its tokens as they are (masks included, as SGLang emits them), its commit forward runs, the block
+index is listed in ``GenerationResult.stalled_blocks`` and a warning names it.
+
 TPF (§6.10, the project convention): ``generated tokens up to the first EOS (EOS excluded) /
 (denoise + commit forwards)``; prefill forwards are reported separately and not in the denominator.
 
@@ -19,7 +25,7 @@ Decoder steps: greedy decoding on a backend with ``device_stepper`` (the CUDA-gr
 :mod:`repro.engine.graph`) runs each round as forward + on-device step (:mod:`repro.engine.decoders.device`)
 and reads one device flag per round; otherwise the host-driven decoders run (identical results, tested).
 
-Backends: the loop talks to a :class:`Backend` — :class:`CachedBackend` (the engine: prefix KV cache) or
+Backends: the loop talks to a :class:`ForwardBackend` — :class:`CachedBackend` (the engine: prefix KV cache) or
 :class:`repro.engine.reference.ReferenceBackend` (no cache, naive) — so both run the same decoders.
 """
 
@@ -28,13 +34,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import warnings
+
 import torch
 
 from repro.engine.decoders import DecoderConfig, make_decoder
 from repro.engine.model import LLaDA2Model
 
 
-class Backend(Protocol):
+class ForwardBackend(Protocol):
     """What the loop needs from a model implementation (positions are absolute token indices)."""
 
     model: LLaDA2Model
@@ -48,7 +56,7 @@ class Backend(Protocol):
     def denoise(self, ids: torch.Tensor, start: int, embeds: torch.Tensor | None) -> torch.Tensor:
         """Logits ``[B, V]`` fp32 for the block at ``start`` given the final prefix ``< start``."""
 
-    def finalize(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
+    def commit_block(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
         """Block at ``start`` is final with tokens ``ids``; ``run_forward`` → run the commit forward."""
 
 
@@ -72,7 +80,7 @@ class CachedBackend:
         """Block forward against the cached prefix; its provisional K/V land in the block's slots."""
         return self.model.forward(ids, start, self.cache, self.block_size, embeds=embeds)
 
-    def finalize(self, ids, start, run_forward):
+    def commit_block(self, ids, start, run_forward):
         """Commit forward (K/V of the final tokens) when needed; otherwise the last forward's K/V stay."""
         if run_forward:
             self.model.forward(ids, start, self.cache, self.block_size, logits=False)
@@ -85,7 +93,8 @@ class GenerationResult:
     ``token_ids``: generated ids up to (excluding) the first EOS, within ``max_new_tokens``;
     ``raw_ids``: the decoded generated positions, at most ``max_new_tokens`` (EOS and after included);
     ``forwards``: ``{"prefill", "denoise", "commit"}`` counts; ``block_forwards``: denoise + commit per
-    decoded block; ``finish_reason``: ``"eos"`` | ``"length"``.
+    decoded block; ``finish_reason``: ``"eos"`` | ``"length"`` | ``"stop"`` (an ``on_block`` hook stopped it);
+    ``stalled_blocks``: indices of blocks that reached the forward cap without finishing (module docstring).
     """
 
     token_ids: list[int]
@@ -93,6 +102,15 @@ class GenerationResult:
     forwards: dict[str, int]
     finish_reason: str
     block_forwards: list[int] = field(default_factory=list)
+    stalled_blocks: list[int] = field(default_factory=list)
+
+    @property
+    def stall_note(self) -> str | None:
+        """One readable line when blocks stalled (for records' ``forwards_note``), else None."""
+        if not self.stalled_blocks:
+            return None
+        return (f"decoder did not finish block(s) {self.stalled_blocks} within the forward cap; "
+                "<|mask|> left there (the mask token is a candidate; exclude_mask_token: true avoids it)")
 
     @property
     def generated_tokens(self) -> int:
@@ -106,15 +124,18 @@ class GenerationResult:
         return self.generated_tokens / d if d else None
 
 
-def generate_ids(backend: Backend, prompt_ids: list[int], decoder: DecoderConfig | dict, *,
+def generate_ids(backend: ForwardBackend, prompt_ids: list[int], decoder: DecoderConfig | dict, *,
                  mask_id: int, eos_id: int, max_new_tokens: int | None = None,
-                 seed: int | None = None) -> GenerationResult:
+                 seed: int | None = None, on_block=None) -> GenerationResult:
     """Decode a completion of ``prompt_ids`` with ``decoder`` on ``backend`` (module docstring).
 
     ``max_new_tokens`` overrides the decoder's (one of them must be set); ``seed`` overrides the decoder's
-    sampling seed (used only when temperature > 0). Raises ValueError on an empty prompt, a prompt token
-    outside the vocabulary, or a missing budget; RuntimeError if a decoder fails to finish a block within
-    ``B + max_post_steps + 2`` forwards (a decoder bug, not an input error).
+    sampling seed (used only when temperature > 0). ``on_block(ids: list[int]) -> bool``, if given, is called
+    once per committed block with the generated ids that block adds (within ``max_new_tokens``; EOS and
+    what follows included, as decoded); returning True stops decoding after that block (finish reason
+    ``"stop"`` unless an EOS was decoded) — the streaming hook of :mod:`repro.engine.serve`. Raises
+    ValueError on an empty prompt, a prompt token outside the vocabulary, or a missing budget. A block that
+    reaches the forward cap ends there, is listed in ``stalled_blocks`` and warned about (RuntimeWarning).
     """
     cfg = DecoderConfig.coerce(decoder)
     G = max_new_tokens if max_new_tokens is not None else cfg.max_new_tokens
@@ -141,13 +162,14 @@ def generate_ids(backend: Backend, prompt_ids: list[int], decoder: DecoderConfig
         gen = torch.Generator(device=dev).manual_seed(int(seed if seed is not None else cfg.seed))
     counts = {"prefill": 0, "denoise": 0, "commit": 0}
     per_block: list[int] = []
+    stalled: list[int] = []
     backend.begin(T, B)
     first = P // B
     if first > 0:
         backend.prefill(canvas[: first * B])
         counts["prefill"] += 1
     positions = torch.arange(T, device=dev)
-    cap = B + cfg.max_post_steps + 2
+    cap = cfg.max_denoise_forwards()
     make_stepper = getattr(backend, "device_stepper", None)  # backends with an on-device decoder step
     stepper = make_stepper(cfg) if make_stepper is not None else None
     finish = "length"
@@ -157,14 +179,23 @@ def generate_ids(backend: Backend, prompt_ids: list[int], decoder: DecoderConfig
         end = s + B
         editable = positions[s:s + B] >= P
         if stepper is not None:
-            tokens, n_fwd, reuse = _device_block(backend, stepper, canvas[s:s + B], editable, s, cap, cfg, b)
+            tokens, n_fwd, reuse, done = _device_block(backend, stepper, canvas[s:s + B], editable, s, cap)
         else:
-            tokens, n_fwd, reuse = _host_block(backend, dec, canvas[s:s + B].clone(), editable, s, cap, cfg, b, gen)
-        backend.finalize(tokens, s, run_forward=not reuse)
+            tokens, n_fwd, reuse, done = _host_block(backend, dec, canvas[s:s + B].clone(), editable, s, cap, gen)
+        if not done:
+            stalled.append(b)
+            warnings.warn(f"decoder {cfg.algorithm} did not finish block {b} within {cap} denoising "
+                          f"forwards; {int(((tokens == mask_id) & editable).sum())} <|mask|> left as they are (the mask "
+                          "token is a candidate; set exclude_mask_token: true to exclude it)", RuntimeWarning,
+                          stacklevel=2)
+        backend.commit_block(tokens, s, run_forward=not reuse)
         counts["denoise"] += n_fwd
         counts["commit"] += 0 if reuse else 1
         per_block.append(n_fwd + (0 if reuse else 1))
         canvas[s:s + B] = tokens
+        if on_block is not None and on_block(canvas[max(s, P):min(P + G, s + B)].tolist()):
+            finish = "stop"
+            break
         if bool((canvas[P:s + B] == eos_id).any()):
             break
         if s + B - P >= G:
@@ -175,33 +206,38 @@ def generate_ids(backend: Backend, prompt_ids: list[int], decoder: DecoderConfig
         out = raw[: raw.index(eos_id)]
         finish = "eos"
     return GenerationResult(token_ids=out, raw_ids=raw, forwards=counts, finish_reason=finish,
-                            block_forwards=per_block)
+                            block_forwards=per_block, stalled_blocks=stalled)
 
 
-def _host_block(backend, dec, tokens, editable, s, cap, cfg, b, gen):
-    """Decode one block with the host-driven decoder; returns (final tokens, denoise forwards, reuse)."""
+def _host_block(backend, dec, tokens, editable, s, cap, gen):
+    """Decode one block with the host-driven decoder; returns (tokens, denoise forwards, reuse, finished)
+    — ``finished`` False when the block stopped at ``cap`` forwards."""
     dec.start_block()
     last_input = None
     n_fwd = 0
+    done = True
     while not dec.before_forward(tokens, editable):
         if n_fwd >= cap:
-            raise RuntimeError(f"decoder {cfg.algorithm} did not finish block {b} within {cap} forwards")
+            done = False
+            break
         logits = backend.denoise(tokens, s, dec.input_embeds(tokens, editable))
         n_fwd += 1
         last_input = tokens.clone()
         if dec.step(logits, tokens, editable, gen):
             break
-    return tokens, n_fwd, last_input is not None and bool(torch.equal(last_input, tokens))
+    return tokens, n_fwd, last_input is not None and bool(torch.equal(last_input, tokens)), done
 
 
-def _device_block(backend, stepper, tokens, editable, s, cap, cfg, b):
+def _device_block(backend, stepper, tokens, editable, s, cap):
     """Decode one block with the on-device step (:mod:`repro.engine.decoders.device`): one host read of the
-    device "final" flag per round, nothing else; returns (final tokens, denoise forwards, reuse)."""
+    device "final" flag per round, nothing else; returns (tokens, denoise forwards, reuse, finished)."""
     stepper.start_block(tokens, editable)
     n_fwd = 0
+    done = True
     while not bool(stepper.final):
         if n_fwd >= cap:
-            raise RuntimeError(f"decoder {cfg.algorithm} did not finish block {b} within {cap} forwards")
+            done = False
+            break
         backend.denoise_step(stepper, s)
         n_fwd += 1
-    return stepper.tokens.clone(), n_fwd, bool(stepper.reuse())
+    return stepper.tokens.clone(), n_fwd, bool(stepper.reuse()), done

@@ -1,6 +1,6 @@
-"""`python -m repro.backends.generate`: one generation job (a model × benchmark × seed × shard).
+"""`python -m repro.backends.generation_job`: one generation job (a model × benchmark × seed × shard).
 
-    python -m repro.backends.generate --backend engine --model tiny-orl --model-dir DIR --role orl \
+    python -m repro.backends.generation_job --backend engine --model tiny-orl --model-dir DIR --role orl \
         --verified STAMP.json --decoder DEC.yaml --problems problems/gsm8k.jsonl --seed 12345 \
         --shard 0 --num-shards 1 --device cpu --precision fp32 --out shard0of1.jsonl
 
@@ -9,10 +9,13 @@ Resumable and exactly-once: each finished problem is appended (flushed + fsynced
 dropped and regenerated). When the shard is complete the records are de-duplicated by id, checked to
 cover the shard exactly, ordered by problem index, and written to ``OUT`` atomically together with
 ``OUT.meta.json`` (provenance); then the partial file is removed. ``OUT`` therefore exists only when
-complete, which is what Snakemake sees.
+complete, which is what Snakemake sees. The partial file is reused only by a job with the same inputs:
+``OUT.partial.inputs.json`` records the sha256 of the decoder config and problems, the checkpoint's
+manifest hash, backend, device, precision and the generation code version; any difference discards it.
 
 Refuses to start when the checkpoint's verification stamp is missing or does not match the
-checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU. A local
+checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU. Dies with the
+Snakemake that started it (``repro.backends.lifeline``), so a killed Snakemake leaves no orphans. A local
 GPU job pins itself to one free device (``repro.backends.gpu_slot``) unless ``CUDA_VISIBLE_DEVICES`` is
 already set (as Slurm does).
 """
@@ -31,7 +34,7 @@ import yaml
 
 from repro.backends import get_backend
 from repro.io import append_jsonl, atomic_write_text, read_jsonl_tolerant
-from repro.provenance import code_revision, sha256_path
+from repro.provenance import code_revision, sha256_path, stage_code_version
 
 
 class GenerationError(RuntimeError):
@@ -79,7 +82,7 @@ def shard_of(problems: list[dict], shard: int, num_shards: int) -> list[dict]:
     return problems[shard::num_shards]
 
 
-def finalize(out: Path, partial: Path, todo: list[dict], meta: dict) -> list[dict]:
+def complete_shard(out: Path, partial: Path, todo: list[dict], meta: dict) -> list[dict]:
     """De-duplicate the partial records, check coverage, write ``out`` + meta atomically."""
     recs = read_jsonl_tolerant(partial)
     by_id: dict[str, dict] = {}
@@ -118,6 +121,19 @@ def run(a: argparse.Namespace) -> int:
     problems = [json.loads(line) for line in Path(a.problems).read_text().splitlines() if line.strip()]
     todo = shard_of(problems, a.shard, a.num_shards)
     partial = Path(str(out) + ".partial.jsonl")
+    sessions_file = Path(str(out) + ".partial.backends.json")  # backend of every session that wrote records
+    inputs_file = Path(str(out) + ".partial.inputs.json")
+    code_version = stage_code_version("generate", a.backend)
+    inputs = {"decoder_sha256": sha256_path(a.decoder), "problems_sha256": sha256_path(a.problems),
+              "checkpoint_manifest_sha256": stamp.get("manifest_sha256"), "backend": a.backend,
+              "device": a.device, "precision": a.precision, "code_version": code_version}
+    if partial.exists() and (not inputs_file.exists() or json.loads(inputs_file.read_text()) != inputs):
+        print(f"note: {partial} was written with other inputs (decoder, problems, checkpoint, backend or code); "
+              "discarding it and starting this shard afresh", file=sys.stderr)
+        partial.unlink()
+        sessions_file.unlink(missing_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(inputs_file, json.dumps(inputs, indent=1, sort_keys=True) + "\n")
     kept = read_jsonl_tolerant(partial)
     done = {r["id"] for r in kept}
     if partial.exists():  # drop a record torn by a kill before appending after it
@@ -127,7 +143,6 @@ def run(a: argparse.Namespace) -> int:
           f"{len(todo) - len(remaining)} already done, {len(remaining)} to generate", file=sys.stderr)
 
     backend = None
-    sessions_file = Path(str(out) + ".partial.backends.json")  # backend of every session that wrote records
     sessions = json.loads(sessions_file.read_text()) if sessions_file.exists() else []
     if remaining:
         backend = get_backend(a.backend, model_dir=str(model_dir), role=a.role, device=a.device,
@@ -160,19 +175,21 @@ def run(a: argparse.Namespace) -> int:
         "checkpoint_manifest_sha256": stamp.get("manifest_sha256"),
         "decoder_sha256": sha256_path(a.decoder), "decoder": decoder,
         "problems_sha256": sha256_path(a.problems), "code_revision": code_revision(),
+        "code_version": code_version,  # sha256 of the generation code (repro.provenance.stage_code_version)
         # the backend that wrote the records: this session's, else (resumed with nothing left) the last
         # session's; every session's when a resumed job mixed several
         "backend_info": sessions[-1] if sessions else None,
         "backend_sessions": sessions,
     }
-    recs = finalize(out, partial, todo, meta)
+    recs = complete_shard(out, partial, todo, meta)
     sessions_file.unlink(missing_ok=True)
+    inputs_file.unlink(missing_ok=True)
     print(f"wrote {len(recs)} records -> {out}", file=sys.stderr)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m repro.backends.generate", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m repro.backends.generation_job", description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=["engine", "sglang"], default="engine")
     ap.add_argument("--model", required=True, help="model name from config.yaml")
     ap.add_argument("--model-dir", required=True)
@@ -188,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    from repro.backends.lifeline import die_with_parent
+
+    die_with_parent()
     try:
         return run(a)
     except GenerationError as e:

@@ -1,0 +1,88 @@
+"""HTTP server of the engine: the model card's ``/generate`` (streamed block by block) and an OpenAI-compatible API.
+
+    python -m repro.engine serve --model DIR|HUB_ID --role orl --port 18080 \
+        [--precision fp32|bf16] [--host 127.0.0.1] [--api-key KEY] [--max-queue 64]
+    curl -N localhost:18080/generate -d '{"messages": [{"role": "user", "content": "Hi!"}], "max_new_tokens": 512}'
+
+Modules: :mod:`~repro.engine.serve.app` (routes, shapes, errors), :mod:`~repro.engine.serve.schemas` (request
+bodies), :mod:`~repro.engine.serve.worker` (the engine thread, bounded queue, streaming text, cancellation),
+:mod:`~repro.engine.serve.bench` (server vs ``LLM.generate`` tokens/s on a GPU). README section "Serving".
+
+Contract of :func:`serve_main`: loads the checkpoint (a directory, or a hub id fetched with
+``huggingface_hub`` — cache or hub), runs one warm-up generation (CUDA-graph capture happens then, not in the
+first request), logs one line saying what is served where, then serves until SIGINT/SIGTERM (uvicorn;
+in-flight requests get ``--graceful-s`` seconds). Bad arguments or an unloadable checkpoint: one ``error:``
+line and exit status 2, before anything listens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+log = logging.getLogger("repro.serve")
+
+
+def add_serve_args(p) -> None:
+    """The ``serve`` subcommand's options (model/role/precision/device come from the engine CLI's own flags)."""
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine "
+                                                      "only; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=18080)
+    p.add_argument("--api-key", default=os.environ.get("REPRO_SERVE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $REPRO_SERVE_API_KEY; unset = open)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model id of /v1/models and the OpenAI 'model' field (default: the directory's name, "
+                        "or the hub id)")
+    p.add_argument("--revision", default="main", help="hub revision when --model is a hub id")
+    p.add_argument("--max-queue", type=int, default=64, help="requests allowed to wait; more get 503")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (413 beyond)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--graceful-s", type=float, default=10.0, help="seconds in-flight requests get on shutdown")
+
+
+def resolve_model(model: str, revision: str = "main") -> Path:
+    """A checkpoint directory for ``model``: the directory itself, or the hub snapshot of the id ``owner/name``.
+    Raises ValueError when it is neither (or the hub cannot provide it)."""
+    p = Path(model)
+    if p.is_dir():
+        return p
+    if p.exists() or model.count("/") != 1 or model.startswith((".", "/")):
+        raise ValueError(f"--model {model!r}: not a checkpoint directory nor a hub id of the form owner/name")
+    from repro.checkpoint.download import DownloadError, hub_snapshot
+
+    try:
+        return hub_snapshot(model, revision)[0]
+    except DownloadError as e:
+        raise ValueError(f"--model {model!r}: {e}") from None
+
+
+def serve_main(a, precision: str) -> int:
+    """Run the server for parsed CLI arguments ``a`` (see :func:`add_serve_args`); returns the exit status."""
+    try:
+        import uvicorn
+
+        from repro.engine.serve.app import create_app
+    except ImportError as e:
+        raise ValueError(f"the server needs FastAPI and uvicorn ({e}); install the 'serve' extra: "
+                         f".venv/bin/python -m pip install -e '.[serve]' (scripts/setup.sh does)") from None
+    from repro.engine.llm import LLM
+
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name, v in (("--port", a.port), ("--max-queue", a.max_queue), ("--max-body-bytes", a.max_body_bytes)):
+        if v < (0 if name == "--port" else 1) or (name == "--port" and v > 65535):
+            raise ValueError(f"{name} {v} is out of range")
+    path = resolve_model(a.model, a.revision)
+    llm = LLM(path, role=a.role, precision=precision, device=a.device)
+    name = a.served_model_name or (Path(a.model.rstrip("/")).name if Path(a.model).is_dir() else a.model)
+    out = llm.generate("warm-up", max_new_tokens=llm.default_decoder().block_size)
+    log.info("loaded %s (role %s, %s, %s, engine path %s); warm-up %.2f s", path, llm.role, llm.precision,
+             llm.device, llm.engine_path, out.wall_s)
+    app = create_app(llm, model_name=name, api_key=a.api_key, max_queue=a.max_queue,
+                     max_body_bytes=a.max_body_bytes)
+    log.info("serving %r on http://%s:%d — POST /generate, POST /v1/chat/completions, POST /v1/completions, "
+             "GET /v1/models, GET /health%s", name, a.host, a.port, " (API key required)" if a.api_key else "")
+    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=a.graceful_s)
+    return 0

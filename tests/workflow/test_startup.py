@@ -1,0 +1,65 @@
+"""Start-up: bad inputs stop early with one clear line, and a run started elsewhere works on the checkout.
+
+* ``--cores 0`` stops at once naming the option (Snakemake alone waits at "Select jobs to execute" forever);
+* ``snakemake -s path/to/Snakefile`` from another directory runs against the Snakefile's checkout: its
+  ``.snakemake`` state (recorded params, locks) and default work directory, not new ones where it was typed;
+* an empty data file stops prepare naming the file, and leaves no problems file behind."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from repro.config import REPO_ROOT
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A checkout of its own (its .snakemake and work/ are the test's): Snakefile + config copied, the rest linked."""
+    root = tmp_path / "checkout"
+    root.mkdir()
+    for name in ("repro", "workflow", "profiles"):
+        os.symlink(REPO_ROOT / name, root / name)
+    for name in ("Snakefile", "config.yaml"):
+        shutil.copy(REPO_ROOT / name, root / name)
+    return root
+
+
+def snakemake(cwd, *args, env=None):
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, **(env or {})))
+
+
+@pytest.mark.slow
+def test_cores_zero_stops_with_one_line(checkout):
+    r = snakemake(checkout, "--cores", "0", "main_table")
+    assert r.returncode != 0
+    assert "Error: --cores 0 lets no job run" in r.stderr and "--cores N with N >= 1" in r.stderr, r.stderr[-2000:]
+    assert "Select jobs to execute..." not in r.stdout + r.stderr  # stopped before scheduling
+
+
+@pytest.mark.slow
+def test_snakefile_from_another_directory_runs_against_the_checkout(checkout, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = snakemake(elsewhere, "-n", "-s", str(checkout / "Snakefile"), "main_table", env={"ORL_EVAL_WORK": "w"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"note: running in the checkout {checkout}" in r.stderr
+    assert (checkout / ".snakemake").is_dir() and not (elsewhere / ".snakemake").exists()
+    # a relative ORL_EVAL_WORK is taken relative to where the command was typed
+    assert str(elsewhere / "w" / "smoke" / "problems") in r.stdout
+
+
+def test_empty_data_file_stops_prepare_naming_it(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "humaneval.jsonl").write_text("\n\n")
+    out = tmp_path / "problems" / "humaneval.jsonl"
+    r = subprocess.run([sys.executable, "-m", "repro.data.prepare", "--benchmark", "humaneval", "--data-dir",
+                        str(data), "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {data / 'humaneval.jsonl'}: holds no problems"), r.stderr
+    assert not out.exists() and not out.with_name(out.name + ".meta.json").exists()

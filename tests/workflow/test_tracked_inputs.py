@@ -1,0 +1,151 @@
+"""Every input that decides a cell is tracked by content: after one real run (three models -- the tiny model, a
+local checkpoint folder, a checkpoint from a pre-seeded hub cache -- on one GSM8K problem), each kind of
+change re-runs exactly the jobs it affects (asserted on the dry run's job list) and an unchanged tree is
+"Nothing to be done": the data file edited in place, the local checkpoint switched to another folder, the
+tiny model's seed, the hub revision, the scorer's code. A repaired local folder is copied and verified
+again, and the failing verification says which copy it checked.
+
+The run uses a copy of the checkout (so the test can change the scorer's code) and its own data folder,
+hub cache and work directory."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.config import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+REV_A, REV_B = "a" * 40, "b" * 40
+
+
+def job_counts(out: str) -> dict:
+    return {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", out, re.M)}
+
+
+class Run:
+    def __init__(self, root: Path):
+        self.root = root
+        self.checkout = root / "checkout"
+        self.data = root / "data"
+        self.work = root / "work"
+        self.ckpt_a, self.ckpt_b = root / "ckpt_a", root / "ckpt_b"
+        self.hub = root / "hub"
+
+    def overlay(self, loc=None, seed=0, revision=REV_A) -> Path:
+        p = self.root / "overlay.json"
+        p.write_text(json.dumps({
+            "data_dir": str(self.data), "results_dir": str(self.root / "results"), "work_dir": str(self.work),
+            "models": {
+                "tiny-orl": {"source": {"type": "tiny", "seed": seed}},
+                "loc": {"label": "local", "role": "orl", "decoder": "llada-orl",
+                        "source": {"type": "local", "path": str(loc or self.ckpt_a)}},
+                "hub": {"label": "hub", "role": "orl", "decoder": "llada-orl",
+                        "source": {"type": "hf", "repo_id": "org/tiny", "revision": revision}}},
+            "suites": {"smoke": {"models": ["tiny-orl", "loc", "hub"], "benchmarks": ["gsm8k"], "limit": 1,
+                                 "max_new_tokens": 16}}}))
+        return p
+
+    def snakemake(self, *args, target="main_table", check=True, **overlay) -> str:
+        cmd = [sys.executable, "-m", "snakemake", target, *args, "--cores", "2", "--snakefile",
+               str(self.checkout / "Snakefile"), "--configfile", str(self.checkout / "config.yaml"),
+               str(self.overlay(**overlay))]
+        env = dict(os.environ, HF_HUB_CACHE=str(self.hub), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+        r = subprocess.run(cmd, cwd=self.root, capture_output=True, text=True, timeout=600, env=env)
+        out = r.stdout + r.stderr
+        if check:
+            assert r.returncode == 0, out[-3000:]
+        return out
+
+    def dry(self, **overlay) -> dict:
+        return job_counts(self.snakemake("-n", **overlay))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    data = Path(os.environ.get("ORL_EVAL_DATA", REPO_ROOT.parent / "shared" / "data"))
+    if not (data / "gsm8k.jsonl").is_file():
+        pytest.skip("real benchmark data not found (set ORL_EVAL_DATA or place it at ../shared/data)")
+    r = Run(tmp_path_factory.mktemp("tracked"))
+    r.checkout.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("repro", "workflow", "profiles"):
+        shutil.copytree(REPO_ROOT / name, r.checkout / name, ignore=ignore)
+    for name in ("Snakefile", "config.yaml"):
+        shutil.copy(REPO_ROOT / name, r.checkout / name)
+    r.data.mkdir()
+    shutil.copy(data / "gsm8k.jsonl", r.data / "gsm8k.jsonl")
+    subprocess.run([sys.executable, "-m", "repro.checkpoint.tiny", "--out", str(r.ckpt_a), "--seed", "3"],
+                   check=True, capture_output=True, cwd=r.checkout)
+    shutil.copytree(r.ckpt_a, r.ckpt_b)
+    for rev in (REV_A, REV_B):
+        shutil.copytree(r.ckpt_a, r.hub / "models--org--tiny" / "snapshots" / rev)
+    r.snakemake()
+    return r
+
+
+def test_unchanged_tree_and_each_kind_of_change(run):
+    assert "Nothing to be done" in run.snakemake("-n")
+    # the same checkpoint at another path, another tiny seed, another hub revision: that model's cells only
+    per_model = {"download_checkpoint": 1, "verify_checkpoint": 1, "render_decoder": 1, "generate_shard": 1,
+                 "merge_shards": 1, "score": 1, "write_table": 1, "main_table": 1, "total": 8}
+    assert run.dry(loc=run.ckpt_b) == per_model
+    assert run.dry(seed=1) == per_model
+    assert run.dry(revision=REV_B) == per_model
+    # a scorer fix re-scores every cell, regenerates nothing
+    scoring = run.checkout / "repro" / "scoring" / "__init__.py"
+    text = scoring.read_text()
+    scoring.write_text(text + "\n# a scorer fix\n")
+    try:
+        assert run.dry() == {"score": 3, "write_table": 1, "main_table": 1, "total": 5}
+    finally:
+        scoring.write_text(text)
+    assert "Nothing to be done" in run.snakemake("-n")
+
+
+def test_data_file_edited_in_place(run):
+    gsm = run.data / "gsm8k.jsonl"
+    original = gsm.read_bytes()
+    lines = original.decode().splitlines(keepends=True)
+    first = json.loads(lines[0])
+    first["answer"] = first["answer"].rsplit("####", 1)[0] + "#### 123456789"
+    gsm.write_text(json.dumps(first) + "\n" + "".join(lines[1:]))
+    problems = run.work / "smoke/problems/gsm8k.jsonl"
+    try:
+        # re-prepare GSM8K, then everything built on its problems (all three models), nothing else
+        assert run.dry() == {"prepare_problems": 1, "generate_shard": 3, "merge_shards": 3, "score": 3,
+                             "write_table": 1, "main_table": 1, "total": 12}
+        run.snakemake(target=str(problems))
+        meta = json.loads(Path(str(problems) + ".meta.json").read_text())
+        import hashlib
+        assert meta["sha256"] == hashlib.sha256(gsm.read_bytes()).hexdigest()
+        assert json.loads(problems.read_text().splitlines()[0])["gold"] == "123456789"
+    finally:
+        gsm.write_bytes(original)
+    # the original file back: prepared again to the same bytes, so nothing downstream re-runs
+    run.snakemake(target=str(problems))
+    assert "Nothing to be done" in run.snakemake("-n")
+
+
+def test_repaired_local_checkpoint_is_copied_and_verified_again(run):
+    stamp = run.work / "verified" / "loc.json"
+    gen_cfg = run.ckpt_a / "generation_config.json"
+    saved = gen_cfg.read_bytes()
+    gen_cfg.unlink()  # the user's folder loses a file
+    try:
+        assert run.dry().get("download_checkpoint") == 1
+        out = run.snakemake(target=str(stamp), check=False)
+        assert "missing: generation_config.json" in out, out[-3000:]
+        assert f"the pipeline's copy of your folder {run.ckpt_a}" in out, out[-3000:]
+        assert not stamp.exists()
+    finally:
+        gen_cfg.write_bytes(saved)  # repaired in the user's folder: copied again and verified
+    out = run.snakemake(target=str(stamp))
+    assert stamp.exists() and f"checking {run.work / 'hf' / 'loc'}, the pipeline's copy of" in \
+        (run.work / "logs/verify/loc.log").read_text()
