@@ -38,10 +38,12 @@ if DATA is not None and not DATA.is_dir():
           "holding gsm8k.jsonl, math500.jsonl, humaneval.jsonl, mbpp.jsonl, or unset it", file=sys.stderr)
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
-# Inside a container the image's python runs the stages; natively the interpreter running Snakemake.
+# Inside a container the image's python runs the stages; natively the interpreter running Snakemake. Rules
+# use {PY} directly, not as a param: it decides no result, and as a param moving the venv would re-run every
+# job (the one `snakemake --lint` finding kept for it; scripts/lint_workflow.py lists each kept finding).
 PY = "python" if config["containers"]["enabled"] else sys.executable
 # Jobs import this checkout's `repro` (the code whose versions the params below record), wherever they run.
-os.environ["PYTHONPATH"] = os.pathsep.join([workflow.basedir] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+os.environ.update(PYTHONPATH=os.pathsep.join([workflow.basedir] + [p for p in [os.getenv("PYTHONPATH")] if p]))
 
 
 # --- Recovery after Snakemake itself was killed ------------------------------------------------------------
@@ -88,7 +90,7 @@ def _claim_run_and_clear_stale_locks():
 
 if workflow.is_main_process:
     _claim_run_and_clear_stale_locks()
-os.environ["REPRO_SNAKEMAKE_PID"] = str(os.getpid())
+os.environ.update(REPRO_SNAKEMAKE_PID=str(os.getpid()))  # read by repro.backends.lifeline in every job
 
 
 wildcard_constraints:
