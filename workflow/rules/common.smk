@@ -13,7 +13,7 @@ sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also wit
 from repro import paths as P
 from repro.checkpoint.verify import rerun_trigger
 from repro.config import ConfigError, data_dir, results_dir, suite_cells, validate_config, work_dir
-from repro.provenance import checkpoint_source_key, data_source_key, stage_code_version
+from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
 
 _sources = [os.path.basename(str(f)) for f in (workflow.configfiles or [])]
 _source = " + ".join(dict.fromkeys(_sources)) or "config.yaml"
@@ -135,6 +135,12 @@ def checkpoint_key(wildcards):
 def data_key(wildcards):
     """sha256 of the benchmark file prepare reads (data directory, or hub id + shipped fallback)."""
     return data_source_key(wildcards.bench, DATA, bool(suite_cfg(wildcards)["builtin_data"]))
+
+
+def prompt_key(wildcards):
+    """sha256 of the rendered prompts of the kept problems: what generation depends on (not the gold)."""
+    limit = suite_cfg(wildcards)["limit"]
+    return prompt_source_key(wildcards.bench, DATA, bool(suite_cfg(wildcards)["builtin_data"]), limit)
 
 
 def code_version(stage):
