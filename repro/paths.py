@@ -2,7 +2,9 @@
 
     hf/<model>/                                  checkpoint (downloaded, local copy, or tiny)
     verified/<model>.json                        verification stamp (manifest hash)
-    <suite>/problems/<bench>.jsonl               normalized problems (+ .meta.json)
+    <suite>/problems/<bench>.jsonl               normalized problems (+ .meta.json): scoring, tables
+    <suite>/problems/<bench>.for-generation.jsonl the same, as generation reads them: re-prepared only when
+                                                 a rendered prompt changes (a gold fix re-scores, no more)
     <suite>/decoders/<model>/<bench>/seed<S>.yaml rendered decoder config
     <suite>/generations/<model>/<bench>/seed<S>/shard<K>of<N>.jsonl
     <suite>/generations/<model>/<bench>/seed<S>.jsonl   merged shards (+ .meta.json)
@@ -13,6 +15,7 @@
 CHECKPOINT = "hf/{model}"
 VERIFIED = "verified/{model}.json"
 PROBLEMS = "{suite}/problems/{bench}.jsonl"
+GENERATION_PROBLEMS = "{suite}/problems/{bench}.for-generation.jsonl"
 DECODER = "{suite}/decoders/{model}/{bench}/seed{seed}.yaml"
 SHARD = "{suite}/generations/{model}/{bench}/seed{seed}/shard{shard}of{nshards}.jsonl"
 GENERATIONS = "{suite}/generations/{model}/{bench}/seed{seed}.jsonl"

@@ -6,6 +6,9 @@ when no file date moves:
 
 * ``data_source_key(benchmark, data_dir, builtin_allowed)``: the benchmark file's sha256 (data directory),
   or the hub location plus the shipped fallback file's sha256;
+* ``prompt_source_key(benchmark, data_dir, builtin_allowed, limit)``: the sha256 of the rendered prompts
+  (ids, chat messages, stop strings, template versions) of the problems a suite keeps -- what generation
+  depends on; a gold-answer fix leaves it unchanged, so it re-scores without regenerating;
 * ``checkpoint_source_key(source)``: hub id + revision, a local folder's path + manifest hash + file
   fingerprint (size, mtime of every file), or the tiny model's seed + the code that writes it;
 * ``stage_code_version(stage, backend)``: sha256 over the sources of the code a stage runs (scorer,
@@ -114,6 +117,29 @@ def data_source_key(benchmark: str, data_dir: str | os.PathLike | None, builtin_
     if builtin_allowed:
         key += f"|builtin:{file_key(BUILTIN_DIR / decl.file)}"
     return key
+
+
+def prompt_source_key(benchmark: str, data_dir: str | os.PathLike | None, builtin_allowed: bool,
+                      limit: int | None) -> str:
+    """``prompts:<sha256>`` over (id, index, chat messages, stop strings, template version) of every problem
+    ``repro.data.prepare`` keeps from the data directory (``repro.prompts.build_prompt``, the call the
+    generation job makes). Without a data directory (hub or shipped problems, chosen when prepare runs),
+    or when the file cannot be read (prepare then fails naming it), ``data_source_key``'s value."""
+    if data_dir is None:
+        return data_source_key(benchmark, data_dir, builtin_allowed)
+    from repro.data import load_problems
+    from repro.prompts import build_prompt
+
+    try:
+        loaded = load_problems(benchmark, Path(data_dir), limit, allow_hub=False, allow_builtin=False)
+        h = hashlib.sha256()
+        for p in loaded.problems:
+            pr = build_prompt(benchmark, p["source"])
+            h.update(json.dumps([p["id"], p["index"], pr.messages, pr.stop, pr.template_version],
+                                sort_keys=True).encode() + b"\n")
+    except Exception:  # noqa: BLE001 - any unreadable input: key by the file; prepare reports the error
+        return "unreadable:" + data_source_key(benchmark, data_dir, builtin_allowed)
+    return f"prompts:{h.hexdigest()}"
 
 
 def checkpoint_source_key(source: dict) -> str:

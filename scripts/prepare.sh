@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Prepare everything before generation for the selected suite: download + verify the checkpoints, render the
 # decoder configs from paper_decoding.json (after verification), normalize the benchmark problems. Thin wrapper
-# over Snakemake (`main_table --until render_decoder prepare_problems`: only these stages and what they need).
+# over Snakemake (`main_table --until render_decoder prepare_problems prepare_generation_problems`: only these
+# stages and what they need).
 #   bash scripts/prepare.sh [SUITE] [extra snakemake args]     SUITE: smoke (default from config) | paper
 set -euo pipefail
 # shared command-line set-up (PROFILE, CORES, CONTAINERS; see the file)
 source "$(dirname "${BASH_SOURCE[0]}")/_snakemake_common.sh"
 SUITE_ARGS=()
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then SUITE_ARGS=(--config "suite=$1"); shift; fi
-run "$SNAKEMAKE" main_table --until render_decoder prepare_problems \
+run "$SNAKEMAKE" main_table --until render_decoder prepare_problems prepare_generation_problems \
   "${SM_OPTS[@]}" --configfile "${CONFIGFILES[@]}" "${SUITE_ARGS[@]}" "$@"

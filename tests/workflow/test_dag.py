@@ -18,7 +18,8 @@ def dry_run(*args, env=None):
 def test_paper_suite_dag_lists_every_stage_for_both_models_and_benchmarks(tmp_path):
     stats, out = dry_run("--config", "suite=paper", f"work_dir={tmp_path}")
     assert stats["download_checkpoint"] == 2 and stats["verify_checkpoint"] == 2
-    assert stats["prepare_problems"] == 4 and stats["render_decoder"] == 8
+    assert stats["prepare_problems"] == 4 and stats["prepare_generation_problems"] == 4
+    assert stats["render_decoder"] == 8
     assert stats["generate_shard"] == 8 * 4 and stats["merge_shards"] == 8 and stats["score"] == 8
     assert stats["write_table"] == 1 and stats["main_table"] == 1
     for model in ("llada", "llada-orl"):

@@ -63,3 +63,11 @@ def test_empty_data_file_stops_prepare_naming_it(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {data / 'humaneval.jsonl'}: holds no problems"), r.stderr
     assert not out.exists() and not out.with_name(out.name + ".meta.json").exists()
+    # header-only (a CSV-style header line, no records): one line naming the file and line
+    (data / "humaneval.jsonl").write_text("task_id,prompt,entry_point,canonical_solution,test\n")
+    r = subprocess.run([sys.executable, "-m", "repro.data.prepare", "--benchmark", "humaneval", "--data-dir",
+                        str(data), "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"error: {data / 'humaneval.jsonl'}:1: not valid JSON"), r.stderr
+    assert not out.exists()

@@ -8,6 +8,7 @@ again, and the failing verification says which copy it checked.
 The run uses a copy of the checkout (so the test can change the scorer's code) and its own data folder,
 hub cache and work directory."""
 
+import hashlib
 import json
 import os
 import re
@@ -114,22 +115,26 @@ def test_data_file_edited_in_place(run):
     original = gsm.read_bytes()
     lines = original.decode().splitlines(keepends=True)
     first = json.loads(lines[0])
-    first["answer"] = first["answer"].rsplit("####", 1)[0] + "#### 123456789"
-    gsm.write_text(json.dumps(first) + "\n" + "".join(lines[1:]))
-    problems = run.work / "smoke/problems/gsm8k.jsonl"
+    provenance = run.root / "results" / "smoke" / "provenance.json"
     try:
-        # re-prepare GSM8K, then everything built on its problems (all three models), nothing else
-        assert run.dry() == {"prepare_problems": 1, "generate_shard": 3, "merge_shards": 3, "score": 3,
-                             "write_table": 1, "main_table": 1, "total": 12}
-        run.snakemake(target=str(problems))
-        meta = json.loads(Path(str(problems) + ".meta.json").read_text())
-        import hashlib
-        assert meta["sha256"] == hashlib.sha256(gsm.read_bytes()).hexdigest()
+        # a question changed: both problem copies re-prepared, every model regenerates and re-scores GSM8K
+        gsm.write_text(json.dumps(dict(first, question=first["question"] + " Explain.")) + "\n" + "".join(lines[1:]))
+        assert run.dry() == {"prepare_problems": 1, "prepare_generation_problems": 1, "generate_shard": 3,
+                             "merge_shards": 3, "score": 3, "write_table": 1, "main_table": 1, "total": 13}
+        # only the gold answer changed (the reported case): re-prepared and re-scored, nothing regenerated
+        gold = dict(first, answer=first["answer"].rsplit("####", 1)[0] + "#### 123456789")
+        gsm.write_text(json.dumps(gold) + "\n" + "".join(lines[1:]))
+        assert run.dry() == {"prepare_problems": 1, "score": 3, "write_table": 1, "main_table": 1, "total": 6}
+        run.snakemake()
+        cells = json.loads(provenance.read_text())["cells"]
+        assert {c["data_sha256"] for c in cells} == {hashlib.sha256(gsm.read_bytes()).hexdigest()}
+        problems = run.work / "smoke/problems/gsm8k.jsonl"
         assert json.loads(problems.read_text().splitlines()[0])["gold"] == "123456789"
     finally:
         gsm.write_bytes(original)
-    # the original file back: prepared again to the same bytes, so nothing downstream re-runs
-    run.snakemake(target=str(problems))
+    run.snakemake()  # the original file back: re-scored against it
+    cells = json.loads(provenance.read_text())["cells"]
+    assert {c["data_sha256"] for c in cells} == {hashlib.sha256(original).hexdigest()}
     assert "Nothing to be done" in run.snakemake("-n")
 
 

@@ -13,7 +13,7 @@ sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also wit
 from repro import benchmarks, paths as P
 from repro.checkpoint.verify import rerun_trigger
 from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
-from repro.provenance import checkpoint_source_key, data_source_key, stage_code_version, tree_digest
+from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version, tree_digest
 
 _sources = [os.path.basename(str(f)) for f in (workflow.configfiles or [])]
 _source = " + ".join(dict.fromkeys(_sources)) or "config.yaml"
@@ -38,10 +38,12 @@ if DATA is not None and not DATA.is_dir():
           f"holding {', '.join(b.file for b in benchmarks.declarations())}, or unset it", file=sys.stderr)
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
-# Inside a container the image's python runs the stages; natively the interpreter running Snakemake.
+# Inside a container the image's python runs the stages; natively the interpreter running Snakemake. Rules
+# use {PY} directly, not as a param: it decides no result, and as a param moving the venv would re-run every
+# job (the one `snakemake --lint` finding kept for it; scripts/lint_workflow.py lists each kept finding).
 PY = "python" if config["containers"]["enabled"] else sys.executable
 # Jobs import this checkout's `repro` (the code whose versions the params below record), wherever they run.
-os.environ["PYTHONPATH"] = os.pathsep.join([workflow.basedir] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+os.environ.update(PYTHONPATH=os.pathsep.join([workflow.basedir] + [p for p in [os.getenv("PYTHONPATH")] if p]))
 
 
 # --- Recovery after Snakemake itself was killed ------------------------------------------------------------
@@ -88,7 +90,7 @@ def _claim_run_and_clear_stale_locks():
 
 if workflow.is_main_process:
     _claim_run_and_clear_stale_locks()
-os.environ["REPRO_SNAKEMAKE_PID"] = str(os.getpid())
+os.environ.update(REPRO_SNAKEMAKE_PID=str(os.getpid()))  # read by repro.backends.lifeline in every job
 
 
 wildcard_constraints:
@@ -133,6 +135,12 @@ def checkpoint_key(wildcards):
 def data_key(wildcards):
     """sha256 of the benchmark file prepare reads (data directory, or hub id + shipped fallback)."""
     return data_source_key(wildcards.bench, DATA, bool(suite_cfg(wildcards)["builtin_data"]))
+
+
+def prompt_key(wildcards):
+    """sha256 of the rendered prompts of the kept problems: what generation depends on (not the gold)."""
+    limit = suite_cfg(wildcards)["limit"]
+    return prompt_source_key(wildcards.bench, DATA, bool(suite_cfg(wildcards)["builtin_data"]), limit)
 
 
 def code_version(stage):

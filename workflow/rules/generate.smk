@@ -8,7 +8,7 @@ rule generate_shard:
         verified=W(P.VERIFIED, model="{model}"),
         ckpt=W(P.CHECKPOINT, model="{model}"),
         decoder=W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
-        problems=W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
+        problems=W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}"),  # re-prepared only for new prompts
         image=image_input("generate"),
     output:
         W(P.SHARD, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}", shard="{shard}", nshards="{nshards}"),
@@ -36,7 +36,7 @@ rule generate_shard:
 
 rule merge_shards:
     input:
-        problems=W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
+        problems=W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}"),  # ids and order only
         shards=shard_files,
     output:
         W(P.GENERATIONS, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),

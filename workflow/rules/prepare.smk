@@ -1,4 +1,10 @@
 # Problems: one normalized JSONL per benchmark from the data directory, the hub, or the shipped handful.
+# Two copies, each re-prepared on its own trigger, so a change re-runs what it affects and nothing else:
+#   problems/<bench>.jsonl                 keyed by the data file's sha256: scoring and the table read it
+#                                          (a gold-answer fix re-prepares it and re-scores);
+#   problems/<bench>.for-generation.jsonl  keyed by the rendered prompts of the kept problems: generation
+#                                          reads it (only a changed prompt regenerates). Generation reads no
+#                                          gold, so this copy's gold may lag behind the other's.
 
 
 rule prepare_problems:
@@ -6,12 +12,29 @@ rule prepare_problems:
         W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
     params:
         data=data_arg,
-        source=data_key,  # the data file's sha256: an edit in place re-prepares (and re-runs what follows)
+        source=data_key,  # the data file's sha256: an edit in place re-prepares and re-scores
         code=code_version("prepare"),
         builtin=lambda wc: "" if suite_cfg(wc)["builtin_data"] else "--no-builtin",
         limit=limit_arg,
     log:
         W("logs/prepare/{suite}/{bench}.log"),
+    localrule: True
+    shell:
+        logged("{PY} -m repro.data.prepare --benchmark {wildcards.bench} --out {output} {params.data} "
+               "{params.limit} {params.builtin}", streams="2> {log}")
+
+
+rule prepare_generation_problems:
+    output:
+        W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}"),
+    params:
+        data=data_arg,
+        prompts=prompt_key,  # the rendered prompts' sha256: a changed question regenerates, a gold fix does not
+        code=code_version("prepare"),
+        builtin=lambda wc: "" if suite_cfg(wc)["builtin_data"] else "--no-builtin",
+        limit=limit_arg,
+    log:
+        W("logs/prepare/{suite}/{bench}.for-generation.log"),
     localrule: True
     shell:
         logged("{PY} -m repro.data.prepare --benchmark {wildcards.bench} --out {output} {params.data} "

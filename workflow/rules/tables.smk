@@ -18,7 +18,7 @@ rule write_table:
         spec=table_spec(),
         work=WORK,
         suite=SUITE,
-        out_dir=RESULTS,
+        out_dir=lambda wc, output: os.path.dirname(output.md),
         code=code_version("table"),
     log:
         W(f"logs/tables/{SUITE}.log"),
