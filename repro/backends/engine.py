@@ -26,7 +26,7 @@ class EngineBackend:
             prompt_text = self.llm.apply_chat_template(p.messages)
             out = self.llm.generate(prompt_text, decoder=decoder, max_new_tokens=decoder.get("max_new_tokens"),
                                     seed=decoder.get("seed"))
-            yield {
+            rec = {
                 "prompt_text": prompt_text,
                 "completion": out.text,
                 "prompt_tokens": out.prompt_tokens,
@@ -38,6 +38,9 @@ class EngineBackend:
                 "finish_reason": out.finish_reason,
                 "device": self.device,
             }
+            if out.note:  # a block stopped at the decoder's forward cap (repro.engine.decode_loop)
+                rec["forwards_note"] = out.note
+            yield rec
 
     def describe(self) -> dict:
         import torch

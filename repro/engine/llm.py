@@ -42,7 +42,8 @@ class GenerateOutput:
     (``{"prefill", "denoise", "commit"}``), ``tpf`` (tokens per denoise+commit forward, None if none ran),
     ``wall_s`` (seconds), ``request_tps`` (tokens/s), ``finish_reason`` (``"eos"`` | ``"length"``),
     ``prompt_text``, ``decoder`` (settings used), ``raw_token_ids`` (decoded positions incl. EOS and after),
-    ``block_forwards`` (denoise + commit per block).
+    ``block_forwards`` (denoise + commit per block), ``stalled_blocks`` (blocks stopped at the decoder's
+    forward cap, :mod:`repro.engine.decode_loop`) and ``note`` (one line saying so, else None).
     """
 
     text: str
@@ -58,6 +59,8 @@ class GenerateOutput:
     decoder: dict = field(default_factory=dict)
     raw_token_ids: list[int] = field(default_factory=list)
     block_forwards: list[int] = field(default_factory=list)
+    stalled_blocks: list[int] = field(default_factory=list)
+    note: str | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict of all fields."""
@@ -243,4 +246,5 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
             text=self.tokenizer_.decode(res.token_ids), token_ids=res.token_ids, prompt_tokens=len(ids),
             generated_tokens=res.generated_tokens, forwards=dict(res.forwards), tpf=res.tpf, wall_s=wall,
             request_tps=res.generated_tokens / wall if wall > 0 else 0.0, finish_reason=res.finish_reason,
-            prompt_text=prompt_text, decoder=used, raw_token_ids=res.raw_ids, block_forwards=res.block_forwards)
+            prompt_text=prompt_text, decoder=used, raw_token_ids=res.raw_ids, block_forwards=res.block_forwards,
+            stalled_blocks=res.stalled_blocks, note=res.stall_note)
