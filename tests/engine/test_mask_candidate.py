@@ -179,3 +179,41 @@ def test_default_differs_from_exclusion_on_this_checkpoint(mask_ckpt):
         b = generate_ids(CachedBackend(model), prompt, {**S_MODE, "exclude_mask_token": True}, **kw)
         differ += a.raw_ids != b.raw_ids
     assert differ >= 3, differ
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_round_graph_device_step_equals_host_decoders_where_mask_wins(tmp_path):
+    """On CUDA (bf16, Triton kernels, CUDA graphs): the round graph (forward + on-device step) and the same
+    forward graphs driven by the host decoders see bitwise-identical logits on the mask-wins checkpoint, so
+    tokens, forward counts and stalled blocks must be identical, for every decoder family.
+    Run: ``python -m pytest -q tests/engine/test_mask_candidate.py -k gpu``."""
+    from repro.engine import LLM
+    from repro.engine.graph import GraphBackend
+
+    write_tiny(tmp_path, seed=1, mask_head=(196, 1.05))
+    fast = LLM(tmp_path, role="orl", precision="bf16", device="cuda")
+    assert fast.engine_path == "cuda-graph" and isinstance(fast.backend, GraphBackend)
+    mask = fast.mask_id
+    host = GraphBackend(fast.model, mask, device_steps=False)  # host decoders over the same forward graphs
+    wins = {"masked": 0, "written": 0}
+    graph_denoise = host.denoise
+
+    def counting(ids, start, embeds):
+        lg = graph_denoise(ids, start, embeds)
+        top = lg.argmax(-1) == mask
+        wins["masked"] += int((top & (ids == mask)).sum())
+        wins["written"] += int((top & (ids != mask)).sum())
+        return lg
+
+    host.denoise = counting
+    for dec in SETTINGS + [{"algorithm": "orl"}]:
+        for prompt, G in _prompts(3, 13):
+            kw = dict(mask_id=mask, eos_id=fast.eos_id, max_new_tokens=G)
+            with torch.inference_mode():
+                a = generate_ids(fast.backend, prompt, dec, **kw)
+                b = generate_ids(host, prompt, dec, **kw)
+            assert (a.raw_ids, a.forwards, a.block_forwards, a.stalled_blocks) == \
+                (b.raw_ids, b.forwards, b.block_forwards, b.stalled_blocks), dec
+    print(f"\nmask won the argmax at {wins['masked']} masked and {wins['written']} written positions")
+    assert wins["masked"] > 0 and wins["written"] > 0
