@@ -42,6 +42,10 @@ class EngineBackend:
                 rec["forwards_note"] = out.note
             yield rec
 
+    def close(self) -> None:
+        """Drop the loaded model (GPU memory is freed with it)."""
+        self.llm = None
+
     def describe(self) -> dict:
         import torch
 
