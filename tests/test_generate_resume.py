@@ -173,3 +173,16 @@ def test_gpu_job_without_gpu_fails_clearly(job, tmp_path):
     cmd[cmd.index("--device") + 1] = "cuda"
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no CUDA GPU is visible" in r.stderr
+
+
+def test_adapter_map_reaches_the_backend(job, tmp_path, monkeypatch):
+    args, *_ = job
+    seen = []
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: seen.append(k) or FakeBackend())
+    a = args(tmp_path / "o.jsonl")
+    gen.run(a)
+    assert "adapter_map" not in seen[-1]
+    a = args(tmp_path / "p.jsonl")
+    a.adapter_map = str(tmp_path / "map.json")
+    gen.run(a)
+    assert seen[-1]["adapter_map"] == str(tmp_path / "map.json")

@@ -15,11 +15,12 @@ class EngineBackend:
 
     name = "engine"
 
-    def __init__(self, model_dir: str, role: str, device: str = "cpu", precision: str = "fp32"):
+    def __init__(self, model_dir: str, role: str, device: str = "cpu", precision: str = "fp32",
+                 adapter_map: str | None = None):
         from repro.engine import LLM
 
         self.device, self.precision = device, precision
-        self.llm = LLM(str(model_dir), role=role, precision=precision, device=device)
+        self.llm = LLM(str(model_dir), role=role, precision=precision, device=device, adapter_map=adapter_map)
 
     def generate(self, prompts: Iterable, decoder: dict) -> Iterator[dict]:
         for p in prompts:
@@ -54,4 +55,4 @@ class EngineBackend:
         else:
             dev = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
         return {"backend": "engine", "device": dev, "precision": self.precision, "torch": torch.__version__,
-                "engine_path": self.llm.engine_path, "kernels": self.llm.kernels}
+                "engine_path": self.llm.engine_path, "kernels": self.llm.kernels, "adapter": self.llm.adapter_note}

@@ -155,8 +155,9 @@ def run(a: argparse.Namespace) -> int:
     sessions_file = Path(str(out) + ".partial.backends.json")  # backend of every session that wrote records
     sessions = json.loads(sessions_file.read_text()) if sessions_file.exists() else []
     if remaining:
+        extra = {"adapter_map": a.adapter_map} if getattr(a, "adapter_map", None) else {}
         backend = get_backend(a.backend, model_dir=str(model_dir), role=a.role, device=a.device,
-                              precision=a.precision)
+                              precision=a.precision, **extra)
         sessions.append(backend.describe())
         atomic_write_text(sessions_file, json.dumps(sessions, indent=1) + "\n")
         try:
@@ -198,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-shards", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--adapter-map", default=None,
+                    help="adapter mapping file for the checkpoint's ORL adapter (docs/adapter_map.md)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     try:

@@ -340,7 +340,10 @@ class SGLangBackend:
 
     def __init__(self, model_dir: str, role: str = "orl", device: str = "cuda", precision: str = "bf16",
                  tp_size: int | None = None, work_dir: str | None = None, batch_size: int = 1,
-                 cuda_graph_max_bs: int | None = None):
+                 cuda_graph_max_bs: int | None = None, adapter_map: str | None = None):
+        if adapter_map is not None:
+            raise SGLangBackendError(f"adapter_map={adapter_map!r} is read by the engine backend only; SGLang "
+                                     "loads the checkpoint itself (role orl needs the ORL build of SGLang)")
         if not str(device).startswith("cuda"):
             raise SGLangBackendError(f"device={device!r}: SGLang runs on CUDA GPUs only; use the engine backend "
                                      "for CPU runs (the smoke suite)")

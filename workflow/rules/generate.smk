@@ -13,6 +13,7 @@ rule generate_shard:
         decoder=W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
         problems=W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
         image=image_input("generate"),
+        adapter_map=lambda wc: config["models"][wc.model].get("adapter_map") or [],  # docs/adapter_map.md
     output:
         W(P.SHARD, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}", shard="{shard}", nshards="{nshards}"),
     params:
@@ -20,6 +21,7 @@ rule generate_shard:
         role=lambda wc: config["models"][wc.model]["role"],
         device=lambda wc: config["suites"][wc.suite]["device"],
         precision=lambda wc: config["suites"][wc.suite]["precision"],
+        adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
     log:
         W("logs/generate/{suite}/{model}/{bench}/seed{seed}/shard{shard}of{nshards}.log"),
     container: image_for("generate")
@@ -33,7 +35,8 @@ rule generate_shard:
                "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
                "--decoder {input.decoder} --problems {input.problems} --benchmark {wildcards.bench} "
                "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "
-               "--device {params.device} --precision {params.precision} --out {output}", streams="2> {log}")
+               "--device {params.device} --precision {params.precision} {params.adapter_map} --out {output}",
+               streams="2> {log}")
 
 
 def shard_files(wildcards):
