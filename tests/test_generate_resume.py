@@ -37,6 +37,16 @@ class FakeBackend:
     def describe(self):
         return {"backend": "fake"}
 
+    def close(self):
+        self.closed = True
+
+
+class LazyBackend(FakeBackend):
+    """Like SGLang's backend: its engine (and so most of its provenance) exists only once generate() ran."""
+
+    def describe(self):
+        return {"backend": "lazy", "engine_args": "set" if self.calls else None}
+
 
 @pytest.fixture
 def job(tmp_path, data_dir):
@@ -86,6 +96,23 @@ def test_kill_then_rerun_gives_every_problem_once(job, tmp_path, monkeypatch):
     assert meta["checkpoint_manifest_sha256"] and meta["decoder_sha256"] and meta["code_revision"]
     assert meta["backend_info"] == {"backend": "fake"} and len(meta["backend_sessions"]) == 2
     assert not Path(str(out) + ".partial.backends.json").exists()
+
+
+def test_provenance_is_taken_after_generate_and_the_backend_is_closed(job, tmp_path, monkeypatch):
+    args, probs, *_ = job
+    out = tmp_path / "g" / "shard0of1.jsonl"
+    dying = LazyBackend(die_after=2)
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: dying)
+    with pytest.raises(Killed):
+        gen.run(args(out))
+    assert dying.closed  # closed on error too
+    sessions = json.loads(Path(str(out) + ".partial.backends.json").read_text())
+    assert sessions == [{"backend": "lazy", "engine_args": "set"}]
+    backend = LazyBackend()
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: backend)
+    assert gen.run(args(out)) == 0 and backend.closed
+    meta = json.loads(Path(str(out) + ".meta.json").read_text())
+    assert meta["backend_info"] == {"backend": "lazy", "engine_args": "set"}  # not the pre-generate view
 
 
 def test_resume_with_nothing_left_keeps_the_backend_provenance(job, tmp_path, monkeypatch):
@@ -146,3 +173,16 @@ def test_gpu_job_without_gpu_fails_clearly(job, tmp_path):
     cmd[cmd.index("--device") + 1] = "cuda"
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no CUDA GPU is visible" in r.stderr
+
+
+def test_adapter_map_reaches_the_backend(job, tmp_path, monkeypatch):
+    args, *_ = job
+    seen = []
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: seen.append(k) or FakeBackend())
+    a = args(tmp_path / "o.jsonl")
+    gen.run(a)
+    assert "adapter_map" not in seen[-1]
+    a = args(tmp_path / "p.jsonl")
+    a.adapter_map = str(tmp_path / "map.json")
+    gen.run(a)
+    assert seen[-1]["adapter_map"] == str(tmp_path / "map.json")

@@ -125,7 +125,7 @@ def test_written_table_says_limit_and_temperature_in_every_format(tmp_path):
     assert csv[0].endswith(",gsm8k_n,math500_n,decoding") and csv[1].endswith(",3,3,\"sampling, T = 0.6\"")
     long = (out / "main_table_long.csv").read_text().splitlines()
     assert long[0] == ("model,label,benchmark,seed,accuracy,ci_lo,ci_hi,n,n_total,data_source,temperature,"
-                       "tpf,tokens,forwards")
+                       "tpf,tokens,forwards,tpf_note")
     prov = json.loads((out / "provenance.json").read_text())
     assert {(c["problems_kept"], c["problems_total"]) for c in prov["cells"]} == {(3, 1319), (3, 500)}
 
@@ -183,3 +183,24 @@ def test_tex_compiles_in_a_minimal_document_and_fits_a_column(tmp_path):
     r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
+
+
+def test_tpf_without_forward_counts_explains_itself_and_caption_names_the_backend():
+    """A backend without forward counts (released SGLang): the cell says n/c, the caption why; a cell with
+    counts and the caption's TPF sentence name the backend that counted."""
+    long = measured()
+    long["tpf_note"] = None
+    sglang_rows = long["model"] == "orl"
+    long.loc[sglang_rows, "tpf"] = None
+    long.loc[sglang_rows, "tpf_note"] = "SGLang reported no forward counts"
+    rows = wide(long, BENCH)
+    md = to_markdown(rows, BENCH).splitlines()
+    assert md[2] == "| LLaDA_2.1 & co | 50.0 | 2.0 | 50.0 | 2.0 |"
+    assert md[3] == "| + ORL | 50.0 | n/c | 50.0 | n/c |"
+    assert "n/c" in to_latex(rows, BENCH, "c", "tab:x") and to_csv(rows, BENCH).splitlines()[2].startswith(
+        "orl,+ ORL,50.0,n/c,50.0,n/c,")
+    cap = caption(long, **{**CAP, "backend": "sglang"})
+    assert "TPF: generated tokens per denoising or commit forward, from the sglang backend's forward counts" in cap
+    assert "n/c: not counted, the sglang backend reported no forward counts" in cap
+    assert "n/c" not in caption(measured(), **CAP) and "from the engine backend's forward counts" in caption(
+        measured(), **CAP)

@@ -28,5 +28,10 @@ class GenerationBackend(Protocol):
         ...
 
     def describe(self) -> dict:
-        """Provenance of the backend: versions, device name, precision."""
+        """Provenance of the backend: versions, device name, precision, and what ``generate`` set up (an
+        engine started lazily is described fully only after ``generate`` has run)."""
+        ...
+
+    def close(self) -> None:
+        """Release the model / engine (the job calls it when done, also on error)."""
         ...

@@ -15,18 +15,19 @@ class EngineBackend:
 
     name = "engine"
 
-    def __init__(self, model_dir: str, role: str, device: str = "cpu", precision: str = "fp32"):
+    def __init__(self, model_dir: str, role: str, device: str = "cpu", precision: str = "fp32",
+                 adapter_map: str | None = None):
         from repro.engine import LLM
 
         self.device, self.precision = device, precision
-        self.llm = LLM(str(model_dir), role=role, precision=precision, device=device)
+        self.llm = LLM(str(model_dir), role=role, precision=precision, device=device, adapter_map=adapter_map)
 
     def generate(self, prompts: Iterable, decoder: dict) -> Iterator[dict]:
         for p in prompts:
             prompt_text = self.llm.apply_chat_template(p.messages)
             out = self.llm.generate(prompt_text, decoder=decoder, max_new_tokens=decoder.get("max_new_tokens"),
                                     seed=decoder.get("seed"))
-            yield {
+            rec = {
                 "prompt_text": prompt_text,
                 "completion": out.text,
                 "prompt_tokens": out.prompt_tokens,
@@ -38,6 +39,13 @@ class EngineBackend:
                 "finish_reason": out.finish_reason,
                 "device": self.device,
             }
+            if out.note:  # a block stopped at the decoder's forward cap (repro.engine.decode_loop)
+                rec["forwards_note"] = out.note
+            yield rec
+
+    def close(self) -> None:
+        """Drop the loaded model (GPU memory is freed with it)."""
+        self.llm = None
 
     def describe(self) -> dict:
         import torch
@@ -47,4 +55,4 @@ class EngineBackend:
         else:
             dev = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
         return {"backend": "engine", "device": dev, "precision": self.precision, "torch": torch.__version__,
-                "engine_path": self.llm.engine_path, "kernels": self.llm.kernels}
+                "engine_path": self.llm.engine_path, "kernels": self.llm.kernels, "adapter": self.llm.adapter_note}

@@ -99,9 +99,34 @@ def complete_shard(out: Path, partial: Path, todo: list[dict], meta: dict) -> li
     return ordered
 
 
-def run(a: argparse.Namespace) -> int:
+def _generate(a: argparse.Namespace, backend, remaining: list[dict], decoder: dict, partial: Path,
+              out: Path) -> None:
+    """Generate ``remaining`` problems with ``backend``, appending each record to ``partial``."""
+    from tqdm import tqdm
+
     from repro.prompts import build_prompt
 
+    prompts = [build_prompt(a.benchmark, p["source"]) for p in remaining]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(remaining), desc=f"{a.model}/{a.benchmark}", unit="problem", file=sys.stderr,
+               mininterval=1.0)
+    toks = fwd = 0
+    t0 = time.perf_counter()
+    with open(partial, "a", encoding="utf-8") as f:
+        for prob, prompt, rec in zip(remaining, prompts, backend.generate(prompts, decoder)):
+            rec = {"id": prob["id"], "benchmark": a.benchmark, "model": a.model, "seed": a.seed,
+                   "backend": a.backend, "template_version": prompt.template_version, **rec}
+            append_jsonl(f, rec)
+            toks += rec["generated_tokens"]
+            if rec.get("forwards"):
+                fwd += rec["forwards"]["denoise"] + rec["forwards"]["commit"]
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{toks / (time.perf_counter() - t0):.1f}",
+                            TPF=f"{toks / fwd:.2f}" if fwd else "n/a")
+    bar.close()
+
+
+def run(a: argparse.Namespace) -> int:
     model_dir, out = Path(a.model_dir), Path(a.out)
     stamp = check_verified(model_dir, Path(a.verified))
     gpu_lock = None  # held (not read) until the job ends: the flock on it is the GPU claim
@@ -145,30 +170,18 @@ def run(a: argparse.Namespace) -> int:
     backend = None
     sessions = json.loads(sessions_file.read_text()) if sessions_file.exists() else []
     if remaining:
+        extra = {"adapter_map": a.adapter_map} if getattr(a, "adapter_map", None) else {}
         backend = get_backend(a.backend, model_dir=str(model_dir), role=a.role, device=a.device,
-                              precision=a.precision)
+                              precision=a.precision, **extra)
         sessions.append(backend.describe())
         atomic_write_text(sessions_file, json.dumps(sessions, indent=1) + "\n")
-        prompts = [build_prompt(a.benchmark, p["source"]) for p in remaining]
-        from tqdm import tqdm
-
-        out.parent.mkdir(parents=True, exist_ok=True)
-        bar = tqdm(total=len(remaining), desc=f"{a.model}/{a.benchmark}", unit="problem", file=sys.stderr,
-                   mininterval=1.0)
-        toks = fwd = 0
-        t0 = time.perf_counter()
-        with open(partial, "a", encoding="utf-8") as f:
-            for prob, prompt, rec in zip(remaining, prompts, backend.generate(prompts, decoder)):
-                rec = {"id": prob["id"], "benchmark": a.benchmark, "model": a.model, "seed": a.seed,
-                       "backend": a.backend, "template_version": prompt.template_version, **rec}
-                append_jsonl(f, rec)
-                toks += rec["generated_tokens"]
-                if rec.get("forwards"):
-                    fwd += rec["forwards"]["denoise"] + rec["forwards"]["commit"]
-                bar.update(1)
-                bar.set_postfix(tok_s=f"{toks / (time.perf_counter() - t0):.1f}",
-                                TPF=f"{toks / fwd:.2f}" if fwd else "n/a")
-        bar.close()
+        try:
+            _generate(a, backend, remaining, decoder, partial, out)
+        finally:
+            # describe again: a backend that starts its engine in generate() knows its arguments only now
+            sessions[-1] = backend.describe()
+            atomic_write_text(sessions_file, json.dumps(sessions, indent=1) + "\n")
+            backend.close()
     meta = {
         "model": a.model, "benchmark": a.benchmark, "seed": a.seed, "shard": a.shard,
         "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,
@@ -203,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-shards", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--adapter-map", default=None,
+                    help="adapter mapping file for the checkpoint's ORL adapter (docs/adapter_map.md)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     from repro.backends.lifeline import die_with_parent

@@ -1,53 +1,64 @@
 """The SGLang backend: the paper's own serving path (``sgl.Engine`` offline engine, dLLM algorithms).
 
 NOT RUN HERE: SGLang cannot be installed on the development machines (no GPU). What is tested
-(``tests/plumbing/test_sglang_backend.py``) is the argument mapping and the parsing of example outputs that
-we constructed by hand from the key names in engine_spec.md §6.10/§9 — not outputs captured from SGLang.
+(``tests/plumbing/test_sglang_backend.py``) is the argument mapping and the parsing of outputs, against stubs
+shaped as SGLang 0.5.23 as released (``ServerArgs`` a ``msgspec`` struct, the real ``meta_info`` keys, several
+EOS ids) and as the model card's ORL build — not outputs captured from SGLang.
+Facts below are read from the SGLang 0.5.23 wheel (paths inside ``sglang/srt/``).
 
 Contract (``repro.backends.base.GenerationBackend``)
------------------------------------------
+----------------------------------------------------
 ``SGLangBackend(model_dir, role, device="cuda", precision="bf16", tp_size=1, work_dir=None, batch_size=1,
-card_options=None)``; ``generate(prompts, decoder)`` yields one record per prompt, in order, with the
+cuda_graph_max_bs=None)``; ``generate(prompts, decoder)`` yields one record per prompt, in order, with the
 backend fields of the generation record (docs/interfaces.md): ``prompt_text, completion, prompt_tokens,
 generated_tokens, forwards, tpf, wall_s, tokens_per_s, finish_reason, device`` and ``forwards_note`` when
-forward counts are missing or partial.
+forward counts are missing or partial; ``describe()`` (provenance, complete once ``generate`` has started
+the engine) and ``close()`` (shuts the engine down).
 
 * ``sglang`` is imported lazily (first ``generate``), so this module imports on any machine.
-* ``decoder`` is the **engine** decoder dict (``render_config --backend engine``); it is mapped with
-  ``repro.paper.decoding.to_sglang`` to ``dllm_algorithm`` and the YAML keys SGLang reads, which are written
-  to ``<work_dir>/dllm_algorithm_config.yaml`` (same bytes for the same settings; its sha256 is in
-  ``describe()``). A decoder dict that already holds SGLang keys (no ``algorithm``) is refused with the fix.
-* The engine is built exactly as the model card shows::
+* ``ServerArgs`` fields are read for both layouts — a dataclass (older releases) or a ``msgspec`` struct
+  (0.5.23, ``server_args.py``; SGLang's own ``arg_groups/arg_utils.record_fields`` when present) — and a
+  layout that cannot be read is an error, never a silently shorter option list. ``Engine(**kw)`` passes
+  every keyword to ``ServerArgs``; a keyword it lacks is refused here with its name.
+* Two paths, chosen by ``role``:
 
-      sgl.Engine(model_path=model_dir, trust_remote_code=True, tp_size=tp_size, mem_fraction_static=0.60,
-                 disable_cuda_graph=False, attention_backend="flashinfer", disable_radix_cache=True,
-                 dllm_algorithm=<name>, dllm_algorithm_config=<yaml path>, **card_options_known)
-
-  ``card_options`` (default ``CARD_OPTIONS``) are passed only when the installed SGLang's ``ServerArgs`` has
-  a field of that name (``sdar_*`` options are not in any public SGLang, engine_spec.md §6.7); which were
-  passed or dropped is in ``describe()``. If the installed SGLang exposes ``algo_name_to_cls`` and the
-  algorithm is not in it, the backend refuses before loading the model.
-* Prompts: the checkpoint's chat template (``tokenizer_config.json``), applied by ``transformers`` when
-  installed, else rendered with jinja2 (``add_generation_prompt=True``); SGLang receives the formatted
-  string. Stop strings are not applied (raw completions are kept, as in the engine backend).
-* ``sampling_params = {"temperature": 0.0, "max_new_tokens": decoder["max_new_tokens"]}`` (dLLM algorithms
-  are argmax-only).
-* Forward counts are probed in ``meta_info`` (``FORWARD_KEYS``, in order):
-  ``dllm_forward_counts_per_block`` / ``dllm_forward_counts`` (a list, one count per block, each including
-  the block's final confirmation forward) -> ``forwards = {"prefill": None, "denoise": sum - blocks,
-  "commit": blocks}``, ``tpf = generated_tokens / sum``; prompt prefill is not reported by SGLang, hence
-  ``None``. A bare total (``dllm_num_forward_passes``) cannot be split by kind: ``forwards`` and ``tpf`` are
-  ``None`` and ``forwards_note`` keeps the raw value. No key at all: ``forwards``/``tpf`` ``None`` and
-  ``forwards_note`` names the keys looked for. A TPF is never estimated.
-* Tokens: with ``output_ids`` in the output, generated tokens are counted up to (excluding) the first EOS;
-  otherwise ``meta_info["completion_tokens"]``, minus one when ``finish_reason`` matched a stop *token id*
-  (SGLang counts the matched stop token; assumption, noted in ``forwards_note``).
-* ``finish_reason``: SGLang ``{"type": "stop"}`` -> ``"eos"``, ``{"type": "length"}`` -> ``"length"``, other
-  types kept as their name.
+  - ``role="base"``: mainline SGLang. The **engine** decoder dict (``render_config --backend engine``) is
+    mapped with ``repro.paper.decoding.to_sglang`` to ``dllm_algorithm`` and the YAML keys SGLang reads,
+    written to ``<work_dir>/dllm_algorithm_config.yaml`` (``dllm_algorithm_config`` is a path to a YAML
+    file). The algorithm must be in the installed ``algo_name_to_cls``.
+  - ``role="orl"``: SGLang's LLaDA2 loader skips tensor names it does not know
+    (``models/llada2.py`` ``load_weights``), so on mainline SGLang the ORL residual adapter would be dropped
+    without a word and the run would be the base model with ORL thresholds. Refused unless the installed
+    build declares ORL support — the ORL repository's SGLang on ``PYTHONPATH``, as the model card runs it:
+    ``SDARPrefixKV`` in ``algo_name_to_cls`` and the card's ``sdar_*`` fields in ``ServerArgs``. Then the
+    engine is built exactly as the card shows (:data:`CARD_ENGINE_ARGS`) with ``dllm_algorithm_config`` the
+    card's engine-format ``decoder.yaml`` (the engine decoder keys, written to ``<work_dir>/decoder.yaml``).
+* ``max_running_requests`` is passed as ``batch_size`` when ``batch_size > 1``; unset, SGLang runs dLLM
+  requests one at a time (``dllm/config.py``) — both recorded in ``describe()``. ``cuda_graph_max_bs`` (if
+  given) goes to ``cuda_graph_max_bs_decode`` / ``cuda_graph_max_bs_prefill`` (0.5.23 names), or to the old
+  single field on a build that has it.
+* Prompts: the checkpoint's chat template, applied by ``transformers`` when installed, else rendered with
+  jinja2 (``add_generation_prompt=True``). Stop strings are not applied (raw completions are kept).
+* ``sampling_params = {"temperature": 0.0, "max_new_tokens": decoder["max_new_tokens"]}``.
+* Stop ids: SGLang stops on every EOS id of the checkpoint's ``generation_config.json`` / ``config.json``
+  and the tokenizer's EOS token, not only the first; :func:`stop_token_ids` collects them all and generated
+  tokens are counted up to (excluding) the first of any. Without ``output_ids``:
+  ``meta_info["completion_tokens"]`` (which includes the matched stop token) minus one when
+  ``finish_reason`` matched a stop token id.
+* Forward counts: released SGLang's ``meta_info`` (``managers/tokenizer_manager.py``: ``id, finish_reason,
+  prompt_tokens, weight_version, num_retractions, reasoning_tokens, completion_tokens, cached_tokens,
+  e2e_latency``) has **none**: ``forwards``/``tpf`` are ``None`` and ``forwards_note`` says why (the table
+  prints "n/c" and its caption explains). Builds with a per-block list (:data:`FORWARD_LIST_KEYS`, from an
+  unmerged SGLang change) put the prompt prefill first (one forward): counted as ``prefill``, the rest as
+  blocks, each block's last forward (it persists the block's K/V) as ``commit`` — TPF = generated tokens /
+  block forwards, prefill excluded, as the engine counts. A bare total cannot be split and gives no TPF.
+* ``finish_reason``: ``{"type": "stop"}`` -> ``"eos"``, ``{"type": "length"}`` -> ``"length"``, other types
+  kept as their name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -58,34 +69,88 @@ from typing import Any, Iterable, Iterator
 
 from repro.paper.decoding import PaperDecodingError, sglang_sampling_params, to_sglang
 
-#: The card's CUDA-graph options for the SDAR-style rollout (names from issue 4; values assumed on). Passed
-#: only if the installed SGLang's ServerArgs knows them.
-CARD_OPTIONS: dict[str, Any] = {"sdar_rollout_cuda_graph": True}
+#: The algorithm of the model card's ORL build (the ORL repository's SGLang; in no public SGLang).
+CARD_ALGORITHM = "SDARPrefixKV"
+#: The model card's engine arguments, exactly (besides model_path, trust_remote_code, tp_size and the
+#: ``dllm_algorithm_config`` path to its ``decoder.yaml``).
+CARD_ENGINE_ARGS: dict[str, Any] = {
+    "dllm_algorithm": CARD_ALGORITHM, "sdar_rollout_cuda_graph": True,
+    "sdar_rollout_cuda_graph_capture_sizes": [1, 2], "attention_backend": "flashinfer",
+    "mem_fraction_static": 0.60, "disable_radix_cache": True}
+CARD_SDAR_FIELDS = ("sdar_rollout_cuda_graph", "sdar_rollout_cuda_graph_capture_sizes")
+#: Mainline engine arguments (the card's, without the ORL build's algorithm and sdar_* options).
+MAINLINE_ENGINE_ARGS: dict[str, Any] = {"mem_fraction_static": 0.60, "disable_cuda_graph": False,
+                                        "attention_backend": "flashinfer", "disable_radix_cache": True}
 
-FORWARD_LIST_KEYS = ("dllm_forward_counts_per_block", "dllm_forward_counts")
+FORWARD_LIST_KEYS = ("dllm_forward_counts", "dllm_forward_counts_per_block")
 FORWARD_TOTAL_KEYS = ("dllm_num_forward_passes",)
 FORWARD_KEYS = FORWARD_LIST_KEYS + FORWARD_TOTAL_KEYS
-DEFAULT_EOS_ID = 156892  # <|endoftext|> (engine_spec.md §5)
+DEFAULT_EOS_ID = 156892  # <|endoftext|> of LLaDA2.1 (config.json eos_token_id)
 
 
 class SGLangBackendError(RuntimeError):
     """The SGLang backend cannot run as asked; the message says why and what to do."""
 
 
-def engine_kwargs(model_dir: str, algorithm: str, config_path: str, tp_size: int = 1,
-                  card_options: dict | None = None, server_fields: set[str] | None = None) -> tuple[dict, dict]:
-    """The ``sgl.Engine`` keyword arguments and ``{"passed": [...], "dropped": [...]}`` for card options."""
-    kw = dict(model_path=str(model_dir), trust_remote_code=True, tp_size=int(tp_size), mem_fraction_static=0.60,
-              disable_cuda_graph=False, attention_backend="flashinfer", disable_radix_cache=True,
-              dllm_algorithm=algorithm, dllm_algorithm_config=str(config_path))
-    passed, dropped = [], []
-    for k, v in (CARD_OPTIONS if card_options is None else card_options).items():
-        if server_fields is not None and k in server_fields:
-            kw[k] = v
-            passed.append(k)
+def server_arg_names(server_args_cls) -> frozenset[str]:
+    """Field names of SGLang's ``ServerArgs`` class, dataclass or ``msgspec`` struct. Raises
+    SGLangBackendError naming the class when neither layout can be read (never an empty set)."""
+    names: set[str] = set()
+    try:
+        from sglang.srt.arg_groups.arg_utils import record_fields  # SGLang's reader for both layouts
+
+        names = {f.name for f in record_fields(server_args_cls)}
+    except ImportError:
+        pass
+    if not names and dataclasses.is_dataclass(server_args_cls):
+        names = {f.name for f in dataclasses.fields(server_args_cls)}
+    if not names:
+        names = set(getattr(server_args_cls, "__struct_fields__", ()) or ())  # msgspec.Struct
+    if not names:
+        raise SGLangBackendError(
+            f"cannot read the fields of {getattr(server_args_cls, '__qualname__', server_args_cls)!r}: it is "
+            "neither a dataclass nor a msgspec struct; this SGLang layout is not supported — update "
+            "repro.backends.sglang.server_arg_names for it")
+    return frozenset(names)
+
+
+def orl_support(fields: frozenset[str], algorithms) -> tuple[bool, str]:
+    """(declared, why): True when the installed SGLang is the card's ORL build (:data:`CARD_ALGORITHM` in
+    ``algorithms`` and every :data:`CARD_SDAR_FIELDS` in ``ServerArgs``)."""
+    lacks = [] if algorithms is not None and CARD_ALGORITHM in algorithms else [f"algorithm {CARD_ALGORITHM}"]
+    lacks += [f"ServerArgs.{f}" for f in CARD_SDAR_FIELDS if f not in fields]
+    if not lacks:
+        return True, f"{CARD_ALGORITHM} and {', '.join(CARD_SDAR_FIELDS)} present (the model card's ORL build)"
+    return False, "no ORL support declared: lacks " + ", ".join(lacks)
+
+
+def engine_kwargs(model_dir: str, algorithm: str, config_path: str, fields: frozenset[str], *, tp_size: int = 1,
+                  card: bool = False, max_running_requests: int | None = None,
+                  cuda_graph_max_bs: int | None = None) -> dict:
+    """The ``sgl.Engine`` keyword arguments: the model card's (``card``) or the mainline ones, plus the
+    optional request / CUDA-graph limits under the names ``fields`` (``ServerArgs``) has. Raises
+    SGLangBackendError naming any keyword ``ServerArgs`` lacks (``Engine`` would raise TypeError)."""
+    kw: dict[str, Any] = dict(model_path=str(model_dir), trust_remote_code=True, tp_size=int(tp_size))
+    if card:
+        kw.update(CARD_ENGINE_ARGS)
+    else:
+        kw.update(MAINLINE_ENGINE_ARGS, dllm_algorithm=algorithm)
+    kw["dllm_algorithm_config"] = str(config_path)
+    if max_running_requests is not None:
+        kw["max_running_requests"] = int(max_running_requests)
+    if cuda_graph_max_bs is not None:
+        if {"cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill"} <= fields:
+            kw["cuda_graph_max_bs_decode"] = kw["cuda_graph_max_bs_prefill"] = int(cuda_graph_max_bs)
         else:
-            dropped.append(k)
-    return kw, {"passed": passed, "dropped": dropped}
+            kw["cuda_graph_max_bs"] = int(cuda_graph_max_bs)
+    unknown = sorted(k for k in kw if k not in fields)
+    if unknown:
+        raise SGLangBackendError(f"the installed SGLang's ServerArgs has no field {', '.join(unknown)}; "
+                                 "sgl.Engine would refuse these arguments (a TypeError). "
+                                 + ("The card's sdar_* options need the ORL build of SGLang."
+                                    if any(k.startswith("sdar_") for k in unknown) else
+                                    "Use an SGLang release with these arguments."))
+    return kw
 
 
 def sglang_config_text(cfg: dict) -> str:
@@ -96,13 +161,8 @@ def sglang_config_text(cfg: dict) -> str:
 
 
 def map_decoder(decoder: dict) -> tuple[str, dict, dict, list[str]]:
-    """Engine decoder dict -> (dllm_algorithm, yaml dict, sampling_params, notes)."""
-    if "algorithm" not in decoder:
-        raise SGLangBackendError(
-            "the SGLang backend takes the engine decoder config (keys algorithm, threshold, edit_threshold, "
-            "editing, max_post_steps, max_new_tokens, ...); got keys " + ", ".join(sorted(decoder)) +
-            ". Render it with `python -m repro.paper.render_config ... --backend engine`; the backend derives "
-            "SGLang's dllm_algorithm and YAML itself")
+    """Engine decoder dict -> (dllm_algorithm, yaml dict, sampling_params, notes) for mainline SGLang."""
+    _require_engine_keys(decoder)
     extra = {k: decoder[k] for k in ("penalty_lambda", "sglang_algorithm") if k in decoder}
     engine_only = {k: v for k, v in decoder.items() if k not in extra}
     try:
@@ -112,34 +172,79 @@ def map_decoder(decoder: dict) -> tuple[str, dict, dict, list[str]]:
     return name, cfg, sglang_sampling_params(engine_only), notes
 
 
+def _require_engine_keys(decoder: dict) -> None:
+    if "algorithm" not in decoder:
+        raise SGLangBackendError(
+            "the SGLang backend takes the engine decoder config (keys algorithm, threshold, edit_threshold, "
+            "editing, max_post_steps, max_new_tokens, ...); got keys " + ", ".join(sorted(decoder)) +
+            ". Render it with `python -m repro.paper.render_config ... --backend engine`; the backend derives "
+            "SGLang's dllm_algorithm and YAML itself")
+
+
+def stop_token_ids(model_dir: str | os.PathLike) -> tuple[int, ...]:
+    """Every id SGLang stops on, in order, without repeats: ``eos_token_id`` (int or list) of
+    ``generation_config.json`` and ``config.json``, then the tokenizer's ``eos_token`` (looked up in
+    ``tokenizer_config.json`` ``added_tokens_decoder`` or ``tokenizer.json`` ``added_tokens``).
+    ``(DEFAULT_EOS_ID,)`` when none is found."""
+    d = Path(model_dir)
+
+    def read(name):
+        p = d / name
+        try:
+            return json.loads(p.read_text()) if p.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        eos = read(name).get("eos_token_id")
+        for e in (eos if isinstance(eos, list) else [eos]):
+            if isinstance(e, int) and not isinstance(e, bool):
+                ids.append(e)
+    tc = read("tokenizer_config.json")
+    tok = tc.get("eos_token")
+    tok = tok.get("content") if isinstance(tok, dict) else tok
+    if isinstance(tok, str):
+        table = {v.get("content"): int(k) for k, v in (tc.get("added_tokens_decoder") or {}).items()
+                 if isinstance(v, dict)}
+        table.update({t.get("content"): int(t["id"]) for t in (read("tokenizer.json").get("added_tokens") or [])
+                      if isinstance(t, dict) and "id" in t})
+        if tok in table:
+            ids.append(table[tok])
+    return tuple(dict.fromkeys(ids)) or (DEFAULT_EOS_ID,)
+
+
 def parse_forwards(meta: dict, generated_tokens: int) -> tuple[dict | None, float | None, str | None]:
-    """(forwards, tpf, note) from one output's ``meta_info`` (see module docstring)."""
+    """(forwards, tpf, note) from one output's ``meta_info`` (see the module docstring)."""
     for key in FORWARD_LIST_KEYS:
         counts = meta.get(key)
         if counts is None:
             continue
         if isinstance(counts, (int, float)) and not isinstance(counts, bool):
             return None, None, (f"meta_info[{key!r}] = {counts} is a total, not per-block counts; forwards "
-                                "cannot be split into denoise/commit, TPF not computed")
+                                "cannot be split into prefill/denoise/commit, TPF not computed")
         counts = [int(c) for c in counts]
-        total = sum(counts)
-        if not counts or total == 0:
-            return None, None, f"meta_info[{key!r}] is empty; TPF not computed"
-        fw = {"prefill": None, "denoise": total - len(counts), "commit": len(counts)}
-        note = (f"forward counts from meta_info[{key!r}] ({len(counts)} blocks); each block's last forward "
-                "counted as commit; prompt prefill not reported by SGLang")
+        if len(counts) < 2 or sum(counts[1:]) == 0:
+            return None, None, f"meta_info[{key!r}] = {counts} holds no decoded block; TPF not computed"
+        prefill, blocks = counts[0], counts[1:]
+        total = sum(blocks)
+        fw = {"prefill": prefill, "denoise": total - len(blocks), "commit": len(blocks)}
+        note = (f"forward counts from meta_info[{key!r}]: first entry the prompt prefill ({prefill}), then "
+                f"{len(blocks)} blocks, each block's last forward counted as commit")
         return fw, generated_tokens / total, note
     for key in FORWARD_TOTAL_KEYS:
         if key in meta:
             return None, None, (f"meta_info[{key!r}] = {meta[key]} is a total that cannot be split into "
-                                "denoise/commit; TPF not computed")
-    return None, None, ("the installed SGLang reports none of the meta_info keys " + ", ".join(FORWARD_KEYS) +
-                        "; forward counts and TPF not available")
+                                "prefill/denoise/commit; TPF not computed")
+    return None, None, ("SGLang reported no forward counts (released SGLang's meta_info has none; looked for "
+                        + ", ".join(FORWARD_KEYS) + "); TPF not measured by this backend")
 
 
-def parse_output(out: dict, prompt_text: str, wall_s: float | None, eos_id: int = DEFAULT_EOS_ID,
+def parse_output(out: dict, prompt_text: str, wall_s: float | None, eos_ids: Iterable[int] = (DEFAULT_EOS_ID,),
                  device: str = "cuda") -> dict:
-    """One SGLang output dict (``text``, ``meta_info``, optional ``output_ids``) -> record fields."""
+    """One SGLang output dict (``text``, ``meta_info``, optional ``output_ids``) -> record fields;
+    ``eos_ids``: every stop id (:func:`stop_token_ids`)."""
+    stops = set(eos_ids)
     meta = out.get("meta_info") or {}
     notes = []
     fr = meta.get("finish_reason")
@@ -147,7 +252,7 @@ def parse_output(out: dict, prompt_text: str, wall_s: float | None, eos_id: int 
     finish = {"stop": "eos", "length": "length"}.get(ftype, str(ftype) if ftype is not None else "unknown")
     if out.get("output_ids") is not None:
         ids = list(out["output_ids"])
-        generated = ids.index(eos_id) if eos_id in ids else len(ids)
+        generated = next((i for i, t in enumerate(ids) if t in stops), len(ids))
     else:
         generated = int(meta.get("completion_tokens", 0))
         matched = fr.get("matched") if isinstance(fr, dict) else None
@@ -218,6 +323,16 @@ class ChatFormatter:
         return self._template.render(messages=messages, add_generation_prompt=True, **self._special)
 
 
+def _installed_version() -> str | None:
+    """The installed SGLang's version from package metadata (no import), None when absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
+
+
 class SGLangBackend:
     """Generation through SGLang's offline engine (see the module docstring)."""
 
@@ -225,34 +340,28 @@ class SGLangBackend:
 
     def __init__(self, model_dir: str, role: str = "orl", device: str = "cuda", precision: str = "bf16",
                  tp_size: int | None = None, work_dir: str | None = None, batch_size: int = 1,
-                 card_options: dict | None = None):
+                 cuda_graph_max_bs: int | None = None, adapter_map: str | None = None):
+        if adapter_map is not None:
+            raise SGLangBackendError(f"adapter_map={adapter_map!r} is read by the engine backend only; SGLang "
+                                     "loads the checkpoint itself (role orl needs the ORL build of SGLang)")
         if not str(device).startswith("cuda"):
             raise SGLangBackendError(f"device={device!r}: SGLang runs on CUDA GPUs only; use the engine backend "
                                      "for CPU runs (the smoke suite)")
         if precision != "bf16":
             raise SGLangBackendError(f"precision={precision!r}: the SGLang backend runs the checkpoint in its own "
                                      "dtype (bf16); fp32 is an engine-backend option")
+        if role not in ("orl", "base"):
+            raise SGLangBackendError(f"role={role!r}: expected 'orl' or 'base'")
         self.model_dir, self.role, self.device, self.precision = str(model_dir), role, device, precision
         self.tp_size = int(tp_size or os.environ.get("REPRO_SGLANG_TP", 1))
         self.batch_size = max(1, int(batch_size))
+        self.cuda_graph_max_bs = cuda_graph_max_bs
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="repro-sglang-"))
-        self.card_options = CARD_OPTIONS if card_options is None else card_options
         self.engine = None
         self._engine_key = None
         self._info: dict = {}
         self._format = None
-        self.eos_id = self._eos_id()
-
-    def _eos_id(self) -> int:
-        for name in ("generation_config.json", "config.json"):
-            p = Path(self.model_dir) / name
-            if p.is_file():
-                eos = json.loads(p.read_text()).get("eos_token_id")
-                if isinstance(eos, list) and eos:
-                    return int(eos[0])
-                if isinstance(eos, int):
-                    return eos
-        return DEFAULT_EOS_ID
+        self.eos_ids = stop_token_ids(self.model_dir)
 
     def _sglang(self):
         try:
@@ -264,56 +373,77 @@ class SGLangBackend:
         return sgl
 
     @staticmethod
-    def _server_fields() -> set[str] | None:
+    def _server_fields() -> frozenset[str]:
+        """``ServerArgs`` field names of the installed SGLang (SGLangBackendError if unreadable)."""
         try:
-            import dataclasses
-
             from sglang.srt.server_args import ServerArgs
-
-            return {f.name for f in dataclasses.fields(ServerArgs)}
-        except Exception:  # noqa: BLE001 - unknown layout: pass no optional options
-            return None
+        except ImportError as e:
+            raise SGLangBackendError(f"cannot import sglang.srt.server_args.ServerArgs ({e}); the SGLang "
+                                     "backend needs it to check the engine arguments") from None
+        return server_arg_names(ServerArgs)
 
     @staticmethod
-    def _check_algorithm(name: str) -> None:
+    def _algorithms() -> set[str] | None:
+        """Names in the installed ``algo_name_to_cls`` (None when this SGLang does not expose it)."""
         try:
             from sglang.srt.dllm.algorithm import algo_name_to_cls
-        except Exception:  # noqa: BLE001 - older/newer layout: SGLang itself will report unknown names
-            return
+        except Exception:  # noqa: BLE001 - older/newer layout: SGLang itself reports unknown names
+            return None
         known = algo_name_to_cls() if callable(algo_name_to_cls) else algo_name_to_cls
-        if known and name not in known:
-            raise SGLangBackendError(f"dllm_algorithm {name!r} is not in the installed SGLang; available: "
-                                     + ", ".join(sorted(known)))
+        return set(known) if known else None
 
-    def _ensure_engine(self, algorithm: str, cfg: dict) -> None:
-        text = sglang_config_text(cfg)
+    def _plan(self, decoder: dict, fields: frozenset[str], algorithms) -> tuple[str, str, str, bool, list[str]]:
+        """(dllm_algorithm, config file name, config text, card build?, notes) for ``decoder``."""
+        _require_engine_keys(decoder)
+        ok, why = orl_support(fields, algorithms)
+        if self.role == "orl":
+            if not ok:
+                raise SGLangBackendError(
+                    f"role 'orl' refused on this SGLang ({why}). SGLang's LLaDA2 loader skips tensor names it "
+                    "does not know, so the ORL residual adapter would be dropped without a word and the run "
+                    "would be the base model with ORL thresholds. Put the ORL repository's SGLang on PYTHONPATH "
+                    "(as the model card runs it), or use the engine backend (it loads the adapter)")
+            if decoder.get("exclude_mask_token"):
+                raise SGLangBackendError("exclude_mask_token: true is an engine-only option; drop it for SGLang")
+            cfg = {k: v for k, v in decoder.items() if k not in ("penalty_lambda", "sglang_algorithm")}
+            return CARD_ALGORITHM, "decoder.yaml", sglang_config_text(cfg), True, [
+                f"model card's ORL build: {why}; dllm_algorithm_config = the engine-format decoder.yaml"]
+        name, cfg, _, notes = map_decoder(decoder)
+        if algorithms is not None and name not in algorithms:
+            raise SGLangBackendError(f"dllm_algorithm {name!r} is not in the installed SGLang; available: "
+                                     + ", ".join(sorted(algorithms)))
+        return name, "dllm_algorithm_config.yaml", sglang_config_text(cfg), False, notes
+
+    def _ensure_engine(self, decoder: dict) -> None:
+        sgl = self._sglang()
+        fields, algorithms = self._server_fields(), self._algorithms()
+        algorithm, fname, text, card, notes = self._plan(decoder, fields, algorithms)
         key = (algorithm, text)
         if self.engine is not None and self._engine_key == key:
+            self._info["notes"] = notes
             return
-        if self.engine is not None:
-            self.engine.shutdown()
-        sgl = self._sglang()
-        self._check_algorithm(algorithm)
+        self.close()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        cfg_path = self.work_dir / "dllm_algorithm_config.yaml"
+        cfg_path = self.work_dir / fname
         cfg_path.write_text(text)
-        kw, card = engine_kwargs(self.model_dir, algorithm, str(cfg_path), self.tp_size, self.card_options,
-                                 self._server_fields())  # (the sdar_* fields it has are listed in describe())
+        mrr = self.batch_size if self.batch_size > 1 else None
+        kw = engine_kwargs(self.model_dir, algorithm, str(cfg_path), fields, tp_size=self.tp_size, card=card,
+                           max_running_requests=mrr, cuda_graph_max_bs=self.cuda_graph_max_bs)
         self.engine = sgl.Engine(**kw)
         self._engine_key = key
-        fields = self._server_fields()
-        self._info = {"dllm_algorithm": algorithm, "dllm_algorithm_config": cfg,
-                      "sdar_server_args_available": sorted(f for f in (fields or ()) if f.startswith("sdar_")),
-                      "dllm_algorithm_config_sha256": hashlib.sha256(text.encode()).hexdigest(),
-                      "engine_kwargs": {k: v for k, v in kw.items() if k != "model_path"},
-                      "card_options": card, "sglang": getattr(sgl, "__version__", "unknown")}
+        self._info = {
+            "dllm_algorithm": algorithm, "orl_build": card, "dllm_algorithm_config": text,
+            "dllm_algorithm_config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "engine_kwargs": {k: v for k, v in kw.items() if k != "model_path"},
+            "max_running_requests": mrr if mrr is not None else "unset: SGLang runs dLLM requests one at a time",
+            "sdar_server_args_available": sorted(f for f in fields if f.startswith("sdar_")),
+            "sglang": getattr(sgl, "__version__", None) or _installed_version() or "unknown", "notes": notes}
 
     def generate(self, prompts: Iterable, decoder: dict) -> Iterator[dict]:
-        algorithm, cfg, sampling, notes = map_decoder(decoder)
         if self._format is None:
             self._format = ChatFormatter(self.model_dir)
-        self._ensure_engine(algorithm, cfg)
-        self._info["notes"] = notes
+        self._ensure_engine(decoder)
+        sampling = sglang_sampling_params(decoder)
         batch: list[str] = []
         for p in prompts:
             batch.append(self._format(p.messages))
@@ -333,9 +463,12 @@ class SGLangBackend:
             raise SGLangBackendError(f"SGLang returned {len(outs)} outputs for {len(texts)} prompts")
         for text, out in zip(texts, outs):
             # one prompt per call: the measured wall time; batched: SGLang's per-request e2e_latency
-            yield parse_output(out, text, wall if len(texts) == 1 else None, self.eos_id, self.device)
+            yield parse_output(out, text, wall if len(texts) == 1 else None, self.eos_ids, self.device)
 
     def describe(self) -> dict:
+        """Provenance: always backend, device, precision, role, tp size, stop ids and the installed SGLang
+        version; once ``generate`` has started the engine also its algorithm, config text and sha256, engine
+        arguments and notes (``engine_started`` says which)."""
         dev = self.device
         try:
             import torch
@@ -345,9 +478,12 @@ class SGLangBackend:
         except Exception:  # noqa: BLE001
             pass
         return {"backend": "sglang", "device": dev, "precision": self.precision, "role": self.role,
-                "tp_size": self.tp_size, **self._info}
+                "tp_size": self.tp_size, "stop_token_ids": list(self.eos_ids),
+                "sglang": _installed_version() or "not installed", "engine_started": bool(self._info),
+                **self._info}
 
     def close(self) -> None:
+        """Shut the engine down (also registered by SGLang with atexit; calling it early frees the GPU)."""
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None

@@ -298,8 +298,14 @@ def write_tokenizer_files(out: Path) -> dict[str, int]:
     return ids
 
 
-def write_tiny(out: str | Path, seed: int = 0, nvfp4: bool = False) -> dict:
+def write_tiny(out: str | Path, seed: int = 0, nvfp4: bool = False,
+               mask_head: tuple[int, float] | None = None) -> dict:
     """Write the tiny checkpoint into ``out`` (created; existing files overwritten). Returns the manifest.
+
+    ``mask_head=(t, s)`` sets the ``lm_head`` row of ``<|mask|>`` to ``s ×`` the row of token ``t``, so the
+    mask token wins the argmax (over the full vocabulary) wherever ``t`` is a strong candidate — a checkpoint
+    on which the references' "mask is a candidate" rule matters (``(196, 1.05)`` with seed 1: the mask wins at
+    a few percent of the positions a decoder sees and blocks still finish).
 
     ``nvfp4=True`` writes the NVFP4 (ModelOpt-export layout) variant: routed-expert weights quantized by
     :mod:`repro.checkpoint.nvfp4` from the same bf16 weights, ``quantization_config`` in config.json and
@@ -309,7 +315,11 @@ def write_tiny(out: str | Path, seed: int = 0, nvfp4: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     ids = write_tokenizer_files(out)
     cfg = tiny_config(vocab_size=256 + len(SPECIAL_TOKENS), eos_id=ids["<|endoftext|>"])
-    tensors = {n: v.to(storage_dtype(n)) for n, v in random_tensors(cfg, seed).items()}
+    raw = random_tensors(cfg, seed)
+    if mask_head is not None:
+        t, scale = mask_head
+        raw["lm_head.weight"][ids["<|mask|>"]] = float(scale) * raw["lm_head.weight"][int(t)]
+    tensors = {n: v.to(storage_dtype(n)) for n, v in raw.items()}
     if nvfp4:
         from repro.checkpoint import nvfp4 as q
         tensors = q.quantize_experts(tensors)

@@ -13,7 +13,8 @@ prints the summary JSON as the last line.
 
 Decoder flags (override the role's default decoder from paper_decoding.json): ``--algorithm``,
 ``--threshold``, ``--edit-threshold``, ``--no-editing``, ``--max-post-steps``, ``--max-new-tokens``,
-``--temperature``, ``--no-self-conditioning``, ``--residual-temperature``, ``--block-size``, ``--seed``.
+``--temperature``, ``--no-self-conditioning``, ``--residual-temperature``, ``--exclude-mask-token``,
+``--block-size``, ``--seed``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def _decoder_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--temperature", type=float)
     ap.add_argument("--no-self-conditioning", action="store_true")
     ap.add_argument("--residual-temperature", type=float)
+    ap.add_argument("--exclude-mask-token", action="store_true",
+                    help="never propose <|mask|> (default: it is a candidate, as in the LLaDA2.1 reference)")
     ap.add_argument("--block-size", type=int)
     ap.add_argument("--seed", type=int)
 
@@ -59,6 +62,8 @@ def _decoder_overrides(a) -> dict:
         d["editing"] = False
     if a.no_self_conditioning:
         d["self_conditioning"] = False
+    if a.exclude_mask_token:
+        d["exclude_mask_token"] = True
     return d
 
 

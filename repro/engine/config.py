@@ -19,6 +19,11 @@ class ConfigError(ValueError):
     """A ``config.json`` the engine cannot run: missing field, unsupported setting, bad adapter block."""
 
 
+#: Names of the adapter mapping file looked for next to a checkpoint (docs/adapter_map.md): the
+#: ``orl_residual_adapter`` block (this project's format, :class:`AdapterConfig`) for a checkpoint whose
+#: config.json has none — it names the checkpoint's own adapter tensors.
+ADAPTER_MAP_FILES = ("adapter_map.json", "adapter_map.yaml")
+
 #: ORL adapter forms this engine implements: form → {role: shape as a tuple of config symbols}.
 #: ``D`` = hidden_size, ``r`` = adapter rank. See :mod:`repro.engine.adapter` for the maths.
 ADAPTER_FORMS: dict[str, dict[str, tuple[str, str]]] = {
@@ -133,8 +138,14 @@ class LLaDA2Config:
         return cfg
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "LLaDA2Config":
-        """Read ``path`` (a config.json or a checkpoint directory containing one)."""
+    def from_file(cls, path: str | Path, adapter_map: str | Path | None = None) -> "LLaDA2Config":
+        """Read ``path`` (a config.json or a checkpoint directory containing one).
+
+        The adapter block comes from config.json's ``orl_residual_adapter``, else from the adapter mapping
+        file ``adapter_map`` (a path), else from :data:`ADAPTER_MAP_FILES` next to config.json
+        (docs/adapter_map.md). Raises ConfigError for a bad file, a given map that does not exist, or an
+        adapter declared both in config.json and in a map file.
+        """
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
@@ -149,10 +160,16 @@ class LLaDA2Config:
             raise ConfigError(f"{p}: not valid JSON ({e}); re-download the checkpoint or fix the file") from None
         if not isinstance(d, dict):
             raise ConfigError(f"{p}: must hold a JSON object of model settings, got a {type(d).__name__}")
+        map_path = find_adapter_map(p.parent, adapter_map)
+        if map_path is not None:
+            if d.get("orl_residual_adapter") is not None:
+                raise ConfigError(f"{p} declares orl_residual_adapter and {map_path} maps an adapter too; keep "
+                                  "one of them")
+            d = {**d, "orl_residual_adapter": read_adapter_map(map_path)}
         try:
             return cls.from_dict(d)
         except ConfigError as e:
-            raise ConfigError(f"{p}: {e}") from None
+            raise ConfigError(f"{map_path if map_path and 'orl_residual_adapter' in str(e) else p}: {e}") from None
 
     def validate(self) -> None:
         """Check divisibility constraints of §2. Raises :class:`ConfigError`."""
@@ -171,3 +188,33 @@ class LLaDA2Config:
             errs.append("group score needs ≥ 2 experts per group (sum of top-2, §2)")
         if errs:
             raise ConfigError("; ".join(errs))
+
+
+def find_adapter_map(checkpoint_dir: str | Path, adapter_map: str | Path | None = None) -> Path | None:
+    """The adapter mapping file in effect: ``adapter_map`` if given (ConfigError if it does not exist), else
+    the first of :data:`ADAPTER_MAP_FILES` in ``checkpoint_dir``, else None."""
+    if adapter_map is not None:
+        m = Path(adapter_map)
+        if not m.is_file():
+            raise ConfigError(f"adapter mapping file {m} does not exist (see docs/adapter_map.md)")
+        return m
+    for name in ADAPTER_MAP_FILES:
+        m = Path(checkpoint_dir) / name
+        if m.is_file():
+            return m
+    return None
+
+
+def read_adapter_map(path: Path) -> dict:
+    """The ``orl_residual_adapter`` dict in an adapter mapping file (JSON or YAML; validated later by
+    :meth:`AdapterConfig.from_dict`). Raises ConfigError for unreadable content."""
+    import yaml
+
+    try:
+        d = yaml.safe_load(Path(path).read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON/YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: an adapter mapping file holds one object (type, tensors, rank, alpha, "
+                          "temperature; docs/adapter_map.md)")
+    return d

@@ -86,6 +86,33 @@ class CachedBackend:
             self.model.forward(ids, start, self.cache, self.block_size, logits=False)
 
 
+class EagerStepBackend(CachedBackend):
+    """:class:`CachedBackend` whose rounds run as forward + on-device step (:mod:`repro.engine.decoders.device`)
+    eagerly, without CUDA graphs: the on-device step's decisions on any device (tests compare it with the
+    host decoders on CPU). ``mask_id``: the ``<|mask|>`` id; ``rounds`` counts forward + step rounds."""
+
+    def __init__(self, model: LLaDA2Model, mask_id: int):
+        super().__init__(model)
+        self.mask_id, self.rounds = mask_id, 0
+
+    def device_stepper(self, cfg: DecoderConfig):
+        """A DeviceStep over this backend's own ``[B]`` ids / ``[B, D]`` embeds buffers; None when sampling."""
+        from repro.engine.decoders.device import DeviceStep, supported
+
+        if not supported(cfg):
+            return None
+        m = self.model
+        self.ids = torch.zeros(self.block_size, dtype=torch.long, device=m.device)
+        self.emb = torch.zeros(self.block_size, m.cfg.hidden_size, dtype=m.dtype, device=m.device)
+        return DeviceStep(cfg, self.mask_id, m, self.ids, self.emb)
+
+    def denoise_step(self, st, start: int) -> None:
+        """One round: block forward from the step's buffers, then its on-device step."""
+        self.rounds += 1
+        st.step(self.model.forward(st.tokens, start, self.cache, self.block_size,
+                                   embeds=st.embeds if st.self_conditioning else None))
+
+
 @dataclass
 class GenerationResult:
     """Outcome of :func:`generate_ids`.
@@ -109,8 +136,9 @@ class GenerationResult:
         """One readable line when blocks stalled (for records' ``forwards_note``), else None."""
         if not self.stalled_blocks:
             return None
-        return (f"decoder did not finish block(s) {self.stalled_blocks} within the forward cap; "
-                "<|mask|> left there (the mask token is a candidate; exclude_mask_token: true avoids it)")
+        return (f"decoder did not finish block(s) {self.stalled_blocks} within the forward cap; their tokens were "
+                "kept as they stood (the mask token is a candidate, so fills and re-masks can repeat; "
+                "exclude_mask_token: true avoids it)")
 
     @property
     def generated_tokens(self) -> int:

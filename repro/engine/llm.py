@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +44,8 @@ class GenerateOutput:
     ``wall_s`` (seconds), ``request_tps`` (tokens/s), ``finish_reason`` (``"eos"`` | ``"length"`` |
     ``"stop"``: stopped by an ``on_block`` hook),
     ``prompt_text``, ``decoder`` (settings used), ``raw_token_ids`` (decoded positions incl. EOS and after),
-    ``block_forwards`` (denoise + commit per block).
+    ``block_forwards`` (denoise + commit per block), ``stalled_blocks`` (blocks stopped at the decoder's
+    forward cap, :mod:`repro.engine.decode_loop`) and ``note`` (one line saying so, else None).
     """
 
     text: str
@@ -59,6 +61,8 @@ class GenerateOutput:
     decoder: dict = field(default_factory=dict)
     raw_token_ids: list[int] = field(default_factory=list)
     block_forwards: list[int] = field(default_factory=list)
+    stalled_blocks: list[int] = field(default_factory=list)
+    note: str | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict of all fields."""
@@ -93,6 +97,19 @@ def _select_kernels(kernels: str, device: str) -> str:
     return want
 
 
+def adapter_note(path, role: str, cfg: LLaDA2Config) -> str:
+    """One line saying what ``role`` runs on this checkpoint's adapter (recorded in provenance)."""
+    if role == "base":
+        return "role base: the ORL adapter (if any) is not loaded; LLaDA2.1 decoder defaults"
+    if cfg.adapter is not None:
+        return (f"role orl: ORL residual adapter loaded ({cfg.adapter.type}, tensors "
+                f"{sorted(cfg.adapter.tensors.values())})")
+    return (f"role orl on {path}: the checkpoint declares no ORL residual adapter (no orl_residual_adapter in "
+            "config.json, no adapter_map.json); this runs the ORL decoder settings with adapter-free "
+            "self-conditioning, the RCD interpolation (1 - w)·E[mask] + w·Δ at T_res = 1.0 — not the ORL model. "
+            "Use role base for the base model, or map the checkpoint's adapter tensors (docs/adapter_map.md)")
+
+
 class LLM:
     """A loaded LLaDA2 checkpoint plus tokenizer and default decoder.
 
@@ -111,7 +128,8 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
     """
 
     def __init__(self, path: str | Path, role: str = "orl", precision: str | None = None, device: str | None = None,
-                 backend: str = "engine", kernels: str = "auto", graphs: str = "auto"):
+                 backend: str = "engine", kernels: str = "auto", graphs: str = "auto",
+                 adapter_map: str | Path | None = None):
         if kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {kernels!r}")
         if graphs not in ("auto", "on", "off"):
@@ -135,13 +153,16 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
                              f"(torch {torch.__version__}, torch.cuda.is_available() is False); use device='cpu'")
         self.kernels = _select_kernels(kernels, self.device)
         resolve_dtype(precision)
-        self.config = LLaDA2Config.from_file(self.path)
+        self.config = LLaDA2Config.from_file(self.path, adapter_map)
         self.tokenizer_ = ChatTokenizer(self.path)
         if self.tokenizer_.vocab_size > self.config.vocab_size:
             raise ValueError(f"tokenizer has {self.tokenizer_.vocab_size} tokens but config vocab_size is "
                              f"{self.config.vocab_size}")
         self.model = LLaDA2Model.from_pretrained(self.path, self.device, precision, with_adapter=(role == "orl"),
                                                  cfg=self.config)
+        self.adapter_note = adapter_note(self.path, role, self.config)
+        if role == "orl" and self.config.adapter is None:
+            warnings.warn(self.adapter_note, UserWarning, stacklevel=2)
         if backend == "engine":
             self.backend, self.engine_path = self._engine_backend(graphs)
         else:
@@ -246,4 +267,5 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
             text=self.tokenizer_.decode(res.token_ids), token_ids=res.token_ids, prompt_tokens=len(ids),
             generated_tokens=res.generated_tokens, forwards=dict(res.forwards), tpf=res.tpf, wall_s=wall,
             request_tps=res.generated_tokens / wall if wall > 0 else 0.0, finish_reason=res.finish_reason,
-            prompt_text=prompt_text, decoder=used, raw_token_ids=res.raw_ids, block_forwards=res.block_forwards)
+            prompt_text=prompt_text, decoder=used, raw_token_ids=res.raw_ids, block_forwards=res.block_forwards,
+            stalled_blocks=res.stalled_blocks, note=res.stall_note)

@@ -65,13 +65,16 @@ class LLaDA2Model:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device="cpu", dtype="fp32", with_adapter: bool = True,
-                        cfg: LLaDA2Config | None = None) -> "LLaDA2Model":
+                        cfg: LLaDA2Config | None = None, adapter_map: str | Path | None = None) -> "LLaDA2Model":
         """Load a Hugging Face LLaDA2 checkpoint directory (config.json + safetensors, single or sharded).
 
         ``with_adapter=False`` (base role) leaves the ORL adapter unloaded (its tensors are still checked).
-        Raises ConfigError / WeightLoadError with the offending names.
+        ``adapter_map``: adapter mapping file naming the checkpoint's adapter tensors (docs/adapter_map.md;
+        default: ``adapter_map.json`` next to config.json when present). Raises ConfigError /
+        WeightLoadError with the offending names (unknown tensors: listed, flagged when they look like an
+        adapter, with the mapping file to write).
         """
-        cfg = cfg or LLaDA2Config.from_file(path)
+        cfg = cfg or LLaDA2Config.from_file(path, adapter_map)
         model = cls.empty(cfg, device, dtype, with_adapter)
         load_weights(path, cfg, model.params, with_adapter=model.with_adapter)
         return model

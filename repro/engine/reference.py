@@ -1,4 +1,4 @@
-"""The naive reference implementation — the oracle the cached engine is tested against (issue 5).
+"""The naive reference implementation — the oracle the cached engine and the decoders are tested against.
 
 Obviously correct and slow, written independently of the engine's attention/MoE/router code:
 
@@ -10,13 +10,22 @@ Obviously correct and slow, written independently of the engine's attention/MoE/
   × scaling; engine_spec.md §2) and a plain loop over **every** expert, each applied to all tokens and
   weighted by its (possibly zero) routing weight.
 
-It shares only the elementwise primitives (RMSNorm, RoPE, SwiGLU) and the parameter dict with the engine,
-and drives the same decoders through :func:`repro.engine.decode_loop.generate_ids` via :class:`ReferenceBackend`.
+It shares only the elementwise primitives (RMSNorm, RoPE, SwiGLU) and the parameter dict with the engine.
+Two ways to decode with it:
+
+* :class:`ReferenceBackend` drives the engine's decoders through :func:`repro.engine.decode_loop.generate_ids`
+  (checks the cached forward, any decoder setting);
+* :func:`reference_generate` is the decoding loop itself written out from the LLaDA2.1 reference ``generate``
+  (Hugging Face remote code of ``inclusionAI/LLaDA2.1-mini``, ``modeling_llada2_moe.py``) and SGLang's
+  ``LowConfidence`` / ``JointThreshold`` (``python/sglang/srt/dllm/algorithm/``), sharing no decoder code
+  with :mod:`repro.engine.decoders` (checks the decoders and their on-device step; greedy, no
+  self-conditioning).
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +33,9 @@ from repro.engine.layers.mlp import swiglu
 from repro.engine.layers.norm import rms_norm
 from repro.engine.layers.rotary import apply_rope, rope_cos_sin
 from repro.engine.model import LLaDA2Model
+
+if TYPE_CHECKING:
+    from repro.engine.decode_loop import GenerationResult
 
 
 def block_causal_mask(T: int, B: int, device) -> torch.Tensor:
@@ -129,3 +141,106 @@ class ReferenceBackend:
         self.prefix = torch.cat([self.prefix, ids])
         if run_forward:
             naive_forward(self.model, self.model.embed(self.prefix), self.block_size)
+
+
+def reference_generate(model: LLaDA2Model, prompt_ids: list[int], decoder: dict, *, mask_id: int, eos_id: int,
+                       max_new_tokens: int) -> "GenerationResult":
+    """Greedy block decoding written out from the references (module docstring), on :func:`naive_forward`.
+
+    ``decoder``: engine decoder keys (``algorithm`` ``low_confidence`` | ``joint_threshold`` | ``orl``
+    without self-conditioning; ``threshold``, ``edit_threshold``, ``editing``, ``max_post_steps``,
+    ``num_to_transfer``, ``exclude_mask_token``, ``block_size``); missing keys take the algorithm's defaults.
+    Per block (positions ``[s, s+B)``, prompt positions fixed), loop:
+
+    1. no ``<|mask|>`` left: without editing the block is done; else ``post += 1`` and done once
+       ``post > max_post_steps`` (LLaDA2.1 ``generate``);
+    2. forward over ``[0, s+B)``; ``x = argmax``, ``p = softmax[x]`` over the full vocabulary (``<|mask|>``
+       logit −inf only with ``exclude_mask_token``);
+    3. fill: masked positions with ``p > threshold``, else the ``num_to_transfer`` most confident masked;
+    4. edit (editing on): non-mask, non-prompt positions with ``p > edit_threshold`` and ``x ≠ current``;
+    5. write ``x`` on fill ∪ edit; with editing, a step that started without masks and edited nothing ends
+       the block (its forward saw the final tokens).
+
+    The references have no (HF) or SGLang's ``max_steps`` cap on a block's forwards; here a block stops after
+    ``block_size (+ max_post_steps with editing) + 1`` forwards, tokens as they are (listed in
+    ``stalled_blocks``). Counting as the engine's loop: one prefill forward for the full prompt blocks, the
+    denoising forwards, and a commit forward unless the last forward already saw the final tokens. Stops after
+    the block holding an EOS or the ``max_new_tokens``-th position. Returns a
+    :class:`~repro.engine.decode_loop.GenerationResult`. Raises ValueError for sampling or self-conditioning.
+    """
+    from repro.engine.decode_loop import GenerationResult
+    from repro.engine.decoders import algorithm_defaults
+
+    algo = decoder.get("algorithm", "joint_threshold")
+    d = {**algorithm_defaults(algo), **{k: v for k, v in decoder.items() if v is not None}}
+    if d["temperature"] > 0 or d["self_conditioning"]:
+        raise ValueError("reference_generate is greedy without self-conditioning; use ReferenceBackend with "
+                         "generate_ids for sampling or the ORL residual")
+    B, P, G = d["block_size"], len(prompt_ids), max_new_tokens
+    editing = algo != "low_confidence" and d["editing"]
+    cap = B + (d["max_post_steps"] if editing else 0) + 1
+    dev = model.device
+    n_blocks = -(-(P + G) // B)
+    x_all = torch.full((n_blocks * B,), mask_id, dtype=torch.long, device=dev)
+    x_all[:P] = torch.tensor(prompt_ids, dtype=torch.long, device=dev)
+    counts = {"prefill": 0, "denoise": 0, "commit": 0}
+    per_block, stalled = [], []
+
+    def forward(end):
+        return naive_forward(model, model.embed(x_all[:end]), B)
+
+    first = P // B
+    if first:
+        forward(first * B)
+        counts["prefill"] += 1
+    end = P
+    for b in range(first, n_blocks):
+        s, end = b * B, (b + 1) * B
+        is_prompt = torch.arange(s, end, device=dev) < P
+        post, n, seen = 0, 0, None
+        while True:
+            cur = x_all[s:end]
+            mask_index = (cur == mask_id) & ~is_prompt
+            if not bool(mask_index.any()):
+                if not editing:
+                    break
+                post += 1
+                if post > d["max_post_steps"]:
+                    break
+            if n == cap:
+                stalled.append(b)
+                break
+            logits = forward(end)[s:end]
+            if d["exclude_mask_token"]:
+                logits[:, mask_id] = float("-inf")
+            p, x = torch.softmax(logits, dim=-1).max(dim=-1)
+            n += 1
+            seen = cur.clone()
+            fill = torch.zeros_like(mask_index)
+            if bool(mask_index.any()):
+                conf = torch.where(mask_index, p, torch.full_like(p, float("-inf")))
+                fill = conf > d["threshold"]
+                if int(fill.sum()) < d["num_to_transfer"]:
+                    k = min(d["num_to_transfer"], int(mask_index.sum()))
+                    fill = torch.zeros_like(mask_index)
+                    fill[torch.topk(conf, k).indices] = True
+            edit = torch.zeros_like(mask_index)
+            if editing:
+                edit = (p > d["edit_threshold"]) & (cur != x) & ~mask_index & ~is_prompt
+            x_all[s:end] = torch.where(fill | edit, x, cur)
+            if editing and not bool(mask_index.any()) and not bool(edit.any()):
+                break
+        reuse = seen is not None and bool(torch.equal(seen, x_all[s:end]))
+        if not reuse:
+            forward(end)
+        counts["denoise"] += n
+        counts["commit"] += 0 if reuse else 1
+        per_block.append(n + (0 if reuse else 1))
+        if bool((x_all[P:end] == eos_id).any()) or end - P >= G:
+            break
+    raw = x_all[P:min(P + G, end)].tolist()
+    out, finish = raw, "length"
+    if eos_id in raw:
+        out, finish = raw[: raw.index(eos_id)], "eos"
+    return GenerationResult(token_ids=out, raw_ids=raw, forwards=counts, finish_reason=finish,
+                            block_forwards=per_block, stalled_blocks=stalled)

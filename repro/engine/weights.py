@@ -227,6 +227,55 @@ def _names(items: list[str], limit: int = 20) -> str:
     return f"{items[:limit]} … and {len(items) - limit} more"
 
 
+def _shape(files: dict[str, Path], handles: dict, name: str) -> tuple[int, ...]:
+    f = files[name]
+    if f not in handles:
+        handles[f] = _open(f)
+    return tuple(handles[f].get_slice(name).get_shape())
+
+
+#: Name fragments of residual-adapter tensors (ORL "residual adapter", RCD "residual", self-conditioning).
+_ADAPTER_WORDS = ("adapter", "residual", "orl", "rcd", "self_cond", "selfcond")
+
+
+def looks_like_adapter(names_shapes: dict[str, tuple[int, ...]], hidden: int) -> list[str]:
+    """Why these unknown tensors look like a residual adapter (empty list: they do not). Outside the
+    backbone's ``model.layers.N.`` blocks and either named like one (:data:`_ADAPTER_WORDS`) or matrices with
+    the hidden size on one side (``[r, D]`` / ``[D, r]`` / ``[D, D]``: a map from the hidden space to itself,
+    the adapter forms of :data:`repro.engine.config.ADAPTER_FORMS`)."""
+    outside = {n: s for n, s in names_shapes.items() if not re.match(r"model\.layers\.\d+\.", n)}
+    if not outside:
+        return []
+    why = []
+    named = [n for n in outside if any(w in n.lower() for w in _ADAPTER_WORDS)]
+    if named:
+        why.append(f"names mention an adapter/residual ({', '.join(named[:4])})")
+    mats = [s for s in outside.values() if len(s) == 2 and hidden in s]
+    if mats and len(mats) == len(outside):
+        why.append(f"every one is a matrix with the hidden size {hidden} on one side "
+                   f"({', '.join('x'.join(map(str, s)) for s in mats[:4])})")
+    return why
+
+
+def unknown_tensors_message(path, cfg: LLaDA2Config, names_shapes: dict[str, tuple[int, ...]]) -> str:
+    """The error for a checkpoint whose tensors are all known except ``names_shapes``: lists them with
+    shapes, says whether they look like a residual adapter, and points at the mapping file."""
+    listed = "; ".join(f"{n} {list(s)}" for n, s in list(names_shapes.items())[:20])
+    more = f"; … and {len(names_shapes) - 20} more" if len(names_shapes) > 20 else ""
+    msg = f"checkpoint {path} has {len(names_shapes)} tensor(s) the loader does not know: {listed}{more}."
+    why = looks_like_adapter(names_shapes, cfg.hidden_size)
+    if why:
+        msg += (" They look like a residual adapter (" + "; ".join(why) + "), e.g. the ORL adapter in a "
+                "format this config does not declare; the ORL decoder is not run without it.")
+    if cfg.adapter is not None:
+        msg += " config.json declares an adapter, but with other tensor names."
+    msg += (" Map them with an adapter mapping file: adapter_map.json next to the checkpoint (or "
+            "adapter_map: <file> for the model in config.yaml) holding {\"type\": \"mlp_silu\" | \"linear\", "
+            "\"tensors\": {role: checkpoint name}, \"rank\", \"alpha\", \"temperature\"} — see "
+            "docs/adapter_map.md.")
+    return msg
+
+
 def _is_nvfp4(cfg: LLaDA2Config) -> bool:
     q = cfg.quantization or {}
     return str(q.get("quant_algo", "")).upper() == "NVFP4"
@@ -252,11 +301,13 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
     present = {n for n in files_named if not IGNORED.match(n)}
     missing = sorted(set(expected) - present)
     unexpected = sorted(present - set(expected))
+    handles: dict[Path, object] = {}
+    if unexpected and not missing:
+        raise WeightLoadError(unknown_tensors_message(path, cfg, {n: _shape(files, handles, n) for n in unexpected}))
     if missing or unexpected:
         raise WeightLoadError(
             f"checkpoint {path} does not match config: {len(missing)} missing tensors {_names(missing)}; "
             f"{len(unexpected)} unexpected tensors {_names(unexpected)}")
-    handles: dict[Path, object] = {}
 
     def get(name: str) -> torch.Tensor:
         f = files[name]

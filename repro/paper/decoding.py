@@ -63,11 +63,15 @@ FILE_NAME = "paper_decoding.json"
 
 # Engine decoder keys (docs/interfaces.md), in rendering order.
 ENGINE_KEYS = ("algorithm", "block_size", "threshold", "edit_threshold", "editing", "max_post_steps",
-               "max_new_tokens", "temperature", "self_conditioning", "residual_temperature", "seed")
+               "max_new_tokens", "temperature", "self_conditioning", "residual_temperature", "exclude_mask_token",
+               "seed")
+#: Engine keys given a default when neither paper_decoding.json nor --set sets them (written into every
+#: rendered file, so the rule in effect is in the decoder's sha256 and provenance).
+RENDERED_DEFAULTS = {"exclude_mask_token": False}
 OPTIONAL_ENGINE_KEYS = ("residual_temperature",)
 FLOAT_KEYS = ("threshold", "edit_threshold", "temperature", "residual_temperature", "penalty_lambda")
 INT_KEYS = ("block_size", "max_post_steps", "max_new_tokens", "seed")
-BOOL_KEYS = ("editing", "self_conditioning")
+BOOL_KEYS = ("editing", "self_conditioning", "exclude_mask_token")
 # Keys accepted by --set only for the SGLang backend (not engine decoder keys).
 SGLANG_ONLY_KEYS = ("penalty_lambda", "sglang_algorithm")
 
@@ -93,6 +97,7 @@ _DECODER_SCHEMA = {
         "temperature": {"type": "number", "minimum": 0},
         "self_conditioning": {"type": "boolean"},
         "residual_temperature": {"type": "number", "exclusiveMinimum": 0},
+        "exclude_mask_token": {"type": "boolean"},
         "seed": {"type": "integer"},
     },
 }
@@ -196,7 +201,8 @@ def resolve_decoder(pd: PaperDecoding, suite: str, model: str, benchmark: str, s
     if benchmark not in entry["benchmarks"]:
         raise PaperDecodingError(f"{src}: suites/{suite}/{model} has no benchmark {benchmark!r}; available: "
                                  f"{', '.join(sorted(entry['benchmarks']))}")
-    merged: dict = {"block_size": data["engine"]["block_size"], "temperature": data["engine"]["temperature"]}
+    merged: dict = {"block_size": data["engine"]["block_size"], "temperature": data["engine"]["temperature"],
+                    **RENDERED_DEFAULTS}
     merged.update(copy.deepcopy(entry["defaults"]))
     merged.update(copy.deepcopy(entry["benchmarks"][benchmark]))
     engine_over = {k: v for k, v in (overrides or {}).items() if k in ENGINE_KEYS}
@@ -224,6 +230,10 @@ def to_sglang(decoder: dict, extra: dict | None = None) -> tuple[str, dict, list
     if float(decoder.get("temperature", 0.0)) != 0.0:
         raise PaperDecodingError(f"temperature={decoder['temperature']}: SGLang's dLLM algorithms decode by "
                                  "argmax only; use --set temperature=0 or the engine backend")
+    if decoder.get("exclude_mask_token"):
+        raise PaperDecodingError("exclude_mask_token: true is an engine-only option: SGLang's dLLM algorithms "
+                                 "take argmax and softmax over the full vocabulary, <|mask|> included; drop the "
+                                 "setting or use the engine backend")
     name = SGLANG_ALGORITHMS[algo]
     notes: list[str] = []
     keys = SGLANG_KEYS[name]

@@ -35,6 +35,18 @@ def cell_tpf(generations: Path) -> tuple[float | None, int, int]:
     return (toks / fwd if fwd else None), toks, fwd
 
 
+def cell_tpf_note(generations: Path) -> str | None:
+    """Why a generation file has no TPF: the ``forwards_note`` of its first record without forward counts
+    (the backend says why, e.g. released SGLang reports none), ``"no forward counts"`` if it gave none;
+    None when every record has counts."""
+    for line in generations.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            if not r.get("forwards"):
+                return r.get("forwards_note") or "no forward counts"
+    return None
+
+
 def _meta(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
@@ -50,7 +62,7 @@ def decoder_temperature(gen_meta: dict) -> float | None:
 
 def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], seeds: list[int]) -> pd.DataFrame:
     """Tidy rows: model, label, benchmark, seed, accuracy, ci_lo, ci_hi, n, n_total, data_source,
-    temperature, tpf, tokens, forwards."""
+    temperature, tpf, tokens, forwards, tpf_note (why TPF is missing, else None)."""
     rows = []
     for m in models:
         for b in benchmarks:
@@ -65,5 +77,7 @@ def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], s
                              "accuracy": summ["accuracy"], "ci_lo": ci[0], "ci_hi": ci[1], "n": summ["n"],
                              "n_total": prob_meta.get("total"), "data_source": prob_meta.get("source"),
                              "temperature": decoder_temperature(gen_meta),
-                             "tpf": tpf, "tokens": toks, "forwards": fwd})
+                             "tpf": tpf, "tokens": toks, "forwards": fwd,
+                             "tpf_note": cell_tpf_note(work / paths.GENERATIONS.format(**fmt)) if tpf is None
+                             else None})
     return pd.DataFrame(rows)

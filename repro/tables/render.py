@@ -18,6 +18,10 @@ agree): the decoding (``greedy`` only when every decoder's temperature is 0, els
 the suite, backend and seeds, and always the number of problems scored per benchmark, with ``of <full
 size>`` and a "subsets, not full-benchmark results" note when a benchmark was cut by the suite's
 ``limit``. The CSV carries the same facts as columns (``<bench>_n``, ``decoding``).
+
+TPF says where it came from: the caption names the backend whose forward counts gave it, and a TPF cell
+whose generations carry no forward counts (the backend said why in ``forwards_note``, e.g. released SGLang
+reports none) prints :data:`NOT_COUNTED` with a caption sentence explaining it, rather than a blank.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import pandas as pd
 
 from repro.benchmarks import get as declared_benchmark
 
+#: TPF cell of a benchmark whose backend reported no forward counts (explained in the caption).
+NOT_COUNTED = "n/c"
 _LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
 
@@ -87,6 +93,7 @@ def wide(long: pd.DataFrame, benchmarks: list[str]) -> list[dict]:
             row[f"{b}_acc"] = gb["accuracy"].mean() if len(gb) else None
             tpf = gb["tpf"].dropna()
             row[f"{b}_tpf"] = tpf.mean() if len(tpf) else None
+            row[f"{b}_tpf_not_counted"] = bool(len(gb)) and not len(tpf) and bool(_present(_column(gb, "tpf_note")))
             row[f"{b}_n"] = _count(_column(gb, "n"))
         row["decoding"] = decoding(_column(g, "temperature"))
         out.append(row)
@@ -149,14 +156,35 @@ def caption(long: pd.DataFrame, benchmarks: list[str], suite: str, backend: str,
     if builtin:
         text += (f" Not benchmark results: {', '.join(builtin)} used the few problems shipped with the "
                  "pipeline (no data directory, no hub).")
+    return text + tpf_sentence(long, backend, esc)
+
+
+def tpf_sentence(long: pd.DataFrame, backend: str, esc=lambda x: x) -> str:
+    """Caption sentence saying which backend measured TPF, and what a :data:`NOT_COUNTED` cell means."""
+    counted = bool(_present(_column(long, "tpf")))
+    missing = bool(_present(_column(long, "tpf_note")))
+    text = ""
+    if counted:
+        text += (f" TPF: generated tokens per denoising or commit forward, from the {esc(backend)} backend's "
+                 "forward counts (prompt prefill excluded).")
+    if missing:
+        text += (f" {NOT_COUNTED}: not counted, the {esc(backend)} backend reported no forward counts for "
+                 "these generations (released SGLang reports none; each record's forwards_note says why).")
     return text
+
+
+def _cell(r: dict, b: str, k: str, missing: str) -> str:
+    """A table cell: the rounded number, :data:`NOT_COUNTED` for an explained missing TPF, else ``missing``."""
+    if k == "tpf" and r.get(f"{b}_tpf_not_counted"):
+        return NOT_COUNTED
+    return fmt(r[f"{b}_{k}"], missing=missing)
 
 
 def to_markdown(rows: list[dict], benchmarks: list[str]) -> str:
     head = ["Model"] + [f"{declared_benchmark(b).title} {k}" for b in benchmarks for k in ("Acc", "TPF")]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in rows:
-        cells = [r["label"]] + [fmt(r[f"{b}_{k}"]) for b in benchmarks for k in ("acc", "tpf")]
+        cells = [r["label"]] + [_cell(r, b, k, "-") for b in benchmarks for k in ("acc", "tpf")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -185,8 +213,7 @@ def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str, 
     cap = latex_escape(caption) if escape_caption else caption
     body = []
     for r in rows:
-        cells = [latex_escape(r["label"])] + [fmt(r[f"{b}_{k}"], missing="--") for b in benchmarks
-                                              for k in ("acc", "tpf")]
+        cells = [latex_escape(r["label"])] + [_cell(r, b, k, "--") for b in benchmarks for k in ("acc", "tpf")]
         body.append(" & ".join(cells) + r" \\")
     if header is None:
         header = [NEEDS]
@@ -205,7 +232,6 @@ def to_csv(rows: list[dict], benchmarks: list[str]) -> str:
     scored per benchmark (``<bench>_n``) and the model's ``decoding``."""
     nums = [f"{b}_{k}" for b in benchmarks for k in ("acc", "tpf")]
     cols = ["model", "label"] + nums + [f"{b}_n" for b in benchmarks] + ["decoding"]
-    df = pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
-    for c in nums:
-        df[c] = [fmt(v, missing="") for v in df[c]]
+    df = pd.DataFrame([{c: (_cell(r, *c.rsplit("_", 1), "") if c in nums else r.get(c)) for c in cols}
+                       for r in rows], columns=cols)
     return df.to_csv(index=False, lineterminator="\n")

@@ -230,3 +230,25 @@ def test_kv_cache_allocated_once_per_request(tiny_model, monkeypatch):
 def test_decoder_settings_of_the_wrong_type_or_range_are_named(bad, match):
     with pytest.raises(DecoderConfigError, match=match):
         DecoderConfig.from_dict({"algorithm": "joint_threshold", **bad})
+
+
+def test_registry_finds_each_decoder_module_by_name_with_its_defaults():
+    from repro.engine.decoders import algorithms, make_decoder
+    from repro.engine.decoders import joint_threshold, low_confidence, orl
+    mods = algorithms()
+    assert mods == {"low_confidence": low_confidence, "joint_threshold": joint_threshold, "orl": orl}
+    for name, mod in mods.items():
+        cfg = DecoderConfig(algorithm=name)
+        assert cfg == DecoderConfig.from_dict({"algorithm": name})
+        assert {k: getattr(cfg, k) for k in mod.DEFAULTS} == mod.DEFAULTS
+        assert type(make_decoder(cfg, MASK)) is mod.Decoder and mod.Decoder.name == name
+    assert DecoderConfig.from_dict({"algorithm": "low_confidence"}).threshold == 0.95  # SGLang LowConfidence
+
+
+def test_default_config_is_the_same_decoder_either_way():
+    a, b = DecoderConfig(), DecoderConfig.from_dict({})
+    assert a == b and a.to_dict() == b.to_dict()
+    assert (a.algorithm, a.threshold, a.edit_threshold, a.editing, a.exclude_mask_token) == \
+        ("joint_threshold", 0.5, 0.0, True, False)
+    with pytest.raises(DecoderConfigError, match=r"unknown decoder algorithm 'beam'; known: \['joint_threshold'"):
+        DecoderConfig(algorithm="beam")

@@ -9,26 +9,7 @@ import torch
 
 from repro.engine.decoders import DecoderConfig
 from repro.engine.decoders.device import DeviceStep, supported
-from repro.engine.decode_loop import CachedBackend, generate_ids
-
-
-class EagerStepBackend(CachedBackend):
-    """CachedBackend whose rounds run the on-device step (forward from the step's buffers, then step)."""
-
-    def device_stepper(self, cfg):
-        if not supported(cfg):
-            return None
-        m = self.model
-        self.ids = torch.zeros(self.block_size, dtype=torch.long)
-        self.emb = torch.zeros(self.block_size, m.cfg.hidden_size, dtype=m.dtype)
-        self.rounds = 0
-        return DeviceStep(cfg, self.model_mask_id, m, self.ids, self.emb)
-
-    def denoise_step(self, st, start):
-        self.rounds += 1
-        lg = self.model.forward(st.tokens, start, self.cache, self.block_size,
-                                embeds=st.embeds if st.self_conditioning else None)
-        st.step(lg)
+from repro.engine.decode_loop import CachedBackend, EagerStepBackend, generate_ids
 
 
 SETTINGS = [
@@ -37,6 +18,7 @@ SETTINGS = [
     {"algorithm": "joint_threshold"},
     {"algorithm": "joint_threshold", "threshold": 0.9, "edit_threshold": 0.6, "max_post_steps": 2},
     {"algorithm": "joint_threshold", "editing": False},
+    {"algorithm": "joint_threshold", "exclude_mask_token": True},
     {"algorithm": "orl"},
     {"algorithm": "orl", "self_conditioning": False},
     {"algorithm": "orl", "residual_temperature": 0.5, "max_post_steps": 0},
@@ -49,8 +31,7 @@ def test_device_step_equals_host_decoders(tiny_model, tiny_tok, dec):
     for _ in range(4):
         prompt = [rng.randrange(256) for _ in range(rng.randint(1, 75))]
         kw = dict(mask_id=tiny_tok.mask_id, eos_id=tiny_tok.eos_id, max_new_tokens=rng.randint(1, 70))
-        dev_be = EagerStepBackend(tiny_model)
-        dev_be.model_mask_id = tiny_tok.mask_id
+        dev_be = EagerStepBackend(tiny_model, tiny_tok.mask_id)
         a = generate_ids(CachedBackend(tiny_model), prompt, dec, **kw)
         b = generate_ids(dev_be, prompt, dec, **kw)
         assert b.raw_ids == a.raw_ids and b.token_ids == a.token_ids

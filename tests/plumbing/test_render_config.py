@@ -31,7 +31,7 @@ def test_model_card_command_works_and_is_byte_stable(tmp_path):
     # the model card's ORL decoder: threshold 0.85, edit 0.5, 16 refine steps, 4096 tokens, self-conditioning
     assert dec == {"algorithm": "orl", "block_size": 32, "threshold": 0.85, "edit_threshold": 0.5,
                    "editing": True, "max_post_steps": 16, "max_new_tokens": 4096, "temperature": 0.0,
-                   "self_conditioning": True, "seed": 12345}
+                   "self_conditioning": True, "exclude_mask_token": False, "seed": 12345}
     assert list(dec) == [k for k in ENGINE_KEYS if k in dec]
 
 

@@ -10,6 +10,7 @@ rule generate_shard:
         decoder=W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
         problems=W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}"),  # re-prepared only for new prompts
         image=image_input("generate"),
+        adapter_map=lambda wc: model_cfg(wc).get("adapter_map") or [],  # docs/adapter_map.md
     output:
         W(P.SHARD, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}", shard="{shard}", nshards="{nshards}"),
     params:
@@ -18,6 +19,7 @@ rule generate_shard:
         device=lambda wc: suite_cfg(wc)["device"],
         precision=lambda wc: suite_cfg(wc)["precision"],
         code=code_version("generate"),  # engine (engine backend), backends, prompt templates
+        adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
     log:
         W("logs/generate/{suite}/{model}/{bench}/seed{seed}/shard{shard}of{nshards}.log"),
     container: image_for("generate")
@@ -31,7 +33,8 @@ rule generate_shard:
                "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
                "--decoder {input.decoder} --problems {input.problems} --benchmark {wildcards.bench} "
                "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "
-               "--device {params.device} --precision {params.precision} --out {output}", streams="2> {log}")
+               "--device {params.device} --precision {params.precision} {params.adapter_map} --out {output}",
+               streams="2> {log}")
 
 
 rule merge_shards:
