@@ -38,8 +38,10 @@ if DATA is not None and not DATA.is_dir():
           "holding gsm8k.jsonl, math500.jsonl, humaneval.jsonl, mbpp.jsonl, or unset it", file=sys.stderr)
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
-# Inside a container the image's python runs the stages; natively the interpreter running Snakemake.
-PY = "python" if config["containers"]["enabled"] else sys.executable
+# Rules run on the host with the interpreter running Snakemake (PY); rules with a `container:` run the
+# image's python (PY_IMAGE) when containers are enabled.
+PY = sys.executable
+PY_IMAGE = "python" if config["containers"]["enabled"] else sys.executable
 # Jobs import this checkout's `repro` (the code whose versions the params below record), wherever they run.
 os.environ["PYTHONPATH"] = os.pathsep.join([workflow.basedir] + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
