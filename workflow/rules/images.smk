@@ -8,6 +8,7 @@
 #     input:  image=image_input("generate"),      # [] when containers are disabled
 #     container: image_for("generate")            # None when containers are disabled
 # Kinds: "generate" -> engine.sif or sglang.sif (config backend), "cpu" -> scoring.sif (score, tables).
+from repro import cluster as _cluster
 from repro import containers as _containers
 
 IMAGE_NAMES = ("engine", "sglang", "scoring")
