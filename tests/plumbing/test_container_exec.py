@@ -179,7 +179,7 @@ def test_readme_container_command_binds_paths_and_keeps_gpu_selection(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert target.is_file()
     seen = [json.loads(line) for line in (tmp_path / "log.env").read_text().splitlines()]
-    ran = {("repro.backends.generate" in x["cmd"]) + 2 * ("repro.scoring" in x["cmd"]) for x in seen}
+    ran = {("repro.backends.generation_job" in x["cmd"]) + 2 * ("repro.scoring" in x["cmd"]) for x in seen}
     assert ran == {1, 2}  # generation and scoring ran in the container, nothing else did
     assert all(x["env"].get("CUDA_VISIBLE_DEVICES") == "2" for x in seen)
     assert all("ORL_EVAL_WORK" not in x["env"] for x in seen)  # really a clean environment
