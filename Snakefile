@@ -42,6 +42,7 @@ configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/cluster.smk"
 include: "workflow/rules/images.smk"
 include: "workflow/rules/checkpoints.smk"
 include: "workflow/rules/prepare.smk"

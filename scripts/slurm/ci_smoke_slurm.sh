@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # CI: run the smoke suite through a real single-node Slurm (the `slurm` workflow profile, real sbatch +
-# sacct) and check its table is byte-identical to a local run's table. Starts the cluster, and stops every
+# sacct) and check its table is byte-identical to a local run's table. One generation job is cancelled with
+# scancel while it runs (sacct then says `CANCELLED by 0`): the workflow must report it failed and retry it
+# (the profile's `retries: 1`), and the table must still be identical. Starts the cluster, and stops every
 # daemon it started on exit (also on failure).
 #   bash scripts/slurm/ci_smoke_slurm.sh LOCAL_RESULTS_DIR [CONFIGFILE ...]
 #   e.g. bash scripts/slurm/ci_smoke_slurm.sh results/smoke "$ORL_EVAL_WORK.overlay.yaml"
@@ -22,18 +24,42 @@ T1=$(date +%s)
 SW=$(mktemp -d /tmp/repro-slurm-smoke.XXXXXX)
 printf 'results_dir: %s/results\n' "$SW" > "$SW/overlay.yaml"
 export ORL_EVAL_WORK="$SW/work"
-# (The workflow profile sets no default-resources, so account/partition come from here, like a site profile.)
-"$ROOT/.venv/bin/snakemake" main_table --workflow-profile workflow/profiles/slurm \
+# A site profile as the README shows it (the workflow profile sets no resources, so these are not replaced).
+mkdir -p "$SW/site"
+printf 'default-resources:\n  slurm_account: %s\n  slurm_partition: %s\n' \
+  "${SLURM_TEST_ACCOUNT:-testacct}" "${SLURM_PARTITION:-debug}" > "$SW/site/config.yaml"
+
+# Cancel the first generation job once it runs (the plugin's --comment names the rule).
+cancel_one_generation_job() {
+  local id
+  for _ in $(seq 1 1200); do
+    id=$(squeue -h -t RUNNING -o '%i %k' 2>/dev/null | awk '$2 ~ /^rule_generate_shard/ {print $1; exit}')
+    if [ -n "$id" ]; then scancel "$id" && echo "$id" > "$SW/cancelled_job"; return 0; fi
+    sleep 0.25
+  done
+}
+cancel_one_generation_job &
+CANCELLER=$!
+"$ROOT/.venv/bin/snakemake" main_table --workflow-profile workflow/profiles/slurm --profile "$SW/site" \
   --configfile config.yaml "$@" "$SW/overlay.yaml" \
-  --default-resources slurm_account="${SLURM_TEST_ACCOUNT:-testacct}" slurm_partition="${SLURM_PARTITION:-debug}" \
   --slurm-init-seconds-before-status-checks 1 --seconds-between-status-checks 2 \
   --jobs "${SLURM_JOBS:-4}" > "$SW/snakemake.log" 2>&1 \
-  || { tail -40 "$SW/snakemake.log"; echo "error: the Slurm run failed; log: $SW/snakemake.log" >&2; exit 1; }
+  || { kill "$CANCELLER" 2>/dev/null || true; tail -40 "$SW/snakemake.log"; echo "error: the Slurm run failed; log: $SW/snakemake.log" >&2; exit 1; }
+kill "$CANCELLER" 2>/dev/null || true
 T2=$(date +%s)
+[ -s "$SW/cancelled_job" ] || { echo "error: no running generation job was seen to cancel" >&2; exit 1; }
+cid=$(cat "$SW/cancelled_job")
+state=$(sacct -n -X -P -j "$cid" -o State | head -1)
+[[ "$state" == CANCELLED* ]] || { echo "error: sacct says job $cid is '$state', expected CANCELLED" >&2; exit 1; }
+grep -q "SLURM-job '$cid' failed, SLURM status is: 'CANCELLED'" "$SW/snakemake.log" \
+  || { echo "error: the workflow did not report cancelled job $cid as failed; log: $SW/snakemake.log" >&2; exit 1; }
+grep -q "Trying to restart job" "$SW/snakemake.log" \
+  || { echo "error: cancelled job $cid was not retried; log: $SW/snakemake.log" >&2; exit 1; }
 n_jobs=$(sacct -X -n -P -S "$(date -d @"$T1" +%Y-%m-%dT%H:%M:%S)" -o State | grep -c COMPLETED || true)
 for f in main_table.md main_table.csv main_table.tex; do
   cmp "$LOCAL/$f" "$SW/results/smoke/$f" || { diff "$LOCAL/$f" "$SW/results/smoke/$f" || true; \
     echo "error: $f differs between the local run and the Slurm run" >&2; exit 1; }
 done
-echo "[slurm-ci] smoke suite through Slurm: $n_jobs sbatch jobs COMPLETED (sacct); table identical to $LOCAL;" \
+echo "[slurm-ci] smoke suite through Slurm: $n_jobs sbatch jobs COMPLETED (sacct); generation job $cid cancelled" \
+     "($state), reported failed and retried; table identical to $LOCAL;" \
      "cluster setup $(( T1 - T0 )) s, workflow $(( T2 - T1 )) s"

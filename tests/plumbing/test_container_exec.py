@@ -1,12 +1,18 @@
 """Jobs run inside the images: the exact `apptainer exec` line Snakemake builds, with a stub `apptainer`.
 
-The stub logs its argv and, for `exec`, runs the command after the image natively (so outputs appear).
+The stub logs its argv and, for `exec`, runs the command after the image natively (so outputs appear), in
+the environment the container would see: under `--cleanenv` only HOME/LANG/TERM, a reset PATH (whose
+`python` is the image's: this interpreter with this checkout's `repro`), `APPTAINERENV_*` and `--env`
+values. With STUB_STRICT_BINDS=1 it refuses a command that names an absolute path the container cannot
+see: not under a `--bind`, `--home`, the cwd, or the image's own system folders. (Apptainer also binds
+/tmp by default; the stub does not count it, because the tests' folders live there.)
 A tiny Snakefile includes workflow/rules/images.smk and uses its image_for/image_input helpers, as the
-generation and scoring rules do.
+generation and scoring rules do; the last tests run the real workflow.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,21 +24,48 @@ from plumbing_util import ROOT, env_with_repo
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 STUB = f"""#!{sys.executable}
-import os, subprocess, sys
+import json, os, re, subprocess, sys
 with open(os.environ["STUB_LOG"], "a") as f:
     f.write("\\x1f".join(["apptainer", *sys.argv[1:]]) + "\\n")
 a = sys.argv[1:]
 if a[:1] == ["--version"]:
     print("apptainer version 1.3.4"); sys.exit(0)
-if a[:1] == ["exec"]:
-    i = next(k for k, x in enumerate(a) if x.endswith(".sif"))
-    sys.exit(subprocess.call(a[i + 1:]))
-sys.exit(0)
+if a[:1] != ["exec"]:
+    sys.exit(0)
+i = next(k for k, x in enumerate(a) if x.endswith(".sif"))
+opts, cmd = a[1:i], a[i + 1:]
+visible = [os.getcwd(), "/usr", "/bin", "/lib", "/etc", "/dev", "/proc", "/sys", "/opt", "/.singularity.d"]
+extra_env, clean = {{}}, "--cleanenv" in opts or "-e" in opts
+for k, o in enumerate(opts[:-1]):
+    if o in ("--bind", "-B"):
+        visible += [(spec.split(":") + [""])[1] or spec.split(":")[0] for spec in opts[k + 1].split(",")]
+    if o == "--home":
+        visible.append(opts[k + 1])
+    if o == "--env":
+        extra_env.update(kv.split("=", 1) for kv in opts[k + 1].split(","))
+if clean:
+    env = {{k: os.environ[k] for k in ("LANG", "TERM") if k in os.environ}}
+    env["HOME"] = opts[opts.index("--home") + 1] if "--home" in opts else os.environ.get("HOME", "/")
+    env["PATH"] = {str(Path(sys.executable).parent)!r} + ":/usr/local/bin:/usr/bin:/bin"
+else:
+    env = dict(os.environ)
+env.update({{k[len("APPTAINERENV_"):]: v for k, v in os.environ.items() if k.startswith("APPTAINERENV_")}})
+env.update(extra_env)
+env["PYTHONPATH"] = {str(ROOT)!r}  # the image's own `repro`
+with open(os.environ["STUB_LOG"] + ".env", "a") as f:
+    f.write(json.dumps({{"cmd": cmd[-1], "env": env}}) + "\\n")
+if os.environ.get("STUB_STRICT_BINDS") == "1":
+    for p in re.findall(r"(?<![\\w.-])(/[\\w.@+-]+(?:/[\\w.@+-]+)*)", cmd[-1]):
+        if not any(p == v or p.startswith(v.rstrip("/") + "/") for v in visible):
+            print(f"stub apptainer: {{p}} is not bound into the container", file=sys.stderr)
+            sys.exit(255)
+sys.exit(subprocess.call(cmd, env=env))
 """
 SNAKEFILE = """
 import os, sys
 config.update({{"containers": {{"enabled": True}}, "backend": "{backend}"}})
 WORK = os.path.abspath("work")
+RESULTS = os.path.abspath("results")
 def W(t):
     return os.path.join(WORK, t)
 def logged(cmd, streams="> {{log}} 2>&1"):  # as in common.smk, without the log tail
@@ -109,3 +142,60 @@ def test_enabled_without_apptainer_or_sdm_stops(tmp_path):
     r = subprocess.run([SNAKEMAKE, "all", "--cores", "1", "-n"], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode != 0 and "neither `apptainer` nor `singularity`" in r.stdout + r.stderr
+
+
+def workflow_env(tmp_path, **extra):
+    """Stub apptainer first on PATH, no venv on PATH (a bare `python` on the host would not find `repro`),
+    work dir outside the checkout, the four images pretended built."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "apptainer").write_text(STUB)
+    (tmp_path / "bin" / "apptainer").chmod(0o755)
+    work = tmp_path / "work"
+    imgs = work / "images"
+    imgs.mkdir(parents=True)
+    for name in ("engine", "sglang", "scoring"):
+        (imgs / f"{name}.def").write_text("Bootstrap: docker\n")
+    time.sleep(0.05)
+    for name in ("engine", "sglang", "scoring"):
+        (imgs / f"{name}.sif").write_text("img")
+        (imgs / f"{name}.sif.json").write_text("{}")
+    (tmp_path / "on.yaml").write_text(f"containers:\n  enabled: true\nresults_dir: {tmp_path / 'results'}\n"
+                                      "suites:\n  smoke:\n    limit: 1\n")
+    env = env_with_repo(PATH=f"{tmp_path / 'bin'}{os.pathsep}/usr/bin:/bin", STUB_LOG=str(tmp_path / "log"),
+                        ORL_EVAL_WORK=str(work), STUB_STRICT_BINDS="1", **extra)
+    env.pop("ORL_EVAL_DATA", None)
+    return env, work
+
+
+def test_readme_container_command_binds_paths_and_keeps_gpu_selection(tmp_path):
+    """The README's container command as written (no binds, --cleanenv) runs the real workflow: every path
+    the container jobs name is bound, the host's GPU selection reaches them, host-side rules run the
+    workflow's interpreter (no venv on PATH here)."""
+    env, work = workflow_env(tmp_path, CUDA_VISIBLE_DEVICES="2")
+    target = work / "smoke/scores/tiny/gsm8k/seed12345.summary.json"
+    r = subprocess.run([SNAKEMAKE, "--cores", "2", str(target), "--configfile", str(ROOT / "config.yaml"),
+                        str(tmp_path / "on.yaml"), "--sdm", "apptainer", "--apptainer-args=--nv --cleanenv"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert target.is_file()
+    seen = [json.loads(line) for line in (tmp_path / "log.env").read_text().splitlines()]
+    ran = {("repro.backends.generation_job" in x["cmd"]) + 2 * ("repro.scoring" in x["cmd"]) for x in seen}
+    assert ran == {1, 2}  # generation and scoring ran in the container, nothing else did
+    assert all(x["env"].get("CUDA_VISIBLE_DEVICES") == "2" for x in seen)
+    assert all("ORL_EVAL_WORK" not in x["env"] for x in seen)  # really a clean environment
+    execs = [c.split("\x1f") for c in (tmp_path / "log").read_text().splitlines() if "\x1fexec\x1f" in c]
+    assert execs and all(str(work) in c and str(tmp_path / "results" / "smoke") in c for c in execs)  # binds
+
+
+def test_containers_with_other_working_directory(tmp_path):
+    """`-d OTHER_DIR` with containers on: the image definitions are found beside the Snakefile."""
+    env, work = workflow_env(tmp_path)
+    for name in ("engine", "scoring"):
+        (work / "images" / f"{name}.sif").unlink()
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    r = subprocess.run([SNAKEMAKE, "-n", "-s", str(ROOT / "Snakefile"), "-d", str(other), "--cores", "1",
+                        "images", "--configfile", str(ROOT / "config.yaml"), str(tmp_path / "on.yaml"),
+                        "--sdm", "apptainer"], cwd=other, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "rule build_image" in r.stdout and "MissingInputException" not in r.stdout + r.stderr

@@ -34,6 +34,8 @@ rule verify_checkpoint:
         W("logs/verify/{model}.log"),
     threads: 2
     resources:
-        runtime=60,
+        **CPU_ONLY,
+        runtime=lambda wc, attempt: 60 * attempt,
+        mem_mb=lambda wc, attempt: 2000 * attempt,
     shell:
         logged("{PY} -m repro.checkpoint verify {input} --stamp {output} {params.pin} {params.copy_of}")

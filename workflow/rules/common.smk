@@ -38,10 +38,12 @@ if DATA is not None and not DATA.is_dir():
           f"holding {', '.join(b.file for b in benchmarks.declarations())}, or unset it", file=sys.stderr)
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
-# Inside a container the image's python runs the stages; natively the interpreter running Snakemake. Rules
-# use {PY} directly, not as a param: it decides no result, and as a param moving the venv would re-run every
-# job (the one `snakemake --lint` finding kept for it; scripts/lint_workflow.py lists each kept finding).
-PY = "python" if config["containers"]["enabled"] else sys.executable
+# Rules run on the host with the interpreter running Snakemake (PY); rules with a `container:` run the
+# image's python (PY_IMAGE) when containers are enabled. Rules use {PY} directly, not as a param: it decides no
+# result, and as a param moving the venv would re-run every job (the one `snakemake --lint` finding kept for
+# it; scripts/lint_workflow.py lists each kept finding).
+PY = sys.executable
+PY_IMAGE = "python" if config["containers"]["enabled"] else sys.executable
 # Jobs import this checkout's `repro` (the code whose versions the params below record), wherever they run.
 os.environ.update(PYTHONPATH=os.pathsep.join([workflow.basedir] + [p for p in [os.getenv("PYTHONPATH")] if p]))
 

@@ -25,11 +25,16 @@ rule generate_shard:
     container: image_for("generate")
     threads: 1
     resources:
-        gpu=lambda wc: 1 if on_gpu(wc) else 0,
-        runtime=lambda wc, attempt: 60 * attempt if on_gpu(wc) else 30,
-        mem_mb=lambda wc, attempt: 64000 if on_gpu(wc) else 4000,
+        # GPU request (cluster.smk): --gpus=1 or --gpus=<gpu_model>:1, or the site's --gres; none on CPU suites
+        gpu=gpu_count,
+        gpu_model=gpu_model_for,
+        gres=gres_for,
+        cpus_per_gpu=lambda wc: 8 if on_gpu(wc) else 0,  # GPU jobs: --cpus-per-gpu=8
+        gpu_mem_mb=gpu_mem_mb,  # needed on the device (bf16 weights + KV); the job checks its GPU
+        runtime=lambda wc, attempt: (60 if on_gpu(wc) else 30) * attempt,
+        mem_mb=lambda wc, attempt: (64000 if on_gpu(wc) else 4000) * attempt,  # an OOM retry asks for more
     shell:
-        logged("OMP_NUM_THREADS={threads} {PY} -m repro.backends.generation_job --backend {params.backend} "
+        logged("OMP_NUM_THREADS={threads} {PY_IMAGE} -m repro.backends.generation_job --backend {params.backend} "
                "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
                "--decoder {input.decoder} --problems {input.problems} --benchmark {wildcards.bench} "
                "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "

@@ -8,6 +8,7 @@
 #     input:  image=image_input("generate"),      # [] when containers are disabled
 #     container: image_for("generate")            # None when containers are disabled
 # Kinds: "generate" -> engine.sif or sglang.sif (config backend), "cpu" -> scoring.sif (score, tables).
+from repro import cluster as _cluster
 from repro import containers as _containers
 
 IMAGE_NAMES = ("engine", "sglang", "scoring")
@@ -31,6 +32,27 @@ def _check_container_runtime():
 
 
 _check_container_runtime()
+
+
+def _container_setup():
+    """Binds and environment of the container jobs, whatever the command line said (repro/cluster.py):
+    - every path the container rules use (work dir, results dir, caches) is bound, as written in the
+      commands (realpath:path when it goes through a symlink); Snakemake itself binds only the cwd;
+    - under --cleanenv the GPU selection (CUDA_VISIBLE_DEVICES: Slurm's, or the user's) and the cache
+      variables reach the job through APPTAINERENV_* of the process that runs `apptainer exec`. This code
+      runs in that process: the local Snakemake, or the Slurm job step, which parses the workflow again."""
+    if not CONTAINERS_ON:
+        return
+    paths = [WORK, RESULTS] + [os.environ[v] for v in ("HF_HOME", "TRITON_CACHE_DIR", "ORL_EVAL_GPU_LOCKS")
+                               if os.environ.get(v)]
+    for p in paths:
+        os.makedirs(p, exist_ok=True)  # apptainer refuses to bind a missing path
+    ds = workflow.deployment_settings
+    ds.apptainer_args = _cluster.add_binds(ds.apptainer_args or "", _cluster.bind_specs(paths))
+    os.environ.update(_cluster.container_env(os.environ, _containers.apptainer_binary()))
+
+
+_container_setup()
 
 
 def image_sif(name):
@@ -66,8 +88,8 @@ wildcard_constraints:
 
 rule render_image_def:
     input:
-        template="containers/{image}.def.j2",
-        pins="containers/images.yaml",
+        template=os.path.join(workflow.basedir, "containers/{image}.def.j2"),  # also with -d OTHER_DIR
+        pins=os.path.join(workflow.basedir, "containers/images.yaml"),
     output:
         W("images/{image}.def"),
     log:
@@ -86,6 +108,7 @@ rule build_image:
         meta=W("images/{image}.sif.json"),
     log:
         W("logs/images/{image}.build.log"),
+    localrule: True  # pulls the base image from a registry: runs on the submit host, not a compute node
     container: None
     resources:
         runtime=180,

@@ -20,9 +20,10 @@ rule score:
     container: image_for("cpu")
     threads: config["scoring"]["workers"]
     resources:
-        runtime=60,
-        mem_mb=8000,
+        **CPU_ONLY,
+        runtime=lambda wc, attempt: 60 * attempt,
+        mem_mb=lambda wc, attempt: 8000 * attempt,
     shell:
-        logged("{PY} -m repro.scoring score --benchmark {wildcards.bench} --problems {input.problems} "
+        logged("{PY_IMAGE} -m repro.scoring score --benchmark {wildcards.bench} --problems {input.problems} "
                "--generations {input.generations} --out {output.scores} --summary {output.summary} "
                "--workers {threads} {params.timeout}")

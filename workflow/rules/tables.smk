@@ -24,7 +24,7 @@ rule write_table:
         W(f"logs/tables/{SUITE}.log"),
     container: image_for("cpu")
     shell:
-        logged("{PY} -m repro.tables --work {params.work} --suite {params.suite} --spec '{params.spec}' "
+        logged("{PY_IMAGE} -m repro.tables --work {params.work} --suite {params.suite} --spec '{params.spec}' "
                "--out-dir {params.out_dir} --image-sidecars {input.images}", streams="2> {log}")
 
 

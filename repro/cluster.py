@@ -1,0 +1,237 @@
+"""Cluster and container plumbing for the workflow: site profiles, GPU requests, container env and binds.
+
+Used by ``workflow/rules/cluster.smk`` and ``workflow/rules/images.smk`` (at workflow parse time, in the main
+Snakemake process and again in each Slurm job step) and by the scripts, which check site profiles first::
+
+    python -m repro.cluster check-profile DIR_OR_YAML [...]   # exit 2 + one line per Snakemake-7 key
+
+Contract
+--------
+* ``legacy_profile_problems(profile)``: the Snakemake 7 keys of a profile (``cluster``, ``cluster-config``,
+  ``cluster-status``, ``cluster-cancel``, ``cluster-sidecar``, ``drmaa``, ``slurm``, ...), each with one line
+  saying what replaced it in Snakemake 8+ (``executor: slurm`` and resources; see README "On a Slurm
+  cluster"). ``legacy_targets(targets)`` finds the same keys where Snakemake 9 turned them into targets
+  (``--cluster=sbatch ...`` when no target was given).
+* ``normalise_slurm_state("CANCELLED by 0") == "CANCELLED"``: sacct prints who cancelled a job; the Slurm
+  executor plugin (<= 2.8.0, the newest release) compares the whole string with its list of failed states,
+  does not match, and waits for the job forever. ``patch_slurm_status_query()`` wraps the plugin's status
+  query so every state is reduced to its first word (idempotent; a no-op without the plugin).
+* ``site_resource(settings, rule, name)``: the raw value a site profile / command line gives a resource
+  for ``rule`` (``set-resources``) or for all rules (``default-resources``), else None. Generation asks it
+  for ``gres``: a site that asks for GPUs with ``gres`` gets ``--gres`` only, never ``--gres`` and
+  ``--gpus`` together.
+* ``gpu_memory_need_mb(source)``: GPU memory a generation job needs, in MB (10^6 bytes): the real
+  LLaDA2.1-mini checkpoints 32.6 GB of bf16 weights + 1.34 GB KV cache for a 32K-token context
+  (20 layers x 2 x 4 KV heads x 128 x 2 B = 40,960 B/token, from the model's config,
+  https://huggingface.co/inclusionAI/LLaDA2.1-mini/blob/main/config.json) + 4 GB working memory
+  (activations, CUDA graphs; an estimate, not measured) = 38,000 MB; the tiny random model 1,000 MB.
+* ``container_env(environ, binary)``: ``{APPTAINERENV_X: value}`` (``SINGULARITYENV_`` for a
+  ``singularity`` binary) for each variable of ``FORWARDED_ENV`` that is set, so ``--cleanenv`` keeps the
+  GPU selection (``CUDA_VISIBLE_DEVICES`` from Slurm or the user) and the cache settings.
+* ``bind_specs(paths)``: ``--bind`` specs for the paths the container jobs use: the path itself, or
+  ``realpath:path`` when it goes through a symlink (so the path in the command resolves inside); nested
+  paths are dropped when their parent is bound the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+# Snakemake 7 profile keys -> what replaced them (Snakemake >= 8, snakemake-executor-plugin-slurm)
+LEGACY_KEYS = {
+    "cluster": "executor: slurm (snakemake-executor-plugin-slurm) plus default-resources/set-resources "
+               "(slurm_account, slurm_partition, runtime, mem_mb, gpu_model)",
+    "cluster-config": "default-resources/set-resources per rule in the profile",
+    "cluster-status": "the Slurm executor's own status checks (slurm-status-command: sacct|squeue)",
+    "cluster-cancel": "the Slurm executor's own scancel",
+    "cluster-cancel-nargs": "the Slurm executor's own scancel",
+    "cluster-sidecar": "the Slurm executor (no sidecar)",
+    "cluster-sync": "executor: slurm",
+    "drmaa": "executor: slurm (or executor: drmaa with snakemake-executor-plugin-drmaa)",
+    "drmaa-log-dir": "slurm-logdir",
+    "slurm": "executor: slurm",
+    "jobscript": "executor: slurm (no jobscript template)",
+}
+REPLACED_HINT = "see README 'On a Slurm cluster' for a complete site profile"
+
+# Variables the container jobs need from the host even under `apptainer exec --cleanenv`
+FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES", "ORL_EVAL_GPU_LOCKS", "HF_HOME", "HF_HUB_OFFLINE", "TRITON_CACHE_DIR")
+
+REAL_MODEL_GPU_MB = 38_000  # 32.6 GB bf16 weights + 1.34 GB KV (32K tokens) + 4 GB working memory
+TINY_MODEL_GPU_MB = 1_000
+MIN_COMPUTE_CAPABILITY = (8, 0)  # bf16 tensor cores: A100/A10/L4/L40S (sm80/86/89), H100/H200 (sm90)
+
+
+class ProfileError(ValueError):
+    """A profile uses keys Snakemake 9 no longer understands; the message says what replaced them."""
+
+
+def _legacy_line(key: str, where: str) -> str:
+    return (f"{where}: `{key}:` is a Snakemake 7 profile key; Snakemake 8+ replaced it with "
+            f"{LEGACY_KEYS[key]}; {REPLACED_HINT}")
+
+
+def profile_file(profile: str | os.PathLike) -> Path | None:
+    """The YAML file of a profile given as a folder (config.yaml / profile.yaml) or as the file itself."""
+    p = Path(profile)
+    if p.is_file():
+        return p
+    for name in ("config.yaml", "profile.yaml"):
+        if (p / name).is_file():
+            return p / name
+    return None
+
+
+def legacy_profile_problems(profile: str | os.PathLike) -> list[str]:
+    """One line per Snakemake 7 key in the profile (empty when none, or when the profile has no YAML)."""
+    f = profile_file(profile)
+    if f is None:
+        return []
+    try:
+        data = yaml.safe_load(f.read_text()) or {}
+    except yaml.YAMLError:
+        return []  # Snakemake reports syntax errors itself
+    if not isinstance(data, dict):
+        return []
+    return [_legacy_line(k, str(f)) for k in data if k in LEGACY_KEYS]
+
+
+def legacy_targets(targets) -> list[str]:
+    """Lines for targets that are really Snakemake 7 options (a profile's ``cluster: X`` becomes the target
+    ``--cluster=X`` in Snakemake 9 when the command line names no target)."""
+    lines = []
+    for t in targets or ():
+        t = str(t)
+        if t.startswith("--"):
+            key = t[2:].split("=", 1)[0]
+            if key in LEGACY_KEYS:
+                lines.append(_legacy_line(key, f"a profile or the command line (read as target {t!r})"))
+    return lines
+
+
+def profiles_from_argv(argv: list[str], environ=os.environ) -> list[str]:
+    """Profile folders/files named on a Snakemake command line (``--profile``, ``--workflow-profile``) or in
+    ``$SNAKEMAKE_PROFILE``."""
+    found = []
+    if environ.get("SNAKEMAKE_PROFILE"):
+        found.append(environ["SNAKEMAKE_PROFILE"])
+    for i, a in enumerate(argv):
+        for opt in ("--profile", "--workflow-profile"):
+            if a == opt and i + 1 < len(argv):
+                found.append(argv[i + 1])
+            elif a.startswith(opt + "="):
+                found.append(a.split("=", 1)[1])
+    return found
+
+
+def normalise_slurm_state(state: str) -> str:
+    """Reduce a sacct/squeue state to its keyword: ``'CANCELLED by 0'`` -> ``'CANCELLED'``,
+    ``'RUNNING'`` -> ``'RUNNING'`` (sacct appends ``by <uid>``; some versions mark states with ``+``)."""
+    s = str(state).strip()
+    return s.split(None, 1)[0].rstrip("+") if s else s
+
+
+def patch_slurm_status_query() -> bool:
+    """Make the Slurm executor plugin see ``CANCELLED`` for ``CANCELLED by N`` (see module docstring).
+    Returns True when the patch is in place (also when it already was), False without the plugin."""
+    try:
+        import snakemake_executor_plugin_slurm as plugin
+    except ImportError:
+        return False
+    orig = getattr(plugin, "query_job_status", None)
+    if orig is None:
+        return False
+    if getattr(orig, "_repro_normalised", False):
+        return True
+
+    async def query_job_status(command, logger):
+        status_of_jobs, duration = await orig(command, logger)
+        if status_of_jobs:
+            status_of_jobs = {k: normalise_slurm_state(v) for k, v in status_of_jobs.items()}
+        return status_of_jobs, duration
+
+    query_job_status._repro_normalised = True
+    plugin.query_job_status = query_job_status
+    return True
+
+
+def _raw(resource) -> object:
+    """The value a Snakemake ``Resource`` (or a plain value) was given as."""
+    raw = getattr(resource, "raw", resource)
+    return raw
+
+
+def site_resource(resource_settings, rule: str, name: str):
+    """Raw value of resource ``name`` for ``rule`` from ``set-resources`` (wins) or ``default-resources``
+    (profiles and command line), or None. ``resource_settings`` is ``workflow.resource_settings``."""
+    over = getattr(resource_settings, "overwrite_resources", None) or {}
+    rule_over = over.get(rule) or {}
+    if name in rule_over:
+        return _raw(rule_over[name])
+    defaults = getattr(resource_settings, "default_resources", None) or {}
+    if hasattr(defaults, "get") and name in defaults:
+        return _raw(defaults[name])
+    return None
+
+
+def gpu_memory_need_mb(source: dict) -> int:
+    """GPU memory (MB) a generation job needs for a model whose config ``source`` is given (module docstring)."""
+    return TINY_MODEL_GPU_MB if source.get("type") == "tiny" else REAL_MODEL_GPU_MB
+
+
+def container_env(environ, binary: str | None) -> dict[str, str]:
+    """``{PREFIX + X: value}`` for each set variable of FORWARDED_ENV (module docstring)."""
+    prefix = "SINGULARITYENV_" if binary and os.path.basename(binary) == "singularity" else "APPTAINERENV_"
+    return {prefix + k: environ[k] for k in FORWARDED_ENV if environ.get(k) not in (None, "")}
+
+
+def bind_specs(paths) -> list[str]:
+    """``--bind`` specs (``path`` or ``realpath:path``) for the given paths, parents first, nested ones
+    dropped when their parent is bound without remapping (module docstring)."""
+    specs: list[tuple[str, str]] = []
+    for p in paths:
+        if not p:
+            continue
+        dst = os.path.abspath(os.path.expanduser(str(p)))
+        src = os.path.realpath(dst)
+        if (src, dst) not in specs:
+            specs.append((src, dst))
+    specs.sort(key=lambda sd: sd[1])
+    kept: list[tuple[str, str]] = []
+    for src, dst in specs:
+        covered = any(dst.startswith(kd.rstrip("/") + "/") and src == os.path.join(ks, os.path.relpath(dst, kd))
+                      for ks, kd in kept)
+        if not covered:
+            kept.append((src, dst))
+    return [dst if src == dst else f"{src}:{dst}" for src, dst in kept]
+
+
+def add_binds(apptainer_args: str, specs: list[str]) -> str:
+    """``apptainer_args`` with ``--bind SPEC`` appended for each spec not already bound there (the Slurm job
+    step parses the workflow again with the main process's arguments)."""
+    tokens = apptainer_args.split()
+    present = {tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in ("--bind", "-B")}
+    present |= {t.split("=", 1)[1] for t in tokens if t.startswith("--bind=")}
+    extra = [s for s in specs if s not in present]
+    return " ".join([apptainer_args.strip(), *(f"--bind {s}" for s in extra)]).strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m repro.cluster", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check-profile", help="exit 2 naming each Snakemake 7 key of the given profiles")
+    c.add_argument("profiles", nargs="+")
+    a = ap.parse_args(argv)
+    problems = [line for p in a.profiles for line in legacy_profile_problems(p)]
+    for line in problems:
+        print(f"Profile error: {line}", file=sys.stderr)
+    return 2 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

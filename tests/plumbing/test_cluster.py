@@ -1,0 +1,120 @@
+"""Slurm submissions through the real workflow, the real `slurm` workflow profile, a site profile and the real
+Snakemake Slurm executor plugin, with recording stand-ins for sbatch/sacct/srun (fake_slurm.py).
+
+One tiny GPU suite (the smoke suite with ``device: cuda``), target one generation shard: the checkpoint
+verification job really runs through the fake sbatch and the plugin's job step; a generation job (no GPU
+here) is recorded and completes by writing its output. ~25 s for the first run, ~8 s for each further one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fake_slurm import env_path, flags, install, submitted
+from plumbing_util import ROOT, env_with_repo, run_py
+
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+SLURM_PROFILE = str(ROOT / "workflow" / "profiles" / "slurm")
+SHARD = "smoke/generations/tiny/gsm8k/seed12345/shard0of1.jsonl"
+
+
+def site_profile(path: Path, body: dict) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(body))
+    return str(path)
+
+
+def slurm_run(tmp: Path, work: Path, *args: str, cancel="", timeout=240):
+    state = tmp / "slurm-state"
+    install(tmp / "bin", state)
+    overlay = tmp / "gpu_suite.yaml"
+    overlay.write_text("suites:\n  smoke:\n    device: cuda\n    precision: bf16\n    limit: 2\n")
+    (work / SHARD).unlink(missing_ok=True)
+    env = env_with_repo(PATH=env_path(tmp / "bin"), ORL_EVAL_WORK=str(work), FAKE_SLURM_RUN="1",
+                        FAKE_SLURM_CANCEL=cancel, FAKE_SLURM_TOUCH_RULE="generate_shard",
+                        FAKE_SLURM_TOUCH=str(work / SHARD))
+    env.pop("ORL_EVAL_DATA", None)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    r = subprocess.run([SNAKEMAKE, str(work / SHARD), "--workflow-profile", SLURM_PROFILE,
+                        "--configfile", str(ROOT / "config.yaml"), str(overlay),
+                        "--slurm-init-seconds-before-status-checks", "1", *args],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return r, submitted(state)
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """Site profile: account + CPU partition + a GPU model for all jobs (default-resources); the GPU
+    partition and model for generation only (set-resources). The first generation job is cancelled
+    (sacct: `CANCELLED by 0`)."""
+    tmp = tmp_path_factory.mktemp("slurm1")
+    site = site_profile(tmp / "site", {
+        "default-resources": {"slurm_account": "testacct", "slurm_partition": "cpu", "gpu_model": "a100"},
+        "set-resources": {"generate_shard": {"slurm_partition": "gpu", "gpu_model": "h200"}},
+    })
+    r, jobs = slurm_run(tmp, tmp / "work", "--profile", site, cancel="rule_generate_shard")
+    return tmp, r, jobs
+
+
+def test_site_profile_partition_and_gpu_model_reach_generation_only(first_run):
+    _, r, jobs = first_run
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    gen = [flags(j["argv"]) for j in jobs if j["rule"] == "generate_shard"]
+    ver = [flags(j["argv"]) for j in jobs if j["rule"] == "verify_checkpoint"]
+    assert gen and ver
+    for f in gen:
+        assert f["-p"] == "gpu" and f["-A"] == "testacct"
+        assert f["--gpus"] == "h200:1" and f["--cpus-per-gpu"] == "8"
+        assert "--gres" not in f and "--cpus-per-task" not in f
+    for f in ver:  # the site-wide gpu_model (a100) never turns a CPU job into a GPU request
+        assert f["-p"] == "cpu" and f["-A"] == "testacct"
+        assert "--gpus" not in f and "--gres" not in f
+
+
+def test_cancelled_job_is_reported_and_retried_with_more_memory(first_run):
+    tmp, r, jobs = first_run
+    gen = [j for j in jobs if j["rule"] == "generate_shard"]
+    assert [j["state"] for j in gen] == ["CANCELLED by 0", "COMPLETED"], r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert f"SLURM-job '{gen[0]['id']}' failed" in out and "CANCELLED" in out
+    assert r.returncode == 0 and (tmp / "work" / SHARD).is_file()  # the retry ran; the run finished
+    # an out-of-memory or timed-out job's retry asks for more
+    assert [int(flags(j["argv"])["--mem"]) for j in gen] == [64000, 128000]
+    assert [int(flags(j["argv"])["-t"]) for j in gen] == [60, 120]
+
+
+@pytest.mark.parametrize("how", ["profile", "command line"])
+def test_gres_site_gets_gres_only(first_run, tmp_path, how):
+    """A site that only accepts --gres: `gres` in the site profile or on the command line replaces --gpus,
+    and --cpus-per-gpu stays (generation only; the checkpoint was verified by the first run)."""
+    tmp, _, _ = first_run
+    base = {"default-resources": {"slurm_account": "testacct", "slurm_partition": "cpu", "gpu_model": "a100"}}
+    if how == "profile":
+        base["set-resources"] = {"generate_shard": {"slurm_partition": "gpu", "gres": "gpu:1"}}
+        args = ["--profile", site_profile(tmp_path / "site", base)]
+    else:
+        args = ["--profile", site_profile(tmp_path / "site", base), "--set-resources", "generate_shard:gres=gpu:1"]
+    r, jobs = slurm_run(tmp_path, tmp / "work", *args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert [j["rule"] for j in jobs] == ["generate_shard"]
+    f = flags(jobs[0]["argv"])
+    assert f["--gres"] == "gpu:1" and "--gpus" not in f and f["--cpus-per-gpu"] == "8"
+
+
+def test_snakemake7_profile_says_what_replaced_it(tmp_path):
+    old = site_profile(tmp_path / "old", {"cluster": "sbatch -p gpu --mem {resources.mem_mb}", "jobs": 10})
+    env = env_with_repo(ORL_EVAL_WORK=str(tmp_path / "work"))
+    r = subprocess.run([SNAKEMAKE, "-n", "--profile", old], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    err = r.stdout + r.stderr
+    assert r.returncode != 0 and "MissingRuleException" not in err
+    assert "`cluster:` is a Snakemake 7 profile key" in err and "executor: slurm" in err
+    # with a target, Snakemake's argument parser stops first: the scripts check profiles before calling it
+    r = run_py(["-m", "repro.cluster", "check-profile", old, SLURM_PROFILE])
+    assert r.returncode == 2 and r.stderr.count("Profile error:") == 1 and "executor: slurm" in r.stderr
+    assert run_py(["-m", "repro.cluster", "check-profile", SLURM_PROFILE]).returncode == 0

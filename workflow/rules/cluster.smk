@@ -1,0 +1,56 @@
+# Cluster behaviour that does not depend on the site: Snakemake-7 profiles stop with one line, cancelled
+# Slurm jobs are reported failed (and retried), GPU requests reach only GPU jobs. Include after common.smk.
+# Helpers and their sources: repro/cluster.py.
+from repro import cluster as _cluster
+
+# A Snakemake-7 site profile (`cluster: sbatch ...`): Snakemake 9 turns the key into a target or rejects it;
+# say what replaced it instead of "No rule to produce --cluster=sbatch ...". (When the command line also
+# names a target, Snakemake's own argument parser stops first; the scripts check profiles before that.)
+_legacy = [line for p in _cluster.profiles_from_argv(sys.argv) for line in _cluster.legacy_profile_problems(p)]
+if not _legacy and getattr(workflow, "dag_settings", None) is not None:
+    _legacy = _cluster.legacy_targets(getattr(workflow.dag_settings, "targets", None))
+if _legacy:
+    print(f"Profile error: {_legacy[0]}", file=sys.stderr)
+    sys.exit(1)
+
+# sacct reports `CANCELLED by <uid>`, which the Slurm executor plugin (<= 2.8.0) does not recognise: it
+# would wait for a cancelled job forever. Normalise the states it reads (no-op without the plugin).
+_cluster.patch_slurm_status_query()
+
+
+def site_gres(rule):
+    """The `gres` a site profile or --set-resources/--default-resources gives `rule`, or None."""
+    return _cluster.site_resource(workflow.resource_settings, rule, "gres")
+
+
+def gpu_count(wildcards):
+    """`gpu` resource of a generation job: 1 on GPU suites, 0 on CPU suites, and 0 when the site asks for
+    the GPU through `gres` (the plugin would otherwise send both --gres and --gpus)."""
+    return 1 if on_gpu(wildcards) and not site_gres("generate_shard") else 0
+
+
+def gpu_model_for(wildcards):
+    """`gpu_model` of a generation job: the site's (default-resources) on GPU suites, "" (none) on CPU
+    suites, so a site-wide gpu_model never turns a CPU job into a GPU request. set-resources still wins."""
+    if not on_gpu(wildcards) or site_gres("generate_shard"):
+        return ""  # CPU suite, or the site asks through gres (which then carries any GPU type)
+    return str(_cluster.site_resource(workflow.resource_settings, "generate_shard", "gpu_model") or "")
+
+
+def gres_for(wildcards):
+    """`gres` of a generation job: the site's on GPU suites, "" on CPU suites."""
+    return str(site_gres("generate_shard") or "") if on_gpu(wildcards) else ""
+
+
+def gpu_mem_mb(wildcards):
+    """GPU memory (MB) the generation job needs: 38,000 for the real checkpoints, 1,000 for the tiny model,
+    0 on CPU suites (repro/cluster.py gives the sum). Informational for the scheduler; the job itself
+    checks the GPU it lands on (repro.backends.generate)."""
+    if not on_gpu(wildcards):
+        return 0
+    return _cluster.gpu_memory_need_mb(model_cfg(wildcards)["source"])
+
+
+# Resources of jobs that never need a GPU: a site-wide gpu_model / gres in default-resources must not
+# reach them (the plugin turns gpu_model alone into --gpus=<model>:1).
+CPU_ONLY = {"gpu": 0, "gpu_model": "", "gres": ""}
