@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from repro import paths
-from repro.io import atomic_write_text
+from repro.io import atomic_write_text, read_jsonl
 from repro.provenance import code_revision
 from repro.tables.aggregate import collect
 from repro.backends.replay import caption_note as replay_caption
@@ -84,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     notes_md = notes_tex = ""
     for m in replayed:
         samples = next((c.get("samples") for c in cells if c["model"] == m["name"] and c.get("samples")), None) or {}
-        notes_md += " " + replay_caption(m["label"], samples, long[long["model"] == m["name"]]["tpf"].notna().any())
-        notes_tex += " " + replay_caption(m["label"], samples, long[long["model"] == m["name"]]["tpf"].notna().any(),
-                                          latex=True)
+        has_tpf = long[long["model"] == m["name"]]["tpf"].notna().any()
+        # reference solutions must score 100: name every one a scorer rejects, with its reason
+        rejected = [] if samples.get("kind") != "reference" else [
+            f"{s['id']} ({s.get('reason', '')[:120]})" for b in spec["benchmarks"] for seed in spec["seeds"]
+            for s in read_jsonl(a.work / paths.SCORES.format(suite=a.suite, model=m["name"], bench=b, seed=seed))
+            if not s["correct"]]
+        notes_md += " " + replay_caption(m["label"], samples, has_tpf, rejected=rejected)
+        notes_tex += " " + replay_caption(m["label"], samples, has_tpf, latex=True, rejected=rejected)
     md_table, csv_text = to_markdown(rows, spec["benchmarks"]), to_csv(rows, spec["benchmarks"])
     tex = to_latex(rows, spec["benchmarks"], caption(cap_long, latex=True, **cap) + notes_tex, f"tab:main-{a.suite}",
                    escape_caption=False)
