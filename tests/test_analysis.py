@@ -190,3 +190,43 @@ def test_reference_rows_show_reported_ours_difference_and_interval_with_citation
                     "--out-dir", str(out)], check=True, capture_output=True, timeout=120)
     assert "reported" not in (out / "main_table.md").read_text().split("\n\n", 1)[1]
     assert "Row \u201cgold replay\u201d is replayed, not generated" in (out / "main_table.md").read_text()
+
+
+def test_config_refuses_bad_replay_sweep_and_compare_settings_in_one_line():
+    import copy
+
+    import yaml
+
+    from repro.config import REPO_ROOT, ConfigError, validate_config
+
+    base = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
+    cases = [
+        (("models", "x", {"label": "x", "source": {"type": "replay"}}), "'samples' is a required property"),
+        (("models", "x", {"label": "x", "source": {"type": "tiny", "seed": 1}}), "'role' is missing in models.x"),
+        (("sweep", "models", ["reference"]), "names 'reference', a replay model"),
+        (("sweep", "threshold", [1.5]), "suites.smoke.sweep.threshold[0]: 1.5 is greater than the maximum of 1"),
+        (("sweep", "thresholds", [0.5]), "unknown key 'thresholds' in suites.smoke.sweep; allowed: benchmarks, "
+                                         "edit_threshold, models, threshold"),
+        (("compare", None, [["tiny", "nope"]]), "suites.smoke.compare names unknown model 'nope'"),
+    ]
+    for (where, key, value), msg in cases:
+        cfg = copy.deepcopy(base)
+        if where == "models":
+            cfg["models"][key] = value
+        elif where == "sweep":
+            cfg["suites"]["smoke"]["sweep"][key] = value
+        else:
+            cfg["suites"]["smoke"]["compare"] = value
+        with pytest.raises(ConfigError) as e:
+            validate_config(cfg)
+        assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_replayed_reference_row_caption_names_every_rejected_solution():
+    from repro.backends.replay import caption_note
+
+    ok = caption_note("ref", {"kind": "reference"}, has_tpf=False)
+    assert "Every reference solution scores (100%)" in ok and "no TPF" in ok
+    bad = caption_note("ref", {"kind": "reference"}, has_tpf=False, rejected=["gsm8k/3 (wrong: 7 != gold 8)"])
+    assert "Exceptions, reference solutions the scorers reject (1): gsm8k/3 (wrong: 7 != gold 8)." in bad
+    assert r"(100\%)" in caption_note("ref", {"kind": "reference"}, has_tpf=False, latex=True)
