@@ -184,6 +184,9 @@ def test_reference_rows_show_reported_ours_difference_and_interval_with_citation
     rep = (out / "main_table_reported.csv").read_text().splitlines()
     assert rep[0].startswith("model,label,reported_label,benchmark,metric,ours,ci_lo,ci_hi,reported,diff,reported_in_ci")
     assert len(rep) == 1 + 2 * 2
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["reported"]["sources"][0]["url"] == src["url"] and len(prov["reported"]["sha256"]) == 64
+    assert prov["cells"][0]["samples"]["kind"] == "reference"
     # off: no reference rows, no citation
     spec["reported"] = False
     subprocess.run([sys.executable, "-m", "repro.tables", "--work", str(work), "--suite", "s", "--spec", json.dumps(spec),

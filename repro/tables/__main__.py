@@ -21,10 +21,11 @@ import pandas as pd
 
 from repro import paths
 from repro.io import atomic_write_text, read_jsonl
-from repro.provenance import code_revision
+from repro.provenance import code_revision, sha256_path
 from repro.tables.aggregate import collect
 from repro.backends.replay import caption_note as replay_caption
-from repro.tables.reference import compare_reported, csv_rows, footnote, latex_rows, long_csv, markdown_rows
+from repro.tables.reference import (REPORTED_PATH, compare_reported, csv_rows, footnote, latex_rows, load_reported,
+                                    long_csv, markdown_rows)
 from repro.tables.render import caption, to_csv, to_latex, to_markdown, wide
 
 
@@ -117,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             "tpf_convention": "generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); "
                               "prefill forwards excluded",
             "cells": cells}
+    if spec.get("reported"):
+        prov["reported"] = {"file": "repro/tables/reported.json", "sha256": sha256_path(REPORTED_PATH),
+                            "sources": [{k: s.get(k) for k in ("key", "citation", "url", "table", "date_read")}
+                                        for s in load_reported()]}
     atomic_write_text(out / "provenance.json", json.dumps(prov, indent=1, sort_keys=True) + "\n")
     print((out / "main_table.md").read_text())
     print(f"Table written to {(out / 'main_table.md').resolve()} (.tex, .csv beside it; provenance.json)")
