@@ -142,8 +142,9 @@ def replay(samples: str, problems_path: Path, benchmark: str, model: str, seed: 
     return recs
 
 
-def caption_note(label: str, samples: dict, has_tpf: bool, latex: bool = False) -> str:
-    """The table caption's sentence for a replayed row: where its samples came from, and why no TPF."""
+def caption_note(label: str, samples: dict, has_tpf: bool, latex: bool = False, rejected: list[str] = ()) -> str:
+    """The table caption's sentence for a replayed row: where its samples came from, why no TPF, and (for
+    reference solutions, which must all score) every problem whose reference the scorers rejected."""
     from repro.tables.render import latex_escape
 
     esc = latex_escape if latex else (lambda s: s)
@@ -153,7 +154,12 @@ def caption_note(label: str, samples: dict, has_tpf: bool, latex: bool = False) 
         what = "samples from " + (samples.get("path") or "a samples file") + (
             f" ({samples['note']})" if samples.get("note") else "")
     tpf = "" if has_tpf else "; no TPF (the samples carry no forward counts)"
-    return esc(f"Row \u201c{label}\u201d is replayed, not generated: {what}{tpf}.")
+    text = f"Row \u201c{label}\u201d is replayed, not generated: {what}{tpf}."
+    if rejected:
+        text += f" Exceptions, reference solutions the scorers reject ({len(rejected)}): {'; '.join(rejected)}."
+    elif samples.get("kind") == REFERENCE:
+        text += " Every reference solution scores (100%)."
+    return esc(text)
 
 
 def main(argv: list[str] | None = None) -> int:

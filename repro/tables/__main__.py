@@ -20,12 +20,13 @@ from pathlib import Path
 import pandas as pd
 
 from repro import paths
-from repro.io import atomic_write_text
-from repro.provenance import code_revision
+from repro.io import atomic_write_text, read_jsonl
+from repro.provenance import code_revision, sha256_path
 from repro.tables.aggregate import collect
 from repro.backends.replay import caption_note as replay_caption
 from repro.provenance import STAGE_CODE, stage_code_version
-from repro.tables.reference import compare_reported, csv_rows, footnote, latex_rows, long_csv, markdown_rows
+from repro.tables.reference import (REPORTED_PATH, compare_reported, csv_rows, footnote, latex_rows, load_reported,
+                                    long_csv, markdown_rows)
 from repro.tables.render import caption, tex_header, to_csv, to_latex, to_markdown, wide
 
 
@@ -87,9 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     notes_md = notes_tex = ""
     for m in replayed:
         samples = next((c.get("samples") for c in cells if c["model"] == m["name"] and c.get("samples")), None) or {}
-        notes_md += " " + replay_caption(m["label"], samples, long[long["model"] == m["name"]]["tpf"].notna().any())
-        notes_tex += " " + replay_caption(m["label"], samples, long[long["model"] == m["name"]]["tpf"].notna().any(),
-                                          latex=True)
+        has_tpf = long[long["model"] == m["name"]]["tpf"].notna().any()
+        # reference solutions must score 100: name every one a scorer rejects, with its reason
+        rejected = [] if samples.get("kind") != "reference" else [
+            f"{s['id']} ({s.get('reason', '')[:120]})" for b in spec["benchmarks"] for seed in spec["seeds"]
+            for s in read_jsonl(a.work / paths.SCORES.format(suite=a.suite, model=m["name"], bench=b, seed=seed))
+            if not s["correct"]]
+        notes_md += " " + replay_caption(m["label"], samples, has_tpf, rejected=rejected)
+        notes_tex += " " + replay_caption(m["label"], samples, has_tpf, latex=True, rejected=rejected)
     md_table, csv_text = to_markdown(rows, spec["benchmarks"]), to_csv(rows, spec["benchmarks"])
     label = spec.get("latex_label") or f"tab:main-{a.suite}"
     tex = to_latex(rows, spec["benchmarks"], caption(cap_long, latex=True, **cap) + notes_tex, label,
@@ -119,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             "tpf_convention": "generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); "
                               "prefill forwards excluded",
             "cells": cells}
+    if spec.get("reported"):
+        prov["reported"] = {"file": "repro/tables/reported.json", "sha256": sha256_path(REPORTED_PATH),
+                            "sources": [{k: s.get(k) for k in ("key", "citation", "url", "table", "date_read")}
+                                        for s in load_reported()]}
     atomic_write_text(out / "provenance.json", json.dumps(prov, indent=1, sort_keys=True) + "\n")
     print((out / "main_table.md").read_text())
     print(f"Table written to {(out / 'main_table.md').resolve()} (.tex, .csv beside it; provenance.json)")

@@ -41,7 +41,7 @@ def _ylim(values: list[float]) -> tuple[float, float]:
     if hi - lo < 10:  # at least a 10-point span inside [0, 100], so noise does not look like a trend
         lo = min(max(0.0, (lo + hi) / 2 - 5), 90.0)
         hi = lo + 10
-    return max(lo - 0.22 * (hi - lo), -3.0), min(hi + 0.12 * (hi - lo), 102.0)
+    return max(lo - 0.3 * (hi - lo), -3.5), min(hi + 0.12 * (hi - lo), 102.0)
 
 
 def plot_sweep(df: pd.DataFrame, spec: dict, png: Path, pdf: Path, reported: list[dict] | None = None) -> None:
@@ -85,7 +85,7 @@ def plot_sweep(df: pd.DataFrame, spec: dict, png: Path, pdf: Path, reported: lis
                         ax.plot([r.tpf], [r.accuracy], marker="*", markersize=13, markerfacecolor="none",
                                 markeredgecolor=style["color"], markeredgewidth=1.2, linestyle="none", zorder=5)
                         ax.annotate(f"paper: \u03c4={_num(r.threshold)}, edit {_num(r.edit_threshold)}",
-                                    (r.tpf, r.accuracy), textcoords="offset points", xytext=(-8, 10 if i % 2 else -18),
+                                    (r.tpf, r.accuracy), textcoords="offset points", xytext=(-8, 17 if i % 2 else -25),
                                     fontsize=6.5, color=style["color"], fontweight="bold", zorder=6,
                                     bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
                     for src in reported or []:

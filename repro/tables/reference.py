@@ -101,12 +101,11 @@ def footnote(rows: list[dict], latex: bool = False) -> str:
         return ("Reported numbers: none of reported.json's rows names these models' checkpoints, so no "
                 "reference rows are shown.")
     srcs = list({r["source"]["key"]: r["source"] for r in rows}.values())
-    cites = "; ".join(f"{esc(s['citation'])}, {esc(s['table'])}, {esc(s['url'])} (read {s['date_read']})"
-                      + (f"; {esc(s['note'])}" if s.get("note") else "") for s in srcs)
-    return (f"Rows marked reported are copied from {cites}, not measured here. \u0394 = ours \u2212 reported; "
-            "in CI / outside CI: whether the reported accuracy lies inside our 95% bootstrap interval."
-            ).replace("\u0394", "$\\Delta$" if latex else "\u0394").replace("\u2212", "$-$" if latex else "\u2212"
-            ).replace("95%", "95\\%" if latex else "95%")
+    cites = " ".join(f"{esc(s['citation'])}; {esc(s['table'])}; {esc(s['url'])}, read {s['date_read']}."
+                     + (f" {esc(s['note'])}" if s.get("note") else "") for s in srcs)
+    delta, minus, pct = ("$\\Delta$", "$-$", "95\\%") if latex else ("\u0394", "\u2212", "95%")
+    return (f"Rows marked reported are copied, not measured here: {cites} {delta} = ours {minus} reported; "
+            f"in CI / outside CI: whether the reported accuracy lies inside our {pct} bootstrap interval.")
 
 
 def markdown_rows(rows: list[dict], benchmarks: list[str]) -> str:

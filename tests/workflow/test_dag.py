@@ -29,4 +29,5 @@ def test_paper_suite_dag_lists_every_stage_for_both_models_and_benchmarks(tmp_pa
 
 def test_smoke_suite_dag(tmp_path):
     stats, _ = dry_run("--config", f"work_dir={tmp_path}")
-    assert stats["generate_shard"] == 8 and stats["score"] == 8 and stats["download_checkpoint"] == 2
+    assert stats["generate_shard"] == 8 and stats["score"] == 12 and stats["download_checkpoint"] == 2
+    assert stats["replay_samples"] == 4  # the `reference` row: replayed, never generated (no checkpoint)

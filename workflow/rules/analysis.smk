@@ -72,12 +72,16 @@ rule compare_runs:
         b=_MODEL_RE,
     params:
         benchmarks=lambda wc: " ".join(config["suites"][wc.suite]["benchmarks"]),
+        # one seed: name it, so files of seeds the suite no longer lists are not compared
+        seed=lambda wc: f"@{config['suites'][wc.suite]['seeds'][0]}" if len(config["suites"][wc.suite]["seeds"]) == 1 else "",
+        code=sha256_path(os.path.join(workflow.basedir, "repro", "tables", "compare.py")),
         prefix=lambda wc: os.path.join(RESULTS_ROOT, wc.suite, "compare", f"{wc.a}_vs_{wc.b}"),
     log:
         W("logs/compare/{suite}/{a}_vs_{b}.log"),
     localrule: True
     shell:
-        logged("{PY} -m repro.tables compare {WORK}/{wildcards.suite}/{wildcards.a} {WORK}/{wildcards.suite}/{wildcards.b} "
+        logged("{PY} -m repro.tables compare {WORK}/{wildcards.suite}/{wildcards.a}{params.seed} "
+               "{WORK}/{wildcards.suite}/{wildcards.b}{params.seed} "
                "--benchmarks {params.benchmarks} --out {params.prefix} > /dev/null 2> {log} && cat {output.md}",
                streams="")
 
@@ -160,6 +164,7 @@ rule sweep_plot:
         prov=os.path.join(RESULTS_ROOT, "{suite}", "sweep", "sweep.json"),
     params:
         spec=lambda wc: sweep_spec(wc.suite),
+        code=[sha256_path(os.path.join(workflow.basedir, "repro", "tables", f)) for f in ("sweep.py", "plot.py")],
         out=lambda wc: os.path.join(RESULTS_ROOT, wc.suite, "sweep"),
     log:
         W("logs/sweep/{suite}.log"),

@@ -225,6 +225,8 @@ def table_inputs(wildcards):
         "summaries": [W(P.SUMMARY, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "generations": [W(P.GENERATIONS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "images": image_sidecars(),
+        # the paper's numbers, when the suite shows them: editing the file re-renders the table
+        "reported": [os.path.join(workflow.basedir, "repro", "tables", "reported.json")] if S["reported"] else [],
         "shards": [W(P.SHARD, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed, shard=k, nshards=n)
                    for c in cells if not is_replay(config, c.model) for k in range(n)],  # replay: no shards
     }
