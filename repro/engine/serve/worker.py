@@ -198,6 +198,11 @@ class EngineWorker:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        dev = getattr(getattr(self.llm, "model", None), "device", None)
+        if dev is not None and dev.type == "cuda":  # the current CUDA device is per thread (Triton launches on it)
+            import torch
+
+            torch.cuda.set_device(dev)
         while True:
             job = self._q.get()
             if job is None:
@@ -255,7 +260,8 @@ class EngineWorker:
             finish = "cancelled"
         res = result_dict(job, out, stream.text, finish, st["blocks"], tail)
         u = res["usage"]
-        log.info("%s done: %d tokens, forwards %s, TPF %s, %.3f s, %.1f tokens/s, finish %s", job.id,
-                 u["generated_tokens"], "/".join(str(v) for v in u["forwards"].values()),
-                 "-" if u["tpf"] is None else f"{u['tpf']:.2f}", u["wall_s"], u["tokens_per_s"], finish)
+        log.info("%s done: %d tokens, forwards %s (prefill/denoise/commit), TPF %s, %.3f s, %.1f tokens/s, "
+                 "finish %s; %d waiting", job.id, u["generated_tokens"],
+                 "/".join(str(v) for v in u["forwards"].values()), "-" if u["tpf"] is None else f"{u['tpf']:.2f}",
+                 u["wall_s"], u["tokens_per_s"], finish, self._waiting)
         return ("done", res)
