@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 
+from serve_util import stream_lines
+
 from repro.engine.llm import LLM
 
 openai = pytest.importorskip("openai")
@@ -38,7 +40,7 @@ def _check_usage(u: dict, blocks_tokens: int | None = None):
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
 def test_card_curl_line_streams_blocks_then_usage(server, llm):
     """The card's second line, verbatim but for the port: one JSON line per committed block, then usage; the
-    same text and counts as LLM.generate and as the non-streaming answer."""
+    same text and counts as LLM.generate (``stream: false`` is compared in the next test)."""
     body = '{"messages": [{"role": "user", "content": "Hi!"}], "max_new_tokens": 512}'
     r = subprocess.run(["curl", "-sN", f"localhost:{server.port}/generate", "-d", body], capture_output=True,
                        text=True, timeout=120)
@@ -53,8 +55,6 @@ def test_card_curl_line_streams_blocks_then_usage(server, llm):
     assert text == ref.text
     assert last["usage"]["generated_tokens"] == ref.generated_tokens and last["usage"]["forwards"] == ref.forwards
     assert last["finish_reason"] == ref.finish_reason
-    st, _, one = server.request("POST", "/generate", {"messages": HI, "max_new_tokens": 512, "stream": False})
-    assert st == 200 and one["text"] == text and one["usage"]["forwards"] == ref.forwards
     assert f"{last['id']} done: {ref.generated_tokens} tokens" in server.log.read_text()  # per-request log line
 
 
@@ -63,6 +63,10 @@ def test_generate_prompt_and_decoder_overrides(server, llm):
     those settings, and different forwards from the defaults)."""
     prompt = "<role>HUMAN</role>Count.<|role_end|><role>ASSISTANT</role>"
     base = server.request("POST", "/generate", {"prompt": prompt, "max_new_tokens": 64, "stream": False})[2]
+    streamed = [json.loads(x) for x in list(stream_lines(server.port, "/generate",
+                                                         {"prompt": prompt, "max_new_tokens": 64}))[1:]]
+    assert "".join(x["text"] for x in streamed) == base["text"] and streamed[-1]["usage"]["forwards"] == \
+        base["usage"]["forwards"]
     st, _, over = server.request("POST", "/generate", {"prompt": prompt, "max_new_tokens": 64, "stream": False,
                                                        "threshold": 0.99, "edit_threshold": 0.9})
     assert st == 200

@@ -130,7 +130,8 @@ class Server:
         elif budget > room:
             raise RequestError(400, f"field {budget_field!r}={budget} does not fit: the prompt has {n_prompt} tokens "
                                     f"and the model context is {self.context}; ask for at most {room}", budget_field)
-        over = {k: getattr(req, k) for k in ("threshold", "edit_threshold", "temperature") if getattr(req, k) is not None}
+        over = {k: getattr(req, k) for k in ("threshold", "edit_threshold", "temperature")
+                if getattr(req, k) is not None}
         try:
             decoder = DecoderConfig.from_dict({**base, **over, "max_new_tokens": budget})
         except DecoderConfigError as e:
@@ -183,6 +184,22 @@ async def _wait(job: Job, request: Request) -> tuple:
             continue
         if ev[0] in ("done", "error"):
             return ev
+
+
+class _JobStream(StreamingResponse):
+    """A streamed answer that cancels its job however the response ends (also when Starlette cancels it on a
+    client disconnect before the body iterator ever ran)."""
+
+    def __init__(self, job: Job, content, media_type: str):
+        headers = {"X-Request-Id": job.id, "Cache-Control": "no-cache"}
+        super().__init__(content, media_type=media_type, headers=headers)
+        self.job = job
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()  # no effect once the job is done
 
 
 def _engine_error(msg: str) -> JSONResponse:
@@ -284,7 +301,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
                 else:
                     yield _ndjson(error_body(f"{ev[1]} (details in the server log)", None, "server_error"))
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"X-Request-Id": job.id})
+        return _JobStream(job, lines(), "application/x-ndjson")
 
     async def openai_route(request: Request, endpoint: str):
         srv.check_auth(request)
@@ -345,8 +362,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
                     yield _sse(error_body(f"{ev[1]} (details in the server log)", None, "server_error"))
             yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"X-Request-Id": job.id, "Cache-Control": "no-cache"})
+        return _JobStream(job, events(), "text/event-stream")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
