@@ -135,6 +135,8 @@ BAD = [  # (body, status, field named in the error)
     ({"prompt": "x", "max_new_tokens": 8, "threshold": 1.5}, 400, "threshold"),
     ({"prompt": "x", "max_new_tokens": 8, "edit_threshold": "high"}, 400, "edit_threshold"),
     ({"prompt": "x", "max_new_tokens": 8, "stream": "yes"}, 400, "stream"),
+    ({"prompt": "x", "max_new_tokens": 8, "seed": 10 ** 30}, 400, "seed"),
+    ({"prompt": "x", "max_new_tokens": 8, "stop": ["ok", ""]}, 400, "stop"),
 ]
 
 
@@ -172,3 +174,12 @@ def test_openai_bad_input_and_unsupported_options(server):
     assert h["status"] == "ok" and h["failed"] == 0
     assert server.request("POST", "/generate", {"prompt": "ok", "max_new_tokens": 4, "stream": False})[0] == 200
     assert "Traceback" not in server.log.read_text()
+
+
+def test_sampling_temperature_and_seed_reach_the_engine(server, llm):
+    body = {"prompt": "Once", "max_new_tokens": 40, "stream": False, "temperature": 0.8, "seed": 7}
+    a = server.request("POST", "/generate", body)[2]
+    ref = llm.generate("Once", decoder={**llm.default_decoder().to_dict(), "temperature": 0.8}, max_new_tokens=40,
+                       seed=7)
+    assert a["text"] == ref.text and a["usage"]["forwards"] == ref.forwards
+    assert a["text"] != server.request("POST", "/generate", {**body, "seed": 8})[2]["text"]
