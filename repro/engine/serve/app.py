@@ -24,7 +24,8 @@ Requests go through :class:`~repro.engine.serve.worker.EngineWorker` (one at a t
 response; non-streaming: polled). Bodies over ``max_body_bytes`` → 413; invalid JSON, wrong types, unknown
 fields, an empty message list, ``max_new_tokens`` ≤ 0 or past the context → 400 naming the field; a request
 for another model → 404. Nothing raises through to the client: an unexpected error is a 500 whose message
-points at the server log (where its traceback is).
+points at the server log (where its traceback is); an engine failure after a stream began ends it with one
+``{"error": ...}`` line (``/generate``) or event (SSE).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -250,10 +250,6 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
                     "POST /v1/completions, GET /v1/models, GET /health",
                405: f"method {request.method} not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return JSONResponse(error_body(msg), status_code=e.status_code, headers=getattr(e, "headers", None))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, e: RequestValidationError):
-        return JSONResponse(error_body(f"invalid request: {e.errors()[:1]}"), status_code=400)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):
