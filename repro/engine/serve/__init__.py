@@ -58,6 +58,19 @@ def resolve_model(model: str, revision: str = "main") -> Path:
         raise ValueError(f"--model {model!r}: {e}") from None
 
 
+def _check_listen(host: str, port: int) -> None:
+    """ValueError when ``host:port`` cannot be listened on (port taken, unknown host)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --port or --host") \
+            from None
+
+
 def serve_main(a, precision: str) -> int:
     """Run the server for parsed CLI arguments ``a`` (see :func:`add_serve_args`); returns the exit status."""
     try:
@@ -74,6 +87,7 @@ def serve_main(a, precision: str) -> int:
     for name, v in (("--port", a.port), ("--max-queue", a.max_queue), ("--max-body-bytes", a.max_body_bytes)):
         if v < (0 if name == "--port" else 1) or (name == "--port" and v > 65535):
             raise ValueError(f"{name} {v} is out of range")
+    _check_listen(a.host, a.port)  # before loading a model that may take minutes
     path = resolve_model(a.model, a.revision)
     llm = LLM(path, role=a.role, precision=precision, device=a.device)
     name = a.served_model_name or (Path(a.model.rstrip("/")).name if Path(a.model).is_dir() else a.model)

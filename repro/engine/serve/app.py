@@ -24,7 +24,8 @@ Requests go through :class:`~repro.engine.serve.worker.EngineWorker` (one at a t
 response; non-streaming: polled). Bodies over ``max_body_bytes`` → 413; invalid JSON, wrong types, unknown
 fields, an empty message list, ``max_new_tokens`` ≤ 0 or past the context → 400 naming the field; a request
 for another model → 404. Nothing raises through to the client: an unexpected error is a 500 whose message
-points at the server log (where its traceback is).
+points at the server log (where its traceback is); an engine failure after a stream began ends it with one
+``{"error": ...}`` line (``/generate``) or event (SSE).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -130,7 +130,8 @@ class Server:
         elif budget > room:
             raise RequestError(400, f"field {budget_field!r}={budget} does not fit: the prompt has {n_prompt} tokens "
                                     f"and the model context is {self.context}; ask for at most {room}", budget_field)
-        over = {k: getattr(req, k) for k in ("threshold", "edit_threshold", "temperature") if getattr(req, k) is not None}
+        over = {k: getattr(req, k) for k in ("threshold", "edit_threshold", "temperature")
+                if getattr(req, k) is not None}
         try:
             decoder = DecoderConfig.from_dict({**base, **over, "max_new_tokens": budget})
         except DecoderConfigError as e:
@@ -185,6 +186,22 @@ async def _wait(job: Job, request: Request) -> tuple:
             return ev
 
 
+class _JobStream(StreamingResponse):
+    """A streamed answer that cancels its job however the response ends (also when Starlette cancels it on a
+    client disconnect before the body iterator ever ran)."""
+
+    def __init__(self, job: Job, content, media_type: str):
+        headers = {"X-Request-Id": job.id, "Cache-Control": "no-cache"}
+        super().__init__(content, media_type=media_type, headers=headers)
+        self.job = job
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()  # no effect once the job is done
+
+
 def _engine_error(msg: str) -> JSONResponse:
     return JSONResponse(error_body(f"{msg} (details in the server log)", None, "server_error"), status_code=500)
 
@@ -234,10 +251,6 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
                405: f"method {request.method} not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return JSONResponse(error_body(msg), status_code=e.status_code, headers=getattr(e, "headers", None))
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, e: RequestValidationError):
-        return JSONResponse(error_body(f"invalid request: {e.errors()[:1]}"), status_code=400)
-
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):
         log.exception("unexpected error on %s %s", request.method, request.url.path)
@@ -284,7 +297,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
                 else:
                     yield _ndjson(error_body(f"{ev[1]} (details in the server log)", None, "server_error"))
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"X-Request-Id": job.id})
+        return _JobStream(job, lines(), "application/x-ndjson")
 
     async def openai_route(request: Request, endpoint: str):
         srv.check_auth(request)
@@ -345,8 +358,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
                     yield _sse(error_body(f"{ev[1]} (details in the server log)", None, "server_error"))
             yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"X-Request-Id": job.id, "Cache-Control": "no-cache"})
+        return _JobStream(job, events(), "text/event-stream")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

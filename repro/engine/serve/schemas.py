@@ -91,7 +91,7 @@ class _DecoderOverrides(_Strict):
     threshold: float | None = Field(None, ge=0.0, le=1.0, description="commit threshold τ_mask")
     edit_threshold: float | None = Field(None, ge=0.0, le=1.0, description="edit threshold τ_edit")
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=2 ** 63 - 1, description="sampling seed (temperature > 0)")
 
     def stop_list(self) -> list[str]:
         """``stop`` as a list (OpenAI allows one string)."""

@@ -192,11 +192,17 @@ class EngineWorker:
         self._q.put(job)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop after the running job (waiting jobs are cancelled)."""
+        """Stop the thread once the queue is drained (jobs whose clients are gone are dropped at once); waits
+        at most ``timeout`` seconds (the thread is a daemon)."""
         self._q.put(None)
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        dev = getattr(getattr(self.llm, "model", None), "device", None)
+        if dev is not None and dev.type == "cuda":  # the current CUDA device is per thread (Triton launches on it)
+            import torch
+
+            torch.cuda.set_device(dev)
         while True:
             job = self._q.get()
             if job is None:
@@ -204,20 +210,23 @@ class EngineWorker:
             with self._lock:
                 self._waiting -= 1
                 self.running = job
+            ev = ("error", "engine error: the worker failed (see the server log)")
             try:
-                self._execute(job)
+                ev = self._execute(job)
             finally:
-                with self._lock:
+                with self._lock:  # counters and state are final before the client hears the outcome
                     self.running = None
+                    kind = "failed" if ev[0] == "error" else (
+                        "cancelled" if ev[1]["finish_reason"] == "cancelled" else "served")
+                    self.counts[kind] += 1
+                job.emit(*ev)
 
-    def _execute(self, job: Job) -> None:
+    def _execute(self, job: Job) -> tuple:
+        """Run ``job``; return its final event (``("done", result)`` or ``("error", message)``)."""
         job.queue_s = time.perf_counter() - job.created
         if job.cancelled.is_set():
             log.info("%s dropped before it started: client disconnected (waited %.2f s)", job.id, job.queue_s)
-            with self._lock:
-                self.counts["cancelled"] += 1
-            job.emit("done", result_dict(job, None, "", "cancelled", 0))
-            return
+            return ("done", result_dict(job, None, "", "cancelled", 0))
         llm = self.llm
         stream = TextStream(llm.tokenizer_.decode, llm.eos_id, job.stop)
         st = {"blocks": 0, "tokens": 0, "last_log": time.perf_counter()}
@@ -242,21 +251,17 @@ class EngineWorker:
                                on_block=on_block)
         except Exception as e:  # noqa: BLE001 - reported to the client as a 500, logged with its traceback here
             log.exception("%s failed in the engine", job.id)
-            with self._lock:
-                self.counts["failed"] += 1
-            job.emit("error", f"engine error: {type(e).__name__}: {e}")
-            return
+            return ("error", f"engine error: {type(e).__name__}: {e}")
         tail = stream.finish()
         finish = out.finish_reason
         if stream.stopped:
             finish = "stop"
         elif finish == "stop":  # the hook stopped it and no stop string did: the client is gone
             finish = "cancelled"
-        with self._lock:
-            self.counts["cancelled" if finish == "cancelled" else "served"] += 1
         res = result_dict(job, out, stream.text, finish, st["blocks"], tail)
         u = res["usage"]
-        log.info("%s done: %d tokens, forwards %s, TPF %s, %.3f s, %.1f tokens/s, finish %s", job.id,
-                 u["generated_tokens"], "/".join(str(v) for v in u["forwards"].values()),
-                 "-" if u["tpf"] is None else f"{u['tpf']:.2f}", u["wall_s"], u["tokens_per_s"], finish)
-        job.emit("done", res)
+        log.info("%s done: %d tokens, forwards %s (prefill/denoise/commit), TPF %s, %.3f s, %.1f tokens/s, "
+                 "finish %s; %d waiting", job.id, u["generated_tokens"],
+                 "/".join(str(v) for v in u["forwards"].values()), "-" if u["tpf"] is None else f"{u['tpf']:.2f}",
+                 u["wall_s"], u["tokens_per_s"], finish, self._waiting)
+        return ("done", res)
