@@ -9,14 +9,10 @@ from repro.engine.kernels import moe as M  # noqa: E402
 from repro.engine.kernels import moe_w4 as W4  # noqa: E402
 
 from .conftest import rel_err  # noqa: E402
+from .test_moe import SMALL_CFG  # noqa: E402
 
-CFG = {
-    "router": dict(BLOCK_E=16, SPLIT_K=2, BLOCK_K=16),
-    "route": dict(num_warps=4),
-    "gate_up": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_stages=2),
-    "down": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_stages=2),
-    "sum": dict(BLOCK_H=32),
-}
+# the 16-bit kernels' small tiles, with BLOCK_K = 32 (two 16-wide dots of even / odd inputs per K tile)
+CFG = {**SMALL_CFG, "gate_up": dict(SMALL_CFG["gate_up"], BLOCK_K=32), "down": dict(SMALL_CFG["down"], BLOCK_K=32)}
 
 
 def _experts(T, H, N, E, shared, dtype, dev, seed):
