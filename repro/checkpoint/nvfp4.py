@@ -18,7 +18,9 @@ Quantization (round to nearest on the E2M1 grid, ties to the lower magnitude): b
 
 ``config.json`` gets ``quantization_config`` (``quant_method`` modelopt, ``quant_algo`` NVFP4,
 ``group_size`` 16) and the directory gets ``hf_quant_config.json``; :mod:`repro.engine.weights` dequantizes
-on load when ``quant_algo`` is NVFP4. Not here: FP4 tensor-core kernels (Blackwell only).
+on load when ``quant_algo`` is NVFP4 (precision ``bf16``/``fp32``), or keeps the experts packed in an
+:class:`NVFP4Experts` (precision ``nvfp4-w4a16``: the MoE kernels dequantize in registers to exactly the
+values of :func:`dequantize`). Not here: FP4 tensor-core kernels (Blackwell only).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def dequantize(packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2:
         raise ValueError(f"NVFP4 shapes: weight {tuple(packed.shape)} {packed.dtype}, "
                          f"weight_scale {tuple(weight_scale.shape)} (expected ({out_f}, {in_f // GROUP}))")
     lo, hi = packed & 0xF, packed >> 4
-    code = torch.stack([lo, hi], dim=-1).view(out_f, in_f).long()
+    code = torch.stack([lo, hi], dim=-1).reshape(out_f, in_f).long()
     vals = E2M1_VALUES.to(packed.device)[code & 7] * torch.where(code >= 8, -1.0, 1.0)
     s = weight_scale.float().repeat_interleave(GROUP, dim=1) * weight_scale_2.float()
     return (vals * s).to(dtype)
@@ -125,3 +127,81 @@ def group_quantized_names(names: list[str], expected: dict[str, tuple[int, ...]]
             consumed.update(v for v in parts.values() if v)
     logical = [n for n in names if n not in consumed] + list(groups)
     return groups, sorted(set(logical))
+
+
+class NVFP4Experts:
+    """The routed experts' stacked projection ``[E, out, in]`` of one MoE layer, kept in NVFP4 in memory.
+
+    ``q`` uint8 ``[E, out, in/2]`` (e2m1 pairs, even element in the low nibble), ``s`` uint8
+    ``[E, out, in/16]`` (the E4M3 block scales' bits), ``g`` fp32 ``[E, parts]``: the per-tensor global scale
+    ``weight_scale_2`` of each checkpoint tensor stacked along ``out`` (``w_gate_up``: parts = 2, rows
+    ``[0, out/2)`` from ``gate_proj``, the rest from ``up_proj``; ``w_down``: parts = 1). ``dtype``: the
+    dtype the values are dequantized to (the model dtype). ``shared``: optional ``[out, in]`` tensor of
+    the shared expert in ``dtype`` (not quantized), which the MoE kernels treat as expert index E.
+
+    ``experts[e]`` dequantizes expert e to ``[out, in]`` in ``dtype`` — bit-identical to loading the same
+    checkpoint with dequantize-at-load (:func:`dequantize` in fp32, then one rounding to ``dtype``) — so
+    the plain torch MoE path runs on it unchanged (slowly: one dequantization per expert per call).
+    """
+
+    def __init__(self, E: int, out_f: int, in_f: int, parts: int, dtype: torch.dtype, device="cpu"):
+        if in_f % GROUP or out_f % parts:
+            raise ValueError(f"NVFP4Experts: in_features {in_f} must be a multiple of {GROUP} and out {out_f} "
+                             f"of parts {parts}")
+        self.E, self.out_f, self.in_f, self.parts, self.dtype = E, out_f, in_f, parts, dtype
+        self.q = torch.zeros(E, out_f, in_f // 2, dtype=torch.uint8, device=device)
+        self.s = torch.zeros(E, out_f, in_f // GROUP, dtype=torch.uint8, device=device)
+        self.g = torch.zeros(E, parts, dtype=torch.float32, device=device)
+        self.shared: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.E, self.out_f, self.in_f)
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory (packed values + block scales + global scales; the shared expert excluded)."""
+        return self.q.nbytes + self.s.nbytes + self.g.nbytes
+
+    def load_part(self, e: int, part: int, packed: torch.Tensor, weight_scale: torch.Tensor,
+                  weight_scale_2: torch.Tensor) -> None:
+        """Copy one checkpoint tensor's NVFP4 group into rows of part ``part`` of expert ``e``.
+
+        Raises ValueError naming the dtype or shape that does not fit."""
+        rows = self.out_f // self.parts
+        want = {"weight": ((rows, self.in_f // 2), torch.uint8), "weight_scale": ((rows, self.in_f // GROUP),
+                                                                                  torch.float8_e4m3fn)}
+        for name, t in (("weight", packed), ("weight_scale", weight_scale)):
+            shp, dt = want[name]
+            if tuple(t.shape) != shp or t.dtype != dt:
+                raise ValueError(f"NVFP4 {name}: {tuple(t.shape)} {t.dtype}, expected {shp} {dt}")
+        if weight_scale_2.numel() != 1 or not weight_scale_2.dtype.is_floating_point:
+            raise ValueError(f"NVFP4 weight_scale_2 must be one float (the global scale), got "
+                             f"{tuple(weight_scale_2.shape)} {weight_scale_2.dtype}")
+        r = slice(part * rows, (part + 1) * rows)
+        self.q[e, r].copy_(packed)
+        self.s[e, r].copy_(weight_scale.view(torch.uint8))
+        self.g[e, part] = weight_scale_2.float().reshape(())
+
+    def __getitem__(self, e: int) -> torch.Tensor:
+        rows = self.out_f // self.parts
+        return torch.cat([dequantize(self.q[e, j * rows:(j + 1) * rows], self.s[e, j * rows:(j + 1) * rows]
+                                     .view(torch.float8_e4m3fn), self.g[e, j], dtype=torch.float32)
+                          for j in range(self.parts)], 0).to(self.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        """All experts ``[E, out, in]`` in ``dtype`` (what dequantize-at-load holds)."""
+        return torch.stack([self[e] for e in range(self.E)], 0)
+
+    def to(self, device) -> "NVFP4Experts":
+        """A copy on ``device`` (the shared expert too)."""
+        o = NVFP4Experts(self.E, self.out_f, self.in_f, self.parts, self.dtype, device)
+        o.q.copy_(self.q)
+        o.s.copy_(self.s)
+        o.g.copy_(self.g)
+        o.shared = None if self.shared is None else self.shared.to(device)
+        return o

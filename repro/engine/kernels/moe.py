@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, triton
+from .moe_w4 import check_w4_tiles
 from .route import DEFAULT_CONFIGS, MoEWorkspace, _cfg, moe_align, moe_route_align, route_reference
 
 __all__ = [
@@ -146,6 +147,7 @@ def stack_experts(gate_projs, up_projs, down_projs, shared=None):
 # --------------------------------------------------------------------------------------------------
 
 if HAS_TRITON:
+    from .moe_w4 import _fp4_ptrs, _w4_dot
 
     @triton.jit
     def _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M: tl.constexpr, MAXC: tl.constexpr,
@@ -176,14 +178,83 @@ if HAS_TRITON:
         return e, pid_n, offs_m, mmask, p, pid_m * BLOCK_M >= cnt
 
     @triton.jit
+    def _gate_up_acc(x_ptr, tok, stride_xt, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr,
+                     H: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr):
+        """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of the token rows ``tok`` against output rows
+        ``offs_n`` of one expert, and Σx² per row (NORM). W4: expert e of the packed (q, s, g) stacks
+        (:mod:`.moe_w4`); else the weight rows at ``w_ptr`` ([2N, H], gate rows then up rows)."""
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        ssv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        if W4:
+            a_ptrs = x_ptr + tok[:, None] * stride_xt + 2 * tl.arange(0, BLOCK_K // 2)[None, :]
+            qoff, soff = _fp4_ptrs(offs_n, H, BLOCK_K)
+            qg = q_ptr + e.to(tl.int64) * (N * H) + qoff  # 2N rows of H/2 bytes per expert
+            sg = s_ptr + e.to(tl.int64) * (N * H // 8) + soff
+            gs_g = tl.load(g_ptr + 2 * e)
+            gs_u = tl.load(g_ptr + 2 * e + 1)
+            for k0 in range(0, H, BLOCK_K):
+                ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+                ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
+                acc_g = _w4_dot(acc_g, ae, ao, qg + k0 // 2, sg + k0 // 16, gs_g)
+                acc_u = _w4_dot(acc_u, ae, ao, qg + N * (H // 2) + k0 // 2, sg + N * (H // 16) + k0 // 16, gs_u)
+        else:
+            offs_k = tl.arange(0, BLOCK_K)
+            x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
+            wg_ptrs = w_ptr + offs_n[None, :] * H + offs_k[:, None]
+            wu_ptrs = wg_ptrs + N * H
+            for k0 in range(0, H, BLOCK_K):
+                a = tl.load(x_ptrs + k0, mask=mmask[:, None], other=0.0)
+                if NORM:  # RMSNorm folded in: dot with h·nw, rows scaled by rsqrt(mean h² + eps) after the loop
+                    af = a.to(tl.float32)
+                    ssv += tl.sum(af * af, axis=1)
+                    a = (af * tl.load(nw_ptr + k0 + offs_k).to(tl.float32)[None, :]).to(a.dtype)
+                wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")  # streamed once: keep L2 for others
+                wu = tl.load(wu_ptrs + k0, eviction_policy="evict_first")
+                acc_g = tl.dot(a, wg, acc_g)
+                acc_u = tl.dot(a, wu, acc_u)
+        return acc_g, acc_u, ssv
+
+    @triton.jit
+    def _down_acc(inter_ptr, p, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W4: tl.constexpr):
+        """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for one expert; W4: packed expert e, else rows at
+        ``w_ptr`` ([H, N])."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if W4:
+            a_ptrs = inter_ptr + p[:, None] * N + 2 * tl.arange(0, BLOCK_K // 2)[None, :]
+            qoff, soff = _fp4_ptrs(offs_n, N, BLOCK_K)
+            qd = q_ptr + e.to(tl.int64) * (H * N // 2) + qoff
+            sd = s_ptr + e.to(tl.int64) * (H * N // 16) + soff
+            gs = tl.load(g_ptr + e)
+            for k0 in range(0, N, BLOCK_K):
+                ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+                ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
+                acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs)
+        else:
+            offs_k = tl.arange(0, BLOCK_K)
+            a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
+            w_ptrs = w_ptr + offs_n[None, :] * N + offs_k[:, None]
+            for k0 in range(0, N, BLOCK_K):
+                a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+                w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
+                acc = tl.dot(a, w, acc)
+        return acc
+
+    @triton.jit
     def _moe_gate_up_kernel(
         x_ptr, w13_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, nw_ptr, eps, T, stride_xt,
         H: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, MAXC: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr = False,
         ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
+        W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None,
     ):
-        """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e)."""
+        """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e).
+
+        W4: routed experts from the packed NVFP4 stacks (q, s, g), the shared expert E_SH from ``w13_ptr``
+        ([2N, H], activation dtype)."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -193,24 +264,17 @@ if HAS_TRITON:
             return
         tok = tl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
-        wbase = w13_ptr + e.to(tl.int64) * (2 * N * H)
-        wg_ptrs = wbase + offs_n[None, :] * H + offs_k[:, None]
-        wu_ptrs = wg_ptrs + N * H
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        ssv = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            a = tl.load(x_ptrs + k0, mask=mmask[:, None], other=0.0)
-            if NORM:  # RMSNorm folded in: dot with h·nw, rows scaled by rsqrt(mean h² + eps) after the loop
-                af = a.to(tl.float32)
-                ssv += tl.sum(af * af, axis=1)
-                a = (af * tl.load(nw_ptr + k0 + offs_k).to(tl.float32)[None, :]).to(a.dtype)
-            wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")  # streamed once: keep L2 for others
-            wu = tl.load(wu_ptrs + k0, eviction_policy="evict_first")
-            acc_g = tl.dot(a, wg, acc_g)
-            acc_u = tl.dot(a, wu, acc_u)
+        if W4:
+            if e == E_SH:
+                acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e,
+                                                 offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, False)
+            else:
+                acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e,
+                                                 offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, True)
+        else:
+            acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr + e.to(tl.int64) * (2 * N * H),
+                                             q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
+                                             NORM, False)
         if NORM:
             r = tl.rsqrt(ssv / H + eps)
             acc_g = acc_g * r[:, None]
@@ -226,8 +290,9 @@ if HAS_TRITON:
         H: tl.constexpr, N: tl.constexpr, MAXC: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
+        W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None,
     ):
-        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e."""
+        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up)."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -236,14 +301,16 @@ if HAS_TRITON:
         if idle:
             return
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
-        w_ptrs = w2_ptr + e.to(tl.int64) * (H * N) + offs_n[None, :] * N + offs_k[:, None]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, N, BLOCK_K):
-            a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-            w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
-            acc = tl.dot(a, w, acc)
+        if W4:
+            if e == E_SH:
+                acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
+                                BLOCK_K, False)
+            else:
+                acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
+                                BLOCK_K, True)
+        else:
+            acc = _down_acc(inter_ptr, p, mmask, w2_ptr + e.to(tl.int64) * (H * N), q_ptr, s_ptr, g_ptr, e, offs_n,
+                            H, N, BLOCK_M, BLOCK_N, BLOCK_K, False)
         tl.store(out_ptr + p[:, None] * H + offs_n[None, :], acc, mask=mmask[:, None])
 
     @triton.jit
@@ -305,43 +372,69 @@ def l2_prefetch(tensors, dummy, block=2048, iters=4):
                                  ITERS=iters, num_warps=4)
 
 
+def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int):
+    """(E1, out, in, weight argument, W4 launch kwargs) of stacked expert weights ``w``: a tensor [E1, out, in]
+    in the activation dtype, or a :class:`~repro.checkpoint.nvfp4.NVFP4Experts` (routed experts packed, the
+    shared expert in ``.shared``). Raises ValueError when the packed stack does not fit the workspace or
+    the tiles."""
+    from repro.checkpoint.nvfp4 import NVFP4Experts
+
+    if not isinstance(w, NVFP4Experts):
+        assert w.is_contiguous()
+        return (*w.shape, w, {})
+    E, out_f, in_f = w.shape
+    E1 = E + (w.shared is not None)
+    if E != ws.E or E1 != ws.E1:
+        raise ValueError(f"{kernel}: NVFP4 experts for E={E} (shared: {w.shared is not None}), workspace for "
+                         f"E={ws.E}, E1={ws.E1}")
+    check_w4_tiles(min(block_k, in_f), in_f)
+    # the shared expert's rows (never read without one: then any tensor of the activation dtype will do)
+    dense = w.shared.contiguous() if w.shared is not None else ws.inter
+    return E1, out_f, in_f, dense, dict(W4=True, q_ptr=w.q, s_ptr=w.s, g_ptr=w.g)
+
+
 def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):
     """Kernel 3: grouped gate+up GEMM with SiLU·mul·routing weight fused -> ``ws.inter`` [P1, N].
 
-    norm_w [H]: x is the un-normalised residual and RMSNorm(x)·norm_w is folded into the GEMM.
+    w13: [E1, 2N, H] in x's dtype, or NVFP4Experts [E, 2N, H] (+ shared) for the weights-only 4-bit mode
+    (needs BLOCK_K a multiple of 32; no norm_w). norm_w [H]: x is the un-normalised residual and
+    RMSNorm(x)·norm_w is folded into the GEMM. Raises ValueError for norm_w with 4-bit experts.
     """
     T, H = x.shape
-    E1, twoN, _ = w13.shape
+    gc = _cfg("gate_up", configs, H, w13.shape[1] // 2, ws.E1, T)
+    E1, twoN, _, w_arg, w4 = _expert_operand(w13, ws, "moe_gate_up", gc["BLOCK_K"])
     N = twoN // 2
-    assert w13.is_contiguous() and x.stride(1) == 1
-    gc = _cfg("gate_up", configs, H, N, E1, T)
+    if w4 and norm_w is not None:
+        raise ValueError("moe_gate_up: the RMSNorm fold (norm_w) is not implemented for 4-bit experts")
+    assert x.stride(1) == 1
     bn, bk = min(gc["BLOCK_N"], N), min(gc["BLOCK_K"], H)
     sh = int(ws.E1 == ws.E + 1)
     grid = ((N // bn, E1, triton.cdiv(ws.T_PAD, gc["BLOCK_M"])) if ws.compact
             else (E1, N // bn, triton.cdiv(ws.T_PAD, gc["BLOCK_M"])))
     _moe_gate_up_kernel[grid](
-        x, w13, ws.counts, ws.pairs, ws.pair_w, ws.inter, norm_w if norm_w is not None else x, eps, T,
+        x, w_arg, ws.counts, ws.pairs, ws.pair_w, ws.inter, norm_w if norm_w is not None else x, eps, T,
         x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
         NORM=norm_w is not None, ACTIVE=ws.compact, active_ptr=ws.active, NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
-        num_warps=gc["num_warps"], num_stages=gc["num_stages"], **pdl(),
+        num_warps=gc["num_warps"], num_stages=gc["num_stages"], **w4, **pdl(),
     )
 
 
 def moe_down(w2, ws: MoEWorkspace, configs=None):
-    """Kernel 4: grouped down GEMM ``ws.pair_out[p] = ws.inter[p]·w2[e]ᵀ`` (fp32)."""
-    E1, H, N = w2.shape
+    """Kernel 4: grouped down GEMM ``ws.pair_out[p] = ws.inter[p]·w2[e]ᵀ`` (fp32); w2 [E1, H, N] or
+    NVFP4Experts [E, H, N] (+ shared), as in :func:`moe_gate_up`."""
     T = ws.T
-    assert w2.is_contiguous() and ws.inter.shape[1] == N
-    dc = _cfg("down", configs, H, N, E1, T)
+    dc = _cfg("down", configs, w2.shape[1], w2.shape[2], ws.E1, T)
+    E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"])
+    assert ws.inter.shape[1] == N
     bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
     sh = int(ws.E1 == ws.E + 1)
     grid = ((H // bn, E1, triton.cdiv(ws.T_PAD, dc["BLOCK_M"])) if ws.compact
             else (E1, H // bn, triton.cdiv(ws.T_PAD, dc["BLOCK_M"])))
     _moe_down_kernel[grid](
-        ws.inter, w2, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD,
+        ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD,
         BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
         NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
-        num_warps=dc["num_warps"], num_stages=dc["num_stages"], **pdl(),
+        num_warps=dc["num_warps"], num_stages=dc["num_stages"], **w4, **pdl(),
     )
 
 
@@ -400,13 +493,15 @@ def fused_moe(
     """Fused MoE block (routed + shared expert) for small T; returns [T, H] in x.dtype.
 
     x [T, H] (bf16 on GPU; fp32/fp16 under the interpreter), gate_w [E, H] fp32 (router weight),
-    expert_bias [E] fp32 or None, w13 [E1, 2N, H], w2 [E1, H, N] (see module doc; E1 = E or E+1).
+    expert_bias [E] fp32 or None, w13 [E1, 2N, H], w2 [E1, H, N] (see module doc; E1 = E or E+1), or both
+    :class:`~repro.checkpoint.nvfp4.NVFP4Experts` (weights-only 4-bit experts, :mod:`.moe_w4`).
     Pass a persistent ``ws`` (``MoEWorkspace.create``) for CUDA-graph capture; the returned tensor is
     then ``ws.out`` (overwritten by the next call). Intended for T <= 128 (one program routes all tokens).
     """
     T, H = x.shape
     E = gate_w.shape[0]
     E1, twoN, _ = w13.shape
+    E1 += int(getattr(w13, "shared", None) is not None)  # NVFP4Experts: routed experts + the shared one
     assert E1 in (E, E + 1), (E1, E)
     if ws is None:
         split = _cfg("router", configs, H, twoN // 2, E1, T)["SPLIT_K"]
