@@ -200,7 +200,7 @@ def test_tpf_without_forward_counts_explains_itself_and_caption_names_the_backen
     assert "n/c" in to_latex(rows, BENCH, "c", "tab:x") and to_csv(rows, BENCH).splitlines()[2].startswith(
         "orl,+ ORL,50.0,n/c,50.0,n/c,")
     cap = caption(long, **{**CAP, "backend": "sglang"})
-    assert "TPF: generated tokens per denoising or commit forward, from the sglang backend's forward counts" in cap
-    assert "n/c: not counted, the sglang backend reported no forward counts" in cap
-    assert "n/c" not in caption(measured(), **CAP) and "from the engine backend's forward counts" in caption(
+    assert "TPF: generated tokens per denoising or commit forward, as counted by SGLang" in cap
+    assert "n/c: not counted, SGLang reported no forward counts" in cap
+    assert "n/c" not in caption(measured(), **CAP) and "as counted by our block-diffusion decoder" in caption(
         measured(), **CAP)

@@ -159,17 +159,23 @@ def caption(long: pd.DataFrame, benchmarks: list[str], suite: str, backend: str,
     return text + tpf_sentence(long, backend, esc)
 
 
+#: Who counted the forwards behind TPF, in a paper's words (the caption names no pipeline terms).
+TPF_COUNTED_BY = {"engine": "our block-diffusion decoder", "sglang": "SGLang", "replay": "the replayed samples"}
+
+
 def tpf_sentence(long: pd.DataFrame, backend: str, esc=lambda x: x) -> str:
-    """Caption sentence saying which backend measured TPF, and what a :data:`NOT_COUNTED` cell means."""
+    """Caption sentence saying which decoder counted the forwards behind TPF (:data:`TPF_COUNTED_BY`), and
+    what a :data:`NOT_COUNTED` cell means."""
     counted = bool(_present(_column(long, "tpf")))
     missing = bool(_present(_column(long, "tpf_note")))
+    who = esc(TPF_COUNTED_BY.get(backend, backend))
     text = ""
     if counted:
-        text += (f" TPF: generated tokens per denoising or commit forward, from the {esc(backend)} backend's "
-                 "forward counts (prompt prefill excluded).")
+        text += (f" TPF: generated tokens per denoising or commit forward, as counted by {who} "
+                 "(prompt prefill excluded).")
     if missing:
-        text += (f" {NOT_COUNTED}: not counted, the {esc(backend)} backend reported no forward counts for "
-                 "these generations (released SGLang reports none; each record's forwards_note says why).")
+        text += (f" {NOT_COUNTED}: not counted, {who} reported no forward counts for these generations "
+                 "(released SGLang reports none).")
     return text
 
 
