@@ -53,7 +53,7 @@ ruleorder: replay_samples > merge_shards
 
 # ---- compare ----------------------------------------------------------------------------------------------
 def compare_inputs(wildcards):
-    s = config["suites"][wildcards.suite]
+    s = suite_cfg(wildcards)
     cells = [(m, b, seed) for m in (wildcards.a, wildcards.b) for b in s["benchmarks"] for seed in s["seeds"]]
     return {"scores": [W(P.SCORES, suite=wildcards.suite, model=m, bench=b, seed=seed) for m, b, seed in cells],
             "generations": [W(P.GENERATIONS, suite=wildcards.suite, model=m, bench=b, seed=seed) for m, b, seed in cells]}
@@ -71,9 +71,9 @@ rule compare_runs:
         a=_MODEL_RE,
         b=_MODEL_RE,
     params:
-        benchmarks=lambda wc: " ".join(config["suites"][wc.suite]["benchmarks"]),
+        benchmarks=lambda wc: " ".join(suite_cfg(wc)["benchmarks"]),
         # one seed: name it, so files of seeds the suite no longer lists are not compared
-        seed=lambda wc: f"@{config['suites'][wc.suite]['seeds'][0]}" if len(config["suites"][wc.suite]["seeds"]) == 1 else "",
+        seed=lambda wc: f"@{suite_cfg(wc)['seeds'][0]}" if len(suite_cfg(wc)["seeds"]) == 1 else "",
         code=sha256_path(os.path.join(workflow.basedir, "repro", "tables", "compare.py")),
         prefix=lambda wc: os.path.join(RESULTS_ROOT, wc.suite, "compare", f"{wc.a}_vs_{wc.b}"),
     log:
@@ -143,7 +143,7 @@ def sweep_spec(suite):
 
 
 def sweep_inputs(wildcards):
-    s = config["suites"][wildcards.suite]
+    s = suite_cfg(wildcards)
     sw = s.get("sweep")
     if not sw:
         raise WorkflowError(f"suite {wildcards.suite!r} has no `sweep` grid in config.yaml; add "
