@@ -57,3 +57,18 @@ def test_job_exits_when_snakemake_is_killed(tmp_path):
         except ProcessLookupError:
             pass
 
+
+
+def test_a_job_run_by_hand_is_left_alone(monkeypatch):
+    """No $REPRO_SNAKEMAKE_PID (not started by the workflow, e.g. under nohup): nothing is set up."""
+    from repro.backends import lifeline
+
+    calls = []
+    monkeypatch.setattr(lifeline.ctypes, "CDLL", lambda *a, **k: calls.append(a))
+    for value in (None, "", "not-a-pid", "1"):
+        if value is None:
+            monkeypatch.delenv(lifeline.ENV_VAR, raising=False)
+        else:
+            monkeypatch.setenv(lifeline.ENV_VAR, value)
+        assert lifeline.die_with_parent() is None
+    assert calls == []  # no death signal requested

@@ -2,7 +2,9 @@
 
 Contract
 --------
-``die_with_parent()`` (called first thing by ``python -m repro.backends.generate``):
+``die_with_parent()`` (called first thing by ``python -m repro.backends.generate``), only when
+``$REPRO_SNAKEMAKE_PID`` is set (a job started by the workflow; a job run by hand, e.g. under ``nohup``, is
+left alone):
 
 * sets ``PR_SET_PDEATHSIG`` to SIGTERM (Linux ``prctl(2)``): the job ends when its direct parent (the
   ``bash -c`` Snakemake runs every shell command in) dies;
@@ -13,8 +15,8 @@ Contract
   every ``poll_s`` seconds) and, once it has exited, prints one line and sends SIGTERM to this process.
 
 A job killed this way loses nothing: each finished problem is already in its partial file, and the rerun
-(the README's command) resumes from it. Returns the pid watched, or None (no variable, not Linux, or that
-process is already gone: then only the death signal applies).
+(the README's command) resumes from it. Returns the pid watched, or None (no or an invalid variable:
+nothing is set up; that process already gone: only the death signal applies).
 """
 
 from __future__ import annotations
@@ -56,16 +58,18 @@ def _wait_for_exit(pid: int, poll_s: float) -> None:
 
 def die_with_parent(poll_s: float = 2.0) -> int | None:
     """Tie this process's life to its parent and to ``$REPRO_SNAKEMAKE_PID`` (see the module docstring)."""
+    try:
+        pid = int(os.environ.get(ENV_VAR, ""))
+    except ValueError:
+        return None
+    if pid <= 1 or pid == os.getpid():
+        return None
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         except (OSError, AttributeError):
             pass
-    try:
-        pid = int(os.environ.get(ENV_VAR, ""))
-    except ValueError:
-        return None
-    if pid <= 1 or pid == os.getpid() or not _alive(pid):
+    if not _alive(pid):
         return None
 
     def watch() -> None:

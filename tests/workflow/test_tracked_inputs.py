@@ -39,10 +39,10 @@ class Run:
         self.ckpt_a, self.ckpt_b = root / "ckpt_a", root / "ckpt_b"
         self.hub = root / "hub"
 
-    def overlay(self, loc=None, seed=0, revision=REV_A) -> Path:
+    def overlay(self, loc=None, seed=0, revision=REV_A, data=None) -> Path:
         p = self.root / "overlay.json"
         p.write_text(json.dumps({
-            "data_dir": str(self.data), "results_dir": str(self.root / "results"), "work_dir": str(self.work),
+            "data_dir": str(data or self.data), "results_dir": str(self.root / "results"), "work_dir": str(self.work),
             "models": {
                 "tiny-orl": {"source": {"type": "tiny", "seed": seed}},
                 "loc": {"label": "local", "role": "orl", "decoder": "llada-orl",
@@ -136,6 +136,10 @@ def test_data_file_edited_in_place(run):
     cells = json.loads(provenance.read_text())["cells"]
     assert {c["data_sha256"] for c in cells} == {hashlib.sha256(original).hexdigest()}
     assert "Nothing to be done" in run.snakemake("-n")
+    # the same files in another folder: re-prepared and re-scored (provenance names the folder), no generation
+    moved = run.root / "data-moved"
+    shutil.copytree(run.data, moved)
+    assert run.dry(data=moved) == {"prepare_problems": 1, "score": 3, "write_table": 1, "main_table": 1, "total": 6}
 
 
 def test_repaired_local_checkpoint_is_copied_and_verified_again(run):

@@ -28,7 +28,9 @@ rule prepare_generation_problems:
     output:
         W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}"),
     params:
-        data=data_arg,
+        # where the data directory is decides nothing generation sees (the prompts key below does): a
+        # function of `output`, which Snakemake does not record, so moving the folder regenerates nothing
+        data=lambda wc, output: data_arg(wc),
         prompts=prompt_key,  # the rendered prompts' sha256: a changed question regenerates, a gold fix does not
         code=code_version("prepare"),
         builtin=lambda wc: "" if suite_cfg(wc)["builtin_data"] else "--no-builtin",
