@@ -26,6 +26,9 @@ JUSTIFIED = {
     (r"rule \w+", "Shell command directly uses variable PY from outside of the rule"):
         "PY is the interpreter that runs the stage (the venv's python, or `python` inside an image), not an "
         "input of any result: as a param, moving the checkout or the venv would re-run every job",
+    (r"rule \w+", "Shell command directly uses variable PY_IMAGE from outside of the rule"):
+        "PY_IMAGE is PY for the rules that run in a container when containers are on (the image's python): "
+        "as for PY",
     (r"rule (render_image_def|build_image)", "Shell command directly uses variable sys from outside"):
         "image rules run Snakemake's own interpreter on the host (container: None): as for PY",
     (r"images\.smk", "Mixed rules and functions in same snakefile"):

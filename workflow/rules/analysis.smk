@@ -1,29 +1,5 @@
-# Reading results as a paper does (include after tables.smk):
-#   replayed models  models with source {type: replay, samples: FILE|reference} get their generation file
-#                    from the samples (repro/backends/replay.py) instead of generating; scored like any other
-#   compare          <results>/<suite>/compare/<A>_vs_<B>.{md,json,csv} + _problems.csv for the suite's
-#                    `compare` pairs (any two models of the config: name the file as a target)
-#   sweep            <results>/<suite>/sweep/sweep.{csv,png,pdf,json}: accuracy vs TPF over the suite's
-#                    `sweep` grid; each grid point is a suite of its own, "<suite>-sweep-t<..>[-e<..>]", whose
-#                    decoder configs carry the override (nowhere else is paper_decoding.json overridden)
-import itertools
-import re
-import shlex
-
-from repro.provenance import sha256_path
-
-RESULTS_ROOT = str(results_dir(config))
-if not os.path.relpath(RESULTS_ROOT).startswith(".."):  # relative, so `results/smoke/compare/a_vs_b.md` is a target
-    RESULTS_ROOT = os.path.relpath(RESULTS_ROOT)
-REPLAY_MODELS = [m for m in config["models"] if is_replay(config, m)]
-_MODEL_RE = "[A-Za-z0-9][A-Za-z0-9.-]*(?:_(?!vs_)[A-Za-z0-9.-]+)*"  # a model name without "_vs_"
-
-
-# ---- replayed models --------------------------------------------------------------------------------------
-def replay_samples_file(wildcards):
-    """The samples file a replayed cell reads ([] for `reference`), so editing the file re-replays it."""
-    samples = config["models"][wildcards.model]["source"]["samples"]
-    return [] if samples == "reference" else os.path.abspath(samples.replace("{bench}", wildcards.bench))
+# Reading results as a paper does: the replay, compare and sweep rules (helpers, and what each target
+# writes, in analysis_common.smk; include after tables.smk).
 
 
 rule replay_samples:
@@ -51,14 +27,6 @@ rule replay_samples:
 ruleorder: replay_samples > merge_shards
 
 
-# ---- compare ----------------------------------------------------------------------------------------------
-def compare_inputs(wildcards):
-    s = suite_cfg(wildcards)
-    cells = [(m, b, seed) for m in (wildcards.a, wildcards.b) for b in s["benchmarks"] for seed in s["seeds"]]
-    return {"scores": [W(P.SCORES, suite=wildcards.suite, model=m, bench=b, seed=seed) for m, b, seed in cells],
-            "generations": [W(P.GENERATIONS, suite=wildcards.suite, model=m, bench=b, seed=seed) for m, b, seed in cells]}
-
-
 rule compare_runs:
     input:
         unpack(compare_inputs),
@@ -76,25 +44,15 @@ rule compare_runs:
         seed=lambda wc: f"@{suite_cfg(wc)['seeds'][0]}" if len(suite_cfg(wc)["seeds"]) == 1 else "",
         code=sha256_path(os.path.join(workflow.basedir, "repro", "tables", "compare.py")),
         prefix=lambda wc: os.path.join(RESULTS_ROOT, wc.suite, "compare", f"{wc.a}_vs_{wc.b}"),
+        work=WORK,
     log:
         W("logs/compare/{suite}/{a}_vs_{b}.log"),
     localrule: True
     shell:
-        logged("{PY} -m repro.tables compare {WORK}/{wildcards.suite}/{wildcards.a}{params.seed} "
-               "{WORK}/{wildcards.suite}/{wildcards.b}{params.seed} "
+        logged("{PY} -m repro.tables compare {params.work}/{wildcards.suite}/{wildcards.a}{params.seed} "
+               "{params.work}/{wildcards.suite}/{wildcards.b}{params.seed} "
                "--benchmarks {params.benchmarks} --out {params.prefix} > /dev/null 2> {log} && cat {output.md}",
                streams="")
-
-
-def compare_targets(suite):
-    """The suite's `compare` pairs, else each orl-role model against the suite's first base-role model."""
-    s = config["suites"][suite]
-    pairs = s.get("compare")
-    if pairs is None:
-        roles = {m: config["models"][m].get("role") for m in s["models"]}
-        base = next((m for m, r in roles.items() if r == "base"), None)
-        pairs = [[base, m] for m, r in roles.items() if r == "orl" and base]
-    return [os.path.join(RESULTS_ROOT, suite, "compare", f"{a}_vs_{b}.md") for a, b in pairs]
 
 
 rule compare:
@@ -102,56 +60,6 @@ rule compare:
     input:
         compare_targets(SUITE),
     localrule: True
-
-
-# ---- sweep ------------------------------------------------------------------------------------------------
-def _num(v):
-    return f"{v:g}".replace(".", "p").replace("-", "m")
-
-
-def sweep_points(suite):
-    """[(point suite name, {decoder key: value})] of a suite's sweep grid (no grid: [])."""
-    sw = config["suites"][suite].get("sweep") or {}
-    keys = [k for k in ("threshold", "edit_threshold") if sw.get(k)]
-    out = []
-    for values in itertools.product(*(sw[k] for k in keys)):
-        over = dict(zip(keys, values))
-        tag = "-".join(("t" if k == "threshold" else "e") + _num(v) for k, v in over.items())
-        out.append((f"{suite}-sweep-{tag}" if tag else f"{suite}-sweep", over))
-    return out
-
-
-# Each grid point becomes a suite: the base suite's settings, the sweep's models and benchmarks, and the
-# override that render_decoder passes to render_config (--set). Added after validation, so a user cannot
-# set `_decoder_overrides` on an ordinary suite.
-for _suite in [s for s in list(config["suites"]) if config["suites"][s].get("sweep")]:
-    for _name, _over in sweep_points(_suite):
-        _sw = config["suites"][_suite]["sweep"]
-        config["suites"][_name] = {**config["suites"][_suite], "models": list(_sw["models"]),
-                                   "benchmarks": list(_sw["benchmarks"]), "sweep": None, "compare": None,
-                                   "reported": False, "_decoder_overrides": _over, "_sweep_of": _suite}
-
-
-def sweep_spec(suite):
-    s = config["suites"][suite]
-    sw = s.get("sweep") or {}
-    return json.dumps({
-        "suite": suite, "seeds": s["seeds"], "benchmarks": sw.get("benchmarks", []), "reported": s["reported"],
-        "models": [{"name": m, "label": config["models"][m]["label"],
-                    "repo_id": config["models"][m]["source"].get("repo_id")} for m in sw.get("models", [])],
-        "points": [{"suite": name, "overrides": over} for name, over in sweep_points(suite)]})
-
-
-def sweep_inputs(wildcards):
-    s = suite_cfg(wildcards)
-    sw = s.get("sweep")
-    if not sw:
-        raise WorkflowError(f"suite {wildcards.suite!r} has no `sweep` grid in config.yaml; add "
-                            "suites.<suite>.sweep: {models: [...], benchmarks: [...], threshold: [...]}")
-    suites = [wildcards.suite] + [name for name, _ in sweep_points(wildcards.suite)]  # the paper setting first
-    cells = [(su, m, b, seed) for su in suites for m in sw["models"] for b in sw["benchmarks"] for seed in s["seeds"]]
-    return {"summaries": [W(P.SUMMARY, suite=su, model=m, bench=b, seed=seed) for su, m, b, seed in cells],
-            "generations": [W(P.GENERATIONS, suite=su, model=m, bench=b, seed=seed) for su, m, b, seed in cells]}
 
 
 rule sweep_plot:
@@ -166,11 +74,12 @@ rule sweep_plot:
         spec=lambda wc: sweep_spec(wc.suite),
         code=[sha256_path(os.path.join(workflow.basedir, "repro", "tables", f)) for f in ("sweep.py", "plot.py")],
         out=lambda wc: os.path.join(RESULTS_ROOT, wc.suite, "sweep"),
+        work=WORK,
     log:
         W("logs/sweep/{suite}.log"),
     localrule: True
     shell:
-        logged("{PY} -m repro.tables.sweep --work {WORK} --spec {params.spec:q} --out-dir {params.out}",
+        logged("{PY} -m repro.tables.sweep --work {params.work} --spec {params.spec:q} --out-dir {params.out}",
                streams="2> {log}")
 
 

@@ -1,0 +1,95 @@
+# Helpers of analysis.smk (functions only; include before it): reading results as a paper does.
+#   replayed models  models with source {type: replay, samples: FILE|reference} get their generation file
+#                    from the samples (repro/backends/replay.py) instead of generating; scored like any other
+#   compare          <results>/<suite>/compare/<A>_vs_<B>.{md,json,csv} + _problems.csv for the suite's
+#                    `compare` pairs (any two models of the config: name the file as a target)
+#   sweep            <results>/<suite>/sweep/sweep.{csv,png,pdf,json}: accuracy vs TPF over the suite's
+#                    `sweep` grid; each grid point is a suite of its own, "<suite>-sweep-t<..>[-e<..>]", whose
+#                    decoder configs carry the override (nowhere else is paper_decoding.json overridden)
+import itertools
+import re
+import shlex
+
+from repro.provenance import sha256_path
+
+RESULTS_ROOT = str(results_dir(config))
+if not os.path.relpath(RESULTS_ROOT).startswith(".."):  # relative, so `results/smoke/compare/a_vs_b.md` is a target
+    RESULTS_ROOT = os.path.relpath(RESULTS_ROOT)
+REPLAY_MODELS = [m for m in config["models"] if is_replay(config, m)]
+_MODEL_RE = "[A-Za-z0-9][A-Za-z0-9.-]*(?:_(?!vs_)[A-Za-z0-9.-]+)*"  # a model name without "_vs_"
+
+
+# ---- replayed models --------------------------------------------------------------------------------------
+def replay_samples_file(wildcards):
+    """The samples file a replayed cell reads ([] for `reference`), so editing the file re-replays it."""
+    samples = config["models"][wildcards.model]["source"]["samples"]
+    return [] if samples == "reference" else os.path.abspath(samples.replace("{bench}", wildcards.bench))
+
+
+# ---- compare ----------------------------------------------------------------------------------------------
+def compare_inputs(wildcards):
+    s = suite_cfg(wildcards)
+    cells = [(m, b, seed) for m in (wildcards.a, wildcards.b) for b in s["benchmarks"] for seed in s["seeds"]]
+    return {"scores": [W(P.SCORES, suite=wildcards.suite, model=m, bench=b, seed=seed) for m, b, seed in cells],
+            "generations": [W(P.GENERATIONS, suite=wildcards.suite, model=m, bench=b, seed=seed) for m, b, seed in cells]}
+
+
+def compare_targets(suite):
+    """The suite's `compare` pairs, else each orl-role model against the suite's first base-role model."""
+    s = config["suites"][suite]
+    pairs = s.get("compare")
+    if pairs is None:
+        roles = {m: config["models"][m].get("role") for m in s["models"]}
+        base = next((m for m, r in roles.items() if r == "base"), None)
+        pairs = [[base, m] for m, r in roles.items() if r == "orl" and base]
+    return [os.path.join(RESULTS_ROOT, suite, "compare", f"{a}_vs_{b}.md") for a, b in pairs]
+
+
+# ---- sweep ------------------------------------------------------------------------------------------------
+def _num(v):
+    return f"{v:g}".replace(".", "p").replace("-", "m")
+
+
+def sweep_points(suite):
+    """[(point suite name, {decoder key: value})] of a suite's sweep grid (no grid: [])."""
+    sw = config["suites"][suite].get("sweep") or {}
+    keys = [k for k in ("threshold", "edit_threshold") if sw.get(k)]
+    out = []
+    for values in itertools.product(*(sw[k] for k in keys)):
+        over = dict(zip(keys, values))
+        tag = "-".join(("t" if k == "threshold" else "e") + _num(v) for k, v in over.items())
+        out.append((f"{suite}-sweep-{tag}" if tag else f"{suite}-sweep", over))
+    return out
+
+
+# Each grid point becomes a suite: the base suite's settings, the sweep's models and benchmarks, and the
+# override that render_decoder passes to render_config (--set). Added after validation, so a user cannot
+# set `_decoder_overrides` on an ordinary suite.
+for _suite in [s for s in list(config["suites"]) if config["suites"][s].get("sweep")]:
+    for _name, _over in sweep_points(_suite):
+        _sw = config["suites"][_suite]["sweep"]
+        config["suites"][_name] = {**config["suites"][_suite], "models": list(_sw["models"]),
+                                   "benchmarks": list(_sw["benchmarks"]), "sweep": None, "compare": None,
+                                   "reported": False, "_decoder_overrides": _over, "_sweep_of": _suite}
+
+
+def sweep_spec(suite):
+    s = config["suites"][suite]
+    sw = s.get("sweep") or {}
+    return json.dumps({
+        "suite": suite, "seeds": s["seeds"], "benchmarks": sw.get("benchmarks", []), "reported": s["reported"],
+        "models": [{"name": m, "label": config["models"][m]["label"],
+                    "repo_id": config["models"][m]["source"].get("repo_id")} for m in sw.get("models", [])],
+        "points": [{"suite": name, "overrides": over} for name, over in sweep_points(suite)]})
+
+
+def sweep_inputs(wildcards):
+    s = suite_cfg(wildcards)
+    sw = s.get("sweep")
+    if not sw:
+        raise WorkflowError(f"suite {wildcards.suite!r} has no `sweep` grid in config.yaml; add "
+                            "suites.<suite>.sweep: {models: [...], benchmarks: [...], threshold: [...]}")
+    suites = [wildcards.suite] + [name for name, _ in sweep_points(wildcards.suite)]  # the paper setting first
+    cells = [(su, m, b, seed) for su in suites for m in sw["models"] for b in sw["benchmarks"] for seed in s["seeds"]]
+    return {"summaries": [W(P.SUMMARY, suite=su, model=m, bench=b, seed=seed) for su, m, b, seed in cells],
+            "generations": [W(P.GENERATIONS, suite=su, model=m, bench=b, seed=seed) for su, m, b, seed in cells]}
