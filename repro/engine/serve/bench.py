@@ -100,6 +100,8 @@ def stream_request(port: int, body: dict) -> dict:
         if not line:
             break
         obj = json.loads(line)
+        if "error" in obj:
+            raise RuntimeError(f"server reported: {obj['error']['message']}")
         text.append(obj.get("text", ""))
         if "block" in obj:
             arrivals.append(time.perf_counter() - t0)
