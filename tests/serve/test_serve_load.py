@@ -1,7 +1,7 @@
 """Load, cancellation, queue bound and API key against servers on 127.0.0.1, bounded in count and time: 2 × 32
-short streaming clients on the CLI server; then a server whose engine is paced (each committed block 0.25 s
-slower, :class:`serve_util.Paced`, on the tiny model in this process) so that disconnects and a full queue happen while a request is running or
-waiting, whatever the tiny model's speed."""
+short streaming clients on the CLI server; then servers in this process whose tiny-model engine is paced
+(each committed block 0.25–0.5 s slower, :class:`serve_util.Paced`) so that disconnects and a full queue
+happen while a request is running or waiting, whatever the tiny model's speed."""
 
 from __future__ import annotations
 
