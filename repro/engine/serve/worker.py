@@ -200,10 +200,10 @@ class EngineWorker:
 
     def _run(self) -> None:
         dev = getattr(getattr(self.llm, "model", None), "device", None)
-        if dev is not None and dev.type == "cuda":  # the current CUDA device is per thread (Triton launches on it)
-            import torch
+        if dev is not None and dev.type == "cuda" and dev.index is not None:
+            import torch  # the current CUDA device is per thread (Triton launches on it): make it the model's
 
-            torch.cuda.set_device(dev)
+            torch.cuda.set_device(dev.index)
         while True:
             job = self._q.get()
             if job is None:
