@@ -27,3 +27,19 @@ def server(serve_tiny_dir, tmp_path_factory):
     s = ServerProc(serve_tiny_dir, tmp_path_factory.mktemp("serve_log") / "server.log")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(serve_tiny_dir):
+    """The tiny checkpoint loaded in the test process (what the servers run, for comparisons)."""
+    from repro.engine.llm import LLM
+
+    return LLM(serve_tiny_dir, role="orl", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def long_messages(tiny_llm):
+    """A chat prompt the tiny model answers with ≥ 128 tokens before EOS (≥ 4 blocks)."""
+    from serve_util import probe_long_messages
+
+    return probe_long_messages(tiny_llm)

@@ -103,3 +103,30 @@ def stream_lines(port: int, path: str, body: dict, headers=None, timeout: float 
                 yield line
     finally:
         c.close()
+
+
+def probe_long_messages(llm, tokens: int = 128, tries: int = 30) -> list[dict]:
+    """Chat messages the tiny model answers with at least ``tokens`` tokens before any EOS (found by trying
+    ``Story i:`` prompts; the random model's EOS positions depend on the prompt and on the decoders)."""
+    for i in range(tries):
+        msgs = [{"role": "user", "content": f"Story {i}:"}]
+        if llm.generate(msgs, max_new_tokens=tokens).finish_reason == "length":
+            return msgs
+    raise RuntimeError(f"no prompt among {tries} runs {tokens} tokens without EOS on this checkpoint")
+
+
+class Paced:
+    """An LLM whose every committed block takes ``delay`` more seconds (the real engine's output, slowed), so
+    tests can act while a request is running or waiting without racing the tiny model's speed."""
+
+    def __init__(self, llm, delay: float):
+        self._llm, self.delay = llm, delay
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def generate(self, *args, on_block=None, **kw):
+        def hook(ids):
+            time.sleep(self.delay)
+            return bool(on_block(ids)) if on_block is not None else False
+        return self._llm.generate(*args, on_block=hook, **kw)

@@ -16,4 +16,4 @@ def test_bench_prints_both_figures_and_ratio(serve_tiny_dir, capsys):
     doc = json.loads(out[-1])
     assert doc["ratio"] == doc["server_tokens_per_s"] / doc["direct_tokens_per_s"] and doc["ratio"] > 0
     run = doc["runs_server"][0]
-    assert run["same_tokens"] and run["blocks"] >= 2 and run["tokens"] == doc["runs_direct"][0]["tokens"]
+    assert run["same_tokens"] and run["blocks"] >= 1 and run["tokens"] == doc["runs_direct"][0]["tokens"]

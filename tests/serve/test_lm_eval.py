@@ -32,7 +32,7 @@ def test_lm_eval_local_chat_completions_gsm8k(server, data_dir, tmp_path):
                HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"))
     cmd = [sys.executable, "-m", "lm_eval", "--model", "local-chat-completions", "--model_args",
            f"model={name},base_url={server.url}/v1/chat/completions,num_concurrent=1,max_retries=1,"
-           f"tokenizer_backend=None,max_gen_toks=48", "--tasks", "gsm8k_local", "--include_path", str(tasks),
+           f"tokenizer_backend=None,max_gen_toks=32", "--tasks", "gsm8k_local", "--include_path", str(tasks),
            "--limit", "5", "--apply_chat_template", "--output_path", str(out)]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

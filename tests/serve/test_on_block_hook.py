@@ -3,12 +3,9 @@ block whose ids concatenate to the decoded positions, and a True return stops de
 
 from __future__ import annotations
 
-from repro.engine.llm import LLM
 
-
-def test_on_block_sees_every_block_and_can_stop(serve_tiny_dir):
-    llm = LLM(serve_tiny_dir, role="orl", device="cpu")
-    msgs = [{"role": "user", "content": "Tell me a long story."}]
+def test_on_block_sees_every_block_and_can_stop(tiny_llm, long_messages):
+    llm, msgs = tiny_llm, long_messages  # ≥ 128 tokens before any EOS
     ref = llm.generate(msgs, max_new_tokens=100)
     seen: list[list[int]] = []
     out = llm.generate(msgs, max_new_tokens=100, on_block=lambda ids: seen.append(ids) and False)

@@ -11,16 +11,21 @@ import pytest
 
 from serve_util import stream_lines
 
-from repro.engine.llm import LLM
 
 openai = pytest.importorskip("openai")
 
 HI = [{"role": "user", "content": "Hi!"}]
 
 
-@pytest.fixture(scope="module")
-def llm(serve_tiny_dir):
-    return LLM(serve_tiny_dir, role="orl", device="cpu")
+@pytest.fixture
+def llm(tiny_llm):
+    return tiny_llm
+
+
+@pytest.fixture
+def long_prompt(tiny_llm, long_messages):
+    """A chat-formatted prompt string (used as is) the tiny model answers with ≥ 128 tokens before EOS."""
+    return tiny_llm.apply_chat_template(long_messages)
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +52,10 @@ def test_card_curl_line_streams_blocks_then_usage(server, llm):
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     blocks, last = lines[:-1], lines[-1]
-    assert [b["block"] for b in blocks] == list(range(1, len(blocks) + 1)) and len(blocks) >= 2
+    ref = llm.generate(HI, max_new_tokens=512)
+    assert [b["block"] for b in blocks] == list(range(1, len(ref.block_forwards) + 1))  # one line per block
     assert last["blocks"] == len(blocks) and last["id"].startswith("gen-")
     _check_usage(last["usage"], sum(b["tokens"] for b in blocks))
-    ref = llm.generate(HI, max_new_tokens=512)
     text = "".join(b["text"] for b in blocks) + last["text"]
     assert text == ref.text
     assert last["usage"]["generated_tokens"] == ref.generated_tokens and last["usage"]["forwards"] == ref.forwards
@@ -58,10 +63,10 @@ def test_card_curl_line_streams_blocks_then_usage(server, llm):
     assert f"{last['id']} done: {ref.generated_tokens} tokens" in server.log.read_text()  # per-request log line
 
 
-def test_generate_prompt_and_decoder_overrides(server, llm):
+def test_generate_prompt_and_decoder_overrides(server, llm, long_prompt):
     """``prompt`` is used as is; threshold / edit_threshold reach the decoder (same result as LLM.generate with
     those settings, and different forwards from the defaults)."""
-    prompt = "<role>HUMAN</role>Count.<|role_end|><role>ASSISTANT</role>"
+    prompt = long_prompt
     base = server.request("POST", "/generate", {"prompt": prompt, "max_new_tokens": 64, "stream": False})[2]
     streamed = [json.loads(x) for x in list(stream_lines(server.port, "/generate",
                                                          {"prompt": prompt, "max_new_tokens": 64}))[1:]]
@@ -77,10 +82,11 @@ def test_generate_prompt_and_decoder_overrides(server, llm):
     assert base["text"] == llm.generate(prompt, max_new_tokens=64).text
 
 
-def test_openai_chat_plain_and_streamed(client, llm):
+def test_openai_chat_plain_and_streamed(client, llm, long_messages):
+    msgs = long_messages  # ≥ 128 tokens before any EOS: several blocks to stream
     name = client.models.list().data[0].id
-    r = client.chat.completions.create(model=name, messages=HI, max_tokens=96)
-    ref = llm.generate(HI, max_new_tokens=96)
+    r = client.chat.completions.create(model=name, messages=msgs, max_tokens=96)
+    ref = llm.generate(msgs, max_new_tokens=96)
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == ref.text
     assert r.choices[0].finish_reason == ("stop" if ref.finish_reason == "eos" else "length")
@@ -89,7 +95,7 @@ def test_openai_chat_plain_and_streamed(client, llm):
     assert u.total_tokens == u.prompt_tokens + u.completion_tokens
     assert u.model_extra["forwards"] == ref.forwards and u.model_extra["tpf"] == pytest.approx(ref.tpf)
 
-    chunks = list(client.chat.completions.create(model=name, messages=HI, max_tokens=96, stream=True,
+    chunks = list(client.chat.completions.create(model=name, messages=msgs, max_tokens=96, stream=True,
                                                  stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == ref.text
@@ -99,9 +105,9 @@ def test_openai_chat_plain_and_streamed(client, llm):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == ref.generated_tokens
 
 
-def test_openai_completions_and_stop_strings(client, llm):
+def test_openai_completions_and_stop_strings(client, llm, long_prompt):
     name = client.models.list().data[0].id
-    prompt = "Once upon a time"
+    prompt = long_prompt
     r = client.completions.create(model=name, prompt=prompt, max_tokens=80)
     ref = llm.generate(prompt, max_new_tokens=80)
     assert r.choices[0].text == ref.text and r.usage.completion_tokens == ref.generated_tokens
@@ -176,10 +182,11 @@ def test_openai_bad_input_and_unsupported_options(server):
     assert "Traceback" not in server.log.read_text()
 
 
-def test_sampling_temperature_and_seed_reach_the_engine(server, llm):
-    body = {"prompt": "Once", "max_new_tokens": 40, "stream": False, "temperature": 0.8, "seed": 7}
+def test_sampling_temperature_and_seed_reach_the_engine(server, llm, long_prompt):
+    body = {"prompt": long_prompt, "max_new_tokens": 40, "stream": False, "temperature": 0.8, "seed": 7}
     a = server.request("POST", "/generate", body)[2]
-    ref = llm.generate("Once", decoder={**llm.default_decoder().to_dict(), "temperature": 0.8}, max_new_tokens=40,
-                       seed=7)
+    ref = llm.generate(long_prompt, decoder={**llm.default_decoder().to_dict(), "temperature": 0.8},
+                       max_new_tokens=40, seed=7)
     assert a["text"] == ref.text and a["usage"]["forwards"] == ref.forwards
-    assert a["text"] != server.request("POST", "/generate", {**body, "seed": 8})[2]["text"]
+    b = server.request("POST", "/generate", {**body, "seed": 8})[2]
+    assert (a["text"], a["usage"]["forwards"]) != (b["text"], b["usage"]["forwards"])

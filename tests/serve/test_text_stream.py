@@ -54,3 +54,12 @@ def test_invalid_bytes_are_flushed_at_the_end(tok):
     ids = tok.encode("ok ") + [0xE2, 0x82]  # a truncated 3-byte character at the very end
     s, pieces = _run(tok, ids, 2)
     assert "".join(pieces) == tok.decode(ids) and pieces[-1].endswith("\ufffd")
+
+
+def test_stop_strings_match_settled_text_only(tok):
+    """A character split across blocks decodes to U+FFFD until its last byte arrives: a stop string must not
+    match that provisional character."""
+    s = TextStream(tok.decode, tok.eos_id, ["\ufffd"])
+    first = s.push(tok.encode("ab") + [0xE2, 0x82])
+    second = s.push([0xAC] + tok.encode("cd"))
+    assert (first, second + s.finish()) == ("ab", "€cd") and not s.stopped

@@ -68,15 +68,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(llm):
-    """uvicorn serving ``llm`` in a daemon thread; returns (server, port) once it listens."""
+def start_server(llm, model_name: str = "bench", log_level: str = "warning", **app_kw):
+    """uvicorn serving ``llm`` (``create_app(llm, model_name, **app_kw)``) on 127.0.0.1 in a daemon thread;
+    returns (uvicorn server, port) once it listens. Stop it with ``server.should_exit = True``."""
     import uvicorn
 
     from repro.engine.serve.app import create_app
 
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(llm, model_name="bench"), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(llm, model_name=model_name, **app_kw), host="127.0.0.1",
+                                           port=port, log_level=log_level))
     threading.Thread(target=server.run, daemon=True, name="uvicorn").start()
     end = time.time() + 60
     while not server.started:
@@ -100,6 +101,8 @@ def stream_request(port: int, body: dict) -> dict:
         if not line:
             break
         obj = json.loads(line)
+        if "error" in obj:
+            raise RuntimeError(f"server reported: {obj['error']['message']}")
         text.append(obj.get("text", ""))
         if "block" in obj:
             arrivals.append(time.perf_counter() - t0)

@@ -80,15 +80,16 @@ class TextStream:
         if not full.startswith(self.sent):  # not prefix-stable (never seen with byte-level BPE): keep what was sent
             log.warning("detokenisation changed text already streamed; continuing after it")
             full = self.sent + full[len(self.sent):]
-        cut = self._stop_at(full)
+        settled = len(full)
+        if not final:  # a trailing U+FFFD may be a character whose bytes the next block completes
+            while settled > len(self.sent) and full[settled - 1] == "\ufffd":
+                settled -= 1
+        cut = self._stop_at(full[:settled])
         if cut is not None:
             self.stopped = True
-            full, final = full[:cut], True
-        end = len(full)
-        if not final:
-            while end > len(self.sent) and full[end - 1] == "\ufffd":
-                end -= 1
-            end -= self._stop_prefix_len(full[:end])
+            end = cut
+        else:
+            end = settled if final else settled - self._stop_prefix_len(full[:settled])
         new = full[len(self.sent):max(end, len(self.sent))]
         self.sent += new
         return new
@@ -199,10 +200,10 @@ class EngineWorker:
 
     def _run(self) -> None:
         dev = getattr(getattr(self.llm, "model", None), "device", None)
-        if dev is not None and dev.type == "cuda":  # the current CUDA device is per thread (Triton launches on it)
-            import torch
+        if dev is not None and dev.type == "cuda" and dev.index is not None:
+            import torch  # the current CUDA device is per thread (Triton launches on it): make it the model's
 
-            torch.cuda.set_device(dev)
+            torch.cuda.set_device(dev.index)
         while True:
             job = self._q.get()
             if job is None:
@@ -254,10 +255,10 @@ class EngineWorker:
             return ("error", f"engine error: {type(e).__name__}: {e}")
         tail = stream.finish()
         finish = out.finish_reason
-        if stream.stopped:
-            finish = "stop"
-        elif finish == "stop":  # the hook stopped it and no stop string did: the client is gone
+        if job.cancelled.is_set():  # the client went away (the engine stopped after that block, or just ended)
             finish = "cancelled"
+        elif stream.stopped:
+            finish = "stop"
         res = result_dict(job, out, stream.text, finish, st["blocks"], tail)
         u = res["usage"]
         log.info("%s done: %d tokens, forwards %s (prefill/denoise/commit), TPF %s, %.3f s, %.1f tokens/s, "
