@@ -81,13 +81,19 @@ def _legacy_line(key: str, where: str) -> str:
 
 
 def profile_file(profile: str | os.PathLike) -> Path | None:
-    """The YAML file of a profile given as a folder (config.yaml / profile.yaml) or as the file itself."""
-    p = Path(profile)
+    """The YAML file of a profile given as the file, a folder (config.yaml / profile.yaml), or a name that
+    Snakemake looks up in ``$XDG_CONFIG_HOME/snakemake`` (default ~/.config/snakemake) and /etc/xdg/snakemake."""
+    p = Path(profile).expanduser()
     if p.is_file():
         return p
-    for name in ("config.yaml", "profile.yaml"):
-        if (p / name).is_file():
-            return p / name
+    dirs = [p]
+    if not p.exists() and len(p.parts) == 1:
+        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+        dirs += [Path(xdg) / "snakemake" / p, Path("/etc/xdg/snakemake") / p]
+    for d in dirs:
+        for name in ("config.yaml", "profile.yaml"):
+            if (d / name).is_file():
+                return d / name
     return None
 
 
