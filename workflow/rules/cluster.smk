@@ -45,7 +45,7 @@ def gres_for(wildcards):
 def gpu_mem_mb(wildcards):
     """GPU memory (MB) the generation job needs: 38,000 for the real checkpoints, 1,000 for the tiny model,
     0 on CPU suites (repro/cluster.py gives the sum). Informational for the scheduler; the job itself
-    checks the GPU it lands on (repro.backends.generate)."""
+    checks the GPU it lands on (repro.backends.generation_job)."""
     if not on_gpu(wildcards):
         return 0
     return _cluster.gpu_memory_need_mb(model_cfg(wildcards)["source"])
