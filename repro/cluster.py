@@ -10,8 +10,8 @@ Contract
 * ``legacy_profile_problems(profile)``: the Snakemake 7 keys of a profile (``cluster``, ``cluster-config``,
   ``cluster-status``, ``cluster-cancel``, ``cluster-sidecar``, ``drmaa``, ``slurm``, ...), each with one line
   saying what replaced it in Snakemake 8+ (``executor: slurm`` and resources; see README "On a Slurm
-  cluster"). ``legacy_targets(targets)`` finds the same keys where Snakemake 9 turned them into targets
-  (``--cluster=sbatch ...`` when no target was given).
+  cluster"). ``profiles_from_argv(argv)``: the profiles a Snakemake command line names (the workflow
+  checks them at parse time, before Snakemake 9 turns ``cluster: X`` into the target ``--cluster=X``).
 * ``normalise_slurm_state("CANCELLED by 0") == "CANCELLED"``: sacct prints who cancelled a job; the Slurm
   executor plugin (<= 2.8.0, the newest release) compares the whole string with its list of failed states,
   does not match, and waits for the job forever. ``patch_slurm_status_query()`` wraps the plugin's status
@@ -109,19 +109,6 @@ def legacy_profile_problems(profile: str | os.PathLike) -> list[str]:
     if not isinstance(data, dict):
         return []
     return [_legacy_line(k, str(f)) for k in data if k in LEGACY_KEYS]
-
-
-def legacy_targets(targets) -> list[str]:
-    """Lines for targets that are really Snakemake 7 options (a profile's ``cluster: X`` becomes the target
-    ``--cluster=X`` in Snakemake 9 when the command line names no target)."""
-    lines = []
-    for t in targets or ():
-        t = str(t)
-        if t.startswith("--"):
-            key = t[2:].split("=", 1)[0]
-            if key in LEGACY_KEYS:
-                lines.append(_legacy_line(key, f"a profile or the command line (read as target {t!r})"))
-    return lines
 
 
 def profiles_from_argv(argv: list[str], environ=os.environ) -> list[str]:

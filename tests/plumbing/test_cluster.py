@@ -161,5 +161,5 @@ def test_binds_env_and_states(tmp_path):
     assert "SINGULARITYENV_CUDA_VISIBLE_DEVICES" in cluster.container_env(env, "/opt/bin/singularity")
     assert [cluster.normalise_slurm_state(s) for s in ("CANCELLED by 0", "RUNNING", "COMPLETED", "")] == \
         ["CANCELLED", "RUNNING", "COMPLETED", ""]
-    assert cluster.legacy_targets(["main_table"]) == []
-    assert "executor: slurm" in cluster.legacy_targets(["--cluster=sbatch -p x"])[0]
+    argv = ["snakemake", "-n", "--profile", "old", "--workflow-profile=wf"]
+    assert cluster.profiles_from_argv(argv, {"SNAKEMAKE_PROFILE": "env"}) == ["env", "old", "wf"]
