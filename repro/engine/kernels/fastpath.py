@@ -292,7 +292,7 @@ class BlockForward:
                 M.moe_experts(x_ffn, L["w13"], L["w2"], self.dws, 1, self.dense_cfg, norm_w=nw, eps=s.eps)
                 prev = (self.dws, 1, False)
             else:
-                E1 = L["w13"].shape[0]
+                E1 = M.expert_slots(L["w13"])
                 M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
                                   s.scaling, s.renormalize, self.moe_cfg, slot=li - s.first_dense, norm_w=nw, eps=s.eps,
                                   norm_out=self.a if route_norm else None)
