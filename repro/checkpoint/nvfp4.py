@@ -229,15 +229,22 @@ class NVFP4Experts:
         o.shared = shared
         return o
 
-    def __getitem__(self, e: int) -> torch.Tensor:
-        rows = self.out_f // self.parts
-        return torch.cat([dequantize(self.q[e, j * rows:(j + 1) * rows], self.s[e, j * rows:(j + 1) * rows]
-                                     .view(torch.float8_e4m3fn), self.g[e, j], dtype=torch.float32)
-                          for j in range(self.parts)], 0).to(self.dtype)
+    def _dequantize(self, sel) -> torch.Tensor:
+        """Experts ``sel`` (an index or a slice) → ``[n, out, in]`` in ``dtype``: per element e2m1 · (E4M3 · g) in
+        fp32, then one rounding — the operations of :func:`dequantize` in the same order, so bit-identical."""
+        q, sc, g = self.q[sel], self.s[sel].view(torch.float8_e4m3fn).float(), self.g[sel]
+        n = q.shape[0]
+        code = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(n, self.out_f, self.in_f).long()
+        vals = E2M1_VALUES.to(q.device)[code & 7] * torch.where(code >= 8, -1.0, 1.0)
+        gs = g.repeat_interleave(self.out_f // self.parts, dim=1)[:, :, None]  # [n, out, 1]
+        return (vals * (sc.repeat_interleave(GROUP, dim=2) * gs)).to(self.dtype)
 
-    def dequantize(self) -> torch.Tensor:
-        """All experts ``[E, out, in]`` in ``dtype`` (what dequantize-at-load holds)."""
-        return torch.stack([self[e] for e in range(self.E)], 0)
+    def __getitem__(self, e: int) -> torch.Tensor:
+        return self._dequantize(slice(e, e + 1))[0]
+
+    def dequantize(self, chunk: int = 16) -> torch.Tensor:
+        """All experts ``[E, out, in]`` in ``dtype`` (what dequantize-at-load holds), ``chunk`` experts at a time."""
+        return torch.cat([self._dequantize(slice(i, i + chunk)) for i in range(0, self.E, chunk)], 0)
 
     def to(self, device) -> "NVFP4Experts":
         """A copy on ``device`` (the shared expert too)."""

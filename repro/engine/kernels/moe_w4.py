@@ -42,8 +42,8 @@ def moe_w4_reference(x, gate_w, expert_bias, w13, w2, top_k=8, n_group=8, topk_g
 
 
 def random_nvfp4_experts(E, out_f, in_f, parts, dtype, device, generator, std=0.02):
-    """Random NVFP4 experts for benchmarks and tests: uniform random codes, E4M3 block scales drawn around
-    ``std / 2`` (a typical |W| per code unit), global scales 1 / parts-dependent jitter. The values follow the
+    """Random NVFP4 experts for benchmarks and tests: uniform random codes, E4M3 block scales uniform in
+    [32, 128], global scales chosen so that the values have an rms near ``std``. The values follow the
     format exactly; their distribution is not a trained model's. Returns an ``NVFP4Experts``."""
     from repro.checkpoint.nvfp4 import NVFP4Experts
 
@@ -52,7 +52,8 @@ def random_nvfp4_experts(E, out_f, in_f, parts, dtype, device, generator, std=0.
               .to(torch.uint8))
     sc = torch.empty(w.s.shape, device=device).uniform_(0.5, 2.0, generator=generator) * 64.0
     w.s.copy_(sc.to(torch.float8_e4m3fn).view(torch.uint8))
-    w.g.copy_(torch.empty(w.g.shape, device=device).uniform_(0.9, 1.1, generator=generator) * (std / 2 / 64.0))
+    # rms of a uniform random e2m1 code ≈ 3.0, mean block scale ≈ 80: rms of the values ≈ std
+    w.g.copy_(torch.empty(w.g.shape, device=device).uniform_(0.9, 1.1, generator=generator) * (std / 240.0))
     return w
 
 
