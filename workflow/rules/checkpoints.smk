@@ -6,7 +6,8 @@
 def fetch_command(wildcards, output):
     src = config["models"][wildcards.model]["source"]
     if src["type"] == "tiny":
-        return f"{PY} -m repro.checkpoint.tiny --out {output[0]} --seed {src['seed']}"
+        return (f"{PY} -m repro.checkpoint.tiny --out {output[0]} --seed {src['seed']}"
+                + (" --nvfp4" if src.get("nvfp4") else ""))
     if src["type"] == "local":
         return f"{PY} -m repro.checkpoint download --name {wildcards.model} --local-path {src['path']} --out {output[0]}"
     return (f"{PY} -m repro.checkpoint download --name {wildcards.model} --repo-id {src['repo_id']} "

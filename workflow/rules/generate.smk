@@ -19,7 +19,7 @@ rule generate_shard:
         backend=config["backend"],  # a param, so switching backend re-runs generation (params rerun trigger)
         role=lambda wc: config["models"][wc.model]["role"],
         device=lambda wc: config["suites"][wc.suite]["device"],
-        precision=lambda wc: config["suites"][wc.suite]["precision"],
+        precision=lambda wc: config["models"][wc.model].get("precision", config["suites"][wc.suite]["precision"]),
     log:
         W("logs/generate/{suite}/{model}/{bench}/seed{seed}/shard{shard}of{nshards}.log"),
     container: image_for("generate")
