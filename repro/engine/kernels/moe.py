@@ -198,8 +198,9 @@ if HAS_TRITON:
             for k0 in range(0, H, BLOCK_K):
                 ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
                 ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
-                acc_g = _w4_dot(acc_g, ae, ao, qg + k0 // 2, sg + k0 // 16, gs_g)
-                acc_u = _w4_dot(acc_u, ae, ao, qg + N * (H // 2) + k0 // 2, sg + N * (H // 16) + k0 // 16, gs_u)
+                acc_g = _w4_dot(acc_g, ae, ao, qg + k0 // 2, sg + k0 // 16, gs_g, BLOCK_K, BLOCK_N)
+                acc_u = _w4_dot(acc_u, ae, ao, qg + N * (H // 2) + k0 // 2, sg + N * (H // 16) + k0 // 16, gs_u,
+                                 BLOCK_K, BLOCK_N)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
@@ -232,7 +233,7 @@ if HAS_TRITON:
             for k0 in range(0, N, BLOCK_K):
                 ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
                 ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
-                acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs)
+                acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
