@@ -124,10 +124,10 @@ def broken(tmp_path, old, new, name="config.yaml"):
 
 
 def test_unclosed_bracket_and_missing_colon_name_line_and_column(tmp_path):
-    p, line = broken(tmp_path, "models: [tiny, tiny-orl]", "models: [tiny, tiny-orl")
+    p, line = broken(tmp_path, "models: [tiny, tiny-orl, tiny-orl-nvfp4]", "models: [tiny, tiny-orl, tiny-orl-nvfp4")
     msg = yaml_syntax_error(p)
     assert msg.startswith(f"{p}, line {line}, column 13: not valid YAML: while parsing a flow sequence")
-    assert "models: [tiny, tiny-orl'" in msg
+    assert "models: [tiny, tiny-orl, tiny-orl-nvfp4'" in msg
     p, line = broken(tmp_path, "backend: engine", "backend engine")
     assert yaml_syntax_error(p).startswith(f"{p}, line {line}, column 1: not valid YAML") and "expected ':'" in \
         yaml_syntax_error(p)
@@ -148,8 +148,8 @@ def checkout(tmp_path):
         os.symlink(REPO_ROOT / name, root / name)
     shutil.copy(REPO_ROOT / "Snakefile", root)
     shutil.copytree(REPO_ROOT / "scripts", root / "scripts")
-    (root / "config.yaml").write_text((REPO_ROOT / "config.yaml").read_text().replace("models: [tiny, tiny-orl]",
-                                                                                       "models: [tiny, tiny-orl"))
+    (root / "config.yaml").write_text((REPO_ROOT / "config.yaml").read_text().replace(
+        "models: [tiny, tiny-orl, tiny-orl-nvfp4]", "models: [tiny, tiny-orl, tiny-orl-nvfp4"))
     return root
 
 
@@ -157,14 +157,14 @@ def test_snakefile_reports_the_line_of_config_yaml(checkout):
     r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "main_table"], cwd=checkout,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
-    assert f"Config error: {checkout / 'config.yaml'}, line 58, column 13: not valid YAML" in r.stderr, r.stderr[-2000:]
+    assert f"Config error: {checkout / 'config.yaml'}, line 74, column 13: not valid YAML" in r.stderr, r.stderr[-2000:]
 
 
 def test_scripts_report_the_line_of_every_config_file(checkout, tmp_path):
     env = dict(os.environ, ORL_EVAL_WORK=str(tmp_path / "work"))
     r = subprocess.run(["bash", str(checkout / "scripts/main_table.sh"), "tiny", str(tmp_path), "-n"], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "Config error: config.yaml, line 58, column 13: not valid YAML" in r.stderr
+    assert r.returncode == 2 and "Config error: config.yaml, line 74, column 13: not valid YAML" in r.stderr
     assert "Traceback" not in r.stderr
     # an overlay given to a script: checked before Snakemake reads it
     shutil.copy(REPO_ROOT / "config.yaml", checkout / "config.yaml")
