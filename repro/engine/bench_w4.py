@@ -11,7 +11,7 @@ tried (``W4_TILES``) on the headline block; the GPU memory of the 4-bit model (e
 and a fidelity check: logits of the 4-bit round vs the same experts dequantized to BF16 once (the
 dequantize-at-load path) through the BF16 kernels, same block and cache.
 
-Target (issue 12; reported, never asserted): ≤ 1.9 ms and ≤ 1.25× the floor at P=1k, ≤ 2.0 ms at P=4k;
+Targets (``W4_TARGETS``; reported, never asserted; docs/perf.md): ≤ 1.9 ms and ≤ 1.25× the floor at P=1k, ≤ 2.0 ms at P=4k;
 model memory ≤ 12 GB.
 """
 from __future__ import annotations
