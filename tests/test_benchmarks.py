@@ -29,7 +29,7 @@ def test_registry_order_and_lookup():
 
 @pytest.mark.parametrize("name", benchmarks.names())
 def test_declaration_is_complete(name):
-    from repro.scoring import scorer_module
+    from repro.scoring import score_records, scorer_module
 
     b = benchmarks.get(name)
     assert (TEMPLATES / b.template).is_file()
@@ -39,6 +39,9 @@ def test_declaration_is_complete(name):
     assert len(set(ids)) == len(ids) and all(isinstance(b.gold(r), str) for r in rows)
     scorer = scorer_module(name)
     assert callable(getattr(scorer, "score_many" if b.kind == "math" else "build_program"))
+    problems = load_problems(name, None, allow_hub=False).problems  # the shipped problems
+    scores = score_records(name, problems, {p["id"]: b.reference_completion(p["source"]) for p in problems}, 1)
+    assert all(s["correct"] for s in scores), [s["reason"] for s in scores if not s["correct"]]
     assert re.fullmatch(r"[0-9a-f]{64}", b.published_sha256) and b.hub_path and b.hub_split
     assert b.hub_revision is None or re.fullmatch(r"[0-9a-f]{40}", b.hub_revision)
 

@@ -13,8 +13,10 @@ returns one declaration (``ValueError`` naming the known benchmarks otherwise), 
 benchmark is one module plus its template and tests (docs/benchmarks.md).
 
 Who reads what: ``repro.data`` (file, fields, ids, gold, hub), ``repro.prompts`` (template, prompt
-fields, stop strings), ``repro.scoring`` (kind, scorer), ``repro.tables`` (title), ``repro.config``
-(allowed names in a suite), the workflow (the ``{bench}`` wildcard, the scoring timeout for code).
+fields, stop strings), ``repro.scoring`` (kind, scorer), ``repro.backends.replay`` (reference
+completion), ``repro.tables`` (title), ``repro.config`` (allowed names in a suite or sweep), the
+workflow (the ``{bench}`` wildcard, the scoring timeout for code); ``repro.provenance`` counts this
+package as code of the prepare, generate, score and table stages.
 Modelled on lm-eval's one YAML per task and nanochat's ``tasks/*.py``.
 """
 

@@ -77,7 +77,7 @@ def _from_file(benchmark: str, path: Path, source: str) -> LoadedProblems:
     if not probs:
         raise DataError(f"{path}: holds no problems (the file is empty or has only blank lines); put the "
                         f"original {benchmark} records there, one JSON object per line "
-                        f"({', '.join(mod.FIELDS)}), or unset data_dir / ORL_EVAL_DATA")
+                        f"({', '.join(decl.fields)}), or unset data_dir / ORL_EVAL_DATA")
     digest = sha256_path(path)
     notes = []
     if source == "data_dir" and digest != decl.published_sha256:

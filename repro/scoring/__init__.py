@@ -34,7 +34,9 @@ __all__ = ["SCORER_VERSION", "score_records", "summarize", "score_programs", "sc
 # Bumped whenever a verdict can change for the same completion, so the pipeline re-scores (without
 # regenerating). 1: first scorer. 2: blank boxes skipped, LaTeX thousands spacing, plain mixed numbers,
 # GSM8K "answer is ... = N" and last-marker-wins, hardened code tests, output drained (docs/scoring.md).
-SCORER_VERSION = 2
+# 3: a lone-number side of "=" is what "the answer is" states ("18 = 9 * 2"), an empty \text{} box is
+# blank, sandboxed programs see .pth-named and system site dirs.
+SCORER_VERSION = 3
 
 _STDERR_IN_REASON = 400
 
