@@ -122,3 +122,23 @@ def test_sampling_with_seeds_is_batch_invariant(llm):
     single = [llm.generate(p, decoder=dec, seed=7) for p in prompts]
     outs = llm.generate(prompts, decoder=dec, seed=7, batch_size=3)
     assert [o.token_ids for o in outs] == [o.token_ids for o in single]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_bench_suite_batch_size_8_records_equal_batch_1(tiny_dir, tmp_path):
+    """`python -m repro.engine bench suite --batch-size 8` on real problems: same token ids as --batch-size 1."""
+    from repro.engine.__main__ import main
+
+    recs = {}
+    for bs in (1, 8):
+        out = tmp_path / f"bs{bs}"
+        assert main(["bench", "suite", "--model", str(tiny_dir), "--role", "orl", "--max-new-tokens", "40",
+                     "--problems", str(DATA / "gsm8k.jsonl"), str(DATA / "humaneval.jsonl"), "--limit", "5",
+                     "--out", str(out), "--batch-size", str(bs)]) == 0
+        recs[bs] = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["batch"]["batch_size"] == bs
+    assert len(recs[1]) == 10
+    assert [(r["id"], r["token_ids"], r["forwards"]) for r in recs[8]] == \
+        [(r["id"], r["token_ids"], r["forwards"]) for r in recs[1]]
+    assert summary["batch"]["rounds"] > 0 and summary["batch"]["throughput_tokens_per_s"] > 0
