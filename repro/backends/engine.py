@@ -13,6 +13,7 @@ the batch (``batch_size`` is in the record).
 from __future__ import annotations
 
 import platform
+import time
 from typing import Iterable, Iterator
 
 
@@ -29,7 +30,9 @@ class EngineBackend:
             raise ValueError(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
         self.device, self.precision, self.batch_size = device, precision, batch_size
         self.batch_stats = None
+        t0 = time.perf_counter()
         self.llm = LLM(str(model_dir), role=role, precision=precision, device=device, adapter_map=adapter_map)
+        self.load_s = time.perf_counter() - t0  # fixed cost per job (speed table)
 
     def generate(self, prompts: Iterable, decoder: dict) -> Iterator[dict]:
         for p in prompts:
@@ -86,6 +89,7 @@ class EngineBackend:
         return {"backend": "engine", "device": dev, "precision": self.precision, "torch": torch.__version__,
                 "engine_path": self.llm.engine_path if self.batch_size == 1 else "batched-eager",
                 "kernels": self.llm.kernels, "adapter": self.llm.adapter_note, "batch_size": self.batch_size,
+                "load_s": self.load_s,
                 **({"batch": {"rounds": st.rounds, "wall_s": st.wall_s, "max_active": st.max_active,
                               "mean_round_s": sum(st.round_s) / len(st.round_s)}}
                    if (st := self.batch_stats) is not None and st.rounds else {})}
