@@ -142,3 +142,29 @@ def test_bench_suite_batch_size_8_records_equal_batch_1(tiny_dir, tmp_path):
     assert [(r["id"], r["token_ids"], r["forwards"]) for r in recs[8]] == \
         [(r["id"], r["token_ids"], r["forwards"]) for r in recs[1]]
     assert summary["batch"]["rounds"] > 0 and summary["batch"]["throughput_tokens_per_s"] > 0
+
+
+def test_row_grouped_moe_impl_sees_one_shape_and_pads_without_new_experts(tiny_model):
+    """An implementation listed in ROW_GROUPS (the Triton seam) is called with exactly that many rows; the
+    pad rows use row 0's experts, so no other expert is read; results equal the direct call."""
+    from repro.engine.layers import moe
+
+    p, q = tiny_model.params, "layers.1.moe."
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(40, tiny_model.cfg.hidden_size, generator=g)
+    w, ids = moe.route(x, p[q + "router"], p.get(q + "expert_bias"), 4, tiny_model.cfg.n_group,
+                       tiny_model.cfg.topk_group, 2.5)
+    seen = []
+
+    def fake(x_, a, b, w_, i_):
+        seen.append((x_.shape[0], set(i_.unique().tolist())))
+        return moe.moe_forward_torch(x_, a, b, w_, i_)
+    moe.register_moe_impl("triton", fake)
+    moe.set_moe_impl("triton")
+    try:
+        out = moe.moe_forward(x, p[q + "w_gate_up"], p[q + "w_down"], w, ids)
+    finally:
+        moe.set_moe_impl("torch")
+    assert [n for n, _ in seen] == [moe.ROW_GROUPS["triton"]]
+    assert seen[0][1] == set(ids.unique().tolist())
+    assert torch.equal(out, moe.moe_forward_torch(x, p[q + "w_gate_up"], p[q + "w_down"], w, ids))

@@ -69,6 +69,14 @@ def moe_forward_torch(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Te
 MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _IMPLS: dict[str, MoeFn] = {"torch": moe_forward_torch}
 _ACTIVE: list[MoeFn] = [moe_forward_torch]
+_ACTIVE_NAME: list[str] = ["torch"]
+
+#: Implementations whose kernel configuration (or fast case) depends on the number of rows: calls go to
+#: them in groups of exactly this many rows, so every call has the same shape and a token's result does
+#: not depend on the batch (:mod:`repro.engine.batch`). "triton": ``kernels/moe.py``
+#: ``moe_forward_triton`` runs its grouped GEMMs for n ≤ 128 and the torch loop above that; its workspace
+#: is sized by n. Pad rows repeat row 0's experts with weight 0 (no extra expert is read).
+ROW_GROUPS: dict[str, int] = {"triton": 128}
 
 
 def register_moe_impl(name: str, fn: MoeFn) -> None:
@@ -81,9 +89,23 @@ def set_moe_impl(name: str) -> None:
     if name not in _IMPLS:
         raise KeyError(f"unknown MoE impl {name!r}; registered: {sorted(_IMPLS)}")
     _ACTIVE[0] = _IMPLS[name]
+    _ACTIVE_NAME[0] = name
 
 
 def moe_forward(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                 weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Dispatch to the selected implementation; contract of :func:`moe_forward_torch`."""
-    return _ACTIVE[0](x, w_gate_up, w_down, weights, ids)
+    """Dispatch to the selected implementation; contract of :func:`moe_forward_torch`. Implementations
+    listed in :data:`ROW_GROUPS` get fixed-size row groups (batch invariance)."""
+    group = ROW_GROUPS.get(_ACTIVE_NAME[0])
+    fn = _ACTIVE[0]
+    if group is None or x.shape[0] == group:
+        return fn(x, w_gate_up, w_down, weights, ids)
+    n = x.shape[0]
+    pad = (-n) % group
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+        ids = torch.cat([ids, ids[:1].expand(pad, -1)])
+        weights = torch.cat([weights, weights.new_zeros(pad, weights.shape[1])])
+    outs = [fn(x[i:i + group], w_gate_up, w_down, weights[i:i + group], ids[i:i + group])
+            for i in range(0, n + pad, group)]
+    return torch.cat(outs)[:n]
