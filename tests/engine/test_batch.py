@@ -168,3 +168,24 @@ def test_row_grouped_moe_impl_sees_one_shape_and_pads_without_new_experts(tiny_m
     assert [n for n, _ in seen] == [moe.ROW_GROUPS["triton"]]
     assert seen[0][1] == set(ids.unique().tolist())
     assert torch.equal(out, moe.moe_forward_torch(x, p[q + "w_gate_up"], p[q + "w_down"], w, ids))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_bench_batch_sections_run_on_the_tiny_model(tiny_model, tiny_tok):
+    """The GPU benchmark's sections (repro/engine/bench_batch.py) on the CPU with the tiny model: fixed
+    schedule, figures present, invariance passes — so the one H200 run has no untested code path."""
+    from repro.engine import bench_batch as bb
+
+    thr = bb.bench_throughput(tiny_model, tiny_tok.mask_id, prefix=64, tokens=64, batch_sizes=[1, 3], steps=8,
+                              copy_gbps=10.0, seed=0, log=lambda m: None)
+    assert [r["batch_size"] for r in thr] == [1, 3] and thr[0]["speedup_vs_batch1"] == 1.0
+    for r in thr:
+        assert r["forwards_per_request"] == {"prefill": 1, "denoise": 16, "commit": 2}  # 8 rounds + commit per block
+        assert r["generated_tokens"] == r["requests"] * 64 and r["floor_ms"] > 0 and r["rows_per_round"] > 0
+    assert thr[1]["rows_per_round"] == 3 * thr[0]["rows_per_round"]
+    inv = bb.bench_invariance(tiny_model, tiny_tok.mask_id, tiny_tok.eos_id, n_prompts=4, prefix=80, tokens=32,
+                              algorithms=("joint_threshold", "orl"), seed=0, log=lambda m: None)
+    assert all(r["pass"] for r in inv.values()), inv
+    text = bb.table({"gpu": "cpu", "copy_GBps": 10.0, "throughput": thr, "invariance": inv})
+    assert "invariance orl: PASS" in text and "batch" in text
+    assert not hasattr(tiny_model.__dict__, "forward_chunks") and "forward_chunks" not in tiny_model.__dict__
