@@ -10,8 +10,8 @@ Contract
 * ``legacy_profile_problems(profile)``: the Snakemake 7 keys of a profile (``cluster``, ``cluster-config``,
   ``cluster-status``, ``cluster-cancel``, ``cluster-sidecar``, ``drmaa``, ``slurm``, ...), each with one line
   saying what replaced it in Snakemake 8+ (``executor: slurm`` and resources; see README "On a Slurm
-  cluster"). ``legacy_targets(targets)`` finds the same keys where Snakemake 9 turned them into targets
-  (``--cluster=sbatch ...`` when no target was given).
+  cluster"). ``profiles_from_argv(argv)``: the profiles a Snakemake command line names (the workflow
+  checks them at parse time, before Snakemake 9 turns ``cluster: X`` into the target ``--cluster=X``).
 * ``normalise_slurm_state("CANCELLED by 0") == "CANCELLED"``: sacct prints who cancelled a job; the Slurm
   executor plugin (<= 2.8.0, the newest release) compares the whole string with its list of failed states,
   does not match, and waits for the job forever. ``patch_slurm_status_query()`` wraps the plugin's status
@@ -20,11 +20,14 @@ Contract
   for ``rule`` (``set-resources``) or for all rules (``default-resources``), else None. Generation asks it
   for ``gres``: a site that asks for GPUs with ``gres`` gets ``--gres`` only, never ``--gres`` and
   ``--gpus`` together.
-* ``gpu_memory_need_mb(source)``: GPU memory a generation job needs, in MB (10^6 bytes): the real
-  LLaDA2.1-mini checkpoints 32.6 GB of bf16 weights + 1.34 GB KV cache for a 32K-token context
-  (20 layers x 2 x 4 KV heads x 128 x 2 B = 40,960 B/token, from the model's config,
-  https://huggingface.co/inclusionAI/LLaDA2.1-mini/blob/main/config.json) + 4 GB working memory
-  (activations, CUDA graphs; an estimate, not measured) = 38,000 MB; the tiny random model 1,000 MB.
+* ``gpu_memory_need_mb(source)``: GPU memory a generation job declares (resource ``gpu_mem_mb``), in MB
+  (10^6 bytes), before the checkpoint exists: the real LLaDA2.1-mini checkpoints 38,000 (32.6 GB of bf16
+  weights + 1.34 GB KV cache for a 32K-token context, 20 layers x 2 x 4 KV heads x 128 x 2 B = 40,960
+  B/token from the model's config, https://huggingface.co/inclusionAI/LLaDA2.1-mini/blob/main/config.json,
+  + ~3.9 GB working memory, an estimate, not measured); the tiny random model 1,000.
+* ``check_gpu(model_dir, precision)`` (in the generation job, on the GPU it landed on): the same sum from
+  the checkpoint itself (``gpu_need_bytes``) against the GPU's memory, and bf16 support; RuntimeError
+  naming the GPU, what it has and what is needed.
 * ``container_env(environ, binary)``: ``{APPTAINERENV_X: value}`` (``SINGULARITYENV_`` for a
   ``singularity`` binary) for each variable of ``FORWARDED_ENV`` that is set, so ``--cleanenv`` keeps the
   GPU selection (``CUDA_VISIBLE_DEVICES`` from Slurm or the user) and the cache settings.
@@ -36,6 +39,7 @@ Contract
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -77,13 +81,19 @@ def _legacy_line(key: str, where: str) -> str:
 
 
 def profile_file(profile: str | os.PathLike) -> Path | None:
-    """The YAML file of a profile given as a folder (config.yaml / profile.yaml) or as the file itself."""
-    p = Path(profile)
+    """The YAML file of a profile given as the file, a folder (config.yaml / profile.yaml), or a name that
+    Snakemake looks up in ``$XDG_CONFIG_HOME/snakemake`` (default ~/.config/snakemake) and /etc/xdg/snakemake."""
+    p = Path(profile).expanduser()
     if p.is_file():
         return p
-    for name in ("config.yaml", "profile.yaml"):
-        if (p / name).is_file():
-            return p / name
+    dirs = [p]
+    if not p.exists() and len(p.parts) == 1:
+        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+        dirs += [Path(xdg) / "snakemake" / p, Path("/etc/xdg/snakemake") / p]
+    for d in dirs:
+        for name in ("config.yaml", "profile.yaml"):
+            if (d / name).is_file():
+                return d / name
     return None
 
 
@@ -99,19 +109,6 @@ def legacy_profile_problems(profile: str | os.PathLike) -> list[str]:
     if not isinstance(data, dict):
         return []
     return [_legacy_line(k, str(f)) for k in data if k in LEGACY_KEYS]
-
-
-def legacy_targets(targets) -> list[str]:
-    """Lines for targets that are really Snakemake 7 options (a profile's ``cluster: X`` becomes the target
-    ``--cluster=X`` in Snakemake 9 when the command line names no target)."""
-    lines = []
-    for t in targets or ():
-        t = str(t)
-        if t.startswith("--"):
-            key = t[2:].split("=", 1)[0]
-            if key in LEGACY_KEYS:
-                lines.append(_legacy_line(key, f"a profile or the command line (read as target {t!r})"))
-    return lines
 
 
 def profiles_from_argv(argv: list[str], environ=os.environ) -> list[str]:
@@ -182,6 +179,48 @@ def site_resource(resource_settings, rule: str, name: str):
 def gpu_memory_need_mb(source: dict) -> int:
     """GPU memory (MB) a generation job needs for a model whose config ``source`` is given (module docstring)."""
     return TINY_MODEL_GPU_MB if source.get("type") == "tiny" else REAL_MODEL_GPU_MB
+
+
+def gpu_need_bytes(model_dir: str | os.PathLike) -> int:
+    """Bytes of GPU memory generation needs for the checkpoint in ``model_dir``: its ``*.safetensors`` weights
+    as stored (bf16) + a bf16 KV cache for its full context (config.json: num_hidden_layers x 2 x
+    num_key_value_heads x head_dim x 2 B x max_position_embeddings; LLaDA2.1-mini: 40,960 B/token x 32,768 =
+    1.34 GB) + working memory (activations, CUDA graphs, kernel workspaces: an estimate, 12% of the weights,
+    at least 0.5 GB). LLaDA2.1-mini: 32.6 + 1.34 + 3.9 = 37.9 GB."""
+    d = Path(model_dir)
+    weights = sum(f.stat().st_size for f in d.glob("*.safetensors"))
+    cfg = yaml.safe_load((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
+    kv_per_token = (cfg.get("num_hidden_layers", 20) * 2 * cfg.get("num_key_value_heads", 4)
+                    * cfg.get("head_dim", 128) * 2)
+    kv = kv_per_token * cfg.get("max_position_embeddings", 32_768)
+    return weights + kv + max(500_000_000, weights * 12 // 100)
+
+
+def gpu_problem(name: str, total_bytes: int, capability: tuple[int, int], need_bytes: int,
+                precision: str) -> str | None:
+    """Why the GPU (``name``, ``total_bytes`` of memory, compute ``capability``) cannot run the job, or None.
+    bf16 needs compute capability >= 8.0 (Ampere), the bound ``torch.cuda.is_bf16_supported()`` applies."""
+    gb = 1e9
+    if precision == "bf16" and tuple(capability) < MIN_COMPUTE_CAPABILITY:
+        return (f"GPU {name} (compute capability {capability[0]}.{capability[1]}) has no bf16 support, which "
+                f"generation in bf16 needs (>= {MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]}: A100, "
+                "A10, L4, L40S, H100, H200); request such a GPU (README 'On a Slurm cluster')")
+    if total_bytes < need_bytes:
+        return (f"GPU {name} has {total_bytes / gb:.1f} GB but generation needs {need_bytes / gb:.1f} GB (bf16 "
+                "weights + KV cache of a 32K-token context + working memory); request a GPU with at least "
+                f"{math.ceil(need_bytes / gb)} GB (README 'On a Slurm cluster')")
+    return None
+
+
+def check_gpu(model_dir: str | os.PathLike, precision: str) -> None:
+    """Raise RuntimeError naming the GPU, its memory and the requirement when the visible GPU 0 cannot hold
+    the model in ``model_dir`` (``gpu_problem``). Call after CUDA is known to be available."""
+    import torch
+
+    p = torch.cuda.get_device_properties(0)
+    problem = gpu_problem(p.name, p.total_memory, (p.major, p.minor), gpu_need_bytes(model_dir), precision)
+    if problem:
+        raise RuntimeError(problem)
 
 
 def container_env(environ, binary: str | None) -> dict[str, str]:

@@ -70,7 +70,7 @@ def tree_digest(*packages: str) -> str:
 #: prepare, generate, score and table.
 STAGE_CODE = {
     "prepare": ("repro/data", "repro/io.py", "repro/benchmarks"),
-    "tiny": ("repro/checkpoint/tiny.py", "repro/checkpoint/manifest.py", "repro/paper/paper_decoding.json"),
+    "tiny": ("repro/checkpoint/tiny.py", "repro/checkpoint/nvfp4.py", "repro/checkpoint/manifest.py", "repro/paper/paper_decoding.json"),
     "decoder": ("repro/paper",),
     "generate": ("repro/backends", "repro/prompts", "repro/benchmarks"),
     "score": ("repro/scoring", "repro/benchmarks"),
@@ -162,7 +162,7 @@ def checkpoint_source_key(source: dict) -> str:
         key = {"type": "local", "path": str(folder), "manifest_sha256": manifest,
                "files": stat_fingerprint(folder)}
     elif kind == "tiny":
-        key = {"type": "tiny", "seed": source["seed"], "code": stage_code_version("tiny")}
+        key = {"type": "tiny", "seed": source["seed"], "nvfp4": bool(source.get("nvfp4")), "code": stage_code_version("tiny")}
     elif kind == "replay":  # no checkpoint: completions replayed from a samples file (repro.backends.replay)
         key = {"type": "replay", "samples": source["samples"]}
     else:

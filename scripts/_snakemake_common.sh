@@ -42,7 +42,24 @@ check_yaml() {
   return 0
 }
 check_yaml config.yaml   # read by the scripts themselves (main_table.sh) before Snakemake runs
-# run CMD...: echo and run it, after checking the YAML syntax of every file after --configfile(s)
+# Snakemake 7 site profiles (cluster:, cluster-config:, ...): Snakemake 9's argument parser rejects them
+# without saying what replaced them; say it (python -m repro.cluster check-profile, exit 2) before starting.
+check_profiles() {
+  local profiles=() prev="" a
+  [ -n "${SNAKEMAKE_PROFILE:-}" ] && profiles+=("$SNAKEMAKE_PROFILE")
+  for a in "$@"; do
+    case "$prev" in --profile|--workflow-profile) profiles+=("$a") ;; esac
+    case "$a" in --profile=*|--workflow-profile=*) profiles+=("${a#*=}") ;; esac
+    prev=$a
+  done
+  [ ${#profiles[@]} -gt 0 ] || return 0
+  local rc=0
+  "$PY_CHECK" -m repro.cluster check-profile "${profiles[@]}" || rc=$?
+  if [ "$rc" = 2 ]; then exit 2; fi
+  return 0
+}
+# run CMD...: echo and run it, after checking the YAML syntax of every file after --configfile(s) and the
+# profiles it names
 run() {
   local files=() in_cf=0 a
   for a in "$@"; do
@@ -54,5 +71,6 @@ run() {
     esac
   done
   check_yaml "${files[@]+"${files[@]}"}"
+  check_profiles "$@"
   echo "+ $*" >&2; "$@"
 }

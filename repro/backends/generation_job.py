@@ -55,8 +55,9 @@ def check_verified(model_dir: Path, stamp: Path) -> dict:
         raise GenerationError(str(e)) from None
 
 
-def check_device(device: str) -> None:
-    """Fail clearly when a GPU job lands on a machine without one (Snakemake would run it anyway)."""
+def check_device(device: str, model_dir: Path | None = None, precision: str = "fp32") -> None:
+    """Fail clearly when a GPU job lands on a machine without one (Snakemake would run it anyway), or on a GPU
+    without the memory or the bf16 support the model needs (repro.cluster.gpu_problem)."""
     if device.startswith("cuda"):
         import torch
 
@@ -65,6 +66,13 @@ def check_device(device: str) -> None:
                 "device 'cuda' requested but no CUDA GPU is visible (torch.cuda.is_available() is False, "
                 f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); run this suite on a GPU "
                 "machine or use the smoke suite (CPU by design)")
+        if model_dir is not None:
+            from repro.cluster import check_gpu
+
+            try:
+                check_gpu(model_dir, precision)
+            except RuntimeError as e:
+                raise GenerationError(str(e)) from None
 
 
 def load_decoder(path: Path, seed: int) -> dict:
@@ -156,7 +164,7 @@ def run(a: argparse.Namespace) -> int:
             raise GenerationError(str(e)) from None
         if index is not None:
             print(f"pinned to GPU {index} (CUDA_VISIBLE_DEVICES={index})", file=sys.stderr)
-    check_device(a.device)
+    check_device(a.device, model_dir, a.precision)
     decoder = load_decoder(Path(a.decoder), a.seed)
     problems = [json.loads(line) for line in Path(a.problems).read_text().splitlines() if line.strip()]
     todo = shard_of(problems, a.shard, a.num_shards)
@@ -236,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard", type=int, default=0)
     ap.add_argument("--num-shards", type=int, default=1)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--precision", choices=["fp32", "bf16", "nvfp4-w4a16", "nvfp4"], default="fp32")
     ap.add_argument("--batch-size", type=int, default=1,
                     help="engine: requests decoded together (repro.engine.batch; greedy ids identical at any size)")
     ap.add_argument("--adapter-map", default=None,

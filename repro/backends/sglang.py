@@ -405,6 +405,9 @@ class SGLangBackend:
                     "(as the model card runs it), or use the engine backend (it loads the adapter)")
             if decoder.get("exclude_mask_token"):
                 raise SGLangBackendError("exclude_mask_token: true is an engine-only option; drop it for SGLang")
+            if decoder.get("sglang_algorithm", CARD_ALGORITHM) != CARD_ALGORITHM:
+                raise SGLangBackendError(f"sglang_algorithm={decoder['sglang_algorithm']!r}: role 'orl' runs the "
+                                         f"model card's {CARD_ALGORITHM}; drop the setting")
             cfg = {k: v for k, v in decoder.items() if k not in ("penalty_lambda", "sglang_algorithm")}
             return CARD_ALGORITHM, "decoder.yaml", sglang_config_text(cfg), True, [
                 f"model card's ORL build: {why}; dllm_algorithm_config = the engine-format decoder.yaml"]

@@ -90,6 +90,49 @@ def dequantize(packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2:
     return (vals * s).to(dtype)
 
 
+def check_group(packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor, out_f: int,
+                in_f: int) -> None:
+    """Check one NVFP4 group against the logical weight ``[out_f, in_f]``: ``weight`` uint8 ``[out, in/2]``,
+    ``weight_scale`` float8_e4m3fn ``[out, in/16]``, ``weight_scale_2`` one float. Raises ValueError naming the
+    part, its shape and dtype, and the expected ones."""
+    want = {"weight": (packed, (out_f, in_f // 2), torch.uint8),
+            "weight_scale": (weight_scale, (out_f, in_f // GROUP), torch.float8_e4m3fn)}
+    for name, (t, shp, dt) in want.items():
+        if tuple(t.shape) != shp or t.dtype != dt:
+            raise ValueError(f"NVFP4 {name} is {list(t.shape)} {t.dtype}, expected {list(shp)} {dt} (ModelOpt "
+                             f"NVFP4 export layout)")
+    if weight_scale_2.numel() != 1 or not weight_scale_2.dtype.is_floating_point:
+        raise ValueError(f"NVFP4 weight_scale_2 must be one float (the per-tensor global scale), got "
+                         f"{list(weight_scale_2.shape)} {weight_scale_2.dtype}")
+
+
+def check_export(root, quantization_config: dict) -> None:
+    """Check that a checkpoint directory is an NVFP4 ModelOpt export this engine reads: ``quant_algo`` NVFP4,
+    ``group_size`` 16 in config.json's ``quantization_config``, and an ``hf_quant_config.json`` that agrees.
+
+    Raises ValueError naming the file, the key and the fix."""
+    import json
+    from pathlib import Path
+
+    algo = str(quantization_config.get("quant_algo", "")).upper()
+    if algo != "NVFP4":
+        raise ValueError(f"{root}/config.json: quantization_config.quant_algo {quantization_config.get('quant_algo')!r} "
+                         f"is not supported (this engine reads NVFP4 ModelOpt exports, or unquantized checkpoints)")
+    if int(quantization_config.get("group_size", GROUP)) != GROUP:
+        raise ValueError(f"{root}/config.json: NVFP4 group_size {quantization_config.get('group_size')} != {GROUP}")
+    hq = Path(root) / "hf_quant_config.json"
+    if not hq.is_file():
+        raise ValueError(f"{hq} is missing: config.json declares an NVFP4 ModelOpt export, whose directory holds "
+                         f"hf_quant_config.json (a partial download? re-download the checkpoint)")
+    try:
+        q = json.loads(hq.read_text())["quantization"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{hq}: not a ModelOpt hf_quant_config.json with a 'quantization' block ({e!r})") from None
+    if str(q.get("quant_algo", "")).upper() != "NVFP4" or int(q.get("group_size", GROUP)) != GROUP:
+        raise ValueError(f"{hq}: quant_algo {q.get('quant_algo')!r} / group_size {q.get('group_size')} disagree "
+                         f"with config.json (NVFP4, {GROUP})")
+
+
 def quantize_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Replace every routed-expert ``X.weight`` of a checkpoint dict by its four NVFP4 tensors."""
     out = {}
@@ -171,31 +214,37 @@ class NVFP4Experts:
                   weight_scale_2: torch.Tensor) -> None:
         """Copy one checkpoint tensor's NVFP4 group into rows of part ``part`` of expert ``e``.
 
-        Raises ValueError naming the dtype or shape that does not fit."""
+        Raises ValueError naming the dtype or shape that does not fit (:func:`check_group`)."""
         rows = self.out_f // self.parts
-        want = {"weight": ((rows, self.in_f // 2), torch.uint8), "weight_scale": ((rows, self.in_f // GROUP),
-                                                                                  torch.float8_e4m3fn)}
-        for name, t in (("weight", packed), ("weight_scale", weight_scale)):
-            shp, dt = want[name]
-            if tuple(t.shape) != shp or t.dtype != dt:
-                raise ValueError(f"NVFP4 {name}: {tuple(t.shape)} {t.dtype}, expected {shp} {dt}")
-        if weight_scale_2.numel() != 1 or not weight_scale_2.dtype.is_floating_point:
-            raise ValueError(f"NVFP4 weight_scale_2 must be one float (the global scale), got "
-                             f"{tuple(weight_scale_2.shape)} {weight_scale_2.dtype}")
+        check_group(packed, weight_scale, weight_scale_2, rows, self.in_f)
         r = slice(part * rows, (part + 1) * rows)
         self.q[e, r].copy_(packed)
         self.s[e, r].copy_(weight_scale.view(torch.uint8))
         self.g[e, part] = weight_scale_2.float().reshape(())
 
-    def __getitem__(self, e: int) -> torch.Tensor:
-        rows = self.out_f // self.parts
-        return torch.cat([dequantize(self.q[e, j * rows:(j + 1) * rows], self.s[e, j * rows:(j + 1) * rows]
-                                     .view(torch.float8_e4m3fn), self.g[e, j], dtype=torch.float32)
-                          for j in range(self.parts)], 0).to(self.dtype)
+    def with_shared(self, shared: torch.Tensor | None) -> "NVFP4Experts":
+        """The same packed tensors (no copy) with ``shared`` as expert index E for the MoE kernels."""
+        o = object.__new__(NVFP4Experts)
+        o.__dict__.update(self.__dict__)
+        o.shared = shared
+        return o
 
-    def dequantize(self) -> torch.Tensor:
-        """All experts ``[E, out, in]`` in ``dtype`` (what dequantize-at-load holds)."""
-        return torch.stack([self[e] for e in range(self.E)], 0)
+    def _dequantize(self, sel) -> torch.Tensor:
+        """Experts ``sel`` (an index or a slice) → ``[n, out, in]`` in ``dtype``: per element e2m1 · (E4M3 · g) in
+        fp32, then one rounding — the operations of :func:`dequantize` in the same order, so bit-identical."""
+        q, sc, g = self.q[sel], self.s[sel].view(torch.float8_e4m3fn).float(), self.g[sel]
+        n = q.shape[0]
+        code = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(n, self.out_f, self.in_f).long()
+        vals = E2M1_VALUES.to(q.device)[code & 7] * torch.where(code >= 8, -1.0, 1.0)
+        gs = g.repeat_interleave(self.out_f // self.parts, dim=1)[:, :, None]  # [n, out, 1]
+        return (vals * (sc.repeat_interleave(GROUP, dim=2) * gs)).to(self.dtype)
+
+    def __getitem__(self, e: int) -> torch.Tensor:
+        return self._dequantize(slice(e, e + 1))[0]
+
+    def dequantize(self, chunk: int = 16) -> torch.Tensor:
+        """All experts ``[E, out, in]`` in ``dtype`` (what dequantize-at-load holds), ``chunk`` experts at a time."""
+        return torch.cat([self._dequantize(slice(i, i + chunk)) for i in range(0, self.E, chunk)], 0)
 
     def to(self, device) -> "NVFP4Experts":
         """A copy on ``device`` (the shared expert too)."""

@@ -27,7 +27,7 @@ import sys
 def _decoder_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", required=True, help="checkpoint directory")
     ap.add_argument("--role", default="orl", choices=["orl", "base"])
-    ap.add_argument("--precision", default=None, choices=["fp32", "bf16"],
+    ap.add_argument("--precision", default=None, choices=["fp32", "bf16", "nvfp4-w4a16", "nvfp4"],
                     help="default: bf16 on cuda, fp32 on cpu")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     ap.add_argument("--decoder", help="a decoder YAML rendered by repro.paper.render_config (flags below override it)")

@@ -1,6 +1,6 @@
 """Benchmark of one denoising round and of a whole generation at the memory floor (issue 6).
 
-    python -m repro.engine.bench round     [--prefixes 1024,4096] [--iters 50] [--naive-iters 3]
+    python -m repro.engine.bench round     [--prefixes 1024,4096] [--iters 50] [--naive-iters 3] [--no-w4]
     python -m repro.engine.bench generate  [--prefix 1024] [--tokens 1024] [--steps-per-block 8]
     python -m repro.engine.bench all       (both, one model build; last line = one JSON with both)
     python -m repro.engine.bench batch     batched generation: tokens/s at batch 1/8/32, round vs floor,
@@ -21,6 +21,9 @@ measured in the same run ((read + write bytes) / time, 2 GiB buffers); the floor
 bandwidth and ratio = time / floor. Then the naive reference (``fastpath.reference_forward``: eager bf16,
 per-expert loop with a host sync per expert, the model's remote-code style) timed the same way, its
 ratio to the engine, and a check of the engine's logits against it (relative error, argmax agreement).
+
+Then (unless ``--no-w4``) the weights-only 4-bit round (precision ``nvfp4-w4a16``) on the same block, cache
+and copy bandwidth: :mod:`repro.engine.bench_w4`.
 
 ``generate``: P-token random prefix, then ``tokens`` new tokens in blocks of 32 with a fixed commit
 schedule (each denoise round commits the ``32/steps`` most confident masked positions, on device; after
@@ -356,7 +359,7 @@ def bench_generate(shape, W, fw, prefix, tokens, steps, log=print):
 
 
 def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_confidence"), seed: int = 0,
-                 eager_tokens: int = 64, log=print) -> dict:
+                 eager_tokens: int = 64, log=print, precision: str = "bf16") -> dict:
     """The engine's own decode loop at full size: :func:`repro.engine.decode_loop.generate_ids` with the real
     decoders over :class:`repro.engine.graph.GraphBackend` (every forward a CUDA-graph replay) on
     ``LLaDA2Model.random`` (LLaDA2.1-mini preset, bf16), a prompt of ``prefix`` random token ids and
@@ -378,10 +381,23 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
     cfg = LLaDA2Config.from_dict(PRESETS["llada2.1-mini"])
     t0 = time.perf_counter()
     model = LLaDA2Model.random(cfg, device="cuda", dtype="bf16", seed=seed, with_adapter=False)
+    if precision == "nvfp4-w4a16":  # routed experts replaced by random NVFP4 experts, kept packed
+        from repro.engine.kernels.moe_w4 import random_nvfp4_experts
+
+        g4 = torch.Generator(device="cuda").manual_seed(seed + 7)
+        E, I, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        for l in cfg.moe_layers:
+            q = f"layers.{l}.moe."
+            model.params[q + "w_gate_up"] = random_nvfp4_experts(E, 2 * I, D, 2, torch.bfloat16, "cuda", g4)
+            model.params[q + "w_down"] = random_nvfp4_experts(E, D, I, 1, torch.bfloat16, "cuda", g4)
+        model.precision = precision
+        torch.cuda.empty_cache()
+    out_mem = torch.cuda.memory_allocated() / 1e9
     mask_id, eos_id = PRESET_MASK_IDS["llada2.1-mini"], PRESETS["llada2.1-mini"]["eos_token_id"]
     gb = GraphBackend(model, mask_id)
     torch.cuda.synchronize()
-    out = {"build_s": time.perf_counter() - t0, "prefix": prefix, "tokens": tokens, "runs": {}}
+    out = {"build_s": time.perf_counter() - t0, "prefix": prefix, "tokens": tokens, "runs": {},
+           "precision": precision, "model_GB_allocated": out_mem}
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, cfg.vocab_size - 512, (prefix,), generator=g).tolist()
 
@@ -453,6 +469,10 @@ def main(argv=None):
     ap.add_argument("--batch-sizes", default="1,8,32", help="batch mode: batch sizes (repro/engine/bench_batch.py)")
     ap.add_argument("--invariance-prompts", type=int, default=32, help="batch mode: prompts of the invariance check")
     ap.add_argument("--invariance-tokens", type=int, default=64, help="batch mode: new tokens per invariance prompt")
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "nvfp4-w4a16"],
+                    help="decode mode: the model's precision (nvfp4-w4a16: random NVFP4 routed experts)")
+    ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "
+                    "round (repro/engine/bench_w4.py) that otherwise follows the BF16 round")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA not available", **env_info()}))
@@ -469,7 +489,7 @@ def main(argv=None):
     prefixes = [int(p) for p in args.prefixes.split(",") if p]
     max_len = max(prefixes + [args.prefix + args.tokens]) + 128
     if args.mode == "decode":
-        doc["decode"] = bench_decode(args.prefix, args.decode_tokens, log=log)
+        doc["decode"] = bench_decode(args.prefix, args.decode_tokens, log=log, precision=args.precision)
         print(json.dumps(doc))
         if args.json:
             with open(args.json, "w") as fh:
@@ -490,6 +510,12 @@ def main(argv=None):
                               "BLOCK_M": fw.aws.block_m}
     if args.mode in ("round", "all"):
         doc["round"] = bench_round(shape, W, fw, prefixes, args.iters, args.naive_iters, copy_bw, args.profile, log)
+        if not args.no_w4:
+            from .bench_w4 import W4_TARGETS, bench_round_w4
+
+            doc["round_w4"] = bench_round_w4(shape, W, fw, prefixes, args.iters, copy_bw, log,
+                                             block_ids=_block_ids, time_replays=time_replays)
+            doc["targets_w4"] = W4_TARGETS
     if args.mode in ("generate", "all"):
         doc["generate"] = bench_generate(shape, W, fw, args.prefix, args.tokens, args.steps_per_block, log)
     doc["copy_GBps_end"] = copy_bandwidth()
@@ -501,6 +527,12 @@ def main(argv=None):
         summ[f"D_P{r['prefix']}{tag}"] = round(r["distinct_experts_mean"], 1)
         if "naive_over_engine" in r:
             summ[f"naive_over_engine_P{r['prefix']}"] = round(r["naive_over_engine"], 1)
+    for r in doc.get("round_w4", {}).get("round", []):
+        tag = "" if r["block_kind"] == "issue" else f"_{r['block_kind']}"
+        summ[f"w4_ms_P{r['prefix']}{tag}"] = round(r["ms"], 4)
+        summ[f"w4_ratio_P{r['prefix']}{tag}"] = round(r["ratio"], 4)
+    if "round_w4" in doc:
+        summ["w4_model_GB"] = round(doc["round_w4"]["model_GB"], 2)
     if "generate" in doc:
         summ["gpu_idle_frac"] = round(doc["generate"]["gpu_idle_frac"], 5)
         summ["tokens_per_s"] = round(doc["generate"]["tokens_per_s"], 1)

@@ -12,8 +12,8 @@ and its shared expert into one ``[E+1, …]`` tensor (shared = index E, the kern
 model's parameters at views of it, so the eager path and the graph path share storage.
 
 What the graph path supports (:func:`unsupported_reason` says why not otherwise; ``LLM(graphs="auto")`` then
-keeps the eager cached path): a CUDA device with triton, bf16 or fp32 weights (NVFP4 checkpoints are
-dequantised at load, so they run too), power-of-two experts / groups / top-k, at most one shared expert, and
+keeps the eager cached path): a CUDA device with triton, bf16 or fp32 weights (NVFP4 checkpoints
+dequantised at load run too) or precision ``nvfp4-w4a16`` (routed experts packed, dequantized in the MoE kernels), power-of-two experts / groups / top-k, at most one shared expert, and
 32-token blocks (the paper's and the model card's block size; other sizes run on the eager path).
 
 Greedy decoding goes one step further (:meth:`GraphBackend.device_stepper`): the decoder step runs on the device
@@ -71,8 +71,11 @@ def kernel_weights(model) -> dict:
     no copy) and :data:`~repro.engine.weights.KERNEL_FFN`: each MoE layer's ``moe.w_gate_up`` ``[E, 2I, H]`` /
     ``moe.w_down`` ``[E, H, I]`` and shared expert ``[2I, H]`` / ``[H, I]`` are copied once into stacked
     ``w13 [E+1, 2I, H]`` / ``w2 [E+1, H, I]`` (shared = index E; without a shared expert ``[E, …]``) and the
-    model's parameters are replaced by views of them (storage shared, no lasting extra memory). Idempotent.
+    model's parameters are replaced by views of them (storage shared, no lasting extra memory). With packed
+    experts (precision ``nvfp4-w4a16``) ``w13``/``w2`` are the model's ``NVFP4Experts`` with the shared expert
+    attached (:meth:`~repro.checkpoint.nvfp4.NVFP4Experts.with_shared`; no copy). Idempotent.
     """
+    from repro.checkpoint.nvfp4 import NVFP4Experts
     from repro.engine.weights import KERNEL_FFN, KERNEL_LAYER_NAMES
 
     c, p = model.cfg, model.params
@@ -89,6 +92,9 @@ def kernel_weights(model) -> dict:
             E = c.num_experts
             for k, (_, routed, shared) in KERNEL_FFN.items():
                 src, has_shared = p[q + routed], q + shared in p
+                if isinstance(src, NVFP4Experts):  # nvfp4-w4a16: packed routed experts + the dense shared one
+                    L[k] = src.with_shared(p[q + shared] if has_shared else None)
+                    continue
                 w = torch.empty((E + has_shared,) + tuple(src.shape[1:]), dtype=src.dtype, device=src.device)
                 w[:E].copy_(src)
                 p[q + routed] = w[:E]
@@ -125,6 +131,10 @@ class GraphBackend:
         self.shape = ModelShape.from_config(model.cfg, mask_id)
         self.W = kernel_weights(model)
         self.configs = SMALL_TILES if model.cfg.hidden_size < 1024 else None
+        if self.configs is not None and getattr(model, "precision", None) == "nvfp4-w4a16":
+            # the 4-bit K loop takes BLOCK_K in multiples of 32 (two 16-wide dots of even / odd inputs)
+            self.configs = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], **{
+                k: dict(SMALL_TILES["moe"][k], BLOCK_K=32) for k in ("gate_up", "down")}}}
         self.fw = None
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.steppers: dict = {}

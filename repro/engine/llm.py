@@ -28,7 +28,7 @@ import torch
 from repro.engine.config import LLaDA2Config
 from repro.engine.decoders import DecoderConfig
 from repro.engine.decode_loop import CachedBackend, generate_ids
-from repro.engine.model import LLaDA2Model, resolve_dtype
+from repro.engine.model import LLaDA2Model, resolve_precision
 from repro.engine.tokenizer import ChatTokenizer
 
 ROLES = {"orl": "llada-orl", "base": "llada"}
@@ -114,8 +114,11 @@ class LLM:
     """A loaded LLaDA2 checkpoint plus tokenizer and default decoder.
 
     ``path``: checkpoint directory (config.json, safetensors, tokenizer files). ``role``: ``"orl"`` |
-    ``"base"``. ``precision``: ``"fp32"`` | ``"bf16"`` (router always fp32; None = bf16 on CUDA, fp32 on the
-    CPU). ``device``: ``"cpu"`` |
+    ``"base"``. ``precision``: ``"fp32"`` | ``"bf16"`` | ``"nvfp4-w4a16"`` (router always fp32; None = bf16 on
+    CUDA, fp32 on the CPU; :data:`repro.engine.model.PRECISIONS`): on an NVFP4 checkpoint ``fp32``/``bf16``
+    dequantize the experts once at load, ``nvfp4-w4a16`` keeps them packed (4 bits) and dequantizes them
+    inside the MoE kernels to the same values; ``"nvfp4"`` (native FP4, Blackwell) raises ValueError saying
+    so. ``device``: ``"cpu"`` |
     ``"cuda"`` | ``"cuda:N"`` (default: cuda when available). ``backend``: ``"engine"`` (cached) or
     ``"reference"`` (the naive oracle, for tests). ``graphs``: ``"auto"`` (every forward a CUDA-graph replay of
 the Triton block forward, :mod:`repro.engine.graph`, when on CUDA with triton and a supported shape; the
@@ -152,7 +155,7 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
             raise ValueError(f"device {self.device!r} requested but no CUDA GPU is usable here "
                              f"(torch {torch.__version__}, torch.cuda.is_available() is False); use device='cpu'")
         self.kernels = _select_kernels(kernels, self.device)
-        resolve_dtype(precision)
+        resolve_precision(precision, self.device)
         self.config = LLaDA2Config.from_file(self.path, adapter_map)
         self.tokenizer_ = ChatTokenizer(self.path)
         if self.tokenizer_.vocab_size > self.config.vocab_size:

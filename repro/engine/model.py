@@ -37,10 +37,24 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "float32": torch.float3
           "bfloat16": torch.bfloat16, torch.float32: torch.float32, torch.bfloat16: torch.bfloat16}
 
 
+#: Precision modes (names of the LLaDA2.1-mini-ORL-NVFP4 model card): ``fp32`` / ``bf16`` (an NVFP4 checkpoint
+#: is dequantized once at load), ``nvfp4-w4a16`` (weights-only 4-bit: routed experts stay packed in NVFP4 and
+#: the MoE kernels dequantize them in registers to the same values; activations bf16 on a GPU, fp32 on the
+#: CPU), ``nvfp4`` (native FP4 tensor-core GEMMs: refused, see :data:`NVFP4_NATIVE`).
+PRECISIONS = ("fp32", "bf16", "nvfp4-w4a16", "nvfp4")
+
+#: Why ``precision="nvfp4"`` is refused, rather than silently run in another mode whose numbers differ.
+NVFP4_NATIVE = ("precision 'nvfp4' means FP4 weights and FP4 activations on FP4 tensor cores (NVIDIA Blackwell, "
+                "compute capability 10.x), which this engine does not implement; use 'nvfp4-w4a16' (the "
+                "checkpoint's 4-bit experts kept packed and dequantized inside the MoE kernels: the exact values "
+                "of the dequantized checkpoint, fp32 accumulation, ~3x fewer bytes per round) or 'bf16' (the "
+                "experts dequantized once at load)")
+
+
 def resolve_dtype(dtype) -> torch.dtype:
     """``"fp32" | "bf16"`` (or the torch dtype) → torch dtype. Raises ValueError otherwise."""
     if dtype not in DTYPES:
-        raise ValueError(f"precision must be one of 'fp32', 'bf16', got {dtype!r}")
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {dtype!r}")
     return DTYPES[dtype]
 
 
@@ -58,6 +72,17 @@ class Chunk:
     logits: bool = True
 
 
+def resolve_precision(precision, device="cpu") -> tuple[torch.dtype, bool]:
+    """``precision`` (a :data:`PRECISIONS` name or a torch dtype) → (model dtype, routed experts kept packed).
+
+    Raises ValueError for ``"nvfp4"`` (:data:`NVFP4_NATIVE`) or an unknown name."""
+    if precision == "nvfp4":
+        raise ValueError(NVFP4_NATIVE)
+    if precision == "nvfp4-w4a16":
+        return (torch.bfloat16 if str(device).startswith("cuda") else torch.float32), True
+    return resolve_dtype(precision), False
+
+
 class LLaDA2Model:
     """The LLaDA2 MoE network over a flat parameter dict (see :mod:`repro.engine.weights` for the layout).
 
@@ -73,11 +98,22 @@ class LLaDA2Model:
     # ---------------------------------------------------------------- construction
     @classmethod
     def empty(cls, cfg: LLaDA2Config, device="cpu", dtype="fp32", with_adapter: bool = True) -> "LLaDA2Model":
-        """Allocate uninitialised parameters (``torch.empty``) on ``device``; router/expert bias in fp32."""
-        dt = resolve_dtype(dtype)
-        params = {n: torch.empty(s, dtype=torch.float32 if FP32_PARAMS.match(n) else dt, device=device)
-                  for n, s in param_specs(cfg, with_adapter).items()}
-        return cls(cfg, params, dt, torch.device(device), with_adapter and cfg.adapter is not None)
+        """Allocate uninitialised parameters (``torch.empty``) on ``device``; router/expert bias in fp32.
+
+        ``dtype``: a :data:`PRECISIONS` name; ``"nvfp4-w4a16"`` allocates each MoE layer's ``moe.w_gate_up`` /
+        ``moe.w_down`` as :class:`~repro.checkpoint.nvfp4.NVFP4Experts` (zeros) instead of dense tensors."""
+        dt, packed = resolve_precision(dtype, device)
+        params = {}
+        for n, s in param_specs(cfg, with_adapter).items():
+            if packed and n.endswith((".moe.w_gate_up", ".moe.w_down")):
+                from repro.checkpoint.nvfp4 import NVFP4Experts
+
+                params[n] = NVFP4Experts(*s, 2 if n.endswith("w_gate_up") else 1, dt, device)
+            else:
+                params[n] = torch.empty(s, dtype=torch.float32 if FP32_PARAMS.match(n) else dt, device=device)
+        m = cls(cfg, params, dt, torch.device(device), with_adapter and cfg.adapter is not None)
+        m.precision = dtype if isinstance(dtype, str) else {torch.float32: "fp32", torch.bfloat16: "bf16"}[dt]
+        return m
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device="cpu", dtype="fp32", with_adapter: bool = True,
@@ -105,6 +141,9 @@ class LLaDA2Model:
         matrices ``N(0, 1/fan_in)`` (lm_head ×6 for non-degenerate confidences). Values are reproducible
         per device type, not across CPU/CUDA.
         """
+        if resolve_precision(dtype, device)[1]:
+            raise ValueError("LLaDA2Model.random builds dense weights; for random 4-bit experts see "
+                             "repro.engine.kernels.moe_w4.random_nvfp4_experts")
         model = cls.empty(cfg, device, dtype, with_adapter)
         for i, name in enumerate(sorted(model.params)):
             t = model.params[name]

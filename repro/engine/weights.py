@@ -29,9 +29,12 @@ Loading checks the file's tensor names against the names the config implies and 
 lists of missing and unexpected names, then checks every shape (full list of mismatches), then copies
 each tensor into the preallocated destination, casting to the model dtype (router and expert bias: fp32).
 
-NVFP4 (ModelOpt) checkpoints: when ``config.quantization`` says NVFP4, each quantized expert weight arrives
-as ``weight`` (packed uint8) + ``weight_scale`` + ``weight_scale_2`` (+ ``input_scale``) and is
-dequantized by :mod:`repro.checkpoint.nvfp4` before the table lookup.
+NVFP4 (ModelOpt) checkpoints: when ``config.quantization`` says NVFP4 (checked against
+``hf_quant_config.json``), each quantized expert weight arrives as ``weight`` (packed uint8) +
+``weight_scale`` (E4M3) + ``weight_scale_2`` (+ ``input_scale``); each group is checked (dtypes, shapes) and
+either dequantized by :mod:`repro.checkpoint.nvfp4` before the table lookup (precision fp32 / bf16), or
+copied packed into the :class:`~repro.checkpoint.nvfp4.NVFP4Experts` the model holds for
+``moe.w_gate_up`` / ``moe.w_down`` (precision ``nvfp4-w4a16``).
 """
 
 from __future__ import annotations
@@ -276,11 +279,6 @@ def unknown_tensors_message(path, cfg: LLaDA2Config, names_shapes: dict[str, tup
     return msg
 
 
-def _is_nvfp4(cfg: LLaDA2Config) -> bool:
-    q = cfg.quantization or {}
-    return str(q.get("quant_algo", "")).upper() == "NVFP4"
-
-
 def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Tensor],
                  with_adapter: bool) -> None:
     """Fill the preallocated ``params`` (internal layout, on their device/dtype) from the checkpoint at ``path``.
@@ -290,12 +288,21 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
     match the configured form", issue 5). With ``with_adapter=False`` the adapter tensors named by the
     config are checked but not loaded.
     """
+    from repro.checkpoint import nvfp4
+
     files = checkpoint_files(path)
     expected = expected_checkpoint_shapes(cfg)
     quant_groups: dict[str, dict[str, str]] = {}
-    if _is_nvfp4(cfg):
-        from repro.checkpoint import nvfp4
+    packed = any(isinstance(t, nvfp4.NVFP4Experts) for t in params.values())
+    if cfg.quantization is not None:
+        try:
+            nvfp4.check_export(path, cfg.quantization)
+        except ValueError as e:
+            raise WeightLoadError(str(e)) from None
         quant_groups, files_named = nvfp4.group_quantized_names(list(files), expected)
+    elif packed:
+        raise WeightLoadError(f"checkpoint {path} is not NVFP4 (config.json has no quantization_config), but "
+                              f"precision nvfp4-w4a16 keeps NVFP4 experts packed: use precision bf16 or fp32")
     else:
         files_named = list(files)
     present = {n for n in files_named if not IGNORED.match(n)}
@@ -315,12 +322,19 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
             handles[f] = _open(f)
         return handles[f].get_tensor(name)
 
+    def group(name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The checked (weight, weight_scale, weight_scale_2) of NVFP4 group ``name``."""
+        g = quant_groups[name]
+        parts = get(g["weight"]), get(g["weight_scale"]), get(g["weight_scale_2"])
+        try:
+            nvfp4.check_group(*parts, *expected[name])
+        except ValueError as e:
+            raise WeightLoadError(f"{name}: {e}") from None
+        return parts
+
     def fetch(name: str) -> torch.Tensor:
-        if name in quant_groups:
-            from repro.checkpoint import nvfp4
-            g = quant_groups[name]
-            return nvfp4.dequantize(get(g["weight"]), get(g["weight_scale"]), get(g["weight_scale_2"]),
-                                    dtype=torch.float32)
+        if name in quant_groups:  # dequantize at load (precision bf16 / fp32)
+            return nvfp4.dequantize(*group(name), dtype=torch.float32)
         return get(name)
 
     bad_shapes = []
@@ -346,6 +360,12 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
         if internal not in params:
             raise WeightLoadError(f"tensor {name} maps to {internal!r}, which this model does not have")
         dst = params[internal]
+        if isinstance(dst, nvfp4.NVFP4Experts):  # nvfp4-w4a16: keep the group packed
+            if name not in quant_groups:
+                raise WeightLoadError(f"{name} is not an NVFP4 group (weight + weight_scale + weight_scale_2) in "
+                                      f"{path}, but precision nvfp4-w4a16 keeps the routed experts packed")
+            dst.load_part(e, 1 if part == "up" else 0, *group(name))
+            continue
         if e is not None:
             dst = dst[e]
         if part is not None:

@@ -12,7 +12,9 @@ Contract
   engine-level ``block_size`` and ``temperature`` -> the model's ``defaults`` -> the benchmark's overrides
   -> ``--set`` overrides; then validates the result. The returned dict has exactly the engine decoder keys
   of docs/interfaces.md, in a fixed order: ``algorithm, block_size, threshold, edit_threshold, editing,
-  max_post_steps, max_new_tokens, temperature, self_conditioning, [residual_temperature], seed``.
+  max_post_steps, max_new_tokens, temperature, self_conditioning, [residual_temperature], exclude_mask_token,
+  seed`` (``exclude_mask_token`` defaults to false — the mask token is a candidate, as in the references —
+  and is always written, so the rule in effect is part of the file's sha256).
   Numbers are normalised (``threshold=1`` and ``threshold=1.0`` give the same value) so rendering is
   byte-stable.
 * ``to_sglang(decoder, extra)`` maps an engine decoder dict to ``(dllm_algorithm, yaml_dict, notes)`` with
@@ -37,7 +39,8 @@ Contract
     §8/§9); the mapping runs the ORL checkpoint with JointThreshold at the ORL thresholds and says so in
     ``notes``. A site with an ORL-aware SGLang algorithm can name it with ``--set sglang_algorithm=NAME``
     (the YAML keys stay those of JointThreshold).
-  - SGLang's dLLM algorithms are argmax-only: ``temperature`` other than 0 is refused.
+  - SGLang's dLLM algorithms are argmax-only: ``temperature`` other than 0 is refused; they take the full
+    vocabulary, so ``exclude_mask_token: true`` is refused too.
   ``max_new_tokens`` and ``seed`` are not YAML keys: they go to SGLang's ``sampling_params`` and to the
   record (see ``sglang_sampling_params``).
 

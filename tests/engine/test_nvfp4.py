@@ -102,3 +102,64 @@ def test_nvfp4_dequantized_model_parity(nvfp4_dir, tiny_tok, dec):
         a = generate_ids(CachedBackend(m), prompt, dec, **kw)
         b = generate_ids(ReferenceBackend(m), prompt, dec, **kw)
         assert a.raw_ids == b.raw_ids and a.forwards == b.forwards
+
+
+# ---------------------------------------------------------------- precision nvfp4-w4a16 (experts kept packed)
+
+def test_w4a16_keeps_experts_packed_with_the_dequantized_values(nvfp4_dir):
+    from repro.checkpoint.nvfp4 import NVFP4Experts
+
+    deq = LLaDA2Model.from_pretrained(nvfp4_dir, "cpu", "fp32")
+    w4 = LLaDA2Model.from_pretrained(nvfp4_dir, "cpu", "nvfp4-w4a16")
+    assert w4.precision == "nvfp4-w4a16" and w4.dtype == torch.float32  # activations fp32 on the CPU
+    for k, v in deq.params.items():
+        if k.endswith((".moe.w_gate_up", ".moe.w_down")):
+            p = w4.params[k]
+            assert isinstance(p, NVFP4Experts) and p.shape == tuple(v.shape)
+            assert p.nbytes < v.numel()  # ~0.57 byte per weight (vs 4 in fp32)
+            assert torch.equal(p.dequantize(), v), k  # bit-identical to dequantize-at-load
+        else:
+            assert torch.equal(w4.params[k], v), k
+
+
+def test_w4a16_greedy_tokens_identical_to_dequantize_at_load_on_cpu(nvfp4_dir, tiny_tok):
+    deq = LLaDA2Model.from_pretrained(nvfp4_dir, "cpu", "fp32")
+    w4 = LLaDA2Model.from_pretrained(nvfp4_dir, "cpu", "nvfp4-w4a16")
+    rng = random.Random(3)
+    for dec in ({"algorithm": "low_confidence", "threshold": 0.9}, {"algorithm": "orl"}):
+        prompt = [rng.randrange(256) for _ in range(rng.randint(5, 40))]
+        kw = dict(mask_id=tiny_tok.mask_id, eos_id=tiny_tok.eos_id, max_new_tokens=24)
+        a = generate_ids(CachedBackend(deq), prompt, dec, **kw)
+        b = generate_ids(CachedBackend(w4), prompt, dec, **kw)
+        assert a.raw_ids == b.raw_ids and a.forwards == b.forwards
+
+
+def test_precision_errors_name_the_fix(tiny_dir, nvfp4_dir, tmp_path):
+    import shutil
+
+    with pytest.raises(WeightLoadError, match="not NVFP4.*use precision bf16"):
+        LLaDA2Model.from_pretrained(tiny_dir, "cpu", "nvfp4-w4a16")
+    with pytest.raises(ValueError, match="Blackwell.*nvfp4-w4a16"):
+        LLaDA2Model.from_pretrained(nvfp4_dir, "cpu", "nvfp4")
+    d = tmp_path / "no_hq"
+    shutil.copytree(nvfp4_dir, d)
+    (d / "hf_quant_config.json").unlink()
+    with pytest.raises(WeightLoadError, match="hf_quant_config.json is missing"):
+        LLaDA2Model.from_pretrained(d, "cpu", "nvfp4-w4a16")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "nvfp4-w4a16"])
+def test_malformed_scale_dtype_is_named(nvfp4_dir, tmp_path, precision):
+    """A weight_scale stored as fp32 instead of E4M3 (a hand-made, non-ModelOpt export) is refused by name."""
+    import shutil
+
+    d = tmp_path / "bad_scale"
+    shutil.copytree(nvfp4_dir, d)
+    idx = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "model.layers.1.mlp.experts.2.up_proj.weight_scale"
+    f = d / idx[name]
+    t = load_file(str(f))
+    t[name] = t[name].float()
+    save_file(t, str(f), metadata={"format": "pt"})
+    with pytest.raises(WeightLoadError, match=r"experts\.2\.up_proj.*float8_e4m3fn"):
+        LLaDA2Model.from_pretrained(d, "cpu", precision)

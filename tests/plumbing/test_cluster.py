@@ -8,6 +8,7 @@ here) is recorded and completes by writing its output. ~25 s for the first run, 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,47 @@ def test_snakemake7_profile_says_what_replaced_it(tmp_path):
     r = run_py(["-m", "repro.cluster", "check-profile", old, SLURM_PROFILE])
     assert r.returncode == 2 and r.stderr.count("Profile error:") == 1 and "executor: slurm" in r.stderr
     assert run_py(["-m", "repro.cluster", "check-profile", SLURM_PROFILE]).returncode == 0
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    r = subprocess.run(["bash", str(ROOT / "scripts/main_table.sh"), "tiny", str(ckpt), "-n", "--profile", old],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Profile error:" in r.stderr and "executor: slurm" in r.stderr
+
+
+def test_gpu_requirement_from_the_checkpoint(tmp_path):
+    """The real model's shape and weight size (a sparse 32.6 GB file): ~37.9 GB; a 24 GB card and a card
+    without bf16 are refused with the numbers, an 80 GB H100 accepted."""
+    from repro import cluster
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 20, "num_key_value_heads": 4,
+                                                      "head_dim": 128, "max_position_embeddings": 32768}))
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.truncate(32_600_000_000)
+    need = cluster.gpu_need_bytes(tmp_path)
+    assert 37.5e9 < need < 38.5e9
+    assert need / 1e6 <= cluster.gpu_memory_need_mb({"type": "hf"}) * 1.01  # what the rule declares
+    assert cluster.gpu_problem("NVIDIA H100 80GB HBM3", 80 * 2**30, (9, 0), need, "bf16") is None
+    small = cluster.gpu_problem("NVIDIA A10", 24 * 10**9, (8, 6), need, "bf16")
+    assert "24.0 GB" in small and "37.9 GB" in small and "at least 38 GB" in small
+    assert "no bf16 support" in cluster.gpu_problem("Tesla V100-SXM2-32GB", 80 * 10**9, (7, 0), need, "bf16")
+    assert cluster.gpu_problem("Tesla V100", 80 * 10**9, (7, 0), need, "fp32") is None
+
+
+def test_binds_env_and_states(tmp_path):
+    from repro import cluster
+
+    real = tmp_path / "scratch" / "work"
+    real.mkdir(parents=True)
+    (tmp_path / "work").symlink_to(real)
+    specs = cluster.bind_specs([tmp_path / "work", tmp_path / "work" / "sub", tmp_path / "results"])
+    assert specs == [str(tmp_path / "results"), f"{real}:{tmp_path / 'work'}"]
+    args = cluster.add_binds("--nv --bind /a", ["/a", "/b"])
+    assert args == "--nv --bind /a --bind /b" and cluster.add_binds(args, ["/a", "/b"]) == args
+    env = {"CUDA_VISIBLE_DEVICES": "1", "HF_HOME": "/h", "PATH": "/x", "HF_HUB_OFFLINE": ""}
+    assert cluster.container_env(env, "/usr/bin/apptainer") == {"APPTAINERENV_CUDA_VISIBLE_DEVICES": "1",
+                                                                "APPTAINERENV_HF_HOME": "/h"}
+    assert "SINGULARITYENV_CUDA_VISIBLE_DEVICES" in cluster.container_env(env, "/opt/bin/singularity")
+    assert [cluster.normalise_slurm_state(s) for s in ("CANCELLED by 0", "RUNNING", "COMPLETED", "")] == \
+        ["CANCELLED", "RUNNING", "COMPLETED", ""]
+    argv = ["snakemake", "-n", "--profile", "old", "--workflow-profile=wf"]
+    assert cluster.profiles_from_argv(argv, {"SNAKEMAKE_PROFILE": "env"}) == ["env", "old", "wf"]

@@ -77,6 +77,7 @@ rule gen:
     input: image_input("generate")
     output: "gen.txt"
     container: image_for("generate")
+    resources: gpu=1
     shell: "echo inside > {{output}}"
 rule score:
     input: image_input("cpu")
@@ -86,6 +87,18 @@ rule score:
 """
 
 
+def fake_images(work):
+    """Pretend the three images were built (each .sif newer than its .def)."""
+    imgs = work / "images"
+    imgs.mkdir(parents=True)
+    for name in ("engine", "sglang", "scoring"):
+        (imgs / f"{name}.def").write_text("Bootstrap: docker\n")
+    time.sleep(0.05)
+    for name in ("engine", "sglang", "scoring"):
+        (imgs / f"{name}.sif").write_text("img")
+        (imgs / f"{name}.sif.json").write_text("{}")
+
+
 def setup(tmp_path, backend):
     shutil.copytree(ROOT / "containers", tmp_path / "containers")
     (tmp_path / "bin").mkdir()
@@ -93,14 +106,7 @@ def setup(tmp_path, backend):
     (tmp_path / "bin" / "apptainer").chmod(0o755)
     (tmp_path / "Snakefile").write_text(SNAKEFILE.format(backend=backend,
                                                         images_smk=ROOT / "workflow/rules/images.smk"))
-    imgs = tmp_path / "work" / "images"
-    imgs.mkdir(parents=True)
-    for name in ("engine", "sglang", "scoring"):  # pretend the images were built (newer than their .def)
-        (imgs / f"{name}.def").write_text("Bootstrap: docker\n")
-    time.sleep(0.05)
-    for name in ("engine", "sglang", "scoring"):
-        (imgs / f"{name}.sif").write_text("img")
-        (imgs / f"{name}.sif.json").write_text("{}")
+    fake_images(tmp_path / "work")
     env = env_with_repo(PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", STUB_LOG=str(tmp_path / "log"))
     return env
 
@@ -122,6 +128,26 @@ def test_exec_line_engine_and_scoring(tmp_path):
     assert str(work / "images" / "engine.sif") in gen
     assert str(work / "images" / "scoring.sif") in execs["echo inside > score.txt"]
     assert not any(c[1] == "build" for c in calls)  # existing, up-to-date images are not rebuilt
+
+
+def test_slurm_gpu_selection_reaches_the_container(tmp_path):
+    """On Slurm (recording stand-ins: sbatch runs the plugin's job step, and sets CUDA_VISIBLE_DEVICES for a
+    job that asked for a GPU, as Slurm does), `apptainer exec --cleanenv` still hands the job its GPU."""
+    from fake_slurm import install
+
+    env = setup(tmp_path, "engine")
+    install(tmp_path / "slurm-bin", tmp_path / "slurm-state")
+    env.update(PATH=f"{tmp_path / 'slurm-bin'}{os.pathsep}{env['PATH']}", FAKE_SLURM_RUN="1", FAKE_SLURM_GPU="5")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    r = subprocess.run([SNAKEMAKE, "all", "--executor", "slurm", "--jobs", "2", "--sdm", "apptainer",
+                        "--apptainer-args=--nv --cleanenv", "--default-resources", "slurm_account=testacct",
+                        "--slurm-init-seconds-before-status-checks", "1"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    seen = {x["cmd"].split(";")[-1].strip(): x["env"] for x in
+            map(json.loads, (tmp_path / "log.env").read_text().splitlines())}
+    assert seen["echo inside > gen.txt"].get("CUDA_VISIBLE_DEVICES") == "5"  # the GPU Slurm gave the job
+    assert "CUDA_VISIBLE_DEVICES" not in seen["echo inside > score.txt"]  # a CPU job got none
 
 
 def test_sglang_backend_uses_sglang_image(tmp_path):
@@ -151,14 +177,7 @@ def workflow_env(tmp_path, **extra):
     (tmp_path / "bin" / "apptainer").write_text(STUB)
     (tmp_path / "bin" / "apptainer").chmod(0o755)
     work = tmp_path / "work"
-    imgs = work / "images"
-    imgs.mkdir(parents=True)
-    for name in ("engine", "sglang", "scoring"):
-        (imgs / f"{name}.def").write_text("Bootstrap: docker\n")
-    time.sleep(0.05)
-    for name in ("engine", "sglang", "scoring"):
-        (imgs / f"{name}.sif").write_text("img")
-        (imgs / f"{name}.sif.json").write_text("{}")
+    fake_images(work)
     (tmp_path / "on.yaml").write_text(f"containers:\n  enabled: true\nresults_dir: {tmp_path / 'results'}\n"
                                       "suites:\n  smoke:\n    limit: 1\n")
     env = env_with_repo(PATH=f"{tmp_path / 'bin'}{os.pathsep}/usr/bin:/bin", STUB_LOG=str(tmp_path / "log"),
@@ -188,14 +207,22 @@ def test_readme_container_command_binds_paths_and_keeps_gpu_selection(tmp_path):
 
 
 def test_containers_with_other_working_directory(tmp_path):
-    """`-d OTHER_DIR` with containers on: the image definitions are found beside the Snakefile."""
+    """`-d OTHER_DIR` with containers on: the image definitions are found beside the Snakefile; with the
+    Slurm executor (recording stand-ins) the image build runs on the submit host, never through sbatch
+    (it fails there: the stub builds nothing)."""
+    from fake_slurm import install
+
     env, work = workflow_env(tmp_path)
-    for name in ("engine", "scoring"):
-        (work / "images" / f"{name}.sif").unlink()
+    install(tmp_path / "slurm-bin", tmp_path / "slurm-state")
+    env["PATH"] = f"{tmp_path / 'slurm-bin'}{os.pathsep}{env['PATH']}"
+    (work / "images" / "scoring.sif").unlink()
     other = tmp_path / "elsewhere"
     other.mkdir()
-    r = subprocess.run([SNAKEMAKE, "-n", "-s", str(ROOT / "Snakefile"), "-d", str(other), "--cores", "1",
-                        "images", "--configfile", str(ROOT / "config.yaml"), str(tmp_path / "on.yaml"),
-                        "--sdm", "apptainer"], cwd=other, env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "rule build_image" in r.stdout and "MissingInputException" not in r.stdout + r.stderr
+    r = subprocess.run([SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(other), "images",
+                        "--configfile", str(ROOT / "config.yaml"), str(tmp_path / "on.yaml"), "--sdm", "apptainer",
+                        "--executor", "slurm", "--jobs", "2", "--slurm-init-seconds-before-status-checks", "1"],
+                       cwd=other, env=env, capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert "MissingInputException" not in out
+    assert "localrule build_image:" in out and "Error in rule build_image" in out
+    assert not (tmp_path / "slurm-state" / "jobs.jsonl").exists()  # nothing was submitted

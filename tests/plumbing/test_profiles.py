@@ -37,7 +37,8 @@ def test_profile_format(name):
     assert not keys & {"cluster", "cluster-config", "slurm_extra", "gres"}
     if name == "slurm":
         assert prof["executor"] == "slurm"
-        assert "default-resources" not in prof  # would replace a site profile's account/partition
+        # either key would replace a site profile's whole key (account/partition, GPU partition and model)
+        assert "default-resources" not in prof and "set-resources" not in prof
     else:
         assert prof["resources"]["gpu"] >= 1  # local GPU jobs are capped, never unbounded
 

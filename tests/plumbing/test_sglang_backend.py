@@ -229,6 +229,8 @@ def test_orl_role_on_the_card_build_reproduces_the_card(stub_orl_build, ckpt, tm
     assert info["orl_build"] is True and info["sdar_server_args_available"] == list(
         ("sdar_rollout_cuda_graph", "sdar_rollout_cuda_graph_capture_sizes"))
     assert len(recs) == 1
+    with pytest.raises(SGLangBackendError, match="runs the model card's SDARPrefixKV"):
+        list(be.generate([P("x")], dict(dec, sglang_algorithm="JointThreshold")))
 
 
 def test_batched_calls_use_e2e_latency(stub_sglang, ckpt, tmp_path):

@@ -7,8 +7,6 @@ from repro import cluster as _cluster
 # say what replaced it instead of "No rule to produce --cluster=sbatch ...". (When the command line also
 # names a target, Snakemake's own argument parser stops first; the scripts check profiles before that.)
 _legacy = [line for p in _cluster.profiles_from_argv(sys.argv) for line in _cluster.legacy_profile_problems(p)]
-if not _legacy and getattr(workflow, "dag_settings", None) is not None:
-    _legacy = _cluster.legacy_targets(getattr(workflow.dag_settings, "targets", None))
 if _legacy:
     print(f"Profile error: {_legacy[0]}", file=sys.stderr)
     sys.exit(1)
@@ -45,7 +43,7 @@ def gres_for(wildcards):
 def gpu_mem_mb(wildcards):
     """GPU memory (MB) the generation job needs: 38,000 for the real checkpoints, 1,000 for the tiny model,
     0 on CPU suites (repro/cluster.py gives the sum). Informational for the scheduler; the job itself
-    checks the GPU it lands on (repro.backends.generate)."""
+    checks the GPU it lands on (repro.backends.generation_job)."""
     if not on_gpu(wildcards):
         return 0
     return _cluster.gpu_memory_need_mb(model_cfg(wildcards)["source"])

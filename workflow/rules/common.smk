@@ -155,7 +155,7 @@ def fetch_command(wildcards):
     src = model_cfg(wildcards)["source"]
     out = W(P.CHECKPOINT, model=wildcards.model)
     if src["type"] == "tiny":
-        return f"{PY} -m repro.checkpoint.tiny --out {out} --seed {src['seed']}"
+        return f"{PY} -m repro.checkpoint.tiny --out {out} --seed {src['seed']}" + (" --nvfp4" if src.get("nvfp4") else "")
     if src["type"] == "local":
         return f"{PY} -m repro.checkpoint download --name {wildcards.model} --local-path {src['path']} --out {out}"
     return (f"{PY} -m repro.checkpoint download --name {wildcards.model} --repo-id {src['repo_id']} "

@@ -17,7 +17,7 @@ rule generate_shard:
         backend=config["backend"],  # a param, so switching backend re-runs generation (params rerun trigger)
         role=lambda wc: model_cfg(wc)["role"],
         device=lambda wc: suite_cfg(wc)["device"],
-        precision=lambda wc: suite_cfg(wc)["precision"],
+        precision=lambda wc: model_cfg(wc).get("precision", suite_cfg(wc)["precision"]),  # a model may override
         batch_size=lambda wc: suite_cfg(wc).get("batch_size", 1),  # engine: requests decoded together
         code=code_version("generate"),  # engine (engine backend), backends, prompt templates
         adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",

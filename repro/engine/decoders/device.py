@@ -4,7 +4,9 @@
 ``orl`` as tensor operations on static buffers, so the step can be captured in the same CUDA graph as the
 forward (:class:`repro.engine.graph.GraphBackend`). It computes exactly what the host-driven decoders
 (:mod:`repro.engine.decoders.low_confidence`, :mod:`~repro.engine.decoders.joint_threshold`,
-:mod:`~repro.engine.decoders.orl`) compute from the same logits — the same operations, with the host
+:mod:`~repro.engine.decoders.orl`) compute from the same logits — the same shared rules of
+:mod:`repro.engine.decoders.base` (``candidate_logits``: full vocabulary, ``<|mask|>`` included unless
+``exclude_mask_token``; ``m2t_set``; ``t2t_set``) and the ORL decoder's ``residual_temperature``, with the host
 branches replaced by ``torch.where`` — and additionally evaluates the next round's "is the block final?"
 check (their ``before_forward``) at the end of the step, into the device flag :attr:`DeviceStep.final`.
 The loop (:func:`repro.engine.decode_loop.generate_ids`) reads that one flag per round; nothing else syncs.

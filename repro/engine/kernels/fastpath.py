@@ -130,15 +130,19 @@ def random_weights(shape: ModelShape, device, dtype=torch.bfloat16, seed: int = 
     return W
 
 
-def round_bytes(shape: ModelShape, distinct: list[int], prefix: int, T: int = 32, wbytes: int = 2) -> dict:
-    """Bytes one round must read (each weight once, KV of [0, P+T) once); perf_anchors §2.1.
+def round_bytes(shape: ModelShape, distinct: list[int], prefix: int, T: int = 32, wbytes: int = 2,
+                expert_bytes: float | None = None) -> dict:
+    """Bytes one round must read (each weight once, KV of [0, P+T) once); docs/perf.md "The two numbers".
 
     ``distinct``: touched routed experts per MoE layer (len = layers - first_dense). Router weights
-    counted as stored (fp32). Returns a dict of byte counts by item and ``total``.
+    counted as stored (fp32). ``expert_bytes``: bytes per routed-expert weight (default ``wbytes``; NVFP4:
+    0.5 + 1/16 for the E4M3 block scales, the per-tensor global scales are negligible). Returns a dict of
+    byte counts by item and ``total``.
     """
     H, D = shape.hidden, shape.head_dim
     n_moe = shape.layers - shape.first_dense
     per_exp = 3 * shape.moe_inter * H * wbytes
+    per_routed = 3 * shape.moe_inter * H * (wbytes if expert_bytes is None else expert_bytes)
     b = {
         "embed_rows": T * H * wbytes,
         "attention": shape.layers * (shape.qkv_out * H + H * H + 2 * D) * wbytes,
@@ -146,7 +150,7 @@ def round_bytes(shape: ModelShape, distinct: list[int], prefix: int, T: int = 32
         "dense_ffn": shape.first_dense * 3 * shape.dense_inter * H * wbytes,
         "router": n_moe * (shape.experts * H * 4 + shape.experts * 4),
         "shared_experts": n_moe * per_exp,
-        "routed_experts": sum(distinct) * per_exp,
+        "routed_experts": int(sum(distinct) * per_routed),
         "lm_head": shape.vocab * H * wbytes,
         "kv_cache": shape.layers * 2 * shape.nkv * D * wbytes * (prefix + T),
     }
@@ -292,7 +296,7 @@ class BlockForward:
                 M.moe_experts(x_ffn, L["w13"], L["w2"], self.dws, 1, self.dense_cfg, norm_w=nw, eps=s.eps)
                 prev = (self.dws, 1, False)
             else:
-                E1 = L["w13"].shape[0]
+                E1 = M.expert_slots(L["w13"])
                 M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
                                   s.scaling, s.renormalize, self.moe_cfg, slot=li - s.first_dense, norm_w=nw, eps=s.eps,
                                   norm_out=self.a if route_norm else None)

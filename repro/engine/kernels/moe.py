@@ -43,6 +43,7 @@ __all__ = [
     "moe_gate_up",
     "moe_down",
     "moe_experts",
+    "expert_slots",
     "moe_sum",
     "fused_moe",
     "linear_rows",
@@ -197,8 +198,9 @@ if HAS_TRITON:
             for k0 in range(0, H, BLOCK_K):
                 ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
                 ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
-                acc_g = _w4_dot(acc_g, ae, ao, qg + k0 // 2, sg + k0 // 16, gs_g)
-                acc_u = _w4_dot(acc_u, ae, ao, qg + N * (H // 2) + k0 // 2, sg + N * (H // 16) + k0 // 16, gs_u)
+                acc_g = _w4_dot(acc_g, ae, ao, qg + k0 // 2, sg + k0 // 16, gs_g, BLOCK_K, BLOCK_N)
+                acc_u = _w4_dot(acc_u, ae, ao, qg + N * (H // 2) + k0 // 2, sg + N * (H // 16) + k0 // 16, gs_u,
+                                 BLOCK_K, BLOCK_N)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
@@ -231,7 +233,7 @@ if HAS_TRITON:
             for k0 in range(0, N, BLOCK_K):
                 ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
                 ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
-                acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs)
+                acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
@@ -372,6 +374,12 @@ def l2_prefetch(tensors, dummy, block=2048, iters=4):
                                  ITERS=iters, num_warps=4)
 
 
+def expert_slots(w) -> int:
+    """E1 of stacked expert weights: ``w.shape[0]`` of a tensor [E1, out, in]; for NVFP4Experts the routed
+    experts plus the shared expert when attached."""
+    return w.shape[0] + int(getattr(w, "shared", None) is not None)
+
+
 def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int):
     """(E1, out, in, weight argument, W4 launch kwargs) of stacked expert weights ``w``: a tensor [E1, out, in]
     in the activation dtype, or a :class:`~repro.checkpoint.nvfp4.NVFP4Experts` (routed experts packed, the
@@ -500,8 +508,7 @@ def fused_moe(
     """
     T, H = x.shape
     E = gate_w.shape[0]
-    E1, twoN, _ = w13.shape
-    E1 += int(getattr(w13, "shared", None) is not None)  # NVFP4Experts: routed experts + the shared one
+    E1, twoN = expert_slots(w13), w13.shape[1]
     assert E1 in (E, E + 1), (E1, E)
     if ws is None:
         split = _cfg("router", configs, H, twoN // 2, E1, T)["SPLIT_K"]
@@ -522,7 +529,8 @@ _SEAM_WS: dict = {}
 def moe_forward_triton(x, w_gate_up, w_down, weights, ids):
     """Contract of ``repro.engine.layers.moe.moe_forward_torch`` (routed experts only, no shared expert).
 
-    x [n, D] model dtype; w_gate_up [E, 2I, D]; w_down [E, D, I]; weights [n, k] fp32; ids [n, k] int64.
+    x [n, D] model dtype; w_gate_up [E, 2I, D]; w_down [E, D, I] (or both NVFP4Experts, shared None: then
+    the 4-bit kernels with BLOCK_K 32); weights [n, k] fp32; ids [n, k] int64.
     Returns [n, D] in x.dtype. Uses the Triton alignment + grouped GEMMs for n <= 128 on CUDA (or under
     the interpreter); otherwise falls back to the torch implementation of the seam.
     """
@@ -531,7 +539,9 @@ def moe_forward_triton(x, w_gate_up, w_down, weights, ids):
     n, D = x.shape
     E, twoI, _ = w_gate_up.shape
     k = ids.shape[1]
-    if n > 128 or k & (k - 1) or not kernels_usable(x) or not w_gate_up.is_contiguous() or not w_down.is_contiguous():
+    dense = isinstance(w_gate_up, torch.Tensor)
+    fits = (w_gate_up.is_contiguous() and w_down.is_contiguous()) if dense else (D % 32 == 0 and twoI % 64 == 0)
+    if n > 128 or k & (k - 1) or not kernels_usable(x) or not fits:
         from repro.engine.layers.moe import moe_forward_torch
 
         return moe_forward_torch(x, w_gate_up, w_down, weights, ids)
@@ -541,7 +551,8 @@ def moe_forward_triton(x, w_gate_up, w_down, weights, ids):
         ws = _SEAM_WS[key] = MoEWorkspace(n, D, twoI // 2, E, E, k, x.dtype, x.device, split_k=1)
     x = x.contiguous()
     moe_align(ids, weights.float(), ws)
-    moe_experts(x, w_gate_up, w_down, ws, k)
+    cfg = None if dense else {"gate_up": dict(BLOCK_K=32), "down": dict(BLOCK_K=32)}
+    moe_experts(x, w_gate_up, w_down, ws, k, cfg)
     return moe_sum(ws, E, E, k).clone()
 
 

@@ -14,7 +14,10 @@ the activation dtype (``.shared``) and is expert index E of the same launch (a r
 
 The K loop takes a ``[BLOCK_K/2, BLOCK_N]`` tile of packed bytes and splits it into the even and the odd
 input elements: two dots, ``a[:, 0::2] · W_even + a[:, 1::2] · W_odd``, so no register shuffle interleaves
-the nibbles. Bytes streamed per weight: 0.5 + 1/16 (scales) instead of 2 — the round's floor drops ~3×.
+the nibbles. The decode uses integer and/shift/add and fp32 selects only (bit patterns with a biased
+exponent; no int->float conversions, which run at 1/8 of the ALU rate, and no subnormals, so flush-to-zero
+cannot change a value); each E4M3 scale is decoded once per 16 weights. Bytes streamed per weight:
+0.5 + 1/16 (scales) instead of 2 — the round's floor drops ~3×.
 """
 from __future__ import annotations
 
@@ -42,8 +45,8 @@ def moe_w4_reference(x, gate_w, expert_bias, w13, w2, top_k=8, n_group=8, topk_g
 
 
 def random_nvfp4_experts(E, out_f, in_f, parts, dtype, device, generator, std=0.02):
-    """Random NVFP4 experts for benchmarks and tests: uniform random codes, E4M3 block scales drawn around
-    ``std / 2`` (a typical |W| per code unit), global scales 1 / parts-dependent jitter. The values follow the
+    """Random NVFP4 experts for benchmarks and tests: uniform random codes, E4M3 block scales uniform in
+    [32, 128], global scales chosen so that the values have an rms near ``std``. The values follow the
     format exactly; their distribution is not a trained model's. Returns an ``NVFP4Experts``."""
     from repro.checkpoint.nvfp4 import NVFP4Experts
 
@@ -52,13 +55,14 @@ def random_nvfp4_experts(E, out_f, in_f, parts, dtype, device, generator, std=0.
               .to(torch.uint8))
     sc = torch.empty(w.s.shape, device=device).uniform_(0.5, 2.0, generator=generator) * 64.0
     w.s.copy_(sc.to(torch.float8_e4m3fn).view(torch.uint8))
-    w.g.copy_(torch.empty(w.g.shape, device=device).uniform_(0.9, 1.1, generator=generator) * (std / 2 / 64.0))
+    # rms of a uniform random e2m1 code ≈ 3.0, mean block scale ≈ 80: rms of the values ≈ std
+    w.g.copy_(torch.empty(w.g.shape, device=device).uniform_(0.9, 1.1, generator=generator) * (std / 240.0))
     return w
 
 
 def check_w4_tiles(block_k: int, k_total: int) -> None:
     """Raise ValueError unless a BLOCK_K fits the 4-bit K loop: even halves of >= 16 (dot widths), whole
-    16-element scale groups, and dividing the reduction length."""
+    16-element scale groups (at least two: the scale tile is [BLOCK_K/16, BLOCK_N]), dividing the reduction."""
     if block_k < 32 or block_k % 32 or k_total % block_k:
         raise ValueError(f"nvfp4-w4a16 kernels need BLOCK_K a multiple of 32 dividing {k_total}, got {block_k}")
 
@@ -66,43 +70,48 @@ def check_w4_tiles(block_k: int, k_total: int) -> None:
 if HAS_TRITON:
 
     @triton.jit
-    def _e2m1_to_f32(c):
-        """FP4 E2M1 codes (int, low 4 bits; bit 3 = sign) -> fp32: magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6."""
-        idx = c & 7
-        ex = idx >> 1
-        m = idx & 1
-        twice = tl.where(ex == 0, m, (2 + m) << tl.maximum(ex - 1, 0))  # 2·|value|, an integer 0..12
-        mag = twice.to(tl.float32) * 0.5
-        return tl.where((c & 8) != 0, -mag, mag)
+    def _e2m1_pair(q):
+        """Packed bytes (int32 tensor) -> (low-nibble, high-nibble) E2M1 values as fp32, exactly, with integer
+        and/shift/add plus fp32 selects only (no int->float conversion, no subnormals): the 3 magnitude bits
+        (e1 e0 m) go into the fp32 exponent/mantissa with exponent bias 126, which reads 2^(e-1)·(1 + m/2) —
+        the E2M1 value for e >= 1; for e = 0 it reads 0.5·(1 + m/2) ∈ {0.5, 0.75} and 2f - 1 maps that to the
+        E2M1 values {0, 0.5}. Bit 3 of a nibble is the sign."""
+        lo = (((q << 22) & 0x01C00000) + 0x3F000000).to(tl.float32, bitcast=True)
+        hi = (((q << 18) & 0x01C00000) + 0x3F000000).to(tl.float32, bitcast=True)
+        lo = tl.where(lo < 1.0, lo * 2.0 - 1.0, lo)
+        hi = tl.where(hi < 1.0, hi * 2.0 - 1.0, hi)
+        return tl.where((q & 0x08) != 0, -lo, lo), tl.where((q & 0x80) != 0, -hi, hi)
 
     @triton.jit
     def _e4m3_to_f32(b):
-        """FP8 E4M3 (OCP "e4m3fn", bias 7, no infinities) bits (int 0..255) -> fp32, exactly."""
-        ex = (b >> 3) & 15
-        m = b & 7
-        normal = ((ex + 120) << 23) | (m << 20)  # fp32 bits: exponent ex - 7 + 127
-        mag = tl.where(ex == 0, m.to(tl.float32) * 0.001953125, normal.to(tl.float32, bitcast=True))
-        return tl.where((b & 128) != 0, -mag, mag)
+        """Non-negative FP8 E4M3 ("e4m3fn", bias 7) bits (int tensor; ModelOpt block scales are >= 0) -> fp32,
+        exactly and without subnormals: exponent bias 120 reads 2^(E-7)·(1 + m/8) (the value for E >= 1); for
+        E = 0 it reads 2^-7·(1 + m/8) and (f - 2^-7)·2 = m·2^-9 is the subnormal value."""
+        f = (((b & 0x7F) << 20) + 0x3C000000).to(tl.float32, bitcast=True)
+        return tl.where(f < 0.015625, (f - 0.0078125) * 2.0, f)
 
     @triton.jit
-    def _fp4_tile(q_ptrs, s_ptrs, gs, dtype: tl.constexpr):
-        """Load one packed tile (bytes [BK/2, BN], scales gathered to the same shape) and dequantize it to the
-        even and odd input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding."""
+    def _fp4_tile(q_ptrs, s_ptrs, gs, dtype: tl.constexpr, HK: tl.constexpr, BN: tl.constexpr):
+        """Load one packed tile (bytes [BK/2, BN]; scale bytes [BK/16, BN]) and dequantize it to the even and odd
+        input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding. Each block scale
+        is decoded once and broadcast to its 8 byte rows."""
         q = tl.load(q_ptrs, eviction_policy="evict_first").to(tl.int32)
-        sc = _e4m3_to_f32(tl.load(s_ptrs, eviction_policy="evict_first").to(tl.int32)) * gs
-        return (_e2m1_to_f32(q & 15) * sc).to(dtype), (_e2m1_to_f32(q >> 4) * sc).to(dtype)
+        sb = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.int32)
+        sg = _e4m3_to_f32(sb) * gs  # [BK/16, BN]
+        sc = tl.reshape(tl.broadcast_to(sg[:, None, :], (HK // 8, 8, BN)), (HK, BN))
+        lo, hi = _e2m1_pair(q)
+        return (lo * sc).to(dtype), (hi * sc).to(dtype)
 
     @triton.jit
     def _fp4_ptrs(offs_n, K: tl.constexpr, BLOCK_K: tl.constexpr):
-        """Offsets of a [BLOCK_K/2, BLOCK_N] tile of packed bytes (rows offs_n of K inputs each, k0 = 0) and of the
-        scale byte of each of its elements, in one expert's [rows, K/2] / [rows, K/16] arrays."""
-        offs_j = tl.arange(0, BLOCK_K // 2)
-        return (offs_n[None, :] * (K // 2) + offs_j[:, None],
-                offs_n[None, :] * (K // 16) + (offs_j // 8)[:, None])
+        """Offsets of a [BLOCK_K/2, BLOCK_N] tile of packed bytes (rows offs_n of K inputs each, k0 = 0) and of
+        its [BLOCK_K/16, BLOCK_N] tile of scale bytes, in one expert's [rows, K/2] / [rows, K/16] arrays."""
+        return (offs_n[None, :] * (K // 2) + tl.arange(0, BLOCK_K // 2)[:, None],
+                offs_n[None, :] * (K // 16) + tl.arange(0, BLOCK_K // 16)[:, None])
 
     @triton.jit
-    def _w4_dot(acc, ae, ao, q_ptrs, s_ptrs, gs):
+    def _w4_dot(acc, ae, ao, q_ptrs, s_ptrs, gs, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
         """acc += [a_even | a_odd] · W over one K tile, W from the packed tile at (q_ptrs, s_ptrs): two dots, the
         even and the odd input elements (ae, ao [BM, BK/2] in the activation dtype)."""
-        we, wo = _fp4_tile(q_ptrs, s_ptrs, gs, ae.dtype)
+        we, wo = _fp4_tile(q_ptrs, s_ptrs, gs, ae.dtype, BLOCK_K // 2, BLOCK_N)
         return tl.dot(ao, wo, tl.dot(ae, we, acc))
