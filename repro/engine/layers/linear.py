@@ -31,18 +31,22 @@ def row_tile(x: torch.Tensor) -> int:
     return CUDA_ROW_TILE if x.is_cuda else ROW_TILE
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w.T`` computed in fixed tiles of :func:`row_tile` rows (module docstring).
+def linear(x: torch.Tensor, w: torch.Tensor, tile: int | None = None) -> torch.Tensor:
+    """``x @ w.T`` computed in fixed tiles of ``tile`` rows (default :func:`row_tile`; module docstring).
 
     x: ``[n, K]``; w: ``[N, K]`` (the ``[out, in]`` layout of the checkpoint), same dtype and device.
     Returns ``[n, N]`` in that dtype; row i depends only on ``x[i]`` and ``w`` (bit-identical for any n).
     """
-    n, tile = x.shape[0], row_tile(x)
+    n, tile = x.shape[0], tile or row_tile(x)
     wt = w.t()
     if n == tile:
         return x @ wt
     if n == 0:
         return x.new_zeros(0, w.shape[0])
+    if n < tile:  # one padded tile
+        xp = x.new_zeros(tile, x.shape[1])
+        xp[:n] = x
+        return (xp @ wt)[:n]
     pad = (-n) % tile
     if pad:
         x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
