@@ -468,7 +468,10 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="also write the JSON document to this file")
     ap.add_argument("--batch-sizes", default="1,8,32", help="batch mode: batch sizes (repro/engine/bench_batch.py)")
     ap.add_argument("--invariance-prompts", type=int, default=32, help="batch mode: prompts of the invariance check")
-    ap.add_argument("--invariance-tokens", type=int, default=64, help="batch mode: new tokens per invariance prompt")
+    ap.add_argument("--invariance-tokens", type=int, default=32, help="batch mode: new tokens per invariance prompt")
+    ap.add_argument("--batch-tokens", type=int, default=256, help="batch mode: new tokens per throughput request")
+    ap.add_argument("--sections", default="throughput,invariance", help="batch mode: which parts to run")
+    ap.add_argument("--algorithms", default="joint_threshold,orl", help="batch mode: decoders of the invariance check")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "nvfp4-w4a16"],
                     help="decode mode: the model's precision (nvfp4-w4a16: random NVFP4 routed experts)")
     ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "

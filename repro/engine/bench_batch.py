@@ -1,7 +1,13 @@
 """`python -m repro.engine.bench batch`: batched generation at full size on one GPU — throughput and invariance.
 
-    python -m repro.engine.bench batch [--prefix 1024] [--tokens 128] [--batch-sizes 1,8,32]
-        [--invariance-prompts 32] [--invariance-tokens 64] [--json FILE]
+    python -m repro.engine.bench batch [--prefix 1024] [--batch-tokens 256] [--batch-sizes 1,8,32]
+        [--sections throughput,invariance] [--algorithms joint_threshold,orl]
+        [--invariance-prompts 32] [--invariance-tokens 32] [--json FILE]
+
+Time: the eager forward is slow at batch 1 (≈ 0.1 s per forward measured before this work, docs/perf.md), and
+the invariance check runs every prompt alone; to stay inside a 10-minute device call run it in pieces, e.g.
+``--sections throughput``, then ``--sections invariance --algorithms joint_threshold``, then ``... orl``
+(each saves its JSON after every algorithm / section).
 
 Builds LLaDA2.1-mini in its real shapes with deterministic random bf16 weights
 (:meth:`repro.engine.model.LLaDA2Model.random`, preset ``llada2.1-mini``, router fp32), selects the Triton
@@ -9,7 +15,7 @@ kernels in the layer seams, and runs the batched engine (:mod:`repro.engine.batc
 ``forward_chunks`` per round over all active requests; no CUDA graphs).
 
 1. **Throughput** per batch size b: b requests (``max(2, b)`` at b = 1), each a distinct random prompt of
-   ``prefix`` tokens followed by ``tokens`` new tokens with a **fixed schedule** (as ``bench generate``):
+   ``prefix`` tokens followed by ``--batch-tokens`` new tokens with a **fixed schedule** (as ``bench generate``):
    ``low_confidence`` with threshold 1 (never passed) and ``num_to_transfer = 32 / steps`` (default 8
    steps per block: 4 tokens per round), the mask token excluded, no EOS stop — so every block takes
    ``steps`` denoising rounds + 1 commit, whatever the weights. Reported: aggregate tokens/s (all generated
@@ -196,7 +202,7 @@ def bench_throughput(model, mask_id: int, prefix: int, tokens: int, batch_sizes,
 
 
 def bench_invariance(model, mask_id: int, eos_id: int, n_prompts: int, prefix: int, tokens: int, algorithms,
-                     seed: int, log) -> dict:
+                     seed: int, log, on_algorithm=None) -> dict:
     """Section 2 of the module docstring: ``{algorithm: {"alone_s", "batches": {b: {...}}}}``."""
     from repro.engine.batch import BatchRequest, generate_batch
 
@@ -225,6 +231,8 @@ def bench_invariance(model, mask_id: int, eos_id: int, n_prompts: int, prefix: i
                 f"{sum(fw_eq)}/{n_prompts}")
         res["pass"] = all(b["identical_ids"] == b["of"] == b["identical_forwards"] for b in res["batches"].values())
         out[algo] = res
+        if on_algorithm is not None:  # save partial results: the run may be cut by its time limit
+            on_algorithm(out)
     return out
 
 
@@ -257,7 +265,8 @@ def run(args, env_info, copy_bandwidth) -> int:
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    doc = {"bench": "repro.engine.bench batch", **env_info(), "prefix": args.prefix, "tokens": args.tokens}
+    doc = {"bench": "repro.engine.bench batch", **env_info(), "prefix": args.prefix, "tokens": args.batch_tokens,
+           "invariance_tokens": args.invariance_tokens, "invariance_prompts": args.invariance_prompts}
 
     def save():
         if args.json:
@@ -268,7 +277,7 @@ def run(args, env_info, copy_bandwidth) -> int:
         doc["copy_GBps"] = copy_bandwidth()
         t0 = time.perf_counter()
         model, mask_id, eos_id = _model(args.seed)
-        torch.cuda.synchronize()
+        _sync(model)
         doc["build_s"] = time.perf_counter() - t0
         log(f"model built in {doc['build_s']:.1f} s; copy bandwidth {doc['copy_GBps']:.0f} GB/s")
     except Exception as e:  # noqa: BLE001
@@ -278,20 +287,27 @@ def run(args, env_info, copy_bandwidth) -> int:
         print(json.dumps(doc))
         return 1
     sizes = [int(b) for b in args.batch_sizes.split(",") if b]
-    try:
-        doc["throughput"] = bench_throughput(model, mask_id, args.prefix, args.tokens, sizes, args.steps_per_block,
-                                             doc["copy_GBps"], args.seed, log)
-    except Exception as e:  # noqa: BLE001
-        doc["throughput"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-        log(doc["throughput"]["traceback"])
-    save()
-    try:
-        doc["invariance"] = bench_invariance(model, mask_id, eos_id, args.invariance_prompts, args.prefix,
-                                             args.invariance_tokens, ("joint_threshold", "orl"), args.seed, log)
-    except Exception as e:  # noqa: BLE001
-        doc["invariance"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-        log(doc["invariance"]["traceback"])
-    save()
+    sections = {x for x in args.sections.split(",") if x}
+    if "throughput" in sections:
+        try:
+            doc["throughput"] = bench_throughput(model, mask_id, args.prefix, args.batch_tokens, sizes,
+                                                 args.steps_per_block, doc["copy_GBps"], args.seed, log)
+        except Exception as e:  # noqa: BLE001
+            doc["throughput"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log(doc["throughput"]["traceback"])
+        save()
+    if "invariance" in sections:
+        def partial(out):
+            doc["invariance"] = out
+            save()
+        try:
+            doc["invariance"] = bench_invariance(model, mask_id, eos_id, args.invariance_prompts, args.prefix,
+                                                 args.invariance_tokens, [a for a in args.algorithms.split(",") if a],
+                                                 args.seed, log, on_algorithm=partial)
+        except Exception as e:  # noqa: BLE001
+            doc["invariance"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log(doc["invariance"]["traceback"])
+        save()
     log(table(doc))
     print(json.dumps(doc))
     return 0

@@ -189,3 +189,21 @@ def test_bench_batch_sections_run_on_the_tiny_model(tiny_model, tiny_tok):
     text = bb.table({"gpu": "cpu", "copy_GBps": 10.0, "throughput": thr, "invariance": inv})
     assert "invariance orl: PASS" in text and "batch" in text
     assert not hasattr(tiny_model.__dict__, "forward_chunks") and "forward_chunks" not in tiny_model.__dict__
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_bench_batch_run_writes_its_json_and_table(tiny_model, tiny_tok, tmp_path, monkeypatch, capsys):
+    """`bench batch`'s driver end to end on the CPU (the model builder swapped for the tiny model)."""
+    import argparse
+
+    from repro.engine import bench_batch as bb
+
+    monkeypatch.setattr(bb, "_model", lambda seed: (tiny_model, tiny_tok.mask_id, tiny_tok.eos_id))
+    out = tmp_path / "b.json"
+    a = argparse.Namespace(prefix=64, batch_tokens=32, batch_sizes="1,2", steps_per_block=8, seed=0,
+                           sections="throughput,invariance", algorithms="orl", invariance_prompts=3,
+                           invariance_tokens=32, json=str(out))
+    assert bb.run(a, lambda: {"gpu": "cpu-test"}, lambda: 10.0) == 0
+    doc = json.loads(out.read_text())
+    assert [r["batch_size"] for r in doc["throughput"]] == [1, 2] and doc["invariance"]["orl"]["pass"]
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == doc
