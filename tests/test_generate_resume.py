@@ -186,3 +186,49 @@ def test_adapter_map_reaches_the_backend(job, tmp_path, monkeypatch):
     a.adapter_map = str(tmp_path / "map.json")
     gen.run(a)
     assert seen[-1]["adapter_map"] == str(tmp_path / "map.json")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # stalled blocks of the random tiny model
+def test_batched_engine_job_killed_and_resumed_equals_batch_1(job, tmp_path, monkeypatch):
+    """The real engine on the tiny checkpoint over 7 GSM8K problems: batch 3, killed after 2 records (written
+    in finishing order), rerun → every problem once, and the same completions and forward counts as batch 1."""
+    from repro.checkpoint.tiny import write_tiny
+
+    args, probs, _, _ = job
+    ckpt = tmp_path / "tiny"
+    write_tiny(ckpt, seed=1)
+    stamp = tmp_path / "tiny-stamp.json"
+    manifest = json.loads((ckpt / "checkpoint_manifest.json").read_text())
+    stamp.write_text(json.dumps({"manifest_sha256": manifest["manifest_sha256"]}))
+    dec = tmp_path / "tiny-dec.yaml"
+    dec.write_text("algorithm: orl\nmax_new_tokens: 40\n")
+
+    def tiny_args(out, bs):
+        a = args(out)
+        a.model_dir, a.verified, a.decoder, a.role, a.batch_size = str(ckpt), str(stamp), str(dec), "orl", bs
+        return a
+
+    one = tmp_path / "b1" / "shard0of1.jsonl"
+    assert gen.run(tiny_args(one, 1)) == 0
+    real_append, calls = gen.append_jsonl, []
+
+    def append_then_die(f, rec):
+        if len(calls) == 2:
+            raise Killed()
+        calls.append(rec["id"])
+        real_append(f, rec)
+    monkeypatch.setattr(gen, "append_jsonl", append_then_die)
+    out = tmp_path / "b3" / "shard0of1.jsonl"
+    with pytest.raises(Killed):
+        gen.run(tiny_args(out, 3))
+    assert len(Path(str(out) + ".partial.jsonl").read_text().splitlines()) == 2
+    monkeypatch.setattr(gen, "append_jsonl", real_append)
+    assert gen.run(tiny_args(out, 3)) == 0
+    a = [json.loads(l) for l in one.read_text().splitlines()]
+    b = [json.loads(l) for l in out.read_text().splitlines()]
+    assert [r["id"] for r in b] == [p["id"] for p in probs]
+    assert [(r["completion"], r["forwards"]) for r in b] == [(r["completion"], r["forwards"]) for r in a]
+    assert {r["batch_size"] for r in b} == {3} and {r["batch_size"] for r in a} == {1}
+    meta = json.loads(Path(str(out) + ".meta.json").read_text())
+    assert meta["batch_size"] == 3 and meta["generated_last_session"]["problems"] == 5
+    assert meta["backend_info"]["engine_path"] == "batched-eager" and meta["backend_info"]["batch"]["rounds"] > 0

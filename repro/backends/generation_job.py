@@ -2,7 +2,7 @@
 
     python -m repro.backends.generation_job --backend engine --model tiny-orl --model-dir DIR --role orl \
         --verified STAMP.json --decoder DEC.yaml --problems problems/gsm8k.jsonl --seed 12345 \
-        --shard 0 --num-shards 1 --device cpu --precision fp32 --out shard0of1.jsonl
+        --shard 0 --num-shards 1 --device cpu --precision fp32 [--batch-size N] --out shard0of1.jsonl
 
 Resumable and exactly-once: each finished problem is appended (flushed + fsynced) to
 ``OUT.partial.jsonl``; a rerun after a kill skips the problems already there (a truncated last line is
@@ -12,6 +12,10 @@ cover the shard exactly, ordered by problem index, and written to ``OUT`` atomic
 complete, which is what Snakemake sees. The partial file is reused only by a job with the same inputs:
 ``OUT.partial.inputs.json`` records the sha256 of the decoder config and problems, the checkpoint's
 manifest hash, backend, device, precision and the generation code version; any difference discards it.
+The batch size is not among them: greedy records are identical at any batch size (repro.engine.batch), and
+each record carries the ``batch_size`` it was made at; ``OUT.meta.json`` has the job's ``batch_size`` and
+``generated_last_session`` (problems, tokens, seconds of the session that finished the shard: its
+throughput; null when a rerun found nothing left).
 
 Refuses to start when the checkpoint's verification stamp is missing or does not match the
 checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU. Dies with the
@@ -108,8 +112,10 @@ def complete_shard(out: Path, partial: Path, todo: list[dict], meta: dict) -> li
 
 
 def _generate(a: argparse.Namespace, backend, remaining: list[dict], decoder: dict, partial: Path,
-              out: Path) -> None:
-    """Generate ``remaining`` problems with ``backend``, appending each record to ``partial``."""
+              out: Path) -> dict:
+    """Generate ``remaining`` problems with ``backend``, appending each record to ``partial`` as it finishes
+    (a batched backend's ``generate_each`` hands them over in finishing order); returns this session's
+    ``{"problems", "generated_tokens", "wall_s"}`` (the job's throughput, in provenance)."""
     from tqdm import tqdm
 
     from repro.prompts import build_prompt
@@ -121,7 +127,9 @@ def _generate(a: argparse.Namespace, backend, remaining: list[dict], decoder: di
     toks = fwd = 0
     t0 = time.perf_counter()
     with open(partial, "a", encoding="utf-8") as f:
-        for prob, prompt, rec in zip(remaining, prompts, backend.generate(prompts, decoder)):
+        def emit(i: int, rec: dict) -> None:
+            nonlocal toks, fwd
+            prob, prompt = remaining[i], prompts[i]
             rec = {"id": prob["id"], "benchmark": a.benchmark, "model": a.model, "seed": a.seed,
                    "backend": a.backend, "template_version": prompt.template_version, **rec}
             append_jsonl(f, rec)
@@ -131,7 +139,14 @@ def _generate(a: argparse.Namespace, backend, remaining: list[dict], decoder: di
             bar.update(1)
             bar.set_postfix(tok_s=f"{toks / (time.perf_counter() - t0):.1f}",
                             TPF=f"{toks / fwd:.2f}" if fwd else "n/a")
+
+        if hasattr(backend, "generate_each"):  # batched backends hand records over in finishing order
+            backend.generate_each(prompts, decoder, emit)
+        else:
+            for i, rec in enumerate(backend.generate(prompts, decoder)):
+                emit(i, rec)
     bar.close()
+    return {"problems": len(remaining), "generated_tokens": toks, "wall_s": time.perf_counter() - t0}
 
 
 def run(a: argparse.Namespace) -> int:
@@ -176,23 +191,29 @@ def run(a: argparse.Namespace) -> int:
           f"{len(todo) - len(remaining)} already done, {len(remaining)} to generate", file=sys.stderr)
 
     backend = None
+    done_now = None
     sessions = json.loads(sessions_file.read_text()) if sessions_file.exists() else []
     if remaining:
         extra = {"adapter_map": a.adapter_map} if getattr(a, "adapter_map", None) else {}
+        if a.backend == "engine":
+            extra["batch_size"] = getattr(a, "batch_size", 1)
         backend = get_backend(a.backend, model_dir=str(model_dir), role=a.role, device=a.device,
                               precision=a.precision, **extra)
         sessions.append(backend.describe())
         atomic_write_text(sessions_file, json.dumps(sessions, indent=1) + "\n")
         try:
-            _generate(a, backend, remaining, decoder, partial, out)
+            done_now = _generate(a, backend, remaining, decoder, partial, out)
         finally:
             # describe again: a backend that starts its engine in generate() knows its arguments only now
             sessions[-1] = backend.describe()
+
             atomic_write_text(sessions_file, json.dumps(sessions, indent=1) + "\n")
             backend.close()
     meta = {
         "model": a.model, "benchmark": a.benchmark, "seed": a.seed, "shard": a.shard,
         "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,
+        "batch_size": getattr(a, "batch_size", 1),
+        "generated_last_session": done_now,  # problems, tokens, seconds of the session that finished the shard
         "checkpoint_manifest_sha256": stamp.get("manifest_sha256"),
         "decoder_sha256": sha256_path(a.decoder), "decoder": decoder,
         "problems_sha256": sha256_path(a.problems), "code_revision": code_revision(),
@@ -224,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-shards", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", choices=["fp32", "bf16", "nvfp4-w4a16", "nvfp4"], default="fp32")
+    ap.add_argument("--batch-size", type=int, default=1,
+                    help="engine: requests decoded together (repro.engine.batch; greedy ids identical at any size)")
     ap.add_argument("--adapter-map", default=None,
                     help="adapter mapping file for the checkpoint's ORL adapter (docs/adapter_map.md)")
     ap.add_argument("--out", required=True)

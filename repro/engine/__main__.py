@@ -5,7 +5,7 @@ prompt is wrapped as one user chat message and rendered with the checkpoint's ch
 it as is); prints the completion, then one JSON line with counts, TPF and timing.
 
 ``python -m repro.engine bench suite --model DIR --role orl --threshold 0.85 --edit-threshold 0.5
---max-new-tokens 4096 --problems gsm8k.jsonl ... --out DIR [--limit N]`` — see :mod:`repro.engine.suite`;
+--max-new-tokens 4096 --problems gsm8k.jsonl ... --out DIR [--limit N] [--batch-size N]`` — see :mod:`repro.engine.suite`;
 prints the summary JSON as the last line.
 
 ``python -m repro.engine serve --model DIR|HUB_ID --role orl --port 18080 [--precision] [--host] [--api-key]``
@@ -90,6 +90,8 @@ def main(argv=None) -> int:
     s.add_argument("--problems", nargs="+", required=True, help="benchmark JSONL files")
     s.add_argument("--out", required=True, help="output directory")
     s.add_argument("--limit", type=int, default=None, help="first N problems of each file")
+    s.add_argument("--batch-size", type=int, default=1,
+                   help="requests decoded together (continuous batching; greedy ids equal those of 1)")
     v = sub.add_parser("serve", help="HTTP server: /generate (streamed per block) and an OpenAI-compatible API")
     v.add_argument("--model", required=True, help="checkpoint directory or hub id (owner/name)")
     v.add_argument("--role", default="orl", choices=["orl", "base"])
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
         from repro.engine.suite import run_suite
         summary = run_suite(a.model, a.role, _decoder_overrides(a), a.problems, a.out, limit=a.limit,
                             precision=_precision(a), device=a.device,
-                            seed=a.seed if a.seed is not None else 12345)
+                            seed=a.seed if a.seed is not None else 12345, batch_size=a.batch_size)
         print(json.dumps(summary))
         return 0
     except (ValueError, FileNotFoundError, KeyError) as e:

@@ -3,6 +3,8 @@
     python -m repro.engine.bench round     [--prefixes 1024,4096] [--iters 50] [--naive-iters 3] [--no-w4]
     python -m repro.engine.bench generate  [--prefix 1024] [--tokens 1024] [--steps-per-block 8]
     python -m repro.engine.bench all       (both, one model build; last line = one JSON with both)
+    python -m repro.engine.bench batch     batched generation: tokens/s at batch 1/8/32, round vs floor,
+                                           batch invariance (repro/engine/bench_batch.py)
 
 Needs only torch + triton and a CUDA GPU. Builds LLaDA2.1-mini in its real shapes (engine_spec §1/§3:
 20 layers, hidden 2048, 16 Q / 4 KV heads x 128, dense layer 0 (5120), 19 MoE layers of 256 experts x 512
@@ -453,7 +455,7 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
 def main(argv=None):
     ap = argparse.ArgumentParser(description="LLaDA2.1-mini engine benchmarks on a CUDA GPU: denoising round, "
                                              "generation, decode loop (docs/perf.md)")
-    ap.add_argument("mode", choices=["round", "generate", "decode", "all"])
+    ap.add_argument("mode", choices=["round", "generate", "decode", "all", "batch"])
     ap.add_argument("--prefixes", default="1024,4096")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--naive-iters", type=int, default=3)
@@ -464,6 +466,12 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default=None, help="write a per-kernel profile table to this file")
     ap.add_argument("--json", default=None, help="also write the JSON document to this file")
+    ap.add_argument("--batch-sizes", default="1,8,32", help="batch mode: batch sizes (repro/engine/bench_batch.py)")
+    ap.add_argument("--invariance-prompts", type=int, default=32, help="batch mode: prompts of the invariance check")
+    ap.add_argument("--invariance-tokens", type=int, default=32, help="batch mode: new tokens per invariance prompt")
+    ap.add_argument("--batch-tokens", type=int, default=256, help="batch mode: new tokens per throughput request")
+    ap.add_argument("--sections", default="throughput,invariance", help="batch mode: which parts to run")
+    ap.add_argument("--algorithms", default="joint_threshold,orl", help="batch mode: decoders of the invariance check")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "nvfp4-w4a16"],
                     help="decode mode: the model's precision (nvfp4-w4a16: random NVFP4 routed experts)")
     ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "
@@ -476,6 +484,10 @@ def main(argv=None):
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    if args.mode == "batch":  # batched generation: throughput at batch 1/8/32 and batch invariance
+        from repro.engine.bench_batch import run as run_batch
+
+        return run_batch(args, env_info, copy_bandwidth)
     doc = {"bench": "repro.engine.bench", "mode": args.mode, **env_info(), "targets": TARGETS}
     prefixes = [int(p) for p in args.prefixes.split(",") if p]
     max_len = max(prefixes + [args.prefix + args.tokens]) + 128

@@ -234,18 +234,28 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt_or_messages, decoder=None, max_new_tokens: int | None = None,
-                 seed: int | None = None, on_block=None) -> GenerateOutput:
-        """Generate one completion (see module docstring). ``decoder``: dict of engine keys or
-        :class:`DecoderConfig` (None → :meth:`default_decoder`); ``max_new_tokens`` / ``seed`` override the
-        decoder's; ``on_block``: per-block streaming hook of :func:`repro.engine.decode_loop.generate_ids` (its
-        time is inside ``wall_s``; returning True stops decoding, finish reason ``"stop"``). Raises TypeError
-        for a prompt of another type, DecoderConfigError for bad settings."""
-        if isinstance(prompt_or_messages, str):
-            prompt_text = prompt_or_messages
-        elif isinstance(prompt_or_messages, list):
-            prompt_text = self.apply_chat_template(prompt_or_messages)
-        else:
-            raise TypeError(f"prompt must be str or list of chat messages, got {type(prompt_or_messages).__name__}")
+                 seed: int | None = None, on_block=None, batch_size: int | None = None):
+        """Generate one completion (see module docstring), or a list of them batched.
+
+        ``prompt_or_messages``: a ``str`` / a list of chat-message dicts → one :class:`GenerateOutput`; a list
+        of prompts (each a ``str`` or a message list) → a list of :class:`GenerateOutput` in input order,
+        decoded together ``batch_size`` at a time (default 8) with continuous batching
+        (:mod:`repro.engine.batch`; greedy outputs are bit-identical to one at a time). ``decoder``: dict of
+        engine keys or :class:`DecoderConfig` (None → :meth:`default_decoder`); ``max_new_tokens`` / ``seed``
+        override the decoder's; ``on_block``: per-block streaming hook of
+        :func:`repro.engine.decode_loop.generate_ids` (single prompt only; its time is inside ``wall_s``;
+        returning True stops decoding, finish reason ``"stop"``). Raises TypeError for a prompt of another
+        type, ValueError for ``on_block`` with a list or a bad ``batch_size``, DecoderConfigError for bad
+        settings."""
+        if isinstance(prompt_or_messages, list) and prompt_or_messages and all(
+                isinstance(x, (str, list)) for x in prompt_or_messages):
+            if on_block is not None:
+                raise ValueError("on_block streams one request; pass a single prompt, not a list")
+            return self.generate_batch(prompt_or_messages, decoder, max_new_tokens, seed,
+                                       batch_size=8 if batch_size is None else batch_size)
+        if batch_size is not None:
+            raise ValueError("batch_size applies to a list of prompts; got a single prompt")
+        prompt_text = self._prompt_text(prompt_or_messages)
         cfg = self.default_decoder() if decoder is None else DecoderConfig.coerce(decoder)
         ids = self.tokenizer_.encode(prompt_text)
         sync = self.model.device.type == "cuda"
@@ -261,13 +271,46 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         if sync:
             torch.cuda.synchronize(self.model.device)
         wall = time.perf_counter() - t0
+        return self._output(res, wall, prompt_text, len(ids), cfg, max_new_tokens, seed)
+
+    def generate_batch(self, prompts: list, decoder=None, max_new_tokens: int | None = None,
+                       seed: int | None = None, batch_size: int = 8, on_result=None, stats=None):
+        """Batched :meth:`generate` over ``prompts`` (each a ``str`` or a message list; one decoder for all):
+        a list of :class:`GenerateOutput` in input order. ``on_result(index, GenerateOutput)`` is called as
+        each finishes; ``stats``: a :class:`repro.engine.batch.BatchStats` to fill (rounds, round times).
+        Runs the eager batched forward (:mod:`repro.engine.batch`; ``wall_s`` = the request's time from
+        admission to its last forward). Raises as :meth:`generate`."""
+        from repro.engine.batch import BatchRequest, generate_batch
+
+        cfg = self.default_decoder() if decoder is None else DecoderConfig.coerce(decoder)
+        texts = [self._prompt_text(p) for p in prompts]
+        ids = [self.tokenizer_.encode(t) for t in texts]
+        reqs = [BatchRequest(x, cfg, max_new_tokens, seed) for x in ids]
+        wrap = None
+        if on_result is not None:
+            def wrap(i, res, wall):
+                on_result(i, self._output(res, wall, texts[i], len(ids[i]), cfg, max_new_tokens, seed))
+        outs = generate_batch(self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id, batch_size=batch_size,
+                              on_result=wrap, stats=stats)
+        return [self._output(res, wall, texts[i], len(ids[i]), cfg, max_new_tokens, seed)
+                for i, (res, wall) in enumerate(outs)]
+
+    def _prompt_text(self, prompt_or_messages) -> str:
+        if isinstance(prompt_or_messages, str):
+            return prompt_or_messages
+        if isinstance(prompt_or_messages, list):
+            return self.apply_chat_template(prompt_or_messages)
+        raise TypeError(f"prompt must be str or list of chat messages, got {type(prompt_or_messages).__name__}")
+
+    def _output(self, res, wall: float, prompt_text: str, prompt_tokens: int, cfg: DecoderConfig,
+                max_new_tokens, seed) -> GenerateOutput:
         used = cfg.to_dict()
         if max_new_tokens is not None:
             used["max_new_tokens"] = max_new_tokens
         if seed is not None:
             used["seed"] = seed
         return GenerateOutput(
-            text=self.tokenizer_.decode(res.token_ids), token_ids=res.token_ids, prompt_tokens=len(ids),
+            text=self.tokenizer_.decode(res.token_ids), token_ids=res.token_ids, prompt_tokens=prompt_tokens,
             generated_tokens=res.generated_tokens, forwards=dict(res.forwards), tpf=res.tpf, wall_s=wall,
             request_tps=res.generated_tokens / wall if wall > 0 else 0.0, finish_reason=res.finish_reason,
             prompt_text=prompt_text, decoder=used, raw_token_ids=res.raw_ids, block_forwards=res.block_forwards,

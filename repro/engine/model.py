@@ -18,6 +18,7 @@ Not here: decoding (``repro.engine.decode_loop`` / ``decoders``), the no-cache o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from repro.engine.cache import KVCache
 from repro.engine.config import LLaDA2Config
 from repro.engine.layers.attention import attention_forward
+from repro.engine.layers.linear import linear
 from repro.engine.layers.mlp import swiglu
 from repro.engine.layers.moe import moe_forward, route
 from repro.engine.layers.norm import rms_norm
@@ -54,6 +56,20 @@ def resolve_dtype(dtype) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {dtype!r}")
     return DTYPES[dtype]
+
+
+@dataclass
+class Chunk:
+    """One request's rows in a :meth:`LLaDA2Model.forward_chunks` call: positions ``start .. start+n-1``
+    (``start`` a multiple of ``block_size``) of the request whose prefix K/V live in ``cache``; ``ids``
+    ``[n]`` int64 or ``embeds`` ``[n, D]`` model dtype (wins when given); ``logits``: return its logits."""
+
+    start: int
+    cache: KVCache
+    block_size: int
+    ids: torch.Tensor | None = None
+    embeds: torch.Tensor | None = None
+    logits: bool = True
 
 
 def resolve_precision(precision, device="cpu") -> tuple[torch.dtype, bool]:
@@ -164,33 +180,59 @@ class LLaDA2Model:
         embeddings (self-conditioning); ``start`` must be a multiple of ``block_size`` and the chunk whole
         blocks or the final partial one. Writes this chunk's K/V into ``cache`` at its positions. Returns
         logits ``[n, V]`` fp32, or None when ``logits=False`` (prefill/commit skip the lm_head).
-        Raises ValueError for a misaligned start.
+        Raises ValueError for a misaligned start. One-chunk case of :meth:`forward_chunks`.
         """
+        return self.forward_chunks([Chunk(start, cache, block_size, ids, embeds, logits)])[0]
+
+    def forward_chunks(self, chunks: list["Chunk"]) -> list[torch.Tensor | None]:
+        """One forward over several chunks (each one request's block(s) against its own KV cache), as
+        :meth:`forward` does for each alone: token-wise layers run over all rows stacked, attention per chunk
+        over its own cache. Row-invariant (:mod:`repro.engine.layers.linear`; norms, RoPE and routing are
+        per row), so each chunk's logits and K/V are bit-identical to running it alone on the torch path.
+        Returns per chunk logits ``[n_i, V]`` fp32 or None (``logits=False``). Raises ValueError for a
+        misaligned start."""
         c, p = self.cfg, self.params
-        if start % block_size:
-            raise ValueError(f"forward start {start} is not a multiple of block_size {block_size}")
-        h = embeds if embeds is not None else self.embed(ids)
+        for ch in chunks:
+            if ch.start % ch.block_size:
+                raise ValueError(f"forward start {ch.start} is not a multiple of block_size {ch.block_size}")
+        hs = [ch.embeds if ch.embeds is not None else self.embed(ch.ids) for ch in chunks]
+        sizes = [x.shape[0] for x in hs]
+        h = hs[0] if len(hs) == 1 else torch.cat(hs)
         n = h.shape[0]
         H, K, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        pos = torch.arange(start, start + n, device=h.device)
+        pos = torch.cat([torch.arange(ch.start, ch.start + m, device=h.device) for ch, m in zip(chunks, sizes)])
         cos, sin = rope_cos_sin(pos, c.rotary_dim, c.rope_theta, h.dtype)
+        bounds = [0]
+        for m in sizes:
+            bounds.append(bounds[-1] + m)
         for l in range(c.num_hidden_layers):
             q_ = f"layers.{l}."
             a = rms_norm(h, p[q_ + "attn_norm"], c.rms_norm_eps)
-            qkv = (a @ p[q_ + "wqkv"].t()).view(n, H + 2 * K, hd)
+            qkv = linear(a, p[q_ + "wqkv"]).view(n, H + 2 * K, hd)
             q, k, v = qkv[:, :H], qkv[:, H:H + K], qkv[:, H + K:]
             q = apply_rope(rms_norm(q, p[q_ + "q_norm"], c.rms_norm_eps), cos, sin)
             k = apply_rope(rms_norm(k, p[q_ + "k_norm"], c.rms_norm_eps), cos, sin)
-            cache.write(l, start, k, v)
-            kk, vv = cache.view(l, start + n)
-            o = attention_forward(q, kk, vv, start, block_size)
-            h = h + o.reshape(n, H * hd) @ p[q_ + "wo"].t()
+            outs = []
+            for i, ch in enumerate(chunks):
+                r0, r1 = bounds[i], bounds[i + 1]
+                ch.cache.write(l, ch.start, k[r0:r1], v[r0:r1])
+                kk, vv = ch.cache.view(l, ch.start + r1 - r0)
+                outs.append(attention_forward(q[r0:r1], kk, vv, ch.start, ch.block_size))
+            o = outs[0] if len(outs) == 1 else torch.cat(outs)
+            h = h + linear(o.reshape(n, H * hd), p[q_ + "wo"])
             m = rms_norm(h, p[q_ + "mlp_norm"], c.rms_norm_eps)
             h = h + (self._dense(l, m) if l < c.first_k_dense_replace else self._moe(l, m))
-        if not logits:
-            return None
-        h = rms_norm(h, p["final_norm"], c.rms_norm_eps)
-        return (h @ p["lm_head"].t()).float()
+        want = [i for i, ch in enumerate(chunks) if ch.logits]
+        result: list[torch.Tensor | None] = [None] * len(chunks)
+        if not want:
+            return result
+        rows = h if len(want) == len(chunks) else torch.cat([h[bounds[i]:bounds[i + 1]] for i in want])
+        lg = linear(rms_norm(rows, p["final_norm"], c.rms_norm_eps), p["lm_head"]).float()
+        at = 0
+        for i in want:
+            result[i] = lg[at:at + sizes[i]]
+            at += sizes[i]
+        return result
 
     def _dense(self, l: int, x: torch.Tensor) -> torch.Tensor:
         return swiglu(x, self.params[f"layers.{l}.mlp.w_gate_up"], self.params[f"layers.{l}.mlp.w_down"])

@@ -10,6 +10,13 @@ Outputs in ``--out``: ``records.jsonl`` — one generation record per problem (d
 per benchmark and overall ``n``, ``generated_tokens``, ``forwards`` (summed by kind), ``wall_s``,
 ``tokens_per_s = Σ generated / Σ wall_s`` and ``tpf = Σ generated / Σ (denoise + commit)`` (aggregate TPF,
 same convention as repro.tables). Not here: scoring (``repro.scoring``).
+
+``batch_size`` > 1 decodes all problems (of all files) together through the batched engine
+(:mod:`repro.engine.batch`, continuous batching; greedy token ids equal those of batch 1, tested on the tiny
+checkpoint); records are written in input order once all are done, each request's ``wall_s`` is its latency
+inside the batch, and ``summary.json`` adds ``batch``: ``{"batch_size", "rounds", "wall_s",
+"throughput_tokens_per_s" (Σ generated / batch wall time), "mean_round_s"}``. ``batch_size`` 1 (default) runs
+one request at a time on the engine's own path (CUDA graphs on a GPU).
 """
 
 from __future__ import annotations
@@ -42,14 +49,18 @@ def _problems(path: Path, limit: int | None):
 
 
 def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], out: str, limit: int | None = None,
-              precision: str = "fp32", device: str | None = None, seed: int = 12345) -> dict:
+              precision: str = "fp32", device: str | None = None, seed: int = 12345, batch_size: int = 1) -> dict:
     """Generate for every problem; write ``records.jsonl`` and ``summary.json`` in ``out``; return the summary.
 
-    ``decoder``: engine decoder keys overriding the role's default decoder. Raises FileNotFoundError for a
-    missing problem file and the loaders' errors for a bad checkpoint.
+    ``decoder``: engine decoder keys overriding the role's default decoder; ``batch_size``: requests decoded
+    together (module docstring). Raises FileNotFoundError for a missing problem file, ValueError for a
+    batch size < 1, and the loaders' errors for a bad checkpoint.
     """
+    from repro.engine.batch import BatchStats
     from repro.prompts import build_prompt
 
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
     files = [Path(p) for p in problem_files]
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
@@ -59,26 +70,30 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     per: dict[str, dict] = {}
+    items = [(pid, bench, build_prompt(bench, src)) for f in files for pid, bench, src in _problems(f, limit)]
+    stats = BatchStats()
+    if batch_size > 1:
+        outs = llm.generate_batch([p.messages for _, _, p in items], decoder=dec, batch_size=batch_size,
+                                  stats=stats)
+    else:
+        outs = (llm.generate(p.messages, decoder=dec) for _, _, p in items)
     with (outdir / "records.jsonl").open("w") as fh:
-        for f in files:
-            for pid, bench, src in _problems(f, limit):
-                prompt = build_prompt(bench, src)
-                o = llm.generate(prompt.messages, decoder=dec)
-                rec = {"id": pid, "benchmark": bench, "model": Path(model).name, "role": role, "seed": seed,
-                       "backend": "engine", "prompt_text": o.prompt_text, "completion": o.text,
-                       "prompt_tokens": o.prompt_tokens, "generated_tokens": o.generated_tokens,
-                       "forwards": o.forwards, "tpf": o.tpf, "wall_s": o.wall_s, "tokens_per_s": o.request_tps,
-                       "finish_reason": o.finish_reason, "device": str(llm.model.device),
-                       "decoder": o.decoder, "block_forwards": o.block_forwards, "token_ids": o.token_ids}
-                fh.write(json.dumps(rec) + "\n")
-                for key in (bench, "all"):
-                    s = per.setdefault(key, {"n": 0, "generated_tokens": 0, "wall_s": 0.0,
-                                             "forwards": {"prefill": 0, "denoise": 0, "commit": 0}})
-                    s["n"] += 1
-                    s["generated_tokens"] += o.generated_tokens
-                    s["wall_s"] += o.wall_s
-                    for k, v in o.forwards.items():
-                        s["forwards"][k] += v
+        for (pid, bench, _), o in zip(items, outs):
+            rec = {"id": pid, "benchmark": bench, "model": Path(model).name, "role": role, "seed": seed,
+                   "backend": "engine", "prompt_text": o.prompt_text, "completion": o.text,
+                   "prompt_tokens": o.prompt_tokens, "generated_tokens": o.generated_tokens,
+                   "forwards": o.forwards, "tpf": o.tpf, "wall_s": o.wall_s, "tokens_per_s": o.request_tps,
+                   "finish_reason": o.finish_reason, "device": str(llm.model.device), "batch_size": batch_size,
+                   "decoder": o.decoder, "block_forwards": o.block_forwards, "token_ids": o.token_ids}
+            fh.write(json.dumps(rec) + "\n")
+            for key in (bench, "all"):
+                s = per.setdefault(key, {"n": 0, "generated_tokens": 0, "wall_s": 0.0,
+                                         "forwards": {"prefill": 0, "denoise": 0, "commit": 0}})
+                s["n"] += 1
+                s["generated_tokens"] += o.generated_tokens
+                s["wall_s"] += o.wall_s
+                for k, v in o.forwards.items():
+                    s["forwards"][k] += v
     for s in per.values():
         d = s["forwards"]["denoise"] + s["forwards"]["commit"]
         s["tpf"] = s["generated_tokens"] / d if d else None
@@ -87,6 +102,17 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
                "host": platform.node(), "decoder": dec, "engine_path": llm.engine_path,
                "code_revision": code_revision(),
                "tpf_convention": "generated tokens up to first EOS (excluded) / (denoise + commit forwards)",
-               "benchmarks": {k: v for k, v in per.items() if k != "all"}, "overall": per.get("all")}
+               "benchmarks": {k: v for k, v in per.items() if k != "all"}, "overall": per.get("all"),
+               "batch": _batch_summary(batch_size, stats, per.get("all"))}
     (outdir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def _batch_summary(batch_size: int, stats, overall: dict | None) -> dict:
+    """The summary's ``batch`` entry (module docstring); rounds/throughput are None at batch 1."""
+    if batch_size == 1 or not stats.rounds:
+        return {"batch_size": batch_size, "engine": "one request at a time"}
+    gen = overall["generated_tokens"] if overall else 0
+    return {"batch_size": batch_size, "engine": "batched (repro.engine.batch)", "rounds": stats.rounds,
+            "wall_s": stats.wall_s, "throughput_tokens_per_s": gen / stats.wall_s if stats.wall_s > 0 else None,
+            "mean_round_s": sum(stats.round_s) / len(stats.round_s), "max_active": stats.max_active}

@@ -18,6 +18,7 @@ rule generate_shard:
         role=lambda wc: model_cfg(wc)["role"],
         device=lambda wc: suite_cfg(wc)["device"],
         precision=lambda wc: model_cfg(wc).get("precision", suite_cfg(wc)["precision"]),  # a model may override
+        batch_size=lambda wc: suite_cfg(wc).get("batch_size", 1),  # engine: requests decoded together
         code=code_version("generate"),  # engine (engine backend), backends, prompt templates
         adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
     log:
@@ -38,7 +39,8 @@ rule generate_shard:
                "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
                "--decoder {input.decoder} --problems {input.problems} --benchmark {wildcards.bench} "
                "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "
-               "--device {params.device} --precision {params.precision} {params.adapter_map} --out {output}",
+               "--device {params.device} --precision {params.precision} --batch-size {params.batch_size} "
+               "{params.adapter_map} --out {output}",
                streams="2> {log}")
 
 

@@ -3,6 +3,7 @@
 localrules:
     main_table,
     write_table,
+    speed_table,
 
 
 rule write_table:
@@ -28,15 +29,40 @@ rule write_table:
                "--out-dir {params.out_dir} --image-sidecars {input.images}", streams="2> {log}")
 
 
+rule speed_table:
+    """Single-request tokens/s, TPF, round time and the batched throughput per model x benchmark, from the
+    generation records and shard metas (repro/tables/speed.py; nothing is re-run)."""
+    input:
+        generations=lambda wc: table_inputs(wc)["generations"],
+    output:
+        md=os.path.join(RESULTS, "speed_table.md"),
+        tex=os.path.join(RESULTS, "speed_table.tex"),
+        csv=os.path.join(RESULTS, "speed_table.csv"),
+    params:
+        spec=table_spec(),
+        work=WORK,
+        suite=SUITE,
+        out_dir=lambda wc, output: os.path.dirname(output.md),
+        code=code_version("table"),
+    log:
+        W(f"logs/tables/{SUITE}.speed.log"),
+    container: image_for("cpu")
+    shell:
+        logged("{PY_IMAGE} -m repro.tables.speed --work {params.work} --suite {params.suite} --spec '{params.spec}' "
+               "--out-dir {params.out_dir}", streams="> {log} 2>&1")
+
+
 rule main_table:
     """The target: the table plus every generation and score file it is built from, so deleting any one
     of them re-runs exactly that job and its downstream (a rule with outputs would not notice)."""
     default_target: True
     input:
         rules.write_table.output,
+        rules.speed_table.output,
         unpack(table_inputs),
 
 
 onsuccess:
     if os.path.exists(os.path.join(RESULTS, "main_table.md")):
-        print(f"Table: {os.path.join(RESULTS, 'main_table.md')} (.tex, .csv, provenance.json beside it)")
+        print(f"Table: {os.path.join(RESULTS, 'main_table.md')} (.tex, .csv, provenance.json beside it); "
+              f"speed: {os.path.join(RESULTS, 'speed_table.md')}")

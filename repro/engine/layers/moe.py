@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from repro.engine.layers.linear import linear
+
 
 def route(x: torch.Tensor, router_w: torch.Tensor, expert_bias: torch.Tensor | None, top_k: int,
           n_group: int, topk_group: int, scaling: float, norm_topk_prob: bool = True):
@@ -30,7 +32,7 @@ def route(x: torch.Tensor, router_w: torch.Tensor, expert_bias: torch.Tensor | N
     """
     n = x.shape[0]
     e = router_w.shape[0]
-    s = torch.sigmoid(x.float() @ router_w.float().t())
+    s = torch.sigmoid(linear(x.float(), router_w.float()))  # row-invariant (layers/linear.py)
     b = s + expert_bias.float() if expert_bias is not None else s
     grp = b.view(n, n_group, e // n_group).topk(2, dim=-1).values.sum(-1)
     keep = grp.topk(topk_group, dim=-1).indices
@@ -50,13 +52,16 @@ def moe_forward_torch(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Te
     x: ``[n, D]`` model dtype; w_gate_up: ``[E, 2I, D]`` (per expert rows 0..I-1 gate, I..2I-1 up);
     w_down: ``[E, D, I]``; weights: ``[n, k]`` fp32; ids: ``[n, k]`` int64. Experts run in ascending index
     order over their assigned tokens; contributions accumulate in fp32. Returns ``[n, D]`` in x's dtype.
+    Row-invariant: token t's output depends only on ``x[t]`` and its routing, whatever other tokens
+    share the call (products of :func:`repro.engine.layers.linear.linear`; per token, experts add up in
+    ascending index order).
     """
     out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
     for e in torch.unique(ids).tolist():
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
-        h = x[tok] @ w_gate_up[e].t()
+        h = linear(x[tok], w_gate_up[e])  # fixed row tiles: a token's bits do not depend on the others
         g, u = h.chunk(2, dim=-1)
-        y = (F.silu(g) * u) @ w_down[e].t()
+        y = linear(F.silu(g) * u, w_down[e])
         out.index_add_(0, tok, y.float() * weights[tok, slot][:, None])
     return out.to(x.dtype)
 
@@ -64,6 +69,14 @@ def moe_forward_torch(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Te
 MoeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _IMPLS: dict[str, MoeFn] = {"torch": moe_forward_torch}
 _ACTIVE: list[MoeFn] = [moe_forward_torch]
+_ACTIVE_NAME: list[str] = ["torch"]
+
+#: Implementations whose kernel configuration (or fast case) depends on the number of rows: calls go to
+#: them in groups of exactly this many rows, so every call has the same shape and a token's result does
+#: not depend on the batch (:mod:`repro.engine.batch`). "triton": ``kernels/moe.py``
+#: ``moe_forward_triton`` runs its grouped GEMMs for n ≤ 128 and the torch loop above that; its workspace
+#: is sized by n. Pad rows repeat row 0's experts with weight 0 (no extra expert is read).
+ROW_GROUPS: dict[str, int] = {"triton": 128}
 
 
 def register_moe_impl(name: str, fn: MoeFn) -> None:
@@ -76,9 +89,23 @@ def set_moe_impl(name: str) -> None:
     if name not in _IMPLS:
         raise KeyError(f"unknown MoE impl {name!r}; registered: {sorted(_IMPLS)}")
     _ACTIVE[0] = _IMPLS[name]
+    _ACTIVE_NAME[0] = name
 
 
 def moe_forward(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                 weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Dispatch to the selected implementation; contract of :func:`moe_forward_torch`."""
-    return _ACTIVE[0](x, w_gate_up, w_down, weights, ids)
+    """Dispatch to the selected implementation; contract of :func:`moe_forward_torch`. Implementations
+    listed in :data:`ROW_GROUPS` get fixed-size row groups (batch invariance)."""
+    group = ROW_GROUPS.get(_ACTIVE_NAME[0])
+    fn = _ACTIVE[0]
+    if group is None or x.shape[0] == group:
+        return fn(x, w_gate_up, w_down, weights, ids)
+    n = x.shape[0]
+    pad = (-n) % group
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+        ids = torch.cat([ids, ids[:1].expand(pad, -1)])
+        weights = torch.cat([weights, weights.new_zeros(pad, weights.shape[1])])
+    outs = [fn(x[i:i + group], w_gate_up, w_down, weights[i:i + group], ids[i:i + group])
+            for i in range(0, n + pad, group)]
+    return torch.cat(outs)[:n]

@@ -1,0 +1,313 @@
+"""`python -m repro.engine.bench batch`: batched generation at full size on one GPU — throughput and invariance.
+
+    python -m repro.engine.bench batch [--prefix 1024] [--batch-tokens 256] [--batch-sizes 1,8,32]
+        [--sections throughput,invariance] [--algorithms joint_threshold,orl]
+        [--invariance-prompts 32] [--invariance-tokens 32] [--json FILE]
+
+Time: the eager forward is slow at batch 1 (≈ 0.1 s per forward measured before this work, docs/perf.md), and
+the invariance check runs every prompt alone; to stay inside a 10-minute device call run it in pieces, e.g.
+``--sections throughput``, then ``--sections invariance --algorithms joint_threshold``, then ``... orl``
+(each saves its JSON after every algorithm / section).
+
+Builds LLaDA2.1-mini in its real shapes with deterministic random bf16 weights
+(:meth:`repro.engine.model.LLaDA2Model.random`, preset ``llada2.1-mini``, router fp32), selects the Triton
+kernels in the layer seams, and runs the batched engine (:mod:`repro.engine.batch`: eager forward, one
+``forward_chunks`` per round over all active requests; no CUDA graphs).
+
+1. **Throughput** per batch size b: b requests (``max(2, b)`` at b = 1), each a distinct random prompt of
+   ``prefix`` tokens followed by ``--batch-tokens`` new tokens with a **fixed schedule** (as ``bench generate``):
+   ``low_confidence`` with threshold 1 (never passed) and ``num_to_transfer = 32 / steps`` (default 8
+   steps per block: 4 tokens per round), the mask token excluded, no EOS stop — so every block takes
+   ``steps`` denoising rounds + 1 commit, whatever the weights. Reported: aggregate tokens/s (all generated
+   tokens / wall time of the decode rounds, prefill rounds excluded; with prefill beside it), the median
+   decode round (CUDA-synchronised wall time of one ``forward_chunks``), and its **floor** = bytes the round
+   actually reads / device copy bandwidth: every non-expert weight once per GEMM row tile
+   (:func:`repro.engine.layers.linear.row_tile`), the routed experts touched per 128-row MoE group (counted
+   on one round with the routing recorded), the shared experts and router once per group, and each request's
+   K/V prefix. Speed-ups are against batch 1 of the same run.
+2. **Batch invariance**: ``--invariance-prompts`` random prompts of varied length (64..prefix tokens), real
+   greedy decoders (``joint_threshold``, ``orl`` with adapter-free self-conditioning: the preset has no
+   adapter), ``--invariance-tokens`` new tokens, real EOS: each prompt alone (batch 1), then in batches of
+   8 and of all of them; identical token ids and forward counts for every prompt is the pass condition.
+
+Prints one line per measurement on stderr, then a short table, and as the last stdout line one JSON
+document (also written to ``--json``). Each section catches its own errors (recorded in the JSON as
+``error``), so one failure does not lose the others; the JSON file is rewritten after every section.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+
+def _model(seed: int):
+    from repro.engine.config import LLaDA2Config
+    from repro.engine.kernels import register_with_seams
+    from repro.engine.model import LLaDA2Model
+    from repro.engine.presets import PRESET_MASK_IDS, PRESETS
+
+    cfg = LLaDA2Config.from_dict(PRESETS["llada2.1-mini"])
+    model = LLaDA2Model.random(cfg, device="cuda", dtype="bf16", seed=seed, with_adapter=False)
+    register_with_seams(select=True)
+    return model, PRESET_MASK_IDS["llada2.1-mini"], PRESETS["llada2.1-mini"]["eos_token_id"]
+
+
+def _plain_vocab(model) -> int:
+    """Upper bound of random prompt ids: below the special tokens (the preset's sit above 156k; the tiny
+    checkpoint's byte tokens are 0..255)."""
+    V = model.cfg.vocab_size
+    return V - 512 if V > 4096 else 256
+
+
+def _sync(model) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
+class _RoundRecorder:
+    """Wraps ``model.forward_chunks``: per round its rows, whether it held a prefill, and its wall time
+    (CUDA-synchronised before and after)."""
+
+    def __init__(self, model):
+        self.model, self.inner, self.rounds = model, model.forward_chunks, []
+        model.forward_chunks = self  # an instance attribute: shadows the method until close()
+
+    def __call__(self, chunks):
+        _sync(self.model)
+        t0 = time.perf_counter()
+        out = self.inner(chunks)
+        _sync(self.model)
+        rows = sum(int((c.embeds if c.embeds is not None else c.ids).shape[0]) for c in chunks)
+        self.rounds.append({"s": time.perf_counter() - t0, "rows": rows, "chunks": len(chunks),
+                            "prefill": any(c.start == 0 and c.ids is not None and c.ids.shape[0] > c.block_size
+                                           for c in chunks),
+                            "kv_positions": sum(c.start + int((c.embeds if c.embeds is not None else c.ids).shape[0])
+                                                for c in chunks)})
+        return out
+
+    def close(self):
+        del self.model.forward_chunks
+
+
+def _expert_groups(model, chunks) -> list[int]:
+    """Distinct routed experts read per MoE layer in one ``forward_chunks`` of ``chunks``, summed over the
+    fixed 128-row groups of the Triton seam (layers.moe.ROW_GROUPS); runs one untimed forward."""
+    import repro.engine.model as M
+    from repro.engine.layers import moe
+
+    group = moe.ROW_GROUPS.get(moe._ACTIVE_NAME[0]) or 10**9
+    counts: list[int] = []
+    real = M.moe_forward
+
+    def counting(x, a, b, w, ids):
+        counts.append(sum(int(ids[i:i + group].unique().numel()) for i in range(0, ids.shape[0], group)))
+        return real(x, a, b, w, ids)
+
+    M.moe_forward = counting
+    try:
+        with torch.inference_mode():
+            model.forward_chunks(chunks)
+    finally:
+        M.moe_forward = real
+    return counts
+
+
+def round_bytes(model, rows: int, kv_positions: int, experts_read: list[int]) -> dict:
+    """Bytes one batched round reads (module docstring): non-expert weights once per GEMM row tile, routed
+    experts as counted, shared experts + router once per MoE row group, K/V of every request's prefix."""
+    from repro.engine.layers import moe
+    from repro.engine.layers.linear import CUDA_ROW_TILE
+
+    c, p = model.cfg, model.params
+    tiles = -(-rows // CUDA_ROW_TILE)
+    group = moe.ROW_GROUPS.get(moe._ACTIVE_NAME[0]) or rows
+    groups = -(-rows // group)
+    nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
+    routed = {n for n in p if n.endswith(("moe.w_gate_up", "moe.w_down"))}
+    first_moe = f"layers.{c.first_k_dense_replace}.moe."
+    per_expert = sum(nbytes(p[n]) // p[n].shape[0] for n in routed if n.startswith(first_moe))
+    router = sum(nbytes(t) for n, t in p.items() if n.endswith(("moe.router", "moe.expert_bias")))
+    shared = sum(nbytes(t) for n, t in p.items() if "shared_" in n)
+    rest = sum(nbytes(t) for n, t in p.items() if n not in routed and "shared_" not in n and n != "embed"
+               and not n.endswith(("moe.router", "moe.expert_bias")))
+    b = {"gemm_tiles": tiles, "moe_groups": groups, "dense_weights": rest * tiles,
+         "router": router * tiles, "shared_experts": shared * tiles,
+         "routed_experts": sum(experts_read) * per_expert, "embed_rows": rows * c.hidden_size * 2,
+         "kv_cache": kv_positions * c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 2}
+    b["total"] = sum(v for k, v in b.items() if k not in ("gemm_tiles", "moe_groups"))
+    return b
+
+
+def bench_throughput(model, mask_id: int, prefix: int, tokens: int, batch_sizes, steps: int, copy_gbps: float,
+                     seed: int, log) -> list[dict]:
+    """Section 1 of the module docstring; one result dict per batch size."""
+    from repro.engine.batch import BatchRequest, BatchStats, generate_batch
+    from repro.engine.model import Chunk
+
+    dec = {"algorithm": "low_confidence", "threshold": 1.0, "num_to_transfer": 32 // steps,
+           "exclude_mask_token": True, "max_new_tokens": tokens}
+    g = torch.Generator().manual_seed(seed)
+    V = _plain_vocab(model)
+    out = []
+    for bs in batch_sizes:
+        n_req = max(2, bs)
+        reqs = [BatchRequest(torch.randint(0, V, (prefix,), generator=g).tolist(), dec) for _ in range(n_req)]
+        # warm-up (Triton compilation, allocator): two short requests at this batch size
+        generate_batch(model, [BatchRequest(r.prompt_ids, {**dec, "max_new_tokens": 32}) for r in reqs[:bs]],
+                       mask_id=mask_id, eos_id=-1, batch_size=bs)
+        rec = _RoundRecorder(model)
+        stats = BatchStats()
+        try:
+            t0 = time.perf_counter()
+            res = generate_batch(model, reqs, mask_id=mask_id, eos_id=-1, batch_size=bs, stats=stats)
+            wall = time.perf_counter() - t0
+        finally:
+            rec.close()
+        gen = sum(len(r.raw_ids) for r, _ in res)
+        decode = [r for r in rec.rounds if not r["prefill"]]
+        full = [r for r in decode if r["chunks"] == bs] or decode
+        med = statistics.median(r["s"] for r in full)
+        rep = min(full, key=lambda r: abs(r["s"] - med))
+        # routing of a representative full round: each request's current block (random ids over its prefix)
+        caches = []
+        for r in reqs[:bs]:
+            cache = model.new_cache(prefix + 32)
+            caches.append(Chunk(prefix, cache, 32, ids=torch.randint(0, V, (32,), generator=g).to(model.device)))
+        experts = _expert_groups(model, caches)
+        del caches
+        by = round_bytes(model, rep["rows"], rep["kv_positions"], experts)
+        floor_ms = by["total"] / (copy_gbps * 1e9) * 1e3
+        row = {"batch_size": bs, "requests": n_req, "generated_tokens": gen, "wall_s": wall,
+               "rounds": len(rec.rounds), "decode_rounds": len(decode),
+               "tokens_per_s_decode": gen / sum(r["s"] for r in decode),
+               "tokens_per_s_with_prefill": gen / wall, "round_ms_median": med * 1e3,
+               "rows_per_round": rep["rows"], "distinct_experts_per_layer_mean": statistics.mean(experts),
+               "bytes_per_round": by, "floor_ms": floor_ms, "round_over_floor": med * 1e3 / floor_ms,
+               "forwards_per_request": res[0][0].forwards}
+        log(f"[batch {bs}] {n_req} req x {tokens} tok after P={prefix}: {row['tokens_per_s_decode']:.0f} tok/s "
+            f"(decode rounds; {row['tokens_per_s_with_prefill']:.0f} with prefill), round {med * 1e3:.2f} ms, "
+            f"floor {floor_ms:.2f} ms ({by['total'] / 1e9:.1f} GB), x{row['round_over_floor']:.2f}, "
+            f"{row['distinct_experts_per_layer_mean']:.0f} experts/layer")
+        out.append(row)
+    base = next((r for r in out if r["batch_size"] == 1), None)
+    for r in out:
+        r["speedup_vs_batch1"] = r["tokens_per_s_decode"] / base["tokens_per_s_decode"] if base else None
+    return out
+
+
+def bench_invariance(model, mask_id: int, eos_id: int, n_prompts: int, prefix: int, tokens: int, algorithms,
+                     seed: int, log, on_algorithm=None) -> dict:
+    """Section 2 of the module docstring: ``{algorithm: {"alone_s", "batches": {b: {...}}}}``."""
+    from repro.engine.batch import BatchRequest, generate_batch
+
+    g = torch.Generator().manual_seed(seed + 7)
+    V = _plain_vocab(model)
+    lens = torch.randint(64, prefix + 1, (n_prompts,), generator=g).tolist()
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in lens]
+    out = {}
+    for algo in algorithms:
+        dec = {"algorithm": algo, "max_new_tokens": tokens}
+        reqs = [BatchRequest(p, dec) for p in prompts]
+        t0 = time.perf_counter()
+        alone = [r for r, _ in generate_batch(model, reqs, mask_id=mask_id, eos_id=eos_id, batch_size=1)]
+        res = {"alone_s": time.perf_counter() - t0, "batches": {},
+               "generated_tokens": [len(r.token_ids) for r in alone]}
+        for bs in sorted({8, n_prompts}):
+            t0 = time.perf_counter()
+            got = [r for r, _ in generate_batch(model, reqs, mask_id=mask_id, eos_id=eos_id, batch_size=bs)]
+            ids_eq = [a.token_ids == b.token_ids and a.raw_ids == b.raw_ids for a, b in zip(alone, got)]
+            fw_eq = [a.forwards == b.forwards for a, b in zip(alone, got)]
+            res["batches"][bs] = {"s": time.perf_counter() - t0, "identical_ids": sum(ids_eq),
+                                  "identical_forwards": sum(fw_eq), "of": n_prompts,
+                                  "first_mismatch": next((i for i, (x, y) in enumerate(zip(ids_eq, fw_eq))
+                                                          if not (x and y)), None)}
+            log(f"[invariance {algo}] batch {bs}: ids identical {sum(ids_eq)}/{n_prompts}, forwards identical "
+                f"{sum(fw_eq)}/{n_prompts}")
+        res["pass"] = all(b["identical_ids"] == b["of"] == b["identical_forwards"] for b in res["batches"].values())
+        out[algo] = res
+        if on_algorithm is not None:  # save partial results: the run may be cut by its time limit
+            on_algorithm(out)
+    return out
+
+
+def table(doc: dict) -> str:
+    """The short human-readable summary printed at the end."""
+    lines = [f"batched engine on {doc.get('gpu', '?')} (bf16, eager forward + Triton seams), "
+             f"copy {doc.get('copy_GBps', 0):.0f} GB/s"]
+    thr = doc.get("throughput")
+    if isinstance(thr, list):
+        lines.append(f"{'batch':>5} {'tok/s':>9} {'x b1':>6} {'round ms':>9} {'floor ms':>9} {'ratio':>6} {'exp/layer':>9}")
+        for r in thr:
+            lines.append(f"{r['batch_size']:>5} {r['tokens_per_s_decode']:>9.0f} {r['speedup_vs_batch1'] or 0:>6.2f} "
+                         f"{r['round_ms_median']:>9.2f} {r['floor_ms']:>9.2f} {r['round_over_floor']:>6.2f} "
+                         f"{r['distinct_experts_per_layer_mean']:>9.0f}")
+    elif thr is not None:
+        lines.append(f"throughput: {thr}")
+    inv = doc.get("invariance")
+    if isinstance(inv, dict) and "error" not in inv:
+        for algo, r in inv.items():
+            cells = ", ".join(f"b{b}: {v['identical_ids']}/{v['of']} ids, {v['identical_forwards']}/{v['of']} fwd"
+                              for b, v in r["batches"].items())
+            lines.append(f"invariance {algo}: {'PASS' if r['pass'] else 'FAIL'} ({cells})")
+    elif inv is not None:
+        lines.append(f"invariance: {inv}")
+    return "\n".join(lines)
+
+
+def run(args, env_info, copy_bandwidth) -> int:
+    """Entry from :func:`repro.engine.bench.main` (mode ``batch``)."""
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    doc = {"bench": "repro.engine.bench batch", **env_info(), "prefix": args.prefix, "tokens": args.batch_tokens,
+           "invariance_tokens": args.invariance_tokens, "invariance_prompts": args.invariance_prompts}
+
+    def save():
+        if args.json:
+            with open(args.json, "w") as fh:
+                fh.write(json.dumps(doc) + "\n")
+
+    try:
+        doc["copy_GBps"] = copy_bandwidth()
+        t0 = time.perf_counter()
+        model, mask_id, eos_id = _model(args.seed)
+        _sync(model)
+        doc["build_s"] = time.perf_counter() - t0
+        log(f"model built in {doc['build_s']:.1f} s; copy bandwidth {doc['copy_GBps']:.0f} GB/s")
+    except Exception as e:  # noqa: BLE001
+        doc["error"] = f"{type(e).__name__}: {e}"
+        doc["traceback"] = traceback.format_exc()
+        save()
+        print(json.dumps(doc))
+        return 1
+    sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    sections = {x for x in args.sections.split(",") if x}
+    if "throughput" in sections:
+        try:
+            doc["throughput"] = bench_throughput(model, mask_id, args.prefix, args.batch_tokens, sizes,
+                                                 args.steps_per_block, doc["copy_GBps"], args.seed, log)
+        except Exception as e:  # noqa: BLE001
+            doc["throughput"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log(doc["throughput"]["traceback"])
+        save()
+    if "invariance" in sections:
+        def partial(out):
+            doc["invariance"] = out
+            save()
+        try:
+            doc["invariance"] = bench_invariance(model, mask_id, eos_id, args.invariance_prompts, args.prefix,
+                                                 args.invariance_tokens, [a for a in args.algorithms.split(",") if a],
+                                                 args.seed, log, on_algorithm=partial)
+        except Exception as e:  # noqa: BLE001
+            doc["invariance"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log(doc["invariance"]["traceback"])
+        save()
+    log(table(doc))
+    print(json.dumps(doc))
+    return 0

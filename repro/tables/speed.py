@@ -1,0 +1,182 @@
+"""`python -m repro.tables.speed`: the speed table beside the main table, as the model cards report speed.
+
+    python -m repro.tables.speed --work WORK --suite smoke --spec SPEC_JSON --out-dir results/smoke
+
+Writes ``speed_table.{md,tex,csv}`` in ``--out-dir`` (``SPEC_JSON``: the main table's spec, models and
+benchmarks). One row per generated model × benchmark (replayed models decode nothing and are skipped), from
+the generation records and their shard metas only (nothing is re-run):
+
+* ``tokens/s (1 req.)``: tokens per second of a **single request** = Σ generated tokens / Σ ``wall_s``
+  over the first :data:`SUBSET` problems (problem order) of seed ``seeds[0]`` whose records were made at
+  batch 1 (the model cards' convention: "tokens/s for a single request"; the paper reports GSM8K and
+  HumanEval). ``-`` when the suite generated batched: then measure it with
+  ``python -m repro.engine bench suite --batch-size 1 --limit 32`` (command in the caption).
+* ``TPF``: Σ generated / Σ (denoise + commit) over all records (the main table's convention).
+* ``ms/forward (1 req.)``: Σ ``wall_s`` / Σ forwards (prefill + denoise + commit) over the same subset.
+* ``tokens/s (batch N)``: the jobs' throughput at the suite's batch size: Σ generated / Σ generation
+  seconds of the sessions that finished the shards (``generated_last_session`` of the shard metas); and
+  ``ms/round (batch N)``: the batched engine's mean round time (``backend_info.batch``), ``-`` at batch 1.
+* ``load s``: model load seconds per generation job (``backend_info.load_s``, mean over the shards).
+
+A last row ``all`` sums each column's numerators and denominators over the rows. The caption names the
+device (GPU name), precision, engine path and batch size, read from the shard metas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from repro import paths
+from repro.benchmarks import get as declared_benchmark
+from repro.io import atomic_write_text, read_jsonl
+from repro.tables.render import fmt, latex_escape
+
+#: Problems per benchmark (first in problem order) over which single-request tokens/s is measured.
+SUBSET = 32
+
+COLUMNS = [("tps_single", "tokens/s (1 req.)", 1), ("tpf", "TPF", 2), ("ms_per_forward", "ms/forward (1 req.)", 1),
+           ("tps_batch", "tokens/s (batch N)", 1), ("ms_per_round_batch", "ms/round (batch N)", 1),
+           ("load_s", "load s", 2)]
+
+
+def _ratio(num: float, den: float, scale: float = 1.0):
+    return num / den * scale if den else None
+
+
+def cell_sums(records: list[dict], metas: list[dict]) -> dict:
+    """The numerators/denominators of one model × benchmark (module docstring), plus what the caption needs."""
+    single = [r for r in records if r.get("backend") == "engine" and r.get("batch_size", 1) == 1
+              and r.get("wall_s")][:SUBSET]
+    fw = lambda r, kinds: sum((r.get("forwards") or {}).get(k, 0) for k in kinds)  # noqa: E731
+    counted = [r for r in records if r.get("forwards")]
+    infos = [m.get("backend_info") or {} for m in metas]
+    sessions = [m.get("generated_last_session") for m in metas if m.get("generated_last_session")]
+    rounds = [i["batch"] for i in infos if i.get("batch")]
+    loads = [i["load_s"] for i in infos if i.get("load_s") is not None]
+    return {
+        "n_single": len(single),
+        "single_tokens": sum(r["generated_tokens"] for r in single), "single_wall": sum(r["wall_s"] for r in single),
+        "single_forwards": sum(fw(r, ("prefill", "denoise", "commit")) for r in single),
+        "tokens": sum(r["generated_tokens"] for r in counted),
+        "tpf_forwards": sum(fw(r, ("denoise", "commit")) for r in counted),
+        "batch_tokens": sum(s["generated_tokens"] for s in sessions), "batch_wall": sum(s["wall_s"] for s in sessions),
+        "round_s": sum(b["mean_round_s"] * b["rounds"] for b in rounds), "rounds": sum(b["rounds"] for b in rounds),
+        "load_s": sum(loads), "loads": len(loads),
+        "batch_sizes": sorted({m.get("batch_size", 1) for m in metas}),
+        "devices": sorted({str(i.get("device")) for i in infos if i.get("device")}),
+        "precisions": sorted({str(m.get("precision")) for m in metas if m.get("precision")}),
+        "engine_paths": sorted({str(i.get("engine_path")) for i in infos if i.get("engine_path")}),
+    }
+
+
+def row_values(s: dict) -> dict:
+    """The printed numbers of a row from its sums."""
+    return {"tps_single": _ratio(s["single_tokens"], s["single_wall"]), "tpf": _ratio(s["tokens"], s["tpf_forwards"]),
+            "ms_per_forward": _ratio(s["single_wall"], s["single_forwards"], 1000.0),
+            "tps_batch": _ratio(s["batch_tokens"], s["batch_wall"]),
+            "ms_per_round_batch": _ratio(s["round_s"], s["rounds"], 1000.0), "load_s": _ratio(s["load_s"], s["loads"]),
+            "n_single": s["n_single"]}
+
+
+def build(work: Path, suite: str, spec: dict) -> tuple[list[dict], dict]:
+    """Rows (label, benchmark, values) and the summed facts for the caption. Raises FileNotFoundError naming a
+    missing generation file."""
+    seed = spec["seeds"][0]
+    rows, total = [], None
+    for m in spec["models"]:
+        if m.get("replay"):
+            continue
+        for b in spec["benchmarks"]:
+            g = work / paths.GENERATIONS.format(suite=suite, model=m["name"], bench=b, seed=seed)
+            if not g.is_file():
+                raise FileNotFoundError(f"{g}: generation file missing; run the main table's generation first")
+            meta_p = Path(str(g) + ".meta.json")
+            meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
+            s = cell_sums(read_jsonl(g), meta.get("shards", [meta] if meta else []))
+            rows.append({"label": m["label"], "benchmark": b, **row_values(s)})
+            if total is None:
+                total = dict(s)
+            else:
+                for k, v in s.items():
+                    total[k] = sorted(set(total[k]) | set(v)) if isinstance(v, list) else total[k] + v
+    if total is not None:
+        rows.append({"label": "all", "benchmark": "all", **row_values(total)})
+    return rows, total or {}
+
+
+def caption(total: dict, suite: str, latex: bool = False) -> str:
+    """What the numbers were measured on (device, precision, engine path, batch size, subset)."""
+    bs = total.get("batch_sizes") or [1]
+    dev = ", ".join(total.get("devices") or ["device not recorded"])
+    prec = ", ".join(total.get("precisions") or ["?"])
+    path = ", ".join(total.get("engine_paths") or ["?"])
+    n = "N = " + ", ".join(map(str, bs))
+    single = (f"single-request tokens/s over the first {SUBSET} problems of each benchmark generated at batch 1"
+              if 1 in bs else
+              "single-request tokens/s not measured in this run (generated batched; measure with "
+              "python -m repro.engine bench suite --batch-size 1 --limit 32)")
+    text = (f"Decoding speed ({suite} suite) on {dev}, {prec}, engine path {path}, batch {n}: {single}; "
+            "TPF = generated tokens / (denoise + commit forwards); tokens/s (batch N) = generated tokens / "
+            "generation seconds of the jobs; ms/round (batch N) = the batched engine's mean round; load s = "
+            "model load per generation job.")
+    return latex_escape(text) if latex else text
+
+
+def to_frame(rows: list[dict]) -> pd.DataFrame:
+    cols = ["label", "benchmark", "n_single"] + [c for c, _, _ in COLUMNS]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def to_markdown(rows: list[dict], cap: str) -> str:
+    head = ["Model", "Benchmark", "n (1 req.)"] + [t for _, t, _ in COLUMNS]
+    lines = [cap, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        bench = r["benchmark"] if r["benchmark"] == "all" else declared_benchmark(r["benchmark"]).title
+        lines.append("| " + " | ".join([r["label"], bench, str(r["n_single"])]
+                                       + [fmt(r[c], d) for c, _, d in COLUMNS]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_latex(rows: list[dict], cap: str, label: str) -> str:
+    head = ["Model", "Benchmark", "$n$"] + [latex_escape(t) for _, t, _ in COLUMNS]
+    body = []
+    for r in rows:
+        bench = r["benchmark"] if r["benchmark"] == "all" else declared_benchmark(r["benchmark"]).title
+        body.append(" & ".join([latex_escape(r["label"]), latex_escape(bench), str(r["n_single"])]
+                               + [fmt(r[c], d, "--") for c, _, d in COLUMNS]) + r" \\")
+    return "\n".join(["% Speed table written by repro (python -m repro.tables.speed). Needs \\usepackage{booktabs}.",
+                      r"\begin{table}[t]", r"\centering", r"\small",
+                      r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}", r"\toprule", " & ".join(head) + r" \\",
+                      r"\midrule", *body, r"\bottomrule", r"\end{tabular}", rf"\caption{{{cap}}}",
+                      rf"\label{{{label}}}", r"\end{table}"]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m repro.tables.speed", description=__doc__.splitlines()[0])
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--suite", required=True)
+    ap.add_argument("--spec", required=True, help="the main table's JSON spec (models, benchmarks, seeds)")
+    ap.add_argument("--out-dir", required=True, type=Path)
+    a = ap.parse_args(argv)
+    spec = json.loads(a.spec)
+    try:
+        rows, total = build(a.work, a.suite, spec)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = a.out_dir
+    atomic_write_text(out / "speed_table.md", to_markdown(rows, caption(total, a.suite)))
+    atomic_write_text(out / "speed_table.tex", to_latex(rows, caption(total, a.suite, latex=True),
+                                                        f"tab:speed-{a.suite}"))
+    atomic_write_text(out / "speed_table.csv", to_frame(rows).to_csv(index=False, lineterminator="\n"))
+    print((out / "speed_table.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
