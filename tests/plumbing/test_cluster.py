@@ -138,6 +138,13 @@ def test_gpu_requirement_from_the_checkpoint(tmp_path):
     assert 37.5e9 < need < 38.5e9
     assert need / 1e6 <= cluster.gpu_memory_need_mb({"type": "hf"}, "bf16") == 38_000  # what the rule declares
     assert cluster.gpu_memory_need_mb({"type": "hf"}, "nvfp4-w4a16") == 14_000
+    # the NVFP4 checkpoint (10.6 GB of files): ~14 GB kept in 4 bits, ~38 GB dequantized to bf16 at load
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_algo": "NVFP4"}}))
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.truncate(10_600_000_000)
+    assert 13e9 < cluster.gpu_need_bytes(tmp_path, "nvfp4-w4a16") < 14e9
+    assert 37.5e9 < cluster.gpu_need_bytes(tmp_path, "bf16") < 38.5e9
     assert cluster.gpu_problem("NVIDIA H100 80GB HBM3", 80 * 2**30, (9, 0), need, "bf16") is None
     small = cluster.gpu_problem("NVIDIA A10", 24 * 10**9, (8, 6), need, "bf16")
     assert "24.0 GB" in small and "37.9 GB" in small and "at least 38 GB" in small
