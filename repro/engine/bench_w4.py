@@ -32,6 +32,13 @@ W4_TILES = {
     "n64_k256_w8": {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=3),
                     "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)},
 }
+# the same tiles with the subnormal-pattern decode (moe_w4._fp4_tile DECODE 1)
+W4_TILES.update({f"{k}+dec1": {kk: dict(v, W4_DECODE=1) for kk, v in t.items()}
+                 for k, t in list(W4_TILES.items()) if k in ("n64_k128",)})
+W4_TILES["bf16_tiles+dec1"] = {"gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4,
+                                               W4_DECODE=1),
+                               "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=2, num_stages=4,
+                                            W4_DECODE=1)}
 
 
 def w4_weights(W: dict, shape, seed: int = 0) -> dict:
@@ -199,9 +206,11 @@ def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print) ->
     M.moe_route_align(x, gate, bias, ws, E + 1, k)
     D = int((ws.counts[:E] > 0).sum())
     out = {"T": T, "distinct_experts": D}
-    for name, a, b, bpw in (("bf16", w13, w2, 2.0), ("w4", w13_4, w2_4, NVFP4_BYTES)):
-        gu = time_replays(lambda: M.moe_gate_up(x, a, ws, k), iters)["ms"] * 1e3
-        dn = time_replays(lambda: M.moe_down(b, ws), iters)["ms"] * 1e3
+    dec1 = W4_TILES["bf16_tiles+dec1"]
+    for name, a, b, bpw, cfg in (("bf16", w13, w2, 2.0, None), ("w4", w13_4, w2_4, NVFP4_BYTES, None),
+                                 ("w4_dec1", w13_4, w2_4, NVFP4_BYTES, dec1)):
+        gu = time_replays(lambda: M.moe_gate_up(x, a, ws, k, cfg), iters)["ms"] * 1e3
+        dn = time_replays(lambda: M.moe_down(b, ws, cfg), iters)["ms"] * 1e3
         routed = D * 2 * N * H * bpw + 2 * N * H * 2  # touched routed experts + the bf16 shared expert
         out[name] = {"gate_up_us": gu, "down_us": dn, "gate_up_GBps": routed / (gu * 1e-6) / 1e9,
                      "down_GBps": (routed / 2) / (dn * 1e-6) / 1e9}
