@@ -18,19 +18,22 @@ from __future__ import annotations
 
 import torch
 
+from .kernels.moe_w4 import W4_TILES_DEFAULT
+
 #: bytes per routed-expert weight in NVFP4: 4-bit code + one E4M3 scale per 16 weights
 NVFP4_BYTES = 0.5 + 1.0 / 16
 W4_TARGETS = {"ms_1k": 1.9, "ratio_1k": 1.25, "ms_4k": 2.0, "model_GB": 12.0}
 
-#: MoE tile variants for the 4-bit expert GEMMs (None = the tuned BF16 tiles of kernels/configs/moe.json)
+#: MoE tile variants for the 4-bit expert GEMMs ("default" = ``moe_w4.W4_TILES_DEFAULT``; None = the tuned BF16
+#: tiles of kernels/configs; every variant with decode 1 unless "+dec0": the select decode of moe_w4._fp4_tile)
 W4_TILES = {
+    "default": W4_TILES_DEFAULT,
     "bf16_tiles": None,
-    "n64_k128": {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
-                 "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)},
     "n32_k256": {"gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
                  "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3)},
     "n64_k256_w8": {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=3),
                     "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)},
+    "default+dec0": {k: dict(v, W4_DECODE=0) for k, v in W4_TILES_DEFAULT.items()},
 }
 
 
@@ -199,9 +202,10 @@ def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print) ->
     M.moe_route_align(x, gate, bias, ws, E + 1, k)
     D = int((ws.counts[:E] > 0).sum())
     out = {"T": T, "distinct_experts": D}
-    for name, a, b, bpw in (("bf16", w13, w2, 2.0), ("w4", w13_4, w2_4, NVFP4_BYTES)):
-        gu = time_replays(lambda: M.moe_gate_up(x, a, ws, k), iters)["ms"] * 1e3
-        dn = time_replays(lambda: M.moe_down(b, ws), iters)["ms"] * 1e3
+    for name, a, b, bpw, cfg in (("bf16", w13, w2, 2.0, None), ("w4", w13_4, w2_4, NVFP4_BYTES, W4_TILES_DEFAULT),
+                                 ("w4_dec0", w13_4, w2_4, NVFP4_BYTES, W4_TILES["default+dec0"])):
+        gu = time_replays(lambda: M.moe_gate_up(x, a, ws, k, cfg), iters)["ms"] * 1e3
+        dn = time_replays(lambda: M.moe_down(b, ws, cfg), iters)["ms"] * 1e3
         routed = D * 2 * N * H * bpw + 2 * N * H * 2  # touched routed experts + the bf16 shared expert
         out[name] = {"gate_up_us": gu, "down_us": dn, "gate_up_GBps": routed / (gu * 1e-6) / 1e9,
                      "down_GBps": (routed / 2) / (dn * 1e-6) / 1e9}

@@ -15,11 +15,16 @@ from repro.engine.tokenizer import ChatTokenizer  # noqa: E402
 from .conftest import rel_err  # noqa: E402
 
 
+def tiny_checkpoint(tmp_path_factory, name: str, nvfp4: bool = False):
+    """(directory, tokenizer) of a freshly written tiny checkpoint (seed 1; NVFP4 variant with ``nvfp4``)."""
+    d = tmp_path_factory.mktemp(name)
+    write_tiny(d, seed=1, nvfp4=nvfp4)
+    return d, ChatTokenizer(d)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny_graph")
-    write_tiny(d, seed=1)
-    return d, ChatTokenizer(d)
+    return tiny_checkpoint(tmp_path_factory, "tiny_graph")
 
 
 def test_graph_backend_forwards_match_eager_engine(tiny, dev):

@@ -7,19 +7,16 @@ import torch
 pytest.importorskip("triton")
 
 from repro.checkpoint.nvfp4 import NVFP4Experts  # noqa: E402
-from repro.checkpoint.tiny import write_tiny  # noqa: E402
 from repro.engine.graph import GraphBackend, kernel_weights  # noqa: E402
 from repro.engine.model import LLaDA2Model  # noqa: E402
-from repro.engine.tokenizer import ChatTokenizer  # noqa: E402
 
 from .conftest import rel_err  # noqa: E402
+from .test_graph_backend import tiny_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny_nvfp4(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny_graph_nvfp4")
-    write_tiny(d, seed=1, nvfp4=True)
-    return d, ChatTokenizer(d)
+    return tiny_checkpoint(tmp_path_factory, "tiny_graph_nvfp4", nvfp4=True)
 
 
 def test_w4a16_kernel_path_matches_dequantize_at_load(tiny_nvfp4, dev):

@@ -40,7 +40,12 @@ def _experts(T, H, N, E, shared, dtype, dev, seed):
     return x.to(dev), gate.to(dev), bias.to(dev), w13, w2
 
 
-def test_kernel_dequantizes_every_code_and_scale_exactly(dev):
+def _decode_cfg(decode):
+    return {**CFG, **{k: dict(CFG[k], W4_DECODE=decode) for k in ("gate_up", "down")}}
+
+
+@pytest.mark.parametrize("decode", [0, 1])
+def test_kernel_dequantizes_every_code_and_scale_exactly(dev, decode):
     """One-hot activation rows through the down GEMM read the kernel's dequantized weights back column by
     column: they equal NVFP4Experts.dequantize() (the dequantize-at-load values) bit for bit, for all 256
     packed bytes and all finite E4M3 scale bytes (subnormals included)."""
@@ -56,19 +61,20 @@ def test_kernel_dequantizes_every_code_and_scale_exactly(dev):
     ids = torch.arange(N, device=dev)[:, None] % E  # token t -> expert t % E
     M.moe_align(ids, torch.ones(N, 1, device=dev), ws)
     ws.inter.copy_(torch.eye(N, dtype=dt, device=dev))  # pair p = token p: row p selects input column p
-    M.moe_down(w2, ws, CFG)
+    M.moe_down(w2, ws, _decode_cfg(decode))
     want = w2.dequantize()
     for t in range(N):
         got = ws.pair_out[t]
         assert torch.equal(got.to(dt), want[t % E][:, t]), t
 
 
-@pytest.mark.parametrize("dtype,T,shared,compact,seed", [
-    (torch.float32, 8, True, False, 0),
-    (torch.float16, 5, True, True, 1),
-    (torch.float32, 7, False, False, 2),
+@pytest.mark.parametrize("dtype,T,shared,compact,seed,decode", [
+    (torch.float32, 8, True, False, 0, 0),
+    (torch.float16, 5, True, True, 1, 0),
+    (torch.float32, 7, False, False, 2, 0),
+    (torch.float16, 6, True, False, 3, 1),
 ])
-def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compact, seed):
+def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compact, seed, decode):
     if dev == "cuda":
         dtype = torch.bfloat16
     H, N, E, k, ng, tg = 64, 32, 16, 4, 4, 2
@@ -77,7 +83,7 @@ def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compa
     ws = M.MoEWorkspace.create(T, H, N, E, E1, k, dtype, dev, split_k=2)
     ws.compact = compact
     ws.out.fill_(float("nan"))
-    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=CFG)
+    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=_decode_cfg(decode))
     assert not torch.isnan(out).any()
     topk = (ws.topk_ids.long(), ws.topk_w)
     ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=topk)

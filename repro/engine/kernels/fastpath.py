@@ -203,6 +203,10 @@ class BlockForward:
                                    min_keys=ac.get("MIN_KEYS", 256), block_m=ac.get("BLOCK_M"))
         E = shape.experts
         self.moe_cfg = self.configs.get("moe")
+        if self.moe_cfg is None and any(not isinstance(L["w13"], torch.Tensor) for L in W["layers"]):
+            from .moe_w4 import W4_TILES_DEFAULT  # packed NVFP4 experts: the 4-bit kernels' own tiles
+
+            self.moe_cfg = W4_TILES_DEFAULT
         split = M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T)["SPLIT_K"]
         n_moe = shape.layers - shape.first_dense
         self.ws = M.MoEWorkspace(T, H, shape.moe_inter, E, E + 1, shape.top_k, dt, device, split_k=split,

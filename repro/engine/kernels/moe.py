@@ -181,7 +181,7 @@ if HAS_TRITON:
     @triton.jit
     def _gate_up_acc(x_ptr, tok, stride_xt, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr,
                      H: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr):
+                     BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr, DECODE: tl.constexpr = 1):
         """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of the token rows ``tok`` against output rows
         ``offs_n`` of one expert, and Σx² per row (NORM). W4: expert e of the packed (q, s, g) stacks
         (:mod:`.moe_w4`); else the weight rows at ``w_ptr`` ([2N, H], gate rows then up rows)."""
@@ -198,9 +198,9 @@ if HAS_TRITON:
             for k0 in range(0, H, BLOCK_K):
                 ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
                 ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
-                acc_g = _w4_dot(acc_g, ae, ao, qg + k0 // 2, sg + k0 // 16, gs_g, BLOCK_K, BLOCK_N)
+                acc_g = _w4_dot(acc_g, ae, ao, qg + k0 // 2, sg + k0 // 16, gs_g, BLOCK_K, BLOCK_N, DECODE)
                 acc_u = _w4_dot(acc_u, ae, ao, qg + N * (H // 2) + k0 // 2, sg + N * (H // 16) + k0 // 16, gs_u,
-                                 BLOCK_K, BLOCK_N)
+                                 BLOCK_K, BLOCK_N, DECODE)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
@@ -220,7 +220,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _down_acc(inter_ptr, p, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W4: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W4: tl.constexpr,
+                  DECODE: tl.constexpr = 1):
         """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for one expert; W4: packed expert e, else rows at
         ``w_ptr`` ([H, N])."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -233,7 +234,7 @@ if HAS_TRITON:
             for k0 in range(0, N, BLOCK_K):
                 ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
                 ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
-                acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N)
+                acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N, DECODE)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
@@ -251,7 +252,7 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr = False,
         ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
-        W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None,
+        W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
     ):
         """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e).
 
@@ -272,7 +273,7 @@ if HAS_TRITON:
                                                  offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, False)
             else:
                 acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e,
-                                                 offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, True)
+                                                 offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, True, W4_DECODE)
         else:
             acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr + e.to(tl.int64) * (2 * N * H),
                                              q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -292,7 +293,7 @@ if HAS_TRITON:
         H: tl.constexpr, N: tl.constexpr, MAXC: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
-        W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None,
+        W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
     ):
         """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up)."""
         if USE_PDL:
@@ -309,7 +310,7 @@ if HAS_TRITON:
                                 BLOCK_K, False)
             else:
                 acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
-                                BLOCK_K, True)
+                                BLOCK_K, True, W4_DECODE)
         else:
             acc = _down_acc(inter_ptr, p, mmask, w2_ptr + e.to(tl.int64) * (H * N), q_ptr, s_ptr, g_ptr, e, offs_n,
                             H, N, BLOCK_M, BLOCK_N, BLOCK_K, False)
@@ -380,7 +381,7 @@ def expert_slots(w) -> int:
     return w.shape[0] + int(getattr(w, "shared", None) is not None)
 
 
-def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int):
+def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int = 1):
     """(E1, out, in, weight argument, W4 launch kwargs) of stacked expert weights ``w``: a tensor [E1, out, in]
     in the activation dtype, or a :class:`~repro.checkpoint.nvfp4.NVFP4Experts` (routed experts packed, the
     shared expert in ``.shared``). Raises ValueError when the packed stack does not fit the workspace or
@@ -398,19 +399,20 @@ def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int):
     check_w4_tiles(min(block_k, in_f), in_f)
     # the shared expert's rows (never read without one: then any tensor of the activation dtype will do)
     dense = w.shared.contiguous() if w.shared is not None else ws.inter
-    return E1, out_f, in_f, dense, dict(W4=True, q_ptr=w.q, s_ptr=w.s, g_ptr=w.g)
+    return E1, out_f, in_f, dense, dict(W4=True, q_ptr=w.q, s_ptr=w.s, g_ptr=w.g, W4_DECODE=decode)
 
 
 def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):
     """Kernel 3: grouped gate+up GEMM with SiLU·mul·routing weight fused -> ``ws.inter`` [P1, N].
 
     w13: [E1, 2N, H] in x's dtype, or NVFP4Experts [E, 2N, H] (+ shared) for the weights-only 4-bit mode
-    (needs BLOCK_K a multiple of 32; no norm_w). norm_w [H]: x is the un-normalised residual and
+    (needs BLOCK_K a multiple of 32; no norm_w; tile key ``W4_DECODE`` (default 1) picks the decode of
+    ``moe_w4._fp4_tile``). norm_w [H]: x is the un-normalised residual and
     RMSNorm(x)·norm_w is folded into the GEMM. Raises ValueError for norm_w with 4-bit experts.
     """
     T, H = x.shape
     gc = _cfg("gate_up", configs, H, w13.shape[1] // 2, ws.E1, T)
-    E1, twoN, _, w_arg, w4 = _expert_operand(w13, ws, "moe_gate_up", gc["BLOCK_K"])
+    E1, twoN, _, w_arg, w4 = _expert_operand(w13, ws, "moe_gate_up", gc["BLOCK_K"], gc.get("W4_DECODE", 1))
     N = twoN // 2
     if w4 and norm_w is not None:
         raise ValueError("moe_gate_up: the RMSNorm fold (norm_w) is not implemented for 4-bit experts")
@@ -432,7 +434,7 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     NVFP4Experts [E, H, N] (+ shared), as in :func:`moe_gate_up`."""
     T = ws.T
     dc = _cfg("down", configs, w2.shape[1], w2.shape[2], ws.E1, T)
-    E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"])
+    E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"], dc.get("W4_DECODE", 1))
     assert ws.inter.shape[1] == N
     bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
     sh = int(ws.E1 == ws.E + 1)

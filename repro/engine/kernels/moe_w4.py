@@ -25,7 +25,13 @@ import torch
 
 from ._triton import HAS_TRITON, tl, triton
 
-__all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles"]
+__all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "W4_TILES_DEFAULT"]
+
+#: MoE tiles of the full-size 4-bit round (:class:`~repro.engine.kernels.fastpath.BlockForward` uses them when
+#: the experts are packed and no tiles are given): the fastest of the variants measured on the H200
+#: (docs/perf.md, session 3: 8.03 ms vs 8.57 ms with the BF16 tiles, both with decode 1).
+W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, W4_DECODE=1),
+                    "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, W4_DECODE=1)}
 
 
 def moe_w4_reference(x, gate_w, expert_bias, w13, w2, top_k=8, n_group=8, topk_group=4, scaling=2.5,
@@ -91,15 +97,36 @@ if HAS_TRITON:
         return tl.where(f < 0.015625, (f - 0.0078125) * 2.0, f)
 
     @triton.jit
-    def _fp4_tile(q_ptrs, s_ptrs, gs, dtype: tl.constexpr, HK: tl.constexpr, BN: tl.constexpr):
+    def _e2m1_pair_subnormal(q):
+        """Packed bytes (int32 tensor) -> (low, high) E2M1 values · 2^-126 as fp32 bit patterns: the 3 magnitude bits
+        go unbiased into exponent/mantissa (e = 0 lands in the fp32 subnormals: 0.5 · 2^-126 is exact there) and
+        the sign bit into bit 31 — four integer operations per value, no select. Exact only where the multiply
+        that follows keeps subnormal inputs (no flush-to-zero); the kernel tests check every code on the GPU."""
+        lo = ((q << 22) & 0x01C00000) | ((q << 28) & -2147483648)
+        hi = ((q << 18) & 0x01C00000) | ((q << 24) & -2147483648)
+        return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _fp4_tile(q_ptrs, s_ptrs, gs, dtype: tl.constexpr, HK: tl.constexpr, BN: tl.constexpr,
+                  DECODE: tl.constexpr = 1):
         """Load one packed tile (bytes [BK/2, BN]; scale bytes [BK/16, BN]) and dequantize it to the even and odd
         input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding. Each block scale
-        is decoded once and broadcast to its 8 byte rows."""
+        is decoded once and broadcast to its 8 byte rows. DECODE 1 (the default; exact on the H200, where the
+        kernel tests check every code): :func:`_e2m1_pair_subnormal`, then (v · 2^63) · (scale · 2^63): the first
+        product is exact (a power of two), so the second rounds e2m1 · scale once; 0: :func:`_e2m1_pair` (biased
+        exponent + selects, no subnormals; ≈ 1.7x the gate+up time) for a compiler that flushes subnormals."""
         q = tl.load(q_ptrs, eviction_policy="evict_first").to(tl.int32)
         sb = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.int32)
         sg = _e4m3_to_f32(sb) * gs  # [BK/16, BN]
+        if DECODE == 1:
+            sg = sg * 9.223372036854775808e18  # 2^63, exact
         sc = tl.reshape(tl.broadcast_to(sg[:, None, :], (HK // 8, 8, BN)), (HK, BN))
-        lo, hi = _e2m1_pair(q)
+        if DECODE == 1:
+            lo, hi = _e2m1_pair_subnormal(q)
+            lo = lo * 9.223372036854775808e18
+            hi = hi * 9.223372036854775808e18
+        else:
+            lo, hi = _e2m1_pair(q)
         return (lo * sc).to(dtype), (hi * sc).to(dtype)
 
     @triton.jit
@@ -110,8 +137,9 @@ if HAS_TRITON:
                 offs_n[None, :] * (K // 16) + tl.arange(0, BLOCK_K // 16)[:, None])
 
     @triton.jit
-    def _w4_dot(acc, ae, ao, q_ptrs, s_ptrs, gs, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _w4_dot(acc, ae, ao, q_ptrs, s_ptrs, gs, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                DECODE: tl.constexpr = 1):
         """acc += [a_even | a_odd] · W over one K tile, W from the packed tile at (q_ptrs, s_ptrs): two dots, the
         even and the odd input elements (ae, ao [BM, BK/2] in the activation dtype)."""
-        we, wo = _fp4_tile(q_ptrs, s_ptrs, gs, ae.dtype, BLOCK_K // 2, BLOCK_N)
+        we, wo = _fp4_tile(q_ptrs, s_ptrs, gs, ae.dtype, BLOCK_K // 2, BLOCK_N, DECODE)
         return tl.dot(ao, wo, tl.dot(ae, we, acc))
