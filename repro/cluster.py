@@ -20,14 +20,17 @@ Contract
   for ``rule`` (``set-resources``) or for all rules (``default-resources``), else None. Generation asks it
   for ``gres``: a site that asks for GPUs with ``gres`` gets ``--gres`` only, never ``--gres`` and
   ``--gpus`` together.
-* ``gpu_memory_need_mb(source)``: GPU memory a generation job declares (resource ``gpu_mem_mb``), in MB
-  (10^6 bytes), before the checkpoint exists: the real LLaDA2.1-mini checkpoints 38,000 (32.6 GB of bf16
-  weights + 1.34 GB KV cache for a 32K-token context, 20 layers x 2 x 4 KV heads x 128 x 2 B = 40,960
+* ``gpu_memory_need_mb(source, precision)``: GPU memory a generation job declares (resource ``gpu_mem_mb``),
+  in MB (10^6 bytes), before the checkpoint exists: the real LLaDA2.1-mini checkpoints in bf16 38,000 (32.6
+  GB of weights + 1.34 GB KV cache for a 32K-token context, 20 layers x 2 x 4 KV heads x 128 x 2 B = 40,960
   B/token from the model's config, https://huggingface.co/inclusionAI/LLaDA2.1-mini/blob/main/config.json,
-  + ~3.9 GB working memory, an estimate, not measured); the tiny random model 1,000.
+  + ~3.9 GB working memory, an estimate, not measured); the NVFP4 checkpoint in nvfp4-w4a16 14,000 (10.6 GB
+  of weights); the tiny random model 1,000.
 * ``check_gpu(model_dir, precision)`` (in the generation job, on the GPU it landed on): the same sum from
-  the checkpoint itself (``gpu_need_bytes``) against the GPU's memory, and bf16 support; RuntimeError
-  naming the GPU, what it has and what is needed.
+  the checkpoint itself (``gpu_need_bytes``: its weight files as stored, so a 4-bit checkpoint dequantized
+  to bf16 at load needs more than this says) against the GPU's memory, and the compute capability the
+  precision needs (bf16 / nvfp4-w4a16: 8.0, nvfp4: 10.0); RuntimeError naming the GPU, what it has and what
+  is needed.
 * ``container_env(environ, binary)``: ``{APPTAINERENV_X: value}`` (``SINGULARITYENV_`` for a
   ``singularity`` binary) for each variable of ``FORWARDED_ENV`` that is set, so ``--cleanenv`` keeps the
   GPU selection (``CUDA_VISIBLE_DEVICES`` from Slurm or the user) and the cache settings.
@@ -66,9 +69,14 @@ REPLACED_HINT = "see README 'On a Slurm cluster' for a complete site profile"
 # Variables the container jobs need from the host even under `apptainer exec --cleanenv`
 FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES", "ORL_EVAL_GPU_LOCKS", "HF_HOME", "HF_HUB_OFFLINE", "TRITON_CACHE_DIR")
 
-REAL_MODEL_GPU_MB = 38_000  # 32.6 GB bf16 weights + 1.34 GB KV (32K tokens) + 4 GB working memory
+# Real LLaDA2.1-mini checkpoints: weights on the GPU (GB) per precision (bf16: 32.6 GB; the NVFP4 checkpoint
+# kept in 4 bits: 10.6 GB), + 1.34 GB KV cache (32K tokens) + working memory (12% of the weights, >= 0.5 GB)
+WEIGHTS_GB = {"bf16": 32.6, "fp32": 65.2, "nvfp4-w4a16": 10.6, "nvfp4": 10.6}
+KV_GB = 1.342
 TINY_MODEL_GPU_MB = 1_000
-MIN_COMPUTE_CAPABILITY = (8, 0)  # bf16 tensor cores: A100/A10/L4/L40S (sm80/86/89), H100/H200 (sm90)
+# compute capability each precision needs: bf16 arithmetic from 8.0 (Ampere: A100/A10/L4/L40S; H100/H200
+# are 9.0), the bound torch.cuda.is_bf16_supported() applies; native FP4 from 10.0 (Blackwell)
+MIN_CAPABILITY = {"bf16": (8, 0), "nvfp4-w4a16": (8, 0), "nvfp4": (10, 0)}
 
 
 class ProfileError(ValueError):
@@ -176,9 +184,14 @@ def site_resource(resource_settings, rule: str, name: str):
     return None
 
 
-def gpu_memory_need_mb(source: dict) -> int:
-    """GPU memory (MB) a generation job needs for a model whose config ``source`` is given (module docstring)."""
-    return TINY_MODEL_GPU_MB if source.get("type") == "tiny" else REAL_MODEL_GPU_MB
+def gpu_memory_need_mb(source: dict, precision: str = "bf16") -> int:
+    """GPU memory (MB, rounded up to 1,000) a generation job declares for a model whose config ``source`` and
+    ``precision`` are given: 38,000 in bf16, 14,000 for the NVFP4 checkpoint in nvfp4-w4a16, 1,000 for the
+    tiny model (module docstring)."""
+    if source.get("type") == "tiny":
+        return TINY_MODEL_GPU_MB
+    w = WEIGHTS_GB.get(precision, WEIGHTS_GB["bf16"])
+    return math.ceil(w + KV_GB + max(0.5, 0.12 * w)) * 1000
 
 
 def gpu_need_bytes(model_dir: str | os.PathLike) -> int:
@@ -201,10 +214,12 @@ def gpu_problem(name: str, total_bytes: int, capability: tuple[int, int], need_b
     """Why the GPU (``name``, ``total_bytes`` of memory, compute ``capability``) cannot run the job, or None.
     bf16 needs compute capability >= 8.0 (Ampere), the bound ``torch.cuda.is_bf16_supported()`` applies."""
     gb = 1e9
-    if precision == "bf16" and tuple(capability) < MIN_COMPUTE_CAPABILITY:
-        return (f"GPU {name} (compute capability {capability[0]}.{capability[1]}) has no bf16 support, which "
-                f"generation in bf16 needs (>= {MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]}: A100, "
-                "A10, L4, L40S, H100, H200); request such a GPU (README 'On a Slurm cluster')")
+    need_cc = MIN_CAPABILITY.get(precision)
+    if need_cc and tuple(capability) < need_cc:
+        kind = "native FP4 (Blackwell)" if precision == "nvfp4" else "bf16 (A100, A10, L4, L40S, H100, H200)"
+        return (f"GPU {name} (compute capability {capability[0]}.{capability[1]}) cannot run precision "
+                f"{precision}: it needs compute capability >= {need_cc[0]}.{need_cc[1]}, {kind}; request such a "
+                "GPU (README 'On a Slurm cluster')")
     if total_bytes < need_bytes:
         return (f"GPU {name} has {total_bytes / gb:.1f} GB but generation needs {need_bytes / gb:.1f} GB (bf16 "
                 "weights + KV cache of a 32K-token context + working memory); request a GPU with at least "

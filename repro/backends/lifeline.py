@@ -2,7 +2,7 @@
 
 Contract
 --------
-``die_with_parent()`` (called first thing by ``python -m repro.backends.generate``), only when
+``die_with_parent()`` (called first thing by ``python -m repro.backends.generation_job``), only when
 ``$REPRO_SNAKEMAKE_PID`` is set (a job started by the workflow; a job run by hand, e.g. under ``nohup``, is
 left alone):
 

@@ -11,6 +11,9 @@
 * ``download --name NAME (--repo-id ID --revision REV | --local-path DIR) --out DIR [--cache-dir DIR]
   [--stamp FILE]`` — see ``repro.checkpoint.download``; exit 3 when the hub is unreachable and the revision
   is not cached (the message says how to pre-seed).
+* ``dequantize --src DIR --out DIR`` — the BF16 checkpoint of an NVFP4 (ModelOpt) checkpoint, hashed, with
+  ``quant_provenance.json`` (``repro.checkpoint.dequantize``; what the SGLang backend loads); exit 2 when
+  the source is not an NVFP4 export.
 * ``tiny ...`` — forwarded to ``repro.checkpoint.tiny.main`` when that module exists.
 """
 
@@ -61,7 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--out", required=True)
     d.add_argument("--cache-dir", help="hub cache (default $HF_HUB_CACHE or $HF_HOME/hub)")
     d.add_argument("--stamp", help="download info JSON written atomically")
+    q = sub.add_parser("dequantize", help="write the dequantized BF16 checkpoint of an NVFP4 checkpoint")
+    q.add_argument("--src", required=True)
+    q.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+
+    if args.cmd == "dequantize":
+        from .dequantize import dequantize_checkpoint
+
+        try:
+            man = dequantize_checkpoint(args.src, args.out)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"dequantize: error: {e}", file=sys.stderr)
+            return 2
+        print(f"dequantize: {args.out}: {len(man['files'])} files, manifest_sha256 {man['manifest_sha256']}")
+        return 0
 
     if args.cmd == "manifest":
         from .manifest import MANIFEST_NAME, write_manifest

@@ -308,8 +308,8 @@ def write_tiny(out: str | Path, seed: int = 0, nvfp4: bool = False,
     a few percent of the positions a decoder sees and blocks still finish).
 
     ``nvfp4=True`` writes the NVFP4 (ModelOpt-export layout) variant: routed-expert weights quantized by
-    :mod:`repro.checkpoint.nvfp4` from the same bf16 weights, ``quantization_config`` in config.json and
-    ``hf_quant_config.json``.
+    :mod:`repro.checkpoint.nvfp4` from the same bf16 weights, ``quantization_config`` in config.json,
+    ``hf_quant_config.json`` and ``quant_provenance.json`` (how it was made); the manifest hashes them all.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -325,6 +325,12 @@ def write_tiny(out: str | Path, seed: int = 0, nvfp4: bool = False,
         tensors = q.quantize_experts(tensors)
         cfg["quantization_config"] = q.quantization_config()
         _write_json(out / "hf_quant_config.json", q.hf_quant_config())
+        _write_json(out / "quant_provenance.json", {
+            "quantized_from": f"the tiny BF16 checkpoint of seed {seed} (python -m repro.checkpoint.tiny --seed {seed})",
+            "quantizer": "repro.checkpoint.nvfp4.quantize (global scale amax/(6*448), E4M3 block scales per 16 "
+                         "inputs, E2M1 round to nearest, ties to the lower magnitude)",
+            "quantized_tensors": "routed experts' gate_proj / up_proj / down_proj",
+            "layout": "NVIDIA ModelOpt NVFP4 Hugging Face export"})
     _write_json(out / "config.json", cfg)
     write_shards(out, tensors, cfg)
     _write_json(out / "generation_config.json", {

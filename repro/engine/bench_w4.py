@@ -11,7 +11,7 @@ tried (``W4_TILES``) on the headline block; the GPU memory of the 4-bit model (e
 and a fidelity check: logits of the 4-bit round vs the same experts dequantized to BF16 once (the
 dequantize-at-load path) through the BF16 kernels, same block and cache.
 
-Target (issue 12; reported, never asserted): ≤ 1.9 ms and ≤ 1.25× the floor at P=1k, ≤ 2.0 ms at P=4k;
+Targets (``W4_TARGETS``; reported, never asserted; docs/perf.md): ≤ 1.9 ms and ≤ 1.25× the floor at P=1k, ≤ 2.0 ms at P=4k;
 model memory ≤ 12 GB.
 """
 from __future__ import annotations
@@ -173,3 +173,47 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
     del fwd, fw4, W4, ref
     torch.cuda.empty_cache()
     return out
+
+
+def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print) -> dict:
+    """Per-kernel times of one MoE layer in the real shapes (E=256, H=2048, N=512, top-8 + shared), BF16 vs
+    4-bit experts with the same routing: gate+up and down, median µs of CUDA-event timed launches, and the
+    expert bytes each reads (touched experts + shared) / time. ``python -m repro.engine.bench_w4``; also the
+    program to profile (``ncu --kernel-name regex:_moe_ ...``)."""
+    from .bench import time_replays
+    from .kernels import moe as M
+    from .kernels.moe_w4 import random_nvfp4_experts
+
+    E, H, N, k = 256, 2048, 512, 8
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+    gate = torch.randn(E, H, device="cuda", generator=g) * H ** -0.5
+    bias = torch.randn(E, device="cuda", generator=g) * 0.05
+    w13_4 = random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, "cuda", g)
+    w2_4 = random_nvfp4_experts(E, H, N, 1, torch.bfloat16, "cuda", g)
+    w13_4.shared = (torch.randn(2 * N, H, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    w2_4.shared = (torch.randn(H, N, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    w13 = torch.cat([w13_4.dequantize(), w13_4.shared[None]]).contiguous()
+    w2 = torch.cat([w2_4.dequantize(), w2_4.shared[None]]).contiguous()
+    ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, torch.bfloat16, "cuda")
+    M.moe_route_align(x, gate, bias, ws, E + 1, k)
+    D = int((ws.counts[:E] > 0).sum())
+    out = {"T": T, "distinct_experts": D}
+    for name, a, b, bpw in (("bf16", w13, w2, 2.0), ("w4", w13_4, w2_4, NVFP4_BYTES)):
+        gu = time_replays(lambda: M.moe_gate_up(x, a, ws, k), iters)["ms"] * 1e3
+        dn = time_replays(lambda: M.moe_down(b, ws), iters)["ms"] * 1e3
+        routed = D * 2 * N * H * bpw + 2 * N * H * 2  # touched routed experts + the bf16 shared expert
+        out[name] = {"gate_up_us": gu, "down_us": dn, "gate_up_GBps": routed / (gu * 1e-6) / 1e9,
+                     "down_GBps": (routed / 2) / (dn * 1e-6) / 1e9}
+        log(f"[moe layer {name}] D={D}: gate+up {gu:.1f} µs ({out[name]['gate_up_GBps']:.0f} GB/s), "
+            f"down {dn:.1f} µs ({out[name]['down_GBps']:.0f} GB/s)")
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    print(json.dumps(moe_layer_kernels()))

@@ -163,3 +163,23 @@ def test_malformed_scale_dtype_is_named(nvfp4_dir, tmp_path, precision):
     save_file(t, str(f), metadata={"format": "pt"})
     with pytest.raises(WeightLoadError, match=r"experts\.2\.up_proj.*float8_e4m3fn"):
         LLaDA2Model.from_pretrained(d, "cpu", precision)
+
+
+def test_dequantize_cli_writes_a_hashed_bf16_checkpoint(nvfp4_dir, tmp_path):
+    """The SGLang backend's input: the NVFP4 checkpoint dequantized to BF16 once, with provenance and manifest."""
+    from repro.checkpoint.__main__ import main as ckpt_main
+    from repro.checkpoint.verify import verify
+
+    out = tmp_path / "deq"
+    assert ckpt_main(["dequantize", "--src", str(nvfp4_dir), "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in cfg and not (out / "hf_quant_config.json").exists()
+    prov = json.loads((out / "quant_provenance.json").read_text())
+    assert prov["dtype"] == "bfloat16" and prov["groups_dequantized"] > 0
+    assert prov["dequantized_from"]["manifest_sha256"] == json.loads(
+        (nvfp4_dir / "checkpoint_manifest.json").read_text())["manifest_sha256"]
+    assert verify(out).ok and not (tmp_path / "deq.partial").exists()
+    a = LLaDA2Model.from_pretrained(out, "cpu", "bf16")
+    b = LLaDA2Model.from_pretrained(nvfp4_dir, "cpu", "bf16")  # dequantize at load
+    assert all(torch.equal(a.params[k], b.params[k]) for k in b.params)
+    assert ckpt_main(["dequantize", "--src", str(out), "--out", str(tmp_path / "again")]) == 2  # not NVFP4

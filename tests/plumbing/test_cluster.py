@@ -137,12 +137,14 @@ def test_gpu_requirement_from_the_checkpoint(tmp_path):
         f.truncate(32_600_000_000)
     need = cluster.gpu_need_bytes(tmp_path)
     assert 37.5e9 < need < 38.5e9
-    assert need / 1e6 <= cluster.gpu_memory_need_mb({"type": "hf"}) * 1.01  # what the rule declares
+    assert need / 1e6 <= cluster.gpu_memory_need_mb({"type": "hf"}, "bf16") == 38_000  # what the rule declares
+    assert cluster.gpu_memory_need_mb({"type": "hf"}, "nvfp4-w4a16") == 14_000
     assert cluster.gpu_problem("NVIDIA H100 80GB HBM3", 80 * 2**30, (9, 0), need, "bf16") is None
     small = cluster.gpu_problem("NVIDIA A10", 24 * 10**9, (8, 6), need, "bf16")
     assert "24.0 GB" in small and "37.9 GB" in small and "at least 38 GB" in small
-    assert "no bf16 support" in cluster.gpu_problem("Tesla V100-SXM2-32GB", 80 * 10**9, (7, 0), need, "bf16")
+    assert ">= 8.0, bf16" in cluster.gpu_problem("Tesla V100-SXM2-32GB", 80 * 10**9, (7, 0), need, "bf16")
     assert cluster.gpu_problem("Tesla V100", 80 * 10**9, (7, 0), need, "fp32") is None
+    assert ">= 10.0, native FP4" in cluster.gpu_problem("NVIDIA H200", 141 * 10**9, (9, 0), need, "nvfp4")
 
 
 def test_binds_env_and_states(tmp_path):

@@ -25,8 +25,10 @@ def bad(mutate):
 def test_shipped_config_is_valid_and_resolves_both_suites():
     cfg = load_config()
     assert cfg["suite"] == "smoke"
-    assert len(suite_cells(cfg, "paper")) == 8
-    assert {c.model for c in suite_cells(cfg, "paper")} == {"llada", "llada-orl"}
+    assert len(suite_cells(cfg, "paper")) == 12
+    assert {c.model for c in suite_cells(cfg, "paper")} == {"llada", "llada-orl", "llada-orl-nvfp4"}
+    assert cfg["models"]["llada-orl-nvfp4"]["source"]["repo_id"] == "yifanyu/LLaDA2.1-mini-ORL-NVFP4"
+    assert cfg["models"]["tiny-orl-nvfp4"]["source"]["nvfp4"] is True  # the smoke suite runs the NVFP4 path
 
 
 def test_unknown_top_level_key():

@@ -15,19 +15,20 @@ def dry_run(*args, env=None):
     return {k: int(v) for k, v in stats.items()}, r.stdout
 
 
-def test_paper_suite_dag_lists_every_stage_for_both_models_and_benchmarks(tmp_path):
+def test_paper_suite_dag_lists_every_stage_for_every_model_and_benchmark(tmp_path):
     stats, out = dry_run("--config", "suite=paper", f"work_dir={tmp_path}")
-    assert stats["download_checkpoint"] == 2 and stats["verify_checkpoint"] == 2
+    assert stats["download_checkpoint"] == 3 and stats["verify_checkpoint"] == 3  # base, ORL, ORL NVFP4
     assert stats["prepare_problems"] == 4 and stats["prepare_generation_problems"] == 4
-    assert stats["render_decoder"] == 8
-    assert stats["generate_shard"] == 8 * 4 and stats["merge_shards"] == 8 and stats["score"] == 8
+    assert stats["render_decoder"] == 12
+    assert stats["generate_shard"] == 12 * 4 and stats["merge_shards"] == 12 and stats["score"] == 12
     assert stats["write_table"] == 1 and stats["main_table"] == 1
-    for model in ("llada", "llada-orl"):
+    for model in ("llada", "llada-orl", "llada-orl-nvfp4"):
         for bench in ("gsm8k", "math500", "humaneval", "mbpp"):
             assert f"/paper/scores/{model}/{bench}/seed12345.summary.json" in out
 
 
 def test_smoke_suite_dag(tmp_path):
     stats, _ = dry_run("--config", f"work_dir={tmp_path}")
-    assert stats["generate_shard"] == 8 and stats["score"] == 12 and stats["download_checkpoint"] == 2
+    # tiny, tiny-orl, tiny-orl-nvfp4 generate; `reference` is replayed
+    assert stats["generate_shard"] == 12 and stats["score"] == 16 and stats["download_checkpoint"] == 3
     assert stats["replay_samples"] == 4  # the `reference` row: replayed, never generated (no checkpoint)

@@ -51,7 +51,7 @@ def generation_processes(shard: Path) -> list[int]:
                 cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if "repro.backends.generate" in cmd and str(shard) in cmd:
+            if "repro.backends.generation_job" in cmd and str(shard) in cmd:
                 pids.append(int(d.name))
     return pids
 

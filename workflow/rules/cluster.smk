@@ -41,12 +41,13 @@ def gres_for(wildcards):
 
 
 def gpu_mem_mb(wildcards):
-    """GPU memory (MB) the generation job needs: 38,000 for the real checkpoints, 1,000 for the tiny model,
-    0 on CPU suites (repro/cluster.py gives the sum). Informational for the scheduler; the job itself
-    checks the GPU it lands on (repro.backends.generation_job)."""
+    """GPU memory (MB) the generation job needs: 38,000 for the real checkpoints in bf16, 14,000 for the NVFP4
+    one, 1,000 for the tiny model, 0 on CPU suites (repro/cluster.py gives the sums). Informational for the
+    scheduler; the job itself checks the GPU it lands on (repro.backends.generation_job)."""
     if not on_gpu(wildcards):
         return 0
-    return _cluster.gpu_memory_need_mb(model_cfg(wildcards)["source"])
+    precision = model_cfg(wildcards).get("precision", suite_cfg(wildcards)["precision"])
+    return _cluster.gpu_memory_need_mb(model_cfg(wildcards)["source"], precision)
 
 
 # Resources of jobs that never need a GPU: a site-wide gpu_model / gres in default-resources must not

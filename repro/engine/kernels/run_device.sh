@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One device call (nvidia-h200): GPU tests (kernels + engine), optional tuner, round + generation benchmark,
-# then the engine's own decode loop (CUDA-graph backend, on-device decoder step) at full size.
+# One device call (nvidia-h200): GPU tests (kernels + engine), optional tuner, round (BF16, then the weights-only
+# 4-bit round) + generation benchmark, then the engine's own decode loop (CUDA-graph backend, on-device decoder
+# step) at full size in BF16 and in nvfp4-w4a16, and the per-kernel MoE times (BF16 vs 4-bit).
 # Usage on the device machine, from the repo root:  bash repro/engine/kernels/run_device.sh [tune|notune]
-# Writes under $OUT: tests.log, tune.log, configs.tar, profile.txt, bench.log, bench.json, decode.log, decode.json
+# Writes under $OUT: tests.log, tune.log, configs.tar, profile.txt, bench.log, bench.json, decode.log, decode.json,
+# decode_w4.json, moe_w4.log
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,6 +20,8 @@ timeout ${BENCH_S:-220} python3 -m repro.engine.bench all --profile "$OUT/profil
 echo "bench rc=$?"
 timeout ${DECODE_S:-150} python3 -m repro.engine.bench decode --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" | grep -v "^{"
 echo "decode rc=$?"
+timeout ${DECODE_S:-150} python3 -m repro.engine.bench decode --precision nvfp4-w4a16 --json "$OUT/decode_w4.json" 2>&1 | grep -v "^{"
+timeout 60 python3 -m repro.engine.bench_w4 2>&1 | tee "$OUT/moe_w4.log" | grep -v "^{"
 python3 - <<'PY'
 import json, os
 out = os.environ.get("OUT", "/tmp/out")

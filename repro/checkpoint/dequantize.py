@@ -1,0 +1,95 @@
+"""Write the dequantized BF16 checkpoint of an NVFP4 (ModelOpt export) checkpoint: what the SGLang backend loads.
+
+``python -m repro.checkpoint dequantize --src DIR --out DIR``. Every NVFP4 group (``X.weight`` packed uint8 +
+``X.weight_scale`` E4M3 + ``X.weight_scale_2`` [+ ``X.input_scale``]) becomes one ``X.weight`` in BF16 with
+the values of :func:`repro.checkpoint.nvfp4.dequantize` (fp32, then one round-to-nearest-even to BF16: the
+values the engine's dequantize-at-load path holds); every other tensor is copied unchanged, in the same shard
+files. ``config.json`` loses ``quantization_config``, ``hf_quant_config.json`` is not copied, the other files
+(tokenizer, generation config, ``paper_decoding.json``) are. ``quant_provenance.json`` records the source and
+its manifest hash, and the directory gets its own ``checkpoint_manifest.json`` (every file hashed).
+
+The output is written into ``OUT.partial`` and renamed at the end, so an interrupted run never leaves a
+directory that looks complete. Raises ValueError (the CLI exits 2) for a source that is not an NVFP4 export.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+#: files written or replaced here (everything else in the source directory is copied)
+_REWRITTEN = {"config.json", "hf_quant_config.json", "model.safetensors.index.json", "checkpoint_manifest.json",
+              "quant_provenance.json"}
+
+
+def dequantize_checkpoint(src: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Write the dequantized checkpoint of ``src`` into ``out`` (replaced if it exists); returns its manifest.
+
+    Raises ValueError naming the problem for a checkpoint that is not a complete NVFP4 ModelOpt export."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from repro.checkpoint import nvfp4
+    from repro.checkpoint.manifest import MANIFEST_NAME, write_json, write_manifest
+    from repro.engine.config import LLaDA2Config
+    from repro.engine.weights import checkpoint_files, expected_checkpoint_shapes
+
+    src, out = Path(src), Path(out)
+    cfg = json.loads((src / "config.json").read_text())
+    if "quantization_config" not in cfg:
+        raise ValueError(f"{src}/config.json has no quantization_config: not an NVFP4 checkpoint, nothing to "
+                         f"dequantize")
+    nvfp4.check_export(src, cfg["quantization_config"])
+    files = checkpoint_files(src)
+    expected = expected_checkpoint_shapes(LLaDA2Config.from_dict(cfg))
+    groups, _ = nvfp4.group_quantized_names(list(files), expected)
+    part_of = {p: w for w, g in groups.items() for p in g.values() if p}
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weight_map = {}
+    for shard in sorted(set(files.values())):
+        tensors = {}
+        with safe_open(str(shard), "pt") as h:
+            for name in h.keys():
+                if name not in part_of:
+                    tensors[name] = h.get_tensor(name)
+                elif name == part_of[name]:  # the group's X.weight: dequantize it
+                    g = groups[name]
+                    parts = [h.get_tensor(g[k]) if files[g[k]] == shard else _get(files[g[k]], g[k])
+                             for k in ("weight", "weight_scale", "weight_scale_2")]
+                    nvfp4.check_group(*parts, *expected[name])
+                    tensors[name] = nvfp4.dequantize(*parts, dtype=torch.float32).to(dtype).contiguous()
+        save_file(tensors, str(tmp / shard.name), metadata={"format": "pt"})
+        weight_map.update({n: shard.name for n in tensors})
+    if (src / "model.safetensors.index.json").is_file():
+        total = sum((tmp / f).stat().st_size for f in set(weight_map.values()))
+        write_json(tmp / "model.safetensors.index.json", {"metadata": {"total_size": total},
+                                                         "weight_map": dict(sorted(weight_map.items()))})
+    for f in sorted(src.iterdir()):
+        if f.is_file() and f.name not in _REWRITTEN and not f.name.endswith(".safetensors"):
+            shutil.copy2(f, tmp / f.name)
+    write_json(tmp / "config.json", {k: v for k, v in cfg.items() if k != "quantization_config"})
+    src_manifest = src / MANIFEST_NAME
+    write_json(tmp / "quant_provenance.json", {
+        "dequantized_from": {"path": str(src.resolve()), "quantization_config": cfg["quantization_config"],
+                             "manifest_sha256": json.loads(src_manifest.read_text()).get("manifest_sha256")
+                             if src_manifest.is_file() else None},
+        "method": "repro.checkpoint.nvfp4.dequantize: e2m1 * (e4m3 block scale * global scale) in fp32, then "
+                  f"one round to nearest even to {str(dtype).removeprefix('torch.')}",
+        "dtype": str(dtype).removeprefix("torch."), "groups_dequantized": len(groups)})
+    manifest = write_manifest(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return manifest
+
+
+def _get(path: Path, name: str) -> torch.Tensor:
+    """One tensor from a shard other than the one being written (a group split across shards)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as h:
+        return h.get_tensor(name)
