@@ -27,8 +27,8 @@ Contract
   + ~3.9 GB working memory, an estimate, not measured); the NVFP4 checkpoint in nvfp4-w4a16 14,000 (10.6 GB
   of weights); the tiny random model 1,000.
 * ``check_gpu(model_dir, precision)`` (in the generation job, on the GPU it landed on): the same sum from
-  the checkpoint itself (``gpu_need_bytes``: its weight files as stored, so a 4-bit checkpoint dequantized
-  to bf16 at load needs more than this says) against the GPU's memory, and the compute capability the
+  the checkpoint itself (``gpu_need_bytes``: its weight files, scaled up when a 4-bit checkpoint is
+  dequantized to bf16 at load) against the GPU's memory, and the compute capability the
   precision needs (bf16 / nvfp4-w4a16: 8.0, nvfp4: 10.0); RuntimeError naming the GPU, what it has and what
   is needed.
 * ``container_env(environ, binary)``: ``{APPTAINERENV_X: value}`` (``SINGULARITYENV_`` for a
@@ -194,9 +194,11 @@ def gpu_memory_need_mb(source: dict, precision: str = "bf16") -> int:
     return math.ceil(w + KV_GB + max(0.5, 0.12 * w)) * 1000
 
 
-def gpu_need_bytes(model_dir: str | os.PathLike) -> int:
-    """Bytes of GPU memory generation needs for the checkpoint in ``model_dir``: its ``*.safetensors`` weights
-    as stored (bf16) + a bf16 KV cache for its full context (config.json: num_hidden_layers x 2 x
+def gpu_need_bytes(model_dir: str | os.PathLike, precision: str = "bf16") -> int:
+    """Bytes of GPU memory generation needs for the checkpoint in ``model_dir`` run at ``precision``: its
+    ``*.safetensors`` weights as stored (an NVFP4 checkpoint, config.json with ``quantization_config``, run
+    at bf16 is dequantized at load: x 32.6/10.6, the two model cards' sizes; fp32 doubles bf16) + a bf16 KV
+    cache for its full context (config.json: num_hidden_layers x 2 x
     num_key_value_heads x head_dim x 2 B x max_position_embeddings; LLaDA2.1-mini: 40,960 B/token x 32,768 =
     1.34 GB) + working memory (activations, CUDA graphs, kernel workspaces: an estimate, 12% of the weights,
     at least 0.5 GB). LLaDA2.1-mini: 32.6 + 1.34 + 3.9 = 37.9 GB."""
@@ -206,6 +208,10 @@ def gpu_need_bytes(model_dir: str | os.PathLike) -> int:
     kv_per_token = (cfg.get("num_hidden_layers", 20) * 2 * cfg.get("num_key_value_heads", 4)
                     * cfg.get("head_dim", 128) * 2)
     kv = kv_per_token * cfg.get("max_position_embeddings", 32_768)
+    if cfg.get("quantization_config") and not precision.startswith("nvfp4"):
+        weights = int(weights * WEIGHTS_GB["bf16"] / WEIGHTS_GB["nvfp4"])
+    if precision == "fp32":
+        weights *= 2
     return weights + kv + max(500_000_000, weights * 12 // 100)
 
 
@@ -233,7 +239,8 @@ def check_gpu(model_dir: str | os.PathLike, precision: str) -> None:
     import torch
 
     p = torch.cuda.get_device_properties(0)
-    problem = gpu_problem(p.name, p.total_memory, (p.major, p.minor), gpu_need_bytes(model_dir), precision)
+    problem = gpu_problem(p.name, p.total_memory, (p.major, p.minor), gpu_need_bytes(model_dir, precision),
+                          precision)
     if problem:
         raise RuntimeError(problem)
 

@@ -132,6 +132,7 @@ if [ "$WITH_DBD" = 1 ]; then
     GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
   log "mariadb up"
   cat > /etc/slurm/slurmdbd.conf <<CONF
+# written by scripts/slurm/start_local_slurm.sh (single-node CI cluster)
 AuthType=auth/munge
 DbdHost=localhost
 DbdPort=6819

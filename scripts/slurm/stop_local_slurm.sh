@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Stop every daemon that scripts/slurm/start_local_slurm.sh started (listed, by PID, in
 # $SLURM_LOCAL_BASE/started), in reverse dependency order; daemons it did not start are left alone.
-# A PID is signalled only if it still runs the program of that name (guards against PID reuse).
+# A PID is signalled only if it still runs the program of that name (guards against PID reuse). Then the
+# /etc/slurm configs that start script wrote (marked by its comment) are removed: with a slurm.conf left
+# behind and no controller, every `scontrol show config` waits ~10 s, and the Snakemake Slurm plugin runs
+# one at start-up, so each later `snakemake` command on the machine would start 10 s late.
 set -euo pipefail
 BASE=${SLURM_LOCAL_BASE:-/tmp/repro-slurm}
 LIST="$BASE/started"
@@ -21,3 +24,8 @@ for name in slurmd slurmctld slurmdbd mariadbd munged; do
   grep "^$name " "$LIST" | while read -r n pid; do stop_one "$n" "$pid"; done
 done
 rm -f "$LIST"
+for conf in /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf; do
+  if [ -f "$conf" ] && grep -q "^# written by scripts/slurm/start_local_slurm.sh" "$conf"; then
+    rm -f "$conf" && echo "[slurm-local] removed $conf"
+  fi
+done
