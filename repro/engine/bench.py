@@ -470,7 +470,8 @@ def main(argv=None):
     ap.add_argument("--invariance-prompts", type=int, default=32, help="batch mode: prompts of the invariance check")
     ap.add_argument("--invariance-tokens", type=int, default=32, help="batch mode: new tokens per invariance prompt")
     ap.add_argument("--batch-tokens", type=int, default=256, help="batch mode: new tokens per throughput request")
-    ap.add_argument("--sections", default="throughput,invariance", help="batch mode: which parts to run")
+    ap.add_argument("--sections", default="throughput,graph,invariance",
+                    help="batch mode: which parts to run (throughput, graph, invariance)")
     ap.add_argument("--algorithms", default="joint_threshold,orl", help="batch mode: decoders of the invariance check")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "nvfp4-w4a16"],
                     help="decode mode: the model's precision (nvfp4-w4a16: random NVFP4 routed experts)")

@@ -1,7 +1,7 @@
 """`python -m repro.engine.bench batch`: batched generation at full size on one GPU — throughput and invariance.
 
     python -m repro.engine.bench batch [--prefix 1024] [--batch-tokens 256] [--batch-sizes 1,8,32]
-        [--sections throughput,invariance] [--algorithms joint_threshold,orl]
+        [--sections throughput,graph,invariance] [--algorithms joint_threshold,orl]
         [--invariance-prompts 32] [--invariance-tokens 32] [--json FILE]
 
 Time: the eager forward is slow at batch 1 (≈ 0.1 s per forward measured before this work, docs/perf.md), and
@@ -25,6 +25,8 @@ kernels in the layer seams, and runs the batched engine (:mod:`repro.engine.batc
    (:func:`repro.engine.layers.linear.row_tile`), the routed experts touched per 128-row MoE group (counted
    on one round with the routing recorded), the shared experts and router once per group, and each request's
    K/V prefix. Speed-ups are against batch 1 of the same run.
+   ``graph``: the single-request CUDA-graph path with the same schedule (``bench generate``), so each batch
+   size is also compared with the fastest batch-1 path (``speedup_vs_graph_batch1``).
 2. **Batch invariance**: ``--invariance-prompts`` random prompts of varied length (64..prefix tokens), real
    greedy decoders (``joint_threshold``, ``orl`` with adapter-free self-conditioning: the preset has no
    adapter), ``--invariance-tokens`` new tokens, real EOS: each prompt alone (batch 1), then in batches of
@@ -201,6 +203,20 @@ def bench_throughput(model, mask_id: int, prefix: int, tokens: int, batch_sizes,
     return out
 
 
+def bench_graph_batch1(prefix: int, tokens: int, steps: int, seed: int, log) -> dict:
+    """The single-request CUDA-graph path with the same fixed schedule (``bench generate``: its own
+    ``BlockForward`` weights, random prefix K/V), for comparison with the batched engine's batch sizes."""
+    from repro.engine import bench as B
+
+    shape, W, fw, build_s = B.build(seed, prefix + tokens + 128)
+    try:
+        res = B.bench_generate(shape, W, fw, prefix, tokens, steps, log)
+    finally:
+        del W, fw
+        torch.cuda.empty_cache()
+    return {"build_s": build_s, **res}
+
+
 def bench_invariance(model, mask_id: int, eos_id: int, n_prompts: int, prefix: int, tokens: int, algorithms,
                      seed: int, log, on_algorithm=None) -> dict:
     """Section 2 of the module docstring: ``{algorithm: {"alone_s", "batches": {b: {...}}}}``."""
@@ -249,6 +265,14 @@ def table(doc: dict) -> str:
                          f"{r['distinct_experts_per_layer_mean']:>9.0f}")
     elif thr is not None:
         lines.append(f"throughput: {thr}")
+    g1 = doc.get("graph_batch1")
+    if isinstance(g1, dict) and "tokens_per_s" in g1:
+        lines.append(f"CUDA-graph path, batch 1, same schedule: {g1['tokens_per_s']:.0f} tok/s, "
+                     f"{g1['ms_per_denoise']:.2f} ms/round; batched / graph: " + ", ".join(
+                         f"b{r['batch_size']} {r.get('speedup_vs_graph_batch1', 0):.2f}x"
+                         for r in (thr if isinstance(thr, list) else [])))
+    elif g1 is not None:
+        lines.append(f"graph path batch 1: {g1}")
     inv = doc.get("invariance")
     if isinstance(inv, dict) and "error" not in inv:
         for algo, r in inv.items():
@@ -295,6 +319,16 @@ def run(args, env_info, copy_bandwidth) -> int:
         except Exception as e:  # noqa: BLE001
             doc["throughput"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             log(doc["throughput"]["traceback"])
+        save()
+    if "graph" in sections:
+        try:
+            doc["graph_batch1"] = bench_graph_batch1(args.prefix, args.batch_tokens, args.steps_per_block, args.seed, log)
+            if isinstance(doc.get("throughput"), list):
+                for r in doc["throughput"]:
+                    r["speedup_vs_graph_batch1"] = r["tokens_per_s_decode"] / doc["graph_batch1"]["tokens_per_s"]
+        except Exception as e:  # noqa: BLE001
+            doc["graph_batch1"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log(doc["graph_batch1"]["traceback"])
         save()
     if "invariance" in sections:
         def partial(out):

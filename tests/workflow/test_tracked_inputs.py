@@ -95,7 +95,7 @@ def test_unchanged_tree_and_each_kind_of_change(run):
     assert "Nothing to be done" in run.snakemake("-n")
     # the same checkpoint at another path, another tiny seed, another hub revision: that model's cells only
     per_model = {"download_checkpoint": 1, "verify_checkpoint": 1, "render_decoder": 1, "generate_shard": 1,
-                 "merge_shards": 1, "score": 1, "write_table": 1, "main_table": 1, "total": 8}
+                 "merge_shards": 1, "score": 1, "write_table": 1, "speed_table": 1, "main_table": 1, "total": 9}
     assert run.dry(loc=run.ckpt_b) == per_model
     assert run.dry(seed=1) == per_model
     assert run.dry(revision=REV_B) == per_model
@@ -120,7 +120,8 @@ def test_data_file_edited_in_place(run):
         # a question changed: both problem copies re-prepared, every model regenerates and re-scores GSM8K
         gsm.write_text(json.dumps(dict(first, question=first["question"] + " Explain.")) + "\n" + "".join(lines[1:]))
         assert run.dry() == {"prepare_problems": 1, "prepare_generation_problems": 1, "generate_shard": 3,
-                             "merge_shards": 3, "score": 3, "write_table": 1, "main_table": 1, "total": 13}
+                             "merge_shards": 3, "score": 3, "write_table": 1, "speed_table": 1, "main_table": 1,
+                             "total": 14}
         # only the gold answer changed (the reported case): re-prepared and re-scored, nothing regenerated
         gold = dict(first, answer=first["answer"].rsplit("####", 1)[0] + "#### 123456789")
         gsm.write_text(json.dumps(gold) + "\n" + "".join(lines[1:]))
