@@ -16,7 +16,8 @@ def dry_run(*args, env=None):
 
 
 def test_paper_suite_dag_lists_every_stage_for_every_model_and_benchmark(tmp_path):
-    stats, out = dry_run("--config", "suite=paper", f"work_dir={tmp_path}")
+    stats, out = dry_run("-p", "--config", "suite=paper", f"work_dir={tmp_path}")
+    assert '"reported": true' in out and "repro/tables/reported.json" in out  # the paper's rows, cited
     assert stats["download_checkpoint"] == 3 and stats["verify_checkpoint"] == 3  # base, ORL, ORL NVFP4
     assert stats["prepare_problems"] == 4 and stats["prepare_generation_problems"] == 4
     assert stats["render_decoder"] == 12
@@ -28,7 +29,8 @@ def test_paper_suite_dag_lists_every_stage_for_every_model_and_benchmark(tmp_pat
 
 
 def test_smoke_suite_dag(tmp_path):
-    stats, _ = dry_run("--config", f"work_dir={tmp_path}")
+    stats, out = dry_run("-p", "--config", f"work_dir={tmp_path}")
+    assert '"reported": false' in out and "reported.json" not in out  # no paper rows beside random weights
     # tiny, tiny-orl, tiny-orl-nvfp4 generate; `reference` is replayed
     assert stats["generate_shard"] == 12 and stats["score"] == 16 and stats["download_checkpoint"] == 3
     assert stats["replay_samples"] == 4  # the `reference` row: replayed, never generated (no checkpoint)
