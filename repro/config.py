@@ -337,7 +337,7 @@ def suite_cells(cfg: dict, suite: str | None = None) -> list[Cell]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m repro.config check-yaml FILE...``: exit 65 (EX_DATAERR) with one line per file that is
-    not valid YAML (file, line, column), 0 when every file parses."""
+    missing or not valid YAML (file, line, column), 0 when every file exists and parses."""
     import argparse
     import sys
 
@@ -346,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check-yaml", help="report YAML syntax errors with file, line and column").add_argument(
         "files", nargs="*")
     a = ap.parse_args(argv)
-    errors = [e for e in map(yaml_syntax_error, a.files) if e]
+    errors = [f"{f}: no such file; give the path of an existing config overlay" if not Path(f).is_file()
+              else yaml_syntax_error(f) for f in a.files]
+    errors = [e for e in errors if e]
     for e in errors:
         print(f"Config error: {e}", file=sys.stderr)
     return 65 if errors else 0

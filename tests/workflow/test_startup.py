@@ -3,6 +3,7 @@
 * ``--cores 0`` stops at once naming the option (Snakemake alone waits at "Select jobs to execute" forever);
 * ``snakemake -s path/to/Snakefile`` from another directory runs against the Snakefile's checkout: its
   ``.snakemake`` state (recorded params, locks) and default work directory, not new ones where it was typed;
+* a data directory lacking a benchmark file the suite needs stops at start-up with one line naming the files;
 * an empty data file stops prepare naming the file, and leaves no problems file behind."""
 
 import os
@@ -50,6 +51,20 @@ def test_snakefile_from_another_directory_runs_against_the_checkout(checkout, tm
     assert (checkout / ".snakemake").is_dir() and not (elsewhere / ".snakemake").exists()
     # a relative ORL_EVAL_WORK is taken relative to where the command was typed
     assert str(elsewhere / "w" / "smoke" / "problems") in r.stdout
+
+
+@pytest.mark.slow
+def test_data_dir_missing_a_benchmark_file_stops_at_start_up(checkout, tmp_path, data_dir):
+    data = tmp_path / "data"
+    data.mkdir()
+    os.symlink(data_dir / "gsm8k.jsonl", data / "gsm8k.jsonl")  # the smoke suite reads all four benchmarks
+    r = snakemake(checkout, "-n", "main_table", env={"ORL_EVAL_DATA": str(data), "ORL_EVAL_WORK": str(tmp_path / "w")})
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, r.stderr[-2000:]
+    assert errors[0].startswith(f"Config error: data directory {data} (data_dir / ORL_EVAL_DATA) lacks "
+                                "math500.jsonl, humaneval.jsonl, mbpp.jsonl, which suite 'smoke' needs"), errors[0]
+    assert "gsm8k.jsonl" not in errors[0] and "prepare_problems" not in r.stdout + r.stderr  # no job planned
 
 
 def test_empty_data_file_stops_prepare_naming_it(tmp_path):
