@@ -2,6 +2,9 @@
 
     hf/<model>/                                  checkpoint (downloaded, local copy, or tiny)
     verified/<model>.json                        verification stamp (manifest hash)
+    sources/<model>.json                         what the checkpoint is (source key): rewritten only when
+                                                 the source changes; the rules reading the checkpoint
+                                                 take it as input (the folder and stamp as ancient())
     <suite>/problems/<bench>.jsonl               normalized problems (+ .meta.json): scoring, tables
     <suite>/problems/<bench>.for-generation.jsonl the same, as generation reads them: re-prepared only when
                                                  a rendered prompt changes (a gold fix re-scores, no more)
@@ -14,6 +17,7 @@
 
 CHECKPOINT = "hf/{model}"
 VERIFIED = "verified/{model}.json"
+CHECKPOINT_SOURCE = "sources/{model}.json"
 PROBLEMS = "{suite}/problems/{bench}.jsonl"
 GENERATION_PROBLEMS = "{suite}/problems/{bench}.for-generation.jsonl"
 DECODER = "{suite}/decoders/{model}/{bench}/seed{seed}.yaml"

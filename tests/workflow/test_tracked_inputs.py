@@ -3,7 +3,9 @@ local checkpoint folder, a checkpoint from a pre-seeded hub cache -- on one GSM8
 change re-runs exactly the jobs it affects (asserted on the dry run's job list) and an unchanged tree is
 "Nothing to be done": the data file edited in place, the local checkpoint switched to another folder, the
 tiny model's seed, the hub revision, the scorer's code. A repaired local folder is copied and verified
-again, and the failing verification says which copy it checked.
+again, and the failing verification says which copy it checked. Touching a checkpoint file re-verifies and
+regenerates nothing; a copied work directory (new mtimes, no Snakemake record of its paths) re-verifies and
+generates again; a successful run ends with the table it built.
 
 The run uses a copy of the checkout (so the test can change the scorer's code) and its own data folder,
 hub cache and work directory."""
@@ -39,10 +41,10 @@ class Run:
         self.ckpt_a, self.ckpt_b = root / "ckpt_a", root / "ckpt_b"
         self.hub = root / "hub"
 
-    def overlay(self, loc=None, seed=0, revision=REV_A, data=None) -> Path:
+    def overlay(self, loc=None, seed=0, revision=REV_A, data=None, work=None) -> Path:
         p = self.root / "overlay.json"
         p.write_text(json.dumps({
-            "data_dir": str(data or self.data), "results_dir": str(self.root / "results"), "work_dir": str(self.work),
+            "data_dir": str(data or self.data), "results_dir": str(self.root / "results"), "work_dir": str(work or self.work),
             "models": {
                 "tiny-orl": {"source": {"type": "tiny", "seed": seed}},
                 "loc": {"label": "local", "role": "orl", "decoder": "llada-orl",
@@ -59,6 +61,7 @@ class Run:
                str(self.overlay(**overlay))]
         env = dict(os.environ, HF_HUB_CACHE=str(self.hub), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
         r = subprocess.run(cmd, cwd=self.root, capture_output=True, text=True, timeout=600, env=env)
+        self.last_stdout = r.stdout
         out = r.stdout + r.stderr
         if check:
             assert r.returncode == 0, out[-3000:]
@@ -94,8 +97,9 @@ def run(tmp_path_factory):
 def test_unchanged_tree_and_each_kind_of_change(run):
     assert "Nothing to be done" in run.snakemake("-n")
     # the same checkpoint at another path, another tiny seed, another hub revision: that model's cells only
-    per_model = {"download_checkpoint": 1, "verify_checkpoint": 1, "render_decoder": 1, "generate_shard": 1,
-                 "merge_shards": 1, "score": 1, "write_table": 1, "speed_table": 1, "main_table": 1, "total": 9}
+    per_model = {"download_checkpoint": 1, "verify_checkpoint": 1, "checkpoint_source": 1, "render_decoder": 1,
+                 "generate_shard": 1,
+                 "merge_shards": 1, "score": 1, "write_table": 1, "speed_table": 1, "main_table": 1, "total": 10}
     assert run.dry(loc=run.ckpt_b) == per_model
     assert run.dry(seed=1) == per_model
     assert run.dry(revision=REV_B) == per_model
@@ -159,3 +163,49 @@ def test_repaired_local_checkpoint_is_copied_and_verified_again(run):
     out = run.snakemake(target=str(stamp))
     assert stamp.exists() and f"checking {run.work / 'hf' / 'loc'}, the pipeline's copy of" in \
         (run.work / "logs/verify/loc.log").read_text()
+
+
+def test_touched_checkpoint_file_reverifies_and_regenerates_nothing(run):
+    run.snakemake()  # up to date (an earlier test repaired a local checkpoint, which the table records)
+    os.utime(run.work / "hf" / "tiny-orl" / "config.json")  # `touch`: same bytes, new mtime
+    out = run.snakemake("-n")
+    assert job_counts(out) == {"verify_checkpoint": 1, "total": 1}, out[-6000:]
+    assert "hf/tiny-orl changed since" in out and "verifying it again" in out
+    out = run.snakemake()
+    assert job_counts(out) == {"verify_checkpoint": 1, "total": 1}, out[-6000:]
+    again = run.snakemake("-n")
+    assert "Nothing to be done" in again, again[-3000:]
+
+
+def test_copied_work_dir_reverifies_and_generates_again(run):
+    copy = run.root / "work-copy"
+    shutil.copytree(run.work, copy, copy_function=shutil.copy)  # like `cp -r`: every file gets a new mtime
+    shutil.rmtree(copy / "smoke" / "generations")  # the copy generates again (shards and merged files)
+    try:
+        counts = run.dry(work=copy)
+        assert counts["verify_checkpoint"] == 3 and counts["generate_shard"] == 3, counts
+        out = run.snakemake(work=copy)  # asserts success: no "files differ from when ... was written"
+        assert "files differ" not in out
+        stamp = json.loads((copy / "verified" / "tiny-orl.json").read_text())
+        assert stamp["checkpoint"] == str((copy / "hf" / "tiny-orl").resolve())
+        assert "Nothing to be done" in run.snakemake("-n", work=copy)
+        # a byte changed in the copy's checkpoint: verification fails, and no generation starts
+        weights = next((copy / "hf" / "tiny-orl").glob("*.safetensors"))
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 1
+        weights.write_bytes(bytes(data))
+        shutil.rmtree(copy / "smoke" / "generations" / "tiny-orl")
+        out = run.snakemake(work=copy, check=False)
+        assert "altered: " in out and not (copy / "verified" / "tiny-orl.json").exists(), out[-3000:]
+        assert not (copy / "smoke" / "generations" / "tiny-orl").exists()  # no generation job started
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def test_successful_run_ends_with_the_table_it_built(run):
+    run.snakemake("--forcerun", "write_table")
+    lines = run.last_stdout.rstrip().splitlines()
+    table = run.root / "results" / "smoke" / "main_table.md"
+    assert lines[-1].startswith(f"Table: {table} (.tex, .csv, provenance.json beside it)"), lines[-5:]
+    body = table.read_text().rstrip().splitlines()
+    assert lines[-2 - len(body):-2] == body  # the table itself, just above its path

@@ -1,6 +1,9 @@
 # Checkpoints: obtain (HF download, local path, or the tiny random-weight model), then verify every
 # file against checkpoint_manifest.json. Generation depends on the verification stamp, never on the
-# bare directory, so it cannot start on an unverified checkpoint.
+# bare directory, so it cannot start on an unverified checkpoint. The rules reading the checkpoint take the
+# folder and the stamp as ancient() and what the checkpoint is from checkpoint_source: touching a checkpoint
+# file re-verifies it and regenerates nothing; another source (hub revision, local folder or its manifest,
+# tiny seed or code) regenerates.
 
 
 rule download_checkpoint:
@@ -26,8 +29,9 @@ rule verify_checkpoint:
         W(P.CHECKPOINT, model="{model}"),
     output:
         W(P.VERIFIED, model="{model}"),
+    # re-run after a checkpoint file changed (or the work directory was copied): common.smk marks a stamp
+    # whose files changed as outdated at start-up (_outdate_stale_stamps), so this input is newer
     params:
-        trigger=verify_trigger,
         pin=manifest_pin_arg,
         copy_of=copy_of_arg,
     log:
@@ -39,3 +43,17 @@ rule verify_checkpoint:
         mem_mb=lambda wc, attempt: 2000 * attempt,
     shell:
         logged("{PY} -m repro.checkpoint verify {input} --stamp {output} {params.pin} {params.copy_of}")
+
+
+rule checkpoint_source:
+    """The checkpoint's source key (common.smk: checkpoint_content_key) as a file, rewritten only when it
+    changes (params rerun trigger): the non-ancient input by which a new source reaches decoders and
+    generation. (A param of those rules would not do: Snakemake does not check the params of jobs below one
+    that re-runs, such as a re-verification, when it reaches them only through ancient() inputs.)"""
+    output:
+        W(P.CHECKPOINT_SOURCE, model="{model}"),
+    params:
+        key=checkpoint_content_key,
+    localrule: True
+    run:
+        Path(output[0]).write_text(params.key + "\n")

@@ -37,10 +37,12 @@ if DATA is not None and not DATA.is_dir():
     print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) does not exist; point it at a folder "
           f"holding {', '.join(b.file for b in benchmarks.declarations())}, or unset it", file=sys.stderr)
     sys.exit(1)
-# every benchmark file the selected suite (its table and its sweep) reads from the data directory, checked
-# now: otherwise its prepare jobs fail one by one, the reason buried among Snakemake's error blocks
-_needed = dict.fromkeys(config["suites"][SUITE]["benchmarks"]
-                        + list((config["suites"][SUITE].get("sweep") or {}).get("benchmarks") or []))
+# every benchmark file the selected suite reads from the data directory (its table; its sweep's too when
+# `sweep` is a target), checked now: otherwise its prepare jobs fail one by one, the reason buried among
+# Snakemake's error blocks
+_needed = dict.fromkeys(config["suites"][SUITE]["benchmarks"] + list(
+    (config["suites"][SUITE].get("sweep") or {}).get("benchmarks") or []
+    if "sweep" in getattr(workflow.dag_settings, "targets", ()) else []))
 _missing = [benchmarks.get(b).file for b in _needed if DATA is not None and not (DATA / benchmarks.get(b).file).is_file()]
 if _missing:
     print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) lacks {', '.join(_missing)}, which suite "
@@ -173,24 +175,18 @@ def fetch_command(wildcards):
 
 
 def checkpoint_content_key(wildcards):
-    """What the verified checkpoint holds, as a param of the rules that read it (decoders, generation), which
-    take the folder and the stamp as ancient(): touching or re-verifying an unchanged checkpoint re-runs
-    nothing downstream, another source (hub revision, local folder, its manifest, tiny seed or code) does.
-    checkpoint_key without a local folder's size/mtime fingerprint (that one only re-copies and re-verifies)."""
+    """What the verified checkpoint holds (rule checkpoint_source writes it for the rules that read the
+    checkpoint): checkpoint_key without a local folder's size/mtime fingerprint, which re-copies and
+    re-verifies, but regenerates nothing unless the manifest changed."""
     key = json.loads(checkpoint_key(wildcards))
     key.pop("files", None)
     return json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 
-def verify_trigger(wildcards):
-    """Changes when any checkpoint file changed since the stamp: a byte flip re-runs verify, which fails."""
-    return rerun_trigger(W(P.CHECKPOINT, model=wildcards.model), W(P.VERIFIED, model=wildcards.model))
-
-
 def _outdate_stale_stamps():
     """A verified stamp whose checkpoint files no longer have the recorded sizes and mtimes (a file rewritten
     or touched; a work directory copied, whose files all got new mtimes, and whose new paths Snakemake has no
-    params record for) can no longer vouch for them (generation would refuse it). Set its mtime to the epoch,
+    params record for) can no longer vouch for them (generation would refuse it). Set its mtime to 1970,
     so the checkpoint folder is newer and Snakemake re-runs verification (by content) before any job that
     reads the stamp; the rules downstream take it as ancient(), so a verification that passes regenerates
     nothing, and one that fails removes the stamp and stops them."""
@@ -198,8 +194,8 @@ def _outdate_stale_stamps():
         if is_replay(config, m):
             continue
         ckpt, stamp = W(P.CHECKPOINT, model=m), W(P.VERIFIED, model=m)
-        if os.path.isfile(stamp) and rerun_trigger(ckpt, stamp) != "ok" and os.stat(stamp).st_mtime_ns:
-            os.utime(stamp, ns=(0, 0))
+        if os.path.isfile(stamp) and rerun_trigger(ckpt, stamp) != "ok" and os.stat(stamp).st_mtime != 1:
+            os.utime(stamp, (1, 1))  # not 0: Snakemake skips its mtime comparison for an output mtime of 0
             print(f"note: {ckpt} changed since {stamp} was written; verifying it again", file=sys.stderr)
 
 

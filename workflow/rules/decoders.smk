@@ -5,8 +5,9 @@
 
 rule render_decoder:
     input:
-        ckpt=W(P.CHECKPOINT, model="{model}"),
-        verified=W(P.VERIFIED, model="{model}"),
+        ckpt=ancient(W(P.CHECKPOINT, model="{model}")),  # what it holds: `source` (checkpoints.smk)
+        verified=ancient(W(P.VERIFIED, model="{model}")),
+        source=W(P.CHECKPOINT_SOURCE, model="{model}"),
     output:
         W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
     params:

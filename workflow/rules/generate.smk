@@ -5,8 +5,9 @@
 
 rule generate_shard:
     input:
-        verified=W(P.VERIFIED, model="{model}"),
-        ckpt=W(P.CHECKPOINT, model="{model}"),
+        verified=ancient(W(P.VERIFIED, model="{model}")),
+        source=W(P.CHECKPOINT_SOURCE, model="{model}"),
+        ckpt=ancient(W(P.CHECKPOINT, model="{model}")),  # what it holds: `source` (checkpoints.smk)
         decoder=W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
         problems=W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}"),  # re-prepared only for new prompts
         image=image_input("generate"),

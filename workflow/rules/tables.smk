@@ -26,7 +26,7 @@ rule write_table:
     container: image_for("cpu")
     shell:
         logged("{PY_IMAGE} -m repro.tables --work {params.work} --suite {params.suite} --spec '{params.spec}' "
-               "--out-dir {params.out_dir} --image-sidecars {input.images}", streams="2> {log}")
+               "--out-dir {params.out_dir} --image-sidecars {input.images}")  # the table: printed on success
 
 
 rule speed_table:
@@ -62,7 +62,31 @@ rule main_table:
         unpack(table_inputs),
 
 
+def _done_lines():
+    """What the run's requested targets wrote, one line each (the default target: main_table), with the main
+    table's markdown before its line; the main table goes last, so it is what the console ends with."""
+    targets = sorted(workflow.dag_settings.targets) or ["main_table"]
+    table = os.path.join(RESULTS, "main_table.md")
+    lines, show_table = [], False
+    for t in targets:
+        if t in ("main_table", "write_table"):
+            show_table = True
+        elif t == "speed_table":
+            lines.append(f"Speed table: {os.path.join(RESULTS, 'speed_table.md')} (.tex, .csv beside it)")
+        elif t == "sweep":
+            lines.append(f"Sweep: {os.path.join(RESULTS_ROOT, SUITE, 'sweep', 'sweep.png')} "
+                         "(.pdf, .csv, sweep.json beside it)")
+        elif t == "compare":
+            lines += [f"Compare: {md} (.json, .csv, _problems.csv beside it)" for md in compare_targets(SUITE)]
+        elif os.path.exists(t):  # a file named as the target
+            lines.append(f"Wrote: {os.path.abspath(t)}")
+    if show_table and os.path.exists(table):
+        lines += ["", open(table).read().rstrip(), "",
+                  f"Table: {table} (.tex, .csv, provenance.json beside it); "
+                  f"speed: {os.path.join(RESULTS, 'speed_table.md')}"]
+    return lines
+
+
 onsuccess:
-    if os.path.exists(os.path.join(RESULTS, "main_table.md")):
-        print(f"Table: {os.path.join(RESULTS, 'main_table.md')} (.tex, .csv, provenance.json beside it); "
-              f"speed: {os.path.join(RESULTS, 'speed_table.md')}")
+    for _line in _done_lines():
+        print(_line)
