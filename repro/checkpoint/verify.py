@@ -31,11 +31,10 @@ move when a file inside it is rewritten). Two cheap guards close that gap withou
 
 * ``rerun_trigger(dir, stamp)``: ``"ok"`` while the stamp is absent or every file still has the size and
   mtime recorded in the stamp; ``"changed:<stat fingerprint>"`` otherwise. At start-up the workflow
-  (workflow/rules/common.smk) sets the mtime of a stamp that is not "ok" to 1970 (1 s), so Snakemake re-runs
-  verification (a byte flip then fails it, and the failing verification removes the stamp, so no
-  generation job starts); this also covers a copied work directory, whose paths Snakemake has no record of.
-  An unchanged checkpoint keeps "ok", so reruns stay no-ops. (``stat_fingerprint(dir)`` is the sha256 over
-  every file's (path, size, mtime_ns).)
+  (workflow/rules/common.smk) verifies a checkpoint whose stamp is not "ok" again by content: a fresh stamp
+  when it passes (a touched file, a copied work directory), the stamp removed when it fails (a byte flip),
+  so the verify job runs again and no generation job starts. An unchanged checkpoint keeps "ok", so reruns
+  stay no-ops. (``stat_fingerprint(dir)`` is the sha256 over every file's (path, size, mtime_ns).)
 * ``require_verified(ckpt_dir, stamp)`` (for the generation step): the stamp exists, names the
   manifest_sha256 the manifest carries now, and every file still has the size and mtime it had when it
   was verified; otherwise it raises naming the changed files.

@@ -29,8 +29,8 @@ rule verify_checkpoint:
         W(P.CHECKPOINT, model="{model}"),
     output:
         W(P.VERIFIED, model="{model}"),
-    # re-run after a checkpoint file changed (or the work directory was copied): common.smk marks a stamp
-    # whose files changed as outdated at start-up (_outdate_stale_stamps), so this input is newer
+    # a checkpoint file changed since the stamp (or the work directory was copied): common.smk verifies it
+    # again at start-up (_reverify_stale_stamps), and removes the stamp when that fails, so this job re-runs
     params:
         pin=manifest_pin_arg,
         copy_of=copy_of_arg,

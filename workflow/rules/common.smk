@@ -183,24 +183,37 @@ def checkpoint_content_key(wildcards):
     return json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 
-def _outdate_stale_stamps():
-    """A verified stamp whose checkpoint files no longer have the recorded sizes and mtimes (a file rewritten
-    or touched; a work directory copied, whose files all got new mtimes, and whose new paths Snakemake has no
-    params record for) can no longer vouch for them (generation would refuse it). Set its mtime to 1970,
-    so the checkpoint folder is newer and Snakemake re-runs verification (by content) before any job that
-    reads the stamp; the rules downstream take it as ancient(), so a verification that passes regenerates
-    nothing, and one that fails removes the stamp and stops them."""
+def _reverify_stale_stamps():
+    """A verified stamp whose checkpoint files no longer have the recorded sizes and mtimes (a file touched or
+    rewritten; a copied work directory, whose files all have new mtimes and whose paths Snakemake has no
+    record of) no longer vouches for them: generation would refuse it. Verify such a checkpoint again by
+    content here, before the DAG is built: it passes -> a fresh stamp (the rules reading the checkpoint take
+    the stamp as ancient(), so nothing regenerates); it fails -> the stamp is removed, the verify job runs
+    again and reports every changed file, and no job reading the checkpoint starts. (Not a re-run of the
+    verify job: Snakemake would then not examine any job below it reached only through ancient() inputs.)"""
+    from repro.checkpoint.verify import ManifestError, verify, write_stamp
+
     for m in config["models"]:
         if is_replay(config, m):
             continue
         ckpt, stamp = W(P.CHECKPOINT, model=m), W(P.VERIFIED, model=m)
-        if os.path.isfile(stamp) and rerun_trigger(ckpt, stamp) != "ok" and os.stat(stamp).st_mtime != 1:
-            os.utime(stamp, (1, 1))  # not 0: Snakemake skips its mtime comparison for an output mtime of 0
-            print(f"note: {ckpt} changed since {stamp} was written; verifying it again", file=sys.stderr)
+        if not os.path.isfile(stamp) or rerun_trigger(ckpt, stamp) == "ok":
+            continue
+        print(f"note: {ckpt} changed since {stamp} was written; verifying it again by content", file=sys.stderr)
+        try:
+            rep = verify(ckpt, expect_manifest_sha256=config["models"][m]["source"].get("manifest_sha256"))
+        except ManifestError:
+            rep = None
+        if rep is not None and rep.ok:
+            write_stamp(rep, stamp)
+        else:
+            os.remove(stamp)
+            print(f"note: {ckpt} failed verification; its verify job runs again and names the files",
+                  file=sys.stderr)
 
 
 if workflow.is_main_process:
-    _outdate_stale_stamps()
+    _reverify_stale_stamps()
 
 
 def manifest_pin_arg(wildcards):
