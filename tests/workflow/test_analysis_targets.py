@@ -59,8 +59,11 @@ def test_cpu_sweep_writes_plot_csv_and_provenance(tmp_path):
     overlay = {"suites": {"smoke": {"limit": 1, "max_new_tokens": 16, "models": ["tiny-orl"],
                                     "sweep": {"models": ["tiny-orl"], "benchmarks": ["gsm8k"],
                                               "threshold": [0.5, 0.9]}}}}
-    snakemake(tmp_path, "sweep", overlay=overlay, dry=False)
+    out = snakemake(tmp_path, "sweep", overlay=overlay, dry=False)
     d = tmp_path / "results" / "smoke" / "sweep"
+    # the run ends saying where the sweep went, not naming a main table it did not build
+    done = [line for line in out.splitlines() if line.startswith(("Sweep: ", "Table: "))]
+    assert done == [f"Sweep: {d / 'sweep.png'} (.pdf, .csv, sweep.json beside it)"], out[-2000:]
     rows = list(csv.DictReader((d / "sweep.csv").open()))
     assert [(r["point"], r["paper_setting"], r["threshold"], r["edit_threshold"]) for r in rows] == [
         ("smoke", "True", "0.85", "0.5"), ("smoke-sweep-t0p5", "False", "0.5", "0.5"),
@@ -74,3 +77,16 @@ def test_cpu_sweep_writes_plot_csv_and_provenance(tmp_path):
     assert cell["decoder"]["threshold"] == 0.5 and cell["decoder_sha256"] == rows[1]["decoder_sha256"]
     # the override never reaches the suite's own (main table) decoder
     assert prov["points"][0]["cells"][0]["decoder"]["threshold"] == 0.85
+
+
+@pytest.mark.slow
+def test_compare_run_ends_naming_its_outputs(tmp_path):
+    # two replayed models (no generation): the run ends with where each comparison went, and no "Table:" line
+    overlay = {"models": {"reference-2": {"label": "reference again", "source": {"type": "replay", "samples": "reference"}}},
+               "suites": {"smoke": {"limit": 1, "models": ["reference", "reference-2"], "benchmarks": ["gsm8k"],
+                                    "compare": [["reference", "reference-2"]]}}}
+    out = snakemake(tmp_path, "compare", overlay=overlay, dry=False)
+    d = tmp_path / "results" / "smoke" / "compare"
+    done = [line for line in out.splitlines() if line.startswith(("Compare: ", "Table: "))]
+    assert done == [f"Compare: {d / 'reference_vs_reference-2.md'} (.json, .csv, _problems.csv beside it)"], out[-2000:]
+    assert (d / "reference_vs_reference-2.md").is_file()

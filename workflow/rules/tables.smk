@@ -74,10 +74,10 @@ def _done_lines():
         elif t == "speed_table":
             lines.append(f"Speed table: {os.path.join(RESULTS, 'speed_table.md')} (.tex, .csv beside it)")
         elif t == "sweep":
-            lines.append(f"Sweep: {os.path.join(RESULTS_ROOT, SUITE, 'sweep', 'sweep.png')} "
+            lines.append(f"Sweep: {os.path.abspath(os.path.join(RESULTS_ROOT, SUITE, 'sweep', 'sweep.png'))} "
                          "(.pdf, .csv, sweep.json beside it)")
         elif t == "compare":
-            lines += [f"Compare: {md} (.json, .csv, _problems.csv beside it)" for md in compare_targets(SUITE)]
+            lines += [f"Compare: {os.path.abspath(md)} (.json, .csv, _problems.csv beside it)" for md in compare_targets(SUITE)]
         elif os.path.exists(t):  # a file named as the target
             lines.append(f"Wrote: {os.path.abspath(t)}")
     if show_table and os.path.exists(table):
