@@ -93,3 +93,29 @@ def sweep_inputs(wildcards):
     cells = [(su, m, b, seed) for su in suites for m in sw["models"] for b in sw["benchmarks"] for seed in s["seeds"]]
     return {"summaries": [W(P.SUMMARY, suite=su, model=m, bench=b, seed=seed) for su, m, b, seed in cells],
             "generations": [W(P.GENERATIONS, suite=su, model=m, bench=b, seed=seed) for su, m, b, seed in cells]}
+
+
+# ---- the end of a successful run (tables.smk: onsuccess) --------------------------------------------------
+def _done_lines():
+    """What the run's requested targets wrote, one line each (the default target: main_table), with the main
+    table's markdown before its line; the main table goes last, so it is what the console ends with."""
+    targets = sorted(workflow.dag_settings.targets) or ["main_table"]
+    table = os.path.join(RESULTS, "main_table.md")
+    lines, show_table = [], False
+    for t in targets:
+        if t in ("main_table", "write_table"):
+            show_table = True
+        elif t == "speed_table":
+            lines.append(f"Speed table: {os.path.join(RESULTS, 'speed_table.md')} (.tex, .csv beside it)")
+        elif t == "sweep":
+            lines.append(f"Sweep: {os.path.abspath(os.path.join(RESULTS_ROOT, SUITE, 'sweep', 'sweep.png'))} "
+                         "(.pdf, .csv, sweep.json beside it)")
+        elif t == "compare":
+            lines += [f"Compare: {os.path.abspath(md)} (.json, .csv, _problems.csv beside it)" for md in compare_targets(SUITE)]
+        elif os.path.exists(t):  # a file named as the target
+            lines.append(f"Wrote: {os.path.abspath(t)}")
+    if show_table and os.path.exists(table):
+        lines += ["", open(table).read().rstrip(), "",
+                  f"Table: {table} (.tex, .csv, provenance.json beside it); "
+                  f"speed: {os.path.join(RESULTS, 'speed_table.md')}"]
+    return lines

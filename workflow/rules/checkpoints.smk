@@ -54,6 +54,8 @@ rule checkpoint_source:
         W(P.CHECKPOINT_SOURCE, model="{model}"),
     params:
         key=checkpoint_content_key,
+    log:
+        W("logs/sources/{model}.log"),
     localrule: True
-    run:
-        Path(output[0]).write_text(params.key + "\n")
+    shell:
+        "printf '%s\\n' {params.key:q} > {output} && echo 'wrote {output}' > {log}"

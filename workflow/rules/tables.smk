@@ -62,31 +62,7 @@ rule main_table:
         unpack(table_inputs),
 
 
-def _done_lines():
-    """What the run's requested targets wrote, one line each (the default target: main_table), with the main
-    table's markdown before its line; the main table goes last, so it is what the console ends with."""
-    targets = sorted(workflow.dag_settings.targets) or ["main_table"]
-    table = os.path.join(RESULTS, "main_table.md")
-    lines, show_table = [], False
-    for t in targets:
-        if t in ("main_table", "write_table"):
-            show_table = True
-        elif t == "speed_table":
-            lines.append(f"Speed table: {os.path.join(RESULTS, 'speed_table.md')} (.tex, .csv beside it)")
-        elif t == "sweep":
-            lines.append(f"Sweep: {os.path.abspath(os.path.join(RESULTS_ROOT, SUITE, 'sweep', 'sweep.png'))} "
-                         "(.pdf, .csv, sweep.json beside it)")
-        elif t == "compare":
-            lines += [f"Compare: {os.path.abspath(md)} (.json, .csv, _problems.csv beside it)" for md in compare_targets(SUITE)]
-        elif os.path.exists(t):  # a file named as the target
-            lines.append(f"Wrote: {os.path.abspath(t)}")
-    if show_table and os.path.exists(table):
-        lines += ["", open(table).read().rstrip(), "",
-                  f"Table: {table} (.tex, .csv, provenance.json beside it); "
-                  f"speed: {os.path.join(RESULTS, 'speed_table.md')}"]
-    return lines
-
-
+# what the requested targets wrote, the main table last (analysis_common.smk: _done_lines)
 onsuccess:
     for _line in _done_lines():
         print(_line)
