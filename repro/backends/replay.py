@@ -145,7 +145,7 @@ def replay(samples: str, problems_path: Path, benchmark: str, model: str, seed: 
 def caption_note(label: str, samples: dict, has_tpf: bool, latex: bool = False, rejected: list[str] = ()) -> str:
     """The table caption's sentence for a replayed row: where its samples came from, why no TPF, and (for
     reference solutions, which must all score) every problem whose reference the scorers rejected."""
-    from repro.tables.render import latex_escape
+    from repro.tables.render import NOT_COUNTED, latex_escape
 
     esc = latex_escape if latex else (lambda s: s)
     if samples.get("kind") == REFERENCE:
@@ -153,7 +153,7 @@ def caption_note(label: str, samples: dict, has_tpf: bool, latex: bool = False, 
     else:
         what = "samples from " + (samples.get("path") or "a samples file") + (
             f" ({samples['note']})" if samples.get("note") else "")
-    tpf = "" if has_tpf else "; no TPF (the samples carry no forward counts)"
+    tpf = "" if has_tpf else f"; no TPF ({NOT_COUNTED}: the samples carry no forward counts)"
     text = f"Row \u201c{label}\u201d is replayed, not generated: {what}{tpf}."
     if rejected:
         text += f" Exceptions, reference solutions the scorers reject ({len(rejected)}): {'; '.join(rejected)}."

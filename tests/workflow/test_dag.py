@@ -16,7 +16,8 @@ def dry_run(*args, env=None):
 
 
 def test_paper_suite_dag_lists_every_stage_for_every_model_and_benchmark(tmp_path):
-    stats, out = dry_run("--config", "suite=paper", f"work_dir={tmp_path}")
+    stats, out = dry_run("-p", "--config", "suite=paper", f"work_dir={tmp_path}")
+    assert '"reported": true' in out and "repro/tables/reported.json" in out  # the paper's rows, cited
     assert stats["download_checkpoint"] == 3 and stats["verify_checkpoint"] == 3  # base, ORL, ORL NVFP4
     assert stats["prepare_problems"] == 4 and stats["prepare_generation_problems"] == 4
     assert stats["render_decoder"] == 12
@@ -28,7 +29,23 @@ def test_paper_suite_dag_lists_every_stage_for_every_model_and_benchmark(tmp_pat
 
 
 def test_smoke_suite_dag(tmp_path):
-    stats, _ = dry_run("--config", f"work_dir={tmp_path}")
+    stats, out = dry_run("-p", "--config", f"work_dir={tmp_path}")
+    assert '"reported": false' in out and "reported.json" not in out  # no paper rows beside random weights
     # tiny, tiny-orl, tiny-orl-nvfp4 generate; `reference` is replayed
     assert stats["generate_shard"] == 12 and stats["score"] == 16 and stats["download_checkpoint"] == 3
     assert stats["replay_samples"] == 4  # the `reference` row: replayed, never generated (no checkpoint)
+
+
+def test_model_adapter_map_reaches_its_generation_jobs_only(tmp_path):
+    """config.yaml `models.<m>.adapter_map` (docs/adapter_map.md) is an input of that model's generation jobs
+    and passed as --adapter-map; other models' jobs get none."""
+    amap = tmp_path / "adapter_map.json"
+    amap.write_text('{"type": "linear", "tensors": {"down": "a.weight", "up": "b.weight"}}')
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(f"models: {{tiny-orl: {{adapter_map: {amap}}}}}\n")
+    _, out = dry_run("-p", "--configfile", str(REPO_ROOT / "config.yaml"), str(overlay), "--config",
+                     f"work_dir={tmp_path / 'work'}")
+    jobs = [l for l in out.splitlines() if "repro.backends.generation_job" in l]
+    mapped = [l for l in jobs if f"--adapter-map {amap}" in l]
+    assert len(jobs) == 12 and len(mapped) == 4, out[-3000:]  # tiny-orl × 4 benchmarks
+    assert all("--model tiny-orl " in l for l in mapped)

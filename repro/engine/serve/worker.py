@@ -4,8 +4,10 @@ time in arrival order, from a bounded queue, and streams each request's committe
 Contract
 --------
 * :meth:`EngineWorker.submit` admits a :class:`Job` or raises :class:`QueueFull` when ``max_queue`` jobs
-  already wait (the running job is not counted). The engine holds one request's prefix KV cache at a time
-  (no batched engine exists), so requests run one after another; each keeps its own stream.
+  already wait (the running job is not counted). Requests run one after another through
+  :meth:`~repro.engine.llm.LLM.generate` (the CUDA-graph path on a GPU); each keeps its own stream. The batched
+  engine (:mod:`repro.engine.batch`) decodes a fixed list of prompts on the eager path and takes no requests
+  while it runs, so the server does not use it yet.
 * Events reach the job's handler on its asyncio loop (``loop.call_soon_threadsafe`` into ``job.events``):
   ``("block", text, n_tokens)`` once per committed block (``n_tokens``: its generated ids before the first
   EOS; ``text``: the new completion text, possibly "" while an incomplete UTF-8 character or a possible
