@@ -163,13 +163,21 @@ def normalise_slurm_state(state: str) -> str:
 
 def patch_slurm_status_query() -> bool:
     """Make the Slurm executor plugin see ``CANCELLED`` for ``CANCELLED by N`` (see module docstring).
-    Returns True when the patch is in place (also when it already was), False without the plugin."""
+    Returns True when the patch is in place (also when it already was), False without the plugin, and False
+    with one warning line on stderr when the installed plugin has no ``query_job_status`` (a release this
+    was not written for: a cancelled job may then hang the workflow)."""
     try:
         import snakemake_executor_plugin_slurm as plugin
     except ImportError:
         return False
     orig = getattr(plugin, "query_job_status", None)
     if orig is None:
+        import sys
+
+        version = getattr(plugin, "__version__", None) or "of unknown version"
+        print(f"warning: snakemake-executor-plugin-slurm {version} has no query_job_status: a Slurm job cancelled "
+              "with scancel ('CANCELLED by <uid>') may not be seen as failed; pin the release in pyproject.toml "
+              "(2.8.0 is tested) or update repro/cluster.py", file=sys.stderr)
         return False
     if getattr(orig, "_repro_normalised", False):
         return True
