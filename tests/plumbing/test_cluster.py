@@ -119,6 +119,14 @@ def test_snakemake7_profile_says_what_replaced_it(tmp_path):
     r = run_py(["-m", "repro.cluster", "check-profile", old, SLURM_PROFILE])
     assert r.returncode == 2 and r.stderr.count("Profile error:") == 1 and "executor: slurm" in r.stderr
     assert run_py(["-m", "repro.cluster", "check-profile", SLURM_PROFILE]).returncode == 0
+    # a profile that does not exist (folder, file, or a folder without config.yaml): one line, exit 2
+    (tmp_path / "empty").mkdir()
+    for missing, says in ((tmp_path / "nonexist", "no such profile file or folder"),
+                          (tmp_path / "nonexist.yaml", "no such profile file or folder"),
+                          (tmp_path / "empty", "this folder holds no config.yaml")):
+        r = run_py(["-m", "repro.cluster", "check-profile", str(missing)])
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"Profile error: {missing}: {says}"), r.stderr
     # the wrapper scripts' shared run(): stops before calling Snakemake (`true` stands in for it here)
     script = f'source {ROOT}/scripts/_snakemake_common.sh; run true main_table --profile {old}; echo started'
     r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
