@@ -3,7 +3,8 @@
 Used by ``workflow/rules/cluster.smk`` and ``workflow/rules/images.smk`` (at workflow parse time, in the main
 Snakemake process and again in each Slurm job step) and by the scripts, which check site profiles first::
 
-    python -m repro.cluster check-profile DIR_OR_YAML [...]   # exit 2 + one line per Snakemake-7 key
+    python -m repro.cluster check-profile DIR_OR_YAML [...]   # exit 2 + one line per Snakemake-7 key or
+                                                             # per profile that does not exist
 
 Contract
 --------
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -99,10 +101,28 @@ def profile_file(profile: str | os.PathLike) -> Path | None:
         xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
         dirs += [Path(xdg) / "snakemake" / p, Path("/etc/xdg/snakemake") / p]
     for d in dirs:
-        for name in ("config.yaml", "profile.yaml"):
-            if (d / name).is_file():
-                return d / name
+        # Snakemake 8+ also reads config.v8+.yaml / profile.v9+.yaml (the newest version tag wins)
+        names = sorted((f for f in (d.glob("*.yaml") if d.is_dir() else [])
+                        if re.fullmatch(r"(profile|config)(\.v\d+\+)?\.yaml", f.name)),
+                       key=lambda f: (int(re.sub(r"\D", "", f.name) or 0), f.name != "profile.yaml"))
+        if names:
+            return names[-1]
     return None
+
+
+def profile_missing(profile: str) -> str | None:
+    """One line when ``profile`` names no profile Snakemake could read (no such file or folder, or a folder
+    without ``config.yaml`` / ``profile.yaml``), else None. ``none`` (Snakemake's "no workflow profile") is
+    not a problem."""
+    if profile == "none" or profile_file(profile) is not None:
+        return None
+    p = Path(profile).expanduser()
+    if p.is_dir():
+        return (f"{profile}: this folder holds no config.yaml (or profile.yaml); a Snakemake profile is a folder "
+                "with a config.yaml, or the YAML file itself")
+    where = " (nor a profile of that name under ~/.config/snakemake or /etc/xdg/snakemake)" if len(p.parts) == 1 else ""
+    return (f"{profile}: no such profile file or folder{where}; give the folder holding the profile's config.yaml "
+            "(or that YAML file)")
 
 
 def legacy_profile_problems(profile: str | os.PathLike) -> list[str]:
@@ -143,13 +163,21 @@ def normalise_slurm_state(state: str) -> str:
 
 def patch_slurm_status_query() -> bool:
     """Make the Slurm executor plugin see ``CANCELLED`` for ``CANCELLED by N`` (see module docstring).
-    Returns True when the patch is in place (also when it already was), False without the plugin."""
+    Returns True when the patch is in place (also when it already was), False without the plugin, and False
+    with one warning line on stderr when the installed plugin has no ``query_job_status`` (a release this
+    was not written for: a cancelled job may then hang the workflow)."""
     try:
         import snakemake_executor_plugin_slurm as plugin
     except ImportError:
         return False
     orig = getattr(plugin, "query_job_status", None)
     if orig is None:
+        import sys
+
+        version = getattr(plugin, "__version__", None) or "of unknown version"
+        print(f"warning: snakemake-executor-plugin-slurm {version} has no query_job_status: a Slurm job cancelled "
+              "with scancel ('CANCELLED by <uid>') may not be seen as failed; pin the release in pyproject.toml "
+              "(2.8.0 is tested) or update repro/cluster.py", file=sys.stderr)
         return False
     if getattr(orig, "_repro_normalised", False):
         return True
@@ -288,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check-profile", help="exit 2 naming each Snakemake 7 key of the given profiles")
     c.add_argument("profiles", nargs="+")
     a = ap.parse_args(argv)
-    problems = [line for p in a.profiles for line in legacy_profile_problems(p)]
+    problems = [line for p in a.profiles
+                for line in ([profile_missing(p)] if profile_missing(p) else legacy_profile_problems(p))]
     for line in problems:
         print(f"Profile error: {line}", file=sys.stderr)
     return 2 if problems else 0

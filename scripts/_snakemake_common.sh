@@ -2,8 +2,11 @@
 #   PROFILE=local|slurm  workflow profile (default local)      CORES   --cores for local runs (default all)
 #   CONTAINERS=1         run jobs in the Apptainer images (adds --sdm apptainer + GPU/cache binds)
 # Sets ROOT (checkout, also the cwd), SNAKEMAKE, PY_CHECK, WORK (exported as ORL_EVAL_WORK), SM_OPTS, CONFIGFILES,
-# run() (checks the YAML syntax of every --configfile first: errors name file, line and column).
+# run() (checks the YAML syntax of every --configfile first: errors name file, line and column),
+# take_configfiles() (the caller's --configfile files, to combine with the script's own: Snakemake keeps only
+# the last --configfile option of a command line).
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CALLER_PWD=$PWD
 cd "$ROOT"
 SNAKEMAKE=${SNAKEMAKE:-$ROOT/.venv/bin/snakemake}
 [ -x "$SNAKEMAKE" ] || { echo "error: $SNAKEMAKE not found; run bash scripts/setup.sh first" >&2; exit 2; }
@@ -73,4 +76,26 @@ run() {
   check_yaml "${files[@]+"${files[@]}"}"
   check_profiles "$@"
   echo "+ $*" >&2; "$@"
+}
+
+# take_configfiles ARGS...: the files after --configfile/--configfiles in ARGS go to USER_CONFIGFILES (a relative
+# one that exists from the caller's directory made absolute; the checkout's config.yaml left out, CONFIGFILES has
+# it first), the other arguments to OTHER_ARGS. Snakemake keeps only the last --configfile option of a command
+# line, so a script that adds its own files passes `--configfile "${CONFIGFILES[@]}" USER_CONFIGFILES... OWN...`
+# once, then OTHER_ARGS.
+take_configfiles() {
+  USER_CONFIGFILES=(); OTHER_ARGS=()
+  local in_cf=0 a f
+  for a in "$@"; do
+    f=""
+    case "$a" in
+      --configfile|--configfiles) in_cf=1; continue ;;
+      --configfile=*|--configfiles=*) f=${a#*=}; in_cf=0 ;;
+      -*) in_cf=0 ;;
+      *) if [ "$in_cf" = 1 ]; then f=$a; fi ;;
+    esac
+    if [ -z "$f" ]; then OTHER_ARGS+=("$a"); continue; fi
+    case "$f" in /*) ;; *) if [ -e "$CALLER_PWD/$f" ]; then f="$CALLER_PWD/$f"; fi ;; esac
+    if [ "$(realpath -m "$f")" != "$ROOT/config.yaml" ]; then USER_CONFIGFILES+=("$f"); fi
+  done
 }

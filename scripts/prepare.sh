@@ -9,5 +9,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_snakemake_common.sh"
 SUITE_ARGS=()
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then SUITE_ARGS=(--config "suite=$1"); shift; fi
+take_configfiles "$@"   # yours after CONFIGFILES, in one --configfile option (Snakemake keeps the last one only)
 run "$SNAKEMAKE" main_table --until render_decoder prepare_problems prepare_generation_problems \
-  "${SM_OPTS[@]}" --configfile "${CONFIGFILES[@]}" "${SUITE_ARGS[@]}" "$@"
+  "${SM_OPTS[@]}" --configfile "${CONFIGFILES[@]}" "${USER_CONFIGFILES[@]+"${USER_CONFIGFILES[@]}"}" \
+  "${SUITE_ARGS[@]}" "${OTHER_ARGS[@]+"${OTHER_ARGS[@]}"}"

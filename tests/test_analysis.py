@@ -234,3 +234,23 @@ def test_replayed_reference_row_caption_names_every_rejected_solution():
     bad = caption_note("ref", {"kind": "reference"}, has_tpf=False, rejected=["gsm8k/3 (wrong: 7 != gold 8)"])
     assert "Exceptions, reference solutions the scorers reject (1): gsm8k/3 (wrong: 7 != gold 8)." in bad
     assert r"(100\%)" in caption_note("ref", {"kind": "reference"}, has_tpf=False, latex=True)
+
+
+def test_compare_skips_benchmarks_one_run_lacks_naming_them(runs, tmp_path, data_dir):
+    """The README's sweep point (GSM8K only) against the smoke run (GSM8K and HumanEval) compares GSM8K."""
+    work, probs = runs
+    he = prepare(work, "s", data_dir, bench="humaneval", limit=2)
+    run_cell(work, "s", "gold", "humaneval", "reference", he)
+    res = compare(parse_run("s/gold", work), parse_run("s/edited", work))
+    assert [x["benchmark"] for x in res["benchmarks"]] == ["gsm8k"]
+    assert res["skipped"] == {"only_a": ["humaneval"], "only_b": []}
+    assert "Skipped (scored by run A only): HumanEval." in to_markdown(res)
+    r = subprocess.run([sys.executable, "-m", "repro.tables", "compare", f"{work}/s/edited", f"{work}/s/gold"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Skipped (scored by run B only): HumanEval." in r.stdout, r.stderr
+    with pytest.raises(CompareError, match="run B .* has no humaneval scores"):
+        compare(parse_run("s/gold", work), parse_run("s/edited", work), ["gsm8k", "humaneval"])
+    only_he = tmp_path / "work4"  # nothing in common: refused
+    run_cell(only_he, "s", "gold", "humaneval", "reference", prepare(only_he, "s", data_dir, bench="humaneval", limit=2))
+    with pytest.raises(CompareError, match="no benchmark in common: A gsm8k; B humaneval"):
+        compare(parse_run("s/edited", work), parse_run(f"{only_he}/s/gold", work))

@@ -59,3 +59,41 @@ def test_cli_writes_three_files_and_names_a_missing_generation_file(tmp_path, ca
     spec["benchmarks"] = ["gsm8k", "mbpp"]
     assert speed.main(["--work", str(tmp_path), "--suite", "s", "--spec", json.dumps(spec), "--out-dir", str(out)]) == 2
     assert "mbpp" in capsys.readouterr().err
+
+
+def test_tex_fits_one_column_of_a_two_column_article_with_a_paper_caption(tmp_path):
+    """The smoke suite's shape (three long labels × four benchmarks, CPU with one thread) through the CLI, then
+    pdflatex in a two-column article with the packages the first line names: no error, no overfull box."""
+    import shutil
+    import subprocess
+
+    labels = ["tiny LLaDA2 (random weights)", "+ ORL (tiny, random weights)",
+              "+ ORL (tiny NVFP4 checkpoint, 4-bit experts)"]
+    benches = ["gsm8k", "math500", "humaneval", "mbpp"]
+    meta = {"batch_size": 1, "precision": "fp32", "generated_last_session": {"generated_tokens": 50, "wall_s": 0.7},
+            "backend_info": {"device": "cpu (x86_64, 1 threads)", "engine_path": "eager", "load_s": 0.05}}
+    for i, _ in enumerate(labels):
+        for b in benches:
+            _write(tmp_path, f"m{i}", b, [_rec(j, 17, 0.26, 1) for j in range(3)], [meta])
+    spec = {"models": [{"name": f"m{i}", "label": lab} for i, lab in enumerate(labels)], "benchmarks": benches,
+            "seeds": [1]}
+    out = tmp_path / "res"
+    assert speed.main(["--work", str(tmp_path), "--suite", "s", "--spec", json.dumps(spec), "--out-dir", str(out)]) == 0
+    tex = (out / "speed_table.tex").read_text()
+    first, second = tex.splitlines()[:2]
+    assert "\\usepackage{booktabs}" in first and "\\usepackage{graphicx}" in first
+    assert second.startswith("% Pipeline: suite s, engine path eager")
+    cap = tex[tex.index("\\caption{"):tex.index("\\label{")]
+    assert "Decoding speed on cpu (x86\\_64, 1 thread), fp32, batch N = 1:" in cap
+    assert "suite" not in cap and "engine path" not in cap and "threads" not in cap
+    assert "(x86_64, 1 thread)," in (out / "speed_table.md").read_text()
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex not installed (apt-get install texlive-latex-base texlive-latex-recommended)")
+    doc = tmp_path / "doc.tex"
+    doc.write_text("\\documentclass[twocolumn]{article}\n\\usepackage{booktabs}\n\\usepackage{graphicx}\n"
+                   "\\begin{document}\n" + tex + "\nText.\n\\end{document}\n")
+    r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    log = (tmp_path / "doc.log").read_text(errors="replace")
+    assert r.returncode == 0, log[-2000:]
+    assert "Overfull \\hbox" not in log, log[-2000:]

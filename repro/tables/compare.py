@@ -11,8 +11,11 @@ batch N), a sweep point vs the paper setting, a replayed samples file vs our eng
 
 Contract
 --------
+* Benchmarks: by default those both runs scored; the ones only one run scored are skipped and named
+  (``skipped`` in the result, a line in the report); ``CompareError`` when none is common, or when
+  ``--benchmarks`` names one a run lacks.
 * Units are problems (per seed when both runs have the same several seeds; by id when each run is
-  one seed). Both runs must have scored the same problems: the same benchmarks, the same ids, and the
+  one seed). Per compared benchmark both runs must have scored the same problems: the same ids and the
   same problem records (a shipped ``gsm8k/0`` is not the benchmark's ``gsm8k/0``); otherwise
   ``CompareError`` names the difference and the fix.
 * Per benchmark: ``n``, accuracies (%), ``delta`` = B − A (points), ``only_a`` / ``only_b`` (ids solved
@@ -162,16 +165,19 @@ def _check_problems(a: Run, b: Run, bench: str, ids_a: set, ids_b: set) -> None:
 def compare(a: Run, b: Run, benchmarks: list[str] | None = None) -> dict:
     """The comparison of two runs (see module docstring); CompareError when they cannot be compared."""
     ba, bb = a.benchmarks(), b.benchmarks()
+    skipped = {"only_a": [], "only_b": []}
     if benchmarks is None:
-        if ba != bb:
-            raise CompareError(f"the runs scored different benchmarks: A {ba}, B {bb}; compare the common ones with "
-                               f"--benchmarks {' '.join(x for x in ba if x in bb) or '...'}")
-        benchmarks = ba
+        benchmarks = [x for x in ba if x in bb]
+        if not benchmarks:
+            raise CompareError(f"the runs scored no benchmark in common: A {', '.join(ba)}; B {', '.join(bb)}. "
+                               "Compare runs that scored at least one same benchmark")
+        skipped = {"only_a": [x for x in ba if x not in bb], "only_b": [x for x in bb if x not in ba]}
     for bench in benchmarks:
         for r, have, name in ((a, ba, "A"), (b, bb, "B")):
             if bench not in have:
                 raise CompareError(f"run {name} ({r.spec}) has no {bench} scores; it scored {', '.join(have)}")
-    out = {"a": _describe(a), "b": _describe(b), "test": "McNemar exact, two-sided", "benchmarks": []}
+    out = {"a": _describe(a), "b": _describe(b), "test": "McNemar exact, two-sided", "benchmarks": [],
+           "skipped": skipped}
     for bench in benchmarks:
         rows = []
         for sa, sb in _pairing(a, b, bench):
@@ -219,6 +225,10 @@ def to_markdown(res: dict) -> str:
     lines = [f"# Compare: A = {a['suite']}/{a['model']}, B = {b['suite']}/{b['model']}", "",
              f"A: `{a['work']}/{a['suite']}` model `{a['model']}`" + (f" seed {a['seed']}" if a["seed"] else ""),
              f"B: `{b['work']}/{b['suite']}` model `{b['model']}`" + (f" seed {b['seed']}" if b["seed"] else ""), ""]
+    skipped = res.get("skipped", {})
+    for side, key in (("A", "only_a"), ("B", "only_b")):
+        if skipped.get(key):
+            lines += [f"Skipped (scored by run {side} only): {', '.join(_title(x) for x in skipped[key])}.", ""]
     if res["no_differences"]:
         lines += ["**No differences**: every problem got the same verdict and the same completion in both runs.", ""]
     lines += ["Paired per problem. Δ = B − A (points); only A / only B: problems solved by one run and not the other; "

@@ -19,13 +19,17 @@ the generation records and their shard metas only (nothing is re-run):
 * ``load s``: model load seconds per generation job (``backend_info.load_s``, mean over the shards).
 
 A last row ``all`` sums each column's numerators and denominators over the rows. The caption names the
-device (GPU name), precision, engine path and batch size, read from the shard metas.
+device (GPU name), precision, engine path and batch size, read from the shard metas. The ``.tex`` is
+ready for a paper, as the main table's: its first line names the packages it needs (booktabs, graphicx),
+suite and engine path go to a ``%`` comment, and ``\\resizebox`` shrinks it to the column width only when
+wider (one column of a two-column article).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -109,10 +113,17 @@ def build(work: Path, suite: str, spec: dict) -> tuple[list[dict], dict]:
     return rows, total or {}
 
 
+def _device(d: str) -> str:
+    """A recorded device, "1 threads" made singular (the engine records ``cpu (ARCH, N threads)``)."""
+    return re.sub(r"\b1 threads\b", "1 thread", d)
+
+
 def caption(total: dict, suite: str, latex: bool = False) -> str:
-    """What the numbers were measured on (device, precision, engine path, batch size, subset)."""
+    """What the numbers were measured on (device, precision, batch size, subset). The Markdown caption also
+    names the suite and engine path; the LaTeX one is in a paper's words (those go to the ``%`` header,
+    :func:`tex_header`) and escaped."""
     bs = total.get("batch_sizes") or [1]
-    dev = ", ".join(total.get("devices") or ["device not recorded"])
+    dev = ", ".join(_device(d) for d in (total.get("devices") or ["device not recorded"]))
     prec = ", ".join(total.get("precisions") or ["?"])
     path = ", ".join(total.get("engine_paths") or ["?"])
     n = "N = " + ", ".join(map(str, bs))
@@ -120,11 +131,21 @@ def caption(total: dict, suite: str, latex: bool = False) -> str:
               if 1 in bs else
               "single-request tokens/s not measured in this run (generated batched; measure with "
               "python -m repro.engine bench suite --batch-size 1 --limit 32)")
-    text = (f"Decoding speed ({suite} suite) on {dev}, {prec}, engine path {path}, batch {n}: {single}; "
+    where = (f"Decoding speed on {dev}, {prec}, batch {n}" if latex else
+             f"Decoding speed ({suite} suite) on {dev}, {prec}, engine path {path}, batch {n}")
+    text = (f"{where}: {single}; "
             "TPF = generated tokens / (denoise + commit forwards); tokens/s (batch N) = generated tokens / "
             "generation seconds of the jobs; ms/round (batch N) = the batched engine's mean round; load s = "
             "model load per generation job.")
     return latex_escape(text) if latex else text
+
+
+def tex_header(total: dict, suite: str) -> list[str]:
+    """The ``%`` lines atop ``speed_table.tex``: the packages it needs and what its caption leaves out."""
+    path = ", ".join(total.get("engine_paths") or ["?"])
+    return ["% Speed table written by repro (python -m repro.tables.speed). Needs \\usepackage{booktabs} and "
+            "\\usepackage{graphicx} in the preamble.",
+            f"% Pipeline: suite {suite}, engine path {path}; per-job facts in the generation files' .meta.json."]
 
 
 def to_frame(rows: list[dict]) -> pd.DataFrame:
@@ -142,18 +163,23 @@ def to_markdown(rows: list[dict], cap: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_latex(rows: list[dict], cap: str, label: str) -> str:
+def to_latex(rows: list[dict], cap: str, label: str, header: list[str] | None = None) -> str:
+    """A booktabs table in a ``table`` float, shrunk to the column width only when wider (``\\resizebox``,
+    graphicx), as the main table (``repro.tables.render.to_latex``); ``header``: ``%`` lines put first
+    (:func:`tex_header`). ``cap`` is LaTeX source (``caption(..., latex=True)``)."""
     head = ["Model", "Benchmark", "$n$"] + [latex_escape(t) for _, t, _ in COLUMNS]
     body = []
     for r in rows:
         bench = r["benchmark"] if r["benchmark"] == "all" else declared_benchmark(r["benchmark"]).title
         body.append(" & ".join([latex_escape(r["label"]), latex_escape(bench), str(r["n_single"])]
                                + [fmt(r[c], d, "--") for c, _, d in COLUMNS]) + r" \\")
-    return "\n".join(["% Speed table written by repro (python -m repro.tables.speed). Needs \\usepackage{booktabs}.",
-                      r"\begin{table}[t]", r"\centering", r"\small",
+    if header is None:
+        header = ["% Needs \\usepackage{booktabs} and \\usepackage{graphicx} in the preamble."]
+    return "\n".join([*header, r"\begin{table}[t]", r"\centering", r"\small", r"\setlength{\tabcolsep}{3pt}",
+                      rf"\caption{{{cap}}}", rf"\label{{{label}}}",
+                      r"\resizebox{\ifdim\width>\columnwidth\columnwidth\else\width\fi}{!}{%",  # shrink only if too wide
                       r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}", r"\toprule", " & ".join(head) + r" \\",
-                      r"\midrule", *body, r"\bottomrule", r"\end{tabular}", rf"\caption{{{cap}}}",
-                      rf"\label{{{label}}}", r"\end{table}"]) + "\n"
+                      r"\midrule", *body, r"\bottomrule", r"\end{tabular}}", r"\end{table}"]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out_dir
     atomic_write_text(out / "speed_table.md", to_markdown(rows, caption(total, a.suite)))
     atomic_write_text(out / "speed_table.tex", to_latex(rows, caption(total, a.suite, latex=True),
-                                                        f"tab:speed-{a.suite}"))
+                                                        f"tab:speed-{a.suite}", tex_header(total, a.suite)))
     atomic_write_text(out / "speed_table.csv", to_frame(rows).to_csv(index=False, lineterminator="\n"))
     print((out / "speed_table.md").read_text())
     return 0

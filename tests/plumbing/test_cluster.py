@@ -119,6 +119,14 @@ def test_snakemake7_profile_says_what_replaced_it(tmp_path):
     r = run_py(["-m", "repro.cluster", "check-profile", old, SLURM_PROFILE])
     assert r.returncode == 2 and r.stderr.count("Profile error:") == 1 and "executor: slurm" in r.stderr
     assert run_py(["-m", "repro.cluster", "check-profile", SLURM_PROFILE]).returncode == 0
+    # a profile that does not exist (folder, file, or a folder without config.yaml): one line, exit 2
+    (tmp_path / "empty").mkdir()
+    for missing, says in ((tmp_path / "nonexist", "no such profile file or folder"),
+                          (tmp_path / "nonexist.yaml", "no such profile file or folder"),
+                          (tmp_path / "empty", "this folder holds no config.yaml")):
+        r = run_py(["-m", "repro.cluster", "check-profile", str(missing)])
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"Profile error: {missing}: {says}"), r.stderr
     # the wrapper scripts' shared run(): stops before calling Snakemake (`true` stands in for it here)
     script = f'source {ROOT}/scripts/_snakemake_common.sh; run true main_table --profile {old}; echo started'
     r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -171,3 +179,32 @@ def test_binds_env_and_states(tmp_path):
         ["CANCELLED", "RUNNING", "COMPLETED", ""]
     argv = ["snakemake", "-n", "--profile", "old", "--workflow-profile=wf"]
     assert cluster.profiles_from_argv(argv, {"SNAKEMAKE_PROFILE": "env"}) == ["env", "old", "wf"]
+
+
+def test_status_patch_normalises_states_and_warns_when_the_plugin_changed(monkeypatch, capsys):
+    """The wrapper reduces every state the plugin's status query returns to its keyword; a plugin release
+    without that query is not patched silently: one warning line says what may hang and the fix."""
+    import asyncio
+    import types
+
+    from repro import cluster
+
+    async def query_job_status(command, logger):
+        return {"7": "CANCELLED by 0", "8": "RUNNING", "9": "COMPLETED+"}, 0.1
+
+    fake = types.ModuleType("snakemake_executor_plugin_slurm")
+    fake.query_job_status = query_job_status
+    monkeypatch.setitem(sys.modules, "snakemake_executor_plugin_slurm", fake)
+    assert cluster.patch_slurm_status_query() and cluster.patch_slurm_status_query()  # idempotent
+    states, _ = asyncio.run(fake.query_job_status("sacct ...", None))
+    assert states == {"7": "CANCELLED", "8": "RUNNING", "9": "COMPLETED"}
+    assert capsys.readouterr().err == ""
+    changed = types.ModuleType("snakemake_executor_plugin_slurm")
+    changed.__version__ = "9.9.9"
+    monkeypatch.setitem(sys.modules, "snakemake_executor_plugin_slurm", changed)
+    assert cluster.patch_slurm_status_query() is False
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "9.9.9 has no query_job_status" in err[0] and "pin the release" in err[0]
+    # the installed plugin (the pinned release) is patched, without a warning
+    r = run_py(["-c", "from repro import cluster; raise SystemExit(0 if cluster.patch_slurm_status_query() else 1)"])
+    assert r.returncode == 0 and r.stderr == "", r.stderr

@@ -40,3 +40,19 @@ def test_prepare_sh_stops_before_generation(tmp_path):
     out = r.stdout + r.stderr
     assert "rule render_decoder" in out and "rule prepare_problems" in out
     assert "rule generate_shard" not in out and "rule score" not in out
+
+
+def test_main_table_sh_combines_the_callers_configfiles_with_its_overlay(tmp_path):
+    """`--configfile config.yaml my.yaml` in the extra args: Snakemake keeps only the last --configfile option,
+    so the script passes config.yaml, my.yaml (from the caller's directory), then its overlay, in one."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (tmp_path / "my.yaml").write_text("suites:\n  smoke:\n    limit: 2\n")
+    r = sh([str(ROOT / "scripts/main_table.sh"), "tiny-orl", str(ckpt), "--configfile", "config.yaml", "my.yaml", "-n"],
+           tmp_path, SUITE="smoke")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    overlay = tmp_path / "work/overlays/main_table.tiny-orl.yaml"
+    assert f"--configfile config.yaml {tmp_path / 'my.yaml'} {overlay} -n" in out
+    assert out.count("rule generate_shard") == 4  # the overlay's one model × 4 benchmarks, not the whole suite
+    assert "--limit 2 " in out and "--limit 3 " not in out  # my.yaml's setting too

@@ -196,3 +196,17 @@ def test_block_mapping_error_names_the_failing_line_first(tmp_path):
     msg = yaml_syntax_error(p)
     assert msg.startswith(f"{p}, line {at + 1}, column 4: not valid YAML"), msg
     assert "'   timeout: 3'" in msg and "indentation" in msg, msg
+
+
+def test_check_yaml_cli_names_the_line_of_an_overlay_snakemake_reads_itself(tmp_path):
+    """`--configfile` files are read by Snakemake before the workflow (its message has no line): the README
+    points at `python -m repro.config check-yaml`, which names file and line; exit 65 only on an error."""
+    bad = tmp_path / "my.yaml"
+    bad.write_text("suites:\n  smoke:\n    limit 2\n    shards: 1\n")
+    r = subprocess.run([sys.executable, "-m", "repro.config", "check-yaml", str(REPO_ROOT / "config.yaml"), str(bad)],
+                       capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert r.returncode == 65 and r.stderr.count("Config error:") == 1, r.stderr
+    assert f"Config error: {bad}, line 4, column 11: not valid YAML" in r.stderr
+    ok = subprocess.run([sys.executable, "-m", "repro.config", "check-yaml", str(REPO_ROOT / "config.yaml")],
+                        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert ok.returncode == 0 and ok.stderr == ""

@@ -36,7 +36,7 @@ def compare_inputs(wildcards):
 
 def compare_targets(suite):
     """The suite's `compare` pairs, else each orl-role model against the suite's first base-role model."""
-    s = config["suites"][suite]
+    s = suite_cfg(suite)
     pairs = s.get("compare")
     if pairs is None:
         roles = {m: config["models"][m].get("role") for m in s["models"]}
@@ -52,7 +52,7 @@ def _num(v):
 
 def sweep_points(suite):
     """[(point suite name, {decoder key: value})] of a suite's sweep grid (no grid: [])."""
-    sw = config["suites"][suite].get("sweep") or {}
+    sw = suite_cfg(suite).get("sweep") or {}
     keys = [k for k in ("threshold", "edit_threshold") if sw.get(k)]
     out = []
     for values in itertools.product(*(sw[k] for k in keys)):
@@ -74,7 +74,7 @@ for _suite in [s for s in list(config["suites"]) if config["suites"][s].get("swe
 
 
 def sweep_spec(suite):
-    s = config["suites"][suite]
+    s = suite_cfg(suite)
     sw = s.get("sweep") or {}
     return json.dumps({
         "suite": suite, "seeds": s["seeds"], "benchmarks": sw.get("benchmarks", []), "reported": s["reported"],

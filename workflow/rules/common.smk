@@ -129,8 +129,10 @@ def W(template, **kw):
 
 # --- Config lookups ------------------------------------------------------------------------------------------
 def suite_cfg(wildcards=None):
-    """The config of the suite a job belongs to (``wildcards.suite``), or of the selected suite."""
-    return config["suites"][getattr(wildcards, "suite", None) or SUITE]
+    """The config of a suite: by name (a str), of the suite a job belongs to (``wildcards.suite``), or of the
+    selected suite."""
+    name = wildcards if isinstance(wildcards, str) else getattr(wildcards, "suite", None)
+    return config["suites"][name or SUITE]
 
 
 def model_cfg(wildcards):

@@ -146,15 +146,23 @@ if HAS_TRITON:
         return tl.minimum(tl.maximum(tl.cdiv(kv_len, MIN_KEYS), 1), NSPLIT)
 
     @triton.jit
-    def _split_range(len_ptr, T, sp, rb, NSPLIT: tl.constexpr, MIN_KEYS: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_M: tl.constexpr, T_PAD: tl.constexpr):
-        """Key range and query rows of program (split sp, row block rb), shared by the split and fused kernels.
+    def _split_range(len_ptr, T, NSPLIT: tl.constexpr, MIN_KEYS: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_M: tl.constexpr, T_PAD: tl.constexpr, USE_PDL: tl.constexpr):
+        """The program prologue shared by the split and fused kernels: the PDL hand-off (USE_PDL: let the
+        next launch start, then wait for the previous one), the program's (KV head h, split sp, row block rb),
+        and its key range and query rows.
 
         Splits in use at this length: nsp = min(NSPLIT, max(1, cdiv(P + T, MIN_KEYS))); split sp covers keys
         [start, end) in BLOCK_N-aligned pieces; rows = rb·BLOCK_M + [0, BLOCK_M) of the G·T_PAD query rows
-        (GQA group g = row // T_PAD, token t = row % T_PAD). Returns (P, nsp, start, end, rows, g, t); the
-        caller returns at once when sp >= nsp.
+        (GQA group g = row // T_PAD, token t = row % T_PAD). Returns (h, sp, rb, P, nsp, start, end, rows, g,
+        t); the caller returns at once when sp >= nsp.
         """
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        h = tl.program_id(0)
+        sp = tl.program_id(1)
+        rb = tl.program_id(2)
         P = tl.load(len_ptr)
         kv_len = P + T
         nsp = _num_splits(kv_len, NSPLIT, MIN_KEYS)
@@ -162,7 +170,7 @@ if HAS_TRITON:
         start = sp * per
         end = tl.minimum(start + per, kv_len)
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-        return P, nsp, start, end, rows, rows // T_PAD, rows % T_PAD
+        return h, sp, rb, P, nsp, start, end, rows, rows // T_PAD, rows % T_PAD
 
     @triton.jit
     def _online_softmax(s, v, m_i, l_i, acc):
@@ -192,14 +200,9 @@ if HAS_TRITON:
         USE_PDL: tl.constexpr = False,
     ):
         """Program (h, split, row block): BLOCK_M of the G·T_PAD query rows of KV head h over one key range."""
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
-        h = tl.program_id(0)
-        sp = tl.program_id(1)
-        rb = tl.program_id(2)
         M: tl.constexpr = G * T_PAD
-        P, nsp, start, end, rows, g, t = _split_range(len_ptr, T, sp, rb, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M, T_PAD)
+        h, sp, rb, P, nsp, start, end, rows, g, t = _split_range(len_ptr, T, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M,
+                                                                 T_PAD, USE_PDL)
         if sp >= nsp:
             return
         od = tl.arange(0, D)
@@ -291,15 +294,10 @@ if HAS_TRITON:
         Of its key range [start, end), the block's own keys (>= P, one T_PAD tile computed from qkv) come first,
         then the cached keys (< P, BLOCK_N tiles): no tile mixes the two sources. TICKET: combine in-kernel
         (last split of each (h, row block) to finish); else store the partials for _attn_combine_kernel."""
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
-        h = tl.program_id(0)
-        sp = tl.program_id(1)
-        rb = tl.program_id(2)
         M: tl.constexpr = G * T_PAD
         HALF: tl.constexpr = ROT // 2
-        P, nsp, start, end, rows, g, t = _split_range(len_ptr, T, sp, rb, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M, T_PAD)
+        h, sp, rb, P, nsp, start, end, rows, g, t = _split_range(len_ptr, T, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M,
+                                                                 T_PAD, USE_PDL)
         if sp >= nsp:
             return
         tm = t < T

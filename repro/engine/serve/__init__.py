@@ -42,20 +42,35 @@ def add_serve_args(p) -> None:
     p.add_argument("--graceful-s", type=float, default=10.0, help="seconds in-flight requests get on shutdown")
 
 
+def _looks_local(model: str) -> bool:
+    """Whether ``--model`` is meant as a local path rather than a hub id ``owner/name``: it starts with ``.``
+    or ``~``, is absolute, has a backslash or more or fewer than one ``/``, or its first part is a folder
+    here (``work/tiny-orl`` when ``work/`` exists)."""
+    return (model.startswith((".", "~")) or os.path.isabs(model) or "\\" in model or model.count("/") != 1
+            or Path(model.split("/", 1)[0]).expanduser().is_dir())
+
+
 def resolve_model(model: str, revision: str = "main") -> Path:
     """A checkpoint directory for ``model``: the directory itself, or the hub snapshot of the id ``owner/name``.
-    Raises ValueError when it is neither (or the hub cannot provide it)."""
-    p = Path(model)
+
+    Raises ValueError naming what is wrong: a local path (see :func:`_looks_local`) that is no folder says
+    "no such local checkpoint folder"; a hub id the hub (or its cache) cannot provide gives the hub's reason,
+    and says no local folder of that name exists either."""
+    p = Path(model).expanduser()
     if p.is_dir():
         return p
-    if p.exists() or model.count("/") != 1 or model.startswith((".", "/")):
-        raise ValueError(f"--model {model!r}: not a checkpoint directory nor a hub id of the form owner/name")
+    if p.exists():
+        raise ValueError(f"--model {model!r}: is a file, not a checkpoint folder (the folder holding config.json, "
+                         "the tokenizer files and the safetensors weights)")
+    if _looks_local(model):
+        raise ValueError(f"--model {model!r}: no such local checkpoint folder: {p.absolute()}; write one "
+                         "(python -m repro.checkpoint.tiny --out DIR) or give a hub id of the form owner/name")
     from repro.checkpoint.download import DownloadError, hub_snapshot
 
     try:
         return hub_snapshot(model, revision)[0]
     except DownloadError as e:
-        raise ValueError(f"--model {model!r}: {e}") from None
+        raise ValueError(f"--model {model!r}: no local folder of that name, and as a hub id: {e}") from None
 
 
 def _check_listen(host: str, port: int) -> None:
