@@ -207,6 +207,10 @@ def test_check_yaml_cli_names_the_line_of_an_overlay_snakemake_reads_itself(tmp_
                        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert r.returncode == 65 and r.stderr.count("Config error:") == 1, r.stderr
     assert f"Config error: {bad}, line 4, column 11: not valid YAML" in r.stderr
+    gone = subprocess.run([sys.executable, "-m", "repro.config", "check-yaml", str(tmp_path / "typo.yaml")],
+                          capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)  # Snakemake: a 25-line traceback
+    assert gone.returncode == 65 and gone.stderr.strip().splitlines() == [
+        f"Config error: {tmp_path / 'typo.yaml'}: no such file; give the path of an existing config overlay"]
     ok = subprocess.run([sys.executable, "-m", "repro.config", "check-yaml", str(REPO_ROOT / "config.yaml")],
                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert ok.returncode == 0 and ok.stderr == ""
