@@ -116,9 +116,10 @@ def build(seed: int = 0, max_len: int = 4096 + 128, configs=None):
 
 
 # Block contents. "issue": 32 distinct random tokens — the block the targets are stated for (docs/perf_model.md
-# §4; the first measurement on it saw ≈151 distinct experts per MoE layer, ≈19.3 GB per round), the headline. "half_masked": 16 random tokens + 16 <|mask|>: the 16
-# masks share one embedding, so with random weights their routing is correlated and fewer experts are touched
-# (≈108), which lowers the floor and makes the fixed per-layer cost weigh more; reported beside it.
+# §4; the first measurement on it saw ≈151 distinct experts per MoE layer, ≈19.3 GB per round), the headline.
+# "half_masked": 16 random tokens + 16 <|mask|>: the 16 masks share one embedding, so with random weights their
+# routing is correlated and fewer experts are touched (≈108), which lowers the floor and makes the fixed per-layer
+# cost weigh more; reported beside it.
 BLOCKS = {"issue": "32 distinct random tokens (the targets' block)", "half_masked": "16 random tokens + 16 masks"}
 
 
