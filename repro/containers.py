@@ -13,7 +13,7 @@ Contract
   digests are NOT filled in (no registry access where this was written; see images.yaml): without a
   digest, ``render`` exits 2 naming the fix, unless ``--allow-unpinned`` / ``REPRO_ALLOW_UNPINNED_BASE=1``,
   which renders ``From: base`` and marks the image unpinned.
-* ``build`` drives ``spython.main.Client.build`` with the measured workarounds (workflow.md §1.5):
+* ``build`` drives ``spython.main.Client.build`` with the measured workarounds (docs/workflow.md §1.5):
   spython runs a binary literally named ``singularity``; when only ``apptainer`` is on PATH a private
   ``singularity -> apptainer`` symlink directory is put first on PATH for the call. ``sudo=False``,
   ``options=["--fakeroot"]``, always an explicit ``image=``. spython returns ``None`` (and raises nothing)
@@ -177,7 +177,7 @@ def build_image(name: str, def_path: str | os.PathLike, sif: str | os.PathLike, 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.containers", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("render", help="render containers/NAME.def.j2 to a .def")
+    r = sub.add_parser("render", help="render containers/<name>.def.j2 to a .def")
     r.add_argument("name")
     r.add_argument("--out", required=True)
     r.add_argument("--allow-unpinned", action="store_true", default=None,

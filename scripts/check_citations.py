@@ -23,8 +23,8 @@ in it (or an outside source by URL / ``owner/repo:path`` / paper). Reported, one
   instead. Outside bug reports are cited by URL, which this check does not flag.
 
 Lines of a fenced block in Markdown that follows a line ``<!-- verbatim output -->`` are skipped (a
-pasted benchmark record stays as it was printed). Generated outputs (``results/…``, ``work/…``, the
-names in ``GENERATED``) and absolute paths are not checked.
+pasted benchmark record stays as it was printed). Generated outputs (``GENERATED``, ``GENERATED_DIRS``),
+Snakemake's ``output.md``-style attributes, quoted logger names and absolute paths are not checked.
 
 Usage: ``python scripts/check_citations.py [ROOT]`` (default: this checkout). Prints every finding and a
 count; exit status 1 when there is any, 0 otherwise. Python: :func:`find_problems`.
@@ -51,8 +51,12 @@ TOP_DIRS = ("repro", "tests", "scripts", "workflow", "docs", "containers", ".ci"
 VERBATIM_MARK = "<!-- verbatim output -->"
 #: A ``§`` right after one of these words cites a section of an outside source (not checked).
 OUTSIDE_WORDS = ("report", "paper", "cookbook", "card", "blog", "manual", "article", "thesis", "rfc")
-#: Markdown files the pipeline writes (not documents): a bare mention of one is not a citation.
-GENERATED = {"main_table.md"}
+#: Markdown files the pipeline writes (not documents): a mention of one is not a citation. ``PREFIX`` is the
+#: ``--out PREFIX`` argument of ``repro.tables compare``; ``compare/`` its folder under ``results/<suite>/``.
+GENERATED = {"main_table.md", "speed_table.md", "PREFIX.md"}
+GENERATED_DIRS = ("results/", "work/", "compare/")
+#: ``output.md`` in a Snakemake rule is the rule's named output, not a file called ``output.md``.
+SNAKEMAKE_OBJECTS = {"output", "input", "params", "log", "wildcards"}
 
 _SEC = r"\d+(?:\.\d+)*"
 DOC_RE = re.compile(r"(?<![\w/.:@-])((?:\.\.?/)*[\w.-]+(?:/[\w.-]+)*\.md)(?!\w)")
@@ -196,7 +200,7 @@ def check_file(path: Path, root: Path) -> list[Problem]:
         docs_at: list[tuple[int, int, Path | None, str]] = []
         for m in DOC_RE.finditer(line):
             token = m.group(1)
-            if token.startswith(("results/", "work/")) or token in GENERATED:
+            if token.startswith(GENERATED_DIRS) or token in GENERATED or token[:-3] in SNAKEMAKE_OBJECTS:
                 continue
             target = resolve_doc(token, path, root)
             docs_at.append((m.start(1), m.end(1), target, token))
@@ -258,10 +262,15 @@ def check_file(path: Path, root: Path) -> list[Problem]:
             token = m.group(1).rstrip(".")
             if token.endswith(".md"):
                 continue  # handled as a document above
-            if not (root / token).exists():
+            stem = re.match(r"(.+?\.[A-Za-z0-9]+)-", token)  # "tests/x.py-style"
+            if not (root / token).exists() and not (stem and (root / stem.group(1)).exists()):
                 add(lineno, "missing-path", f"{token} does not exist in the repository")
 
         for m in MODULE_RE.finditer(line):
+            if line[m.start() - 1:m.start()] in ("'", '"') and line[m.end():m.end() + 1] == line[m.start() - 1]:
+                continue  # a quoted name such as a logger's ("repro.serve"), not a module reference
+            if line[:m.start()].rstrip(" `'\"").endswith("logger"):
+                continue  # "logger ``repro.serve``"
             why = module_problem(m.group(1).rstrip("."), root)
             if why:
                 add(lineno, "missing-module", why)

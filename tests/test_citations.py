@@ -139,3 +139,8 @@ def test_heading_numbers(tmp_path, heading, sec):
     p = tmp_path / f"d{MD}"
     p.write_text(f"{heading}\n\n```\n## 99. not a heading inside a fence\n```\n", encoding="utf-8")
     assert cc.doc_sections(p) == frozenset({sec})
+
+
+def test_every_citation_in_this_repository_resolves():
+    problems = cc.find_problems(ROOT)
+    assert not problems, "unresolved citations (python scripts/check_citations.py):\n" + "\n".join(map(str, problems))

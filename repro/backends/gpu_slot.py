@@ -1,7 +1,7 @@
 """Pin a local GPU job to one device: claim a free GPU index with a lock file, set CUDA_VISIBLE_DEVICES.
 
 Snakemake's ``--resources gpu=N`` only counts GPU jobs; it never says which device a job should use
-(workflow.md §1.3, measured). So each generation job claims one itself, before CUDA is initialised:
+(docs/workflow.md §1.3, measured). So each generation job claims one itself, before CUDA is initialised:
 
 - if ``CUDA_VISIBLE_DEVICES`` is already set (Slurm sets it for the job's allocation, or the user did),
   it is left alone;

@@ -368,7 +368,7 @@ class SGLangBackend:
             import sglang as sgl
         except ImportError as e:
             raise SGLangBackendError(f"sglang is not importable here ({e}); run in the SGLang image "
-                                     "(containers/sglang.def, containers.enabled: true) or install sglang "
+                                     "(containers/sglang.def.j2, containers.enabled: true) or install sglang "
                                      "with its CUDA wheels") from None
         return sgl
 

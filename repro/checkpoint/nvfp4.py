@@ -1,6 +1,6 @@
 """NVFP4 (ModelOpt Hugging Face export) for the routed-expert weights: quantize (tiny writer) and dequantize (loader).
 
-Format (issue 5; NVIDIA ModelOpt NVFP4 export as shipped by LLaDA2.1-mini-ORL-NVFP4): for each quantized
+Format (docs/engine.md §14; NVIDIA ModelOpt NVFP4 export as shipped by LLaDA2.1-mini-ORL-NVFP4): for each quantized
 Linear weight ``W [out, in]`` (here: every routed expert's ``gate_proj`` / ``up_proj`` / ``down_proj``) the
 checkpoint holds, under the module prefix ``X`` (``X.weight`` in the bf16 checkpoint):
 

@@ -2,19 +2,19 @@
 
 What it writes into ``--out`` (byte-identical for the same ``--seed``):
 
-* ``config.json`` — ``model_type`` ``llada2_moe`` with the real field names of engine_spec.md §1 at tiny
+* ``config.json`` — ``model_type`` ``llada2_moe`` with the real field names of docs/engine.md §1 at tiny
   values (hidden 64, 3 layers with ``first_k_dense_replace`` 1, 4 query / 2 KV heads, head_dim 16,
   partial rotary 0.5, 16 experts, 4 per token, ``n_group`` 4 / ``topk_group`` 2, sigmoid router with
   expert bias, routed scaling 2.5, 1 shared expert), plus ``orl_residual_adapter`` — this project's
-  definition of the ORL residual adapter g (the real one is not public, engine_spec.md §8/§11); see
+  definition of the ORL residual adapter g (the real one is not public, docs/engine.md §8/§11); see
   :mod:`repro.engine.adapter` for the form and its keys.
 * ``model-00001-of-00002.safetensors``, ``model-00002-of-00002.safetensors`` and
-  ``model.safetensors.index.json`` — the real tensor names and ``[out, in]`` layouts of engine_spec.md §3
+  ``model.safetensors.index.json`` — the real tensor names and ``[out, in]`` layouts of docs/engine.md §3
   (bf16 weights; router ``mlp.gate.weight`` and ``expert_bias`` stored fp32 — a documented choice, the real
   storage dtype is unknown), plus the adapter tensors.
 * ``tokenizer.json`` — byte-level (256 byte tokens, id = byte value, so any UTF-8 text round-trips) plus
   the real special tokens as added special tokens; ``tokenizer_config.json`` with the LLaDA2.1 chat
-  template (engine_spec.md §5) and special-token names; ``generation_config.json``;
+  template (docs/engine.md §5) and special-token names; ``generation_config.json``;
   ``paper_decoding.json`` (copy of the packaged :data:`repro.paper.DEFAULT_PAPER_DECODING`);
   finally ``checkpoint_manifest.json`` (:func:`repro.checkpoint.manifest.write_manifest`).
 
@@ -41,11 +41,11 @@ from safetensors.torch import save_file
 from repro.checkpoint.manifest import write_manifest
 from repro.paper import DEFAULT_PAPER_DECODING
 
-#: Special tokens of the LLaDA2 tokenizer family (engine_spec.md §1, §5), in the order they get ids
+#: Special tokens of the LLaDA2 tokenizer family (docs/engine.md §1, §5), in the order they get ids
 #: after the 256 byte tokens. The engine finds them by string, never by id.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|startoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"]
 
-#: LLaDA2.1 chat template restated from engine_spec.md §5 (LLaDA2.1-flash tokenizer_config.json):
+#: LLaDA2.1 chat template restated from docs/engine.md §5 (LLaDA2.1-flash tokenizer_config.json):
 #: ``<role>SYSTEM</role>`` [system content + "\n"] ``detailed thinking off<|role_end|>``, then
 #: ``<role>HUMAN</role>…<|role_end|>`` / ``<role>ASSISTANT</role>…<|role_end|>`` turns, generation prompt
 #: ``<role>ASSISTANT</role>``. The optional tool block of the original is not reproduced.
@@ -77,7 +77,7 @@ QK_NORM_GAIN = 3.0
 
 
 def tiny_config(vocab_size: int, eos_id: int) -> dict:
-    """The tiny ``config.json`` dict: real LLaDA2.1-mini field names (engine_spec.md §1) at toy values.
+    """The tiny ``config.json`` dict: real LLaDA2.1-mini field names (docs/engine.md §1) at toy values.
 
     ``vocab_size``: tokenizer size (256 bytes + specials); ``eos_id``: id of ``<|endoftext|>`` (= pad, as
     in the real config). The ``orl_residual_adapter`` block is this project's adapter definition.
@@ -181,7 +181,7 @@ def _randn(gen: torch.Generator, shape, std: float, mean: float = 0.0) -> torch.
 
 
 def random_tensors(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
-    """Checkpoint-named random tensors for ``cfg`` (engine_spec.md §3 names and ``[out, in]`` shapes).
+    """Checkpoint-named random tensors for ``cfg`` (docs/engine.md §3 names and ``[out, in]`` shapes).
 
     Deterministic for ``seed``. Returned in fp32; :func:`write_tiny` casts for storage.
     Scales: embeddings N(0,1); projections N(0, 1/in); down projections halved; norms 1 + N(0, 0.1²)
@@ -236,7 +236,7 @@ def random_tensors(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     return t
 
 
-#: Tensors stored in fp32 in the tiny checkpoint (router, engine_spec.md §1 ``router_dtype`` fp32).
+#: Tensors stored in fp32 in the tiny checkpoint (router, docs/engine.md §1 ``router_dtype`` fp32).
 FP32_SUFFIXES = ("mlp.gate.weight", "mlp.gate.expert_bias")
 
 

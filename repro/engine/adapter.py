@@ -1,6 +1,6 @@
 """The ORL self-conditioning residual: RCD residual Δ = pᵀE, its entropy weight, and the adapter g.
 
-Sources: RCD (arXiv 2601.22954, engine_spec.md §7) and the ORL project page (engine_spec.md §8). The ORL
+Sources: RCD (arXiv 2601.22954, docs/engine.md §7) and the ORL project page (docs/engine.md §8). The ORL
 adapter's exact form is not public; this project defines it in ``config.json`` under
 ``orl_residual_adapter`` (keys ``type``, ``tensors``, ``rank``, ``alpha``, ``temperature``; see
 :class:`repro.engine.config.AdapterConfig`). Forms (``[out, in]`` weights, no biases, model dtype):
@@ -8,17 +8,17 @@ adapter's exact form is not public; this project defines it in ``config.json`` u
 * ``mlp_silu``: ``g(z) = W_up · silu(W_down · z)``, ``W_down [r, D]``, ``W_up [D, r]``;
 * ``linear``:   ``g(z) = W_proj · z``, ``W_proj [D, D]``.
 
-Per denoising step at block positions i (all maths fp32, engine_spec.md §7):
+Per denoising step at block positions i (all maths fp32, docs/engine.md §7):
 
 * ``p_i = softmax(logits_i)`` (the untempered distribution, RCD Algorithm 2), ``Δ_i = p_iᵀ E`` with
   ``E`` = the input embedding codebook ``word_embeddings`` ``[V, D]``;
 * weight ``w_i = H(softmax(logits_i / T_res)) / log V`` ∈ [0, 1] (normalised Shannon entropy, RCD);
 * residual ``z_i = w_i · Δ_i`` (the "pre-adapter residual embedding" of ORL);
 * next step's input at positions still ``<|mask|>``:
-  with an adapter ``ẽ_i = E[mask] + α · g(z_i)`` (ORL, engine_spec.md §8);
-  without one ``ẽ_i = (1 − w_i) · E[mask] + Δ_i · w_i`` (RCD highway interpolation, engine_spec.md §7).
+  with an adapter ``ẽ_i = E[mask] + α · g(z_i)`` (ORL, docs/engine.md §8);
+  without one ``ẽ_i = (1 − w_i) · E[mask] + Δ_i · w_i`` (RCD highway interpolation, docs/engine.md §7).
 
-Choices (documented, issue 5): cold start (no residual on a block's first step) and reset at each block.
+Choices (docs/engine.md §13): cold start (no residual on a block's first step) and reset at each block.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark of one denoising round and of a whole generation at the memory floor (issue 6).
+"""Benchmark of one denoising round and of a whole generation at the memory floor (targets: docs/perf_model.md §4).
 
     python -m repro.engine.bench round     [--prefixes 1024,4096] [--iters 50] [--naive-iters 3] [--no-w4]
     python -m repro.engine.bench generate  [--prefix 1024] [--tokens 1024] [--steps-per-block 8]
@@ -6,13 +6,13 @@
     python -m repro.engine.bench batch     batched generation: tokens/s at batch 1/8/32, round vs floor,
                                            batch invariance (repro/engine/bench_batch.py)
 
-Needs only torch + triton and a CUDA GPU. Builds LLaDA2.1-mini in its real shapes (engine_spec §1/§3:
+Needs only torch + triton and a CUDA GPU. Builds LLaDA2.1-mini in its real shapes (docs/engine.md §1/§3:
 20 layers, hidden 2048, 16 Q / 4 KV heads x 128, dense layer 0 (5120), 19 MoE layers of 256 experts x 512
 + shared 512, vocab 157184) with deterministic random bf16 weights (router + expert bias fp32) on the GPU,
 a KV cache with a random prefix of P tokens, and a 32-token block.
 
-``round``: for each block kind (``BLOCKS``: the headline "issue" block of 32 distinct random tokens, as in
-issue 6's own measurement, and a "half_masked" block) and prefix P: the engine round (``kernels.fastpath.BlockForward``: the whole forward +
+``round``: for each block kind (``BLOCKS``: the headline "issue" block of 32 distinct random tokens, the block the
+targets are stated for (docs/perf_model.md §4), and a "half_masked" block) and prefix P: the engine round (``kernels.fastpath.BlockForward``: the whole forward +
 lm_head over the 32 positions + fp32 argmax/confidence/entropy, one CUDA graph) timed as the median of
 CUDA-event timings of single graph replays after warm-up; the distinct routed experts per MoE layer
 (measured on that block); the bytes that round must read (``fastpath.round_bytes``: every weight it
@@ -33,7 +33,7 @@ forward + decode step; commit forward + cache advance) are replayed with no host
 generation. Reported: wall time (first event to last), GPU busy time (sum of per-replay event
 intervals), GPU idle time between rounds = wall - busy, tokens/s, ms per forward.
 
-Targets (issue 6, reported, never asserted): ratio <= 1.15 at P=1k, <= 1.2 at P=4k; naive/engine >= 80;
+Targets (docs/perf_model.md §4; reported, never asserted): ratio <= 1.15 at P=1k, <= 1.2 at P=4k; naive/engine >= 80;
 GPU idle < 3% of the generation's wall time. The last line printed is one JSON document.
 """
 from __future__ import annotations
@@ -115,11 +115,12 @@ def build(seed: int = 0, max_len: int = 4096 + 128, configs=None):
     return shape, W, fw, time.perf_counter() - t0
 
 
-# Block contents. "issue": 32 distinct random tokens — the setup of issue 6's own measurement (≈151 distinct
-# experts per MoE layer, ≈19.3 GB per round), the headline. "half_masked": 16 random tokens + 16 <|mask|>: the 16
-# masks share one embedding, so with random weights their routing is correlated and fewer experts are touched
-# (≈108), which lowers the floor and makes the fixed per-layer cost weigh more; reported beside it.
-BLOCKS = {"issue": "32 distinct random tokens (issue 6 setup)", "half_masked": "16 random tokens + 16 masks"}
+# Block contents. "issue": 32 distinct random tokens — the block the targets are stated for (docs/perf_model.md
+# §4; the first measurement on it saw ≈151 distinct experts per MoE layer, ≈19.3 GB per round), the headline.
+# "half_masked": 16 random tokens + 16 <|mask|>: the 16 masks share one embedding, so with random weights their
+# routing is correlated and fewer experts are touched (≈108), which lowers the floor and makes the fixed per-layer
+# cost weigh more; reported beside it.
+BLOCKS = {"issue": "32 distinct random tokens (the targets' block)", "half_masked": "16 random tokens + 16 masks"}
 
 
 def _block_ids(shape, seed: int, kind: str = "issue", T: int = 32):

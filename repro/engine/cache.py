@@ -1,4 +1,4 @@
-"""Preallocated prefix KV cache for block-diffusion decoding (engine_spec.md §4 "Prefix KV caching").
+"""Preallocated prefix KV cache for block-diffusion decoding (docs/engine.md §4 "Prefix KV caching").
 
 One buffer per K and V of shape ``[layers, capacity, n_kv_heads, head_dim]`` (model dtype), allocated once
 per request for ``ceil((prompt + max_new_tokens) / block) · block`` positions; the decoding loop never

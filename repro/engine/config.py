@@ -1,8 +1,8 @@
 """Model configuration: the LLaDA2 MoE ``config.json`` as a validated dataclass, plus the ORL adapter block.
 
-Field names are the real Hugging Face ones (engine_spec.md §1). Only the fields the forward pass needs are
-kept; every one is required (no silent defaults for architecture) except those engine_spec.md marks as
-fixed for this family, whose defaults are the LLaDA2.1-mini values. Settings the engine does not implement
+Field names are the real Hugging Face ones (docs/engine.md §1). Only the fields the forward pass needs are
+kept; every one is required (no silent defaults for architecture) except those fixed for this family
+(docs/engine.md §1), whose defaults are the LLaDA2.1-mini values. Settings the engine does not implement
 (biases, tied/normalised heads, non-sigmoid routers, rope scaling) are refused with a clear error.
 
 Not here: tensors (:mod:`repro.engine.weights`), the adapter maths (:mod:`repro.engine.adapter`).
@@ -37,8 +37,8 @@ class AdapterConfig:
     """The ORL residual adapter g of ``config.json`` key ``orl_residual_adapter`` (this project's format).
 
     ``type``: a key of :data:`ADAPTER_FORMS`; ``tensors``: role → checkpoint tensor name; ``rank``: inner
-    width r (``mlp_silu`` only); ``alpha``: output scale α in ẽ = E[x] + α·g(z) (ORL site, engine_spec.md §8);
-    ``temperature``: T_res of the normalised-entropy weight (RCD, engine_spec.md §7).
+    width r (``mlp_silu`` only); ``alpha``: output scale α in ẽ = E[x] + α·g(z) (ORL site, docs/engine.md §8);
+    ``temperature``: T_res of the normalised-entropy weight (RCD, docs/engine.md §7).
     """
 
     type: str
@@ -77,7 +77,7 @@ class AdapterConfig:
 
 @dataclass(frozen=True)
 class LLaDA2Config:
-    """Architecture of a LLaDA2 MoE model (engine_spec.md §1–§2); sizes in elements, not bytes."""
+    """Architecture of a LLaDA2 MoE model (docs/engine.md §1–§2); sizes in elements, not bytes."""
 
     vocab_size: int
     hidden_size: int
@@ -172,7 +172,7 @@ class LLaDA2Config:
             raise ConfigError(f"{map_path if map_path and 'orl_residual_adapter' in str(e) else p}: {e}") from None
 
     def validate(self) -> None:
-        """Check divisibility constraints of §2. Raises :class:`ConfigError`."""
+        """Check divisibility constraints of docs/engine.md §2. Raises :class:`ConfigError`."""
         errs = []
         if self.num_attention_heads % self.num_key_value_heads:
             errs.append("num_attention_heads must be a multiple of num_key_value_heads")
@@ -185,7 +185,7 @@ class LLaDA2Config:
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
             errs.append(f"rotary_dim {self.rotary_dim} must be even and in 1..head_dim")
         if (self.num_experts // self.n_group) < 2:
-            errs.append("group score needs ≥ 2 experts per group (sum of top-2, §2)")
+            errs.append("group score needs ≥ 2 experts per group (sum of top-2, docs/engine.md §2)")
         if errs:
             raise ConfigError("; ".join(errs))
 

@@ -1,12 +1,12 @@
 """The block-diffusion generation loop over token ids, with forward counting and TPF.
 
-Layout (engine_spec.md §4): ``num_blocks = ceil((P + G) / B)``; the canvas is the prompt followed by
+Layout (docs/engine.md §4): ``num_blocks = ceil((P + G) / B)``; the canvas is the prompt followed by
 ``<|mask|>`` up to ``num_blocks·B``; blocks are aligned to absolute multiples of B from position 0. The full
 prompt blocks ``[0, floor(P/B)·B)`` are prefilled in **one** forward with the block-causal mask (counted
 ``prefill``; none when P < B). Decoding starts at block ``floor(P/B)``, whose prompt positions are never
 edited. Per block the decoder (:mod:`repro.engine.decoders`) runs denoising forwards (``denoise``); when the
 block is final, one ``commit`` forward writes its K/V — unless the last denoising forward already saw
-exactly the final tokens (then its K/V is kept and no commit runs, engine_spec.md §6.5). Counts say what ran.
+exactly the final tokens (then its K/V is kept and no commit runs, docs/engine.md §6.5). Counts say what ran.
 
 Stopping (§6.9): after each block, stop if an ``<|endoftext|>`` appears in the generated region, or when
 ``max_new_tokens`` generated positions exist. The last block is decoded whole; the output is truncated to
@@ -61,7 +61,7 @@ class ForwardBackend(Protocol):
 
 
 class CachedBackend:
-    """The engine: one preallocated :class:`~repro.engine.cache.KVCache` per request (engine_spec.md §4)."""
+    """The engine: one preallocated :class:`~repro.engine.cache.KVCache` per request (docs/engine.md §4)."""
 
     def __init__(self, model: LLaDA2Model):
         self.model = model

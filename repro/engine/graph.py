@@ -1,4 +1,4 @@
-"""CUDA-graph block decoding: the engine's forward on a GPU as graph replays (issue 6).
+"""CUDA-graph block decoding: the engine's forward on a GPU as graph replays (design rules: docs/perf_model.md §4).
 
 :class:`GraphBackend` implements the generate loop's backend protocol (:class:`repro.engine.decode_loop.ForwardBackend`)
 with :class:`repro.engine.kernels.fastpath.BlockForward`: every forward of a request — prompt prefill (block by

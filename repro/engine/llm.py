@@ -12,7 +12,7 @@
 * Timing: ``wall_s`` covers decoding (prefill through the last commit, CUDA synchronised), not
   tokenisation or template rendering; ``request_tps = generated_tokens / wall_s`` (tokens/s).
 * TPF = generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); prefill
-  forwards are reported separately (engine_spec.md §6.10; :mod:`repro.engine.decode_loop`).
+  forwards are reported separately (docs/engine.md §6.10; :mod:`repro.engine.decode_loop`).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ chosen path is in ``engine_path``: ``"cuda-graph"`` | ``"eager"`` | ``"reference
 ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE + block attention
     from ``repro.engine.kernels`` on CUDA when triton imports, else torch), ``"torch"`` or ``"triton"``;
     the Triton implementations register into the same seams as the torch ones and fall back to them
-    outside their fast case (issue 6). Raises ValueError for a bad role/precision/kernels, and the
+    outside their fast case. Raises ValueError for a bad role/precision/kernels, and the
     ConfigError / WeightLoadError / TokenizerError of the loaders for a bad checkpoint.
     """
 

@@ -1,6 +1,6 @@
 """LLaDA2 MoE forward pass with a prefix KV cache — wires the layer functions, nothing else.
 
-Architecture (engine_spec.md §2): ``h = E[ids]`` (no scaling); per layer (pre-norm)
+Architecture (docs/engine.md §2): ``h = E[ids]`` (no scaling); per layer (pre-norm)
 ``h += Attn(RMSNorm(h))``, ``h += MLP_or_MoE(RMSNorm(h))``; ``logits = lm_head(RMSNorm(h))`` cast to fp32.
 Layer ``l < first_k_dense_replace`` uses the dense SwiGLU MLP; the others the MoE block: sigmoid
 group-limited router (fp32) + routed experts (:func:`repro.engine.layers.moe.moe_forward`, the Triton seam)
@@ -163,7 +163,7 @@ class LLaDA2Model:
 
     # ---------------------------------------------------------------- pieces used by decoders
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Input embeddings ``E[ids]``: ids ``[n]`` int64 → ``[n, D]`` model dtype (no scaling, §2)."""
+        """Input embeddings ``E[ids]``: ids ``[n]`` int64 → ``[n, D]`` model dtype (no scaling, docs/engine.md §2)."""
         return self.params["embed"][ids]
 
     def new_cache(self, capacity: int) -> KVCache:
@@ -238,7 +238,7 @@ class LLaDA2Model:
         return swiglu(x, self.params[f"layers.{l}.mlp.w_gate_up"], self.params[f"layers.{l}.mlp.w_down"])
 
     def _moe(self, l: int, x: torch.Tensor) -> torch.Tensor:
-        """MoE block (§2): routed experts (seam) + shared expert; returns ``[n, D]`` model dtype."""
+        """MoE block (docs/engine.md §2): routed experts (seam) + shared expert; returns ``[n, D]`` model dtype."""
         c, p, q = self.cfg, self.params, f"layers.{l}.moe."
         w, ids = route(x, p[q + "router"], p.get(q + "expert_bias"), c.num_experts_per_tok, c.n_group,
                        c.topk_group, c.routed_scaling_factor, c.norm_topk_prob)

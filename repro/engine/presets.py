@@ -1,6 +1,6 @@
 """Named architecture presets (gpt-fast style): real ``config.json`` dicts for building models without a checkpoint.
 
-``LLADA21_MINI``: LLaDA2.1-mini (engine_spec.md §1, values from the HF config page); the ORL adapter is not
+``LLADA21_MINI``: LLaDA2.1-mini (docs/engine.md §1, values from the HF config page); the ORL adapter is not
 public, so the preset has none. Use with :meth:`repro.engine.model.LLaDA2Model.random` for full-size GPU
 benchmarks::
 

@@ -3,11 +3,11 @@
 Obviously correct and slow, written independently of the engine's attention/MoE/router code:
 
 * no KV cache — every forward runs the **whole** sequence ``[0, end of the current block)`` from token
-  embeddings, HF-generate style (engine_spec.md §6.1);
+  embeddings, HF-generate style (docs/engine.md §6.1);
 * attention with an explicit ``T×T`` additive block-causal mask built as in HF
-  (``tril(ones(nb, nb))`` expanded by ``B×B``, engine_spec.md §4), K/V heads repeated for GQA;
+  (``tril(ones(nb, nb))`` expanded by ``B×B``, docs/engine.md §4), K/V heads repeated for GQA;
 * router written out step by step (sigmoid, +bias, group top-2 sums, kept groups, top-k, renormalise,
-  × scaling; engine_spec.md §2) and a plain loop over **every** expert, each applied to all tokens and
+  × scaling; docs/engine.md §2) and a plain loop over **every** expert, each applied to all tokens and
   weighted by its (possibly zero) routing weight.
 
 It shares only the elementwise primitives (RMSNorm, RoPE, SwiGLU) and the parameter dict with the engine.

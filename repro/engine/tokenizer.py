@@ -1,7 +1,7 @@
 """Checkpoint tokenizer: ``tokenizer.json`` (``tokenizers`` library) + ``tokenizer_config.json`` chat template.
 
 Special tokens are found **by their string** (``mask_token`` / ``eos_token`` of tokenizer_config.json,
-defaulting to ``<|mask|>`` / ``<|endoftext|>``; engine_spec.md §1, §5), never by hard-coded ids. The chat
+defaulting to ``<|mask|>`` / ``<|endoftext|>``; docs/engine.md §1, §5), never by hard-coded ids. The chat
 template is rendered with jinja2 (``messages``, ``add_generation_prompt``, ``raise_exception``), as HF
 ``apply_chat_template`` does. Encoding adds no BOS/EOS (``add_bos_token`` false, §1).
 """
@@ -66,7 +66,7 @@ class ChatTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
-        """Text of ``ids`` with special tokens skipped (engine_spec.md §5)."""
+        """Text of ``ids`` with special tokens skipped (docs/engine.md §5)."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:

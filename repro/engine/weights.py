@@ -3,7 +3,7 @@
 Internal layout (what :class:`repro.engine.model.LLaDA2Model` holds, one flat ``name → tensor`` dict):
 
 =====================================  ==========================  =====================================
-internal name                          shape                       checkpoint source (engine_spec.md §3)
+internal name                          shape                       checkpoint source (docs/engine.md §3)
 =====================================  ==========================  =====================================
 ``embed``                              [V, D]                      ``model.word_embeddings.weight``
 ``layers.{l}.attn_norm``               [D]                         ``…input_layernorm.weight``
@@ -97,10 +97,10 @@ KERNEL_FFN: dict[str, tuple[str, str, str]] = {
 }
 
 #: Checkpoint tensors that carry no weights and are skipped by name (SGLang skips names containing
-#: ``inv_freq``, engine_spec.md §3). Everything else not in the expected set is an error.
+#: ``inv_freq``, docs/engine.md §3). Everything else not in the expected set is an error.
 IGNORED = re.compile(r".*rotary_emb\.inv_freq\Z")
 
-#: Internal names kept in fp32 regardless of the model dtype (engine_spec.md §1 ``router_dtype`` fp32).
+#: Internal names kept in fp32 regardless of the model dtype (docs/engine.md §1 ``router_dtype`` fp32).
 FP32_PARAMS = re.compile(r"layers\.\d+\.moe\.(router|expert_bias)\Z")
 
 
@@ -138,7 +138,7 @@ def _adapter_roles(cfg: LLaDA2Config) -> dict[str, tuple[int, ...]]:
 
 
 def expected_checkpoint_shapes(cfg: LLaDA2Config) -> dict[str, tuple[int, ...]]:
-    """Checkpoint tensor name → shape that ``cfg`` implies (engine_spec.md §3 plus the adapter tensors).
+    """Checkpoint tensor name → shape that ``cfg`` implies (docs/engine.md §3 plus the adapter tensors).
 
     Adapter tensors are always expected when the config declares an adapter, whatever the role loaded.
     """
@@ -284,8 +284,8 @@ def load_weights(path: str | Path, cfg: LLaDA2Config, params: dict[str, torch.Te
     """Fill the preallocated ``params`` (internal layout, on their device/dtype) from the checkpoint at ``path``.
 
     Raises WeightLoadError listing **all** missing/unexpected tensor names, or all shape mismatches
-    (adapter tensors of another form/shape included: "refuse a checkpoint whose adapter tensors do not
-    match the configured form", issue 5). With ``with_adapter=False`` the adapter tensors named by the
+    (adapter tensors of another form/shape included: a checkpoint whose adapter tensors do not match the
+    configured form is refused, docs/engine.md §13). With ``with_adapter=False`` the adapter tensors named by the
     config are checked but not loaded.
     """
     from repro.checkpoint import nvfp4

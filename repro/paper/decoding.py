@@ -18,7 +18,7 @@ Contract
   Numbers are normalised (``threshold=1`` and ``threshold=1.0`` give the same value) so rendering is
   byte-stable.
 * ``to_sglang(decoder, extra)`` maps an engine decoder dict to ``(dllm_algorithm, yaml_dict, notes)`` with
-  exactly the keys SGLang's algorithm reads (engine_spec.md §9, from
+  exactly the keys SGLang's algorithm reads (docs/engine.md §9, from
   ``sgl-project/sglang:python/sglang/srt/dllm/algorithm/{low_confidence,joint_threshold}.py``):
 
   ====================  ===============  ==========================================================
@@ -35,7 +35,7 @@ Contract
   - ``editing: false`` -> ``edit_threshold: 1.0``: SGLang edits a token when ``p > edit_threshold``; a
     probability never exceeds 1, so editing is off. (``edit_threshold: 0.0`` means *full* editing in SGLang,
     as in our engine.)
-  - ``orl``: mainline SGLang has no self-conditioning / residual-adapter algorithm for LLaDA2 (engine_spec
+  - ``orl``: mainline SGLang has no self-conditioning / residual-adapter algorithm for LLaDA2 (docs/engine.md
     §8/§9); the mapping runs the ORL checkpoint with JointThreshold at the ORL thresholds and says so in
     ``notes``. A site with an ORL-aware SGLang algorithm can name it with ``--set sglang_algorithm=NAME``
     (the YAML keys stay those of JointThreshold).

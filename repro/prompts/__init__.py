@@ -32,7 +32,7 @@ __all__ = ["Prompt", "build_prompt", "template_version", "stop_strings", "EOS_MA
 
 _TEMPLATE_DIR = Path(__file__).with_name("templates")
 
-#: Special-token text that ends a completion when a backend did not strip it (engine_spec.md section 5).
+#: Special-token text that ends a completion when a backend did not strip it (docs/engine.md §5).
 EOS_MARKERS = ("<|endoftext|>", "<|role_end|>", "<|mask|>", "<role>")
 
 

@@ -17,7 +17,7 @@ scorer exposes ``score_many``, a ``code`` scorer ``build_program`` (run here in 
 One module per concept: ``truncate`` (EOS/stop cut), ``boxed``, ``gsm8k``, ``math`` + ``verify_worker``
 (Math-Verify in a killable process), ``code/extract``, ``code/sandbox``, ``humaneval``, ``mbpp``,
 ``stats``, ``cases`` (the regression-case runner), ``__main__`` (CLI). Design notes and peer behaviour:
-``../shared/reference/scoring.md``; regression cases: ``../shared/cases/scoring_cases.jsonl``.
+``docs/scoring_rules.md``; regression cases: ``../shared/cases/scoring_cases.jsonl``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CLI of the scoring stage (docs/interfaces.md, "Scoring"; issue 3).
+"""CLI of the scoring stage (docs/interfaces.md, "Scoring"; docs/scoring_rules.md §10).
 
 ``python -m repro.scoring score --benchmark B --problems P.jsonl --generations G.jsonl --out S.jsonl
 --summary S.summary.json [--workers N]``: scores every generation record (``id``, ``completion``)

@@ -1,6 +1,6 @@
 """Find the last ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed X`` answer in a text, brace-balanced.
 
-Source: scoring.md sections 2-3 and scoring cases math500-06, math500-08, math500-09. A ``[^}]+`` regex
+Source: docs/scoring_rules.md §2–§3 and scoring cases math500-06, math500-08, math500-09. A ``[^}]+`` regex
 truncates nested braces (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1``, case math500-08), so braces are
 counted (escaped ``\\{`` / ``\\}`` do not count). ``\\boxed 2`` (space, no braces) yields the next token.
 Unlike lm-eval's ``last_boxed_only_string`` (lm-eval #3477) the *last* box by position wins, whichever

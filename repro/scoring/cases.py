@@ -2,7 +2,7 @@
 
 ``run_cases(cases, data_dir, workers) -> (results, summary)`` scores records
 ``{id, benchmark, model_output, gold?, task_id?}`` (format of ``../shared/cases/scoring_cases.jsonl``,
-issue 3): ``gold`` is the GSM8K answer text (``#### N`` or a number) or the MATH answer; ``task_id``
+docs/scoring_rules.md §10): ``gold`` is the GSM8K answer text (``#### N`` or a number) or the MATH answer; ``task_id``
 names the HumanEval/MBPP problem whose tests apply, read from ``data_dir``. Each result is
 ``{id, correct, extracted, reason}`` (plus ``expected_correct`` and ``agrees`` when the case has an
 expectation); the summary counts correct verdicts and disagreements with ``expected_correct``.

@@ -4,7 +4,7 @@ Contract: ``score(problem, completion) -> score record`` (docs/interfaces.md, "S
 ``correct`` | ``wrong``; ``correct`` is the *flexible* verdict (primary score), ``strict_correct`` the
 verdict when only an explicit ``\\boxed{}`` or ``#### N`` answer counts (diagnostic column).
 
-Rules (scoring.md section 2 "Recommended GSM8K scorer"; issue 3):
+Rules (docs/scoring_rules.md §2 "Recommended GSM8K scorer", §10):
 1. The completion is cut at EOS markers and stop strings first (case gsm8k-07).
 2. Prediction: of the explicit markers -- last non-blank ``\\boxed{}`` (its last number, or the value of
    a lone ``\\frac{a}{b}``), last "the answer is N", last ``#### N`` -- the one written last wins (a
@@ -18,7 +18,7 @@ Rules (scoring.md section 2 "Recommended GSM8K scorer"; issue 3):
    (cases gsm8k-01/02; OpenCompass reads ``000``); ``$``, ``%`` and unit words around a number are ignored.
 4. Comparison is numeric with exact decimals (``29.00`` == ``29``, case gsm8k-04; lm-eval #3214).
 5. The gold (text after ``#### ``, or a whole ``answer`` text) is normalised the same way: 14 golds
-   carry thousands separators and 2 are negative (SOURCES.md).
+   carry thousands separators and 2 are negative (docs/scoring_rules.md §2).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ HumanEval record ``source`` (``prompt``, ``entry_point``, ``test``); execution a
 ``code.sandbox`` through ``repro.scoring.score_records``.
 
 Sources: openai/human-eval ``execution.py`` (program = prompt + completion + "\\n" + test + "\\n" +
-``check(entry_point)``), scoring.md section 4 "Recommended HumanEval scorer", cases humaneval-01..08.
+``check(entry_point)``), docs/scoring_rules.md §4 "Recommended HumanEval scorer", cases humaneval-01..08.
 - The completion is cut at EOS markers first; code comes from ``code.extract`` (fences with or without
   a tag, unclosed allowed; the first block that defines the entry point wins).
 - If the code defines ``def <entry_point>(`` at top level (a restated function), the prompt is *not*

@@ -6,7 +6,7 @@ latter is what ``verify_worker`` runs inside a separate process, never in the ca
 ``repro.scoring.score_records("math500", ...)`` calls). Status ``correct`` | ``wrong`` | ``timeout`` | ``error``;
 ``strict_correct`` is true only when the answer came from a ``\\boxed{}``/``\\fbox{}``.
 
-Sources: scoring.md section 3 "Recommended MATH-500 scorer" and the math500-* scoring cases.
+Sources: docs/scoring_rules.md §3 "Recommended MATH-500 scorer" and the math500-* scoring cases.
 1. Cut at EOS / stop strings; take the last balanced, non-blank ``\\boxed{...}`` (also ``\\fbox``,
    ``\\boxed 2``; cases math500-06/08/09; an empty ``\\boxed{}`` after the answer is skipped); fallback
    the last "final answer is X" / "Final Answer: X"; otherwise no answer (wrong, logged). The box

@@ -3,7 +3,7 @@
 Contract: ``build_program(source, completion) -> (program, extracted_code, how)`` for an original MBPP
 record (``code``, ``test_setup_code``, ``test_list``); execution by ``code.sandbox``.
 
-Sources: scoring.md section 5 and cases mbpp-01 (unfenced code + stray closing fence), mbpp-02 (all
+Sources: docs/scoring_rules.md §5 and cases mbpp-01 (unfenced code + stray closing fence), mbpp-02 (all
 three asserts, not only the one shown), mbpp-04 (task 367: code -> test_setup_code -> asserts; lm-eval
 and OpenCompass omit the setup code and fail the task for every model). ``challenge_test_list`` is not
 run (peers ignore it; report separately if ever needed). Extraction never cuts at a bare ``DONE``

@@ -3,7 +3,7 @@
 Diffusion decoders fill their whole generation window; whatever follows the first EOS / end-of-turn /
 mask marker or a stop string (e.g. an invented follow-up ``Question:``, scoring case gsm8k-07) is not
 part of the answer. LLaDA / Fast-dLLM apply the task's ``until`` strings after generation the same way
-(scoring.md sections 2 and 6). The stop list comes from ``repro.prompts.stop_strings`` so the scorer
+(docs/scoring_rules.md §2 and §6). The stop list comes from ``repro.prompts.stop_strings`` so the scorer
 and the prompt agree; cutting twice is harmless (idempotent).
 """
 

@@ -2,7 +2,7 @@
 
 Accuracy: the scorer's summary (percent; pass@1 for code, greedy n=1). TPF of a cell: total generated
 tokens up to the first EOS divided by total denoise + commit forwards over the cell's problems
-(prefill forwards excluded; engine_spec.md §6.10 recommendation, stated in the README). Over several
+(prefill forwards excluded; the project's convention, docs/engine.md §6.10 and the README). Over several
 seeds, the mean of the per-seed values.
 
 Beside the numbers, each row says what they were measured on: ``n`` (problems scored), ``n_total``

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start a single-node Slurm cluster with accounting on this machine, for CI (Debian 12, run as root, no
 # systemd needed): munge, MariaDB, slurmdbd, slurmctld, slurmd as plain daemons, then a smoke test
-# (srun + sbatch + sacct). Recipe and pitfalls: ../shared/reference/slurm_local.md.
+# (srun + sbatch + sacct). Recipe and pitfalls: docs/cluster.md.
 #
 #   sudo bash scripts/slurm/start_local_slurm.sh     # idempotent: a running cluster is left as it is
 #   bash scripts/slurm/stop_local_slurm.sh           # stops exactly the daemons this script started

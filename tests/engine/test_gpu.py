@@ -53,7 +53,7 @@ def test_full_size_random_llada21_mini_forward_bf16():
     torch.cuda.synchronize()
     init_s = time.perf_counter() - t0
     n_params = sum(p.numel() for p in m.params.values())
-    assert n_params == 16_255_643_392  # engine_spec.md §0 (backbone, no adapter)
+    assert n_params == 16_255_643_392  # docs/engine.md §0 (backbone, no adapter)
     cache = m.new_cache(512 + 32)
     ids = torch.randint(0, cfg.vocab_size, (544,), device="cuda")
     with torch.inference_mode():

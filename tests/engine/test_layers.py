@@ -1,4 +1,4 @@
-"""Layer functions against hand-computed values and independent formulations (engine_spec.md §2, §4)."""
+"""Layer functions against hand-computed values and independent formulations (docs/engine.md §2, §4)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Cached engine vs the naive no-cache reference: identical token ids and forward counts (issue 5).
+"""Cached engine vs the naive no-cache reference: identical token ids and forward counts (docs/engine.md §10 item 7).
 
 fp32 CPU, tiny checkpoint, ≥ 30 random prompts per decoder family, prompts of varied length (shorter than
 a block, ending mid-block, exact multiples of the block), budgets that end mid-block, greedy and seeded

@@ -1,8 +1,8 @@
 """Deterministic wrong answers derived from a MATH-500 gold: off by one, sign flipped, wrong fraction,
 another word / choice letter.
 
-Used by the acceptance tests (issue 3: "the same answers perturbed ... are judged wrong"). Only golds of
-a recognised simple shape get each perturbation: an integer, a decimal, ``\\frac{a}{b}`` /
+Used by the acceptance tests (docs/scoring_rules.md §10: "the same answers perturbed ... are judged
+wrong"). Only golds of a recognised simple shape get each perturbation: an integer, a decimal, ``\\frac{a}{b}`` /
 ``\\dfrac{a}{b}`` with an optional sign, or a lone ``\\text{word}``; other golds are skipped.
 """
 

@@ -1,6 +1,6 @@
 """Code extraction and HumanEval/MBPP program assembly, plus the real gold solutions in the sandbox.
 
-Acceptance (issue 3): HumanEval canonical solutions 164/164 pass; MBPP reference code 500/500 pass,
+Acceptance (docs/scoring_rules.md §10): HumanEval canonical solutions 164/164 pass; MBPP reference code 500/500 pass,
 task 367 only with its ``test_setup_code``; known-wrong completions fail.
 """
 

@@ -1,6 +1,6 @@
 """Sandbox: hostile programs are judged failed, the run goes on, and the host is unchanged.
 
-Hostile programs (issue 3 acceptance): infinite loop, fork bomb, 20 GB allocation (and a memory bomb
+Hostile programs (docs/scoring_rules.md §10): infinite loop, fork bomb, 20 GB allocation (and a memory bomb
 spread over several processes), deleting / writing
 files outside the scratch dir, opening sockets, ``os._exit(0)`` / ``sys.exit(0)`` before the asserts,
 killing the parent, printing "passed". The host checks: a sentinel file in a world-writable directory

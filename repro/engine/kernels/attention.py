@@ -1,6 +1,6 @@
 """Attention of one diffusion block (T<=128 queries) over [cached prefix | block], with references.
 
-Model facts (engine_spec §2 "Attention", §4): fused QKV projection output [T, (NQ + 2·NKV)·D] with rows
+Model facts (docs/engine.md §2 "Attention", §4): fused QKV projection output [T, (NQ + 2·NKV)·D] with rows
 ordered [q heads | k heads | v heads]; QK-norm (per-head RMSNorm over D=128, eps 1e-6) *before* RoPE;
 partial NeoX RoPE on the first ROT=64 channels of each head (pairs (c, c+32), ``inv_freq[j] =
 theta^(-2j/64)``, theta 600000), positions absolute; GQA (KV head j serves query heads

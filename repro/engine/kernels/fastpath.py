@@ -5,7 +5,7 @@ weights structure in the kernel layout (:data:`repro.engine.weights.KERNEL_LAYER
 :func:`random_weights` here, or the loaded model's own tensors through ``graph.kernel_weights``) and the
 kernel shape :class:`ModelShape` derived from the model's :class:`~repro.engine.config.LLaDA2Config`,
 keeps every buffer static (ids, cache length, KV
-cache, activations, MoE/attention workspaces) and runs, per layer (engine_spec §2):
+cache, activations, MoE/attention workspaces) and runs, per layer (docs/engine.md §2):
 
   add+RMSNorm (Triton; fuses the previous MoE top-k sum + shared expert + residual) -> QKV GEMM (cuBLAS)
   -> QK-norm + RoPE + KV write (Triton) -> split-KV attention + combine (Triton) -> O GEMM (cuBLAS)

@@ -1,6 +1,6 @@
 """Residual add + RMSNorm (one row per program), with the MoE top-k sum fused in; plus the reference.
 
-RMSNorm as in LLaDA2 (engine_spec §2): ``y = w * (x.float() * rsqrt(mean(x²) + eps)).to(x.dtype)``,
+RMSNorm as in LLaDA2 (docs/engine.md §2): ``y = w * (x.float() * rsqrt(mean(x²) + eps)).to(x.dtype)``,
 eps 1e-6. The residual stream ``h`` stays in the model dtype (bf16), as in the HF code: ``h = h + delta``
 is rounded to the dtype before the norm.
 

@@ -1,6 +1,6 @@
 """Block-causal attention of one chunk of queries over the KV prefix — the attention dispatch seam.
 
-Contract (engine_spec.md §2 "Attention", §4 "Mask"): a query at absolute position q may attend a key at
+Contract (docs/engine.md §2 "Attention", §4 "Mask"): a query at absolute position q may attend a key at
 absolute position k iff ``k // block_size <= q // block_size`` (bidirectional inside a block, causal across
 blocks). Grouped-query attention: KV head j serves query heads ``j·g .. j·g+g-1`` with
 ``g = n_heads / n_kv_heads``. Scale ``1/sqrt(head_dim)``; softmax in fp32.

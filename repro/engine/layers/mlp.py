@@ -1,4 +1,4 @@
-"""SwiGLU MLP (engine_spec.md §2: dense layer 0, each routed expert, the shared expert)."""
+"""SwiGLU MLP (docs/engine.md §2: dense layer 0, each routed expert, the shared expert)."""
 
 import torch
 import torch.nn.functional as F

@@ -1,6 +1,6 @@
 """Sigmoid group-limited router and routed-expert computation — the MoE dispatch seam.
 
-Routing (engine_spec.md §2 "MoE block", HF ``LLaDA2MoeGate`` / SGLang ``biased_grouped_topk``), all fp32:
+Routing (docs/engine.md §2 "MoE block", HF ``LLaDA2MoeGate`` / SGLang ``biased_grouped_topk``), all fp32:
 ``s = sigmoid(x·Wᵀ)``; selection uses biased scores ``b = s + expert_bias``: experts split into ``n_group``
 contiguous groups, group score = sum of the group's two largest ``b``; keep the ``topk_group`` best groups;
 take the top-``k`` experts by ``b`` inside kept groups. Combine weights are the **unbiased** ``s`` of the

@@ -1,4 +1,4 @@
-"""RMSNorm as LLaDA2 computes it (engine_spec.md §2, HF ``LLaDA2MoeRMSNorm``)."""
+"""RMSNorm as LLaDA2 computes it (docs/engine.md §2, HF ``LLaDA2MoeRMSNorm``)."""
 
 import torch
 
@@ -7,7 +7,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``y = (x · rsqrt(mean(x², -1) + eps)).to(x.dtype) · weight``.
 
     x: ``[..., d]`` any float dtype; weight: ``[d]`` (model dtype). The normalisation runs in fp32 and is
-    cast back to ``x.dtype`` before the weight multiply (engine_spec.md §2 "RMSNorm"). Used for the
+    cast back to ``x.dtype`` before the weight multiply (docs/engine.md §2 "RMSNorm"). Used for the
     input/post/final norms (d = hidden) and per-head QK-norm (d = head_dim). Returns ``x``'s shape/dtype.
     """
     xf = x.float()

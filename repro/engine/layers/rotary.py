@@ -1,4 +1,4 @@
-"""Partial NeoX ("rotate_half") rotary position embedding (engine_spec.md §2 "RoPE (partial)").
+"""Partial NeoX ("rotate_half") rotary position embedding (docs/engine.md §2 "RoPE (partial)").
 
 Rotary dim r = head_dim · partial_rotary_factor (64 of 128 for LLaDA2.1-mini); it rotates the **first**
 r channels of each head with channel pairs (c, c + r/2); the remaining channels pass through.

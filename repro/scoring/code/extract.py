@@ -1,6 +1,6 @@
 """Code extraction from a (truncated) completion: fenced blocks with or without a tag, or raw code.
 
-Sources: scoring.md sections 4-5 and scoring cases humaneval-05 (bare ``` fences), humaneval-07 (a fenced
+Sources: docs/scoring_rules.md §4–§5 and scoring cases humaneval-05 (bare ``` fences), humaneval-07 (a fenced
 body must not be concatenated raw), mbpp-01 (unfenced code followed by a stray closing fence; lm-eval's
 ``extract_code_blocks`` swallows ``def`` there).
 

