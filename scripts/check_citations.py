@@ -24,7 +24,8 @@ in it (or an outside source by URL / ``owner/repo:path`` / paper). Reported, one
 
 Lines of a fenced block in Markdown that follows a line ``<!-- verbatim output -->`` are skipped (a
 pasted benchmark record stays as it was printed). Generated outputs (``GENERATED``, ``GENERATED_DIRS``),
-Snakemake's ``output.md``-style attributes, quoted logger names and absolute paths are not checked.
+Snakemake's ``output.md``-style attributes, bare file names in string literals of code (``"x.md"``),
+quoted logger names and absolute paths are not checked.
 
 Usage: ``python scripts/check_citations.py [ROOT]`` (default: this checkout). Prints every finding and a
 count; exit status 1 when there is any, 0 otherwise. Python: :func:`find_problems`.
@@ -202,6 +203,9 @@ def check_file(path: Path, root: Path) -> list[Problem]:
             token = m.group(1)
             if token.startswith(GENERATED_DIRS) or token in GENERATED or token[:-3] in SNAKEMAKE_OBJECTS:
                 continue
+            quote = line[m.start(1) - 1:m.start(1)]
+            if not is_md and "/" not in token and quote in ("'", '"') and line[m.end(1):m.end(1) + 1] == quote:
+                continue  # a file name in a string literal of code ('a_vs_b.md'), not a citation
             target = resolve_doc(token, path, root)
             docs_at.append((m.start(1), m.end(1), target, token))
             if target is None:
