@@ -69,7 +69,9 @@ LEGACY_KEYS = {
 REPLACED_HINT = "see README 'On a Slurm cluster' for a complete site profile"
 
 # Variables the container jobs need from the host even under `apptainer exec --cleanenv`
-FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES", "ORL_EVAL_GPU_LOCKS", "HF_HOME", "HF_HUB_OFFLINE", "TRITON_CACHE_DIR")
+# REPRO_SNAKEMAKE_PID: the Snakemake a generation job must die with (repro/backends/lifeline.py), also in a container
+FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES", "ORL_EVAL_GPU_LOCKS", "HF_HOME", "HF_HUB_OFFLINE", "TRITON_CACHE_DIR",
+                 "REPRO_SNAKEMAKE_PID")
 
 # Real LLaDA2.1-mini checkpoints: weights on the GPU (GB) per precision (bf16: 32.6 GB; the NVFP4 checkpoint
 # kept in 4 bits: 10.6 GB), + 1.34 GB KV cache (32K tokens) + working memory (12% of the weights, >= 0.5 GB)

@@ -4,7 +4,9 @@ Stop strings are not applied here (raw completions are kept; the scorer cuts at 
 scorer fix never needs regeneration.
 
 ``batch_size`` > 1 decodes the prompts together through the batched engine (:mod:`repro.engine.batch`;
-greedy token ids are identical to one at a time): :meth:`EngineBackend.generate_each` hands each record
+greedy token ids are identical at every batch size of the batched engine, and to one at a time on the CPU; on a GPU
+batch 1 runs the CUDA-graph path, which can differ from the batched eager path at near-ties — the record's
+``engine_path`` says which ran): :meth:`EngineBackend.generate_each` hands each record
 over as soon as its request finishes (finishing order), so the job's partial file grows as before and a
 resumed job redoes only unfinished problems. A record's ``wall_s`` is then the request's latency inside
 the batch (``batch_size`` is in the record).

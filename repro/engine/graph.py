@@ -243,7 +243,8 @@ class GraphBackend:
             self._run("denoise_embeds")
         else:
             self._run("denoise")
-        return fw.logits.float()
+        out = fw.logits.float()
+        return out.clone() if out.data_ptr() == fw.logits.data_ptr() else out  # fp32 weights: .float() is the buffer
 
     def commit_block(self, ids: torch.Tensor, start: int, run_forward: bool) -> None:
         """Commit replay (K/V of the final tokens) when needed; otherwise the last forward's K/V stay."""

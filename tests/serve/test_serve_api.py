@@ -143,6 +143,7 @@ BAD = [  # (body, status, field named in the error)
     ({"prompt": "x", "max_new_tokens": 8, "stream": "yes"}, 400, "stream"),
     ({"prompt": "x", "max_new_tokens": 8, "seed": 10 ** 30}, 400, "seed"),
     ({"prompt": "x", "max_new_tokens": 8, "stop": ["ok", ""]}, 400, "stop"),
+    ({"prompt": "x", "max_new_tokens": 8, "stop": ["y" * 257]}, 400, "stop"),
 ]
 
 

@@ -84,8 +84,11 @@ def _claim_run_and_clear_stale_locks():
         if other == mine:
             continue
         try:
-            fd = os.open(other, os.O_RDWR)
+            fd = os.open(other, os.O_RDONLY)  # flock works on a read-only descriptor
         except FileNotFoundError:
+            continue
+        except PermissionError:  # another user's run: treat as alive
+            alive += 1
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -172,18 +172,22 @@ async def _events(job: Job):
 
 
 async def _wait(job: Job, request: Request) -> tuple:
-    """Non-streaming: the job's final event, polling for a client disconnect (which cancels the job)."""
-    while True:
-        try:
-            ev = await asyncio.wait_for(job.events.get(), timeout=0.25)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                job.cancel()
-                log.info("%s: client disconnected while waiting; cancelled", job.id)
-                return ("error", "client disconnected")
-            continue
-        if ev[0] in ("done", "error"):
-            return ev
+    """Non-streaming: the job's final event, polling for a client disconnect (which cancels the job); the job is
+    cancelled however this ends (also when the handler itself is cancelled, e.g. at shutdown)."""
+    try:
+        while True:
+            try:
+                ev = await asyncio.wait_for(job.events.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel()
+                    log.info("%s: client disconnected while waiting; cancelled", job.id)
+                    return ("error", "client disconnected")
+                continue
+            if ev[0] in ("done", "error"):
+                return ev
+    finally:
+        job.cancel()  # no effect once the job is done
 
 
 class _JobStream(StreamingResponse):

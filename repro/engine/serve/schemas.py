@@ -102,6 +102,8 @@ class _DecoderOverrides(_Strict):
             raise RequestError(400, f"field 'stop': at most 16 stop strings, got {len(stops)}", "stop")
         if any(s == "" for s in stops):
             raise RequestError(400, "field 'stop': stop strings must not be empty", "stop")
+        if any(len(s) > 256 for s in stops):
+            raise RequestError(400, "field 'stop': each stop string may have at most 256 characters", "stop")
         return stops
 
 
