@@ -13,7 +13,7 @@ sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also wit
 from repro import benchmarks, paths as P
 from repro.checkpoint.verify import rerun_trigger
 from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
-from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version, tree_digest
+from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
 
 _sources = [os.path.basename(str(f)) for f in (workflow.configfiles or [])]
 _source = " + ".join(dict.fromkeys(_sources)) or "config.yaml"
