@@ -110,8 +110,16 @@ class Server:
             raise RequestError(404, f"model {model!r} is not served here; this server serves {self.model_name!r} "
                                     "(GET /v1/models)", "model", "not_found_error")
 
-    def make_job(self, endpoint: str, prompt, budget: int | None, budget_field: str, req, prompt_field: str) -> Job:
-        """Render/tokenise the prompt, check it and the budget against the context, build the decoder."""
+    async def make_job(self, endpoint: str, prompt, budget: int | None, budget_field: str, req,
+                       prompt_field: str) -> Job:
+        """Render/tokenise the prompt (in a worker thread: a long prompt must not stall the event loop, which
+        streams the other requests' blocks), check it and the budget against the context, build the decoder."""
+        loop = asyncio.get_running_loop()
+        return await asyncio.to_thread(self._make_job, endpoint, prompt, budget, budget_field, req, prompt_field,
+                                       loop)
+
+    def _make_job(self, endpoint: str, prompt, budget: int | None, budget_field: str, req, prompt_field: str,
+                  loop: asyncio.AbstractEventLoop) -> Job:
         llm = self.llm
         try:
             text = prompt if isinstance(prompt, str) else llm.apply_chat_template(prompt)
@@ -140,7 +148,7 @@ class Server:
         stop = req.stop_list()
         prefix = {"generate": "gen", "chat": "chatcmpl", "completions": "cmpl"}[endpoint]
         return Job(id=f"{prefix}-{uuid.uuid4().hex[:16]}", prompt=text, prompt_tokens=n_prompt, decoder=decoder,
-                   max_new_tokens=budget, loop=asyncio.get_running_loop(), stop=stop, seed=req.seed,
+                   max_new_tokens=budget, loop=loop, stop=stop, seed=req.seed,
                    endpoint=endpoint)
 
     def submit(self, job: Job) -> None:
@@ -278,7 +286,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         srv.check_auth(request)
         req = _parse(GenerateRequest, await srv.read_json(request))
         field = "messages" if req.messages is not None else "prompt"
-        job = srv.make_job("generate", req.prompt_or_messages(), req.max_new_tokens, "max_new_tokens", req, field)
+        job = await srv.make_job("generate", req.prompt_or_messages(), req.max_new_tokens, "max_new_tokens", req, field)
         srv.submit(job)
         if not req.stream:
             ev = await _wait(job, request)
@@ -310,14 +318,14 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
             req = _parse(ChatRequest, body)
             srv.check_model(req.model)
             req.check_neutral()
-            job = srv.make_job("chat", chat_messages(req), req.budget(),
+            job = await srv.make_job("chat", chat_messages(req), req.budget(),
                                "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
                                req, "messages")
         else:
             req = _parse(CompletionRequest, body)
             srv.check_model(req.model)
             req.check_neutral()
-            job = srv.make_job("completions", req.prompt_text(), req.max_tokens, "max_tokens", req, "prompt")
+            job = await srv.make_job("completions", req.prompt_text(), req.max_tokens, "max_tokens", req, "prompt")
         srv.submit(job)
         created = int(time.time())
         obj = "chat.completion" if endpoint == "chat" else "text_completion"

@@ -14,7 +14,8 @@ Contract
   stop-string prefix is held back), then exactly one of
   ``("done", result_dict)`` (:func:`result_dict`; its ``tail`` is the held-back end of the text) or
   ``("error", message)``.
-* :meth:`Job.cancel` (the client went away): a waiting job is dropped when it reaches the front, a running one
+* :meth:`Job.cancel` (the client went away): a waiting job is answered and its queue place freed at once (it is
+  skipped when it reaches the front), a running one
   stops after its current block (the ``on_block`` hook of :func:`repro.engine.decode_loop.generate_ids` returns
   True); either way the handler gets ``("done", ...)`` with ``finish_reason`` ``"cancelled"``.
 * Text: the completion is cut before the first ``<|endoftext|>`` (as :class:`~repro.engine.llm.GenerateOutput`
@@ -132,9 +133,15 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     queue_s: float = 0.0
 
+    worker: "EngineWorker | None" = None
+    state: str = "new"  # new | waiting | running | dropped (guarded by the worker's lock)
+
     def cancel(self) -> None:
-        """Ask the worker to drop (waiting) or stop (running) this job; safe from any thread."""
+        """Ask the worker to drop (waiting: its queue place is freed at once) or stop (running) this job; safe
+        from any thread."""
         self.cancelled.set()
+        if self.worker is not None:
+            self.worker._drop_waiting(self)
 
     def emit(self, *event) -> None:
         """Deliver an event to the handler's loop (ignored if that loop is gone)."""
@@ -192,7 +199,21 @@ class EngineWorker:
                 self.counts["rejected"] += 1
                 raise QueueFull(f"{self._waiting} requests already wait (--max-queue {self.max_queue})")
             self._waiting += 1
+            job.worker, job.state = self, "waiting"
         self._q.put(job)
+
+    def _drop_waiting(self, job: Job) -> None:
+        """A waiting job was cancelled: free its queue place now (it is skipped when it reaches the front) and
+        answer it (its handler, if still there, ends at once)."""
+        with self._lock:
+            if job.state != "waiting":
+                return
+            job.state = "dropped"
+            self._waiting -= 1
+            self.counts["cancelled"] += 1
+        job.queue_s = time.perf_counter() - job.created
+        log.info("%s dropped before it started: client disconnected (waited %.2f s)", job.id, job.queue_s)
+        job.emit("done", result_dict(job, None, "", "cancelled", 0))
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread once the queue is drained (jobs whose clients are gone are dropped at once); waits
@@ -211,7 +232,10 @@ class EngineWorker:
             if job is None:
                 break
             with self._lock:
+                if job.state == "dropped":  # cancelled while waiting: already answered and counted
+                    continue
                 self._waiting -= 1
+                job.state = "running"
                 self.running = job
             ev = ("error", "engine error: the worker failed (see the server log)")
             try:
