@@ -26,8 +26,6 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
-
 #: files written or replaced here (everything else in the source directory is copied)
 _REWRITTEN = {"config.json", "hf_quant_config.json", "model.safetensors.index.json", "checkpoint_manifest.json",
               "quant_provenance.json"}
@@ -47,13 +45,14 @@ def serves_dequantized(model_cfg: dict, backend: str) -> bool:
     return backend == "sglang" and declared_quantization(model_cfg) == "nvfp4"
 
 
-def dequantize_checkpoint(src: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16,
-                          source_key: dict | None = None) -> dict:
+def dequantize_checkpoint(src: str | Path, out: str | Path, dtype=None, source_key: dict | None = None) -> dict:
     """Write the dequantized checkpoint of ``src`` into ``out`` (replaced if it exists); returns its manifest.
 
+    ``dtype``: a torch floating dtype, default ``torch.bfloat16`` (what SGLang loads).
     ``source_key``: what ``src`` is (the workflow's checkpoint source key), recorded in
     ``quant_provenance.json``; default ``{"folder": <src's name>}``.
     Raises ValueError naming the problem for a checkpoint that is not a complete NVFP4 ModelOpt export."""
+    import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -63,6 +62,7 @@ def dequantize_checkpoint(src: str | Path, out: str | Path, dtype: torch.dtype =
     from repro.engine.weights import checkpoint_files, expected_checkpoint_shapes
     from repro.provenance import stage_code_version
 
+    dtype = torch.bfloat16 if dtype is None else dtype
     src, out = Path(src), Path(out)
     cfg = json.loads((src / "config.json").read_text())
     if "quantization_config" not in cfg:
@@ -116,7 +116,7 @@ def dequantize_checkpoint(src: str | Path, out: str | Path, dtype: torch.dtype =
     return manifest
 
 
-def _get(path: Path, name: str) -> torch.Tensor:
+def _get(path: Path, name: str):
     """One tensor from a shard other than the one being written (a group split across shards)."""
     from safetensors import safe_open
 
