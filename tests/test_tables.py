@@ -205,3 +205,24 @@ def test_tpf_without_forward_counts_explains_itself_and_caption_names_the_backen
     assert "n/c: not counted, SGLang reported no forward counts" in cap
     assert "n/c" not in caption(measured(), **CAP) and "as counted by our block-diffusion decoder" in caption(
         measured(), **CAP)
+
+
+def test_caption_names_each_models_precision_as_the_cards_do():
+    """bf16 / nvfp4-w4a16 "NVFP4 weights, dequantized in the kernels" / NVFP4 weights dequantized at load (engine)
+    or before loading (SGLang): one phrase when every model ran alike, else one per precision with its models."""
+    from repro.tables.render import precision_label
+
+    assert precision_label("bf16") == "bf16" and precision_label(None) == "precision not recorded"
+    assert precision_label("bf16", "nvfp4") == "bf16 (NVFP4 weights dequantized at load)"
+    assert precision_label("nvfp4-w4a16", "nvfp4") == "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
+    assert precision_label("bf16", "nvfp4", "sglang") == "bf16 (NVFP4 weights dequantized to BF16 before loading)"
+    long = measured()
+    four_bit = precision_label("nvfp4-w4a16", "nvfp4")
+    long["precision"] = ["bf16", "bf16", four_bit, four_bit]  # rows: model a_b x 2 benchmarks, then orl
+    text = caption(long, **CAP)
+    assert ("Precision: bf16 for LLaDA_2.1 & co; nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels) for "
+            "+ ORL.") in text
+    assert r"Precision: bf16 for LLaDA\_2.1 \& co;" in caption(long, latex=True, **CAP)
+    long["precision"] = "bf16"
+    assert "Precision: bf16. TPF" in caption(long, **CAP)
+    assert [r["precision"] for r in wide(long, BENCH)] == ["bf16", "bf16"]
