@@ -3,7 +3,8 @@
 # bare directory, so it cannot start on an unverified checkpoint. The rules reading the checkpoint take the
 # folder and the stamp as ancient() and what the checkpoint is from checkpoint_source: touching a checkpoint
 # file re-verifies it and regenerates nothing; another source (hub revision, local folder or its manifest,
-# tiny seed or code) regenerates.
+# tiny seed or code) regenerates. With the SGLang backend an NVFP4 checkpoint is also dequantized to a BF16
+# copy, verified in turn, which its generation jobs read instead (last section below).
 
 
 rule download_checkpoint:
