@@ -164,3 +164,23 @@ def test_sglang_with_the_4bit_precision_is_a_config_error(run):
     out = run.snakemake("-n", "main_table", "--config", "backend=sglang", check=False)
     assert "Config error: backend sglang runs an NVFP4 checkpoint dequantized to BF16, but tiny-orl-nvfp4 " \
            "(precision nvfp4-w4a16)" in out
+
+
+def test_dequantize_cli_refuses_unverified_input_and_is_reproducible(run, tmp_path, capsys):
+    """The copy's manifest hash depends on the source and the code only (no paths, no times); an unverified
+    source or a malformed --source-key is refused by name."""
+    from repro.checkpoint.__main__ import main as ckpt_main
+
+    src, stamp = run.work / "hf" / MODEL, run.work / "verified" / f"{MODEL}.json"
+    key = '{"type": "tiny", "seed": 0, "nvfp4": true}'
+    assert ckpt_main(["dequantize", "--src", str(src), "--out", str(tmp_path / "a"), "--verified", str(stamp),
+                      "--source-key", key]) == 0
+    assert ckpt_main(["dequantize", "--src", str(src), "--out", str(tmp_path / "b"), "--source-key", key]) == 0
+    hashes = {json.loads((tmp_path / d / "checkpoint_manifest.json").read_text())["manifest_sha256"] for d in "ab"}
+    assert len(hashes) == 1
+    capsys.readouterr()
+    assert ckpt_main(["dequantize", "--src", str(src), "--out", str(tmp_path / "c"), "--verified",
+                      str(tmp_path / "none.json")]) == 2
+    assert "no verified stamp" in capsys.readouterr().err and not (tmp_path / "c").exists()
+    assert ckpt_main(["dequantize", "--src", str(src), "--out", str(tmp_path / "c"), "--source-key", "{x"]) == 2
+    assert "--source-key is not JSON" in capsys.readouterr().err
