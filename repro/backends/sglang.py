@@ -38,7 +38,7 @@ the engine) and ``close()`` (shuts the engine down).
   ``dequantize_checkpoint``). A ``model_dir`` whose ``config.json`` still declares an NVFP4
   ``quantization_config`` is refused with the fix (declare ``quantization: nvfp4`` for the model in
   config.yaml, or run ``python -m repro.checkpoint dequantize``); a dequantized copy's
-  ``quant_provenance.json`` goes into ``describe()`` as ``dequantized_from`` (source key and manifest hash,
+  ``quant_provenance.json`` goes into ``describe()`` as ``quant_provenance`` (source key and manifest hash,
   code version, dtype) and ``weights`` says "NVFP4 weights dequantized to BF16 before loading".
 * ``max_running_requests`` is passed as ``batch_size`` when ``batch_size > 1``; unset, SGLang runs dLLM
   requests one at a time (``dllm/config.py``) — both recorded in ``describe()``. ``cuda_graph_max_bs`` (if
@@ -395,7 +395,7 @@ class SGLangBackend:
         self._info: dict = {}
         self._format = None
         self.eos_ids = stop_token_ids(self.model_dir)
-        self.dequantized_from = checkpoint_weights(self.model_dir)
+        self.quant_provenance = checkpoint_weights(self.model_dir)
 
     def _sglang(self):
         try:
@@ -515,7 +515,7 @@ class SGLangBackend:
         except Exception:  # noqa: BLE001
             pass
         weights = ({"weights": "NVFP4 weights dequantized to BF16 before loading",
-                    "dequantized_from": self.dequantized_from} if self.dequantized_from else {})
+                    "quant_provenance": self.quant_provenance} if self.quant_provenance else {})
         return {"backend": "sglang", "device": dev, "precision": self.precision, "role": self.role, **weights,
                 "tp_size": self.tp_size, "stop_token_ids": list(self.eos_ids),
                 "sglang": _installed_version() or "not installed", "engine_started": bool(self._info),

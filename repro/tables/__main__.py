@@ -7,7 +7,7 @@
 Provenance per cell: checkpoint manifest hash, decoder config hash, problems file hash (and the
 original data file's hash and source), seed, code revision, backend, device, precision (as run, and
 ``precision_label`` as the model cards name it, with the checkpoint's ``quantization``), for a dequantized
-NVFP4 checkpoint (SGLang) ``dequantized_from`` (its quant_provenance.json), prompt template version;
+NVFP4 checkpoint (SGLang) ``quant_provenance`` (the copy's quant_provenance.json), prompt template version;
 for the run: the Apptainer images' sha256 sidecars (when containers are enabled).
 """
 
@@ -53,7 +53,7 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int, q
         "device": (first.get("backend_info") or {}).get("device", first.get("device")),
         "precision": first.get("precision"), "quantization": quantization,
         "precision_label": cell_precision(gen_meta, quantization),
-        "dequantized_from": (first.get("backend_info") or {}).get("dequantized_from"),
+        "quant_provenance": (first.get("backend_info") or {}).get("quant_provenance"),
         "num_shards": len(shards), "prompt_template_version": tv,
         "torch": (first.get("backend_info") or {}).get("torch"), "decoder": first.get("decoder"),
         "engine_path": (first.get("backend_info") or {}).get("engine_path"),

@@ -95,7 +95,7 @@ def test_engine_backend_runs_the_4bit_mode_and_the_tables_name_it(run):
     assert f", {PREC_4BIT}, engine path" in speed
     cell = json.loads((res / "provenance.json").read_text())["cells"][0]
     assert (cell["precision"], cell["quantization"], cell["precision_label"]) == ("nvfp4-w4a16", "nvfp4", PREC_4BIT)
-    assert cell["dequantized_from"] is None
+    assert cell["quant_provenance"] is None
 
 
 def test_sglang_reads_the_dequantized_bf16_copy(run, monkeypatch):
@@ -128,7 +128,7 @@ def test_sglang_reads_the_dequantized_bf16_copy(run, monkeypatch):
     shard = Path(argv[argv.index("--out") + 1])
     info = json.loads(Path(str(shard) + ".meta.json").read_text())["backend_info"]
     assert info["weights"] == "NVFP4 weights dequantized to BF16 before loading"
-    assert info["dequantized_from"]["dequantized_from"]["manifest_sha256"] == src_manifest["manifest_sha256"]
+    assert info["quant_provenance"]["dequantized_from"]["manifest_sha256"] == src_manifest["manifest_sha256"]
 
 
 def test_a_new_source_or_dequantize_code_makes_the_copy_again(run):
