@@ -5,6 +5,10 @@
     sources/<model>.json                         what the checkpoint is (source key): rewritten only when
                                                  the source changes; the rules reading the checkpoint
                                                  take it as input (the folder and stamp as ancient())
+    dequantized/<model>/                         an NVFP4 checkpoint dequantized to BF16 (SGLang backend only;
+                                                 repro.checkpoint.dequantize), with its own manifest
+    verified/dequantized/<model>.json            its verification stamp
+    sources/dequantized/<model>.json             what it is made from (source key + dequantize code + dtype)
     <suite>/problems/<bench>.jsonl               normalized problems (+ .meta.json): scoring, tables
     <suite>/problems/<bench>.for-generation.jsonl the same, as generation reads them: re-prepared only when
                                                  a rendered prompt changes (a gold fix re-scores, no more)
@@ -18,6 +22,9 @@
 CHECKPOINT = "hf/{model}"
 VERIFIED = "verified/{model}.json"
 CHECKPOINT_SOURCE = "sources/{model}.json"
+DEQUANTIZED = "dequantized/{model}"
+DEQUANTIZED_VERIFIED = "verified/dequantized/{model}.json"
+DEQUANTIZED_SOURCE = "sources/dequantized/{model}.json"
 PROBLEMS = "{suite}/problems/{bench}.jsonl"
 GENERATION_PROBLEMS = "{suite}/problems/{bench}.for-generation.jsonl"
 DECODER = "{suite}/decoders/{model}/{bench}/seed{seed}.yaml"

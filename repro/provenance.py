@@ -12,8 +12,9 @@ when no file date moves:
 * ``checkpoint_source_key(source)``: hub id + revision, a local folder's path + manifest hash + file
   fingerprint (size, mtime of every file), or the tiny model's seed + the code that writes it;
 * ``stage_code_version(stage, backend)``: sha256 over the sources of the code a stage runs (scorer,
-  generation engine and prompt templates, decoder rendering, data normalisation, table writer), so a
-  scorer fix re-scores without regenerating.
+  generation engine and prompt templates, decoder rendering, data normalisation, table writer, the NVFP4 ->
+  BF16 dequantization the SGLang backend's checkpoint goes through), so a scorer fix re-scores without
+  regenerating.
 
 All are plain strings of the job's wildcards and the config only (Snakemake does not record params that
 are functions of ``input``/``output``), cheap to compute at every start (file hashes of at most a few MB,
@@ -71,6 +72,8 @@ def tree_digest(*packages: str) -> str:
 STAGE_CODE = {
     "prepare": ("repro/data", "repro/io.py", "repro/benchmarks"),
     "tiny": ("repro/checkpoint/tiny.py", "repro/checkpoint/nvfp4.py", "repro/checkpoint/manifest.py", "repro/paper/paper_decoding.json"),
+    # the BF16 copy of an NVFP4 checkpoint the SGLang backend loads: the code that decides its values
+    "dequantize": ("repro/checkpoint/dequantize.py", "repro/checkpoint/nvfp4.py"),
     "decoder": ("repro/paper",),
     "generate": ("repro/backends", "repro/prompts", "repro/benchmarks"),
     "score": ("repro/scoring", "repro/benchmarks"),

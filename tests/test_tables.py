@@ -44,8 +44,8 @@ def test_latex_is_booktabs_and_escaped():
 
 def test_csv_keeps_machine_names():
     csv = to_csv(wide(long_frame(), BENCH), BENCH).splitlines()
-    assert csv[0] == "model,label,gsm8k_acc,gsm8k_tpf,math500_acc,math500_tpf,gsm8k_n,math500_n,decoding"
-    assert csv[1] == 'a_b,LLaDA_2.1 & co,62.3,5.6,80.0,,,,decoding temperature not recorded'
+    assert csv[0] == "model,label,gsm8k_acc,gsm8k_tpf,math500_acc,math500_tpf,gsm8k_n,math500_n,decoding,precision"
+    assert csv[1] == 'a_b,LLaDA_2.1 & co,62.3,5.6,80.0,,,,decoding temperature not recorded,'
 
 
 def measured(n=3, total=(1319, 500), temps=(0.0, 0.0), source="data_dir"):
@@ -122,9 +122,10 @@ def test_written_table_says_limit_and_temperature_in_every_format(tmp_path):
     tex = (out / "main_table.tex").read_text()
     assert r"$n = 3$ of 1319 GSM8K" in tex and r"sampling, $T = 0.6$" in tex and r"\toprule" in tex
     csv = (out / "main_table.csv").read_text().splitlines()
-    assert csv[0].endswith(",gsm8k_n,math500_n,decoding") and csv[1].endswith(",3,3,\"sampling, T = 0.6\"")
+    assert csv[0].endswith(",gsm8k_n,math500_n,decoding,precision")
+    assert csv[1].endswith(",3,3,\"sampling, T = 0.6\",")  # no precision in these metas
     long = (out / "main_table_long.csv").read_text().splitlines()
-    assert long[0] == ("model,label,benchmark,seed,accuracy,ci_lo,ci_hi,n,n_total,data_source,temperature,"
+    assert long[0] == ("model,label,benchmark,seed,accuracy,ci_lo,ci_hi,n,n_total,data_source,temperature,precision,"
                        "tpf,tokens,forwards,tpf_note")
     prov = json.loads((out / "provenance.json").read_text())
     assert {(c["problems_kept"], c["problems_total"]) for c in prov["cells"]} == {(3, 1319), (3, 500)}
@@ -204,3 +205,24 @@ def test_tpf_without_forward_counts_explains_itself_and_caption_names_the_backen
     assert "n/c: not counted, SGLang reported no forward counts" in cap
     assert "n/c" not in caption(measured(), **CAP) and "as counted by our block-diffusion decoder" in caption(
         measured(), **CAP)
+
+
+def test_caption_names_each_models_precision_as_the_cards_do():
+    """bf16 / nvfp4-w4a16 "NVFP4 weights, dequantized in the kernels" / NVFP4 weights dequantized at load (engine)
+    or before loading (SGLang): one phrase when every model ran alike, else one per precision with its models."""
+    from repro.tables.render import precision_label
+
+    assert precision_label("bf16") == "bf16" and precision_label(None) == "precision not recorded"
+    assert precision_label("bf16", "nvfp4") == "bf16 (NVFP4 weights dequantized at load)"
+    assert precision_label("nvfp4-w4a16", "nvfp4") == "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
+    assert precision_label("bf16", "nvfp4", "sglang") == "bf16 (NVFP4 weights dequantized to BF16 before loading)"
+    long = measured()
+    four_bit = precision_label("nvfp4-w4a16", "nvfp4")
+    long["precision"] = ["bf16", "bf16", four_bit, four_bit]  # rows: model a_b x 2 benchmarks, then orl
+    text = caption(long, **CAP)
+    assert ("Precision: bf16 for LLaDA_2.1 & co; nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels) for "
+            "+ ORL.") in text
+    assert r"Precision: bf16 for LLaDA\_2.1 \& co;" in caption(long, latex=True, **CAP)
+    long["precision"] = "bf16"
+    assert "Precision: bf16. TPF" in caption(long, **CAP)
+    assert [r["precision"] for r in wide(long, BENCH)] == ["bf16", "bf16"]

@@ -33,6 +33,13 @@ the engine) and ``close()`` (shuts the engine down).
     ``SDARPrefixKV`` in ``algo_name_to_cls`` and the card's ``sdar_*`` fields in ``ServerArgs``. Then the
     engine is built exactly as the card shows (:data:`CARD_ENGINE_ARGS`) with ``dllm_algorithm_config`` the
     card's engine-format ``decoder.yaml`` (the engine decoder keys, written to ``<work_dir>/decoder.yaml``).
+* NVFP4 checkpoints: SGLang runs them on Hopper as BF16 models (its FP4 kernels need Blackwell), so the
+  workflow gives this backend the dequantized BF16 copy (``repro.checkpoint.dequantize``; rule
+  ``dequantize_checkpoint``). A ``model_dir`` whose ``config.json`` still declares an NVFP4
+  ``quantization_config`` is refused with the fix (declare ``quantization: nvfp4`` for the model in
+  config.yaml, or run ``python -m repro.checkpoint dequantize``); a dequantized copy's
+  ``quant_provenance.json`` goes into ``describe()`` as ``quant_provenance`` (source key and manifest hash,
+  code version, dtype) and ``weights`` says "NVFP4 weights dequantized to BF16 before loading".
 * ``max_running_requests`` is passed as ``batch_size`` when ``batch_size > 1``; unset, SGLang runs dLLM
   requests one at a time (``dllm/config.py``) — both recorded in ``describe()``. ``cuda_graph_max_bs`` (if
   given) goes to ``cuda_graph_max_bs_decode`` / ``cuda_graph_max_bs_prefill`` (0.5.23 names), or to the old
@@ -214,6 +221,32 @@ def stop_token_ids(model_dir: str | os.PathLike) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids)) or (DEFAULT_EOS_ID,)
 
 
+def checkpoint_weights(model_dir: str | os.PathLike) -> dict | None:
+    """The ``quant_provenance.json`` of a dequantized copy (``repro.checkpoint.dequantize``) in ``model_dir``,
+    None for a plain checkpoint. Raises SGLangBackendError for a checkpoint whose ``config.json`` declares an
+    NVFP4 ``quantization_config``: SGLang would need FP4 kernels (Blackwell) for it; the message names the fix."""
+    d = Path(model_dir)
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        cfg = {}
+    q = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    if isinstance(q, dict) and str(q.get("quant_algo", "")).upper() == "NVFP4":
+        raise SGLangBackendError(
+            f"{d} is an NVFP4 checkpoint (config.json quantization_config.quant_algo NVFP4); SGLang runs it on "
+            "Hopper only as its dequantized BF16 copy. Declare `quantization: nvfp4` for this model in "
+            "config.yaml (the workflow then dequantizes it and passes the copy), or write the copy with "
+            f"`python -m repro.checkpoint dequantize --src {d} --out DIR` and point the backend at DIR")
+    prov = d / "quant_provenance.json"
+    if not prov.is_file():
+        return None
+    try:
+        return json.loads(prov.read_text())
+    except json.JSONDecodeError as e:
+        raise SGLangBackendError(f"{prov}: not valid JSON ({e}); write the copy again with "
+                                 "`python -m repro.checkpoint dequantize`") from None
+
+
 def parse_forwards(meta: dict, generated_tokens: int) -> tuple[dict | None, float | None, str | None]:
     """(forwards, tpf, note) from one output's ``meta_info`` (see the module docstring)."""
     for key in FORWARD_LIST_KEYS:
@@ -362,6 +395,7 @@ class SGLangBackend:
         self._info: dict = {}
         self._format = None
         self.eos_ids = stop_token_ids(self.model_dir)
+        self.quant_provenance = checkpoint_weights(self.model_dir)
 
     def _sglang(self):
         try:
@@ -480,7 +514,9 @@ class SGLangBackend:
                 dev = torch.cuda.get_device_name(0)
         except Exception:  # noqa: BLE001
             pass
-        return {"backend": "sglang", "device": dev, "precision": self.precision, "role": self.role,
+        weights = ({"weights": "NVFP4 weights dequantized to BF16 before loading",
+                    "quant_provenance": self.quant_provenance} if self.quant_provenance else {})
+        return {"backend": "sglang", "device": dev, "precision": self.precision, "role": self.role, **weights,
                 "tp_size": self.tp_size, "stop_token_ids": list(self.eos_ids),
                 "sglang": _installed_version() or "not installed", "engine_started": bool(self._info),
                 **self._info}

@@ -11,9 +11,11 @@
 * ``download --name NAME (--repo-id ID --revision REV | --local-path DIR) --out DIR [--cache-dir DIR]
   [--stamp FILE]`` — see ``repro.checkpoint.download``; exit 3 when the hub is unreachable and the revision
   is not cached (the message says how to pre-seed).
-* ``dequantize --src DIR --out DIR`` — the BF16 checkpoint of an NVFP4 (ModelOpt) checkpoint, hashed, with
-  ``quant_provenance.json`` (``repro.checkpoint.dequantize``; what the SGLang backend loads); exit 2 when
-  the source is not an NVFP4 export.
+* ``dequantize --src DIR --out DIR [--source-key JSON] [--verified STAMP]`` — the BF16 checkpoint of an NVFP4
+  (ModelOpt) checkpoint, hashed, with ``quant_provenance.json`` (``repro.checkpoint.dequantize``; what the
+  SGLang backend loads); ``--source-key``: what DIR is (recorded in the provenance); ``--verified``: refuse a
+  DIR this verification stamp does not vouch for. Exit 2 when the source is not an NVFP4 export, is
+  unverified, or the key is not JSON.
 * ``tiny ...`` — forwarded to ``repro.checkpoint.tiny.main`` when that module exists.
 """
 
@@ -67,14 +69,25 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("dequantize", help="write the dequantized BF16 checkpoint of an NVFP4 checkpoint")
     q.add_argument("--src", required=True)
     q.add_argument("--out", required=True)
+    q.add_argument("--source-key", help="JSON naming what --src is (hub id + revision, ...): into the provenance")
+    q.add_argument("--verified", help="verification stamp of --src: refuse to read an unverified checkpoint")
     args = ap.parse_args(argv)
 
     if args.cmd == "dequantize":
+        import json
+
         from .dequantize import dequantize_checkpoint
+        from .verify import ManifestError, require_verified
 
         try:
-            man = dequantize_checkpoint(args.src, args.out)
-        except (ValueError, FileNotFoundError) as e:
+            if args.verified:
+                require_verified(args.src, args.verified)
+            try:
+                key = json.loads(args.source_key) if args.source_key else None
+            except ValueError as e:
+                raise ValueError(f"--source-key is not JSON ({e}): {args.source_key[:200]!r}") from None
+            man = dequantize_checkpoint(args.src, args.out, source_key=key)
+        except (ValueError, FileNotFoundError, ManifestError) as e:
             print(f"dequantize: error: {e}", file=sys.stderr)
             return 2
         print(f"dequantize: {args.out}: {len(man['files'])} files, manifest_sha256 {man['manifest_sha256']}")

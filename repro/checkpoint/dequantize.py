@@ -1,12 +1,21 @@
 """Write the dequantized BF16 checkpoint of an NVFP4 (ModelOpt export) checkpoint: what the SGLang backend loads.
 
-``python -m repro.checkpoint dequantize --src DIR --out DIR``. Every NVFP4 group (``X.weight`` packed uint8 +
+``python -m repro.checkpoint dequantize --src DIR --out DIR [--source-key JSON] [--verified STAMP]``. Every NVFP4 group (``X.weight`` packed uint8 +
 ``X.weight_scale`` E4M3 + ``X.weight_scale_2`` [+ ``X.input_scale``]) becomes one ``X.weight`` in BF16 with
 the values of :func:`repro.checkpoint.nvfp4.dequantize` (fp32, then one round-to-nearest-even to BF16: the
 values the engine's dequantize-at-load path holds); every other tensor is copied unchanged, in the same shard
 files. ``config.json`` loses ``quantization_config``, ``hf_quant_config.json`` is not copied, the other files
-(tokenizer, generation config, ``paper_decoding.json``) are. ``quant_provenance.json`` records the source and
-its manifest hash, and the directory gets its own ``checkpoint_manifest.json`` (every file hashed).
+(tokenizer, generation config, ``paper_decoding.json``) are. ``quant_provenance.json`` records the source (its
+identity ``source_key`` -- the workflow's checkpoint source key: hub id + revision, local folder + manifest,
+tiny seed + code -- its ``quantization_config`` and manifest hash), the method, the dequantize code version
+(``repro.provenance.stage_code_version("dequantize")``) and the dtype; the directory gets its own
+``checkpoint_manifest.json`` (every file hashed). No absolute path goes in: the same source and code give the
+same manifest hash on any machine.
+
+Why (docs/workflow.md, "NVFP4 checkpoints"): SGLang runs this model on Hopper as a BF16 model (FP4 kernels
+need Blackwell), so the workflow (rule ``dequantize_checkpoint``) gives it this copy; the engine backend reads
+the NVFP4 export directly. :func:`declared_quantization` and :func:`serves_dequantized` say, from a model's
+config, when that copy is made.
 
 The output is written into ``OUT.partial`` and renamed at the end, so an interrupted run never leaves a
 directory that looks complete. Raises ValueError (the CLI exits 2) for a source that is not an NVFP4 export.
@@ -17,17 +26,33 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
-
 #: files written or replaced here (everything else in the source directory is copied)
 _REWRITTEN = {"config.json", "hf_quant_config.json", "model.safetensors.index.json", "checkpoint_manifest.json",
               "quant_provenance.json"}
 
 
-def dequantize_checkpoint(src: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16) -> dict:
+def declared_quantization(model_cfg: dict) -> str | None:
+    """``"nvfp4"`` when a config.yaml model declares an NVFP4 checkpoint (``quantization: nvfp4``, or a tiny
+    source with ``nvfp4: true``), else None (an unquantized checkpoint)."""
+    if model_cfg.get("quantization") == "nvfp4" or (model_cfg.get("source") or {}).get("nvfp4"):
+        return "nvfp4"
+    return None
+
+
+def serves_dequantized(model_cfg: dict, backend: str) -> bool:
+    """True when generation reads the dequantized BF16 copy instead of the checkpoint: the SGLang backend on a
+    model whose checkpoint is NVFP4 (:func:`declared_quantization`). The engine backend reads NVFP4 itself."""
+    return backend == "sglang" and declared_quantization(model_cfg) == "nvfp4"
+
+
+def dequantize_checkpoint(src: str | Path, out: str | Path, dtype=None, source_key: dict | None = None) -> dict:
     """Write the dequantized checkpoint of ``src`` into ``out`` (replaced if it exists); returns its manifest.
 
+    ``dtype``: a torch floating dtype, default ``torch.bfloat16`` (what SGLang loads).
+    ``source_key``: what ``src`` is (the workflow's checkpoint source key), recorded in
+    ``quant_provenance.json``; default ``{"folder": <src's name>}``.
     Raises ValueError naming the problem for a checkpoint that is not a complete NVFP4 ModelOpt export."""
+    import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -35,7 +60,9 @@ def dequantize_checkpoint(src: str | Path, out: str | Path, dtype: torch.dtype =
     from repro.checkpoint.manifest import MANIFEST_NAME, write_json, write_manifest
     from repro.engine.config import LLaDA2Config
     from repro.engine.weights import checkpoint_files, expected_checkpoint_shapes
+    from repro.provenance import stage_code_version
 
+    dtype = torch.bfloat16 if dtype is None else dtype
     src, out = Path(src), Path(out)
     cfg = json.loads((src / "config.json").read_text())
     if "quantization_config" not in cfg:
@@ -74,11 +101,13 @@ def dequantize_checkpoint(src: str | Path, out: str | Path, dtype: torch.dtype =
     write_json(tmp / "config.json", {k: v for k, v in cfg.items() if k != "quantization_config"})
     src_manifest = src / MANIFEST_NAME
     write_json(tmp / "quant_provenance.json", {
-        "dequantized_from": {"path": str(src.resolve()), "quantization_config": cfg["quantization_config"],
+        "dequantized_from": {"source_key": source_key or {"folder": src.name},
+                             "quantization_config": cfg["quantization_config"],
                              "manifest_sha256": json.loads(src_manifest.read_text()).get("manifest_sha256")
                              if src_manifest.is_file() else None},
         "method": "repro.checkpoint.nvfp4.dequantize: e2m1 * (e4m3 block scale * global scale) in fp32, then "
                   f"one round to nearest even to {str(dtype).removeprefix('torch.')}",
+        "code_version": stage_code_version("dequantize"),
         "dtype": str(dtype).removeprefix("torch."), "groups_dequantized": len(groups)})
     manifest = write_manifest(tmp)
     if out.exists():
@@ -87,7 +116,7 @@ def dequantize_checkpoint(src: str | Path, out: str | Path, dtype: torch.dtype =
     return manifest
 
 
-def _get(path: Path, name: str) -> torch.Tensor:
+def _get(path: Path, name: str):
     """One tensor from a shard other than the one being written (a group split across shards)."""
     from safetensors import safe_open
 

@@ -237,3 +237,21 @@ def require_verified(ckpt_dir: str | Path, stamp: str | Path) -> dict:
             raise ManifestError(f"{ckpt_dir}: files differ from when {stamp} was written ({'; '.join(parts)}); "
                                 f"run `python -m repro.checkpoint verify {ckpt_dir} --stamp {stamp}` again")
     return s
+
+
+def refresh_stale_stamp(ckpt_dir: str | Path, stamp: str | Path, expect_manifest_sha256: str | None = None) -> str:
+    """A stamp whose checkpoint files no longer have the recorded sizes and mtimes (:func:`rerun_trigger`) is
+    checked again by content: ``"ok"`` (nothing to do: no stamp, or files unchanged), ``"refreshed"`` (they
+    verify: a fresh stamp, so nothing reading the checkpoint re-runs), ``"removed"`` (they fail, or the
+    manifest is unusable: the stamp is deleted, so the workflow's verify job runs again and names the files)."""
+    if not Path(stamp).is_file() or rerun_trigger(ckpt_dir, stamp) == "ok":
+        return "ok"
+    try:
+        rep = verify(ckpt_dir, expect_manifest_sha256=expect_manifest_sha256)
+    except ManifestError:
+        rep = None
+    if rep is not None and rep.ok:
+        write_stamp(rep, stamp)
+        return "refreshed"
+    Path(stamp).unlink(missing_ok=True)
+    return "removed"

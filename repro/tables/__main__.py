@@ -5,7 +5,9 @@
         "benchmarks": [...], "seeds": [...], "backend": "engine"}' --out-dir results/smoke
 
 Provenance per cell: checkpoint manifest hash, decoder config hash, problems file hash (and the
-original data file's hash and source), seed, code revision, backend, device, prompt template version;
+original data file's hash and source), seed, code revision, backend, device, precision (as run, and
+``precision_label`` as the model cards name it, with the checkpoint's ``quantization``), for a dequantized
+NVFP4 checkpoint (SGLang) ``quant_provenance`` (the copy's quant_provenance.json), prompt template version;
 for the run: the Apptainer images' sha256 sidecars (when containers are enabled).
 """
 
@@ -22,7 +24,7 @@ import pandas as pd
 from repro import paths
 from repro.io import atomic_write_text, read_jsonl
 from repro.provenance import code_revision, sha256_path
-from repro.tables.aggregate import collect
+from repro.tables.aggregate import cell_precision, collect
 from repro.backends.replay import caption_note as replay_caption
 from repro.provenance import STAGE_CODE, stage_code_version
 from repro.tables.reference import (REPORTED_PATH, compare_reported, csv_rows, footnote, latex_rows, load_reported,
@@ -30,7 +32,7 @@ from repro.tables.reference import (REPORTED_PATH, compare_reported, csv_rows, f
 from repro.tables.render import caption, tex_header, to_csv, to_latex, to_markdown, wide
 
 
-def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int) -> dict:
+def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int, quantization: str | None = None) -> dict:
     fmt = dict(suite=suite, model=model, bench=bench, seed=seed)
     gen_meta = json.loads((work / (paths.GENERATIONS.format(**fmt) + ".meta.json")).read_text())
     shards = gen_meta.get("shards", [gen_meta])
@@ -49,7 +51,10 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int) -
         "problems_total": prob_meta.get("total"),
         "code_revision": first.get("code_revision"), "backend": first.get("backend"),
         "device": (first.get("backend_info") or {}).get("device", first.get("device")),
-        "precision": first.get("precision"), "num_shards": len(shards), "prompt_template_version": tv,
+        "precision": first.get("precision"), "quantization": quantization,
+        "precision_label": cell_precision(gen_meta, quantization),
+        "quant_provenance": (first.get("backend_info") or {}).get("quant_provenance"),
+        "num_shards": len(shards), "prompt_template_version": tv,
         "torch": (first.get("backend_info") or {}).get("torch"), "decoder": first.get("decoder"),
         "engine_path": (first.get("backend_info") or {}).get("engine_path"),
         "generation_code_version": first.get("code_version"),
@@ -75,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(a.spec)
     long = collect(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
     rows = wide(long, spec["benchmarks"])
-    cells = [dict(cell_provenance(a.work, a.suite, m["name"], b, s), checkpoint_source=m.get("checkpoint_source"))
+    cells = [dict(cell_provenance(a.work, a.suite, m["name"], b, s, m.get("quantization")),
+                  checkpoint_source=m.get("checkpoint_source"))
              for m in spec["models"] for b in spec["benchmarks"] for s in spec["seeds"]]
     # the caption says what was run: decoding (from the decoders' temperatures), problems scored per
     # benchmark (and "of <full size>" when the suite's limit cut it), shipped non-benchmark problems
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(out / "main_table_long.csv", long.to_csv(index=False, lineterminator="\n"))
     # the code versions of the stages (sha256 of their sources): scores and the table are current with
     # this checkout (the workflow re-runs them when these change); generation records its own per cell
-    versions = {st: stage_code_version(st) for st in STAGE_CODE if st not in ("generate", "tiny")}
+    versions = {st: stage_code_version(st) for st in STAGE_CODE if st not in ("generate", "tiny", "dequantize")}
     prov = {"suite": a.suite, "code_revision": code_revision(), "code_versions": versions,
             "images": [json.loads(p.read_text()) for p in a.image_sidecars] or "none (containers disabled: native run)",
             "tpf_convention": "generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); "

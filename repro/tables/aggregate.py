@@ -60,9 +60,22 @@ def decoder_temperature(gen_meta: dict) -> float | None:
     return None
 
 
+def cell_precision(gen_meta: dict, quantization: str | None) -> str | None:
+    """The precision a generation file was made at, as the model cards name it
+    (:func:`repro.tables.render.precision_label` of the shards' ``precision`` and ``backend``, and the model's
+    checkpoint ``quantization``); None for a replayed cell (no precision recorded)."""
+    from repro.tables.render import precision_label
+
+    shards = gen_meta.get("shards", [gen_meta])
+    labels = sorted({precision_label(sh["precision"], quantization, sh.get("backend"))
+                     for sh in shards if sh.get("precision")})
+    return " / ".join(labels) or None
+
+
 def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], seeds: list[int]) -> pd.DataFrame:
     """Tidy rows: model, label, benchmark, seed, accuracy, ci_lo, ci_hi, n, n_total, data_source,
-    temperature, tpf, tokens, forwards, tpf_note (why TPF is missing, else None)."""
+    temperature, precision (:func:`cell_precision`; ``models[i]["quantization"]`` is the checkpoint's), tpf,
+    tokens, forwards, tpf_note (why TPF is missing, else None)."""
     rows = []
     for m in models:
         for b in benchmarks:
@@ -77,6 +90,7 @@ def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], s
                              "accuracy": summ["accuracy"], "ci_lo": ci[0], "ci_hi": ci[1], "n": summ["n"],
                              "n_total": prob_meta.get("total"), "data_source": prob_meta.get("source"),
                              "temperature": decoder_temperature(gen_meta),
+                             "precision": cell_precision(gen_meta, m.get("quantization")),
                              "tpf": tpf, "tokens": toks, "forwards": fwd,
                              "tpf_note": cell_tpf_note(work / paths.GENERATIONS.format(**fmt)) if tpf is None
                              else None})

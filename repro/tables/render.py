@@ -19,6 +19,11 @@ the suite, backend and seeds, and always the number of problems scored per bench
 size>`` and a "subsets, not full-benchmark results" note when a benchmark was cut by the suite's
 ``limit``. The CSV carries the same facts as columns (``<bench>_n``, ``decoding``).
 
+Precision: the caption names each model's precision as the model cards name it (:func:`precision_label`: ``bf16``,
+``nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)``, ``bf16 (NVFP4 weights dequantized at load)``, and
+for SGLang ``bf16 (NVFP4 weights dequantized to BF16 before loading)``), one phrase when every model ran
+alike; the CSV has it as the ``precision`` column.
+
 TPF says where it came from: the caption names the backend whose forward counts gave it, and a TPF cell
 whose generations carry no forward counts (the backend said why in ``forwards_note``, e.g. released SGLang
 reports none) prints :data:`NOT_COUNTED` with a caption sentence explaining it, rather than a blank.
@@ -82,6 +87,57 @@ def decoding(temperatures, latex: bool = False) -> str:
     return math("T = " + ", ".join(f"{t:g}" for t in ts)) + " (by benchmark)"
 
 
+def precision_label(precision: str | None, quantization: str | None = None, backend: str | None = "engine") -> str:
+    """A model's precision as the model cards name it, from the run's ``precision`` (``repro.engine.model.PRECISIONS``),
+    the checkpoint's ``quantization`` (config.yaml; ``"nvfp4"`` or None) and the backend that ran it:
+
+    * unquantized checkpoint: the precision itself (``bf16``, ``fp32``);
+    * NVFP4 checkpoint, engine: ``nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)`` (experts kept in 4
+      bits), ``<precision> (NVFP4 weights dequantized at load)`` (bf16 / fp32), ``nvfp4 (native FP4)``;
+    * NVFP4 checkpoint, SGLang: ``bf16 (NVFP4 weights dequantized to BF16 before loading)`` (the workflow's
+      dequantized copy, ``repro.checkpoint.dequantize``).
+
+    ``"precision not recorded"`` when ``precision`` is None."""
+    if not precision:
+        return "precision not recorded"
+    if quantization != "nvfp4":
+        return precision
+    if backend == "sglang":
+        return f"{precision} (NVFP4 weights dequantized to BF16 before loading)"
+    if precision == "nvfp4-w4a16":
+        return "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
+    if precision == "nvfp4":
+        return "nvfp4 (native FP4)"
+    return f"{precision} (NVFP4 weights dequantized at load)"
+
+
+def precision_sentence(per_model: dict[str, str], esc=lambda x: x) -> str:
+    """`` Precision: bf16.`` when every model (label -> :func:`precision_label`) ran alike, else
+    `` Precision: fp32 for A, B; nvfp4-w4a16 (...) for C.``; empty without any model."""
+    if not per_model:
+        return ""
+    by_label: dict[str, list[str]] = {}
+    for label, prec in per_model.items():
+        by_label.setdefault(prec, []).append(label)
+    if len(by_label) == 1:
+        return f" Precision: {esc(next(iter(by_label)))}."
+    return " Precision: " + "; ".join(f"{esc(p)} for {', '.join(esc(x) for x in labels)}"
+                                      for p, labels in by_label.items()) + "."
+
+
+def model_precisions(long: pd.DataFrame) -> dict[str, str]:
+    """label -> precision label of every model with one recorded (the long table's ``precision`` column;
+    cells of one model that disagree are joined with " / ")."""
+    out = {}
+    if "precision" not in long.columns:
+        return out
+    for _, g in long.groupby("model", sort=False):
+        precs = _present(_column(g, "precision"))
+        if precs:
+            out[str(g["label"].iloc[0])] = " / ".join(precs)
+    return out
+
+
 def wide(long: pd.DataFrame, benchmarks: list[str]) -> list[dict]:
     """One dict per model (table order): label, per benchmark the seed-mean accuracy and TPF and the
     number of problems scored (``<bench>_n``), and the model's ``decoding`` (see ``decoding``)."""
@@ -96,6 +152,7 @@ def wide(long: pd.DataFrame, benchmarks: list[str]) -> list[dict]:
             row[f"{b}_tpf_not_counted"] = bool(len(gb)) and not len(tpf) and bool(_present(_column(gb, "tpf_note")))
             row[f"{b}_n"] = _count(_column(gb, "n"))
         row["decoding"] = decoding(_column(g, "temperature"))
+        row["precision"] = " / ".join(_present(_column(g, "precision"))) or None
         out.append(row)
     return out
 
@@ -156,7 +213,7 @@ def caption(long: pd.DataFrame, benchmarks: list[str], suite: str, backend: str,
     if builtin:
         text += (f" Not benchmark results: {', '.join(builtin)} used the few problems shipped with the "
                  "pipeline (no data directory, no hub).")
-    return text + tpf_sentence(long, backend, esc)
+    return text + precision_sentence(model_precisions(long), esc) + tpf_sentence(long, backend, esc)
 
 
 #: Who counted the forwards behind TPF, in a paper's words (the caption names no pipeline terms).
@@ -235,9 +292,9 @@ def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str, 
 
 def to_csv(rows: list[dict], benchmarks: list[str]) -> str:
     """The wide table; after the numbers, what they were measured on (the caption's facts): problems
-    scored per benchmark (``<bench>_n``) and the model's ``decoding``."""
+    scored per benchmark (``<bench>_n``), the model's ``decoding`` and ``precision`` (:func:`precision_label`)."""
     nums = [f"{b}_{k}" for b in benchmarks for k in ("acc", "tpf")]
-    cols = ["model", "label"] + nums + [f"{b}_n" for b in benchmarks] + ["decoding"]
+    cols = ["model", "label"] + nums + [f"{b}_n" for b in benchmarks] + ["decoding", "precision"]
     df = pd.DataFrame([{c: (_cell(r, *c.rsplit("_", 1), "") if c in nums else r.get(c)) for c in cols}
                        for r in rows], columns=cols)
     return df.to_csv(index=False, lineterminator="\n")

@@ -19,7 +19,9 @@ the generation records and their shard metas only (nothing is re-run):
 * ``load s``: model load seconds per generation job (``backend_info.load_s``, mean over the shards).
 
 A last row ``all`` sums each column's numerators and denominators over the rows. The caption names the
-device (GPU name), precision, engine path and batch size, read from the shard metas. The ``.tex`` is
+device (GPU name), engine path and batch size, read from the shard metas, and each model's precision as the
+model cards name it (``repro.tables.render.precision_label``: the shards' precision and backend, the
+checkpoint's ``quantization`` from the spec). The ``.tex`` is
 ready for a paper, as the main table's: its first line names the packages it needs (booktabs, graphicx),
 suite and engine path go to a ``%`` comment, and ``\\resizebox`` shrinks it to the column width only when
 wider (one column of a two-column article).
@@ -38,7 +40,8 @@ import pandas as pd
 from repro import paths
 from repro.benchmarks import get as declared_benchmark
 from repro.io import atomic_write_text, read_jsonl
-from repro.tables.render import fmt, latex_escape
+from repro.tables.aggregate import cell_precision
+from repro.tables.render import fmt, latex_escape, precision_sentence
 
 #: Problems per benchmark (first in problem order) over which single-request tokens/s is measured.
 SUBSET = 32
@@ -92,6 +95,7 @@ def build(work: Path, suite: str, spec: dict) -> tuple[list[dict], dict]:
     missing generation file."""
     seed = spec["seeds"][0]
     rows, total = [], None
+    per_model: dict[str, str] = {}  # label -> precision as the model cards name it
     for m in spec["models"]:
         if m.get("replay"):
             continue
@@ -102,6 +106,10 @@ def build(work: Path, suite: str, spec: dict) -> tuple[list[dict], dict]:
             meta_p = Path(str(g) + ".meta.json")
             meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
             s = cell_sums(read_jsonl(g), meta.get("shards", [meta] if meta else []))
+            prec = cell_precision(meta, m.get("quantization")) if meta else None
+            if prec:
+                per_model[m["label"]] = " / ".join(sorted({*per_model.get(m["label"], prec).split(" / "),
+                                                          *prec.split(" / ")}))
             rows.append({"label": m["label"], "benchmark": b, **row_values(s)})
             if total is None:
                 total = dict(s)
@@ -110,6 +118,7 @@ def build(work: Path, suite: str, spec: dict) -> tuple[list[dict], dict]:
                     total[k] = sorted(set(total[k]) | set(v)) if isinstance(v, list) else total[k] + v
     if total is not None:
         rows.append({"label": "all", "benchmark": "all", **row_values(total)})
+        total["model_precisions"] = per_model
     return rows, total or {}
 
 
@@ -119,24 +128,30 @@ def _device(d: str) -> str:
 
 
 def caption(total: dict, suite: str, latex: bool = False) -> str:
-    """What the numbers were measured on (device, precision, batch size, subset). The Markdown caption also
-    names the suite and engine path; the LaTeX one is in a paper's words (those go to the ``%`` header,
+    """What the numbers were measured on (device, batch size, subset, each model's precision as the model cards
+    name it: ``total["model_precisions"]``, else the raw ``precisions``). The Markdown caption also names the
+    suite and engine path; the LaTeX one is in a paper's words (those go to the ``%`` header,
     :func:`tex_header`) and escaped."""
     bs = total.get("batch_sizes") or [1]
     dev = ", ".join(_device(d) for d in (total.get("devices") or ["device not recorded"]))
-    prec = ", ".join(total.get("precisions") or ["?"])
+    # one precision for every model: named beside the device; several: a sentence naming each model's
+    per_model = total.get("model_precisions") or {}
+    several = len(set(per_model.values())) > 1
+    prec_sentence = precision_sentence(per_model) if several else ""
+    prec = "" if several else ", " + (next(iter(per_model.values()), None)
+                                      or ", ".join(total.get("precisions") or ["precision not recorded"]))
     path = ", ".join(total.get("engine_paths") or ["?"])
     n = "N = " + ", ".join(map(str, bs))
     single = (f"single-request tokens/s over the first {SUBSET} problems of each benchmark generated at batch 1"
               if 1 in bs else
               "single-request tokens/s not measured in this run (generated batched; measure with "
               "python -m repro.engine bench suite --batch-size 1 --limit 32)")
-    where = (f"Decoding speed on {dev}, {prec}, batch {n}" if latex else
-             f"Decoding speed ({suite} suite) on {dev}, {prec}, engine path {path}, batch {n}")
+    where = (f"Decoding speed on {dev}{prec}, batch {n}" if latex else
+             f"Decoding speed ({suite} suite) on {dev}{prec}, engine path {path}, batch {n}")
     text = (f"{where}: {single}; "
             "TPF = generated tokens / (denoise + commit forwards); tokens/s (batch N) = generated tokens / "
             "generation seconds of the jobs; ms/round (batch N) = the batched engine's mean round; load s = "
-            "model load per generation job.")
+            "model load per generation job." + prec_sentence)
     return latex_escape(text) if latex else text
 
 

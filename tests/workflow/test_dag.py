@@ -49,3 +49,18 @@ def test_model_adapter_map_reaches_its_generation_jobs_only(tmp_path):
     mapped = [l for l in jobs if f"--adapter-map {amap}" in l]
     assert len(jobs) == 12 and len(mapped) == 4, out[-3000:]  # tiny-orl × 4 benchmarks
     assert all("--model tiny-orl " in l for l in mapped)
+
+
+def test_paper_suite_under_sglang_dequantizes_the_nvfp4_model_only(tmp_path):
+    """backend sglang: the NVFP4 model's checkpoint is dequantized to BF16 once and verified, and its generation
+    jobs read that copy; the BF16 models' jobs read their checkpoints (the engine backend: no copy at all)."""
+    stats, out = dry_run("-p", "--config", "suite=paper", "backend=sglang", f"work_dir={tmp_path}")
+    assert stats["dequantize_checkpoint"] == 1 and stats["verify_dequantized_checkpoint"] == 1
+    assert stats["dequantized_source"] == 1 and stats["generate_shard"] == 12 * 4
+    assert f"--src {tmp_path}/hf/llada-orl-nvfp4 --out {tmp_path}/dequantized/llada-orl-nvfp4" in out
+    jobs = [l for l in out.splitlines() if "repro.backends.generation_job" in l]
+    nvfp4 = [l for l in jobs if "--model llada-orl-nvfp4 " in l]
+    assert len(nvfp4) == 16 and all(f"--model-dir {tmp_path}/dequantized/llada-orl-nvfp4 " in l and
+                                    f"--verified {tmp_path}/verified/dequantized/llada-orl-nvfp4.json" in l
+                                    for l in nvfp4)
+    assert all(f"--model-dir {tmp_path}/hf/" in l for l in jobs if l not in nvfp4)

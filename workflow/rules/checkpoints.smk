@@ -3,7 +3,8 @@
 # bare directory, so it cannot start on an unverified checkpoint. The rules reading the checkpoint take the
 # folder and the stamp as ancient() and what the checkpoint is from checkpoint_source: touching a checkpoint
 # file re-verifies it and regenerates nothing; another source (hub revision, local folder or its manifest,
-# tiny seed or code) regenerates.
+# tiny seed or code) regenerates. With the SGLang backend an NVFP4 checkpoint is also dequantized to a BF16
+# copy, verified in turn, which its generation jobs read instead (last section below).
 
 
 rule download_checkpoint:
@@ -59,3 +60,117 @@ rule checkpoint_source:
     localrule: True
     shell:
         "printf '%s\\n' {params.key:q} > {output} && echo 'wrote {output}' > {log}"
+
+
+# --- NVFP4 checkpoints under the SGLang backend -------------------------------------------------------------
+# SGLang runs an NVFP4 (ModelOpt) checkpoint on Hopper as a BF16 model (its FP4 kernels need Blackwell), so
+# with `backend: sglang` a model whose checkpoint is NVFP4 (`quantization: nvfp4`, or a tiny source with
+# `nvfp4: true`) is dequantized to BF16 once (repro.checkpoint.dequantize: hashed, quant_provenance.json),
+# verified like any checkpoint, and the generation jobs read that copy. The engine backend reads the NVFP4
+# export directly and never makes it. The copy is keyed by content: sources/dequantized/<model>.json holds the
+# checkpoint's content key, the dequantize code version and the dtype, is rewritten only when one changes, and
+# is what generation depends on (the copy and its stamp are taken as ancient(), as the checkpoint's are).
+from repro.checkpoint.dequantize import serves_dequantized
+from repro.checkpoint.verify import refresh_stale_stamp
+
+DEQUANTIZED_DTYPE = "bfloat16"
+
+
+def dequantized_key(wildcards):
+    """What the BF16 copy is made from: the checkpoint's content key, the dequantize code, the dtype."""
+    return json.dumps({"checkpoint": json.loads(checkpoint_content_key(wildcards)), "dtype": DEQUANTIZED_DTYPE,
+                       "dequantize_code": stage_code_version("dequantize")}, sort_keys=True, separators=(",", ":"))
+
+
+def generation_checkpoint(kind):
+    """Input function for the generation rule: the checkpoint folder (``"dir"``), its verification stamp
+    (``"verified"``; both ancient()) or its source key file (``"source"``) -- the dequantized BF16 copy's
+    when the SGLang backend runs an NVFP4 checkpoint (:func:`repro.checkpoint.dequantize.serves_dequantized`),
+    else the checkpoint's own."""
+    plain, deq = {"dir": (P.CHECKPOINT, P.DEQUANTIZED), "verified": (P.VERIFIED, P.DEQUANTIZED_VERIFIED),
+                  "source": (P.CHECKPOINT_SOURCE, P.DEQUANTIZED_SOURCE)}[kind]
+
+    def pick(wildcards):
+        path = W(deq if serves_dequantized(model_cfg(wildcards), config["backend"]) else plain,
+                 model=wildcards.model)
+        return path if kind == "source" else ancient(path)
+
+    return pick
+
+
+# The SGLang backend runs the dequantized copy in bf16: any other precision asked for such a model is a
+# mistake caught here, before a 32 GB copy is written (nvfp4-w4a16 is the engine's 4-bit mode).
+if config["backend"] == "sglang":
+    _bad = [f"{m} (precision {config['models'][m].get('precision', S['precision'])})" for m in S["models"]
+            if not is_replay(config, m) and serves_dequantized(config["models"][m], "sglang")
+            and config["models"][m].get("precision", S["precision"]) != "bf16"]
+    if _bad:
+        print(f"Config error: backend sglang runs an NVFP4 checkpoint dequantized to BF16, but {', '.join(_bad)} "
+              "asks for another precision; set the model's `precision: bf16` in config.yaml, or use `backend: "
+              "engine` (its nvfp4-w4a16 mode keeps the experts in 4 bits)", file=sys.stderr)
+        sys.exit(1)
+
+# a dequantized copy touched or copied since its stamp: verified again by content now (as common.smk does for
+# the checkpoints), so a touch regenerates nothing and a changed byte re-runs its verify job
+if workflow.is_main_process:
+    for _m in config["models"]:
+        _deq, _stamp = W(P.DEQUANTIZED, model=_m), W(P.DEQUANTIZED_VERIFIED, model=_m)
+        if os.path.isfile(_stamp) and rerun_trigger(_deq, _stamp) != "ok":
+            print(f"note: {_deq} changed since {_stamp} was written; verifying it again by content", file=sys.stderr)
+            if refresh_stale_stamp(_deq, _stamp) == "removed":
+                print(f"note: {_deq} failed verification; its verify job runs again and names the files",
+                      file=sys.stderr)
+
+
+rule dequantized_source:
+    """The dequantized copy's source key (dequantized_key) as a file, rewritten only when it changes (params
+    rerun trigger): a new checkpoint, dequantize code or dtype re-makes the copy and regenerates its cells."""
+    output:
+        W(P.DEQUANTIZED_SOURCE, model="{model}"),
+    params:
+        key=dequantized_key,
+    log:
+        W("logs/sources/dequantized/{model}.log"),
+    localrule: True
+    shell:
+        "printf '%s\\n' {params.key:q} > {output} && echo 'wrote {output}' > {log}"
+
+
+rule dequantize_checkpoint:
+    """The BF16 copy of a verified NVFP4 checkpoint (SGLang backend): every NVFP4 expert weight dequantized to
+    the values the engine's dequantize-at-load path holds, the rest copied; its own manifest and
+    quant_provenance.json (source key and manifest hash, dequantize code version, dtype)."""
+    input:
+        ckpt=ancient(W(P.CHECKPOINT, model="{model}")),
+        verified=ancient(W(P.VERIFIED, model="{model}")),
+        source=W(P.DEQUANTIZED_SOURCE, model="{model}"),  # what it is made from (rewritten only on a change)
+    output:
+        directory(W(P.DEQUANTIZED, model="{model}")),
+    params:
+        key=checkpoint_content_key,
+    log:
+        W("logs/dequantize/{model}.log"),
+    threads: 2
+    resources:
+        **CPU_ONLY,
+        runtime=lambda wc, attempt: 60 * attempt,
+        mem_mb=lambda wc, attempt: 32000 * attempt,  # one shard at a time: its tensors in BF16 (~18 GB for 5 GB)
+    shell:
+        logged("{PY} -m repro.checkpoint dequantize --src {input.ckpt} --out {output} --verified {input.verified} "
+               "--source-key {params.key:q}")
+
+
+rule verify_dequantized_checkpoint:
+    input:
+        W(P.DEQUANTIZED, model="{model}"),
+    output:
+        W(P.DEQUANTIZED_VERIFIED, model="{model}"),
+    log:
+        W("logs/verify/dequantized/{model}.log"),
+    threads: 2
+    resources:
+        **CPU_ONLY,
+        runtime=lambda wc, attempt: 60 * attempt,
+        mem_mb=lambda wc, attempt: 2000 * attempt,
+    shell:
+        logged("{PY} -m repro.checkpoint verify {input} --stamp {output}")

@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also without `pip install`
 
 from repro import benchmarks, paths as P
+from repro.checkpoint.dequantize import declared_quantization
 from repro.checkpoint.verify import rerun_trigger
 from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
@@ -291,6 +292,7 @@ def table_spec():
     checkpoint source (for provenance)."""
     return json.dumps({
         "models": [{"name": m, "label": config["models"][m]["label"],
+                    "quantization": declared_quantization(config["models"][m]),  # precision in the captions
                     "checkpoint_source": json.loads(checkpoint_source_key(config["models"][m]["source"])),
                     "repo_id": config["models"][m]["source"].get("repo_id"), "replay": is_replay(config, m)}
                    for m in S["models"]],

@@ -5,9 +5,11 @@
 
 rule generate_shard:
     input:
-        verified=ancient(W(P.VERIFIED, model="{model}")),
-        source=W(P.CHECKPOINT_SOURCE, model="{model}"),
-        ckpt=ancient(W(P.CHECKPOINT, model="{model}")),  # what it holds: `source` (checkpoints.smk)
+        # the checkpoint (its BF16 copy for SGLang on an NVFP4 model): stamp and folder ancient(), what it
+        # holds in `source` (checkpoints.smk: generation_checkpoint)
+        verified=generation_checkpoint("verified"),
+        source=generation_checkpoint("source"),
+        ckpt=generation_checkpoint("dir"),
         decoder=W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
         problems=W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}"),  # re-prepared only for new prompts
         image=image_input("generate"),
