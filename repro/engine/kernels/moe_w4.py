@@ -25,13 +25,35 @@ import torch
 
 from ._triton import HAS_TRITON, tl, triton
 
-__all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "W4_TILES_DEFAULT"]
+__all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "pick_decode", "W4_TILES_DEFAULT"]
 
 #: MoE tiles of the full-size 4-bit round (:class:`~repro.engine.kernels.fastpath.BlockForward` uses them when
-#: the experts are packed and no tiles are given): the fastest of the variants measured on the H200
-#: (docs/perf.md, session 3: 8.03 ms vs 8.57 ms with the BF16 tiles, both with decode 1).
-W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, W4_DECODE=1),
-                    "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, W4_DECODE=1)}
+#: the experts are packed and no tiles are given; the decode is :func:`pick_decode`'s default for the layout):
+#: docs/perf.md, session 4.
+W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+                    "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)}
+
+#: W4_DECODE values and the ``NVFP4Experts.layout`` each reads
+DECODE_LAYOUT = {0: "modelopt", 1: "modelopt", 2: "lut", 3: "lut"}
+
+
+def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kernel: str = "moe") -> int:
+    """The ``W4_DECODE`` of a launch over experts in ``layout`` with activations like ``act``: ``decode`` when
+    given (checked), else 3 (inline-PTX lookup tables) for "lut" experts with bf16/fp16 activations on a CUDA
+    GPU, 2 (its pure-Triton twin) for "lut" otherwise (interpreter, fp32), 1 for "modelopt" experts.
+    Raises ValueError when the decode does not read ``layout`` or needs what ``act`` is not."""
+    from ._triton import INTERPRET
+
+    asm_ok = act.is_cuda and not INTERPRET and act.dtype in (torch.bfloat16, torch.float16)
+    if decode is None:
+        return (3 if asm_ok else 2) if layout == "lut" else 1
+    if DECODE_LAYOUT.get(decode) != layout:
+        raise ValueError(f"{kernel}: W4_DECODE {decode} reads experts in layout {DECODE_LAYOUT.get(decode)!r}, these "
+                         f"are {layout!r} (convert with NVFP4Experts.with_layout, or drop W4_DECODE)")
+    if decode == 3 and not asm_ok:
+        raise ValueError(f"{kernel}: W4_DECODE 3 (inline PTX) needs bf16/fp16 activations on a CUDA GPU, got "
+                         f"{act.dtype} on {act.device} (use 2, its pure-Triton twin)")
+    return decode
 
 
 def moe_w4_reference(x, gate_w, expert_bias, w13, w2, top_k=8, n_group=8, topk_group=4, scaling=2.5,
@@ -106,21 +128,123 @@ if HAS_TRITON:
         hi = ((q << 18) & 0x01C00000) | ((q << 24) & -2147483648)
         return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
 
+    # ---- the lookup-table decode (W4_DECODE 2 / 3; experts in NVFP4Experts layout "lut") ----------------------
+    # Per 16-weight block: the 8 magnitudes T[c] = bf16(fl32(e2m1(c) · s32)), s32 = fl32(e4m3 · g) — the very
+    # products and the one rounding of dequantize-at-load — as four byte tables (low bytes of T[0..3], high bytes
+    # of T[0..3], low / high bytes of T[4..7]). Per 8 weights (one 32-bit word, nvfp4.to_lut_layout): 1 and
+    # (selectors), 1 shift, 4 byte-permute lookups (PRMT), 3 ops for the signs, 4 PRMT interleaving low and
+    # high bytes into bf16 pairs = 13 integer instructions, ≈ 1.6 per weight (the old exact decode: ≈ 6 plus
+    # the fp32 multiply and the conversion). PRMT: PTX ISA, "prmt"; the idea of byte-permute lookups is that
+    # of the mixed-precision Marlin kernels (Frantar et al., arXiv:2408.11743).
+    _LUT_TABLE_ASM = """{
+    .reg .f32 h, a, d, t, f, x;
+    .reg .b32 p01, p23, p45, p67;
+    mul.rn.f32 h, $4, 0f3F000000;
+    mul.rn.f32 a, $4, 0f3FC00000;
+    mul.rn.f32 d, $4, 0f40000000;
+    mul.rn.f32 t, $4, 0f40400000;
+    mul.rn.f32 f, $4, 0f40800000;
+    mul.rn.f32 x, $4, 0f40C00000;
+    CVT p01, h, 0f00000000;
+    CVT p23, a, $4;
+    CVT p45, t, d;
+    CVT p67, x, f;
+    prmt.b32 $0, p01, p23, 0x6420;
+    prmt.b32 $1, p01, p23, 0x7531;
+    prmt.b32 $2, p45, p67, 0x6420;
+    prmt.b32 $3, p45, p67, 0x7531;
+    }"""
+    _LUT_TABLE_BF16 = tl.constexpr(_LUT_TABLE_ASM.replace("CVT", "cvt.rn.bf16x2.f32"))
+    _LUT_TABLE_F16 = tl.constexpr(_LUT_TABLE_ASM.replace("CVT", "cvt.rn.f16x2.f32"))
+    # pack=4: $4 = 4 packed bytes (one word), $5/$9/$13/$17 = the block's four tables (one register per element)
+    _LUT_DECODE_ASM = """{
+    .reg .b32 i, j, l0, h0, l1, h1, s;
+    and.b32 i, $4, 0x77777777;
+    shr.u32 j, i, 16;
+    prmt.b32 l0, $5, $13, i;
+    prmt.b32 h0, $9, $17, i;
+    prmt.b32 l1, $5, $13, j;
+    prmt.b32 h1, $9, $17, j;
+    and.b32 s, $4, 0x80808080;
+    or.b32 h0, h0, s;
+    shl.b32 s, $4, 4;
+    and.b32 s, s, 0x80808080;
+    or.b32 h1, h1, s;
+    prmt.b32 $0, l0, h0, 0x5140;
+    prmt.b32 $1, l0, h0, 0x7362;
+    prmt.b32 $2, l1, h1, 0x5140;
+    prmt.b32 $3, l1, h1, 0x7362;
+    }"""
+    _LUT_DECODE_ASM = tl.constexpr(_LUT_DECODE_ASM)
+    _LUT_DECODE_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 17))
+
+    @triton.jit
+    def _bcast_rows(t, HK: tl.constexpr, BN: tl.constexpr):
+        """[HK/8, BN] -> [HK, BN]: each block row repeated for its 8 byte rows."""
+        return tl.reshape(tl.broadcast_to(t[:, None, :], (HK // 8, 8, BN)), (HK, BN))
+
+    @triton.jit
+    def _lut_tile(q_ptrs, s_ptrs, gs, dtype: tl.constexpr, HK: tl.constexpr, BN: tl.constexpr,
+                  DECODE: tl.constexpr):
+        """(even, odd) input rows ([BK/2, BN] each, in ``dtype``) of one packed tile in the "lut" layout: byte
+        rows [BK/2, BN] (4 consecutive bytes = one word = inputs 8t..8t+7), scale bytes [BK/16, BN].
+
+        DECODE 3 (bf16/fp16 on the GPU): the per-block tables and the word decode in inline PTX (see above).
+        DECODE 2: the pure-Triton twin (runs under the interpreter, any dtype): each byte row reads its whole
+        word back (4 byte loads), takes its two codes and signs from the "lut" bit positions and computes
+        fl32(e2m1 · s32) rounded once to ``dtype`` — the same values, bit for bit."""
+        sb = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.int32)
+        s32 = _e4m3_to_f32(sb) * gs  # [BK/16, BN] fp32: fl32(e4m3 · g), as dequantize-at-load
+        if DECODE == 3:
+            q = tl.load(q_ptrs, eviction_policy="evict_first")
+            if dtype == tl.bfloat16:
+                t0, t1, t2, t3 = tl.inline_asm_elementwise(_LUT_TABLE_BF16, "=r,=r,=r,=r,r", [s32],
+                                                           dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+                                                           is_pure=True, pack=1)
+                tabs = [q, _bcast_rows(t0, HK, BN), _bcast_rows(t1, HK, BN), _bcast_rows(t2, HK, BN),
+                        _bcast_rows(t3, HK, BN)]
+                return tl.inline_asm_elementwise(_LUT_DECODE_ASM, _LUT_DECODE_CONSTRAINTS, tabs,
+                                                 dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+            else:
+                t0, t1, t2, t3 = tl.inline_asm_elementwise(_LUT_TABLE_F16, "=r,=r,=r,=r,r", [s32],
+                                                           dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+                                                           is_pure=True, pack=1)
+                tabs = [q, _bcast_rows(t0, HK, BN), _bcast_rows(t1, HK, BN), _bcast_rows(t2, HK, BN),
+                        _bcast_rows(t3, HK, BN)]
+                return tl.inline_asm_elementwise(_LUT_DECODE_ASM, _LUT_DECODE_CONSTRAINTS, tabs,
+                                                 dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        else:
+            r = tl.arange(0, HK)[:, None]
+            i = r % 4
+            base = q_ptrs - i
+            w = tl.load(base).to(tl.int32)
+            w = w | (tl.load(base + 1).to(tl.int32) << 8)
+            w = w | (tl.load(base + 2).to(tl.int32) << 16)
+            w = w | (tl.load(base + 3).to(tl.int32) << 24)
+            sc = _bcast_rows(s32, HK, BN)
+            ce = ((w >> (4 * i)) & 7) | (((w >> (8 * i + 7)) & 1) << 3)
+            co = ((w >> (16 + 4 * i)) & 7) | (((w >> (8 * i + 3)) & 1) << 3)
+            ve, vo = _e2m1_pair(ce | (co << 4))
+            return (ve * sc).to(dtype), (vo * sc).to(dtype)
+
     @triton.jit
     def _fp4_tile(q_ptrs, s_ptrs, gs, dtype: tl.constexpr, HK: tl.constexpr, BN: tl.constexpr,
                   DECODE: tl.constexpr = 1):
         """Load one packed tile (bytes [BK/2, BN]; scale bytes [BK/16, BN]) and dequantize it to the even and odd
-        input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding. Each block scale
-        is decoded once and broadcast to its 8 byte rows. DECODE 1 (the default; exact on the H200, where the
-        kernel tests check every code): :func:`_e2m1_pair_subnormal`, then (v · 2^63) · (scale · 2^63): the first
-        product is exact (a power of two), so the second rounds e2m1 · scale once; 0: :func:`_e2m1_pair` (biased
-        exponent + selects, no subnormals; ≈ 1.7x the gate+up time) for a compiler that flushes subnormals."""
+        input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding. DECODE 2 / 3: the
+        lookup-table decode of :func:`_lut_tile` (layout "lut"; 3 is the default on the GPU). DECODE 0 / 1
+        (layout "modelopt"): each block scale decoded once and broadcast to its 8 byte rows; 1:
+        :func:`_e2m1_pair_subnormal`, then (v · 2^63) · (scale · 2^63): the first product is exact (a power of
+        two), so the second rounds e2m1 · scale once; 0: :func:`_e2m1_pair` (biased exponent + selects, no
+        subnormals) for a compiler that flushes subnormals."""
+        if DECODE >= 2:
+            return _lut_tile(q_ptrs, s_ptrs, gs, dtype, HK, BN, DECODE)
         q = tl.load(q_ptrs, eviction_policy="evict_first").to(tl.int32)
         sb = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.int32)
         sg = _e4m3_to_f32(sb) * gs  # [BK/16, BN]
         if DECODE == 1:
             sg = sg * 9.223372036854775808e18  # 2^63, exact
-        sc = tl.reshape(tl.broadcast_to(sg[:, None, :], (HK // 8, 8, BN)), (HK, BN))
+        sc = _bcast_rows(sg, HK, BN)
         if DECODE == 1:
             lo, hi = _e2m1_pair_subnormal(q)
             lo = lo * 9.223372036854775808e18
