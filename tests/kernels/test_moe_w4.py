@@ -131,7 +131,7 @@ def test_kernel_dequantizes_every_code_and_scale_exactly(dev, decode):
     if decode == 3 and dev == "cpu":
         pytest.skip("inline PTX: GPU only")
     dt = torch.float32 if dev == "cpu" else torch.bfloat16
-    H, N, E = 32, 64, 2
+    H, N, E = 64, 64, 2
     w2 = Q.NVFP4Experts(E, H, N, 1, dt, dev, layout=W4.DECODE_LAYOUT[decode])
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     w2.q.copy_(codes.repeat(E * H * N // 2 // 256).view(E, H, N // 2))
@@ -142,7 +142,10 @@ def test_kernel_dequantizes_every_code_and_scale_exactly(dev, decode):
     ids = torch.arange(N, device=dev)[:, None] % E  # token t -> expert t % E
     M.moe_align(ids, torch.ones(N, 1, device=dev), ws)
     ws.inter.copy_(torch.eye(N, dtype=dt, device=dev))  # pair p = token p: row p selects input column p
-    M.moe_down(w2, ws, _decode_cfg(decode))
+    cfg = _decode_cfg(decode)
+    if decode == 3:  # >= 16 packed bytes per thread (moe_w4.pick_decode)
+        cfg = {**cfg, "down": dict(cfg["down"], BLOCK_N=64, BLOCK_K=64, num_warps=4)}
+    M.moe_down(w2, ws, cfg)
     want = w2.dequantize()
     for t in range(N):
         got = ws.pair_out[t]
@@ -170,7 +173,11 @@ def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compa
     ws = M.MoEWorkspace.create(T, H, N, E, E1, k, dtype, dev, split_k=2)
     ws.compact = compact
     ws.out.fill_(float("nan"))
-    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=_decode_cfg(decode))
+    cfg = _decode_cfg(decode)
+    if decode == 3:  # tiles with >= 16 packed bytes per thread (moe_w4.pick_decode)
+        cfg = {**cfg, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=1, num_stages=2, W4_DECODE=3),
+               "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, num_warps=1, num_stages=2, W4_DECODE=3)}
+    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=cfg)
     assert not torch.isnan(out).any()
     topk = (ws.topk_ids.long(), ws.topk_w)
     ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=topk)
@@ -201,7 +208,8 @@ def test_w4_refuses_bad_tiles_and_norm_fold(dev):
 
 
 @pytest.mark.gpu
-def test_fused_moe_w4_bf16_full_shape():
+@pytest.mark.parametrize("tiles", [None, W4.W4_TILES_DEFAULT])
+def test_fused_moe_w4_bf16_full_shape(tiles):
     T, H, N, E, k = 32, 2048, 512, 256, 8
     g = torch.Generator(device="cuda").manual_seed(0)
     w13 = W4.random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, "cuda", g, std=H ** -0.5)
@@ -213,7 +221,7 @@ def test_fused_moe_w4_bf16_full_shape():
     bias = torch.randn(E, device="cuda", generator=g) * 0.05
     ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, torch.bfloat16, "cuda")
     ws.pair_out.fill_(float("nan"))
-    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, ws=ws)
+    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, ws=ws, configs=tiles)
     torch.cuda.synchronize()
     assert not torch.isnan(ws.pair_out).any()
     ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, topk=(ws.topk_ids.long(), ws.topk_w))

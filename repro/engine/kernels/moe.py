@@ -381,11 +381,12 @@ def expert_slots(w) -> int:
     return w.shape[0] + int(getattr(w, "shared", None) is not None)
 
 
-def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int | None = None):
+def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int | None = None,
+                    tile: tuple[int, int] = (64, 4)):
     """(E1, out, in, weight argument, W4 launch kwargs) of stacked expert weights ``w``: a tensor [E1, out, in]
     in the activation dtype, or a :class:`~repro.checkpoint.nvfp4.NVFP4Experts` (routed experts packed, the
     shared expert in ``.shared``). ``decode``: the 4-bit decode (``moe_w4.pick_decode``; None = the default
-    for the experts' layout). Raises ValueError when the packed stack does not fit the workspace, the tiles
+    for the experts' layout and the tile: ``tile`` = (BLOCK_N, num_warps)). Raises ValueError when the packed stack does not fit the workspace, the tiles
     or the decode."""
     from repro.checkpoint.nvfp4 import NVFP4Experts
 
@@ -398,7 +399,7 @@ def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int 
         raise ValueError(f"{kernel}: NVFP4 experts for E={E} (shared: {w.shared is not None}), workspace for "
                          f"E={ws.E}, E1={ws.E1}")
     check_w4_tiles(min(block_k, in_f), in_f)
-    decode = pick_decode(w.layout, ws.inter, decode, kernel)
+    decode = pick_decode(w.layout, ws.inter, decode, kernel, (min(block_k, in_f), min(tile[0], out_f), tile[1]))
     # the shared expert's rows (never read without one: then any tensor of the activation dtype will do)
     dense = w.shared.contiguous() if w.shared is not None else ws.inter
     return E1, out_f, in_f, dense, dict(W4=True, q_ptr=w.q, s_ptr=w.s, g_ptr=w.g, W4_DECODE=decode)
@@ -414,7 +415,8 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=
     """
     T, H = x.shape
     gc = _cfg("gate_up", configs, H, w13.shape[1] // 2, ws.E1, T)
-    E1, twoN, _, w_arg, w4 = _expert_operand(w13, ws, "moe_gate_up", gc["BLOCK_K"], gc.get("W4_DECODE"))
+    E1, twoN, _, w_arg, w4 = _expert_operand(w13, ws, "moe_gate_up", gc["BLOCK_K"], gc.get("W4_DECODE"),
+                                             (gc["BLOCK_N"], gc.get("num_warps", 4)))
     N = twoN // 2
     if w4 and norm_w is not None:
         raise ValueError("moe_gate_up: the RMSNorm fold (norm_w) is not implemented for 4-bit experts")
@@ -436,7 +438,8 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     NVFP4Experts [E, H, N] (+ shared), as in :func:`moe_gate_up`."""
     T = ws.T
     dc = _cfg("down", configs, w2.shape[1], w2.shape[2], ws.E1, T)
-    E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"], dc.get("W4_DECODE"))
+    E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"], dc.get("W4_DECODE"),
+                                          (dc["BLOCK_N"], dc.get("num_warps", 4)))
     assert ws.inter.shape[1] == N
     bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
     sh = int(ws.E1 == ws.E + 1)

@@ -37,22 +37,29 @@ W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_war
 DECODE_LAYOUT = {0: "modelopt", 1: "modelopt", 2: "lut", 3: "lut"}
 
 
-def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kernel: str = "moe") -> int:
+def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kernel: str = "moe",
+                tile: tuple[int, int, int] = (128, 64, 4)) -> int:
     """The ``W4_DECODE`` of a launch over experts in ``layout`` with activations like ``act``: ``decode`` when
     given (checked), else 3 (inline-PTX lookup tables) for "lut" experts with bf16/fp16 activations on a CUDA
-    GPU, 2 (its pure-Triton twin) for "lut" otherwise (interpreter, fp32), 1 for "modelopt" experts.
-    Raises ValueError when the decode does not read ``layout`` or needs what ``act`` is not."""
+    GPU and a tile (BLOCK_K, BLOCK_N, num_warps) that gives every thread >= 16 consecutive packed bytes along
+    K (the PTX decodes 4 bytes of one word per call, ``pack=4``, which needs a thread's registers to hold whole
+    words), 2 (its pure-Triton twin) for "lut" otherwise (interpreter, fp32, small tiles), 1 for "modelopt".
+    Raises ValueError when the decode does not read ``layout`` or needs what ``act`` or the tile is not."""
     from ._triton import INTERPRET
 
-    asm_ok = act.is_cuda and not INTERPRET and act.dtype in (torch.bfloat16, torch.float16)
+    bk, bn, nw = tile
+    asm_ok = (act.is_cuda and not INTERPRET and act.dtype in (torch.bfloat16, torch.float16)
+              and bk // 2 >= 16 and (bk // 2) * bn >= 16 * 32 * nw)
     if decode is None:
         return (3 if asm_ok else 2) if layout == "lut" else 1
     if DECODE_LAYOUT.get(decode) != layout:
         raise ValueError(f"{kernel}: W4_DECODE {decode} reads experts in layout {DECODE_LAYOUT.get(decode)!r}, these "
                          f"are {layout!r} (convert with NVFP4Experts.with_layout, or drop W4_DECODE)")
     if decode == 3 and not asm_ok:
-        raise ValueError(f"{kernel}: W4_DECODE 3 (inline PTX) needs bf16/fp16 activations on a CUDA GPU, got "
-                         f"{act.dtype} on {act.device} (use 2, its pure-Triton twin)")
+        raise ValueError(f"{kernel}: W4_DECODE 3 (inline PTX) needs bf16/fp16 activations on a CUDA GPU and >= 16 "
+                         f"packed bytes per thread (BLOCK_K/2 · BLOCK_N >= 512 · num_warps), got {act.dtype} on "
+                         f"{act.device}, tile (BLOCK_K, BLOCK_N, num_warps) = {tile} (use 2, its pure-Triton twin, "
+                         f"or larger tiles)")
     return decode
 
 
