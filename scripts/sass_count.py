@@ -40,15 +40,20 @@ FP_OPS = {"FMUL", "FFMA", "FADD", "FSEL", "FSETP", "FMNMX", "HFMA2", "HMUL2", "H
 CVT_OPS = {"F2F", "F2FP", "I2F", "F2I", "I2FP"}
 
 #: variants: (name, kernel, tiles, W4, decode)
-TILES = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
-VARIANTS = [
-    ("bf16 gate+up", "gate_up", TILES, False, 1),
-    ("w4 dec1 gate+up", "gate_up", TILES, True, 1),
-    ("w4 dec3 gate+up", "gate_up", TILES, True, 3),
-    ("bf16 down", "down", TILES, False, 1),
-    ("w4 dec1 down", "down", TILES, True, 1),
-    ("w4 dec3 down", "down", TILES, True, 3),
-]
+TILES = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)  # session 3's 4-bit tiles
+
+
+def _variants():
+    from repro.engine.kernels.moe_w4 import W4_TILES_DEFAULT as D
+
+    return [("bf16 gate+up", "gate_up", TILES, False, 1),
+            ("w4 dec1 gate+up", "gate_up", D["gate_up"], True, 1),
+            ("w4 dec2 gate+up", "gate_up", D["gate_up"], True, 2),
+            ("w4 dec3 gate+up", "gate_up", D["gate_up"], True, 3),
+            ("bf16 down", "down", TILES, False, 1),
+            ("w4 dec1 down", "down", D["down"], True, 1),
+            ("w4 dec3 down", "down", D["down"], True, 3),
+            ("w4 dec3 down n64", "down", dict(D["down"], BLOCK_N=64), True, 3)]
 
 
 def _compile(kernel, tiles, w4, decode, H=2048, N=512, E=256):
@@ -172,7 +177,7 @@ def main(argv=None):
 
     print(f"triton {triton.__version__}, target sm_90a; floor 0.117 ps/weight at 4.8 TB/s (0.5625 B/weight)")
     rows = []
-    for v in VARIANTS:
+    for v in _variants():
         if a.only and a.only not in v[0]:
             continue
         try:

@@ -148,7 +148,7 @@ def stack_experts(gate_projs, up_projs, down_projs, shared=None):
 # --------------------------------------------------------------------------------------------------
 
 if HAS_TRITON:
-    from .moe_w4 import _fp4_ptrs, _w4_dot
+    from .moe_w4 import _w4_down_acc, _w4_gate_up_acc
 
     @triton.jit
     def _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M: tl.constexpr, MAXC: tl.constexpr,
@@ -189,18 +189,8 @@ if HAS_TRITON:
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         ssv = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if W4:
-            a_ptrs = x_ptr + tok[:, None] * stride_xt + 2 * tl.arange(0, BLOCK_K // 2)[None, :]
-            qoff, soff = _fp4_ptrs(offs_n, H, BLOCK_K)
-            qg = q_ptr + e.to(tl.int64) * (N * H) + qoff  # 2N rows of H/2 bytes per expert
-            sg = s_ptr + e.to(tl.int64) * (N * H // 8) + soff
-            gs_g = tl.load(g_ptr + 2 * e)
-            gs_u = tl.load(g_ptr + 2 * e + 1)
-            for k0 in range(0, H, BLOCK_K):
-                ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-                ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
-                acc_g = _w4_dot(acc_g, ae, ao, qg + k0 // 2, sg + k0 // 16, gs_g, BLOCK_K, BLOCK_N, DECODE)
-                acc_u = _w4_dot(acc_u, ae, ao, qg + N * (H // 2) + k0 // 2, sg + N * (H // 16) + k0 // 16, gs_u,
-                                 BLOCK_K, BLOCK_N, DECODE)
+            acc_g, acc_u = _w4_gate_up_acc(x_ptr, tok, stride_xt, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N,
+                                           BLOCK_M, BLOCK_N, BLOCK_K, DECODE)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
@@ -226,15 +216,8 @@ if HAS_TRITON:
         ``w_ptr`` ([H, N])."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if W4:
-            a_ptrs = inter_ptr + p[:, None] * N + 2 * tl.arange(0, BLOCK_K // 2)[None, :]
-            qoff, soff = _fp4_ptrs(offs_n, N, BLOCK_K)
-            qd = q_ptr + e.to(tl.int64) * (H * N // 2) + qoff
-            sd = s_ptr + e.to(tl.int64) * (H * N // 16) + soff
-            gs = tl.load(g_ptr + e)
-            for k0 in range(0, N, BLOCK_K):
-                ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-                ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
-                acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N, DECODE)
+            acc = _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
+                               DECODE)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]

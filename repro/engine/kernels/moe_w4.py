@@ -30,8 +30,8 @@ __all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "pick_d
 #: MoE tiles of the full-size 4-bit round (:class:`~repro.engine.kernels.fastpath.BlockForward` uses them when
 #: the experts are packed and no tiles are given; the decode is :func:`pick_decode`'s default for the layout):
 #: docs/perf.md, session 4.
-W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
-                    "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)}
+W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=2),
+                    "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=2)}
 
 #: W4_DECODE values and the ``NVFP4Experts.layout`` each reads
 DECODE_LAYOUT = {0: "modelopt", 1: "modelopt", 2: "lut", 3: "lut"}
@@ -200,9 +200,10 @@ if HAS_TRITON:
         DECODE 2: the pure-Triton twin (runs under the interpreter, any dtype): each byte row reads its whole
         word back (4 byte loads), takes its two codes and signs from the "lut" bit positions and computes
         fl32(e2m1 · s32) rounded once to ``dtype`` — the same values, bit for bit."""
-        sb = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.int32)
-        s32 = _e4m3_to_f32(sb) * gs  # [BK/16, BN] fp32: fl32(e4m3 · g), as dequantize-at-load
         if DECODE == 3:
+            # E4M3 -> fp16 -> fp32 by the hardware conversions (both exact), then fl32(e4m3 · g)
+            sb = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.float8e4nv, bitcast=True)
+            s32 = sb.to(tl.float32) * gs  # [BK/16, BN]
             q = tl.load(q_ptrs, eviction_policy="evict_first")
             if dtype == tl.bfloat16:
                 t0, t1, t2, t3 = tl.inline_asm_elementwise(_LUT_TABLE_BF16, "=r,=r,=r,=r,r", [s32],
@@ -221,6 +222,7 @@ if HAS_TRITON:
                 return tl.inline_asm_elementwise(_LUT_DECODE_ASM, _LUT_DECODE_CONSTRAINTS, tabs,
                                                  dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
         else:
+            s32 = _e4m3_to_f32(tl.load(s_ptrs, eviction_policy="evict_first").to(tl.int32)) * gs  # fl32(e4m3 · g)
             r = tl.arange(0, HK)[:, None]
             i = r % 4
             base = q_ptrs - i
@@ -274,3 +276,44 @@ if HAS_TRITON:
         even and the odd input elements (ae, ao [BM, BK/2] in the activation dtype)."""
         we, wo = _fp4_tile(q_ptrs, s_ptrs, gs, ae.dtype, BLOCK_K // 2, BLOCK_N, DECODE)
         return tl.dot(ao, wo, tl.dot(ae, we, acc))
+
+    @triton.jit
+    def _w4_gate_up_acc(x_ptr, tok, stride_xt, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr,
+                        N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        DECODE: tl.constexpr):
+        """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of token rows ``tok`` against output rows ``offs_n`` of
+        packed expert e (w13: 2N rows, gate then up). The gate and up rows are interleaved into one
+        [BLOCK_K/2, 2·BLOCK_N] packed tile per K step (column 2j = gate row n_j, 2j+1 = up row n_j, each column
+        with its own global scale), so a K step is one decode and two dots (even / odd inputs), not two of each.
+        The activations are loaded as one contiguous [BLOCK_M, BLOCK_K] tile and split into even / odd inputs
+        in registers (strided even / odd loads cost a register regrouping per MMA operand)."""
+        rows = tl.reshape(tl.join(offs_n, offs_n + N), (2 * BLOCK_N,))
+        col = tl.arange(0, 2 * BLOCK_N)
+        gsv = tl.where(col % 2 == 0, tl.load(g_ptr + 2 * e), tl.load(g_ptr + 2 * e + 1))[None, :]
+        a_ptrs = x_ptr + tok[:, None] * stride_xt + tl.arange(0, BLOCK_K)[None, :]
+        qoff, soff = _fp4_ptrs(rows, H, BLOCK_K)
+        qb = q_ptr + e.to(tl.int64) * (N * H) + qoff  # 2N rows of H/2 bytes per expert
+        sb = s_ptr + e.to(tl.int64) * (N * H // 8) + soff
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+            ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+            acc = _w4_dot(acc, ae, ao, qb + k0 // 2, sb + k0 // 16, gsv, BLOCK_K, 2 * BLOCK_N, DECODE)
+        return tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+
+    @triton.jit
+    def _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+        """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for packed expert e of w2 ([H, N] per expert); the
+        activations split in registers as in :func:`_w4_gate_up_acc`."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        a_ptrs = inter_ptr + p[:, None] * N + tl.arange(0, BLOCK_K)[None, :]
+        qoff, soff = _fp4_ptrs(offs_n, N, BLOCK_K)
+        qd = q_ptr + e.to(tl.int64) * (H * N // 2) + qoff
+        sd = s_ptr + e.to(tl.int64) * (H * N // 16) + soff
+        gs = tl.load(g_ptr + e + 0 * offs_n)[None, :]  # as a [1, BLOCK_N] row: the decode then keeps the dot's layout
+        for k0 in range(0, N, BLOCK_K):
+            a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+            ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+            acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N, DECODE)
+        return acc
