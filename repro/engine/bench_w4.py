@@ -30,7 +30,7 @@ W4_TARGETS = {"ms_1k": 1.9, "ratio_1k": 1.25, "ms_4k": 2.0, "model_GB": 12.0}
 #: re-labels the same random bytes (:func:`relabel`), so those variants time the same distribution of values)
 W4_TILES = {
     "default": W4_TILES_DEFAULT,
-    "s3": {k: dict(v, num_stages=3) for k, v in W4_TILES_DEFAULT.items()},
+    "s2": {k: dict(v, num_stages=2) for k, v in W4_TILES_DEFAULT.items()},
     "down_n64": {"gate_up": W4_TILES_DEFAULT["gate_up"], "down": dict(W4_TILES_DEFAULT["down"], BLOCK_N=64)},
     "gu_n128_w8": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=128, num_warps=8),
                    "down": W4_TILES_DEFAULT["down"]},

@@ -194,6 +194,22 @@ def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compa
     assert rel_err(out, out16) < tol
 
 
+def test_fused_moe_w4_k128_tiles_match_dequantized_reference(dev):
+    """BLOCK_K = 128: the row interleave built with tl.join (the kWidth-8 dot operand on the GPU,
+    moe_w4._interleave_rows), the default decode of the layout (2 under the interpreter, 3 on the GPU)."""
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    T, H, N, E, k, ng, tg = 6, 128, 128, 8, 2, 4, 2
+    x, gate, bias, w13, w2 = _experts(T, H, N, E, True, dtype, dev, 7)
+    ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, dtype, dev, split_k=2)
+    cfg = {**CFG, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=1, num_stages=2),
+           "down": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=1, num_stages=2)}
+    ws.out.fill_(float("nan"))
+    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=cfg)
+    ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 3e-3)
+
+
 def test_w4_refuses_bad_tiles_and_norm_fold(dev):
     x, gate, bias, w13, w2 = _experts(4, 64, 32, 16, True, torch.float32, dev, 3)
     ws = M.MoEWorkspace.create(4, 64, 32, 16, 17, 4, torch.float32, dev, split_k=2)

@@ -30,8 +30,8 @@ __all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "pick_d
 #: MoE tiles of the full-size 4-bit round (:class:`~repro.engine.kernels.fastpath.BlockForward` uses them when
 #: the experts are packed and no tiles are given; the decode is :func:`pick_decode`'s default for the layout):
 #: docs/perf.md, session 4.
-W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=2),
-                    "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=2)}
+W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
+                    "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3)}
 
 #: W4_DECODE values and the ``NVFP4Experts.layout`` each reads
 DECODE_LAYOUT = {0: "modelopt", 1: "modelopt", 2: "lut", 3: "lut"}
@@ -278,6 +278,20 @@ if HAS_TRITON:
         return tl.dot(ao, wo, tl.dot(ae, we, acc))
 
     @triton.jit
+    def _interleave_rows(a, b, BLOCK_K: tl.constexpr):
+        """[a0, b0, a1, b1, ...] (two [n] row-index vectors -> [2n]). For BLOCK_K >= 128 built with ``tl.join``:
+        Triton (3.6) then takes the packed operand for a 4-bit one and gives the dot operand kWidth 8, so a thread
+        holds both words of a scale block and builds each block's tables once (docs/perf.md, session 4); for
+        smaller tiles by index arithmetic (kWidth 4)."""
+        if BLOCK_K >= 128:
+            return tl.reshape(tl.join(a, b), (2 * a.shape[0],))
+        else:
+            j = tl.arange(0, 2 * a.shape[0])
+            a0 = tl.min(a, axis=0)
+            b0 = tl.min(b, axis=0)
+            return tl.where(j % 2 == 0, a0 + j // 2, b0 + j // 2)
+
+    @triton.jit
     def _w4_gate_up_acc(x_ptr, tok, stride_xt, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr,
                         N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         DECODE: tl.constexpr):
@@ -287,8 +301,8 @@ if HAS_TRITON:
         with its own global scale), so a K step is one decode and two dots (even / odd inputs), not two of each.
         The activations are loaded as one contiguous [BLOCK_M, BLOCK_K] tile and split into even / odd inputs
         in registers (strided even / odd loads cost a register regrouping per MMA operand)."""
-        rows = tl.reshape(tl.join(offs_n, offs_n + N), (2 * BLOCK_N,))
         col = tl.arange(0, 2 * BLOCK_N)
+        rows = _interleave_rows(offs_n, offs_n + N, BLOCK_K)
         gsv = tl.where(col % 2 == 0, tl.load(g_ptr + 2 * e), tl.load(g_ptr + 2 * e + 1))[None, :]
         a_ptrs = x_ptr + tok[:, None] * stride_xt + tl.arange(0, BLOCK_K)[None, :]
         qoff, soff = _fp4_ptrs(rows, H, BLOCK_K)
@@ -308,7 +322,10 @@ if HAS_TRITON:
         activations split in registers as in :func:`_w4_gate_up_acc`."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         a_ptrs = inter_ptr + p[:, None] * N + tl.arange(0, BLOCK_K)[None, :]
-        qoff, soff = _fp4_ptrs(offs_n, N, BLOCK_K)
+        half = tl.arange(0, BLOCK_N // 2)
+        n0 = tl.min(offs_n, axis=0)  # offs_n = n0 + arange(BLOCK_N)
+        rows = _interleave_rows(n0 + half, n0 + BLOCK_N // 2 + half, BLOCK_K)  # column 2j: n0+j, 2j+1: n0+BN/2+j
+        qoff, soff = _fp4_ptrs(rows, N, BLOCK_K)
         qd = q_ptr + e.to(tl.int64) * (H * N // 2) + qoff
         sd = s_ptr + e.to(tl.int64) * (H * N // 16) + soff
         gs = tl.load(g_ptr + e + 0 * offs_n)[None, :]  # as a [1, BLOCK_N] row: the decode then keeps the dot's layout
@@ -316,4 +333,5 @@ if HAS_TRITON:
             a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
             ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
             acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N, DECODE)
-        return acc
+        lo, hi = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+        return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_M, BLOCK_N))
