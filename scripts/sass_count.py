@@ -188,6 +188,9 @@ def main(argv=None):
            f"{'ldg/w':>7}{'local':>6}{'regs':>5}{'ps/w':>7}")
     print(hdr)
     for r in rows:
+        if not r["loop_instr"]:
+            print(f"{r['variant']:<18}  no K loop in the SASS (fully unrolled): not counted")
+            continue
         print(f"{r['variant']:<18}{r['loop_instr']:>6}{r['instr_per_weight']:>9.2f}{r['int_per_weight']:>7.2f}"
               f"{r['fp_per_weight']:>7.2f}{r['cvt_per_weight']:>7.2f}{r['mma_per_weight']:>7.2f}"
               f"{r['smem_per_weight']:>8.2f}{r['ldg_per_weight']:>7.2f}{r['local_per_weight']:>6.2f}"

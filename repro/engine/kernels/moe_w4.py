@@ -2,22 +2,35 @@
 for the grouped expert GEMMs of :mod:`.moe`, beside their torch reference :func:`moe_w4_reference`.
 
 Format (NVIDIA ModelOpt NVFP4 export, :mod:`repro.checkpoint.nvfp4`; NVIDIA TensorRT Model Optimizer docs,
-"NVFP4"): per expert projection ``W [out, in]``: packed e2m1 codes ``q`` uint8 ``[out, in/2]`` (element 2j in
-the low nibble), E4M3 block scales ``s`` ``[out, in/16]`` (one per 16 inputs, passed as their uint8 bits),
-a per-tensor fp32 global scale ``g``. Value: ``W[n, k] = e2m1(code) · (e4m3(s[n, k/16]) · g)``, computed in
-fp32 in that order and rounded once to the activation dtype: exactly the values of dequantize-at-load
-(``nvfp4.dequantize`` in fp32, then ``.to(dtype)``). The GEMMs accumulate in fp32.
+"NVFP4"): per expert projection ``W [out, in]``: packed e2m1 codes ``q`` uint8 ``[out, in/2]``, E4M3 block scales
+``s`` ``[out, in/16]`` (one per 16 inputs, passed as their uint8 bits), a per-tensor fp32 global scale ``g``.
+Value: ``W[n, k] = e2m1(code) · (e4m3(s[n, k/16]) · g)``, computed in fp32 in that order and rounded once to
+the activation dtype: exactly the values of dequantize-at-load (``nvfp4.dequantize`` in fp32, then
+``.to(dtype)``). The GEMMs accumulate in fp32. Bytes streamed per weight: 0.5 + 1/16 instead of 2.
 
 Kernel layout (:class:`repro.checkpoint.nvfp4.NVFP4Experts`): ``w13`` q ``[E, 2N, H/2]``, s ``[E, 2N, H/16]``,
 g ``[E, 2]`` (gate, up); ``w2`` q ``[E, H, N/2]``, s ``[E, H, N/16]``, g ``[E, 1]``; the shared expert stays in
 the activation dtype (``.shared``) and is expert index E of the same launch (a runtime branch per program).
+``q`` is in layout "lut" (the default; the export's bits permuted inside each 4-byte word at load,
+``nvfp4.to_lut_layout``) or "modelopt" (the export's order).
 
-The K loop takes a ``[BLOCK_K/2, BLOCK_N]`` tile of packed bytes and splits it into the even and the odd
-input elements: two dots, ``a[:, 0::2] · W_even + a[:, 1::2] · W_odd``, so no register shuffle interleaves
-the nibbles. The decode uses integer and/shift/add and fp32 selects only (bit patterns with a biased
-exponent; no int->float conversions, which run at 1/8 of the ALU rate, and no subnormals, so flush-to-zero
-cannot change a value); each E4M3 scale is decoded once per 16 weights. Bytes streamed per weight:
-0.5 + 1/16 (scales) instead of 2 — the round's floor drops ~3×.
+Decodes (``W4_DECODE``, :func:`pick_decode`):
+
+* 3 (default on the GPU, layout "lut"): per 16-weight block, four byte tables of the 8 magnitudes
+  ``bf16(fl32(e2m1(c) · s32))`` — the reference's own products and rounding, so exact by construction — then per
+  32-bit word (8 weights) 13 integer instructions: the selectors, 4 byte-permute (PRMT) lookups, the signs,
+  4 PRMT interleaving low and high bytes into bf16 pairs (inline PTX, ``tl.inline_asm_elementwise``, 4 bytes
+  per call). PRMT: PTX ISA, "prmt"; byte-permute decoding follows the mixed-precision Marlin kernels (Frantar
+  et al., arXiv:2408.11743).
+* 2: its pure-Triton twin (same layout and values; runs under the interpreter and for fp32).
+* 1 / 0 (layout "modelopt"): the session-3 arithmetic decodes (fp32 bit patterns, one multiply per weight).
+
+The K loop (:func:`_w4_gate_up_acc`, :func:`_w4_down_acc`) loads one contiguous activation tile and splits it into
+even / odd inputs in registers, and one packed tile of ``[BLOCK_K/2, 2·BLOCK_N]`` (gate and up rows
+interleaved) or ``[BLOCK_K/2, BLOCK_N]`` (down, rows interleaved the same way) whose decode feeds two dots
+(even / odd inputs). With BLOCK_K >= 128 the interleave is built with ``tl.join``, after which Triton (3.6)
+loads the packed tile straight into the dot-operand layout with kWidth 8: each thread decodes whole scale
+blocks in registers, with no shared-memory round trip of the decoded tile (docs/perf.md, session 4).
 """
 from __future__ import annotations
 
