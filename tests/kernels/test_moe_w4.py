@@ -218,6 +218,11 @@ def test_w4_refuses_bad_tiles_and_norm_fold(dev):
         M.moe_gate_up(x, w13, ws, 4, {**CFG, "gate_up": dict(CFG["gate_up"], BLOCK_K=16)})
     with pytest.raises(ValueError, match="norm_w"):
         M.moe_gate_up(x, w13, ws, 4, CFG, norm_w=torch.ones(64))
+    with pytest.raises(ValueError, match="layout 'modelopt'"):
+        M.moe_down(w2, ws, {**CFG, "down": dict(CFG["down"], W4_DECODE=1)})
+    with pytest.raises(ValueError, match="W4_DECODE 3"):
+        M.moe_down(w2, ws, {**CFG, "down": dict(CFG["down"], W4_DECODE=3)})  # fp32 / too few bytes per thread
+    assert W4.pick_decode("lut", torch.zeros(1)) == 2 and W4.pick_decode("modelopt", torch.zeros(1)) == 1
     ws_noshared = M.MoEWorkspace.create(4, 64, 32, 16, 16, 4, torch.float32, dev, split_k=2)
     with pytest.raises(ValueError, match="workspace"):
         M.moe_down(w2, ws_noshared, CFG)
