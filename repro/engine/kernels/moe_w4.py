@@ -20,9 +20,9 @@ Decodes (``W4_DECODE``, :func:`pick_decode`):
   ``bf16(fl32(e2m1(c) · s32))`` — the reference's own products and rounding, so exact by construction — then per
   32-bit word (8 weights) 13 integer instructions: the selectors, 4 byte-permute (PRMT) lookups, the signs,
   4 PRMT interleaving low and high bytes into bf16 pairs (inline PTX, ``tl.inline_asm_elementwise``, 4 bytes
-  per call). PRMT: PTX ISA, "prmt"; byte-permute decoding follows the mixed-precision Marlin kernels (Frantar
-  et al., arXiv:2408.11743).
-* 2: its pure-Triton twin (same layout and values; runs under the interpreter and for fp32).
+  per call; bf16 activations). PRMT: PTX ISA, "prmt"; decoding several packed values per 32-bit instruction
+  follows the mixed-precision Marlin kernels (Frantar et al., arXiv:2408.11743).
+* 2: its pure-Triton twin (same layout and values; runs under the interpreter and for fp16 / fp32).
 * 1 / 0 (layout "modelopt"): the session-3 arithmetic decodes (fp32 bit patterns, one multiply per weight).
 
 The K loop (:func:`_w4_gate_up_acc`, :func:`_w4_down_acc`) loads one contiguous activation tile and splits it into
@@ -53,7 +53,7 @@ DECODE_LAYOUT = {0: "modelopt", 1: "modelopt", 2: "lut", 3: "lut"}
 def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kernel: str = "moe",
                 tile: tuple[int, int, int] = (128, 64, 4)) -> int:
     """The ``W4_DECODE`` of a launch over experts in ``layout`` with activations like ``act``: ``decode`` when
-    given (checked), else 3 (inline-PTX lookup tables) for "lut" experts with bf16/fp16 activations on a CUDA
+    given (checked), else 3 (inline-PTX lookup tables) for "lut" experts with bf16 activations on a CUDA
     GPU and a tile (BLOCK_K, BLOCK_N, num_warps) that gives every thread >= 16 consecutive packed bytes along
     K (the PTX decodes 4 bytes of one word per call, ``pack=4``, which needs a thread's registers to hold whole
     words), 2 (its pure-Triton twin) for "lut" otherwise (interpreter, fp32, small tiles), 1 for "modelopt".
@@ -61,7 +61,7 @@ def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kerne
     from ._triton import INTERPRET
 
     bk, bn, nw = tile
-    asm_ok = (act.is_cuda and not INTERPRET and act.dtype in (torch.bfloat16, torch.float16)
+    asm_ok = (act.is_cuda and not INTERPRET and act.dtype == torch.bfloat16
               and bk // 2 >= 16 and (bk // 2) * bn >= 16 * 32 * nw)
     if decode is None:
         return (3 if asm_ok else 2) if layout == "lut" else 1
@@ -69,7 +69,7 @@ def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kerne
         raise ValueError(f"{kernel}: W4_DECODE {decode} reads experts in layout {DECODE_LAYOUT.get(decode)!r}, these "
                          f"are {layout!r} (convert with NVFP4Experts.with_layout, or drop W4_DECODE)")
     if decode == 3 and not asm_ok:
-        raise ValueError(f"{kernel}: W4_DECODE 3 (inline PTX) needs bf16/fp16 activations on a CUDA GPU and >= 16 "
+        raise ValueError(f"{kernel}: W4_DECODE 3 (inline PTX) needs bf16 activations on a CUDA GPU and >= 16 "
                          f"packed bytes per thread (BLOCK_K/2 · BLOCK_N >= 512 · num_warps), got {act.dtype} on "
                          f"{act.device}, tile (BLOCK_K, BLOCK_N, num_warps) = {tile} (use 2, its pure-Triton twin, "
                          f"or larger tiles)")
@@ -151,11 +151,11 @@ if HAS_TRITON:
     # ---- the lookup-table decode (W4_DECODE 2 / 3; experts in NVFP4Experts layout "lut") ----------------------
     # Per 16-weight block: the 8 magnitudes T[c] = bf16(fl32(e2m1(c) · s32)), s32 = fl32(e4m3 · g) — the very
     # products and the one rounding of dequantize-at-load — as four byte tables (low bytes of T[0..3], high bytes
-    # of T[0..3], low / high bytes of T[4..7]). Per 8 weights (one 32-bit word, nvfp4.to_lut_layout): 1 and
+    # of T[0..3], low / high bytes of T[4..7]; bf16 only). Per 8 weights (one 32-bit word, nvfp4.to_lut_layout): 1 and
     # (selectors), 1 shift, 4 byte-permute lookups (PRMT), 3 ops for the signs, 4 PRMT interleaving low and
     # high bytes into bf16 pairs = 13 integer instructions, ≈ 1.6 per weight (the old exact decode: ≈ 6 plus
-    # the fp32 multiply and the conversion). PRMT: PTX ISA, "prmt"; the idea of byte-permute lookups is that
-    # of the mixed-precision Marlin kernels (Frantar et al., arXiv:2408.11743).
+    # the fp32 multiply and the conversion). PRMT: PTX ISA, "prmt"; decoding several packed values per 32-bit
+    # instruction follows the mixed-precision Marlin kernels (Frantar et al., arXiv:2408.11743).
     _LUT_TABLE_ASM = """{
     .reg .f32 h, a, d, t, f, x;
     .reg .b32 p01, p23, p45, p67;
@@ -175,7 +175,6 @@ if HAS_TRITON:
     prmt.b32 $3, p45, p67, 0x7531;
     }"""
     _LUT_TABLE_BF16 = tl.constexpr(_LUT_TABLE_ASM.replace("CVT", "cvt.rn.bf16x2.f32"))
-    _LUT_TABLE_F16 = tl.constexpr(_LUT_TABLE_ASM.replace("CVT", "cvt.rn.f16x2.f32"))
     # pack=4: $4 = 4 packed bytes (one word), $5/$9/$13/$17 = the block's four tables (one register per element)
     _LUT_DECODE_ASM = """{
     .reg .b32 i, j, l0, h0, l1, h1, s;
@@ -209,7 +208,7 @@ if HAS_TRITON:
         """(even, odd) input rows ([BK/2, BN] each, in ``dtype``) of one packed tile in the "lut" layout: byte
         rows [BK/2, BN] (4 consecutive bytes = one word = inputs 8t..8t+7), scale bytes [BK/16, BN].
 
-        DECODE 3 (bf16/fp16 on the GPU): the per-block tables and the word decode in inline PTX (see above).
+        DECODE 3 (bf16 on the GPU): the per-block tables and the word decode in inline PTX (see above).
         DECODE 2: the pure-Triton twin (runs under the interpreter, any dtype): each byte row reads its whole
         word back (4 byte loads), takes its two codes and signs from the "lut" bit positions and computes
         fl32(e2m1 · s32) rounded once to ``dtype`` — the same values, bit for bit."""
@@ -218,22 +217,13 @@ if HAS_TRITON:
             sb = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.float8e4nv, bitcast=True)
             s32 = sb.to(tl.float32) * gs  # [BK/16, BN]
             q = tl.load(q_ptrs, eviction_policy="evict_first")
-            if dtype == tl.bfloat16:
-                t0, t1, t2, t3 = tl.inline_asm_elementwise(_LUT_TABLE_BF16, "=r,=r,=r,=r,r", [s32],
-                                                           dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-                                                           is_pure=True, pack=1)
-                tabs = [q, _bcast_rows(t0, HK, BN), _bcast_rows(t1, HK, BN), _bcast_rows(t2, HK, BN),
-                        _bcast_rows(t3, HK, BN)]
-                return tl.inline_asm_elementwise(_LUT_DECODE_ASM, _LUT_DECODE_CONSTRAINTS, tabs,
-                                                 dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-            else:
-                t0, t1, t2, t3 = tl.inline_asm_elementwise(_LUT_TABLE_F16, "=r,=r,=r,=r,r", [s32],
-                                                           dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-                                                           is_pure=True, pack=1)
-                tabs = [q, _bcast_rows(t0, HK, BN), _bcast_rows(t1, HK, BN), _bcast_rows(t2, HK, BN),
-                        _bcast_rows(t3, HK, BN)]
-                return tl.inline_asm_elementwise(_LUT_DECODE_ASM, _LUT_DECODE_CONSTRAINTS, tabs,
-                                                 dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+            t0, t1, t2, t3 = tl.inline_asm_elementwise(_LUT_TABLE_BF16, "=r,=r,=r,=r,r", [s32],
+                                                       dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+                                                       is_pure=True, pack=1)
+            tabs = [q, _bcast_rows(t0, HK, BN), _bcast_rows(t1, HK, BN), _bcast_rows(t2, HK, BN),
+                    _bcast_rows(t3, HK, BN)]
+            return tl.inline_asm_elementwise(_LUT_DECODE_ASM, _LUT_DECODE_CONSTRAINTS, tabs,
+                                             dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
         else:
             s32 = _e4m3_to_f32(tl.load(s_ptrs, eviction_policy="evict_first").to(tl.int32)) * gs  # fl32(e4m3 · g)
             r = tl.arange(0, HK)[:, None]
