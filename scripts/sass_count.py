@@ -157,7 +157,8 @@ def count(name, kernel, tiles, w4, decode, dump=None):
     t_issue = per_w(len(body)) / 33e12
     row = {"variant": name, "loop_instr": len(body), "weights_per_iter": weights,
            "instr_per_weight": per_w(len(body)), **{f"{k_}_per_weight": per_w(v) for k_, v in kinds.items()},
-           "ldg_kinds": dict(ldg), "registers": usage.get("REG", -1), "local_bytes": usage.get("LOCAL", 0) + usage.get("STACK", 0),
+           "ldg_kinds": dict(ldg), "registers": usage.get("REG", -1),
+           "local_bytes": usage.get("LOCAL", 0) + usage.get("STACK", 0),
            "pred_ps_per_weight": max(t_int, t_fp, t_issue) * 1e12, "top_ops": dict(ops.most_common(12))}
     return row
 

@@ -154,8 +154,8 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
             out["tiles"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             log(f"[w4 round] tiles {name} failed: {out['tiles'][name]['error']}")
     fw4.moe_cfg = W4_TILES[best]
-    fw4.W = relabel(W_lut, "modelopt") if any(c.get("W4_DECODE") in (0, 1) for c in (W4_TILES[best] or {}).values()) \
-        else W_lut
+    old = any(c.get("W4_DECODE") in (0, 1) for c in (W4_TILES[best] or {}).values())
+    fw4.W = relabel(W_lut, "modelopt") if old else W_lut
     graph = fw4.capture(head=True)
     for (kind, P), (ids, distinct, nb, floor_ms) in cases.items():
         fw4.ids.copy_(ids)

@@ -369,8 +369,8 @@ def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int 
     """(E1, out, in, weight argument, W4 launch kwargs) of stacked expert weights ``w``: a tensor [E1, out, in]
     in the activation dtype, or a :class:`~repro.checkpoint.nvfp4.NVFP4Experts` (routed experts packed, the
     shared expert in ``.shared``). ``decode``: the 4-bit decode (``moe_w4.pick_decode``; None = the default
-    for the experts' layout and the tile: ``tile`` = (BLOCK_N, num_warps)). Raises ValueError when the packed stack does not fit the workspace, the tiles
-    or the decode."""
+    for the experts' layout and the tile, ``tile`` = (BLOCK_N, num_warps)). Raises ValueError when the packed
+    stack does not fit the workspace, the tiles or the decode."""
     from repro.checkpoint.nvfp4 import NVFP4Experts
 
     if not isinstance(w, NVFP4Experts):
