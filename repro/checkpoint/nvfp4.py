@@ -172,10 +172,61 @@ def group_quantized_names(names: list[str], expected: dict[str, tuple[int, ...]]
     return groups, sorted(set(logical))
 
 
+#: ``NVFP4Experts.layout`` values: "modelopt" = the export's byte order (element 2j in the low nibble of byte j);
+#: "lut" = the same bits permuted inside each 4-byte word for the lookup-table decode of the 4-bit kernels.
+LAYOUTS = ("modelopt", "lut")
+
+
+def _words(q: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[..., in/2]`` (in/2 a multiple of 4) -> int64 ``[..., in/8]`` little-endian 32-bit words."""
+    b = q.reshape(*q.shape[:-1], q.shape[-1] // 4, 4).long()
+    return b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+
+
+def _bytes(w: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`_words`."""
+    return torch.stack([(w >> (8 * i)) & 0xFF for i in range(4)], -1).reshape(*w.shape[:-1], -1).to(torch.uint8)
+
+
+def to_lut_layout(q: torch.Tensor) -> torch.Tensor:
+    """ModelOpt packed codes uint8 ``[..., in/2]`` -> the "lut" layout (same shape, same bytes per weight).
+
+    A 4-byte word holds the 8 codes of inputs 8t..8t+7 (all in one 16-input scale block). With X_i = input 8t+2i and
+    X_{4+i} = input 8t+2i+1 (i = 0..3; the even / odd inputs of byte i in the export), the word carries the 3
+    magnitude bits of X_k in bits 4k..4k+2 (k = 0..7), the sign of X_i in bit 8i+7 and the sign of X_{4+i} in bit
+    8i+3. So ``w & 0x77777777`` is four byte-permute selectors per 16-bit half and ``w & 0x80808080`` (``(w << 4) &
+    0x80808080``) puts the signs of X_0..X_3 (X_4..X_7) on the high byte of each bf16 (the decode in
+    repro/engine/kernels/moe_w4.py). Raises ValueError unless the last dimension is a multiple of 4."""
+    if q.dtype != torch.uint8 or q.shape[-1] % 4:
+        raise ValueError(f"to_lut_layout: need uint8 [..., in/2] with in/2 a multiple of 4, got {list(q.shape)} "
+                         f"{q.dtype}")
+    w = _words(q)
+    out = torch.zeros_like(w)
+    for i in range(4):
+        lo = (w >> (8 * i)) & 0xF         # X_i (even input)
+        hi = (w >> (8 * i + 4)) & 0xF     # X_{4+i} (odd input)
+        out |= ((lo & 7) << (4 * i)) | ((hi & 7) << (16 + 4 * i))
+        out |= ((lo >> 3) << (8 * i + 7)) | ((hi >> 3) << (8 * i + 3))
+    return _bytes(out)
+
+
+def from_lut_layout(q: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`to_lut_layout` (back to the ModelOpt byte order)."""
+    w = _words(q)
+    out = torch.zeros_like(w)
+    for i in range(4):
+        lo = ((w >> (4 * i)) & 7) | (((w >> (8 * i + 7)) & 1) << 3)
+        hi = ((w >> (16 + 4 * i)) & 7) | (((w >> (8 * i + 3)) & 1) << 3)
+        out |= (lo | (hi << 4)) << (8 * i)
+    return _bytes(out)
+
+
 class NVFP4Experts:
     """The routed experts' stacked projection ``[E, out, in]`` of one MoE layer, kept in NVFP4 in memory.
 
-    ``q`` uint8 ``[E, out, in/2]`` (e2m1 pairs, even element in the low nibble), ``s`` uint8
+    ``q`` uint8 ``[E, out, in/2]``: the e2m1 codes in ``layout`` "lut" (the default: the export's bits permuted
+    inside each 4-byte word for the kernels' lookup-table decode, :func:`to_lut_layout`) or "modelopt" (the
+    export's order, even element in the low nibble; read by the older decodes ``W4_DECODE`` 0/1), ``s`` uint8
     ``[E, out, in/16]`` (the E4M3 block scales' bits), ``g`` fp32 ``[E, parts]``: the per-tensor global scale
     ``weight_scale_2`` of each checkpoint tensor stacked along ``out`` (``w_gate_up``: parts = 2, rows
     ``[0, out/2)`` from ``gate_proj``, the rest from ``up_proj``; ``w_down``: parts = 1). ``dtype``: the
@@ -187,11 +238,15 @@ class NVFP4Experts:
     the plain torch MoE path runs on it unchanged (slowly: one dequantization per expert per call).
     """
 
-    def __init__(self, E: int, out_f: int, in_f: int, parts: int, dtype: torch.dtype, device="cpu"):
+    def __init__(self, E: int, out_f: int, in_f: int, parts: int, dtype: torch.dtype, device="cpu",
+                 layout: str = "lut"):
         if in_f % GROUP or out_f % parts:
             raise ValueError(f"NVFP4Experts: in_features {in_f} must be a multiple of {GROUP} and out {out_f} "
                              f"of parts {parts}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"NVFP4Experts: layout {layout!r} is not one of {LAYOUTS}")
         self.E, self.out_f, self.in_f, self.parts, self.dtype = E, out_f, in_f, parts, dtype
+        self.layout = layout
         self.q = torch.zeros(E, out_f, in_f // 2, dtype=torch.uint8, device=device)
         self.s = torch.zeros(E, out_f, in_f // GROUP, dtype=torch.uint8, device=device)
         self.g = torch.zeros(E, parts, dtype=torch.float32, device=device)
@@ -218,7 +273,7 @@ class NVFP4Experts:
         rows = self.out_f // self.parts
         check_group(packed, weight_scale, weight_scale_2, rows, self.in_f)
         r = slice(part * rows, (part + 1) * rows)
-        self.q[e, r].copy_(packed)
+        self.q[e, r].copy_(to_lut_layout(packed) if self.layout == "lut" else packed)
         self.s[e, r].copy_(weight_scale.view(torch.uint8))
         self.g[e, part] = weight_scale_2.float().reshape(())
 
@@ -233,6 +288,8 @@ class NVFP4Experts:
         """Experts ``sel`` (an index or a slice) → ``[n, out, in]`` in ``dtype``: per element e2m1 · (E4M3 · g) in
         fp32, then one rounding — the operations of :func:`dequantize` in the same order, so bit-identical."""
         q, sc, g = self.q[sel], self.s[sel].view(torch.float8_e4m3fn).float(), self.g[sel]
+        if self.layout == "lut":
+            q = from_lut_layout(q)
         n = q.shape[0]
         code = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(n, self.out_f, self.in_f).long()
         vals = E2M1_VALUES.to(q.device)[code & 7] * torch.where(code >= 8, -1.0, 1.0)
@@ -246,9 +303,21 @@ class NVFP4Experts:
         """All experts ``[E, out, in]`` in ``dtype`` (what dequantize-at-load holds), ``chunk`` experts at a time."""
         return torch.cat([self._dequantize(slice(i, i + chunk)) for i in range(0, self.E, chunk)], 0)
 
+    def with_layout(self, layout: str, chunk: int = 16) -> "NVFP4Experts":
+        """The same experts with ``q`` in ``layout`` (self when it already is; else a converted copy of q, s, g
+        shared, ``chunk`` experts at a time). Raises ValueError for an unknown layout."""
+        if layout == self.layout:
+            return self
+        o = NVFP4Experts(self.E, self.out_f, self.in_f, self.parts, self.dtype, self.device, layout)
+        conv = to_lut_layout if layout == "lut" else from_lut_layout
+        for i in range(0, self.E, chunk):
+            o.q[i:i + chunk].copy_(conv(self.q[i:i + chunk]))
+        o.s, o.g, o.shared = self.s, self.g, self.shared
+        return o
+
     def to(self, device) -> "NVFP4Experts":
         """A copy on ``device`` (the shared expert too)."""
-        o = NVFP4Experts(self.E, self.out_f, self.in_f, self.parts, self.dtype, device)
+        o = NVFP4Experts(self.E, self.out_f, self.in_f, self.parts, self.dtype, device, self.layout)
         o.q.copy_(self.q)
         o.s.copy_(self.s)
         o.g.copy_(self.g)

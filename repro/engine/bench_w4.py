@@ -25,16 +25,33 @@ NVFP4_BYTES = 0.5 + 1.0 / 16
 W4_TARGETS = {"ms_1k": 1.9, "ratio_1k": 1.25, "ms_4k": 2.0, "model_GB": 12.0}
 
 #: MoE tile variants for the 4-bit expert GEMMs ("default" = ``moe_w4.W4_TILES_DEFAULT``; None = the tuned BF16
-#: tiles of kernels/configs; every variant with decode 1 unless "+dec0": the select decode of moe_w4._fp4_tile)
+#: tiles of kernels/configs; every variant with the default decode of the experts' layout (3 on the GPU, the
+#: lookup-table decode) unless it names ``W4_DECODE``; decodes 0/1 read layout "modelopt", for which the round
+#: re-labels the same random bytes (:func:`relabel`), so those variants time the same distribution of values)
 W4_TILES = {
     "default": W4_TILES_DEFAULT,
-    "bf16_tiles": None,
-    "n32_k256": {"gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),
-                 "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3)},
-    "n64_k256_w8": {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=3),
-                    "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)},
-    "default+dec0": {k: dict(v, W4_DECODE=0) for k, v in W4_TILES_DEFAULT.items()},
+    "s2": {k: dict(v, num_stages=2) for k, v in W4_TILES_DEFAULT.items()},
+    "down_n64": {"gate_up": W4_TILES_DEFAULT["gate_up"], "down": dict(W4_TILES_DEFAULT["down"], BLOCK_N=64)},
+    "gu_n128_w8": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=128, num_warps=8),
+                   "down": W4_TILES_DEFAULT["down"]},
+    "k256": {k: dict(v, BLOCK_K=256) for k, v in W4_TILES_DEFAULT.items()},
+    "default+dec1": {k: dict(v, W4_DECODE=1) for k, v in W4_TILES_DEFAULT.items()},
 }
+
+
+def relabel(W4: dict, layout: str) -> dict:
+    """``W4`` with each layer's NVFP4Experts re-labelled as ``layout`` (the same bytes, no conversion: for timing
+    the decodes of the other layout on random experts without a second copy of the weights)."""
+    from repro.checkpoint.nvfp4 import NVFP4Experts
+
+    def lab(t):
+        if not isinstance(t, NVFP4Experts):
+            return t
+        o = t.with_shared(t.shared)
+        o.layout = layout
+        return o
+
+    return dict(W4, layers=[{k: lab(v) for k, v in L.items()} for L in W4["layers"]])
 
 
 def w4_weights(W: dict, shape, seed: int = 0) -> dict:
@@ -116,8 +133,11 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
             nb = F.round_bytes(shape, distinct, P, fw4.T, expert_bytes=NVFP4_BYTES)
             cases[kind, P] = (ids, distinct, nb, nb["total"] / (copy_bw * 1e9) * 1e3)
     best, best_ms = None, float("inf")
+    W_lut = fw4.W
     for name, tiles in W4_TILES.items():
         try:
+            old = any(c.get("W4_DECODE") in (0, 1) for c in (tiles or {}).values())
+            fw4.W = relabel(W_lut, "modelopt") if old else W_lut
             fw4.moe_cfg = tiles
             graph = fw4.capture(head=True)
             out["tiles"][name] = {}
@@ -134,6 +154,8 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
             out["tiles"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             log(f"[w4 round] tiles {name} failed: {out['tiles'][name]['error']}")
     fw4.moe_cfg = W4_TILES[best]
+    old = any(c.get("W4_DECODE") in (0, 1) for c in (W4_TILES[best] or {}).values())
+    fw4.W = relabel(W_lut, "modelopt") if old else W_lut
     graph = fw4.capture(head=True)
     for (kind, P), (ids, distinct, nb, floor_ms) in cases.items():
         fw4.ids.copy_(ids)
@@ -188,6 +210,7 @@ def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print) ->
     from .kernels.moe_w4 import random_nvfp4_experts
 
     E, H, N, k = 256, 2048, 512, 8
+    ref = None
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
     gate = torch.randn(E, H, device="cuda", generator=g) * H ** -0.5
@@ -202,15 +225,27 @@ def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print) ->
     M.moe_route_align(x, gate, bias, ws, E + 1, k)
     D = int((ws.counts[:E] > 0).sum())
     out = {"T": T, "distinct_experts": D}
-    for name, a, b, bpw, cfg in (("bf16", w13, w2, 2.0, None), ("w4", w13_4, w2_4, NVFP4_BYTES, W4_TILES_DEFAULT),
-                                 ("w4_dec0", w13_4, w2_4, NVFP4_BYTES, W4_TILES["default+dec0"])):
+    m13, m2 = w13_4.with_layout("modelopt"), w2_4.with_layout("modelopt")  # the same values, export layout
+    dec = lambda d: {k: dict(v, W4_DECODE=d) for k, v in W4_TILES_DEFAULT.items()}  # noqa: E731
+    for name, a, b, bpw, cfg in (("bf16", w13, w2, 2.0, None), ("w4_lut_dec3", w13_4, w2_4, NVFP4_BYTES, dec(3)),
+                                 ("w4_lut_dec2", w13_4, w2_4, NVFP4_BYTES, dec(2)),
+                                 ("w4_modelopt_dec1", m13, m2, NVFP4_BYTES, dec(1))):
         gu = time_replays(lambda: M.moe_gate_up(x, a, ws, k, cfg), iters)["ms"] * 1e3
         dn = time_replays(lambda: M.moe_down(b, ws, cfg), iters)["ms"] * 1e3
         routed = D * 2 * N * H * bpw + 2 * N * H * 2  # touched routed experts + the bf16 shared expert
         out[name] = {"gate_up_us": gu, "down_us": dn, "gate_up_GBps": routed / (gu * 1e-6) / 1e9,
                      "down_GBps": (routed / 2) / (dn * 1e-6) / 1e9}
+        ws.pair_out.fill_(float("nan"))
+        M.moe_gate_up(x, a, ws, k, cfg)
+        M.moe_down(b, ws, cfg)
+        res = ws.pair_out.clone()
+        out[name]["pair_out_vs_bf16_rel_err"] = 0.0 if name == "bf16" else float(
+            (res.double() - ref.double()).norm() / ref.double().norm())
+        if name == "bf16":
+            ref = res
         log(f"[moe layer {name}] D={D}: gate+up {gu:.1f} µs ({out[name]['gate_up_GBps']:.0f} GB/s), "
-            f"down {dn:.1f} µs ({out[name]['down_GBps']:.0f} GB/s)")
+            f"down {dn:.1f} µs ({out[name]['down_GBps']:.0f} GB/s), vs bf16 kernels "
+            f"{out[name]['pair_out_vs_bf16_rel_err']:.2e}")
     return out
 
 

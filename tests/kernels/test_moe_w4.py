@@ -44,14 +44,95 @@ def _decode_cfg(decode):
     return {**CFG, **{k: dict(CFG[k], W4_DECODE=decode) for k in ("gate_up", "down")}}
 
 
-@pytest.mark.parametrize("decode", [0, 1])
+def _prmt(a, b, sel):
+    """PTX ``prmt.b32`` (default mode) on int64 tensors: byte k of the result is byte (sel >> 4k) & 7 of the
+    8 bytes b:a (bit 3 of a selector nibble replicates that byte's sign bit; PTX ISA, "prmt")."""
+    src = (a & 0xFFFFFFFF) | ((b & 0xFFFFFFFF) << 32)
+    sel = torch.as_tensor(sel)
+    out = torch.zeros_like(src)
+    for k in range(4):
+        nib = (sel >> (4 * k)) & 0xF
+        byte = (src >> (8 * (nib & 7))) & 0xFF
+        byte = torch.where((nib & 8) != 0, torch.where(byte >= 0x80, 0xFF, 0), byte)
+        out |= byte << (8 * k)
+    return out
+
+
+def _emulate_lut_decode(words, s32, dtype):
+    """The inline-PTX lookup-table decode of moe_w4 (tables + word decode), emulated with integer tensor ops:
+    words int64 [n] in the "lut" layout, s32 fp32 [n] their block scales -> [n, 8] ``dtype`` values in input
+    order 8t..8t+7 (X_i = input 2i, X_{4+i} = input 2i+1)."""
+    mags = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    T = (mags[None, :] * s32[:, None]).to(dtype).view(torch.int16).long() & 0xFFFF  # [n, 8] = bf16(fl32(c·s))
+    tl0 = sum((T[:, c] & 0xFF) << (8 * c) for c in range(4))
+    th0 = sum((T[:, c] >> 8) << (8 * c) for c in range(4))
+    tl1 = sum((T[:, 4 + c] & 0xFF) << (8 * c) for c in range(4))
+    th1 = sum((T[:, 4 + c] >> 8) << (8 * c) for c in range(4))
+    i = words & 0x77777777
+    j = i >> 16
+    l0, h0 = _prmt(tl0, tl1, i & 0xFFFF), _prmt(th0, th1, i & 0xFFFF)
+    l1, h1 = _prmt(tl0, tl1, j), _prmt(th0, th1, j)
+    h0 = h0 | (words & 0x80808080)
+    h1 = h1 | ((words << 4) & 0x80808080)
+    v = [_prmt(l0, h0, 0x5140), _prmt(l0, h0, 0x7362), _prmt(l1, h1, 0x5140), _prmt(l1, h1, 0x7362)]
+    halves = torch.stack([torch.stack([x & 0xFFFF, x >> 16], -1) for x in v], 1).reshape(-1, 8)  # X_0..X_7
+    vals = halves.to(torch.int16).view(dtype)  # wraps >= 0x8000 to negative int16: the same bits
+    order = [0, 4, 1, 5, 2, 6, 3, 7]  # inputs 0..7 = X_0, X_4, X_1, X_5, ...
+    return vals[:, order]
+
+
+def test_lut_decode_is_dequantize_at_load_for_every_code_and_scale():
+    """The lookup-table decode's bit design (per-block magnitude tables of bf16(fl32(e2m1 · s32)), byte-permute
+    lookups, sign bits of the "lut" layout) emulated on the CPU: every one of the 2^8 code pairs x 4 word
+    positions, against every finite E4M3 scale byte x 3 global scales, equals nvfp4.dequantize bit for bit."""
+    dtype = torch.bfloat16
+    sbytes = torch.arange(127, dtype=torch.int32).to(torch.uint8)  # every finite E4M3 byte (0x7F is NaN)
+    gs = torch.tensor([1.0, 1.0 / 3.0, 0.7 * 2.0 ** -20])
+    sb = sbytes.repeat(3)  # one row per (scale byte, global scale)
+    g2 = gs.repeat_interleave(127)
+    q = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(sb.numel(), 1)  # every byte, every position
+    rows = q.shape[0]
+    in_f = q.shape[1] * 2
+    scale = sb[:, None].repeat(1, in_f // 16).view(torch.float8_e4m3fn)
+    want = torch.stack([Q.dequantize(q[r:r + 1], scale[r:r + 1], g2[r], dtype=dtype)[0] for r in range(rows)])
+    lut = Q.to_lut_layout(q)
+    words = Q._words(lut).reshape(-1)  # [rows * in/8]
+    s32 = (scale.float()[:, :, None].repeat(1, 1, 2).reshape(rows, -1) * g2[:, None]).reshape(-1)
+    got = _emulate_lut_decode(words, s32, dtype).reshape(rows, in_f)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(Q.from_lut_layout(lut), q)
+
+
+def test_lut_layout_round_trip_and_errors():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(0, 256, (3, 5, 24), generator=g, dtype=torch.int32).to(torch.uint8)
+    lut = Q.to_lut_layout(q)
+    assert lut.shape == q.shape and not torch.equal(lut, q)
+    assert torch.equal(Q.from_lut_layout(lut), q)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        Q.to_lut_layout(q[..., :6])
+    w = Q.NVFP4Experts(2, 8, 32, 1, torch.float32)
+    w.q.copy_(torch.randint(0, 256, w.q.shape, generator=g, dtype=torch.int32).to(torch.uint8))
+    w.s.fill_(0x38)  # 1.0
+    w.g.fill_(0.5)
+    m = w.with_layout("modelopt")
+    assert m.layout == "modelopt" and torch.equal(m.dequantize(), w.dequantize())
+    assert torch.equal(m.with_layout("lut").q, w.q)
+    with pytest.raises(ValueError, match="layout"):
+        Q.NVFP4Experts(2, 8, 32, 1, torch.float32, layout="marlin")
+
+
+@pytest.mark.parametrize("decode", [0, 1, 2, 3])
 def test_kernel_dequantizes_every_code_and_scale_exactly(dev, decode):
     """One-hot activation rows through the down GEMM read the kernel's dequantized weights back column by
     column: they equal NVFP4Experts.dequantize() (the dequantize-at-load values) bit for bit, for all 256
-    packed bytes and all finite E4M3 scale bytes (subnormals included)."""
+    packed bytes and all finite E4M3 scale bytes (subnormals included). Decodes 0/1 read the "modelopt"
+    layout, 2/3 the "lut" one (3, inline PTX, on the GPU only)."""
+    if decode == 3 and dev == "cpu":
+        pytest.skip("inline PTX: GPU only")
     dt = torch.float32 if dev == "cpu" else torch.bfloat16
-    H, N, E = 32, 64, 2
-    w2 = Q.NVFP4Experts(E, H, N, 1, dt, dev)
+    H, N, E = 64, 64, 2
+    w2 = Q.NVFP4Experts(E, H, N, 1, dt, dev, layout=W4.DECODE_LAYOUT[decode])
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     w2.q.copy_(codes.repeat(E * H * N // 2 // 256).view(E, H, N // 2))
     sbytes = torch.tensor([b for b in range(128) if b & 0x7F != 0x7F], dtype=torch.uint8)  # no NaN
@@ -61,7 +142,10 @@ def test_kernel_dequantizes_every_code_and_scale_exactly(dev, decode):
     ids = torch.arange(N, device=dev)[:, None] % E  # token t -> expert t % E
     M.moe_align(ids, torch.ones(N, 1, device=dev), ws)
     ws.inter.copy_(torch.eye(N, dtype=dt, device=dev))  # pair p = token p: row p selects input column p
-    M.moe_down(w2, ws, _decode_cfg(decode))
+    cfg = _decode_cfg(decode)
+    if decode == 3:  # >= 16 packed bytes per thread (moe_w4.pick_decode)
+        cfg = {**cfg, "down": dict(cfg["down"], BLOCK_N=64, BLOCK_K=64, num_warps=4)}
+    M.moe_down(w2, ws, cfg)
     want = w2.dequantize()
     for t in range(N):
         got = ws.pair_out[t]
@@ -73,17 +157,27 @@ def test_kernel_dequantizes_every_code_and_scale_exactly(dev, decode):
     (torch.float16, 5, True, True, 1, 0),
     (torch.float32, 7, False, False, 2, 0),
     (torch.float16, 6, True, False, 3, 1),
+    (torch.float32, 8, True, False, 4, 2),
+    (torch.float16, 5, True, True, 5, 3),
 ])
 def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compact, seed, decode):
     if dev == "cuda":
         dtype = torch.bfloat16
     H, N, E, k, ng, tg = 64, 32, 16, 4, 4, 2
     x, gate, bias, w13, w2 = _experts(T, H, N, E, shared, dtype, dev, seed)
+    if decode in (0, 1):
+        w13, w2 = w13.with_layout("modelopt"), w2.with_layout("modelopt")
+    elif decode == 3 and dev == "cpu":
+        decode = 2
     E1 = E + int(shared)
     ws = M.MoEWorkspace.create(T, H, N, E, E1, k, dtype, dev, split_k=2)
     ws.compact = compact
     ws.out.fill_(float("nan"))
-    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=_decode_cfg(decode))
+    cfg = _decode_cfg(decode)
+    if decode == 3:  # tiles with >= 16 packed bytes per thread (moe_w4.pick_decode)
+        cfg = {**cfg, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=1, num_stages=2, W4_DECODE=3),
+               "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, num_warps=1, num_stages=2, W4_DECODE=3)}
+    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=cfg)
     assert not torch.isnan(out).any()
     topk = (ws.topk_ids.long(), ws.topk_w)
     ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=topk)
@@ -100,6 +194,22 @@ def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compa
     assert rel_err(out, out16) < tol
 
 
+def test_fused_moe_w4_k128_tiles_match_dequantized_reference(dev):
+    """BLOCK_K = 128: the row interleave built with tl.join (the kWidth-8 dot operand on the GPU,
+    moe_w4._interleave_rows), the default decode of the layout (2 under the interpreter, 3 on the GPU)."""
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    T, H, N, E, k, ng, tg = 6, 128, 128, 8, 2, 4, 2
+    x, gate, bias, w13, w2 = _experts(T, H, N, E, True, dtype, dev, 7)
+    ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, dtype, dev, split_k=2)
+    cfg = {**CFG, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=1, num_stages=2),
+           "down": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=1, num_stages=2)}
+    ws.out.fill_(float("nan"))
+    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=cfg)
+    ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 3e-3)
+
+
 def test_w4_refuses_bad_tiles_and_norm_fold(dev):
     x, gate, bias, w13, w2 = _experts(4, 64, 32, 16, True, torch.float32, dev, 3)
     ws = M.MoEWorkspace.create(4, 64, 32, 16, 17, 4, torch.float32, dev, split_k=2)
@@ -108,13 +218,19 @@ def test_w4_refuses_bad_tiles_and_norm_fold(dev):
         M.moe_gate_up(x, w13, ws, 4, {**CFG, "gate_up": dict(CFG["gate_up"], BLOCK_K=16)})
     with pytest.raises(ValueError, match="norm_w"):
         M.moe_gate_up(x, w13, ws, 4, CFG, norm_w=torch.ones(64))
+    with pytest.raises(ValueError, match="layout 'modelopt'"):
+        M.moe_down(w2, ws, {**CFG, "down": dict(CFG["down"], W4_DECODE=1)})
+    with pytest.raises(ValueError, match="W4_DECODE 3"):
+        M.moe_down(w2, ws, {**CFG, "down": dict(CFG["down"], W4_DECODE=3)})  # fp32 / too few bytes per thread
+    assert W4.pick_decode("lut", torch.zeros(1)) == 2 and W4.pick_decode("modelopt", torch.zeros(1)) == 1
     ws_noshared = M.MoEWorkspace.create(4, 64, 32, 16, 16, 4, torch.float32, dev, split_k=2)
     with pytest.raises(ValueError, match="workspace"):
         M.moe_down(w2, ws_noshared, CFG)
 
 
 @pytest.mark.gpu
-def test_fused_moe_w4_bf16_full_shape():
+@pytest.mark.parametrize("tiles", [None, W4.W4_TILES_DEFAULT])
+def test_fused_moe_w4_bf16_full_shape(tiles):
     T, H, N, E, k = 32, 2048, 512, 256, 8
     g = torch.Generator(device="cuda").manual_seed(0)
     w13 = W4.random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, "cuda", g, std=H ** -0.5)
@@ -126,7 +242,7 @@ def test_fused_moe_w4_bf16_full_shape():
     bias = torch.randn(E, device="cuda", generator=g) * 0.05
     ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, torch.bfloat16, "cuda")
     ws.pair_out.fill_(float("nan"))
-    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, ws=ws)
+    out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, ws=ws, configs=tiles)
     torch.cuda.synchronize()
     assert not torch.isnan(ws.pair_out).any()
     ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, topk=(ws.topk_ids.long(), ws.topk_w))

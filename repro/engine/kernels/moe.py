@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, triton
-from .moe_w4 import check_w4_tiles
+from .moe_w4 import check_w4_tiles, pick_decode
 from .route import DEFAULT_CONFIGS, MoEWorkspace, _cfg, moe_align, moe_route_align, route_reference
 
 __all__ = [
@@ -148,7 +148,7 @@ def stack_experts(gate_projs, up_projs, down_projs, shared=None):
 # --------------------------------------------------------------------------------------------------
 
 if HAS_TRITON:
-    from .moe_w4 import _fp4_ptrs, _w4_dot
+    from .moe_w4 import _w4_down_acc, _w4_gate_up_acc
 
     @triton.jit
     def _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M: tl.constexpr, MAXC: tl.constexpr,
@@ -189,18 +189,8 @@ if HAS_TRITON:
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         ssv = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if W4:
-            a_ptrs = x_ptr + tok[:, None] * stride_xt + 2 * tl.arange(0, BLOCK_K // 2)[None, :]
-            qoff, soff = _fp4_ptrs(offs_n, H, BLOCK_K)
-            qg = q_ptr + e.to(tl.int64) * (N * H) + qoff  # 2N rows of H/2 bytes per expert
-            sg = s_ptr + e.to(tl.int64) * (N * H // 8) + soff
-            gs_g = tl.load(g_ptr + 2 * e)
-            gs_u = tl.load(g_ptr + 2 * e + 1)
-            for k0 in range(0, H, BLOCK_K):
-                ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-                ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
-                acc_g = _w4_dot(acc_g, ae, ao, qg + k0 // 2, sg + k0 // 16, gs_g, BLOCK_K, BLOCK_N, DECODE)
-                acc_u = _w4_dot(acc_u, ae, ao, qg + N * (H // 2) + k0 // 2, sg + N * (H // 16) + k0 // 16, gs_u,
-                                 BLOCK_K, BLOCK_N, DECODE)
+            acc_g, acc_u = _w4_gate_up_acc(x_ptr, tok, stride_xt, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N,
+                                           BLOCK_M, BLOCK_N, BLOCK_K, DECODE)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
@@ -226,15 +216,8 @@ if HAS_TRITON:
         ``w_ptr`` ([H, N])."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if W4:
-            a_ptrs = inter_ptr + p[:, None] * N + 2 * tl.arange(0, BLOCK_K // 2)[None, :]
-            qoff, soff = _fp4_ptrs(offs_n, N, BLOCK_K)
-            qd = q_ptr + e.to(tl.int64) * (H * N // 2) + qoff
-            sd = s_ptr + e.to(tl.int64) * (H * N // 16) + soff
-            gs = tl.load(g_ptr + e)
-            for k0 in range(0, N, BLOCK_K):
-                ae = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-                ao = tl.load(a_ptrs + k0 + 1, mask=mmask[:, None], other=0.0)
-                acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N, DECODE)
+            acc = _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
+                               DECODE)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
@@ -381,11 +364,13 @@ def expert_slots(w) -> int:
     return w.shape[0] + int(getattr(w, "shared", None) is not None)
 
 
-def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int = 1):
+def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int | None = None,
+                    tile: tuple[int, int] = (64, 4)):
     """(E1, out, in, weight argument, W4 launch kwargs) of stacked expert weights ``w``: a tensor [E1, out, in]
     in the activation dtype, or a :class:`~repro.checkpoint.nvfp4.NVFP4Experts` (routed experts packed, the
-    shared expert in ``.shared``). Raises ValueError when the packed stack does not fit the workspace or
-    the tiles."""
+    shared expert in ``.shared``). ``decode``: the 4-bit decode (``moe_w4.pick_decode``; None = the default
+    for the experts' layout and the tile, ``tile`` = (BLOCK_N, num_warps)). Raises ValueError when the packed
+    stack does not fit the workspace, the tiles or the decode."""
     from repro.checkpoint.nvfp4 import NVFP4Experts
 
     if not isinstance(w, NVFP4Experts):
@@ -397,6 +382,7 @@ def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int 
         raise ValueError(f"{kernel}: NVFP4 experts for E={E} (shared: {w.shared is not None}), workspace for "
                          f"E={ws.E}, E1={ws.E1}")
     check_w4_tiles(min(block_k, in_f), in_f)
+    decode = pick_decode(w.layout, ws.inter, decode, kernel, (min(block_k, in_f), min(tile[0], out_f), tile[1]))
     # the shared expert's rows (never read without one: then any tensor of the activation dtype will do)
     dense = w.shared.contiguous() if w.shared is not None else ws.inter
     return E1, out_f, in_f, dense, dict(W4=True, q_ptr=w.q, s_ptr=w.s, g_ptr=w.g, W4_DECODE=decode)
@@ -406,13 +392,14 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=
     """Kernel 3: grouped gate+up GEMM with SiLU·mul·routing weight fused -> ``ws.inter`` [P1, N].
 
     w13: [E1, 2N, H] in x's dtype, or NVFP4Experts [E, 2N, H] (+ shared) for the weights-only 4-bit mode
-    (needs BLOCK_K a multiple of 32; no norm_w; tile key ``W4_DECODE`` (default 1) picks the decode of
-    ``moe_w4._fp4_tile``). norm_w [H]: x is the un-normalised residual and
+    (needs BLOCK_K a multiple of 32; no norm_w; tile key ``W4_DECODE`` picks the decode of
+    ``moe_w4._fp4_tile``, default ``moe_w4.pick_decode``). norm_w [H]: x is the un-normalised residual and
     RMSNorm(x)·norm_w is folded into the GEMM. Raises ValueError for norm_w with 4-bit experts.
     """
     T, H = x.shape
     gc = _cfg("gate_up", configs, H, w13.shape[1] // 2, ws.E1, T)
-    E1, twoN, _, w_arg, w4 = _expert_operand(w13, ws, "moe_gate_up", gc["BLOCK_K"], gc.get("W4_DECODE", 1))
+    E1, twoN, _, w_arg, w4 = _expert_operand(w13, ws, "moe_gate_up", gc["BLOCK_K"], gc.get("W4_DECODE"),
+                                             (gc["BLOCK_N"], gc.get("num_warps", 4)))
     N = twoN // 2
     if w4 and norm_w is not None:
         raise ValueError("moe_gate_up: the RMSNorm fold (norm_w) is not implemented for 4-bit experts")
@@ -434,7 +421,8 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     NVFP4Experts [E, H, N] (+ shared), as in :func:`moe_gate_up`."""
     T = ws.T
     dc = _cfg("down", configs, w2.shape[1], w2.shape[2], ws.E1, T)
-    E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"], dc.get("W4_DECODE", 1))
+    E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"], dc.get("W4_DECODE"),
+                                          (dc["BLOCK_N"], dc.get("num_warps", 4)))
     assert ws.inter.shape[1] == N
     bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
     sh = int(ws.E1 == ws.E + 1)

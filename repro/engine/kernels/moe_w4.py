@@ -2,22 +2,35 @@
 for the grouped expert GEMMs of :mod:`.moe`, beside their torch reference :func:`moe_w4_reference`.
 
 Format (NVIDIA ModelOpt NVFP4 export, :mod:`repro.checkpoint.nvfp4`; NVIDIA TensorRT Model Optimizer docs,
-"NVFP4"): per expert projection ``W [out, in]``: packed e2m1 codes ``q`` uint8 ``[out, in/2]`` (element 2j in
-the low nibble), E4M3 block scales ``s`` ``[out, in/16]`` (one per 16 inputs, passed as their uint8 bits),
-a per-tensor fp32 global scale ``g``. Value: ``W[n, k] = e2m1(code) · (e4m3(s[n, k/16]) · g)``, computed in
-fp32 in that order and rounded once to the activation dtype: exactly the values of dequantize-at-load
-(``nvfp4.dequantize`` in fp32, then ``.to(dtype)``). The GEMMs accumulate in fp32.
+"NVFP4"): per expert projection ``W [out, in]``: packed e2m1 codes ``q`` uint8 ``[out, in/2]``, E4M3 block scales
+``s`` ``[out, in/16]`` (one per 16 inputs, passed as their uint8 bits), a per-tensor fp32 global scale ``g``.
+Value: ``W[n, k] = e2m1(code) · (e4m3(s[n, k/16]) · g)``, computed in fp32 in that order and rounded once to
+the activation dtype: exactly the values of dequantize-at-load (``nvfp4.dequantize`` in fp32, then
+``.to(dtype)``). The GEMMs accumulate in fp32. Bytes streamed per weight: 0.5 + 1/16 instead of 2.
 
 Kernel layout (:class:`repro.checkpoint.nvfp4.NVFP4Experts`): ``w13`` q ``[E, 2N, H/2]``, s ``[E, 2N, H/16]``,
 g ``[E, 2]`` (gate, up); ``w2`` q ``[E, H, N/2]``, s ``[E, H, N/16]``, g ``[E, 1]``; the shared expert stays in
 the activation dtype (``.shared``) and is expert index E of the same launch (a runtime branch per program).
+``q`` is in layout "lut" (the default; the export's bits permuted inside each 4-byte word at load,
+``nvfp4.to_lut_layout``) or "modelopt" (the export's order).
 
-The K loop takes a ``[BLOCK_K/2, BLOCK_N]`` tile of packed bytes and splits it into the even and the odd
-input elements: two dots, ``a[:, 0::2] · W_even + a[:, 1::2] · W_odd``, so no register shuffle interleaves
-the nibbles. The decode uses integer and/shift/add and fp32 selects only (bit patterns with a biased
-exponent; no int->float conversions, which run at 1/8 of the ALU rate, and no subnormals, so flush-to-zero
-cannot change a value); each E4M3 scale is decoded once per 16 weights. Bytes streamed per weight:
-0.5 + 1/16 (scales) instead of 2 — the round's floor drops ~3×.
+Decodes (``W4_DECODE``, :func:`pick_decode`):
+
+* 3 (default on the GPU, layout "lut"): per 16-weight block, four byte tables of the 8 magnitudes
+  ``bf16(fl32(e2m1(c) · s32))`` — the reference's own products and rounding, so exact by construction — then per
+  32-bit word (8 weights) 13 integer instructions: the selectors, 4 byte-permute (PRMT) lookups, the signs,
+  4 PRMT interleaving low and high bytes into bf16 pairs (inline PTX, ``tl.inline_asm_elementwise``, 4 bytes
+  per call; bf16 activations). PRMT: PTX ISA, "prmt"; decoding several packed values per 32-bit instruction
+  follows the mixed-precision Marlin kernels (Frantar et al., arXiv:2408.11743).
+* 2: its pure-Triton twin (same layout and values; runs under the interpreter and for fp16 / fp32).
+* 1 / 0 (layout "modelopt"): the session-3 arithmetic decodes (fp32 bit patterns, one multiply per weight).
+
+The K loop (:func:`_w4_gate_up_acc`, :func:`_w4_down_acc`) loads one contiguous activation tile and splits it into
+even / odd inputs in registers, and one packed tile of ``[BLOCK_K/2, 2·BLOCK_N]`` (gate and up rows
+interleaved) or ``[BLOCK_K/2, BLOCK_N]`` (down, rows interleaved the same way) whose decode feeds two dots
+(even / odd inputs). With BLOCK_K >= 128 the interleave is built with ``tl.join``, after which Triton (3.6)
+loads the packed tile straight into the dot-operand layout with kWidth 8: each thread decodes whole scale
+blocks in registers, with no shared-memory round trip of the decoded tile (docs/perf.md, session 4).
 """
 from __future__ import annotations
 
@@ -25,13 +38,42 @@ import torch
 
 from ._triton import HAS_TRITON, tl, triton
 
-__all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "W4_TILES_DEFAULT"]
+__all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "pick_decode", "W4_TILES_DEFAULT"]
 
 #: MoE tiles of the full-size 4-bit round (:class:`~repro.engine.kernels.fastpath.BlockForward` uses them when
-#: the experts are packed and no tiles are given): the fastest of the variants measured on the H200
-#: (docs/perf.md, session 3: 8.03 ms vs 8.57 ms with the BF16 tiles, both with decode 1).
-W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, W4_DECODE=1),
-                    "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, W4_DECODE=1)}
+#: the experts are packed and no tiles are given; the decode is :func:`pick_decode`'s default for the layout):
+#: docs/perf.md, session 4.
+W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
+                    "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3)}
+
+#: W4_DECODE values and the ``NVFP4Experts.layout`` each reads
+DECODE_LAYOUT = {0: "modelopt", 1: "modelopt", 2: "lut", 3: "lut"}
+
+
+def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kernel: str = "moe",
+                tile: tuple[int, int, int] = (128, 64, 4)) -> int:
+    """The ``W4_DECODE`` of a launch over experts in ``layout`` with activations like ``act``: ``decode`` when
+    given (checked), else 3 (inline-PTX lookup tables) for "lut" experts with bf16 activations on a CUDA
+    GPU and a tile (BLOCK_K, BLOCK_N, num_warps) that gives every thread >= 16 consecutive packed bytes along
+    K (the PTX decodes 4 bytes of one word per call, ``pack=4``, which needs a thread's registers to hold whole
+    words), 2 (its pure-Triton twin) for "lut" otherwise (interpreter, fp32, small tiles), 1 for "modelopt".
+    Raises ValueError when the decode does not read ``layout`` or needs what ``act`` or the tile is not."""
+    from ._triton import INTERPRET
+
+    bk, bn, nw = tile
+    asm_ok = (act.is_cuda and not INTERPRET and act.dtype == torch.bfloat16
+              and bk // 2 >= 16 and (bk // 2) * bn >= 16 * 32 * nw)
+    if decode is None:
+        return (3 if asm_ok else 2) if layout == "lut" else 1
+    if DECODE_LAYOUT.get(decode) != layout:
+        raise ValueError(f"{kernel}: W4_DECODE {decode} reads experts in layout {DECODE_LAYOUT.get(decode)!r}, these "
+                         f"are {layout!r} (convert with NVFP4Experts.with_layout, or drop W4_DECODE)")
+    if decode == 3 and not asm_ok:
+        raise ValueError(f"{kernel}: W4_DECODE 3 (inline PTX) needs bf16 activations on a CUDA GPU and >= 16 "
+                         f"packed bytes per thread (BLOCK_K/2 · BLOCK_N >= 512 · num_warps), got {act.dtype} on "
+                         f"{act.device}, tile (BLOCK_K, BLOCK_N, num_warps) = {tile} (use 2, its pure-Triton twin, "
+                         f"or larger tiles)")
+    return decode
 
 
 def moe_w4_reference(x, gate_w, expert_bias, w13, w2, top_k=8, n_group=8, topk_group=4, scaling=2.5,
@@ -106,21 +148,115 @@ if HAS_TRITON:
         hi = ((q << 18) & 0x01C00000) | ((q << 24) & -2147483648)
         return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
 
+    # ---- the lookup-table decode (W4_DECODE 2 / 3; experts in NVFP4Experts layout "lut") ----------------------
+    # Per 16-weight block: the 8 magnitudes T[c] = bf16(fl32(e2m1(c) · s32)), s32 = fl32(e4m3 · g) — the very
+    # products and the one rounding of dequantize-at-load — as four byte tables (low bytes of T[0..3], high bytes
+    # of T[0..3], low / high bytes of T[4..7]; bf16 only). Per 8 weights (one 32-bit word, nvfp4.to_lut_layout): 1 and
+    # (selectors), 1 shift, 4 byte-permute lookups (PRMT), 3 ops for the signs, 4 PRMT interleaving low and
+    # high bytes into bf16 pairs = 13 integer instructions, ≈ 1.6 per weight (the old exact decode: ≈ 6 plus
+    # the fp32 multiply and the conversion). PRMT: PTX ISA, "prmt"; decoding several packed values per 32-bit
+    # instruction follows the mixed-precision Marlin kernels (Frantar et al., arXiv:2408.11743).
+    _LUT_TABLE_ASM = """{
+    .reg .f32 h, a, d, t, f, x;
+    .reg .b32 p01, p23, p45, p67;
+    mul.rn.f32 h, $4, 0f3F000000;
+    mul.rn.f32 a, $4, 0f3FC00000;
+    mul.rn.f32 d, $4, 0f40000000;
+    mul.rn.f32 t, $4, 0f40400000;
+    mul.rn.f32 f, $4, 0f40800000;
+    mul.rn.f32 x, $4, 0f40C00000;
+    CVT p01, h, 0f00000000;
+    CVT p23, a, $4;
+    CVT p45, t, d;
+    CVT p67, x, f;
+    prmt.b32 $0, p01, p23, 0x6420;
+    prmt.b32 $1, p01, p23, 0x7531;
+    prmt.b32 $2, p45, p67, 0x6420;
+    prmt.b32 $3, p45, p67, 0x7531;
+    }"""
+    _LUT_TABLE_BF16 = tl.constexpr(_LUT_TABLE_ASM.replace("CVT", "cvt.rn.bf16x2.f32"))
+    # pack=4: $4 = 4 packed bytes (one word), $5/$9/$13/$17 = the block's four tables (one register per element)
+    _LUT_DECODE_ASM = """{
+    .reg .b32 i, j, l0, h0, l1, h1, s;
+    and.b32 i, $4, 0x77777777;
+    shr.u32 j, i, 16;
+    prmt.b32 l0, $5, $13, i;
+    prmt.b32 h0, $9, $17, i;
+    prmt.b32 l1, $5, $13, j;
+    prmt.b32 h1, $9, $17, j;
+    and.b32 s, $4, 0x80808080;
+    or.b32 h0, h0, s;
+    shl.b32 s, $4, 4;
+    and.b32 s, s, 0x80808080;
+    or.b32 h1, h1, s;
+    prmt.b32 $0, l0, h0, 0x5140;
+    prmt.b32 $1, l0, h0, 0x7362;
+    prmt.b32 $2, l1, h1, 0x5140;
+    prmt.b32 $3, l1, h1, 0x7362;
+    }"""
+    _LUT_DECODE_ASM = tl.constexpr(_LUT_DECODE_ASM)
+    _LUT_DECODE_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 17))
+
+    @triton.jit
+    def _bcast_rows(t, HK: tl.constexpr, BN: tl.constexpr):
+        """[HK/8, BN] -> [HK, BN]: each block row repeated for its 8 byte rows."""
+        return tl.reshape(tl.broadcast_to(t[:, None, :], (HK // 8, 8, BN)), (HK, BN))
+
+    @triton.jit
+    def _lut_tile(q_ptrs, s_ptrs, gs, dtype: tl.constexpr, HK: tl.constexpr, BN: tl.constexpr,
+                  DECODE: tl.constexpr):
+        """(even, odd) input rows ([BK/2, BN] each, in ``dtype``) of one packed tile in the "lut" layout: byte
+        rows [BK/2, BN] (4 consecutive bytes = one word = inputs 8t..8t+7), scale bytes [BK/16, BN].
+
+        DECODE 3 (bf16 on the GPU): the per-block tables and the word decode in inline PTX (see above).
+        DECODE 2: the pure-Triton twin (runs under the interpreter, any dtype): each byte row reads its whole
+        word back (4 byte loads), takes its two codes and signs from the "lut" bit positions and computes
+        fl32(e2m1 · s32) rounded once to ``dtype`` — the same values, bit for bit."""
+        if DECODE == 3:
+            # E4M3 -> fp16 -> fp32 by the hardware conversions (both exact), then fl32(e4m3 · g)
+            sb = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.float8e4nv, bitcast=True)
+            s32 = sb.to(tl.float32) * gs  # [BK/16, BN]
+            q = tl.load(q_ptrs, eviction_policy="evict_first")
+            t0, t1, t2, t3 = tl.inline_asm_elementwise(_LUT_TABLE_BF16, "=r,=r,=r,=r,r", [s32],
+                                                       dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+                                                       is_pure=True, pack=1)
+            tabs = [q, _bcast_rows(t0, HK, BN), _bcast_rows(t1, HK, BN), _bcast_rows(t2, HK, BN),
+                    _bcast_rows(t3, HK, BN)]
+            return tl.inline_asm_elementwise(_LUT_DECODE_ASM, _LUT_DECODE_CONSTRAINTS, tabs,
+                                             dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        else:
+            s32 = _e4m3_to_f32(tl.load(s_ptrs, eviction_policy="evict_first").to(tl.int32)) * gs  # fl32(e4m3 · g)
+            r = tl.arange(0, HK)[:, None]
+            i = r % 4
+            base = q_ptrs - i
+            w = tl.load(base).to(tl.int32)
+            w = w | (tl.load(base + 1).to(tl.int32) << 8)
+            w = w | (tl.load(base + 2).to(tl.int32) << 16)
+            w = w | (tl.load(base + 3).to(tl.int32) << 24)
+            sc = _bcast_rows(s32, HK, BN)
+            ce = ((w >> (4 * i)) & 7) | (((w >> (8 * i + 7)) & 1) << 3)
+            co = ((w >> (16 + 4 * i)) & 7) | (((w >> (8 * i + 3)) & 1) << 3)
+            ve, vo = _e2m1_pair(ce | (co << 4))
+            return (ve * sc).to(dtype), (vo * sc).to(dtype)
+
     @triton.jit
     def _fp4_tile(q_ptrs, s_ptrs, gs, dtype: tl.constexpr, HK: tl.constexpr, BN: tl.constexpr,
                   DECODE: tl.constexpr = 1):
         """Load one packed tile (bytes [BK/2, BN]; scale bytes [BK/16, BN]) and dequantize it to the even and odd
-        input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding. Each block scale
-        is decoded once and broadcast to its 8 byte rows. DECODE 1 (the default; exact on the H200, where the
-        kernel tests check every code): :func:`_e2m1_pair_subnormal`, then (v · 2^63) · (scale · 2^63): the first
-        product is exact (a power of two), so the second rounds e2m1 · scale once; 0: :func:`_e2m1_pair` (biased
-        exponent + selects, no subnormals; ≈ 1.7x the gate+up time) for a compiler that flushes subnormals."""
+        input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding. DECODE 2 / 3: the
+        lookup-table decode of :func:`_lut_tile` (layout "lut"; 3 is the default on the GPU). DECODE 0 / 1
+        (layout "modelopt"): each block scale decoded once and broadcast to its 8 byte rows; 1:
+        :func:`_e2m1_pair_subnormal`, then (v · 2^63) · (scale · 2^63): the first product is exact (a power of
+        two), so the second rounds e2m1 · scale once; 0: :func:`_e2m1_pair` (biased exponent + selects, no
+        subnormals) for a compiler that flushes subnormals."""
+        if DECODE >= 2:
+            return _lut_tile(q_ptrs, s_ptrs, gs, dtype, HK, BN, DECODE)
         q = tl.load(q_ptrs, eviction_policy="evict_first").to(tl.int32)
         sb = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.int32)
         sg = _e4m3_to_f32(sb) * gs  # [BK/16, BN]
         if DECODE == 1:
             sg = sg * 9.223372036854775808e18  # 2^63, exact
-        sc = tl.reshape(tl.broadcast_to(sg[:, None, :], (HK // 8, 8, BN)), (HK, BN))
+        sc = _bcast_rows(sg, HK, BN)
         if DECODE == 1:
             lo, hi = _e2m1_pair_subnormal(q)
             lo = lo * 9.223372036854775808e18
@@ -143,3 +279,63 @@ if HAS_TRITON:
         even and the odd input elements (ae, ao [BM, BK/2] in the activation dtype)."""
         we, wo = _fp4_tile(q_ptrs, s_ptrs, gs, ae.dtype, BLOCK_K // 2, BLOCK_N, DECODE)
         return tl.dot(ao, wo, tl.dot(ae, we, acc))
+
+    @triton.jit
+    def _interleave_rows(a, b, BLOCK_K: tl.constexpr):
+        """[a0, b0, a1, b1, ...] (two [n] row-index vectors -> [2n]). For BLOCK_K >= 128 built with ``tl.join``:
+        Triton (3.6) then takes the packed operand for a 4-bit one and gives the dot operand kWidth 8, so a thread
+        holds both words of a scale block and builds each block's tables once (docs/perf.md, session 4); for
+        smaller tiles by index arithmetic (kWidth 4): with the join at BLOCK_K 32 (dots of K 16, under the 32
+        inputs a kWidth-8 row spans) the kernels gave wrong results on the H200."""
+        if BLOCK_K >= 128:
+            return tl.reshape(tl.join(a, b), (2 * a.shape[0],))
+        else:
+            j = tl.arange(0, 2 * a.shape[0])
+            a0 = tl.min(a, axis=0)
+            b0 = tl.min(b, axis=0)
+            return tl.where(j % 2 == 0, a0 + j // 2, b0 + j // 2)
+
+    @triton.jit
+    def _w4_gate_up_acc(x_ptr, tok, stride_xt, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr,
+                        N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        DECODE: tl.constexpr):
+        """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of token rows ``tok`` against output rows ``offs_n`` of
+        packed expert e (w13: 2N rows, gate then up). The gate and up rows are interleaved into one
+        [BLOCK_K/2, 2·BLOCK_N] packed tile per K step (column 2j = gate row n_j, 2j+1 = up row n_j, each column
+        with its own global scale), so a K step is one decode and two dots (even / odd inputs), not two of each.
+        The activations are loaded as one contiguous [BLOCK_M, BLOCK_K] tile and split into even / odd inputs
+        in registers (strided even / odd loads cost a register regrouping per MMA operand)."""
+        col = tl.arange(0, 2 * BLOCK_N)
+        rows = _interleave_rows(offs_n, offs_n + N, BLOCK_K)
+        gsv = tl.where(col % 2 == 0, tl.load(g_ptr + 2 * e), tl.load(g_ptr + 2 * e + 1))[None, :]
+        a_ptrs = x_ptr + tok[:, None] * stride_xt + tl.arange(0, BLOCK_K)[None, :]
+        qoff, soff = _fp4_ptrs(rows, H, BLOCK_K)
+        qb = q_ptr + e.to(tl.int64) * (N * H) + qoff  # 2N rows of H/2 bytes per expert
+        sb = s_ptr + e.to(tl.int64) * (N * H // 8) + soff
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+            ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+            acc = _w4_dot(acc, ae, ao, qb + k0 // 2, sb + k0 // 16, gsv, BLOCK_K, 2 * BLOCK_N, DECODE)
+        return tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+
+    @triton.jit
+    def _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+        """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for packed expert e of w2 ([H, N] per expert); the
+        activations split in registers as in :func:`_w4_gate_up_acc`."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        a_ptrs = inter_ptr + p[:, None] * N + tl.arange(0, BLOCK_K)[None, :]
+        half = tl.arange(0, BLOCK_N // 2)
+        n0 = tl.min(offs_n, axis=0)  # offs_n = n0 + arange(BLOCK_N)
+        rows = _interleave_rows(n0 + half, n0 + BLOCK_N // 2 + half, BLOCK_K)  # column 2j: n0+j, 2j+1: n0+BN/2+j
+        qoff, soff = _fp4_ptrs(rows, N, BLOCK_K)
+        qd = q_ptr + e.to(tl.int64) * (H * N // 2) + qoff
+        sd = s_ptr + e.to(tl.int64) * (H * N // 16) + soff
+        gs = tl.load(g_ptr + e + 0 * offs_n)[None, :]  # as a [1, BLOCK_N] row: the decode then keeps the dot's layout
+        for k0 in range(0, N, BLOCK_K):
+            a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+            ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+            acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N, DECODE)
+        lo, hi = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+        return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_M, BLOCK_N))
