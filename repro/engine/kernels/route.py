@@ -95,8 +95,12 @@ if HAS_TRITON:
         H: tl.constexpr, E: tl.constexpr, T_PAD: tl.constexpr,
         BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
         NORM: tl.constexpr = False, WRITE_SS: tl.constexpr = True, USE_PDL: tl.constexpr = False,
+        ROWS: tl.constexpr = 0,
     ):
         """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (PREC "ieee" or "tf32x3"); rows t >= T are 0.
+
+        Grid (E/BLOCK_E, SPLIT_K, T_PAD/ROWS): each program takes ROWS token rows (ROWS = 0: all T_PAD rows,
+        one row block), so with a fixed ROWS a row's logits do not depend on how many rows there are.
 
         NORM: x is the raw residual h; the kernel uses h·nw (RMSNorm weight) and, with WRITE_SS, also writes
         the split's Σh² to ss[s, t] (programs of the first expert tile), so the select kernel applies
@@ -107,12 +111,13 @@ if HAS_TRITON:
             gdc_wait()
         pid_e = tl.program_id(0)
         pid_k = tl.program_id(1)
-        offs_t = tl.arange(0, T_PAD)
+        RB: tl.constexpr = T_PAD if ROWS == 0 else ROWS
+        offs_t = tl.program_id(2) * RB + tl.arange(0, RB)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
         offs_k = tl.arange(0, BLOCK_K)
         K_PER: tl.constexpr = H // SPLIT_K
-        acc = tl.zeros((T_PAD, BLOCK_E), dtype=tl.float32)
-        ssv = tl.zeros((T_PAD,), dtype=tl.float32)
+        acc = tl.zeros((RB, BLOCK_E), dtype=tl.float32)
+        ssv = tl.zeros((RB,), dtype=tl.float32)
         for k0 in range(0, K_PER, BLOCK_K):
             kk = pid_k * K_PER + k0 + offs_k
             xv = tl.load(x_ptr + offs_t[:, None] * stride_xt + kk[None, :],
@@ -287,7 +292,8 @@ def _cfg(kernel, configs, H, N, E1, T):
 
 
 def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_group=8, topk_group=4,
-                    scaling=2.5, renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6, norm_out=None):
+                    scaling=2.5, renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6, norm_out=None,
+                    row_block=None):
     """Kernels 1-2: router logits + per-token selection/alignment into ``ws``.
 
     x [T, H] (bf16 on GPU; fp32/fp16 under the interpreter), unit stride along H; gate_w [E, H] fp32
@@ -300,7 +306,11 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     This replaces the separate add+RMSNorm launch when the O projection adds into h in place.
     slot=None (standalone): uses counts row 0 and clears it first (one memset). slot=l (fast path): uses
     row l, expects it cleared, and clears row (l+1) % n_slots for the next MoE layer (no memset).
-    Raises ValueError for norm_out without norm_w, or not of x's shape with unit stride along H.
+    row_block (a power of two dividing ``ws.T_PAD``; None: all rows in one program): the router GEMM takes
+    this many token rows per program, so that a row's logits are computed by the same tile whatever T is
+    (the batched forward's row invariance).
+    Raises ValueError for norm_out without norm_w, or not of x's shape with unit stride along H, or for a
+    row_block that does not divide ``ws.T_PAD``.
     """
     T, H = x.shape
     E = gate_w.shape[0]
@@ -313,10 +323,13 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     be = min(rc["BLOCK_E"], E)
     bk = min(rc["BLOCK_K"], H // split)
     assert H % (split * bk) == 0 and E % be == 0
-    _router_logits_kernel[(E // be, split)](
+    rows = ws.T_PAD if row_block is None else int(row_block)
+    if rows < 1 or rows & (rows - 1) or ws.T_PAD % rows:
+        raise ValueError(f"moe_route_align: row_block {row_block} is not a power of two dividing T_PAD={ws.T_PAD}")
+    _router_logits_kernel[(E // be, split, ws.T_PAD // rows)](
         x, gate_w, ws.part, norm_w if norm_w is not None else gate_w, ws.ss, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
         BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), NORM=norm_w is not None, WRITE_SS=norm_out is None,
-        num_warps=rc["num_warps"],
+        ROWS=0 if row_block is None else rows, num_warps=rc["num_warps"],
         num_stages=rc["num_stages"],
         **pdl(),
     )
