@@ -206,7 +206,7 @@ class BatchedBlockForward(GraphCapture):
                 continue
             E1 = M.expert_slots(L["w13"])
             M.moe_route_align(self.a, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                              s.scaling, s.renormalize, self.moe_cfg, slot=li - s.first_dense, eps=s.eps,
+                              s.scaling, s.renormalize, self.moe_cfg, slot=self._count_row(li), eps=s.eps,
                               row_block=self.router_rows)
             if stats is not None:
                 stats.counts.append(self.ws.counts[: s.experts].clone())
@@ -219,6 +219,12 @@ class BatchedBlockForward(GraphCapture):
             rows_linear(self.a, W["lm_head"], logits, self.lin_cfg["lm_head"])
             Lg.logits_stats(logits, self.stat_part, self.pred.view(-1), self.conf.view(-1), self.entropy.view(-1),
                             nchunk=self.stat_nchunk)
+
+    def _count_row(self, li: int):
+        """Counts row of MoE layer ``li`` (each layer's select kernel clears the next layer's row); None (clear
+        its own row with a memset) when there is only one MoE layer, whose "next" row would be its own."""
+        n_moe = self.s.layers - self.s.first_dense
+        return li - self.s.first_dense if n_moe > 1 else None
 
     def distinct_experts(self) -> list[int]:
         """Run one eager forward (no head) and return the routed experts touched by any slot, per MoE layer
