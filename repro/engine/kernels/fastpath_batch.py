@@ -15,7 +15,9 @@ Every kernel here computes a row with a launch configuration that does not depen
   inside one slot; a slot's split layout depends only on its own P_s).
 * MoE: the router GEMM in fixed 32-row tiles (``moe_route_align(row_block=...)``, SPLIT_K of the T-token
   config), routing and alignment per token, the grouped expert GEMMs with fixed tiles (a pair's row is
-  computed independently of the others in its BLOCK_M group); the dense layer 0 is one expert with S·T rows.
+  computed independently of the others in its BLOCK_M group), launched over a tile table (``route.moe_tiles``:
+  one program per (expert, m-block) in use and n-tile, so the grid grows with the pairs routed, not with
+  E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T rows.
 * RMSNorms, embeddings, the top-k sum and the decode statistics are one row per program.
 
 All tile configs are looked up once for T-token blocks (``fastpath.kernel_configs(..., T)``, the MoE ones
@@ -165,6 +167,13 @@ class BatchedBlockForward(GraphCapture):
         self.dws.pairs[0, :R] = torch.arange(R, device=device, dtype=torch.int32)
         self.dws.pair_w.fill_(1.0)
         self.dense_cfg = kc["dense"]
+        # expert GEMMs over (expert, m-block) tile tables (moe_tiles) when gate+up and down share BLOCK_M: the grid
+        # then grows with the pairs routed, not with E1 x cdiv(S·T, BLOCK_M); same tiles, same results
+        self.tiles = {}
+        for name, w, cfg in (("moe", self.ws, self.moe_cfg), ("dense", self.dws, self.dense_cfg)):
+            if cfg["gate_up"]["BLOCK_M"] == cfg["down"]["BLOCK_M"]:
+                self.tiles[name] = cfg["gate_up"]["BLOCK_M"]
+                M.moe_tiles(w, self.tiles[name], static=name == "dense")
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
         self.logits = torch.zeros(S, T, shape.vocab, dtype=dt, device=device)
@@ -210,6 +219,8 @@ class BatchedBlockForward(GraphCapture):
                               row_block=self.router_rows)
             if stats is not None:
                 stats.counts.append(self.ws.counts[: s.experts].clone())
+            if "moe" in self.tiles:
+                M.moe_tiles(self.ws, self.tiles["moe"])
             M.moe_experts(self.a, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg)
             prev = (self.ws, s.top_k, E1 == s.experts + 1)
         Nm.add_rmsnorm(self.h, W["final_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1], shared=prev[2],

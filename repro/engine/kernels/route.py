@@ -18,6 +18,8 @@ Kernels (on device, no host sync, static shapes: CUDA-graph capturable):
    ``T*top_k + t`` for the shared expert. With the RMSNorm folded into the router (``norm_w``), it can
    also write the normalised rows that the expert GEMMs read (``norm_out``).
 3. ``_align_kernel``: the alignment alone, for a routing decision made elsewhere (the engine seam).
+4. ``_tile_table_kernel`` (:func:`moe_tiles`, optional): the (expert, m-block) tiles of the aligned pairs, over
+   which the expert GEMMs then launch (many rows: the batched forward).
 
 The buffers live in :class:`MoEWorkspace`; the expert GEMMs that consume them are in :mod:`.moe`.
 Source of the alignment idea: vLLM/SGLang ``moe_align_block_size`` (own code: per-expert lists filled by
@@ -30,7 +32,7 @@ import torch
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton  # noqa: F401
 from .configs import load_config
 
-__all__ = ["route_reference", "MoEWorkspace", "moe_route_align", "moe_align", "DEFAULT_CONFIGS"]
+__all__ = ["route_reference", "MoEWorkspace", "moe_route_align", "moe_align", "moe_tiles", "DEFAULT_CONFIGS"]
 
 
 def route_reference(
@@ -236,6 +238,24 @@ if HAS_TRITON:
         tl.store(pairw_ptr + p, tl.load(w_ptr + p).to(tl.float32))
         _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK, MAXC, NACT_IDX)
 
+    @triton.jit
+    def _tile_table_kernel(counts_ptr, tiles_ptr, MAXT, E1: tl.constexpr, E1P: tl.constexpr, BLOCK_M: tl.constexpr,
+                           NT: tl.constexpr, USE_PDL: tl.constexpr = False):
+        """Tiles j of this program: tile j = (expert e, m-block j - first tile of e), experts in ascending order,
+        cdiv(counts[e], BLOCK_M) tiles each; tiles past the last one get (-1, 0)."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        offs_e = tl.arange(0, E1P)
+        nt = (tl.load(counts_ptr + offs_e, mask=offs_e < E1, other=0) + BLOCK_M - 1) // BLOCK_M
+        incl = tl.cumsum(nt, axis=0)
+        j = tl.program_id(0) * NT + tl.arange(0, NT)
+        e = tl.sum((incl[None, :] <= j[:, None]).to(tl.int32), axis=1)  # experts whose tiles end at or before j
+        m = j - tl.sum(tl.where(offs_e[None, :] == e[:, None], (incl - nt)[None, :], 0), axis=1)
+        jm = j < MAXT
+        tl.store(tiles_ptr + 2 * j, tl.where(e < E1, e, -1), mask=jm)
+        tl.store(tiles_ptr + 2 * j + 1, tl.where(e < E1, m, 0), mask=jm)
+
 
 class MoEWorkspace:
     """Preallocated buffers for one token count T (static addresses -> CUDA-graph capturable).
@@ -266,6 +286,8 @@ class MoEWorkspace:
         self.pair_out = torch.zeros(P1, H, **f32)
         self.out = torch.zeros(T, H, dtype=dtype, device=device)
         self.slot = 0
+        self.tiles = None  # tile table [MAXT, 2] of moe_tiles (expert GEMMs launched over it), BLOCK_M it is for
+        self.tiles_block_m = None
         if E1 == E + 1:
             self.counts_all[:, E] = T
             self.pairs[E, :T] = torch.arange(T * top_k, T * top_k + T, device=device, dtype=torch.int32)
@@ -364,3 +386,32 @@ def moe_align(ids, weights, ws: MoEWorkspace):
     _align_kernel[(T,)](ids.contiguous(), weights.contiguous(), ws.pair_w, ws.counts, ws.pairs, ws.active, TOPK=K,
                         MAXC=ws.T_PAD, NACT_IDX=ws.E1, num_warps=1, **pdl())
 
+
+def moe_tiles(ws: MoEWorkspace, block_m: int, static: bool = False):
+    """Give ``ws`` a tile table and fill it: the expert GEMMs then launch over (tiles, n-tiles) instead of
+    (E1, n-tiles, cdiv(T_PAD, BLOCK_M)).
+
+    Tile j = (expert e, m-block b): rows b·block_m .. of expert e's pair list, experts in ascending order,
+    cdiv(counts[e], block_m) tiles each; ``ws.tiles`` [MAXT, 2] int32 with MAXT = cdiv(P1, block_m) + E1 (an
+    upper bound on the tiles in use; the rest hold (-1, 0) and exit at once). The grid then grows with the pairs
+    actually routed, not with E1 x (the most rows one expert could get): with T = 1024 rows (32 blocks) and
+    BLOCK_M 16 that is 833 tiles instead of 257 x 64 programs per n-tile. A pair's row is computed by the same
+    tile code either way (same BLOCK_M / N / K, fixed K order), so results do not change.
+    ``static``: fill the table once now from the current counts (a workspace whose counts never change, e.g.
+    the dense layer's); else one launch of ``_tile_table_kernel`` after every routing (no host sync, capturable).
+    """
+    P1 = ws.pair_w.shape[0]
+    maxt = triton.cdiv(P1, block_m) + ws.E1
+    if ws.tiles is None or ws.tiles.shape[0] != maxt or ws.tiles_block_m != block_m:
+        ws.tiles = torch.zeros(maxt, 2, dtype=torch.int32, device=ws.pair_w.device)
+        ws.tiles_block_m = block_m
+    if static:
+        c = ws.counts[: ws.E1].tolist()
+        rows = [(e, b) for e in range(ws.E1) for b in range(-(-c[e] // block_m))]
+        rows += [(-1, 0)] * (maxt - len(rows))
+        ws.tiles.copy_(torch.tensor(rows, dtype=torch.int32))
+        return ws.tiles
+    nt = 64
+    _tile_table_kernel[(triton.cdiv(maxt, nt),)](ws.counts, ws.tiles, maxt, E1=ws.E1, E1P=next_pow2(ws.E1),
+                                                 BLOCK_M=block_m, NT=nt, num_warps=4, **pdl())
+    return ws.tiles
