@@ -311,8 +311,9 @@ if HAS_TRITON:
         (last split of each (h, row block) to finish); else store the partials for _attn_combine_kernel."""
         M: tl.constexpr = G * T_PAD
         HALF: tl.constexpr = ROT // 2
+        NRB: tl.constexpr = M // BLOCK_M
         h, sp, rb, P, nsp, start, end, rows, g, t, _ = _split_range(len_ptr, T, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M,
-                                                                    T_PAD, USE_PDL, (G * T_PAD) // BLOCK_M)
+                                                                    T_PAD, USE_PDL, NRB)
         if sp >= nsp:
             return
         tm = t < T

@@ -97,12 +97,12 @@ if HAS_TRITON:
         H: tl.constexpr, E: tl.constexpr, T_PAD: tl.constexpr,
         BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
         NORM: tl.constexpr = False, WRITE_SS: tl.constexpr = True, USE_PDL: tl.constexpr = False,
-        ROWS: tl.constexpr = 0,
+        ROWS: tl.constexpr = 16,
     ):
         """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (PREC "ieee" or "tf32x3"); rows t >= T are 0.
 
-        Grid (E/BLOCK_E, SPLIT_K, T_PAD/ROWS): each program takes ROWS token rows (ROWS = 0: all T_PAD rows,
-        one row block), so with a fixed ROWS a row's logits do not depend on how many rows there are.
+        Grid (E/BLOCK_E, SPLIT_K, T_PAD/ROWS): each program takes ROWS token rows (ROWS = T_PAD: one row block),
+        so with a fixed ROWS a row's logits do not depend on how many rows there are.
 
         NORM: x is the raw residual h; the kernel uses h·nw (RMSNorm weight) and, with WRITE_SS, also writes
         the split's Σh² to ss[s, t] (programs of the first expert tile), so the select kernel applies
@@ -113,13 +113,12 @@ if HAS_TRITON:
             gdc_wait()
         pid_e = tl.program_id(0)
         pid_k = tl.program_id(1)
-        RB: tl.constexpr = T_PAD if ROWS == 0 else ROWS
-        offs_t = tl.program_id(2) * RB + tl.arange(0, RB)
+        offs_t = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
         offs_k = tl.arange(0, BLOCK_K)
         K_PER: tl.constexpr = H // SPLIT_K
-        acc = tl.zeros((RB, BLOCK_E), dtype=tl.float32)
-        ssv = tl.zeros((RB,), dtype=tl.float32)
+        acc = tl.zeros((ROWS, BLOCK_E), dtype=tl.float32)
+        ssv = tl.zeros((ROWS,), dtype=tl.float32)
         for k0 in range(0, K_PER, BLOCK_K):
             kk = pid_k * K_PER + k0 + offs_k
             xv = tl.load(x_ptr + offs_t[:, None] * stride_xt + kk[None, :],
@@ -351,7 +350,7 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     _router_logits_kernel[(E // be, split, ws.T_PAD // rows)](
         x, gate_w, ws.part, norm_w if norm_w is not None else gate_w, ws.ss, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
         BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), NORM=norm_w is not None, WRITE_SS=norm_out is None,
-        ROWS=0 if row_block is None else rows, num_warps=rc["num_warps"],
+        ROWS=rows, num_warps=rc["num_warps"],
         num_stages=rc["num_stages"],
         **pdl(),
     )
@@ -411,7 +410,7 @@ def moe_tiles(ws: MoEWorkspace, block_m: int, static: bool = False):
         rows += [(-1, 0)] * (maxt - len(rows))
         ws.tiles.copy_(torch.tensor(rows, dtype=torch.int32))
         return ws.tiles
-    nt = 64
+    nt = 16
     _tile_table_kernel[(triton.cdiv(maxt, nt),)](ws.counts, ws.tiles, maxt, E1=ws.E1, E1P=next_pow2(ws.E1),
                                                  BLOCK_M=block_m, NT=nt, num_warps=4, **pdl())
     return ws.tiles
