@@ -3,15 +3,16 @@
     python -m repro.engine.bench_graph_round [--slots 1,8,32] [--prefix 1024] [--iters 30] [--layers N]
         [--precision bf16|nvfp4-w4a16] [--json FILE]
 
-LLaDA2.1-mini in its real shapes with deterministic random weights (:func:`repro.engine.kernels.fastpath.random_weights`;
-``--layers`` keeps fewer layers for a quick look), every slot a block of 32 distinct random tokens at prefix
-``--prefix`` over its own random KV cache. Per slot count S: one :class:`BatchedBlockForward` round as a CUDA-graph
+LLaDA2.1-mini in its real shapes with deterministic random weights
+(:func:`repro.engine.kernels.fastpath.random_weights`; ``--layers`` keeps fewer layers for a quick look), every
+slot a block of 32 distinct random tokens at prefix ``--prefix`` over its own random KV cache. Per slot count S: one :class:`BatchedBlockForward` round as a CUDA-graph
 replay (median of ``--iters``; head, i.e. lm_head + decode statistics, included), its **floor** = bytes the round
 must read (:func:`~repro.engine.kernels.fastpath_batch.batched_round_bytes`: every weight once, the routed experts
 touched by any slot counted on this round, each slot's K/V prefix) / device copy bandwidth, the ratio to it, and
 the block tokens per round (S·32) and per second. Beside it the single-request :class:`BlockForward` round on slot
 0's block (the batch-1 path of today: cuBLAS GEMMs), so the price of row invariance at batch 1 is the ratio of
-the two. Row invariance is spot-checked: slot 0's logits at every S equal those at S = 1 (``invariant``).
+the two. Row invariance is spot-checked: slot 0's logits at every S equal those at the first S, 1 by default
+(``invariant``).
 
 Prints one line per measurement on stderr, a table, and as the last stdout line one JSON document (also written to
 ``--json``).
@@ -31,10 +32,16 @@ def _fill(fw, S, prefix, seed, shape):
 
     for s in range(S):
         fw.ids[s].copy_(_block_ids(shape, seed + 1000 * s))
-        g = torch.Generator(device="cuda")
-        g.manual_seed(seed + 1000 * s + 1)
-        fw.kv[:, :, s].normal_(0.0, 1.0, generator=g)
+        fw.kv[:, :, s].copy_(_random_cache(fw.kv[:, :, s], seed + 1000 * s + 1))
     fw.cache_len.fill_(prefix)
+
+
+def _random_cache(like, seed):
+    """A contiguous N(0, 1) tensor of ``like``'s shape and dtype from ``seed`` (the same values whatever the
+    strides of the slot view it goes to)."""
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return torch.empty(like.shape, dtype=like.dtype, device="cuda").normal_(0.0, 1.0, generator=g)
 
 
 def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", seed=0, log=print) -> dict:
@@ -85,9 +92,7 @@ def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", see
         torch.cuda.empty_cache()
     single = F.BlockForward(W, shape, max_len, T=32, device="cuda")
     single.ids.copy_(_single_ids(shape, seed))
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed + 1)
-    single.kv.normal_(0.0, 1.0, generator=g)
+    single.kv.copy_(_random_cache(single.kv, seed + 1))  # slot 0's cache
     single.cache_len.fill_(prefix)
     graph = single.capture(head=True)
     t = time_replays(graph.replay, iters)

@@ -161,8 +161,8 @@ if HAS_TRITON:
         next launch start, then wait for the previous one), the program's (KV head h, split sp, slot, row block
         rb) (grid axis 2 = slot·NRB + rb, NRB row blocks per slot), and its key range and query rows.
 
-        Splits in use at this length (P = cache_len[slot]): nsp = min(NSPLIT, max(1, cdiv(P + T, MIN_KEYS))); split sp covers keys
-        [start, end) in BLOCK_N-aligned pieces; rows = rb·BLOCK_M + [0, BLOCK_M) of the G·T_PAD query rows
+        Splits in use at this length (P = cache_len[slot]): nsp = min(NSPLIT, max(1, cdiv(P + T, MIN_KEYS)));
+        split sp covers keys [start, end) in BLOCK_N-aligned pieces; rows = rb·BLOCK_M + [0, BLOCK_M) of the G·T_PAD query rows
         (GQA group g = row // T_PAD, token t = row % T_PAD). Returns (h, sp, rb, P, nsp, start, end, rows, g,
         t, slot); the caller returns at once when sp >= nsp.
         """

@@ -346,9 +346,9 @@ class BlockForward(GraphCapture):
                 prev = (self.dws, 1, False)
             else:
                 E1 = M.expert_slots(L["w13"])
+                cslot = li - s.first_dense if s.layers - s.first_dense > 1 else None  # 1 MoE layer: own memset
                 M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                                  s.scaling, s.renormalize, self.moe_cfg,
-                                  slot=li - s.first_dense if s.layers - s.first_dense > 1 else None, norm_w=nw, eps=s.eps,
+                                  s.scaling, s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw, eps=s.eps,
                                   norm_out=self.a if route_norm else None)
                 if route_norm:
                     x_ffn, nw = self.a, None
