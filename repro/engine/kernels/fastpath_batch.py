@@ -116,7 +116,9 @@ class BatchedBlockForward(GraphCapture):
     takes ``embeds_in[s]`` as its layer-0 input instead of ``E[ids[s]]``: ORL self-conditioning); ``cache_len``
     [S] int32, P_s = slot s's prefix length (block start): its K/V are written at rows [P_s, P_s + T) and it
     attends to [0, P_s + T). A slot with nothing to do gets ``cache_len = max_len - T`` (a scratch region; the
-    initial value). Needs P_s + T <= max_len (not checked on the device).
+    initial value) — its attention then reads the slot's whole cache (5120 positions: 200 MB a round); a slot
+    that holds no request can take ``cache_len = 0`` instead (it writes rows [0, T) of its own unused cache and
+    reads only those). Needs P_s + T <= max_len (not checked on the device).
     KV cache: ``kv`` [L, 2, S, NKV, max_len, D] model dtype (slot s's cache is ``kv[:, :, s]``; 2·L·NKV·D·2
     bytes per position and slot in bf16: 40 kB, so S = 32 slots of 5120 positions take 6.7 GB).
     Outputs after :meth:`forward` or a replay: ``logits`` [S, T, V] model dtype, ``pred`` [S, T] int64 (argmax),
