@@ -14,7 +14,9 @@ Weight layout used by the kernels (stack once at load time with :func:`stack_exp
 
 Kernels (after routing + alignment in :mod:`.route`; all on device, no host sync, static shapes ->
 CUDA-graph capturable). Both GEMMs start with the same prologue, ``_expert_slot`` (which expert, output
-tile and token rows a program owns; idle programs exit after one or two scalar loads):
+tile and token rows a program owns; idle programs exit after one or two scalar loads). With a tile table in the
+workspace (:func:`.route.moe_tiles`, many rows per round: the batched forward) both launch over (tiles in use,
+n-tiles) instead of (E1, n-tiles, m-blocks), with the same tile code:
 
 1. ``_moe_gate_up_kernel``: grid (E1, N/BLOCK_N, cdiv(T_PAD, BLOCK_M)); each program streams one
    [2 x BLOCK_N, H] tile of its expert's w13 once, gathers only that expert's token rows, and writes
