@@ -161,7 +161,9 @@ class BatchedBlockForward(GraphCapture):
         self.moe_cfg = {k: M._cfg(k, kc["moe"], H, N, E + 1, T) for k in M.DEFAULT_CONFIGS}
         self.router_rows = max(16, next_pow2(T))  # router GEMM tile rows: one block's T_PAD whatever S
         n_moe = shape.layers - shape.first_dense
-        self.ws = M.MoEWorkspace(R, H, N, E, E + 1, shape.top_k, dt, device,
+        moe_w13 = [L["w13"] for L in W["layers"] if "router" in L]
+        E1 = M.expert_slots(moe_w13[0]) if moe_w13 else E + 1  # E + 1 with a shared expert (index E), else E
+        self.ws = M.MoEWorkspace(R, H, N, E, E1, shape.top_k, dt, device,
                                  split_k=self.moe_cfg["router"]["SPLIT_K"], n_slots=max(n_moe, 1))
         # dense layer 0 as one always-selected expert over all S·T rows (top_k=1, no shared): static routing
         self.dws = M.MoEWorkspace.create(R, H, shape.dense_inter, 1, 1, 1, dt, device, split_k=1)
