@@ -9,7 +9,8 @@ slot a block of 32 distinct random tokens at prefix ``--prefix`` over its own ra
 replay (median of ``--iters``; head, i.e. lm_head + decode statistics, included), its **floor** = bytes the round
 must read (:func:`~repro.engine.kernels.fastpath_batch.batched_round_bytes`: every weight once, the routed experts
 touched by any slot counted on this round, each slot's K/V prefix) / device copy bandwidth, the ratio to it, and
-the block tokens per round (S·32) and per second. Beside it the single-request :class:`BlockForward` round on slot
+the block tokens per round (S·32) and per second, and the seconds ``capture`` took (two warm-up forwards and
+the graph capture; the first S includes compiling the kernels). Beside it the single-request :class:`BlockForward` round on slot
 0's block (the batch-1 path of today: cuBLAS GEMMs), so the price of row invariance at batch 1 is the ratio of
 the two. Row invariance is spot-checked: slot 0's logits at every S equal those at the first S, 1 by default
 (``invariant``).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 
@@ -72,7 +74,9 @@ def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", see
         distinct = fw.distinct_experts()
         nb = batched_round_bytes(shape, distinct, [prefix] * S, 32, expert_bytes=expert_bytes)
         floor_ms = nb["total"] / (copy_bw * 1e9) * 1e3
-        graph = fw.capture(head=True)
+        t0 = time.perf_counter()
+        graph = fw.capture(head=True)  # 2 warm-up forwards (first S: kernel compilation too) + the capture
+        capture_s = time.perf_counter() - t0
         t = time_replays(graph.replay, iters)
         fw.kv.copy_(kv0)
         graph.replay()
@@ -80,14 +84,14 @@ def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", see
         lg0 = fw.logits[0].clone()
         if ref_logits is None:
             ref_logits = lg0
-        r = {"slots": S, **t, "floor_ms": floor_ms, "ratio": t["ms"] / floor_ms, "bytes_GB": nb["total"] / 1e9,
+        r = {"slots": S, **t, "capture_s": capture_s, "floor_ms": floor_ms, "ratio": t["ms"] / floor_ms, "bytes_GB": nb["total"] / 1e9,
              "bytes_by_item_MB": {k: round(v / 1e6, 2) for k, v in nb.items()},
              "distinct_experts_mean": sum(distinct) / max(len(distinct), 1), "tokens_per_round": 32 * S,
              "block_tokens_per_s": 32 * S / (t["ms"] * 1e-3), "invariant": bool(torch.equal(lg0, ref_logits))}
         doc["rounds"].append(r)
         log(f"[S={S:>2}] {t['ms']:.3f} ms (min {t['ms_min']:.3f}), floor {floor_ms:.3f} ms, ratio {r['ratio']:.2f}, "
             f"D={r['distinct_experts_mean']:.1f}, {r['bytes_GB']:.2f} GB, {r['block_tokens_per_s']:.0f} block tok/s, "
-            f"slot 0 = S=1: {r['invariant']}")
+            f"slot 0 = S=1: {r['invariant']}, capture {capture_s:.1f} s")
         del fw, graph, kv0
         torch.cuda.empty_cache()
     single = F.BlockForward(W, shape, max_len, T=32, device="cuda")
