@@ -64,6 +64,10 @@ def test_rows_linear_matches_reference(dev):
     out = torch.full((40, 48), float("nan"))
     rows_linear(x, w, out, dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2))
     torch.testing.assert_close(out, rows_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+    acc = torch.randn(40, 48, generator=g)
+    want = rows_linear_reference(x, w, acc)
+    rows_linear(x, w, acc, dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2), add=True)
+    torch.testing.assert_close(acc, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="multiples of the tiles"):
         rows_linear(x, w[:40], torch.zeros(40, 40), dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32, num_warps=4,
                                                          num_stages=2))

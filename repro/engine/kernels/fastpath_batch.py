@@ -47,9 +47,9 @@ if HAS_TRITON:
     @triton.jit
     def _rows_linear_kernel(x_ptr, w_ptr, out_ptr, R, stride_x, K: tl.constexpr, N: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            USE_PDL: tl.constexpr = False):
-        """Program (m-block, n-tile): out[rows, cols] = x[rows]·w[cols]ᵀ, fp32 accumulation over K in BLOCK_K
-        steps, stored in out's dtype; rows >= R masked (never read, never written)."""
+                            ADD: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+        """Program (m-block, n-tile): out[rows, cols] = x[rows]·w[cols]ᵀ (ADD: out + x·wᵀ, the sum in fp32), fp32
+        accumulation over K in BLOCK_K steps, stored in out's dtype; rows >= R masked (never read or written)."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -64,13 +64,16 @@ if HAS_TRITON:
             a = tl.load(a_ptrs + k0, mask=mm[:, None], other=0.0)
             w = tl.load(w_ptrs + k0)
             acc = tl.dot(a, w, acc)
-        tl.store(out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=mm[:, None])
+        o_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        if ADD:
+            acc += tl.load(o_ptrs, mask=mm[:, None], other=0.0).to(tl.float32)
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mm[:, None])
 
 
-def rows_linear(x, w, out, cfg):
-    """out = x·wᵀ through one fixed-tile Triton GEMM: x [R, K] (unit stride along K), w [N, K] contiguous,
-    out [R, N] contiguous (fp32 or the model dtype; accumulation in fp32, one rounding at the store).
+def rows_linear(x, w, out, cfg, add: bool = False):
+    """out = x·wᵀ (``add``: out += x·wᵀ, i.e. ``out.addmm_(x, w.t())``) through one fixed-tile Triton GEMM: x [R, K]
+    (unit stride along K), w [N, K] contiguous, out [R, N] contiguous, not overlapping x (fp32 or the model dtype;
+    accumulation in fp32, the addend added in fp32, one rounding at the store).
 
     Grid (cdiv(R, BLOCK_M), N / BLOCK_N), m fastest; no split-K, so row r's result depends on x[r] and w only,
     not on R (row invariance). ``cfg``: BLOCK_M/N/K, num_warps, num_stages (BLOCK_N, BLOCK_K capped at N, K).
@@ -85,14 +88,15 @@ def rows_linear(x, w, out, cfg):
         raise ValueError(f"rows_linear: x {tuple(x.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} with tiles "
                          f"{bn}x{bk} (N, K must be multiples of the tiles; w, out contiguous)")
     _rows_linear_kernel[(triton.cdiv(R, cfg["BLOCK_M"]), N // bn)](
-        x, w, out, R, x.stride(0), K=K, N=N, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
+        x, w, out, R, x.stride(0), K=K, N=N, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ADD=bool(add),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl())
     return out
 
 
-def rows_linear_reference(x, w):
-    """x [R, K] · w [N, K]ᵀ in fp32 (torch): [R, N] fp32."""
-    return x.float() @ w.float().t()
+def rows_linear_reference(x, w, out=None):
+    """x [R, K] · w [N, K]ᵀ in fp32 (torch), plus ``out`` (upcast) when given: [R, N] fp32."""
+    y = x.float() @ w.float().t()
+    return y if out is None else y + out.float()
 
 
 def batched_round_bytes(shape: ModelShape, distinct: list[int], prefixes: list[int], T: int = 32, wbytes: int = 2,
@@ -211,16 +215,19 @@ class BatchedBlockForward(GraphCapture):
             A.qk_norm_rope_kv(self.qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
                               kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
             A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
-            rows_linear(self.o, L["wo"], self.attn32, self.lin_cfg["o"])
-            Nm.add_rmsnorm(self.h, L["mlp_norm"], self.a, delta=self.attn32, eps=s.eps)
             if "router" not in L:
+                rows_linear(self.o, L["wo"], self.attn32, self.lin_cfg["o"])
+                Nm.add_rmsnorm(self.h, L["mlp_norm"], self.a, delta=self.attn32, eps=s.eps)
                 M.moe_experts(self.a, L["w13"], L["w2"], self.dws, 1, self.dense_cfg)
                 prev = (self.dws, 1, False)
                 continue
+            # MoE layer: the O projection adds into h in place; the router GEMM folds the RMSNorm weight in and
+            # the route-select kernel writes a = RMSNorm(h)·w for the experts (BlockForward's ``norm_in_route``)
+            rows_linear(self.o, L["wo"], self.h, self.lin_cfg["o"], add=True)
             E1 = M.expert_slots(L["w13"])
-            M.moe_route_align(self.a, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
+            M.moe_route_align(self.h, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
                               s.scaling, s.renormalize, self.moe_cfg, slot=self._count_row(li), eps=s.eps,
-                              row_block=self.router_rows)
+                              norm_w=L["mlp_norm"], norm_out=self.a, row_block=self.router_rows)
             if stats is not None:
                 stats.counts.append(self.ws.counts[: s.experts].clone())
             if "moe" in self.tiles:
