@@ -21,7 +21,12 @@ def test_paper_suite_dag_lists_every_stage_for_every_model_and_benchmark(tmp_pat
     assert stats["download_checkpoint"] == 3 and stats["verify_checkpoint"] == 3  # base, ORL, ORL NVFP4
     assert stats["prepare_problems"] == 4 and stats["prepare_generation_problems"] == 4
     assert stats["render_decoder"] == 12
-    assert stats["generate_shard"] == 12 * 4 and stats["merge_shards"] == 12 and stats["score"] == 12
+    # the paper suite groups benchmarks (config.yaml `group_benchmarks: true`): one generation job per model ×
+    # shard over all 4 benchmarks (the model loaded once per job), not one per model × benchmark × shard (48)
+    assert stats["generate_group"] == 3 * 4 and "generate_shard" not in stats
+    assert stats["merge_shards"] == 12 and stats["score"] == 12
+    jobs = [l for l in out.splitlines() if "repro.backends.generation_job" in l]
+    assert len(jobs) == 12 and all(l.count("--task ") == 4 and "--group-index " in l for l in jobs)
     assert stats["write_table"] == 1 and stats["main_table"] == 1
     for model in ("llada", "llada-orl", "llada-orl-nvfp4"):
         for bench in ("gsm8k", "math500", "humaneval", "mbpp"):
