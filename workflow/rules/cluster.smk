@@ -49,12 +49,14 @@ def gres_for(wildcards):
 
 
 # A site profile's `set-resources: generate_shard: {...}` (partition, account, qos, constraint, ...) applies to
-# the grouped generation jobs too, unless it sets generate_group itself: forwarded as that rule's resources
-# (the keys its rule computes itself are left out; those read _gen_site).
+# the grouped generation jobs too: forwarded as generate_group's own resources, so a key set for
+# generate_group itself still wins (set-resources override a rule's). The keys the rule computes itself are
+# left out; those read _gen_site, key by key, the same way.
 _COMPUTED = {"gpu", "gpu_model", "gres", "cpus_per_gpu", "gpu_mem_mb", "runtime", "mem_mb"}
-_over = getattr(workflow.resource_settings, "overwrite_resources", None) or {}
-GROUP_SITE_RESOURCES = {} if _over.get("generate_group") else {
-    k: _cluster._raw(v) for k, v in (_over.get("generate_shard") or {}).items() if k not in _COMPUTED}
+GROUP_SITE_RESOURCES = {
+    k: _cluster._raw(v)
+    for k, v in ((getattr(workflow.resource_settings, "overwrite_resources", None) or {}).get("generate_shard") or {}).items()
+    if k not in _COMPUTED}
 
 
 def gpu_mem_mb(wildcards):
