@@ -35,14 +35,16 @@ seconds of the session that finished the shard: its throughput; null when a reru
 ``job``: the fixed costs the shard's session shared — ``model_load_s`` (building the backend: reading the
 checkpoint onto the device), ``graph_capture_s`` (CUDA-graph capture seconds spent while generating this
 benchmark: the first benchmark of a job pays them), ``benchmarks_sharing_load`` (how many benchmarks that
-one load generated), the job's ``id``, its claimed ``gpu`` and ``started_at`` / ``ended_at`` (Unix
-seconds). ``INDEX`` carries the same job facts.
+one load generated), the job's ``id`` and ``pid``, its claimed ``gpu`` and ``started_at`` (after the claim) /
+``ended_at`` (Unix seconds). ``INDEX`` carries the same job facts, ``ended_at`` being the job's end.
 
 Refuses to start when the checkpoint's verification stamp is missing or does not match the
 checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU. Dies with the
 Snakemake that started it (``repro.backends.lifeline``), so a killed Snakemake leaves no orphans. A local
 GPU job pins itself to one free device (``repro.backends.gpu_slot``) unless ``CUDA_VISIBLE_DEVICES`` is
-already set (as Slurm does), and logs one line ``gpu-job start|end ...`` with the device and the time.
+already names one device (as Slurm does), and logs ``gpu-job start|end ...`` lines with the device and the
+time. ``ORL_EVAL_GPU_CLAIM=always`` makes a CPU job claim a device slot too (the CPU rehearsal of
+``scripts/gpu/two_gpu_check.sh``).
 """
 
 from __future__ import annotations
@@ -157,11 +159,13 @@ class Job:
     def __init__(self, a: argparse.Namespace):
         self.a, self.model_dir = a, Path(a.model_dir)
         self.id = uuid.uuid4().hex[:12]
-        self.started_at = time.time()
         self.stamp = check_verified(self.model_dir, Path(a.verified))
         self.gpu_lock = None  # held (not read) until the job ends: the flock on it is the GPU claim
         self.gpu = None
-        if a.device.startswith("cuda"):
+        # ORL_EVAL_GPU_CLAIM=always: claim a device slot on a CPU job too (the CPU rehearsal of
+        # scripts/gpu/two_gpu_check.sh, with a stand-in nvidia-smi)
+        self.claims = a.device.startswith("cuda") or os.environ.get("ORL_EVAL_GPU_CLAIM") == "always"
+        if self.claims:
             from repro.backends.gpu_slot import GpuSlotError, claim_gpu
 
             # host-wide, like the GPUs: every job on this machine must see the same locks
@@ -172,6 +176,8 @@ class Job:
                 raise GenerationError(str(e)) from None
             if self.gpu is not None:
                 print(f"pinned to GPU {self.gpu} (CUDA_VISIBLE_DEVICES={self.gpu})", file=sys.stderr)
+        self.started_at = time.time()  # after the claim: [started_at, ended_at] lies inside the GPU's lock
+        if self.claims:
             print(f"gpu-job start job={self.id} pid={os.getpid()} gpu={self.gpu} "
                   f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} t={self.started_at:.3f}",
                   file=sys.stderr)
@@ -200,14 +206,15 @@ class Job:
         return float(v) if isinstance(v, (int, float)) else 0.0
 
     def facts(self, **kw) -> dict:
-        return {"id": self.id, "model_load_s": self.model_load_s, "benchmarks_sharing_load": self.sharing,
+        return {"id": self.id, "pid": os.getpid(), "model_load_s": self.model_load_s,
+                "benchmarks_sharing_load": self.sharing,
                 "gpu": self.gpu, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "started_at": self.started_at, **kw}
 
     def close(self) -> None:
         if self._backend is not None:
             self._backend.close()
-        if self.a.device.startswith("cuda"):
+        if self.claims:
             print(f"gpu-job end job={self.id} pid={os.getpid()} gpu={self.gpu} t={time.time():.3f}", file=sys.stderr)
 
 

@@ -33,7 +33,7 @@ def test_grouped_job_kill9_resume_and_one_changed_benchmark(tmp_path, data_dir):
         "data_dir": str(data), "results_dir": str(results), "work_dir": str(work),
         "suites": {"smoke": {"models": ["tiny-orl"], "benchmarks": ["gsm8k", "humaneval"], "limit": 2,
                              "group_benchmarks": True, "max_new_tokens": 64}}}))
-    target = str(results / "smoke/speed_table.md")  # generation, merges and the speed table; no scoring
+    target = str(results / "smoke" / "speed_table.md")  # generation, merges and the speed table; no scoring
     cmd = [sys.executable, "-m", "snakemake", target, "--cores", "2", "--snakefile", str(REPO_ROOT / "Snakefile"),
            "--directory", str(tmp_path), "--configfile", str(REPO_ROOT / "config.yaml"), str(overlay)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -92,7 +92,7 @@ def test_grouped_job_kill9_resume_and_one_changed_benchmark(tmp_path, data_dir):
     assert gsm.read_bytes() == gsm_bytes and gsm.stat().st_mtime_ns == mtime
     log = (work / "logs/generate/smoke/tiny-orl/seed12345/shard0of1.log").read_text()
     assert "humaneval/seed12345 shard 0/1: 2 problems, 0 already done, 2 to generate" in log
-    speed = (results / "smoke/speed_table.md").read_text()
+    speed = (results / "smoke" / "speed_table.md").read_text()
     # the shards now on disk: GSM8K from the killed job (its load served 2), HumanEval from the last (served 1)
     assert "Fixed costs: 2 generation jobs loaded a model" in speed, speed
     metas = {b: json.loads((work / f"smoke/generations/tiny-orl/{b}/seed12345.jsonl.meta.json").read_text())["shards"]

@@ -291,12 +291,10 @@ def group_problems(wildcards):
 
 def group_tasks(wildcards):
     """``--task BENCH DECODER PROBLEMS SHARD`` for every benchmark of a grouped job (generation_job)."""
-    return " ".join(
-        f"--task {b} {dec} {prob} " + W(P.GROUP_SHARD, suite=wildcards.suite, model=wildcards.model,
-                                         seed=wildcards.seed, shard=wildcards.shard, nshards=wildcards.nshards,
-                                         bench=b)
-        for b, dec, prob in zip(suite_cfg(wildcards)["benchmarks"], group_decoders(wildcards),
-                                group_problems(wildcards)))
+    shard = dict(suite=wildcards.suite, model=wildcards.model, seed=wildcards.seed, shard=wildcards.shard,
+                 nshards=wildcards.nshards)
+    return " ".join(f"--task {b} {dec} {prob} {W(P.GROUP_SHARD, bench=b, **shard)}" for b, dec, prob in
+                    zip(suite_cfg(wildcards)["benchmarks"], group_decoders(wildcards), group_problems(wildcards)))
 
 
 def on_gpu(wildcards):
