@@ -116,8 +116,9 @@ trap cleanup EXIT
 
 # 5. the run: 2 models x 2 shards = 4 grouped generation jobs (by default), at most 2 at once (one per GPU)
 set +e
+RES=$SCRATCH/results/twogpu SPEED=speed_table.md TABLE=main_table.md
 TARGET=main_table
-if [ "${TWO_GPU_CHECK_TARGET:-main_table}" = speed_table ]; then TARGET=$SCRATCH/results/twogpu/speed_table.md; fi
+if [ "${TWO_GPU_CHECK_TARGET:-main_table}" = speed_table ]; then TARGET=$RES/$SPEED; fi
 "$PY" -m snakemake "$TARGET" --cores 4 --resources gpu=2 "${EXTRA[@]}" --snakefile "$ROOT/Snakefile" \
     --directory "$SCRATCH" --configfile "$ROOT/config.yaml" "$SCRATCH/overlay.yaml" > "$OUT/snakemake.log" 2>&1
 rc=$?
@@ -125,14 +126,14 @@ set -e
 cleanup
 SAMPLER=
 cat "$SCRATCH"/work/logs/generate/twogpu/*/seed*/*.log > "$OUT/generation_logs.txt" 2>/dev/null || true
-for f in main_table.md speed_table.md; do cp "$SCRATCH/results/twogpu/$f" "$OUT/" 2>/dev/null || true; done
+for f in "$TABLE" "$SPEED"; do cp "$RES/$f" "$OUT/" 2>/dev/null || true; done
 if [ "$rc" != 0 ]; then
     tail -n 40 "$OUT/snakemake.log" >&2
     echo "error: the workflow failed (exit $rc); its log: $OUT/snakemake.log" >&2
     exit "$rc"
 fi
 echo "== speed table"
-cat "$SCRATCH/results/twogpu/speed_table.md"
+cat "$RES/$SPEED"
 
 # 6. the check
 echo "== GPU per job"
