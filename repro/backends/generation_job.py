@@ -15,8 +15,8 @@ dropped and regenerated). When a shard is complete the records are de-duplicated
 cover the shard exactly, ordered by problem index, and written to ``OUT`` atomically together with
 ``OUT.meta.json`` (provenance); then the partial file is removed. The partial file is reused only by a
 job with the same inputs: ``OUT.partial.inputs.json`` records the sha256 of the decoder config and
-problems, the checkpoint's manifest hash, backend, device, precision and the generation code version; any
-difference discards it. The batch size is not among them: greedy records are identical at any batch size
+problems, the checkpoint's manifest hash, backend, device, precision, the adapter map's sha256 and the generation code version;
+any difference discards it. The batch size is not among them: greedy records are identical at any batch size
 (repro.engine.batch), and each record carries the ``batch_size`` it was made at.
 
 One benchmark (``--out``): ``OUT`` is the Snakemake output, so it exists only when complete.
@@ -27,7 +27,7 @@ graphs captured once per batch shape). Only ``INDEX`` is Snakemake's output; the
 files are kept beside it, so that when Snakemake re-runs the job because ONE benchmark's inputs changed
 (and deletes ``INDEX``), every other benchmark whose ``OUT.meta.json`` records the same inputs and whose
 ``OUT`` still has the recorded sha256 is taken as it is: its records are not generated again. A benchmark
-whose inputs changed starts afresh (its old ``OUT`` is removed first). ``INDEX`` lists each benchmark's
+whose inputs (or batch size) changed starts afresh (its old ``OUT`` is removed first). ``INDEX`` lists each benchmark's
 ``OUT`` (relative path), its sha256, record count and inputs; ``repro.backends.merge`` checks them.
 
 Every ``OUT.meta.json`` has the job's ``batch_size``, ``generated_last_session`` (problems, tokens,
@@ -64,7 +64,7 @@ import yaml
 
 from repro.backends import get_backend
 from repro.io import append_jsonl, atomic_write_text, read_jsonl_tolerant
-from repro.provenance import code_revision, sha256_path, stage_code_version
+from repro.provenance import code_revision, file_key, sha256_path, stage_code_version
 
 
 class GenerationError(RuntimeError):
@@ -269,13 +269,15 @@ class _Plan:
         self.code_version = stage_code_version("generate", a.backend)
         self.inputs = {"decoder_sha256": sha256_path(task.decoder), "problems_sha256": sha256_path(task.problems),
                        "checkpoint_manifest_sha256": stamp.get("manifest_sha256"), "backend": a.backend,
-                       "device": a.device, "precision": a.precision, "code_version": self.code_version}
+                       "device": a.device, "precision": a.precision, "code_version": self.code_version,
+                       "adapter_map": file_key(a.adapter_map) if getattr(a, "adapter_map", None) else None}
+        self.batch_size = getattr(a, "batch_size", 1)
         problems = [json.loads(line) for line in Path(task.problems).read_text().splitlines() if line.strip()]
         self.todo = shard_of(problems, a.shard, a.num_shards)
         self.kept = grouped and self._finished_with_same_inputs()
         if grouped and not self.kept and (self.out.exists() or self.meta_file.exists()):
-            print(f"note: {self.out} was generated with other inputs (decoder, problems, checkpoint, backend or "
-                  "code) or changed since; generating this benchmark afresh", file=sys.stderr)
+            print(f"note: {self.out} was generated with other inputs (decoder, problems, checkpoint, backend, "
+                  "adapter map, code or batch size) or changed since; generating this benchmark afresh", file=sys.stderr)
             self.out.unlink(missing_ok=True)
             self.meta_file.unlink(missing_ok=True)
         self.remaining: list[dict] = []
@@ -289,8 +291,10 @@ class _Plan:
             meta = json.loads(self.meta_file.read_text())
         except ValueError:
             return False
+        # the batch size too: a job re-run for a new batch size generates at it (the partial file, by contrast,
+        # is resumed at any batch size: the records are the same)
         return (meta.get("inputs") == self.inputs and meta.get("records_sha256") == sha256_path(self.out)
-                and meta.get("shard") is not None)
+                and meta.get("batch_size", 1) == self.batch_size)
 
     def _open_partial(self) -> None:
         partial, inputs = self.partial, self.inputs

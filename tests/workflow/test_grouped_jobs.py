@@ -153,3 +153,21 @@ def test_bad_task_lists_are_refused(group):
     a.group_index = None
     with pytest.raises(gen.GenerationError, match="--group-index"):
         gen.run(a)
+
+
+def test_a_new_batch_size_or_adapter_map_generates_again(group, tmp_path):
+    """Reused only when made the same way: a job re-run for another batch size or adapter map generates."""
+    args, files, index = group
+    gen.run(args())
+    (tmp_path / "map.json").write_text('{"type": "linear"}')
+    amap = {"adapter_map": str(tmp_path / "map.json")}
+    # each step differs from the one before in one setting only; the repeat changes nothing
+    for change, generated in ((amap, 5), (dict(amap, batch_size=4), 5), (dict(amap, batch_size=4), 0)):
+        index.unlink()
+        CountingBackend.generated = []
+        a = args()
+        for k, v in change.items():
+            setattr(a, k, v)
+        assert gen.run(a) == 0 and len(CountingBackend.generated) == generated, change
+        meta = json.loads(Path(str(files["gsm8k"][2]) + ".meta.json").read_text())
+        assert meta["batch_size"] == change.get("batch_size", 1) and meta["inputs"]["adapter_map"].startswith("sha256:")
