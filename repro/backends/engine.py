@@ -37,12 +37,13 @@ class EngineBackend:
         self.load_s = time.perf_counter() - t0  # fixed cost per job (speed table)
 
     @property
-    def graph_capture_s(self) -> float:
+    def graph_capture_s(self) -> float | None:
         """Seconds spent capturing CUDA graphs so far by the loaded model's engine (the graph path's
-        ``capture_s``, :class:`repro.engine.graph.GraphBackend`; 0.0 on paths without graphs). The graphs live
-        as long as the loaded model, so a job serving several benchmarks captures each shape once."""
+        ``capture_s``, :class:`repro.engine.graph.GraphBackend`); None on a path without graphs (CPU, eager,
+        batched). The graphs live as long as the loaded model, so a job serving several benchmarks captures
+        each shape once."""
         v = getattr(getattr(self.llm, "backend", None), "capture_s", None) if self.llm is not None else None
-        return float(v) if isinstance(v, (int, float)) else 0.0
+        return float(v) if isinstance(v, (int, float)) and self.batch_size == 1 else None
 
     def generate(self, prompts: Iterable, decoder: dict) -> Iterator[dict]:
         for p in prompts:

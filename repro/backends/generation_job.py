@@ -15,9 +15,9 @@ dropped and regenerated). When a shard is complete the records are de-duplicated
 cover the shard exactly, ordered by problem index, and written to ``OUT`` atomically together with
 ``OUT.meta.json`` (provenance); then the partial file is removed. The partial file is reused only by a
 job with the same inputs: ``OUT.partial.inputs.json`` records the sha256 of the decoder config and
-problems, the checkpoint's manifest hash, backend, device, precision, the adapter map's sha256 and the generation code version;
-any difference discards it. The batch size is not among them: greedy records are identical at any batch size
-(repro.engine.batch), and each record carries the ``batch_size`` it was made at.
+problems, the checkpoint's manifest hash, backend, device, precision, the adapter map's sha256 and the
+generation code version; any difference discards it. The batch size is not among them: greedy records are
+identical at any batch size (repro.engine.batch), and each record carries the ``batch_size`` it was made at.
 
 One benchmark (``--out``): ``OUT`` is the Snakemake output, so it exists only when complete.
 
@@ -34,9 +34,9 @@ Every ``OUT.meta.json`` has the job's ``batch_size``, ``generated_last_session``
 seconds of the session that finished the shard: its throughput; null when a rerun found nothing left) and
 ``job``: the fixed costs the shard's session shared — ``model_load_s`` (building the backend: reading the
 checkpoint onto the device), ``graph_capture_s`` (CUDA-graph capture seconds spent while generating this
-benchmark: the first benchmark of a job pays them), ``benchmarks_sharing_load`` (how many benchmarks that
-one load generated), the job's ``id`` and ``pid``, its claimed ``gpu`` and ``started_at`` (after the claim) /
-``ended_at`` (Unix seconds). ``INDEX`` carries the same job facts, ``ended_at`` being the job's end.
+benchmark: the first benchmark of a job pays them; null on a path without graphs),
+``benchmarks_sharing_load`` (how many benchmarks that one load generated), the job's ``id`` and ``pid``, its
+claimed ``gpu`` and ``started_at`` (after the claim) / ``ended_at`` (Unix seconds). ``INDEX`` carries the same job facts, ``ended_at`` being the job's end.
 
 Refuses to start when the checkpoint's verification stamp is missing or does not match the
 checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU. Dies with the
@@ -200,10 +200,11 @@ class Job:
             self.model_load_s = load if isinstance(load, (int, float)) else time.perf_counter() - t0
         return self._backend
 
-    def capture_s(self) -> float:
-        """CUDA-graph capture seconds the backend has spent so far (0 when it captures none)."""
-        v = getattr(self._backend, "graph_capture_s", 0.0) if self._backend is not None else 0.0
-        return float(v) if isinstance(v, (int, float)) else 0.0
+    def capture_s(self) -> float | None:
+        """CUDA-graph capture seconds the backend has spent so far; None when it captures none (no graph
+        path, or a backend that does not say)."""
+        v = getattr(self._backend, "graph_capture_s", None) if self._backend is not None else None
+        return float(v) if isinstance(v, (int, float)) else None
 
     def facts(self, **kw) -> dict:
         return {"id": self.id, "pid": os.getpid(), "model_load_s": self.model_load_s,
@@ -277,7 +278,8 @@ class _Plan:
         self.kept = grouped and self._finished_with_same_inputs()
         if grouped and not self.kept and (self.out.exists() or self.meta_file.exists()):
             print(f"note: {self.out} was generated with other inputs (decoder, problems, checkpoint, backend, "
-                  "adapter map, code or batch size) or changed since; generating this benchmark afresh", file=sys.stderr)
+                  "adapter map, code or batch size) or changed since; generating this benchmark afresh",
+                  file=sys.stderr)
             self.out.unlink(missing_ok=True)
             self.meta_file.unlink(missing_ok=True)
         self.remaining: list[dict] = []
@@ -336,7 +338,8 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
             # describe again: a backend that starts its engine in generate() knows its arguments only now
             sessions[-1] = backend.describe()
             atomic_write_text(plan.sessions_file, json.dumps(sessions, indent=1) + "\n")
-        capture = job.capture_s() - c0
+        c1 = job.capture_s()
+        capture = c1 - c0 if c0 is not None and c1 is not None else None
     meta = {
         "model": a.model, "benchmark": task.benchmark, "seed": a.seed, "shard": a.shard,
         "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,
@@ -395,7 +398,7 @@ def run(a: argparse.Namespace) -> int:
         atomic_write_text(index, json.dumps({
             "model": a.model, "seed": a.seed, "shard": a.shard, "num_shards": a.num_shards,
             "benchmarks": {p.task.benchmark: entry(p, m) for p, m in zip(plans, metas)},
-            "job": job.facts(graph_capture_s=job.capture_s() if job.sharing else None, ended_at=time.time()),
+            "job": job.facts(graph_capture_s=job.capture_s(), ended_at=time.time()),
         }, indent=1, sort_keys=True) + "\n")
         print(f"wrote {index}: {len(plans)} benchmark(s), {job.sharing} generated with one model load"
               + (f" ({job.model_load_s:.2f} s)" if job.model_load_s is not None else ""), file=sys.stderr)

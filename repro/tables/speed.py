@@ -70,8 +70,8 @@ def job_costs(metas: list[dict], cell: str = "") -> dict:
         if j and not j.get("benchmarks_sharing_load"):
             continue  # a rerun that found nothing left: no model loaded
         load = j.get("model_load_s") if j else (m.get("backend_info") or {}).get("load_s")
-        e = jobs.setdefault(j.get("id") or f"{cell}#{i}", {"load_s": load, "sharing": j.get("benchmarks_sharing_load", 1),
-                                                           "capture_s": None})
+        e = jobs.setdefault(j.get("id") or f"{cell}#{i}",
+                            {"load_s": load, "sharing": j.get("benchmarks_sharing_load", 1), "capture_s": None})
         if j.get("graph_capture_s") is not None:
             e["capture_s"] = (e["capture_s"] or 0.0) + j["graph_capture_s"]
     return jobs

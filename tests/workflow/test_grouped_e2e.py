@@ -75,7 +75,8 @@ def test_grouped_job_kill9_resume_and_one_changed_benchmark(tmp_path, data_dir):
     done = int(re.search(r"humaneval/seed12345 shard 0/1: 2 problems, (\d) already done", log).group(1))
     assert done >= 1
     for b in ("gsm8k", "humaneval"):
-        ids = [json.loads(l)["id"] for l in (work / f"smoke/generations/tiny-orl/{b}/seed12345.jsonl").read_text().splitlines()]
+        merged = work / "smoke" / "generations" / "tiny-orl" / b / "seed12345.jsonl"
+        ids = [json.loads(l)["id"] for l in merged.read_text().splitlines()]
         assert len(ids) == 2 and len(set(ids)) == 2
     assert "Nothing to be done" in snakemake("-n")
 

@@ -53,10 +53,8 @@ def gres_for(wildcards):
 # generate_group itself still wins (set-resources override a rule's). The keys the rule computes itself are
 # left out; those read _gen_site, key by key, the same way.
 _COMPUTED = {"gpu", "gpu_model", "gres", "cpus_per_gpu", "gpu_mem_mb", "runtime", "mem_mb"}
-GROUP_SITE_RESOURCES = {
-    k: _cluster._raw(v)
-    for k, v in ((getattr(workflow.resource_settings, "overwrite_resources", None) or {}).get("generate_shard") or {}).items()
-    if k not in _COMPUTED}
+_SHARD_SITE = (getattr(workflow.resource_settings, "overwrite_resources", None) or {}).get("generate_shard") or {}
+GROUP_SITE_RESOURCES = {k: _cluster._raw(v) for k, v in _SHARD_SITE.items() if k not in _COMPUTED}
 
 
 def gpu_mem_mb(wildcards):
