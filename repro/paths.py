@@ -28,6 +28,6 @@ DECODER = "{suite}/decoders/{model}/{bench}/seed{seed}.yaml"
 SHARD = "{suite}/generations/{model}/{bench}/seed{seed}/shard{shard}of{nshards}.jsonl"
 GENERATIONS = "{suite}/generations/{model}/{bench}/seed{seed}.jsonl"
 GROUP = "{suite}/generations/{model}/seed{seed}/shard{shard}of{nshards}.json"
-GROUP_SHARD = "{suite}/generations/{model}/seed{seed}/shard{shard}of{nshards}/{bench}.jsonl"
+GROUP_SHARD = "{suite}/generations/{model}/seed{seed}/shard{shard}of{nshards}/{bench}.jsonl"  # GROUP without .json
 SCORES = "{suite}/scores/{model}/{bench}/seed{seed}.jsonl"
 SUMMARY = "{suite}/scores/{model}/{bench}/seed{seed}.summary.json"

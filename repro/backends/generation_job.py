@@ -6,8 +6,8 @@ or (grouped) over several benchmarks with the model loaded once.
         --seed 12345 --shard 0 --num-shards 1 --device cpu --precision fp32 [--batch-size N] --out shard0of1.jsonl
 
     python -m repro.backends.generation_job ... --seed 12345 --shard 0 --num-shards 4 \
-        --task gsm8k DEC.yaml problems/gsm8k.jsonl G/shard0of4/gsm8k.jsonl \
-        --task mbpp DEC2.yaml problems/mbpp.jsonl G/shard0of4/mbpp.jsonl --group-index G/shard0of4.json
+        --benchmark gsm8k mbpp --decoder DEC.yaml DEC2.yaml --problems problems/gsm8k.jsonl problems/mbpp.jsonl \
+        --group-index G/shard0of4.json          # shards: G/shard0of4/gsm8k.jsonl, G/shard0of4/mbpp.jsonl
 
 Resumable and exactly-once: each finished problem is appended (flushed + fsynced) to
 ``OUT.partial.jsonl``; a rerun after a kill skips the problems already there (a truncated last line is
@@ -21,7 +21,8 @@ identical at any batch size (repro.engine.batch), and each record carries the ``
 
 One benchmark (``--out``): ``OUT`` is the Snakemake output, so it exists only when complete.
 
-Grouped (``--task BENCH DECODER PROBLEMS OUT`` repeated, ``--group-index INDEX``): the backend is built
+Grouped (several ``--benchmark`` with one ``--decoder`` and ``--problems`` each, in the same order, and
+``--group-index INDEX``; benchmark B's shard is ``OUT`` = ``INDEX`` without ``.json`` / ``B.jsonl``): the backend is built
 once, on the first benchmark with work left, and serves every benchmark of the job in turn (one model load,
 graphs captured once per batch shape). Only ``INDEX`` is Snakemake's output; the per-benchmark ``OUT``
 files are kept beside it, so that when Snakemake re-runs the job because ONE benchmark's inputs changed
@@ -365,20 +366,29 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
     return json.loads(plan.meta_file.read_text())
 
 
+def _values(v) -> list[str]:
+    return [v] if isinstance(v, str) else list(v or [])
+
+
 def tasks_of(a: argparse.Namespace) -> list[Task]:
-    """The job's tasks: the ``--task`` groups, or the one benchmark of ``--benchmark/--decoder/--problems/--out``."""
-    if getattr(a, "task", None):
-        if not getattr(a, "group_index", None):
-            raise GenerationError("--task needs --group-index INDEX (the grouped job's output)")
-        tasks = [Task(*t) for t in a.task]
-        dup = sorted({t.benchmark for t in tasks if [u.benchmark for u in tasks].count(t.benchmark) > 1})
-        if dup:
-            raise GenerationError(f"--task names benchmark(s) {dup} more than once; give each benchmark once")
-        return tasks
-    missing = [f"--{k}" for k in ("benchmark", "decoder", "problems", "out") if not getattr(a, k, None)]
-    if missing:
-        raise GenerationError(f"missing {', '.join(missing)} (or give --task ... and --group-index for a grouped job)")
-    return [Task(a.benchmark, a.decoder, a.problems, a.out)]
+    """The job's tasks: one per ``--benchmark`` with its ``--decoder`` and ``--problems`` (module docstring).
+    GenerationError names a missing option, unequal counts, or a benchmark given twice."""
+    benches, decoders, problems = _values(a.benchmark), _values(a.decoder), _values(a.problems)
+    index = getattr(a, "group_index", None)
+    if not index:
+        if not (len(benches) == len(decoders) == len(problems) == 1) or not getattr(a, "out", None):
+            raise GenerationError("a one-benchmark job takes one --benchmark, --decoder, --problems and --out "
+                                  "(several benchmarks: give --group-index INDEX instead of --out)")
+        return [Task(benches[0], decoders[0], problems[0], a.out)]
+    if not benches or not (len(benches) == len(decoders) == len(problems)):
+        raise GenerationError(f"a grouped job takes one --decoder and one --problems per --benchmark, in the same "
+                              f"order; got {len(benches)} benchmark(s), {len(decoders)} decoder(s), "
+                              f"{len(problems)} problems file(s)")
+    dup = sorted({b for b in benches if benches.count(b) > 1})
+    if dup:
+        raise GenerationError(f"--benchmark names {dup} more than once; give each benchmark once")
+    base = Path(index).with_suffix("")  # P.GROUP_SHARD (repro/paths.py): <index without .json>/<bench>.jsonl
+    return [Task(b, d, p, str(base / f"{b}.jsonl")) for b, d, p in zip(benches, decoders, problems)]
 
 
 def run(a: argparse.Namespace) -> int:
@@ -412,12 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--role", choices=["orl", "base"], required=True)
     ap.add_argument("--verified", required=True, help="verification stamp written by repro.checkpoint verify")
-    ap.add_argument("--decoder", help="rendered decoder YAML (one-benchmark job)")
-    ap.add_argument("--problems", help="problems of the benchmark (one-benchmark job)")
-    ap.add_argument("--benchmark", help="benchmark name (one-benchmark job)")
-    ap.add_argument("--task", nargs=4, action="append", metavar=("BENCH", "DECODER", "PROBLEMS", "OUT"),
-                    help="grouped job: one benchmark's decoder, problems and shard file; repeat per benchmark")
-    ap.add_argument("--group-index", help="grouped job: the index file written when every --task is done")
+    ap.add_argument("--benchmark", nargs="+", required=True, help="benchmark name(s); several: a grouped job")
+    ap.add_argument("--decoder", nargs="+", required=True, help="rendered decoder YAML, one per benchmark")
+    ap.add_argument("--problems", nargs="+", required=True, help="problems file, one per benchmark")
+    ap.add_argument("--group-index", help="grouped job: the index file written when every benchmark is done")
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--shard", type=int, default=0)
     ap.add_argument("--num-shards", type=int, default=1)
@@ -427,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="engine: requests decoded together (repro.engine.batch; greedy ids identical at any size)")
     ap.add_argument("--adapter-map", default=None,
                     help="adapter mapping file for the checkpoint's ORL adapter (docs/adapter_map.md)")
-    ap.add_argument("--out", help="the shard file (one-benchmark job)")
+    ap.add_argument("--out", help="the shard file (one-benchmark job; a grouped job derives its shards' paths)")
     a = ap.parse_args(argv)
     from repro.backends.lifeline import die_with_parent
 

@@ -69,8 +69,8 @@ def group(tmp_path, data_dir, monkeypatch):
     def args():
         return gen.argparse.Namespace(
             backend="engine", model="m", model_dir=str(ckpt), role="base", verified=str(stamp), seed=1, shard=0,
-            num_shards=2, device="cpu", precision="fp32", group_index=str(index),
-            task=[[b, str(d), str(p), str(o)] for b, (d, p, o) in files.items()])
+            num_shards=2, device="cpu", precision="fp32", group_index=str(index), benchmark=list(files),
+            decoder=[str(d) for d, _, _ in files.values()], problems=[str(p) for _, p, _ in files.values()])
     return args, files, index
 
 
@@ -146,8 +146,13 @@ def test_killed_grouped_job_resumes_each_benchmark_exactly_once(group):
 def test_bad_task_lists_are_refused(group):
     args, files, _ = group
     a = args()
-    a.task = a.task + [a.task[0]]
-    with pytest.raises(gen.GenerationError, match="more than once"):
+    a.benchmark, a.decoder, a.problems = a.benchmark + ["gsm8k"], a.decoder * 2, a.problems + a.problems[:1]
+    a.decoder = a.decoder[:3]
+    with pytest.raises(gen.GenerationError, match=r"names \['gsm8k'\] more than once"):
+        gen.run(a)
+    a = args()
+    a.decoder = a.decoder[:1]
+    with pytest.raises(gen.GenerationError, match="one --decoder and one --problems per --benchmark"):
         gen.run(a)
     a = args()
     a.group_index = None

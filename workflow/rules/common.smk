@@ -273,11 +273,10 @@ def shard_files(wildcards):
     return generation_outputs(wildcards.suite, wildcards.model, wildcards.bench, wildcards.seed)
 
 
-def merge_shard_args(wildcards, input):
-    """The merge's shard arguments: the shard files, or the grouped jobs' indexes and the benchmark to take."""
-    if grouped(wildcards):
-        return f"--benchmark {wildcards.bench} --group-index {' '.join(input.shards)}"
-    return " ".join(input.shards)
+def merge_group_args(wildcards):
+    """What the merge puts before its inputs in a grouped suite: they are the jobs' indexes (no paths in
+    params: a moved work directory re-runs nothing)."""
+    return f"--benchmark {wildcards.bench} --group-index" if grouped(wildcards) else ""
 
 
 def group_decoders(wildcards):
@@ -288,13 +287,6 @@ def group_decoders(wildcards):
 def group_problems(wildcards):
     return [W(P.GENERATION_PROBLEMS, suite=wildcards.suite, bench=b) for b in suite_cfg(wildcards)["benchmarks"]]
 
-
-def group_tasks(wildcards):
-    """``--task BENCH DECODER PROBLEMS SHARD`` for every benchmark of a grouped job (generation_job)."""
-    shard = dict(suite=wildcards.suite, model=wildcards.model, seed=wildcards.seed, shard=wildcards.shard,
-                 nshards=wildcards.nshards)
-    return " ".join(f"--task {b} {dec} {prob} {W(P.GROUP_SHARD, bench=b, **shard)}" for b, dec, prob in
-                    zip(suite_cfg(wildcards)["benchmarks"], group_decoders(wildcards), group_problems(wildcards)))
 
 
 def on_gpu(wildcards):

@@ -70,7 +70,7 @@ rule generate_group:
         batch_size=lambda wc: suite_cfg(wc).get("batch_size", 1),
         code=code_version("generate"),
         adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
-        tasks=group_tasks,  # --task BENCH DECODER PROBLEMS SHARD per benchmark
+        benchmarks=lambda wc: " ".join(suite_cfg(wc)["benchmarks"]),  # in the order of decoders and problems
     log:
         W("logs/generate/{suite}/{model}/seed{seed}/shard{shard}of{nshards}.log"),
     container: image_for("generate")
@@ -90,7 +90,8 @@ rule generate_group:
                "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
                "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "
                "--device {params.device} --precision {params.precision} --batch-size {params.batch_size} "
-               "{params.adapter_map} {params.tasks} --group-index {output}",
+               "{params.adapter_map} --benchmark {params.benchmarks} --decoder {input.decoders} "
+               "--problems {input.problems} --group-index {output}",
                streams="2> {log}")
 
 
@@ -101,9 +102,9 @@ rule merge_shards:
     output:
         W(P.GENERATIONS, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
     params:
-        shards=merge_shard_args,
+        group=merge_group_args,
     log:
         W("logs/merge/{suite}/{model}/{bench}/seed{seed}.log"),
     localrule: True
     shell:
-        logged("{PY} -m repro.backends.merge --problems {input.problems} --out {output} {params.shards}")
+        logged("{PY} -m repro.backends.merge --problems {input.problems} --out {output} {params.group} {input.shards}")
