@@ -178,6 +178,7 @@ def _fill_defaults(cfg: dict) -> dict:
             s.setdefault("limit", None)
             s.setdefault("decoder_suite", "main")
             s.setdefault("shards", 1)
+            s.setdefault("group_benchmarks", False)
             s.setdefault("max_new_tokens", None)
             s.setdefault("builtin_data", False)
             s.setdefault("reported", False)

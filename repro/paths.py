@@ -15,6 +15,10 @@
     <suite>/decoders/<model>/<bench>/seed<S>.yaml rendered decoder config
     <suite>/generations/<model>/<bench>/seed<S>/shard<K>of<N>.jsonl
     <suite>/generations/<model>/<bench>/seed<S>.jsonl   merged shards (+ .meta.json)
+    <suite>/generations/<model>/seed<S>/shard<K>of<N>.json       grouped job (suite `group_benchmarks`): its
+                                                 index, the only output Snakemake sees
+    <suite>/generations/<model>/seed<S>/shard<K>of<N>/<bench>.jsonl  a grouped job's shard of one benchmark
+                                                 (+ .meta.json), kept across reruns of the job
     <suite>/scores/<model>/<bench>/seed<S>.jsonl        per-sample verdicts (+ .summary.json)
     results/<suite>/main_table.{md,tex,csv}, provenance.json   (in the checkout, not the work dir)
 """
@@ -30,5 +34,7 @@ GENERATION_PROBLEMS = "{suite}/problems/{bench}.for-generation.jsonl"
 DECODER = "{suite}/decoders/{model}/{bench}/seed{seed}.yaml"
 SHARD = "{suite}/generations/{model}/{bench}/seed{seed}/shard{shard}of{nshards}.jsonl"
 GENERATIONS = "{suite}/generations/{model}/{bench}/seed{seed}.jsonl"
+GROUP = "{suite}/generations/{model}/seed{seed}/shard{shard}of{nshards}.json"
+GROUP_SHARD = "{suite}/generations/{model}/seed{seed}/shard{shard}of{nshards}/{bench}.jsonl"  # GROUP without .json
 SCORES = "{suite}/scores/{model}/{bench}/seed{seed}.jsonl"
 SUMMARY = "{suite}/scores/{model}/{bench}/seed{seed}.summary.json"

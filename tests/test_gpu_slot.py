@@ -57,6 +57,22 @@ def test_existing_cuda_visible_devices_is_respected(fake_gpus, monkeypatch):
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
 
 
+def test_several_visible_devices_are_claimed_one_each(fake_gpus, monkeypatch):
+    """CUDA_VISIBLE_DEVICES=2,3 gives the pipeline two GPUs: each job claims one of them, never both the first."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    procs = [subprocess.Popen([sys.executable, "-c", CLAIM, str(fake_gpus), "5"], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        got = sorted(tuple(p.stdout.readline().split()) for p in procs)
+        assert got == [("2", "2"), ("3", "3")]
+        third = subprocess.run([sys.executable, "-c", CLAIM, str(fake_gpus), "0"], capture_output=True, text=True)
+        assert third.returncode == 3 and "(2,3)" in third.stdout and "--resources gpu=2" in third.stdout
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_no_gpu_listed(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

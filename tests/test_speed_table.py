@@ -97,3 +97,29 @@ def test_tex_fits_one_column_of_a_two_column_article_with_a_paper_caption(tmp_pa
     log = (tmp_path / "doc.log").read_text(errors="replace")
     assert r.returncode == 0, log[-2000:]
     assert "Overfull \\hbox" not in log, log[-2000:]
+
+
+def test_fixed_costs_per_job_counted_once_across_the_benchmarks_it_served(tmp_path):
+    """A grouped job (one load serving both benchmarks) is one job in the note; its capture seconds, spent on
+    its first benchmark, are summed over the benchmarks; a second, ungrouped-era shard without job facts counts
+    as its own job; a path without graphs shows '-'."""
+    def meta(job_id, capture, shard=0, sharing=2):
+        return {"batch_size": 1, "shard": shard, "backend_info": {"load_s": 99.0},
+                "job": {"id": job_id, "model_load_s": 20.0, "graph_capture_s": capture,
+                        "benchmarks_sharing_load": sharing}}
+    _write(tmp_path, "m", "gsm8k", [_rec(i, 10, 0.1, 1) for i in range(4)], [meta("J1", 9.0), meta("J2", 7.0, 1)])
+    _write(tmp_path, "m", "humaneval", [_rec(i, 10, 0.1, 1) for i in range(4)],
+           [meta("J1", 0.5), {"batch_size": 1, "backend_info": {"load_s": 30.0}}])
+    rows, total = speed.build(tmp_path, "s", SPEC)
+    g, h, a = rows
+    assert g["load_s"] == 20.0 and g["capture_s"] == 8.0  # two jobs, 9 s and 7 s
+    assert h["load_s"] == 25.0 and h["capture_s"] == 0.5  # J1 (20 s) and an old shard (30 s, no capture known)
+    assert a["capture_s"] == pytest.approx((9.5 + 7.0) / 2)
+    note = speed.fixed_costs_note(total)
+    assert note.startswith("Fixed costs: 3 generation jobs loaded a model, 23.33 s per load on average (70.0 s in all)")
+    assert "each load serving 1.7 benchmarks on average" in note and "CUDA-graph capture 8.25 s per job" in note
+    _write(tmp_path, "m", "gsm8k", [_rec(0, 10, 0.1, 1)], [meta("J3", None, sharing=1)])
+    _write(tmp_path, "m", "humaneval", [_rec(0, 10, 0.1, 1)], [meta("J3", None, sharing=1)])
+    rows, total = speed.build(tmp_path, "s", SPEC)
+    assert rows[0]["capture_s"] is None and "| - |" in speed.to_markdown(rows, "cap")
+    assert "capture" not in speed.fixed_costs_note(total) and "1 generation job loaded" in speed.fixed_costs_note(total)

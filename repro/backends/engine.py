@@ -36,6 +36,15 @@ class EngineBackend:
         self.llm = LLM(str(model_dir), role=role, precision=precision, device=device, adapter_map=adapter_map)
         self.load_s = time.perf_counter() - t0  # fixed cost per job (speed table)
 
+    @property
+    def graph_capture_s(self) -> float | None:
+        """Seconds spent capturing CUDA graphs so far by the loaded model's engine (the graph path's
+        ``capture_s``, :class:`repro.engine.graph.GraphBackend`); None on a path without graphs (CPU, eager,
+        batched). The graphs live as long as the loaded model, so a job serving several benchmarks captures
+        each shape once."""
+        v = getattr(getattr(self.llm, "backend", None), "capture_s", None) if self.llm is not None else None
+        return float(v) if isinstance(v, (int, float)) and self.batch_size == 1 else None
+
     def generate(self, prompts: Iterable, decoder: dict) -> Iterator[dict]:
         for p in prompts:
             prompt_text = self.llm.apply_chat_template(p.messages)
@@ -91,7 +100,7 @@ class EngineBackend:
         return {"backend": "engine", "device": dev, "precision": self.precision, "torch": torch.__version__,
                 "engine_path": self.llm.engine_path if self.batch_size == 1 else "batched-eager",
                 "kernels": self.llm.kernels, "adapter": self.llm.adapter_note, "batch_size": self.batch_size,
-                "load_s": self.load_s,
+                "load_s": self.load_s, "graph_capture_s": self.graph_capture_s,
                 **({"batch": {"rounds": st.rounds, "wall_s": st.wall_s, "max_active": st.max_active,
                               "mean_round_s": sum(st.round_s) / len(st.round_s)}}
                    if (st := self.batch_stats) is not None and st.rounds else {})}

@@ -1,44 +1,71 @@
-"""`python -m repro.backends.generation_job`: one generation job (a model × benchmark × seed × shard).
+"""`python -m repro.backends.generation_job`: one generation job — a model × seed × shard over one benchmark,
+or (grouped) over several benchmarks with the model loaded once.
 
     python -m repro.backends.generation_job --backend engine --model tiny-orl --model-dir DIR --role orl \
-        --verified STAMP.json --decoder DEC.yaml --problems problems/gsm8k.jsonl --seed 12345 \
-        --shard 0 --num-shards 1 --device cpu --precision fp32 [--batch-size N] --out shard0of1.jsonl
+        --verified STAMP.json --decoder DEC.yaml --problems problems/gsm8k.jsonl --benchmark gsm8k \
+        --seed 12345 --shard 0 --num-shards 1 --device cpu --precision fp32 [--batch-size N] --out shard0of1.jsonl
+
+    python -m repro.backends.generation_job ... --seed 12345 --shard 0 --num-shards 4 \
+        --benchmark gsm8k mbpp --decoder DEC.yaml DEC2.yaml --problems problems/gsm8k.jsonl problems/mbpp.jsonl \
+        --group-index G/shard0of4.json          # shards: G/shard0of4/gsm8k.jsonl, G/shard0of4/mbpp.jsonl
 
 Resumable and exactly-once: each finished problem is appended (flushed + fsynced) to
 ``OUT.partial.jsonl``; a rerun after a kill skips the problems already there (a truncated last line is
-dropped and regenerated). When the shard is complete the records are de-duplicated by id, checked to
+dropped and regenerated). When a shard is complete the records are de-duplicated by id, checked to
 cover the shard exactly, ordered by problem index, and written to ``OUT`` atomically together with
-``OUT.meta.json`` (provenance); then the partial file is removed. ``OUT`` therefore exists only when
-complete, which is what Snakemake sees. The partial file is reused only by a job with the same inputs:
-``OUT.partial.inputs.json`` records the sha256 of the decoder config and problems, the checkpoint's
-manifest hash, backend, device, precision and the generation code version; any difference discards it.
-The batch size is not among them: greedy records are identical at any batch size (repro.engine.batch), and
-each record carries the ``batch_size`` it was made at; ``OUT.meta.json`` has the job's ``batch_size`` and
-``generated_last_session`` (problems, tokens, seconds of the session that finished the shard: its
-throughput; null when a rerun found nothing left).
+``OUT.meta.json`` (provenance); then the partial file is removed. The partial file is reused only by a
+job with the same inputs: ``OUT.partial.inputs.json`` records the sha256 of the decoder config and
+problems, the checkpoint's manifest hash, backend, device, precision, the adapter map's sha256 and the
+generation code version; any difference discards it. The batch size is not among them: greedy records are
+identical at any batch size (repro.engine.batch), and each record carries the ``batch_size`` it was made at.
+
+One benchmark (``--out``): ``OUT`` is the Snakemake output, so it exists only when complete.
+
+Grouped (several ``--benchmark`` with one ``--decoder`` and ``--problems`` each, in the same order, and
+``--group-index INDEX``; benchmark B's shard is ``OUT`` = ``INDEX`` without ``.json`` / ``B.jsonl``): the backend is built
+once, on the first benchmark with work left, and serves every benchmark of the job in turn (one model load,
+graphs captured once per batch shape). Only ``INDEX`` is Snakemake's output; the per-benchmark ``OUT``
+files are kept beside it, so that when Snakemake re-runs the job because ONE benchmark's inputs changed
+(and deletes ``INDEX``), every other benchmark whose ``OUT.meta.json`` records the same inputs and whose
+``OUT`` still has the recorded sha256 is taken as it is: its records are not generated again. A benchmark
+whose inputs (or batch size) changed starts afresh (its old ``OUT`` is removed first). ``INDEX`` lists each benchmark's
+``OUT`` (relative path), its sha256, record count and inputs; ``repro.backends.merge`` checks them.
+
+Every ``OUT.meta.json`` has the job's ``batch_size``, ``generated_last_session`` (problems, tokens,
+seconds of the session that finished the shard: its throughput; null when a rerun found nothing left) and
+``job``: the fixed costs the shard's session shared — ``model_load_s`` (building the backend: reading the
+checkpoint onto the device), ``graph_capture_s`` (CUDA-graph capture seconds spent while generating this
+benchmark: the first benchmark of a job pays them; null on a path without graphs),
+``benchmarks_sharing_load`` (how many benchmarks that one load generated), the job's ``id`` and ``pid``, its
+claimed ``gpu`` and ``started_at`` (after the claim) / ``ended_at`` (Unix seconds). ``INDEX`` carries the same job facts, ``ended_at`` being the job's end.
 
 Refuses to start when the checkpoint's verification stamp is missing or does not match the
 checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU. Dies with the
 Snakemake that started it (``repro.backends.lifeline``), so a killed Snakemake leaves no orphans. A local
 GPU job pins itself to one free device (``repro.backends.gpu_slot``) unless ``CUDA_VISIBLE_DEVICES`` is
-already set (as Slurm does).
+already names one device (as Slurm does), and logs ``gpu-job start|end ...`` lines with the device and the
+time. ``ORL_EVAL_GPU_CLAIM=always`` makes a CPU job claim a device slot too (the CPU rehearsal of
+``scripts/gpu/two_gpu_check.sh``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 import tempfile
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from repro.backends import get_backend
 from repro.io import append_jsonl, atomic_write_text, read_jsonl_tolerant
-from repro.provenance import code_revision, sha256_path, stage_code_version
+from repro.provenance import code_revision, file_key, sha256_path, stage_code_version
 
 
 class GenerationError(RuntimeError):
@@ -95,7 +122,8 @@ def shard_of(problems: list[dict], shard: int, num_shards: int) -> list[dict]:
 
 
 def complete_shard(out: Path, partial: Path, todo: list[dict], meta: dict) -> list[dict]:
-    """De-duplicate the partial records, check coverage, write ``out`` + meta atomically."""
+    """De-duplicate the partial records, check coverage, write ``out`` + meta atomically (the meta gets
+    ``records_sha256``, the sha256 of ``out``'s bytes)."""
     recs = read_jsonl_tolerant(partial)
     by_id: dict[str, dict] = {}
     for r in recs:
@@ -105,24 +133,105 @@ def complete_shard(out: Path, partial: Path, todo: list[dict], meta: dict) -> li
     if missing:
         raise GenerationError(f"{partial}: {len(missing)} problem(s) missing after generation: {missing[:5]}")
     ordered = [by_id[i] for i in want]
-    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered)
+    meta = dict(meta, records_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(), records=len(ordered))
+    # meta first: an `out` without its meta is never taken as finished by a grouped rerun
     atomic_write_text(Path(str(out) + ".meta.json"), json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(out, text)
     partial.unlink(missing_ok=True)
     return ordered
 
 
-def _generate(a: argparse.Namespace, backend, remaining: list[dict], decoder: dict, partial: Path,
+@dataclass
+class Task:
+    """One benchmark of a job: where its decoder config and problems are, and where its shard goes."""
+
+    benchmark: str
+    decoder: str
+    problems: str
+    out: str
+
+
+class Job:
+    """What the benchmarks of one job share: the verified checkpoint, the claimed GPU, and the backend,
+    built once on first use (:meth:`backend`) and closed by :meth:`close`. ``facts()`` gives the ``job``
+    entry of the metas (module docstring)."""
+
+    def __init__(self, a: argparse.Namespace):
+        self.a, self.model_dir = a, Path(a.model_dir)
+        self.id = uuid.uuid4().hex[:12]
+        self.stamp = check_verified(self.model_dir, Path(a.verified))
+        self.gpu_lock = None  # held (not read) until the job ends: the flock on it is the GPU claim
+        self.gpu = None
+        # ORL_EVAL_GPU_CLAIM=always: claim a device slot on a CPU job too (the CPU rehearsal of
+        # scripts/gpu/two_gpu_check.sh, with a stand-in nvidia-smi)
+        self.claims = a.device.startswith("cuda") or os.environ.get("ORL_EVAL_GPU_CLAIM") == "always"
+        if self.claims:
+            from repro.backends.gpu_slot import GpuSlotError, claim_gpu
+
+            # host-wide, like the GPUs: every job on this machine must see the same locks
+            lock_dir = os.environ.get("ORL_EVAL_GPU_LOCKS") or os.path.join(tempfile.gettempdir(), "repro-gpu-locks")
+            try:
+                self.gpu, self.gpu_lock = claim_gpu(lock_dir)
+            except GpuSlotError as e:
+                raise GenerationError(str(e)) from None
+            if self.gpu is not None:
+                print(f"pinned to GPU {self.gpu} (CUDA_VISIBLE_DEVICES={self.gpu})", file=sys.stderr)
+        self.started_at = time.time()  # after the claim: [started_at, ended_at] lies inside the GPU's lock
+        if self.claims:
+            print(f"gpu-job start job={self.id} pid={os.getpid()} gpu={self.gpu} "
+                  f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} t={self.started_at:.3f}",
+                  file=sys.stderr)
+        check_device(a.device, self.model_dir, a.precision)
+        self._backend = None
+        self.model_load_s: float | None = None
+        self.sharing = 0  # benchmarks the loaded backend generated
+
+    def backend(self):
+        """The job's backend, built on the first call (the model load, timed)."""
+        if self._backend is None:
+            a = self.a
+            extra = {"adapter_map": a.adapter_map} if getattr(a, "adapter_map", None) else {}
+            if a.backend == "engine":
+                extra["batch_size"] = getattr(a, "batch_size", 1)
+            t0 = time.perf_counter()
+            self._backend = get_backend(a.backend, model_dir=str(self.model_dir), role=a.role, device=a.device,
+                                        precision=a.precision, **extra)
+            load = getattr(self._backend, "load_s", None)
+            self.model_load_s = load if isinstance(load, (int, float)) else time.perf_counter() - t0
+        return self._backend
+
+    def capture_s(self) -> float | None:
+        """CUDA-graph capture seconds the backend has spent so far; None when it captures none (no graph
+        path, or a backend that does not say)."""
+        v = getattr(self._backend, "graph_capture_s", None) if self._backend is not None else None
+        return float(v) if isinstance(v, (int, float)) else None
+
+    def facts(self, **kw) -> dict:
+        return {"id": self.id, "pid": os.getpid(), "model_load_s": self.model_load_s,
+                "benchmarks_sharing_load": self.sharing,
+                "gpu": self.gpu, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "started_at": self.started_at, **kw}
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+        if self.claims:
+            print(f"gpu-job end job={self.id} pid={os.getpid()} gpu={self.gpu} t={time.time():.3f}", file=sys.stderr)
+
+
+def _generate(a: argparse.Namespace, bench: str, backend, remaining: list[dict], decoder: dict, partial: Path,
               out: Path) -> dict:
-    """Generate ``remaining`` problems with ``backend``, appending each record to ``partial`` as it finishes
-    (a batched backend's ``generate_each`` hands them over in finishing order); returns this session's
-    ``{"problems", "generated_tokens", "wall_s"}`` (the job's throughput, in provenance)."""
+    """Generate ``remaining`` problems of ``bench`` with ``backend``, appending each record to ``partial`` as
+    it finishes (a batched backend's ``generate_each`` hands them over in finishing order); returns this
+    session's ``{"problems", "generated_tokens", "wall_s"}`` (the job's throughput, in provenance)."""
     from tqdm import tqdm
 
     from repro.prompts import build_prompt
 
-    prompts = [build_prompt(a.benchmark, p["source"]) for p in remaining]
+    prompts = [build_prompt(bench, p["source"]) for p in remaining]
     out.parent.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(remaining), desc=f"{a.model}/{a.benchmark}", unit="problem", file=sys.stderr,
+    bar = tqdm(total=len(remaining), desc=f"{a.model}/{bench}", unit="problem", file=sys.stderr,
                mininterval=1.0)
     toks = fwd = 0
     t0 = time.perf_counter()
@@ -130,7 +239,7 @@ def _generate(a: argparse.Namespace, backend, remaining: list[dict], decoder: di
         def emit(i: int, rec: dict) -> None:
             nonlocal toks, fwd
             prob, prompt = remaining[i], prompts[i]
-            rec = {"id": prob["id"], "benchmark": a.benchmark, "model": a.model, "seed": a.seed,
+            rec = {"id": prob["id"], "benchmark": bench, "model": a.model, "seed": a.seed,
                    "backend": a.backend, "template_version": prompt.template_version, **rec}
             append_jsonl(f, rec)
             toks += rec["generated_tokens"]
@@ -149,84 +258,160 @@ def _generate(a: argparse.Namespace, backend, remaining: list[dict], decoder: di
     return {"problems": len(remaining), "generated_tokens": toks, "wall_s": time.perf_counter() - t0}
 
 
-def run(a: argparse.Namespace) -> int:
-    model_dir, out = Path(a.model_dir), Path(a.out)
-    stamp = check_verified(model_dir, Path(a.verified))
-    gpu_lock = None  # held (not read) until the job ends: the flock on it is the GPU claim
-    if a.device.startswith("cuda"):
-        from repro.backends.gpu_slot import GpuSlotError, claim_gpu
+class _Plan:
+    """One task's state at the start of the job: its problems, the content key of its inputs, and whether
+    its finished shard can be kept (grouped jobs) or what is left to generate."""
 
-        # host-wide, like the GPUs: every job on this machine must see the same locks
-        lock_dir = os.environ.get("ORL_EVAL_GPU_LOCKS") or os.path.join(tempfile.gettempdir(), "repro-gpu-locks")
+    def __init__(self, a: argparse.Namespace, task: Task, stamp: dict, grouped: bool):
+        self.task, self.out = task, Path(task.out)
+        self.partial = Path(task.out + ".partial.jsonl")
+        self.sessions_file = Path(task.out + ".partial.backends.json")  # backend of every session that wrote
+        self.inputs_file = Path(task.out + ".partial.inputs.json")
+        self.meta_file = Path(task.out + ".meta.json")
+        self.code_version = stage_code_version("generate", a.backend)
+        self.inputs = {"decoder_sha256": sha256_path(task.decoder), "problems_sha256": sha256_path(task.problems),
+                       "checkpoint_manifest_sha256": stamp.get("manifest_sha256"), "backend": a.backend,
+                       "device": a.device, "precision": a.precision, "code_version": self.code_version,
+                       "adapter_map": file_key(a.adapter_map) if getattr(a, "adapter_map", None) else None}
+        self.batch_size = getattr(a, "batch_size", 1)
+        problems = [json.loads(line) for line in Path(task.problems).read_text().splitlines() if line.strip()]
+        self.todo = shard_of(problems, a.shard, a.num_shards)
+        self.kept = grouped and self._finished_with_same_inputs()
+        if grouped and not self.kept and (self.out.exists() or self.meta_file.exists()):
+            print(f"note: {self.out} was generated with other inputs (decoder, problems, checkpoint, backend, "
+                  "adapter map, code or batch size) or changed since; generating this benchmark afresh",
+                  file=sys.stderr)
+            self.out.unlink(missing_ok=True)
+            self.meta_file.unlink(missing_ok=True)
+        self.remaining: list[dict] = []
+        if not self.kept:
+            self._open_partial()
+
+    def _finished_with_same_inputs(self) -> bool:
+        if not (self.out.is_file() and self.meta_file.is_file()):
+            return False
         try:
-            index, gpu_lock = claim_gpu(lock_dir)
-        except GpuSlotError as e:
-            raise GenerationError(str(e)) from None
-        if index is not None:
-            print(f"pinned to GPU {index} (CUDA_VISIBLE_DEVICES={index})", file=sys.stderr)
-    check_device(a.device, model_dir, a.precision)
-    decoder = load_decoder(Path(a.decoder), a.seed)
-    problems = [json.loads(line) for line in Path(a.problems).read_text().splitlines() if line.strip()]
-    todo = shard_of(problems, a.shard, a.num_shards)
-    partial = Path(str(out) + ".partial.jsonl")
-    sessions_file = Path(str(out) + ".partial.backends.json")  # backend of every session that wrote records
-    inputs_file = Path(str(out) + ".partial.inputs.json")
-    code_version = stage_code_version("generate", a.backend)
-    inputs = {"decoder_sha256": sha256_path(a.decoder), "problems_sha256": sha256_path(a.problems),
-              "checkpoint_manifest_sha256": stamp.get("manifest_sha256"), "backend": a.backend,
-              "device": a.device, "precision": a.precision, "code_version": code_version}
-    if partial.exists() and (not inputs_file.exists() or json.loads(inputs_file.read_text()) != inputs):
-        print(f"note: {partial} was written with other inputs (decoder, problems, checkpoint, backend or code); "
-              "discarding it and starting this shard afresh", file=sys.stderr)
-        partial.unlink()
-        sessions_file.unlink(missing_ok=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(inputs_file, json.dumps(inputs, indent=1, sort_keys=True) + "\n")
-    kept = read_jsonl_tolerant(partial)
-    done = {r["id"] for r in kept}
-    if partial.exists():  # drop a record torn by a kill before appending after it
-        atomic_write_text(partial, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
-    remaining = [p for p in todo if p["id"] not in done]
-    print(f"{a.model}/{a.benchmark}/seed{a.seed} shard {a.shard}/{a.num_shards}: {len(todo)} problems, "
-          f"{len(todo) - len(remaining)} already done, {len(remaining)} to generate", file=sys.stderr)
+            meta = json.loads(self.meta_file.read_text())
+        except ValueError:
+            return False
+        # the batch size too: a job re-run for a new batch size generates at it (the partial file, by contrast,
+        # is resumed at any batch size: the records are the same)
+        return (meta.get("inputs") == self.inputs and meta.get("records_sha256") == sha256_path(self.out)
+                and meta.get("batch_size", 1) == self.batch_size)
 
-    backend = None
+    def _open_partial(self) -> None:
+        partial, inputs = self.partial, self.inputs
+        if partial.exists() and (not self.inputs_file.exists() or json.loads(self.inputs_file.read_text()) != inputs):
+            print(f"note: {partial} was written with other inputs (decoder, problems, checkpoint, backend or code); "
+                  "discarding it and starting this shard afresh", file=sys.stderr)
+            partial.unlink()
+            self.sessions_file.unlink(missing_ok=True)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.inputs_file, json.dumps(inputs, indent=1, sort_keys=True) + "\n")
+        kept = read_jsonl_tolerant(partial)
+        done = {r["id"] for r in kept}
+        if partial.exists():  # drop a record torn by a kill before appending after it
+            atomic_write_text(partial, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+        self.remaining = [p for p in self.todo if p["id"] not in done]
+
+
+def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
+    """Generate what is left of one task and write its shard + meta; returns the meta."""
+    task = plan.task
+    if plan.kept:
+        print(f"{a.model}/{task.benchmark}/seed{a.seed} shard {a.shard}/{a.num_shards}: {len(plan.todo)} problems, "
+              f"all done by an earlier run of this job with the same inputs: kept {plan.out}", file=sys.stderr)
+        return json.loads(plan.meta_file.read_text())
+    print(f"{a.model}/{task.benchmark}/seed{a.seed} shard {a.shard}/{a.num_shards}: {len(plan.todo)} problems, "
+          f"{len(plan.todo) - len(plan.remaining)} already done, {len(plan.remaining)} to generate", file=sys.stderr)
+    decoder = load_decoder(Path(task.decoder), a.seed)
     done_now = None
-    sessions = json.loads(sessions_file.read_text()) if sessions_file.exists() else []
-    if remaining:
-        extra = {"adapter_map": a.adapter_map} if getattr(a, "adapter_map", None) else {}
-        if a.backend == "engine":
-            extra["batch_size"] = getattr(a, "batch_size", 1)
-        backend = get_backend(a.backend, model_dir=str(model_dir), role=a.role, device=a.device,
-                              precision=a.precision, **extra)
+    capture = None
+    sessions = json.loads(plan.sessions_file.read_text()) if plan.sessions_file.exists() else []
+    if plan.remaining:
+        backend = job.backend()
         sessions.append(backend.describe())
-        atomic_write_text(sessions_file, json.dumps(sessions, indent=1) + "\n")
+        atomic_write_text(plan.sessions_file, json.dumps(sessions, indent=1) + "\n")
+        c0 = job.capture_s()
         try:
-            done_now = _generate(a, backend, remaining, decoder, partial, out)
+            done_now = _generate(a, task.benchmark, backend, plan.remaining, decoder, plan.partial, plan.out)
         finally:
             # describe again: a backend that starts its engine in generate() knows its arguments only now
             sessions[-1] = backend.describe()
-
-            atomic_write_text(sessions_file, json.dumps(sessions, indent=1) + "\n")
-            backend.close()
+            atomic_write_text(plan.sessions_file, json.dumps(sessions, indent=1) + "\n")
+        c1 = job.capture_s()
+        capture = c1 - c0 if c0 is not None and c1 is not None else None
     meta = {
-        "model": a.model, "benchmark": a.benchmark, "seed": a.seed, "shard": a.shard,
+        "model": a.model, "benchmark": task.benchmark, "seed": a.seed, "shard": a.shard,
         "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,
         "batch_size": getattr(a, "batch_size", 1),
         "generated_last_session": done_now,  # problems, tokens, seconds of the session that finished the shard
-        "checkpoint_manifest_sha256": stamp.get("manifest_sha256"),
-        "decoder_sha256": sha256_path(a.decoder), "decoder": decoder,
-        "problems_sha256": sha256_path(a.problems), "code_revision": code_revision(),
-        "code_version": code_version,  # sha256 of the generation code (repro.provenance.stage_code_version)
+        "checkpoint_manifest_sha256": job.stamp.get("manifest_sha256"),
+        "decoder_sha256": plan.inputs["decoder_sha256"], "decoder": decoder,
+        "problems_sha256": plan.inputs["problems_sha256"], "code_revision": code_revision(),
+        "code_version": plan.code_version,  # sha256 of the generation code (repro.provenance.stage_code_version)
+        "inputs": plan.inputs,  # the content key a grouped rerun compares (module docstring)
         # the backend that wrote the records: this session's, else (resumed with nothing left) the last
         # session's; every session's when a resumed job mixed several
         "backend_info": sessions[-1] if sessions else None,
         "backend_sessions": sessions,
+        # fixed costs of the session that finished the shard (none loaded when a rerun found nothing left)
+        "job": job.facts(graph_capture_s=capture, ended_at=time.time()) if done_now else
+        job.facts(graph_capture_s=None, model_load_s=None, benchmarks_sharing_load=0, ended_at=time.time()),
     }
-    recs = complete_shard(out, partial, todo, meta)
-    sessions_file.unlink(missing_ok=True)
-    inputs_file.unlink(missing_ok=True)
-    print(f"wrote {len(recs)} records -> {out}", file=sys.stderr)
+    recs = complete_shard(plan.out, plan.partial, plan.todo, meta)
+    plan.sessions_file.unlink(missing_ok=True)
+    plan.inputs_file.unlink(missing_ok=True)
+    print(f"wrote {len(recs)} records -> {plan.out}", file=sys.stderr)
+    return json.loads(plan.meta_file.read_text())
+
+
+def _values(v) -> list[str]:
+    return [v] if isinstance(v, str) else list(v or [])
+
+
+def tasks_of(a: argparse.Namespace) -> list[Task]:
+    """The job's tasks: one per ``--benchmark`` with its ``--decoder`` and ``--problems`` (module docstring).
+    GenerationError names a missing option, unequal counts, or a benchmark given twice."""
+    benches, decoders, problems = _values(a.benchmark), _values(a.decoder), _values(a.problems)
+    index = getattr(a, "group_index", None)
+    if not index:
+        if not (len(benches) == len(decoders) == len(problems) == 1) or not getattr(a, "out", None):
+            raise GenerationError("a one-benchmark job takes one --benchmark, --decoder, --problems and --out "
+                                  "(several benchmarks: give --group-index INDEX instead of --out)")
+        return [Task(benches[0], decoders[0], problems[0], a.out)]
+    if not benches or not (len(benches) == len(decoders) == len(problems)):
+        raise GenerationError(f"a grouped job takes one --decoder and one --problems per --benchmark, in the same "
+                              f"order; got {len(benches)} benchmark(s), {len(decoders)} decoder(s), "
+                              f"{len(problems)} problems file(s)")
+    dup = sorted({b for b in benches if benches.count(b) > 1})
+    if dup:
+        raise GenerationError(f"--benchmark names {dup} more than once; give each benchmark once")
+    base = Path(index).with_suffix("")  # P.GROUP_SHARD (repro/paths.py): <index without .json>/<bench>.jsonl
+    return [Task(b, d, p, str(base / f"{b}.jsonl")) for b, d, p in zip(benches, decoders, problems)]
+
+
+def run(a: argparse.Namespace) -> int:
+    tasks = tasks_of(a)
+    grouped = bool(getattr(a, "group_index", None))
+    job = Job(a)
+    try:
+        plans = [_Plan(a, t, job.stamp, grouped) for t in tasks]
+        job.sharing = sum(1 for p in plans if p.remaining)
+        metas = [run_task(a, job, p) for p in plans]
+    finally:
+        job.close()
+    if grouped:
+        index = Path(a.group_index)
+        entry = lambda p, m: {"file": os.path.relpath(p.out, index.parent), "sha256": m["records_sha256"],  # noqa: E731
+                              "records": m["records"], "inputs": m["inputs"], "job": m.get("job")}
+        atomic_write_text(index, json.dumps({
+            "model": a.model, "seed": a.seed, "shard": a.shard, "num_shards": a.num_shards,
+            "benchmarks": {p.task.benchmark: entry(p, m) for p, m in zip(plans, metas)},
+            "job": job.facts(graph_capture_s=job.capture_s(), ended_at=time.time()),
+        }, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {index}: {len(plans)} benchmark(s), {job.sharing} generated with one model load"
+              + (f" ({job.model_load_s:.2f} s)" if job.model_load_s is not None else ""), file=sys.stderr)
     return 0
 
 
@@ -237,9 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--role", choices=["orl", "base"], required=True)
     ap.add_argument("--verified", required=True, help="verification stamp written by repro.checkpoint verify")
-    ap.add_argument("--decoder", required=True, help="rendered decoder YAML")
-    ap.add_argument("--problems", required=True)
-    ap.add_argument("--benchmark", required=True)
+    ap.add_argument("--benchmark", nargs="+", required=True, help="benchmark name(s); several: a grouped job")
+    ap.add_argument("--decoder", nargs="+", required=True, help="rendered decoder YAML, one per benchmark")
+    ap.add_argument("--problems", nargs="+", required=True, help="problems file, one per benchmark")
+    ap.add_argument("--group-index", help="grouped job: the index file written when every benchmark is done")
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--shard", type=int, default=0)
     ap.add_argument("--num-shards", type=int, default=1)
@@ -249,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="engine: requests decoded together (repro.engine.batch; greedy ids identical at any size)")
     ap.add_argument("--adapter-map", default=None,
                     help="adapter mapping file for the checkpoint's ORL adapter (docs/adapter_map.md)")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the shard file (one-benchmark job; a grouped job derives its shards' paths)")
     a = ap.parse_args(argv)
     from repro.backends.lifeline import die_with_parent
 

@@ -1,10 +1,15 @@
 """`python -m repro.backends.merge`: merge the shards of one (model, benchmark, seed) into one file.
 
     python -m repro.backends.merge --problems P.jsonl --out G.jsonl SHARD.jsonl [SHARD.jsonl ...]
+    python -m repro.backends.merge --problems P.jsonl --out G.jsonl --benchmark B --group-index IDX.json [...]
 
 Checks that every problem appears exactly once across the shards (else exits non-zero naming the ids),
 orders records by problem index, and writes ``G.jsonl`` and ``G.jsonl.meta.json`` (the shards' metas)
 atomically. The merged file is byte-identical to what an unsharded run writes.
+
+``--group-index``: the shards are those a grouped generation job wrote for benchmark ``B``
+(``repro.backends.generation_job``): each index names the shard file and its sha256; a shard file that is
+missing or no longer has that sha256 stops the merge, naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -16,6 +21,24 @@ from collections import Counter
 from pathlib import Path
 
 from repro.io import atomic_write_text
+from repro.provenance import sha256_path
+
+
+def group_shards(indexes: list[Path], benchmark: str) -> list[Path]:
+    """The shard files of ``benchmark`` listed in grouped jobs' ``indexes``, each checked against its recorded
+    sha256. ValueError names an index without the benchmark, or a missing or altered shard file."""
+    out = []
+    for idx in indexes:
+        entry = json.loads(idx.read_text()).get("benchmarks", {}).get(benchmark)
+        if entry is None:
+            raise ValueError(f"{idx}: the grouped job wrote no shard of {benchmark!r}; delete {idx} so that the "
+                             "job runs again with this benchmark")
+        shard = idx.parent / entry["file"]
+        if not shard.is_file() or sha256_path(shard) != entry["sha256"]:
+            raise ValueError(f"{shard}: {'missing' if not shard.is_file() else 'changed'} since the grouped job "
+                             f"listed it in {idx}; delete {idx} (and {shard}) to generate this shard again")
+        out.append(shard)
+    return out
 
 
 def merge(problems: Path, shards: list[Path], out: Path) -> list[dict]:
@@ -41,14 +64,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.backends.merge", description=__doc__.splitlines()[0])
     ap.add_argument("--problems", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("shards", nargs="+", type=Path)
+    ap.add_argument("--benchmark", help="with --group-index: the benchmark whose shards to take")
+    ap.add_argument("--group-index", nargs="+", type=Path, default=[],
+                    help="grouped generation jobs' index files (their shards of --benchmark are merged)")
+    ap.add_argument("shards", nargs="*", type=Path)
     a = ap.parse_args(argv)
+    if a.group_index and not a.benchmark:
+        ap.error("--group-index needs --benchmark")
+    if not (a.shards or a.group_index):
+        ap.error("give the shard files, or --benchmark B --group-index IDX ...")
     try:
-        recs = merge(a.problems, a.shards, a.out)
+        shards = list(a.shards) + (group_shards(a.group_index, a.benchmark) if a.group_index else [])
+        recs = merge(a.problems, shards, a.out)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"merged {len(a.shards)} shard(s), {len(recs)} records -> {a.out}")
+    print(f"merged {len(shards)} shard(s), {len(recs)} records -> {a.out}")
     return 0
 
 

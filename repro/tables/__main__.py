@@ -7,7 +7,8 @@
 Provenance per cell: checkpoint manifest hash, decoder config hash, problems file hash (and the
 original data file's hash and source), seed, code revision, backend, device, precision (as run, and
 ``precision_label`` as the model cards name it, with the checkpoint's ``quantization``), for a dequantized
-NVFP4 checkpoint (SGLang) ``quant_provenance`` (the copy's quant_provenance.json), prompt template version;
+NVFP4 checkpoint (SGLang) ``quant_provenance`` (the copy's quant_provenance.json), prompt template version,
+and each shard's generation job (fixed costs, GPU, batch size);
 for the run: the Apptainer images' sha256 sidecars (when containers are enabled).
 """
 
@@ -58,6 +59,10 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int, q
         "torch": (first.get("backend_info") or {}).get("torch"), "decoder": first.get("decoder"),
         "engine_path": (first.get("backend_info") or {}).get("engine_path"),
         "generation_code_version": first.get("code_version"),
+        # per shard: the job that finished it and its fixed costs (model load s, graph capture s, benchmarks
+        # sharing the load, GPU, start/end), and the batch size it generated at (repro.backends.generation_job)
+        "generation_jobs": [dict(sh.get("job") or {}, shard=sh.get("shard"), batch_size=sh.get("batch_size"))
+                            for sh in shards if "shard" in sh],
         "samples": first.get("samples"),  # replayed cells: the samples file, its sha256, the note
     }
 

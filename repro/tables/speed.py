@@ -16,7 +16,15 @@ the generation records and their shard metas only (nothing is re-run):
 * ``tokens/s (batch N)``: the jobs' throughput at the suite's batch size: Σ generated / Σ generation
   seconds of the sessions that finished the shards (``generated_last_session`` of the shard metas); and
   ``ms/round (batch N)``: the batched engine's mean round time (``backend_info.batch``), ``-`` at batch 1.
-* ``load s``: model load seconds per generation job (``backend_info.load_s``, mean over the shards).
+* ``load s``: model load seconds per generation job (the shard metas' ``job.model_load_s``, else
+  ``backend_info.load_s``; mean over the distinct jobs that made the cell's shards), and ``capture s``: CUDA-graph
+  capture seconds per job (``job.graph_capture_s``: the seconds spent capturing while generating the cell's
+  shards, over those jobs; ``-`` when none was recorded). A grouped job (suite ``group_benchmarks``) serves
+  several benchmarks with one load, and its first benchmark pays the captures.
+
+Below the table, a note sums these fixed costs over the distinct jobs (a job's id is in every shard meta it
+wrote): how many jobs loaded a model, the mean load, how many benchmarks each load served
+(``job.benchmarks_sharing_load``), and the graph capture seconds per job and in all.
 
 A last row ``all`` sums each column's numerators and denominators over the rows. The caption names the
 device (GPU name), engine path and batch size, read from the shard metas, and each model's precision as the
@@ -48,14 +56,42 @@ SUBSET = 32
 
 COLUMNS = [("tps_single", "tokens/s (1 req.)", 1), ("tpf", "TPF", 2), ("ms_per_forward", "ms/forward (1 req.)", 1),
            ("tps_batch", "tokens/s (batch N)", 1), ("ms_per_round_batch", "ms/round (batch N)", 1),
-           ("load_s", "load s", 2)]
+           ("load_s", "load s", 2), ("capture_s", "capture s", 2)]
 
 
 def _ratio(num: float, den: float, scale: float = 1.0):
     return num / den * scale if den else None
 
 
-def cell_sums(records: list[dict], metas: list[dict]) -> dict:
+def job_costs(metas: list[dict], cell: str = "") -> dict:
+    """``{job id: {"load_s", "sharing", "capture_s"}}`` of the jobs that made ``metas`` (one cell's shards):
+    the fixed costs of each job (module docstring). A meta without job facts (written before they were
+    recorded) counts as a job of its own, ``cell#index``, with ``backend_info.load_s``."""
+    jobs: dict[str, dict] = {}
+    for i, m in enumerate(metas):
+        j = m.get("job") or {}
+        if j and not j.get("benchmarks_sharing_load"):
+            continue  # a rerun that found nothing left: no model loaded
+        load = j.get("model_load_s") if j else (m.get("backend_info") or {}).get("load_s")
+        e = jobs.setdefault(j.get("id") or f"{cell}#{i}",
+                            {"load_s": load, "sharing": j.get("benchmarks_sharing_load", 1), "capture_s": None})
+        if j.get("graph_capture_s") is not None:
+            e["capture_s"] = (e["capture_s"] or 0.0) + j["graph_capture_s"]
+    return jobs
+
+
+def merge_jobs(a: dict, b: dict) -> dict:
+    """Job costs of two sets of cells: a job seen in both (one grouped job, two benchmarks) sums its capture."""
+    out = {k: dict(v) for k, v in a.items()}
+    for k, v in b.items():
+        if k in out and v["capture_s"] is not None:
+            out[k]["capture_s"] = (out[k]["capture_s"] or 0.0) + v["capture_s"]
+        else:
+            out.setdefault(k, dict(v))
+    return out
+
+
+def cell_sums(records: list[dict], metas: list[dict], cell: str = "") -> dict:
     """The numerators/denominators of one model × benchmark (module docstring), plus what the caption needs."""
     single = [r for r in records if r.get("backend") == "engine" and r.get("batch_size", 1) == 1
               and r.get("wall_s")][:SUBSET]
@@ -64,7 +100,6 @@ def cell_sums(records: list[dict], metas: list[dict]) -> dict:
     infos = [m.get("backend_info") or {} for m in metas]
     sessions = [m.get("generated_last_session") for m in metas if m.get("generated_last_session")]
     rounds = [i["batch"] for i in infos if i.get("batch")]
-    loads = [i["load_s"] for i in infos if i.get("load_s") is not None]
     return {
         "n_single": len(single),
         "single_tokens": sum(r["generated_tokens"] for r in single), "single_wall": sum(r["wall_s"] for r in single),
@@ -73,7 +108,7 @@ def cell_sums(records: list[dict], metas: list[dict]) -> dict:
         "tpf_forwards": sum(fw(r, ("denoise", "commit")) for r in counted),
         "batch_tokens": sum(s["generated_tokens"] for s in sessions), "batch_wall": sum(s["wall_s"] for s in sessions),
         "round_s": sum(b["mean_round_s"] * b["rounds"] for b in rounds), "rounds": sum(b["rounds"] for b in rounds),
-        "load_s": sum(loads), "loads": len(loads),
+        "jobs": job_costs(metas, cell),
         "batch_sizes": sorted({m.get("batch_size", 1) for m in metas}),
         "devices": sorted({str(i.get("device")) for i in infos if i.get("device")}),
         "precisions": sorted({str(m.get("precision")) for m in metas if m.get("precision")}),
@@ -86,8 +121,30 @@ def row_values(s: dict) -> dict:
     return {"tps_single": _ratio(s["single_tokens"], s["single_wall"]), "tpf": _ratio(s["tokens"], s["tpf_forwards"]),
             "ms_per_forward": _ratio(s["single_wall"], s["single_forwards"], 1000.0),
             "tps_batch": _ratio(s["batch_tokens"], s["batch_wall"]),
-            "ms_per_round_batch": _ratio(s["round_s"], s["rounds"], 1000.0), "load_s": _ratio(s["load_s"], s["loads"]),
+            "ms_per_round_batch": _ratio(s["round_s"], s["rounds"], 1000.0), **_job_means(s["jobs"]),
             "n_single": s["n_single"]}
+
+
+def _job_means(jobs: dict) -> dict:
+    loads = [j["load_s"] for j in jobs.values() if j["load_s"] is not None]
+    caps = [j["capture_s"] for j in jobs.values() if j["capture_s"] is not None]
+    return {"load_s": _ratio(sum(loads), len(loads)), "capture_s": _ratio(sum(caps), len(caps))}
+
+
+def fixed_costs_note(total: dict) -> str:
+    """One sentence on the run's fixed costs per generation job (module docstring); "" when none recorded."""
+    jobs = [j for j in (total.get("jobs") or {}).values() if j["load_s"] is not None]
+    if not jobs:
+        return ""
+    loads = [j["load_s"] for j in jobs]
+    caps = [j["capture_s"] for j in jobs if j["capture_s"] is not None]
+    share = sum(j["sharing"] for j in jobs) / len(jobs)
+    text = (f"Fixed costs: {len(jobs)} generation job{'s' if len(jobs) != 1 else ''} loaded a model, "
+            f"{sum(loads) / len(loads):.2f} s per load on average ({sum(loads):.1f} s in all), each load serving "
+            f"{share:.2g} benchmark{'s' if share != 1 else ''} on average")
+    if caps:
+        text += f"; CUDA-graph capture {sum(caps) / len(caps):.2f} s per job ({sum(caps):.1f} s in all)"
+    return text + "."
 
 
 def build(work: Path, suite: str, spec: dict) -> tuple[list[dict], dict]:
@@ -105,7 +162,7 @@ def build(work: Path, suite: str, spec: dict) -> tuple[list[dict], dict]:
                 raise FileNotFoundError(f"{g}: generation file missing; run the main table's generation first")
             meta_p = Path(str(g) + ".meta.json")
             meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
-            s = cell_sums(read_jsonl(g), meta.get("shards", [meta] if meta else []))
+            s = cell_sums(read_jsonl(g), meta.get("shards", [meta] if meta else []), cell=f"{m['name']}/{b}")
             prec = cell_precision(meta, m.get("quantization")) if meta else None
             if prec:
                 per_model[m["label"]] = " / ".join(sorted({*per_model.get(m["label"], prec).split(" / "),
@@ -115,7 +172,8 @@ def build(work: Path, suite: str, spec: dict) -> tuple[list[dict], dict]:
                 total = dict(s)
             else:
                 for k, v in s.items():
-                    total[k] = sorted(set(total[k]) | set(v)) if isinstance(v, list) else total[k] + v
+                    total[k] = (merge_jobs(total[k], v) if isinstance(v, dict) else
+                                sorted(set(total[k]) | set(v)) if isinstance(v, list) else total[k] + v)
     if total is not None:
         rows.append({"label": "all", "benchmark": "all", **row_values(total)})
         total["model_precisions"] = per_model
@@ -151,7 +209,7 @@ def caption(total: dict, suite: str, latex: bool = False) -> str:
     text = (f"{where}: {single}; "
             "TPF = generated tokens / (denoise + commit forwards); tokens/s (batch N) = generated tokens / "
             "generation seconds of the jobs; ms/round (batch N) = the batched engine's mean round; load s = "
-            "model load per generation job." + prec_sentence)
+            "model load per generation job; capture s = CUDA-graph capture per generation job." + prec_sentence)
     return latex_escape(text) if latex else text
 
 
@@ -168,14 +226,15 @@ def to_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def to_markdown(rows: list[dict], cap: str) -> str:
+def to_markdown(rows: list[dict], cap: str, note: str = "") -> str:
+    """The caption, the table, and ``note`` (:func:`fixed_costs_note`) below it."""
     head = ["Model", "Benchmark", "n (1 req.)"] + [t for _, t, _ in COLUMNS]
     lines = [cap, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         bench = r["benchmark"] if r["benchmark"] == "all" else declared_benchmark(r["benchmark"]).title
         lines.append("| " + " | ".join([r["label"], bench, str(r["n_single"])]
                                        + [fmt(r[c], d) for c, _, d in COLUMNS]) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + (["", note] if note else [])) + "\n"
 
 
 def to_latex(rows: list[dict], cap: str, label: str, header: list[str] | None = None) -> str:
@@ -211,8 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = a.out_dir
-    atomic_write_text(out / "speed_table.md", to_markdown(rows, caption(total, a.suite)))
-    atomic_write_text(out / "speed_table.tex", to_latex(rows, caption(total, a.suite, latex=True),
+    note = fixed_costs_note(total)
+    atomic_write_text(out / "speed_table.md", to_markdown(rows, caption(total, a.suite), note))
+    atomic_write_text(out / "speed_table.tex", to_latex(rows, caption(total, a.suite, latex=True)
+                                                        + (" " + latex_escape(note) if note else ""),
                                                         f"tab:speed-{a.suite}", tex_header(total, a.suite)))
     atomic_write_text(out / "speed_table.csv", to_frame(rows).to_csv(index=False, lineterminator="\n"))
     print((out / "speed_table.md").read_text())

@@ -60,8 +60,8 @@ def dry_run(tmp_path, *args):
 
 def test_slurm_profile_paper_suite_gpu_jobs(tmp_path):
     jobs = dry_run(tmp_path, "--config", "suite=paper", "--workflow-profile", str(PROFILES / "slurm"))
-    gen = [res for rule, res in jobs if rule == "generate_shard"]
-    assert len(gen) >= 8
+    gen = [res for rule, res in jobs if rule == "generate_group"]  # the paper suite groups benchmarks per job
+    assert len(gen) == 12
     assert all(res.get("gpu") == "1" and res.get("cpus_per_gpu") == "8" for res in gen)
     cpu_rules = {"score", "merge_shards", "render_decoder", "verify_checkpoint", "main_table"}
     cpu = [(rule, res) for rule, res in jobs if rule in cpu_rules]
@@ -73,3 +73,29 @@ def test_slurm_profile_smoke_suite_is_cpu(tmp_path):
     jobs = dry_run(tmp_path, "--workflow-profile", str(PROFILES / "slurm"))
     gen = [res for rule, res in jobs if rule == "generate_shard"]
     assert gen and all(res.get("gpu") == "0" for res in gen)  # CPU by design: no --gpus in sbatch
+
+
+def test_site_settings_for_generate_shard_reach_grouped_jobs(tmp_path):
+    """A site profile names `generate_shard` (README); the paper suite's grouped jobs (`generate_group`) get
+    the same partition, GPU model and QOS, and CPU jobs none of it. A key set for generate_group itself wins."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "config.yaml").write_text(yaml.safe_dump({
+        "default-resources": {"slurm_account": "acct", "slurm_partition": "cpu"},
+        "set-resources": {"generate_shard": {"slurm_partition": "gpu", "gpu_model": "h200", "qos": "long"}}}))
+    jobs = dry_run(tmp_path, "--config", "suite=paper", "--workflow-profile", str(PROFILES / "slurm"),
+                   "--profile", str(site))
+    gen = [res for rule, res in jobs if rule == "generate_group"]
+    assert len(gen) == 12 and all(r.get("slurm_partition") == "gpu" and r.get("gpu_model") == "h200"
+                                  and r.get("qos") == "long" and r.get("gpu") == "1" for r in gen), gen[:1]
+    merges = [res for rule, res in jobs if rule == "merge_shards"]
+    assert merges and all(r.get("slurm_partition", "cpu") == "cpu" for r in merges)
+    (site / "config.yaml").write_text(yaml.safe_dump({  # (a --set-resources option would replace the key)
+        "default-resources": {"slurm_account": "acct", "slurm_partition": "cpu"},
+        "set-resources": {"generate_shard": {"slurm_partition": "gpu", "gpu_model": "h200", "qos": "long"},
+                          "generate_group": {"slurm_partition": "gpu2"}}}))
+    jobs = dry_run(tmp_path, "--config", "suite=paper", "--workflow-profile", str(PROFILES / "slurm"),
+                   "--profile", str(site))
+    gen = [res for rule, res in jobs if rule == "generate_group"]
+    assert gen and all(r.get("slurm_partition") == "gpu2" and r.get("qos") == "long" and r.get("gpu_model") == "h200"
+                       for r in gen), gen[:1]

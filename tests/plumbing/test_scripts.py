@@ -39,7 +39,7 @@ def test_prepare_sh_stops_before_generation(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     assert "rule render_decoder" in out and "rule prepare_problems" in out
-    assert "rule generate_shard" not in out and "rule score" not in out
+    assert "rule generate_shard" not in out and "rule generate_group" not in out and "rule score" not in out
 
 
 def test_main_table_sh_combines_the_callers_configfiles_with_its_overlay(tmp_path):

@@ -21,7 +21,13 @@ def test_paper_suite_dag_lists_every_stage_for_every_model_and_benchmark(tmp_pat
     assert stats["download_checkpoint"] == 3 and stats["verify_checkpoint"] == 3  # base, ORL, ORL NVFP4
     assert stats["prepare_problems"] == 4 and stats["prepare_generation_problems"] == 4
     assert stats["render_decoder"] == 12
-    assert stats["generate_shard"] == 12 * 4 and stats["merge_shards"] == 12 and stats["score"] == 12
+    # the paper suite groups benchmarks (config.yaml `group_benchmarks: true`): one generation job per model ×
+    # shard over all 4 benchmarks (the model loaded once per job), not one per model × benchmark × shard (48)
+    assert stats["generate_group"] == 3 * 4 and "generate_shard" not in stats
+    assert stats["merge_shards"] == 12 and stats["score"] == 12
+    jobs = [l for l in out.splitlines() if "repro.backends.generation_job" in l]
+    assert len(jobs) == 12 and all("--benchmark gsm8k math500 humaneval mbpp --decoder " in l and "--group-index " in l
+                                   for l in jobs)
     assert stats["write_table"] == 1 and stats["main_table"] == 1
     for model in ("llada", "llada-orl", "llada-orl-nvfp4"):
         for bench in ("gsm8k", "math500", "humaneval", "mbpp"):
@@ -56,11 +62,12 @@ def test_paper_suite_under_sglang_dequantizes_the_nvfp4_model_only(tmp_path):
     jobs read that copy; the BF16 models' jobs read their checkpoints (the engine backend: no copy at all)."""
     stats, out = dry_run("-p", "--config", "suite=paper", "backend=sglang", f"work_dir={tmp_path}")
     assert stats["dequantize_checkpoint"] == 1 and stats["verify_dequantized_checkpoint"] == 1
-    assert stats["dequantized_source"] == 1 and stats["generate_shard"] == 12 * 4
+    # the paper suite groups benchmarks: one generation job per model × shard (3 × 4), each over 4 benchmarks
+    assert stats["dequantized_source"] == 1 and stats["generate_group"] == 12 and "generate_shard" not in stats
     assert f"--src {tmp_path}/hf/llada-orl-nvfp4 --out {tmp_path}/dequantized/llada-orl-nvfp4" in out
     jobs = [l for l in out.splitlines() if "repro.backends.generation_job" in l]
     nvfp4 = [l for l in jobs if "--model llada-orl-nvfp4 " in l]
-    assert len(nvfp4) == 16 and all(f"--model-dir {tmp_path}/dequantized/llada-orl-nvfp4 " in l and
+    assert len(nvfp4) == 4 and all(f"--model-dir {tmp_path}/dequantized/llada-orl-nvfp4 " in l and
                                     f"--verified {tmp_path}/verified/dequantized/llada-orl-nvfp4.json" in l
                                     for l in nvfp4)
     assert all(f"--model-dir {tmp_path}/hf/" in l for l in jobs if l not in nvfp4)

@@ -21,23 +21,40 @@ def site_gres(rule):
     return _cluster.site_resource(workflow.resource_settings, rule, "gres")
 
 
+def _gen_site(name):
+    """A site resource of the generation jobs: generate_group's own when set there, else generate_shard's
+    (a site profile names generate_shard; grouped jobs run on the same GPUs)."""
+    over = (getattr(workflow.resource_settings, "overwrite_resources", None) or {}).get("generate_group") or {}
+    which = "generate_group" if name in over else "generate_shard"
+    return _cluster.site_resource(workflow.resource_settings, which, name)
+
+
 def gpu_count(wildcards):
     """`gpu` resource of a generation job: 1 on GPU suites, 0 on CPU suites, and 0 when the site asks for
     the GPU through `gres` (the plugin would otherwise send both --gres and --gpus)."""
-    return 1 if on_gpu(wildcards) and not site_gres("generate_shard") else 0
+    return 1 if on_gpu(wildcards) and not _gen_site("gres") else 0
 
 
 def gpu_model_for(wildcards):
     """`gpu_model` of a generation job: the site's (default-resources) on GPU suites, "" (none) on CPU
     suites, so a site-wide gpu_model never turns a CPU job into a GPU request. set-resources still wins."""
-    if not on_gpu(wildcards) or site_gres("generate_shard"):
+    if not on_gpu(wildcards) or _gen_site("gres"):
         return ""  # CPU suite, or the site asks through gres (which then carries any GPU type)
-    return str(_cluster.site_resource(workflow.resource_settings, "generate_shard", "gpu_model") or "")
+    return str(_gen_site("gpu_model") or "")
 
 
 def gres_for(wildcards):
     """`gres` of a generation job: the site's on GPU suites, "" on CPU suites."""
-    return str(site_gres("generate_shard") or "") if on_gpu(wildcards) else ""
+    return str(_gen_site("gres") or "") if on_gpu(wildcards) else ""
+
+
+# A site profile's `set-resources: generate_shard: {...}` (partition, account, qos, constraint, ...) applies to
+# the grouped generation jobs too: forwarded as generate_group's own resources, so a key set for
+# generate_group itself still wins (set-resources override a rule's). The keys the rule computes itself are
+# left out; those read _gen_site, key by key, the same way.
+_COMPUTED = {"gpu", "gpu_model", "gres", "cpus_per_gpu", "gpu_mem_mb", "runtime", "mem_mb"}
+_SHARD_SITE = (getattr(workflow.resource_settings, "overwrite_resources", None) or {}).get("generate_shard") or {}
+GROUP_SITE_RESOURCES = {k: _cluster._raw(v) for k, v in _SHARD_SITE.items() if k not in _COMPUTED}
 
 
 def gpu_mem_mb(wildcards):

@@ -256,10 +256,38 @@ def nshards(wildcards):
     return suite_cfg(wildcards)["shards"]
 
 
+def grouped(wildcards):
+    """Whether the suite generates all its benchmarks of a (model, seed, shard) in one job (generate_group)."""
+    return bool(suite_cfg(wildcards).get("group_benchmarks"))
+
+
+def generation_outputs(suite, model, bench, seed):
+    """What the generation jobs of one cell write as Snakemake outputs: its shard files, or (grouped suite)
+    the indexes of the jobs that generate its shards."""
+    n = suite_cfg(suite)["shards"]
+    if suite_cfg(suite).get("group_benchmarks"):
+        return [W(P.GROUP, suite=suite, model=model, seed=seed, shard=k, nshards=n) for k in range(n)]
+    return [W(P.SHARD, suite=suite, model=model, bench=bench, seed=seed, shard=k, nshards=n) for k in range(n)]
+
+
 def shard_files(wildcards):
-    n = nshards(wildcards)
-    return [W(P.SHARD, suite=wildcards.suite, model=wildcards.model, bench=wildcards.bench, seed=wildcards.seed,
-              shard=k, nshards=n) for k in range(n)]
+    return generation_outputs(wildcards.suite, wildcards.model, wildcards.bench, wildcards.seed)
+
+
+def merge_group_args(wildcards):
+    """What the merge puts before its inputs in a grouped suite: they are the jobs' indexes (no paths in
+    params: a moved work directory re-runs nothing)."""
+    return f"--benchmark {wildcards.bench} --group-index" if grouped(wildcards) else ""
+
+
+def group_decoders(wildcards):
+    return [W(P.DECODER, suite=wildcards.suite, model=wildcards.model, bench=b, seed=wildcards.seed)
+            for b in suite_cfg(wildcards)["benchmarks"]]
+
+
+def group_problems(wildcards):
+    return [W(P.GENERATION_PROBLEMS, suite=wildcards.suite, bench=b) for b in suite_cfg(wildcards)["benchmarks"]]
+
 
 
 def on_gpu(wildcards):
@@ -275,15 +303,14 @@ def score_timeout_arg(wildcards):
 # --- Table ---------------------------------------------------------------------------------------------------
 def table_inputs(wildcards):
     cells = suite_cells(config)
-    n = S["shards"]
     return {
         "summaries": [W(P.SUMMARY, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "generations": [W(P.GENERATIONS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "images": image_sidecars(),
         # the paper's numbers, when the suite shows them: editing the file re-renders the table
         "reported": [os.path.join(workflow.basedir, "repro", "tables", "reported.json")] if S["reported"] else [],
-        "shards": [W(P.SHARD, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed, shard=k, nshards=n)
-                   for c in cells if not is_replay(config, c.model) for k in range(n)],  # replay: no shards
+        "shards": list(dict.fromkeys(f for c in cells if not is_replay(config, c.model)  # replay: no shards
+                                     for f in generation_outputs(SUITE, c.model, c.benchmark, c.seed))),
     }
 
 

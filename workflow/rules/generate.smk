@@ -1,6 +1,12 @@
 # Generation: one job per shard (GPU jobs request gpu=1; the smoke suite is CPU by design), then a merge
 # that checks every problem appears exactly once. Jobs resume from their partial file after a kill, and
 # die with the Snakemake that started them.
+#
+# A suite with `group_benchmarks: true` runs one job per (model, seed, shard) over all its benchmarks
+# (generate_group): the model is loaded, and its graphs captured, once per job instead of once per benchmark.
+# Its only output is an index; the per-benchmark shards beside it survive a re-run of the job, and a benchmark
+# whose inputs did not change keeps its records (repro/backends/generation_job.py). Otherwise one job per
+# (model, benchmark, seed, shard) (generate_shard).
 
 
 rule generate_shard:
@@ -47,14 +53,61 @@ rule generate_shard:
                streams="2> {log}")
 
 
+rule generate_group:
+    input:
+        # as generate_shard: the checkpoint, or its BF16 copy for SGLang on an NVFP4 model
+        verified=generation_checkpoint("verified"),
+        source=generation_checkpoint("source"),
+        ckpt=generation_checkpoint("dir"),
+        decoders=group_decoders,  # every benchmark's: a change to one re-runs the job, which keeps the others
+        problems=group_problems,
+        image=image_input("generate"),
+        adapter_map=lambda wc: model_cfg(wc).get("adapter_map") or [],
+    output:
+        W(P.GROUP, suite="{suite}", model="{model}", seed="{seed}", shard="{shard}", nshards="{nshards}"),
+    params:
+        backend=config["backend"],
+        role=lambda wc: model_cfg(wc)["role"],
+        device=lambda wc: suite_cfg(wc)["device"],
+        precision=lambda wc: model_cfg(wc).get("precision", suite_cfg(wc)["precision"]),
+        batch_size=lambda wc: suite_cfg(wc).get("batch_size", 1),
+        code=code_version("generate"),
+        adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
+        benchmarks=lambda wc: " ".join(suite_cfg(wc)["benchmarks"]),  # in the order of decoders and problems
+    log:
+        W("logs/generate/{suite}/{model}/seed{seed}/shard{shard}of{nshards}.log"),
+    container: image_for("generate")
+    threads: 1
+    resources:
+        gpu=gpu_count,
+        gpu_model=gpu_model_for,
+        gres=gres_for,
+        cpus_per_gpu=lambda wc: 8 if on_gpu(wc) else 0,
+        gpu_mem_mb=gpu_mem_mb,
+        # the per-benchmark job's limit for each benchmark it serves
+        runtime=lambda wc, attempt: (60 if on_gpu(wc) else 30) * len(suite_cfg(wc)["benchmarks"]) * attempt,
+        mem_mb=lambda wc, attempt: (64000 if on_gpu(wc) else 4000) * attempt,
+        **GROUP_SITE_RESOURCES,  # a site profile's set-resources for generate_shard (cluster.smk)
+    shell:
+        logged("OMP_NUM_THREADS={threads} {PY_IMAGE} -m repro.backends.generation_job --backend {params.backend} "
+               "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
+               "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "
+               "--device {params.device} --precision {params.precision} --batch-size {params.batch_size} "
+               "{params.adapter_map} --benchmark {params.benchmarks} --decoder {input.decoders} "
+               "--problems {input.problems} --group-index {output}",
+               streams="2> {log}")
+
+
 rule merge_shards:
     input:
         problems=W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}"),  # ids and order only
-        shards=shard_files,
+        shards=shard_files,  # a grouped suite's: the jobs' indexes
     output:
         W(P.GENERATIONS, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
+    params:
+        group=merge_group_args,
     log:
         W("logs/merge/{suite}/{model}/{bench}/seed{seed}.log"),
     localrule: True
     shell:
-        logged("{PY} -m repro.backends.merge --problems {input.problems} --out {output} {input.shards}")
+        logged("{PY} -m repro.backends.merge --problems {input.problems} --out {output} {params.group} {input.shards}")
