@@ -98,17 +98,32 @@ def generation_checkpoint(kind):
     return pick
 
 
-# The SGLang backend runs the dequantized copy in bf16: any other precision asked for such a model is a
-# mistake caught here, before a 32 GB copy is written (nvfp4-w4a16 is the engine's 4-bit mode).
+def job_precision(wildcards):
+    """The precision a generation job runs (its ``--precision`` and GPU memory request): the model's own
+    ``precision``, else the suite's. Under SGLang an NVFP4 checkpoint runs as its dequantized BF16 copy, so the
+    engine's 4-bit mode (``nvfp4-w4a16``, the paper suite's setting for the NVFP4 model) becomes ``bf16`` there
+    (start-up says so); the tables' captions then name what ran."""
+    m = model_cfg(wildcards)
+    p = m.get("precision", suite_cfg(wildcards)["precision"])
+    return "bf16" if p == "nvfp4-w4a16" and serves_dequantized(m, config["backend"]) else p
+
+
+# The SGLang backend runs the dequantized copy in bf16: the engine's 4-bit mode maps to it (a note); any other
+# precision asked for such a model (fp32, native nvfp4) is a mistake caught here, before a 32 GB copy is written.
 if config["backend"] == "sglang":
-    _bad = [f"{m} (precision {config['models'][m].get('precision', S['precision'])})" for m in S["models"]
-            if not is_replay(config, m) and serves_dequantized(config["models"][m], "sglang")
-            and config["models"][m].get("precision", S["precision"]) != "bf16"]
+    _deq_models = [m for m in S["models"] if not is_replay(config, m)
+                   and serves_dequantized(config["models"][m], "sglang")]
+    _prec = {m: config["models"][m].get("precision", S["precision"]) for m in _deq_models}
+    _bad = [f"{m} (precision {p})" for m, p in _prec.items() if p not in ("bf16", "nvfp4-w4a16")]
     if _bad:
         print(f"Config error: backend sglang runs an NVFP4 checkpoint dequantized to BF16, but {', '.join(_bad)} "
               "asks for another precision; set the model's `precision: bf16` in config.yaml, or use `backend: "
               "engine` (its nvfp4-w4a16 mode keeps the experts in 4 bits)", file=sys.stderr)
         sys.exit(1)
+    _w4 = [m for m, p in _prec.items() if p == "nvfp4-w4a16"]
+    if _w4 and workflow.is_main_process:
+        print(f"note: backend sglang runs {', '.join(_w4)} as its dequantized BF16 copy (precision bf16; "
+              "nvfp4-w4a16 is the engine's 4-bit mode)", file=sys.stderr)
 
 # a dequantized copy touched or copied since its stamp: verified again by content now (as common.smk does for
 # the checkpoints), so a touch regenerates nothing and a changed byte re-runs its verify job

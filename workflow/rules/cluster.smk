@@ -63,7 +63,7 @@ def gpu_mem_mb(wildcards):
     scheduler; the job itself checks the GPU it lands on (repro.backends.generation_job)."""
     if not on_gpu(wildcards):
         return 0
-    precision = model_cfg(wildcards).get("precision", suite_cfg(wildcards)["precision"])
+    precision = job_precision(wildcards)
     return _cluster.gpu_memory_need_mb(model_cfg(wildcards)["source"], precision)
 
 

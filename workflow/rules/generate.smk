@@ -26,7 +26,7 @@ rule generate_shard:
         backend=config["backend"],  # a param, so switching backend re-runs generation (params rerun trigger)
         role=lambda wc: model_cfg(wc)["role"],
         device=lambda wc: suite_cfg(wc)["device"],
-        precision=lambda wc: model_cfg(wc).get("precision", suite_cfg(wc)["precision"]),  # a model may override
+        precision=job_precision,  # the model's own, else the suite's (checkpoints.smk)
         batch_size=lambda wc: suite_cfg(wc).get("batch_size", 1),  # engine: requests decoded together
         code=code_version("generate"),  # engine (engine backend), backends, prompt templates
         adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
@@ -69,7 +69,7 @@ rule generate_group:
         backend=config["backend"],
         role=lambda wc: model_cfg(wc)["role"],
         device=lambda wc: suite_cfg(wc)["device"],
-        precision=lambda wc: model_cfg(wc).get("precision", suite_cfg(wc)["precision"]),
+        precision=job_precision,
         batch_size=lambda wc: suite_cfg(wc).get("batch_size", 1),
         code=code_version("generate"),
         adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
