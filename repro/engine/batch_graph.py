@@ -161,7 +161,7 @@ class BatchGraphEngine:
     def __init__(self, model, mask_id: int, cfg: DecoderConfig, slots: int, max_len: int,
                  use_graphs: bool | None = None, forward: str = "auto"):
         if not supported(cfg):
-            raise ValueError("the batched CUDA-graph path decodes greedily (temperature 0); sampling runs eager")
+            raise ValueError("the batched CUDA-graph path needs greedy decoding (temperature 0); sampling runs on the eager batched path")
         self.model, self.mask_id, self.cfg, self.S, self.T = model, mask_id, cfg, slots, cfg.block_size
         self.key = settings_key(cfg)
         dev = model.device

@@ -1,0 +1,126 @@
+"""The batched CUDA-graph path (repro.engine.batch_graph, repro.engine.decoders.device_batch) on the CPU: the
+scheduler, the per-slot on-device step and the round protocol run unchanged over the torch forward
+(TorchSlotForward; graphs need CUDA), on the tiny checkpoint and real problems from ../shared/data."""
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from repro.engine.batch import BatchRequest, BatchStats
+from repro.engine.batch_graph import generate_batch_graph
+from repro.engine.decode_loop import EagerStepBackend, generate_ids
+from repro.engine.decoders import DecoderConfig
+from repro.engine.decoders.device import DeviceStep
+from repro.engine.decoders.device_batch import BatchedDeviceStep
+from repro.prompts import build_prompt
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def _real_prompts(n_each: int) -> list:
+    """Chat messages of the first ``n_each`` GSM8K and HumanEval problems of ../shared/data."""
+    out = []
+    for bench in ("gsm8k", "humaneval"):
+        with (DATA / f"{bench}.jsonl").open() as f:
+            out += [build_prompt(bench, json.loads(next(f))).messages for _ in range(n_each)]
+    return out
+
+
+@pytest.mark.parametrize("algorithm,extra", [("orl", {}), ("joint_threshold", {"max_post_steps": 1}),
+                                             ("low_confidence", {"num_to_transfer": 2})])
+def test_batched_step_equals_single_steps_on_the_same_logits(tiny_model, tiny_tok, algorithm, extra):
+    """S slots of one BatchedDeviceStep vs S DeviceSteps fed the same logits, only the masked-in slots
+    stepping each round: identical tokens, embeddings, flags — and the other slots untouched."""
+    m, mask = tiny_model, tiny_tok.mask_id
+    cfg = DecoderConfig.from_dict({"algorithm": algorithm, "threshold": 0.3, "edit_threshold": 0.2, **extra})
+    S, B, V, D = 4, 32, m.cfg.vocab_size, m.cfg.hidden_size
+    g = torch.Generator().manual_seed(0)
+    tok = torch.zeros(S, B, dtype=torch.long)
+    emb = torch.zeros(S, B, D, dtype=m.dtype)
+    bat = BatchedDeviceStep(cfg, mask, m, tok, emb)
+    singles = [DeviceStep(cfg, mask, m, torch.zeros(B, dtype=torch.long), torch.zeros(B, D, dtype=m.dtype))
+               for _ in range(S)]
+    for s in range(S):
+        start = torch.randint(0, 256, (B,), generator=g)
+        start[4 * s:] = mask
+        editable = torch.arange(B) >= 4 * s
+        bat.start_block(s, start, editable)
+        singles[s].start_block(start, editable)
+    steps = [0] * S
+    for r in range(8):
+        logits = torch.randn(S, B, V, generator=g) * 4
+        before = (tok.clone(), emb.clone())
+        stepping = [(r + s) % 3 != 0 and not bool(singles[s].final) for s in range(S)]
+        bat.step_mask.copy_(torch.tensor(stepping))
+        bat.step(logits)
+        for s in range(S):
+            if stepping[s]:
+                singles[s].step(logits[s])
+                steps[s] += 1
+            else:
+                assert torch.equal(tok[s], before[0][s]) and torch.equal(emb[s], before[1][s])
+            assert torch.equal(tok[s], singles[s].tokens), (r, s)
+            assert bool(bat.flags[0, s]) == bool(singles[s].final) == bool(bat.final[s])
+            assert bool(bat.flags[1, s]) == bool(singles[s].reuse())
+            if cfg.self_conditioning:
+                assert torch.equal(emb[s], singles[s].embeds), (r, s)
+    assert min(steps) >= 2 and len({tuple(t.tolist()) for t in tok}) == S
+
+
+class _BlockPrefill(EagerStepBackend):
+    """The single-request on-device-step engine with its prompt prefilled block by block, as the graph paths
+    do (one forward over all prompt blocks is equal in exact arithmetic, not in fp32 bits)."""
+
+    def prefill(self, ids):
+        for s in range(0, ids.shape[0], self.block_size):
+            self.model.forward(ids[s:s + self.block_size], s, self.cache, self.block_size, logits=False)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # stalled blocks of the random tiny model: counted alike
+@pytest.mark.parametrize("algorithm", ["orl", "joint_threshold"])
+def test_graph_path_batch_invariance_and_continuous_batching(tiny_model, tiny_tok, algorithm):
+    """10 real GSM8K/HumanEval prompts through the batched graph path at batch 1 and 3 (more requests than
+    slots, requests finishing early): token ids, forward counts and per-block forwards equal those of the
+    single-request on-device-step engine (EagerStepBackend, prompt prefilled block by block)."""
+    m, tok = tiny_model, tiny_tok
+    dec = {"algorithm": algorithm, "max_new_tokens": 48}
+    prompts = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in _real_prompts(5)]
+    kw = dict(mask_id=tok.mask_id, eos_id=tok.eos_id)
+    alone = [generate_ids(_BlockPrefill(m, tok.mask_id), p, dec, **kw) for p in prompts]
+    assert len({a.generated_tokens for a in alone}) > 1 and len({sum(a.forwards.values()) for a in alone}) > 1
+    reqs = [BatchRequest(p, dec) for p in prompts]
+    engine = None
+    for bs in (1, 3):
+        stats = BatchStats()
+        out, engine = generate_batch_graph(m, reqs, batch_size=bs, stats=stats, engine=engine, **kw)
+        assert [r.token_ids for r, _ in out] == [a.token_ids for a in alone], bs
+        assert [r.forwards for r, _ in out] == [a.forwards for a in alone], bs
+        assert [r.block_forwards for r, _ in out] == [a.block_forwards for a in alone], bs
+        assert stats.max_active == bs and stats.engine == "graph-path eager" and engine.S == bs
+        # one round per forward of the busiest slot sequence; prefill is one round per prompt block
+        per_request = [a.forwards["denoise"] + a.forwards["commit"] + len(p) // 32 for a, p in zip(alone, prompts)]
+        if bs == 1:
+            assert stats.rounds == sum(per_request)
+        else:
+            assert max(per_request) <= stats.rounds < sum(per_request)
+            assert any(r > 0 for r in stats.admitted_at_round[bs:])  # a freed slot took the next request
+
+
+def test_graph_path_error_in_one_request_stops_the_batch(tiny_model, tiny_tok):
+    """A request whose prompt is invalid fails the batch with its own error; no worker thread is left."""
+    tok = tiny_tok
+    dec = {"algorithm": "joint_threshold", "max_new_tokens": 32}
+    ok = BatchRequest(tok.encode("2+2=" * 12), dec)
+    bad = BatchRequest([tiny_model.cfg.vocab_size + 5], dec)
+    with pytest.raises(ValueError, match="outside vocabulary"):
+        generate_batch_graph(tiny_model, [ok, ok, bad, ok], mask_id=tok.mask_id, eos_id=tok.eos_id, batch_size=2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("repro-batch-")]
+    with pytest.raises(ValueError, match="one decoder"):
+        generate_batch_graph(tiny_model, [ok, BatchRequest(ok.prompt_ids, {"algorithm": "orl"})],
+                             mask_id=tok.mask_id, eos_id=tok.eos_id)
+    with pytest.raises(ValueError, match="greedy"):
+        generate_batch_graph(tiny_model, [BatchRequest(ok.prompt_ids, {**dec, "temperature": 0.5})],
+                             mask_id=tok.mask_id, eos_id=tok.eos_id)
