@@ -124,3 +124,33 @@ def test_graph_path_error_in_one_request_stops_the_batch(tiny_model, tiny_tok):
     with pytest.raises(ValueError, match="greedy"):
         generate_batch_graph(tiny_model, [BatchRequest(ok.prompt_ids, {**dec, "temperature": 0.5})],
                              mask_id=tok.mask_id, eos_id=tok.eos_id)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_llm_generate_list_takes_the_batched_graph_path_on_the_graph_engine(tiny_dir, monkeypatch):
+    """LLM.generate([...], batch_size=N) on the CUDA-graph engine runs repro.engine.batch_graph (here its CPU
+    form): batch 3 equals batch 1, the engine is kept for the next call with the same shape, sampling and
+    other block sizes stay on the eager batched path."""
+    from repro.engine import LLM
+
+    llm = LLM(tiny_dir, role="orl", precision="fp32", device="cpu")
+    monkeypatch.setattr(llm, "engine_path", "cuda-graph")
+    prompts = _real_prompts(2)
+    dec = {"algorithm": "orl", "max_new_tokens": 40}
+    one = llm.generate(prompts, decoder=dec, batch_size=1)
+    assert llm._batch_engine.S == 1
+    engines, done = [], []
+    for _ in range(2):
+        stats = BatchStats()
+        three = llm.generate_batch(prompts, decoder=dec, batch_size=3, stats=stats,
+                                   on_result=lambda i, o: done.append(i))
+        engines.append(llm._batch_engine)
+        assert stats.engine == "graph-path eager" and llm._batch_engine.S == 3
+        assert [o.token_ids for o in three] == [o.token_ids for o in one]
+        assert [o.forwards for o in three] == [o.forwards for o in one]
+    engine = engines[0]
+    assert engines[1] is engine and sorted(done) == [0, 0, 1, 1, 2, 2, 3, 3]
+    for other in ({**dec, "temperature": 0.7}, {**dec, "block_size": 16}):
+        stats = BatchStats()
+        llm.generate_batch(prompts[:2], decoder=other, batch_size=2, stats=stats)
+        assert stats.engine == "eager" and llm._batch_engine is engine
