@@ -59,7 +59,8 @@ class BatchStats:
     rounds), ``max_active`` (most requests in one round), ``wall_s`` (seconds, whole call),
     ``round_s`` (seconds per round, list), ``admitted_at_round`` (per request, the round it joined),
     ``engine`` (``"eager"`` or ``"cuda-graph"``: :mod:`repro.engine.batch_graph`), ``capture_s`` (seconds
-    spent capturing CUDA graphs in this call; 0 when reused or eager)."""
+    spent capturing CUDA graphs in this call; 0 when reused or eager), ``round_prefill`` (graph path: per
+    round, whether it ran a prompt-prefill block)."""
 
     rounds: int = 0
     rows: int = 0
@@ -69,6 +70,7 @@ class BatchStats:
     admitted_at_round: list[int] = field(default_factory=list)
     engine: str = "eager"
     capture_s: float = 0.0
+    round_prefill: list[bool] = field(default_factory=list)
 
 
 class _Aborted(Exception):

@@ -118,8 +118,11 @@ def make_forward(kind: str, model, mask_id: int, max_len: int, slots: int, T: in
     """The batched block forward of ``kind`` (:data:`FORWARDS`): ``"batched"`` = ``BatchedBlockForward`` of
     repro/engine/kernels/fastpath_batch.py, ``"per-slot"`` = :class:`PerSlotForward` (Triton kernels, one
     :class:`~repro.engine.kernels.fastpath.BlockForward` per slot), ``"torch"`` = :class:`TorchSlotForward`;
-    ``"auto"``: batched when that module exists, else per-slot, on CUDA; torch elsewhere. Raises ValueError
+    ``"auto"``: batched when that module exists, else per-slot, on CUDA; torch elsewhere; or a callable
+    ``kind(model, mask_id, max_len, slots, T)`` returning an object with these buffers. Raises ValueError
     for an unknown kind and ImportError for ``"batched"`` without its module."""
+    if callable(kind):  # a factory with this signature (benchmarks: a null forward to time the scheduler)
+        return kind(model, mask_id, max_len, slots, T)
     if kind not in FORWARDS:
         raise ValueError(f"forward must be one of {FORWARDS}, got {kind!r}")
     if kind == "auto":
@@ -168,6 +171,9 @@ class BatchGraphEngine:
         self.use_graphs = dev.type == "cuda" if use_graphs is None else use_graphs
         self.fw = make_forward(forward, model, mask_id, max_len, slots, self.T)
         self.forward_kind, self.forward_arg = type(self.fw).__name__, forward
+        if self.use_graphs and isinstance(self.fw, TorchSlotForward):
+            raise ValueError("forward 'torch' reads slot positions on the host and cannot be captured; "
+                             "use use_graphs=False or a Triton forward ('batched' / 'per-slot')")
         self.max_len = max_len
         self.step = BatchedDeviceStep(cfg, mask_id, model, self.fw.ids, self.fw.embeds_in)
         pin = dev.type == "cuda"
@@ -213,7 +219,7 @@ class BatchGraphEngine:
         return c.to(self.ctrl.device)
 
     def run_round(self, modes: list[tuple]) -> list[list[bool]]:
-        """One round. ``modes[s]``: ``(IDLE,)`` | ``(FORWARD, ids [T], start)`` | ``(STEP, start)`` |
+        """One round. ``modes[s]``: ``(IDLE,)`` | ``(FORWARD, ids [T], start, is_prefill)`` | ``(STEP, start)`` |
         ``(LOGITS, ids [T], start, embeds [T, H] or None)``. Returns the host flags ``[[final]*S, [reuse]*S]``
         (one device→host read)."""
         fw, c = self.fw, self.ctrl_host
@@ -264,7 +270,7 @@ class _GraphSlotBackend:
         """Full prompt blocks, one commit-style forward per block (one block per round)."""
         B = self.block_size
         for s in range(0, ids.shape[0], B):
-            self.sched.submit(self.slot, (FORWARD, ids[s:s + B], s))
+            self.sched.submit(self.slot, (FORWARD, ids[s:s + B], s, True))
 
     def denoise(self, ids, start, embeds):
         """Logits ``[B, V]`` fp32 of the block at ``start`` (host decoders)."""
@@ -273,7 +279,7 @@ class _GraphSlotBackend:
     def commit_block(self, ids, start, run_forward):
         """The commit forward (K/V of the final tokens) when needed."""
         if run_forward:
-            self.sched.submit(self.slot, (FORWARD, ids, start))
+            self.sched.submit(self.slot, (FORWARD, ids, start, False))
 
     def device_stepper(self, cfg: DecoderConfig):
         """This slot's view of the engine's batched step; None (host decoders) for other decoder settings."""
@@ -312,6 +318,7 @@ class _GraphScheduler(_Scheduler):
             modes[s.row] = s.pending
         flags = e.run_round(modes)
         stats.rows += e.T * len(active)
+        stats.round_prefill.append(any(s.pending[0] == FORWARD and s.pending[3] for s in active))
         outs = []
         for s in active:
             kind = s.pending[0]

@@ -154,3 +154,28 @@ def test_llm_generate_list_takes_the_batched_graph_path_on_the_graph_engine(tiny
         stats = BatchStats()
         llm.generate_batch(prompts[:2], decoder=other, batch_size=2, stats=stats)
         assert stats.engine == "eager" and llm._batch_engine is engine
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_bench_batch_graph_sections_run_on_the_tiny_model(tiny_model, tiny_tok):
+    """bench batch's batched-graph, invariance-graph and handoff sections on the CPU (torch forward, no
+    capture): fixed schedule, figures present, invariance passes — the H200 run has no untested code path."""
+    from repro.engine import bench_batch as bb
+
+    quiet = lambda m: None  # noqa: E731
+    rows = bb.bench_batched_graph(tiny_model, tiny_tok.mask_id, prefix=64, tokens=64, batch_sizes=[1, 3], steps=8,
+                                  copy_gbps=10.0, seed=0, log=quiet, forward="torch", use_graphs=False)
+    assert [r["batch_size"] for r in rows] == [1, 3] and rows[0]["speedup_vs_batch1"] == 1.0
+    for r in rows:
+        assert r["forwards_per_request"] == {"prefill": 1, "denoise": 16, "commit": 2}
+        assert r["generated_tokens"] == r["requests"] * 64 and r["floor_ms"] > 0 and r["capture_s"] == 0.0
+        assert r["decode_rounds"] == 18 * (r["requests"] // r["batch_size"]) and r["forward"] == "TorchSlotForward"
+    inv = bb.bench_invariance(tiny_model, tiny_tok.mask_id, tiny_tok.eos_id, n_prompts=4, prefix=80, tokens=32,
+                              algorithms=("orl",), seed=0, log=quiet, path="graph", use_graphs=False)
+    assert inv["orl"]["pass"], inv
+    hand = bb.bench_handoff(tiny_model, tiny_tok.mask_id, [1, 4], tokens=32, steps=4, seed=0, log=quiet)
+    # 2·b requests of 40 prompt tokens + 32 new, 8 tokens a round: prefill 1 + block 1 (24 masks) 3 + commit
+    # + block 2 (32 masks) 4 + commit = 10 rounds each, two waves of b
+    assert [h["rounds"] for h in hand] == [20, 20] and all(h["rounds_per_s"] > 0 for h in hand)
+    text = bb.table({"gpu": "cpu", "copy_GBps": 10.0, "batched_graph": rows, "invariance_graph": inv})
+    assert "batched CUDA-graph path" in text and "invariance (batched graph path) orl: PASS" in text
