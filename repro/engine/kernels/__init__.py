@@ -6,6 +6,7 @@
 * ``attention``: QK-norm + partial RoPE + in-place KV write; split-KV block attention over the cache.
 * ``norm``: residual add + RMSNorm (with the MoE top-k sum fused in).
 * ``fastpath``: graph-capturable block forward built from them (+ the reference forward).
+* ``fastpath_batch``: the same over S request slots in one graph, each slot bit-identical to it alone.
 * ``tune``: the small tuner writing ``configs/*.json``.
 
 Kernels need triton (``_triton.HAS_TRITON``); the references need only torch.

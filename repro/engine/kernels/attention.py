@@ -9,6 +9,10 @@ to the cached prefix (no mask inside [0, cache_len + T)).
 
 KV cache layout: per layer ``k_cache``/``v_cache`` [NKV, MAXLEN, D] (model dtype); the cache length is
 a device int32 tensor ``cache_len`` [1] (the prefix length P), so one CUDA graph serves every P.
+Slot axis (batched forward, ``fastpath_batch.py``): caches [S, NKV, MAXLEN, D], ``cache_len`` [S] (P_s per slot),
+query/qkv rows ``s·T + t``; every program works inside one slot (grid axis + slot stride), so a slot's results
+and its split layout depend only on its own rows, cache and P_s: with S = 1 the kernels compute exactly what
+they compute without the slot axis, and slot s of any S computes what it computes alone.
 The block's K/V are written in place at rows [P, P+T) (overwritten by the next round; the commit
 forward leaves the final values there and the caller then advances ``cache_len`` by T).
 
@@ -96,18 +100,22 @@ if HAS_TRITON:
 
     @triton.jit
     def _qk_norm_rope_kv_kernel(
-        qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, len_ptr, q_ptr, kc_ptr, vc_ptr, stride_qkv, eps,
-        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, MAXLEN: tl.constexpr, USE_PDL: tl.constexpr = False,
+        qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, len_ptr, q_ptr, kc_ptr, vc_ptr, stride_qkv, eps, stride_cs,
+        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, MAXLEN: tl.constexpr,
+        TB: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
     ):
+        """Program (row rw = slot·TB + t, head hd); slot s's cache at kc/vc + s·stride_cs, position P_s + t."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
-        t = tl.program_id(0)
+        rw = tl.program_id(0)
         hd = tl.program_id(1)
+        slot = rw // TB
+        t = rw % TB
         HALF: tl.constexpr = ROT // 2
         REST: tl.constexpr = D - ROT
-        pos = tl.load(len_ptr) + t
-        base = qkv_ptr + t * stride_qkv + hd * D
+        pos = tl.load(len_ptr + slot) + t
+        base = qkv_ptr + rw * stride_qkv + hd * D
         oh = tl.arange(0, HALF)
         orr = tl.arange(0, REST)
         if hd < NQ + NKV:
@@ -128,9 +136,9 @@ if HAS_TRITON:
             o1 = x1 * c - x2 * s
             o2 = x2 * c + x1 * s
             if is_q:
-                dst = q_ptr + (t * NQ + hd) * D
+                dst = q_ptr + (rw * NQ + hd) * D
             else:
-                dst = kc_ptr + ((hd - NQ) * MAXLEN + pos) * D
+                dst = kc_ptr + slot * stride_cs + ((hd - NQ) * MAXLEN + pos) * D
             ty = q_ptr.dtype.element_ty
             tl.store(dst + oh, o1.to(ty))
             tl.store(dst + HALF + oh, o2.to(ty))
@@ -138,7 +146,8 @@ if HAS_TRITON:
         else:
             od = tl.arange(0, D)
             v = tl.load(base + od)
-            tl.store(vc_ptr + ((hd - NQ - NKV) * MAXLEN + pos) * D + od, v.to(vc_ptr.dtype.element_ty))
+            tl.store(vc_ptr + slot * stride_cs + ((hd - NQ - NKV) * MAXLEN + pos) * D + od,
+                     v.to(vc_ptr.dtype.element_ty))
 
     @triton.jit
     def _num_splits(kv_len, NSPLIT: tl.constexpr, MIN_KEYS: tl.constexpr):
@@ -147,30 +156,31 @@ if HAS_TRITON:
 
     @triton.jit
     def _split_range(len_ptr, T, NSPLIT: tl.constexpr, MIN_KEYS: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_M: tl.constexpr, T_PAD: tl.constexpr, USE_PDL: tl.constexpr):
+                     BLOCK_M: tl.constexpr, T_PAD: tl.constexpr, USE_PDL: tl.constexpr, NRB: tl.constexpr = 1):
         """The program prologue shared by the split and fused kernels: the PDL hand-off (USE_PDL: let the
-        next launch start, then wait for the previous one), the program's (KV head h, split sp, row block rb),
-        and its key range and query rows.
+        next launch start, then wait for the previous one), the program's (KV head h, split sp, slot, row block
+        rb) (grid axis 2 = slot·NRB + rb, NRB row blocks per slot), and its key range and query rows.
 
-        Splits in use at this length: nsp = min(NSPLIT, max(1, cdiv(P + T, MIN_KEYS))); split sp covers keys
-        [start, end) in BLOCK_N-aligned pieces; rows = rb·BLOCK_M + [0, BLOCK_M) of the G·T_PAD query rows
+        Splits in use at this length (P = cache_len[slot]): nsp = min(NSPLIT, max(1, cdiv(P + T, MIN_KEYS)));
+        split sp covers keys [start, end) in BLOCK_N-aligned pieces; rows = rb·BLOCK_M + [0, BLOCK_M) of the G·T_PAD query rows
         (GQA group g = row // T_PAD, token t = row % T_PAD). Returns (h, sp, rb, P, nsp, start, end, rows, g,
-        t); the caller returns at once when sp >= nsp.
+        t, slot); the caller returns at once when sp >= nsp.
         """
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
         h = tl.program_id(0)
         sp = tl.program_id(1)
-        rb = tl.program_id(2)
-        P = tl.load(len_ptr)
+        slot = tl.program_id(2) // NRB
+        rb = tl.program_id(2) % NRB
+        P = tl.load(len_ptr + slot)
         kv_len = P + T
         nsp = _num_splits(kv_len, NSPLIT, MIN_KEYS)
         per = tl.cdiv(tl.cdiv(kv_len, nsp), BLOCK_N) * BLOCK_N
         start = sp * per
         end = tl.minimum(start + per, kv_len)
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-        return h, sp, rb, P, nsp, start, end, rows, rows // T_PAD, rows % T_PAD
+        return h, sp, rb, P, nsp, start, end, rows, rows // T_PAD, rows % T_PAD, slot
 
     @triton.jit
     def _online_softmax(s, v, m_i, l_i, acc):
@@ -194,25 +204,27 @@ if HAS_TRITON:
 
     @triton.jit
     def _attn_split_kernel(
-        q_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr, T, qk_scale, stride_kh, stride_ks,
+        q_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr, T, qk_scale, stride_kh, stride_ks, stride_cs,
         NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, MAXLEN: tl.constexpr,
         NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr, BLOCK_M: tl.constexpr,
-        USE_PDL: tl.constexpr = False,
+        USE_PDL: tl.constexpr = False, NRB: tl.constexpr = 1, NKV: tl.constexpr = 1,
     ):
-        """Program (h, split, row block): BLOCK_M of the G·T_PAD query rows of KV head h over one key range."""
+        """Program (h, split, slot·NRB + row block): BLOCK_M of the G·T_PAD query rows of KV head h of one slot
+        (query rows slot·T + t, cache at + slot·stride_cs, partials of (slot, h) at row slot·NKV + h) over one
+        key range."""
         M: tl.constexpr = G * T_PAD
-        h, sp, rb, P, nsp, start, end, rows, g, t = _split_range(len_ptr, T, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M,
-                                                                 T_PAD, USE_PDL)
+        h, sp, rb, P, nsp, start, end, rows, g, t, slot = _split_range(len_ptr, T, NSPLIT, MIN_KEYS, BLOCK_N,
+                                                                       BLOCK_M, T_PAD, USE_PDL, NRB)
         if sp >= nsp:
             return
         od = tl.arange(0, D)
-        q = tl.load(q_ptr + (t[:, None] * NQ + h * G + g[:, None]) * D + od[None, :],
+        q = tl.load(q_ptr + ((slot * T + t[:, None]) * NQ + h * G + g[:, None]) * D + od[None, :],
                     mask=(t < T)[:, None], other=0.0)
         m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        kbase = kc_ptr + h * stride_kh
-        vbase = vc_ptr + h * stride_kh
+        kbase = kc_ptr + slot * stride_cs + h * stride_kh
+        vbase = vc_ptr + slot * stride_cs + h * stride_kh
         for n0 in range(start, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             nm = offs_n < end
@@ -220,27 +232,30 @@ if HAS_TRITON:
             s = tl.where(nm[None, :], tl.dot(q, k) * qk_scale, float("-inf"))
             v = tl.load(vbase + offs_n[:, None] * stride_ks + od[None, :], mask=nm[:, None], other=0.0)
             m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
-        _store_partials(po_ptr, pm_ptr, pl_ptr, (h * NSPLIT + sp) * M, rows, acc, m_i, l_i, D)
+        _store_partials(po_ptr, pm_ptr, pl_ptr, ((slot * NKV + h) * NSPLIT + sp) * M, rows, acc, m_i, l_i, D)
 
     @triton.jit
     def _attn_combine_kernel(
         po_ptr, pm_ptr, pl_ptr, o_ptr, len_ptr, T,
         NQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr, NSPLIT: tl.constexpr,
-        MIN_KEYS: tl.constexpr, USE_PDL: tl.constexpr = False,
+        MIN_KEYS: tl.constexpr, USE_PDL: tl.constexpr = False, NKV: tl.constexpr = 1,
     ):
+        """Program (query head qh, row r = slot·T + t): merges the splits of (slot, qh // G) into o[r]."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
         qh = tl.program_id(0)
-        t = tl.program_id(1)
-        h = qh // G
+        r = tl.program_id(1)
+        slot = r // T
+        t = r % T
+        h = slot * NKV + qh // G
         g = qh % G
         M: tl.constexpr = G * T_PAD
         row = g * T_PAD + t
         sidx = tl.arange(0, NSPLIT)
         od = tl.arange(0, D)
         base = (h * NSPLIT + sidx) * M + row
-        nsp = _num_splits(tl.load(len_ptr) + T, NSPLIT, MIN_KEYS)
+        nsp = _num_splits(tl.load(len_ptr + slot) + T, NSPLIT, MIN_KEYS)
         sm = sidx < nsp
         m = tl.load(pm_ptr + base, mask=sm, other=float("-inf"))
         l = tl.load(pl_ptr + base, mask=sm, other=0.0)
@@ -249,7 +264,7 @@ if HAS_TRITON:
         den = tl.sum(wgt * l, axis=0)
         acc = tl.load(po_ptr + base[:, None] * D + od[None, :], mask=sm[:, None], other=0.0)
         o = tl.sum(acc * wgt[:, None], axis=0) / den
-        tl.store(o_ptr + t * (NQ * D) + qh * D + od, o.to(o_ptr.dtype.element_ty))
+        tl.store(o_ptr + r * (NQ * D) + qh * D + od, o.to(o_ptr.dtype.element_ty))
 
     @triton.jit
     def _norm_rope_rows(row_ptr, rmask, pos, w_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, ROT: tl.constexpr):
@@ -296,8 +311,9 @@ if HAS_TRITON:
         (last split of each (h, row block) to finish); else store the partials for _attn_combine_kernel."""
         M: tl.constexpr = G * T_PAD
         HALF: tl.constexpr = ROT // 2
-        h, sp, rb, P, nsp, start, end, rows, g, t = _split_range(len_ptr, T, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M,
-                                                                 T_PAD, USE_PDL)
+        NRB: tl.constexpr = M // BLOCK_M
+        h, sp, rb, P, nsp, start, end, rows, g, t, _ = _split_range(len_ptr, T, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M,
+                                                                    T_PAD, USE_PDL, NRB)
         if sp >= nsp:
             return
         tm = t < T
@@ -373,21 +389,37 @@ if HAS_TRITON:
             _store_partials(po_ptr, pm_ptr, pl_ptr, pbase, rows, acc, m_i, l_i, D)
 
 
+def _slots(k_cache, v_cache, rows: int, cache_len, what: str):
+    """(S, T, slot stride) of caches [NKV, MAXLEN, D] (S = 1, stride 0) or [S, NKV, MAXLEN, D] for ``rows``
+    query rows (S·T); raises ValueError when rows, caches and cache_len [>= S] do not fit together."""
+    S = k_cache.shape[0] if k_cache.dim() == 4 else 1
+    if (k_cache.dim() not in (3, 4) or k_cache.shape != v_cache.shape or rows % S
+            or cache_len.numel() < S or cache_len.dtype != torch.int32):
+        raise ValueError(f"{what}: {rows} query rows, caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} and "
+                         f"cache_len {tuple(cache_len.shape)} {cache_len.dtype} do not fit (want caches [NKV, "
+                         f"MAXLEN, D] or [S, NKV, MAXLEN, D], S·T rows, int32 cache_len [S])")
+    return S, rows // S, (k_cache.stride(0) if k_cache.dim() == 4 else 0)
+
+
 def qk_norm_rope_kv(qkv, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache, nq, nkv, rot=64, eps=1e-6):
-    """qkv [T, (nq+2nkv)·D]; writes q_out [T, nq, D], k_cache/v_cache [nkv, MAXLEN, D] rows [P, P+T)."""
-    T = qkv.shape[0]
+    """qkv [T, (nq+2nkv)·D]; writes q_out [T, nq, D], k_cache/v_cache [nkv, MAXLEN, D] rows [P, P+T).
+
+    Slot axis: qkv [S·T, …], q_out [S·T, nq, D], caches [S, nkv, MAXLEN, D], cache_len [S]: slot s's K/V rows
+    go to rows [P_s, P_s + T) of its cache. Raises ValueError when the shapes do not fit together."""
     D = q_out.shape[-1]
+    S, T, stride_cs = _slots(k_cache, v_cache, qkv.shape[0], cache_len, "qk_norm_rope_kv")
     assert qkv.stride(1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
-    _qk_norm_rope_kv_kernel[(T, nq + 2 * nkv)](
-        qkv, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache, qkv.stride(0), eps,
-        NQ=nq, NKV=nkv, D=D, ROT=rot, MAXLEN=k_cache.shape[1], num_warps=1,
+    _qk_norm_rope_kv_kernel[(S * T, nq + 2 * nkv)](
+        qkv, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache, qkv.stride(0), eps, stride_cs,
+        NQ=nq, NKV=nkv, D=D, ROT=rot, MAXLEN=k_cache.shape[-2], TB=T, num_warps=1,
         **pdl(),
     )
     return q_out
 
 
 class AttnWorkspace:
-    """Split-KV partials for T queries: o [NKV, NSPLIT, G·T_PAD, D] fp32, m/l [NKV, NSPLIT, G·T_PAD]; for
+    """Split-KV partials for T queries: o [NKV, NSPLIT, G·T_PAD, D] fp32, m/l [NKV, NSPLIT, G·T_PAD] (with
+    ``slots`` S > 1: [S·NKV, …], row s·NKV + h for KV head h of slot s); for
     :func:`block_attention_fused`, int32 ticket counters ``tickets`` [NKV, G·T_PAD / block_m] (zeros) and
     ``fused_combine``: "ticket" (combine inside the fused kernel, one launch; default) or "kernel" (the fused
     kernel stores partials and ``_attn_combine_kernel`` merges them, two launches).
@@ -397,15 +429,15 @@ class AttnWorkspace:
     """
 
     def __init__(self, T, nq, nkv, d, device, nsplit=32, block_n=64, num_warps=8, num_stages=2, min_keys=256,
-                 block_m=None):
-        self.T, self.T_PAD = T, max(16, next_pow2(T))
+                 block_m=None, slots=1):
+        self.T, self.T_PAD, self.slots = T, max(16, next_pow2(T)), slots
         self.min_keys = min_keys
         self.block_m = block_m or (nq // nkv) * self.T_PAD
         self.nsplit, self.block_n, self.num_warps, self.num_stages = nsplit, block_n, num_warps, num_stages
         M = (nq // nkv) * self.T_PAD
-        self.po = torch.zeros(nkv, nsplit, M, d, dtype=torch.float32, device=device)
-        self.pm = torch.zeros(nkv, nsplit, M, dtype=torch.float32, device=device)
-        self.pl = torch.zeros(nkv, nsplit, M, dtype=torch.float32, device=device)
+        self.po = torch.zeros(slots * nkv, nsplit, M, d, dtype=torch.float32, device=device)
+        self.pm = torch.zeros(slots * nkv, nsplit, M, dtype=torch.float32, device=device)
+        self.pl = torch.zeros(slots * nkv, nsplit, M, dtype=torch.float32, device=device)
         # block_attention_fused: per-(KV head, row block) split counters; zero between calls (the last split resets)
         self.tickets = torch.zeros(nkv, M // self.block_m, dtype=torch.int32, device=device)
         self.fused_combine = "ticket"  # or "kernel": block_attention_fused combines with _attn_combine_kernel
@@ -413,25 +445,34 @@ class AttnWorkspace:
 
 def block_attention(q, k_cache, v_cache, cache_len, out, ws: AttnWorkspace, scale=None, seq_major=False):
     """q [T, NQ, D]; caches [NKV, MAXLEN, D] (or [MAXLEN, NKV, D] with seq_major, same strides for k and v;
-    the last dim contiguous); cache_len int32 [1] (device); out [T, NQ·D] (written)."""
-    T, NQ, D = q.shape
+    the last dim contiguous); cache_len int32 [1] (device); out [T, NQ·D] (written).
+
+    Slot axis: q [S·T, NQ, D], caches [S, NKV, MAXLEN, D], cache_len [S], out [S·T, NQ·D], ``ws`` built with
+    ``slots >= S``: slot s's queries attend to keys [0, P_s + T) of its own cache, split by its own P_s.
+    Raises ValueError when the shapes or the workspace do not fit."""
+    NQ, D = q.shape[1], q.shape[2]
     if seq_major:
         MAXLEN, NKV, _ = k_cache.shape
         shd, ssq = k_cache.stride(1), k_cache.stride(0)
+        S, T, scs = 1, q.shape[0], 0
     else:
-        NKV, MAXLEN, _ = k_cache.shape
-        shd, ssq = k_cache.stride(0), k_cache.stride(1)
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(2) == 1 and q.is_contiguous()
+        S, T, scs = _slots(k_cache, v_cache, q.shape[0], cache_len, "block_attention")
+        NKV, MAXLEN, _ = k_cache.shape[-3:]
+        shd, ssq = k_cache.stride(-3), k_cache.stride(-2)
+    if S > ws.slots or T > ws.T_PAD or ws.po.shape[0] < S * NKV:
+        raise ValueError(f"block_attention: workspace for {ws.slots} slot(s) of T={ws.T}, not {S} of T={T}")
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and q.is_contiguous()
     G = NQ // NKV
+    nrb = (G * ws.T_PAD) // ws.block_m
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    _attn_split_kernel[(NKV, ws.nsplit, (G * ws.T_PAD) // ws.block_m)](
-        q, k_cache, v_cache, cache_len, ws.po, ws.pm, ws.pl, T, scale * 1.4426950408889634, shd, ssq,
+    _attn_split_kernel[(NKV, ws.nsplit, S * nrb)](
+        q, k_cache, v_cache, cache_len, ws.po, ws.pm, ws.pl, T, scale * 1.4426950408889634, shd, ssq, scs,
         NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD, MAXLEN=MAXLEN, NSPLIT=ws.nsplit, BLOCK_N=ws.block_n,
-        MIN_KEYS=ws.min_keys, BLOCK_M=ws.block_m, num_warps=ws.num_warps, num_stages=ws.num_stages,
-        **pdl(),
+        MIN_KEYS=ws.min_keys, BLOCK_M=ws.block_m, NRB=nrb, NKV=NKV, num_warps=ws.num_warps,
+        num_stages=ws.num_stages, **pdl(),
     )
-    _attn_combine_kernel[(NQ, T)](ws.po, ws.pm, ws.pl, out, cache_len, T, NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD,
-                                  NSPLIT=ws.nsplit, MIN_KEYS=ws.min_keys, num_warps=4, **pdl())
+    _attn_combine_kernel[(NQ, S * T)](ws.po, ws.pm, ws.pl, out, cache_len, T, NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD,
+                                      NSPLIT=ws.nsplit, MIN_KEYS=ws.min_keys, NKV=NKV, num_warps=4, **pdl())
     return out
 
 
@@ -487,7 +528,7 @@ def block_attention_fused(qkv, q_w, k_w, cos, sin, cache_len, k_cache, v_cache, 
     )
     if not ticket:
         _attn_combine_kernel[(nq, T)](ws.po, ws.pm, ws.pl, out, cache_len, T, NQ=nq, D=D, G=G, T_PAD=ws.T_PAD,
-                                      NSPLIT=ws.nsplit, MIN_KEYS=ws.min_keys, num_warps=4, **pdl())
+                                      NSPLIT=ws.nsplit, MIN_KEYS=ws.min_keys, NKV=nkv, num_warps=4, **pdl())
     return out
 
 

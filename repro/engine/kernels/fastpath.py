@@ -31,7 +31,8 @@ from . import logits as Lg
 from . import norm as Nm
 from .configs import load_config
 
-__all__ = ["ModelShape", "preset_shape", "random_weights", "BlockForward", "round_bytes", "reference_forward"]
+__all__ = ["ModelShape", "preset_shape", "random_weights", "BlockForward", "round_bytes", "reference_forward",
+           "kernel_configs", "GraphCapture"]
 
 
 #: Kernel shape field -> :class:`~repro.engine.config.LLaDA2Config` attribute (config.json names): the one
@@ -163,7 +164,63 @@ class _Stats:
     counts: list = field(default_factory=list)
 
 
-class BlockForward:
+def kernel_configs(W, shape: ModelShape, T: int, configs: dict | None = None) -> dict:
+    """Launch configs of the block forward for ``T``-token blocks: ``{"attn", "moe", "dense", "linear"}``.
+
+    ``configs`` (optional) overrides per family: ``attn`` (keys merged into the tuned split-attention config),
+    ``moe`` (kernel name -> tiles; None here means "look the tuned files up by T at call time", or the 4-bit
+    kernels' own tiles :data:`~repro.engine.kernels.moe_w4.W4_TILES_DEFAULT` when ``W``'s experts are packed),
+    ``dense`` (gate_up/down tiles of layer 0), ``linear`` (tiles of the Triton QKV/O GEMMs, merged). Without
+    overrides the tuned JSON files of :mod:`repro.engine.kernels.configs` for this device and T, else defaults.
+    """
+    configs = configs or {}
+    H, D = shape.hidden, shape.head_dim
+    attn = load_config("attn", "split", dict(NSPLIT=32, BLOCK_N=64, num_warps=4, num_stages=3, MIN_KEYS=256),
+                       NQ=shape.nq, NKV=shape.nkv, D=D, T=T)
+    attn.update(configs.get("attn", {}))
+    moe = configs.get("moe")
+    if moe is None and any(not isinstance(L["w13"], torch.Tensor) for L in W["layers"]):
+        from .moe_w4 import W4_TILES_DEFAULT  # packed NVFP4 experts: the 4-bit kernels' own tiles
+
+        moe = W4_TILES_DEFAULT
+    dense = configs.get("dense") or {
+        "gate_up": load_config("dense", "gate_up", dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4,
+                                                         num_stages=4), N=shape.dense_inter, H=H, T=T),
+        "down": load_config("dense", "down", dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4,
+                                                   num_stages=4), N=shape.dense_inter, H=H, T=T),
+    }
+    lin_default = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
+    linear = {k: load_config("linear", k, lin_default, H=H, T=T) for k in ("qkv", "o")}
+    linear.update(configs.get("linear", {}))
+    return {"attn": attn, "moe": moe, "dense": dense, "linear": linear}
+
+
+class GraphCapture:
+    """Warm-up and CUDA-graph capture of a static-buffer forward (``self.forward(head=...)``)."""
+
+    def warmup(self, n: int = 2, head: bool = True):
+        """Run ``forward`` ``n`` times on a side stream (compiles the kernels, settles the allocator)."""
+        st = torch.cuda.Stream()
+        st.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(st):
+            for _ in range(n):
+                self.forward(head=head)
+        torch.cuda.current_stream().wait_stream(st)
+        torch.cuda.synchronize()
+
+    def capture(self, head: bool = True, extra=None, pool=None) -> torch.cuda.CUDAGraph:
+        """Capture forward (+ ``extra()``, e.g. a decode step) into a CUDA graph and return it."""
+        self.warmup(2, head)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            self.forward(head=head)
+            if extra is not None:
+                extra()
+        torch.cuda.synchronize()
+        return g
+
+
+class BlockForward(GraphCapture):
     """Static-buffer forward of a T-token block over a KV cache of ``max_len`` rows per layer.
 
     Inputs: ``self.ids`` [T] int64 (block tokens), ``self.cache_len`` [1] int32 (prefix length P); with
@@ -193,20 +250,15 @@ class BlockForward:
         self.o = torch.zeros(T, shape.nq * D, dtype=dt, device=device)
         self.attn_out = torch.zeros(T, H, dtype=dt, device=device)
         self.cos, self.sin = A.rope_tables(max_len, shape.rot_dim, shape.rope_theta, device)
-        ac = load_config("attn", "split", dict(NSPLIT=32, BLOCK_N=64, num_warps=4, num_stages=3, MIN_KEYS=256),
-                         NQ=shape.nq, NKV=shape.nkv, D=D, T=T)
-        ac.update(self.configs.get("attn", {}))
+        kc = kernel_configs(W, shape, T, self.configs)
+        ac = kc["attn"]
         if attn_splits is not None:
             ac["NSPLIT"] = attn_splits
         self.aws = A.AttnWorkspace(T, shape.nq, shape.nkv, D, device, nsplit=ac["NSPLIT"],
                                    block_n=ac["BLOCK_N"], num_warps=ac["num_warps"], num_stages=ac["num_stages"],
                                    min_keys=ac.get("MIN_KEYS", 256), block_m=ac.get("BLOCK_M"))
         E = shape.experts
-        self.moe_cfg = self.configs.get("moe")
-        if self.moe_cfg is None and any(not isinstance(L["w13"], torch.Tensor) for L in W["layers"]):
-            from .moe_w4 import W4_TILES_DEFAULT  # packed NVFP4 experts: the 4-bit kernels' own tiles
-
-            self.moe_cfg = W4_TILES_DEFAULT
+        self.moe_cfg = kc["moe"]
         split = M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T)["SPLIT_K"]
         n_moe = shape.layers - shape.first_dense
         self.ws = M.MoEWorkspace(T, H, shape.moe_inter, E, E + 1, shape.top_k, dt, device, split_k=split,
@@ -216,12 +268,7 @@ class BlockForward:
         self.dws.counts.fill_(T)
         self.dws.pairs[0, :T] = torch.arange(T, device=device, dtype=torch.int32)
         self.dws.pair_w.fill_(1.0)
-        self.dense_cfg = self.configs.get("dense") or {
-            "gate_up": load_config("dense", "gate_up", dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4,
-                                                             num_stages=4), N=shape.dense_inter, H=H, T=T),
-            "down": load_config("dense", "down", dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4,
-                                                       num_stages=4), N=shape.dense_inter, H=H, T=T),
-        }
+        self.dense_cfg = kc["dense"]
         self.graph = None
         # L2 prefetch of the next layer's attention + router weights on a side stream during the FFN
         self.prefetch = False
@@ -235,9 +282,7 @@ class BlockForward:
         # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts.
         # On by default: the fastest measured variant (H200, docs/perf.md v8/v9: 5.54 vs 5.61 ms at P=1k)
         self.norm_in_route = True
-        lin_default = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
-        self.lin_cfg = {k: load_config("linear", k, lin_default, H=H, T=T) for k in ("qkv", "o")}
-        self.lin_cfg.update(self.configs.get("linear", {}))
+        self.lin_cfg = kc["linear"]
         self.qkv32 = torch.zeros(T, shape.qkv_out, dtype=torch.float32, device=device)
         self.attn32 = torch.zeros(T, H, dtype=torch.float32, device=device)
         self.side = torch.cuda.Stream() if torch.cuda.is_available() and str(device).startswith("cuda") else None
@@ -301,8 +346,9 @@ class BlockForward:
                 prev = (self.dws, 1, False)
             else:
                 E1 = M.expert_slots(L["w13"])
+                cslot = li - s.first_dense if s.layers - s.first_dense > 1 else None  # 1 MoE layer: own memset
                 M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                                  s.scaling, s.renormalize, self.moe_cfg, slot=li - s.first_dense, norm_w=nw, eps=s.eps,
+                                  s.scaling, s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw, eps=s.eps,
                                   norm_out=self.a if route_norm else None)
                 if route_norm:
                     x_ffn, nw = self.a, None
@@ -315,27 +361,6 @@ class BlockForward:
         if head:
             torch.mm(self.a, W["lm_head"].t(), out=self.logits)
             Lg.logits_stats(self.logits, self.stat_part, self.pred, self.conf, self.entropy, nchunk=self.stat_nchunk)
-
-    # ------------------------------------------------------------------------------------------
-    def warmup(self, n: int = 2, head: bool = True):
-        st = torch.cuda.Stream()
-        st.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(st):
-            for _ in range(n):
-                self.forward(head=head)
-        torch.cuda.current_stream().wait_stream(st)
-        torch.cuda.synchronize()
-
-    def capture(self, head: bool = True, extra=None, pool=None) -> torch.cuda.CUDAGraph:
-        """Capture forward (+ ``extra()``, e.g. a decode step) into a CUDA graph and return it."""
-        self.warmup(2, head)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            self.forward(head=head)
-            if extra is not None:
-                extra()
-        torch.cuda.synchronize()
-        return g
 
     def distinct_experts(self) -> list[int]:
         """Run one eager forward and return the touched routed experts per MoE layer (host sync)."""

@@ -14,7 +14,9 @@ Weight layout used by the kernels (stack once at load time with :func:`stack_exp
 
 Kernels (after routing + alignment in :mod:`.route`; all on device, no host sync, static shapes ->
 CUDA-graph capturable). Both GEMMs start with the same prologue, ``_expert_slot`` (which expert, output
-tile and token rows a program owns; idle programs exit after one or two scalar loads):
+tile and token rows a program owns; idle programs exit after one or two scalar loads). With a tile table in the
+workspace (:func:`.route.moe_tiles`, many rows per round: the batched forward) both launch over (tiles in use,
+n-tiles) instead of (E1, n-tiles, m-blocks), with the same tile code:
 
 1. ``_moe_gate_up_kernel``: grid (E1, N/BLOCK_N, cdiv(T_PAD, BLOCK_M)); each program streams one
    [2 x BLOCK_N, H] tile of its expert's w13 once, gathers only that expert's token rows, and writes
@@ -34,7 +36,7 @@ import torch
 
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, triton
 from .moe_w4 import check_w4_tiles
-from .route import DEFAULT_CONFIGS, MoEWorkspace, _cfg, moe_align, moe_route_align, route_reference
+from .route import DEFAULT_CONFIGS, MoEWorkspace, _cfg, moe_align, moe_route_align, moe_tiles, route_reference
 
 __all__ = [
     "moe_reference",
@@ -53,6 +55,7 @@ __all__ = [
     "MoEWorkspace",
     "moe_route_align",
     "moe_align",
+    "moe_tiles",
     "DEFAULT_CONFIGS",
 ]
 
@@ -152,16 +155,24 @@ if HAS_TRITON:
 
     @triton.jit
     def _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M: tl.constexpr, MAXC: tl.constexpr,
-                     ACTIVE: tl.constexpr, NACT_IDX: tl.constexpr, SH: tl.constexpr, E_SH: tl.constexpr):
+                     ACTIVE: tl.constexpr, NACT_IDX: tl.constexpr, SH: tl.constexpr, E_SH: tl.constexpr,
+                     TILES: tl.constexpr = False, tiles_ptr=None):
         """Prologue shared by the grouped expert GEMMs: which expert, output tile and token rows this program owns.
 
         Grid (E1, n-tiles, m-blocks), or with ACTIVE (n-tiles, SH + E, m-blocks) over the active list
-        (slot 0 = the shared expert E_SH when SH = 1, then ``active[:counts[NACT_IDX]]``).
+        (slot 0 = the shared expert E_SH when SH = 1, then ``active[:counts[NACT_IDX]]``), or with TILES
+        (tiles, n-tiles, 1) over the tile table of :func:`.route.moe_tiles` (tile j = (expert, m-block) or (-1, 0)).
         Returns (e, pid_n, offs_m [BLOCK_M], mmask [BLOCK_M], p [BLOCK_M] pair indices, idle): ``idle`` is
         True for a program with no rows (an untouched expert, an m-block past its count, a slot past the
         active list); the caller returns at once then. Pair rows past the count are masked (p = 0).
         """
-        if ACTIVE:
+        if TILES:
+            pid_n = tl.program_id(1)
+            e_raw = tl.load(tiles_ptr + 2 * tl.program_id(0))
+            pid_m = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
+            e = tl.maximum(e_raw, 0)
+            cnt = tl.load(counts_ptr + e, mask=e_raw >= 0, other=0)
+        elif ACTIVE:
             pid_n = tl.program_id(0)
             jj = tl.program_id(1) - SH
             pid_m = tl.program_id(2)
@@ -253,6 +264,7 @@ if HAS_TRITON:
         ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
+        TILES: tl.constexpr = False, tiles_ptr=None,
     ):
         """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e).
 
@@ -262,7 +274,7 @@ if HAS_TRITON:
             gdc_launch_dependents()
             gdc_wait()
         e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
-                                                        NACT_IDX, SH, E_SH)
+                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr)
         if idle:
             return
         tok = tl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
@@ -294,13 +306,14 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
+        TILES: tl.constexpr = False, tiles_ptr=None,
     ):
         """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up)."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
         e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
-                                                        NACT_IDX, SH, E_SH)
+                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr)
         if idle:
             return
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -421,11 +434,14 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=
     sh = int(ws.E1 == ws.E + 1)
     grid = ((N // bn, E1, triton.cdiv(ws.T_PAD, gc["BLOCK_M"])) if ws.compact
             else (E1, N // bn, triton.cdiv(ws.T_PAD, gc["BLOCK_M"])))
+    tiles = _tiles_launch(ws, gc["BLOCK_M"], N // bn, "moe_gate_up")
+    if tiles:
+        grid = tiles.pop("grid")
     _moe_gate_up_kernel[grid](
         x, w_arg, ws.counts, ws.pairs, ws.pair_w, ws.inter, norm_w if norm_w is not None else x, eps, T,
         x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
         NORM=norm_w is not None, ACTIVE=ws.compact, active_ptr=ws.active, NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
-        num_warps=gc["num_warps"], num_stages=gc["num_stages"], **w4, **pdl(),
+        num_warps=gc["num_warps"], num_stages=gc["num_stages"], **w4, **tiles, **pdl(),
     )
 
 
@@ -440,12 +456,25 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     sh = int(ws.E1 == ws.E + 1)
     grid = ((H // bn, E1, triton.cdiv(ws.T_PAD, dc["BLOCK_M"])) if ws.compact
             else (E1, H // bn, triton.cdiv(ws.T_PAD, dc["BLOCK_M"])))
+    tiles = _tiles_launch(ws, dc["BLOCK_M"], H // bn, "moe_down")
+    if tiles:
+        grid = tiles.pop("grid")
     _moe_down_kernel[grid](
         ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD,
         BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
         NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
-        num_warps=dc["num_warps"], num_stages=dc["num_stages"], **w4, **pdl(),
+        num_warps=dc["num_warps"], num_stages=dc["num_stages"], **w4, **tiles, **pdl(),
     )
+
+
+def _tiles_launch(ws: MoEWorkspace, block_m: int, n_tiles: int, kernel: str) -> dict:
+    """Launch kwargs (with ``grid``) of the tile-table mode when ``ws`` has a table (:func:`moe_tiles`), else {}.
+    Raises ValueError when the kernel's BLOCK_M differs from the table's."""
+    if ws.tiles is None:
+        return {}
+    if block_m != ws.tiles_block_m:
+        raise ValueError(f"{kernel}: BLOCK_M {block_m} but the tile table was built for {ws.tiles_block_m}")
+    return dict(grid=(ws.tiles.shape[0], n_tiles, 1), TILES=True, tiles_ptr=ws.tiles)
 
 
 def linear_rows(x, w, out, counts, pairs, cfg):

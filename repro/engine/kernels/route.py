@@ -18,6 +18,8 @@ Kernels (on device, no host sync, static shapes: CUDA-graph capturable):
    ``T*top_k + t`` for the shared expert. With the RMSNorm folded into the router (``norm_w``), it can
    also write the normalised rows that the expert GEMMs read (``norm_out``).
 3. ``_align_kernel``: the alignment alone, for a routing decision made elsewhere (the engine seam).
+4. ``_tile_table_kernel`` (:func:`moe_tiles`, optional): the (expert, m-block) tiles of the aligned pairs, over
+   which the expert GEMMs then launch (many rows: the batched forward).
 
 The buffers live in :class:`MoEWorkspace`; the expert GEMMs that consume them are in :mod:`.moe`.
 Source of the alignment idea: vLLM/SGLang ``moe_align_block_size`` (own code: per-expert lists filled by
@@ -30,7 +32,7 @@ import torch
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton  # noqa: F401
 from .configs import load_config
 
-__all__ = ["route_reference", "MoEWorkspace", "moe_route_align", "moe_align", "DEFAULT_CONFIGS"]
+__all__ = ["route_reference", "MoEWorkspace", "moe_route_align", "moe_align", "moe_tiles", "DEFAULT_CONFIGS"]
 
 
 def route_reference(
@@ -95,8 +97,12 @@ if HAS_TRITON:
         H: tl.constexpr, E: tl.constexpr, T_PAD: tl.constexpr,
         BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
         NORM: tl.constexpr = False, WRITE_SS: tl.constexpr = True, USE_PDL: tl.constexpr = False,
+        ROWS: tl.constexpr = 16,
     ):
         """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (PREC "ieee" or "tf32x3"); rows t >= T are 0.
+
+        Grid (E/BLOCK_E, SPLIT_K, T_PAD/ROWS): each program takes ROWS token rows (ROWS = T_PAD: one row block),
+        so with a fixed ROWS a row's logits do not depend on how many rows there are.
 
         NORM: x is the raw residual h; the kernel uses h·nw (RMSNorm weight) and, with WRITE_SS, also writes
         the split's Σh² to ss[s, t] (programs of the first expert tile), so the select kernel applies
@@ -107,12 +113,12 @@ if HAS_TRITON:
             gdc_wait()
         pid_e = tl.program_id(0)
         pid_k = tl.program_id(1)
-        offs_t = tl.arange(0, T_PAD)
+        offs_t = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
         offs_k = tl.arange(0, BLOCK_K)
         K_PER: tl.constexpr = H // SPLIT_K
-        acc = tl.zeros((T_PAD, BLOCK_E), dtype=tl.float32)
-        ssv = tl.zeros((T_PAD,), dtype=tl.float32)
+        acc = tl.zeros((ROWS, BLOCK_E), dtype=tl.float32)
+        ssv = tl.zeros((ROWS,), dtype=tl.float32)
         for k0 in range(0, K_PER, BLOCK_K):
             kk = pid_k * K_PER + k0 + offs_k
             xv = tl.load(x_ptr + offs_t[:, None] * stride_xt + kk[None, :],
@@ -231,6 +237,24 @@ if HAS_TRITON:
         tl.store(pairw_ptr + p, tl.load(w_ptr + p).to(tl.float32))
         _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK, MAXC, NACT_IDX)
 
+    @triton.jit
+    def _tile_table_kernel(counts_ptr, tiles_ptr, MAXT, E1: tl.constexpr, E1P: tl.constexpr, BLOCK_M: tl.constexpr,
+                           NT: tl.constexpr, USE_PDL: tl.constexpr = False):
+        """Tiles j of this program: tile j = (expert e, m-block j - first tile of e), experts in ascending order,
+        cdiv(counts[e], BLOCK_M) tiles each; tiles past the last one get (-1, 0)."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        offs_e = tl.arange(0, E1P)
+        nt = (tl.load(counts_ptr + offs_e, mask=offs_e < E1, other=0) + BLOCK_M - 1) // BLOCK_M
+        incl = tl.cumsum(nt, axis=0)
+        j = tl.program_id(0) * NT + tl.arange(0, NT)
+        e = tl.sum((incl[None, :] <= j[:, None]).to(tl.int32), axis=1)  # experts whose tiles end at or before j
+        m = j - tl.sum(tl.where(offs_e[None, :] == e[:, None], (incl - nt)[None, :], 0), axis=1)
+        jm = j < MAXT
+        tl.store(tiles_ptr + 2 * j, tl.where(e < E1, e, -1), mask=jm)
+        tl.store(tiles_ptr + 2 * j + 1, tl.where(e < E1, m, 0), mask=jm)
+
 
 class MoEWorkspace:
     """Preallocated buffers for one token count T (static addresses -> CUDA-graph capturable).
@@ -261,6 +285,8 @@ class MoEWorkspace:
         self.pair_out = torch.zeros(P1, H, **f32)
         self.out = torch.zeros(T, H, dtype=dtype, device=device)
         self.slot = 0
+        self.tiles = None  # tile table [MAXT, 2] of moe_tiles (expert GEMMs launched over it), BLOCK_M it is for
+        self.tiles_block_m = None
         if E1 == E + 1:
             self.counts_all[:, E] = T
             self.pairs[E, :T] = torch.arange(T * top_k, T * top_k + T, device=device, dtype=torch.int32)
@@ -287,7 +313,8 @@ def _cfg(kernel, configs, H, N, E1, T):
 
 
 def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_group=8, topk_group=4,
-                    scaling=2.5, renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6, norm_out=None):
+                    scaling=2.5, renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6, norm_out=None,
+                    row_block=None):
     """Kernels 1-2: router logits + per-token selection/alignment into ``ws``.
 
     x [T, H] (bf16 on GPU; fp32/fp16 under the interpreter), unit stride along H; gate_w [E, H] fp32
@@ -300,7 +327,11 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     This replaces the separate add+RMSNorm launch when the O projection adds into h in place.
     slot=None (standalone): uses counts row 0 and clears it first (one memset). slot=l (fast path): uses
     row l, expects it cleared, and clears row (l+1) % n_slots for the next MoE layer (no memset).
-    Raises ValueError for norm_out without norm_w, or not of x's shape with unit stride along H.
+    row_block (a power of two dividing ``ws.T_PAD``; None: all rows in one program): the router GEMM takes
+    this many token rows per program, so that a row's logits are computed by the same tile whatever T is
+    (the batched forward's row invariance).
+    Raises ValueError for norm_out without norm_w, or not of x's shape with unit stride along H, or for a
+    row_block that does not divide ``ws.T_PAD``.
     """
     T, H = x.shape
     E = gate_w.shape[0]
@@ -313,10 +344,13 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     be = min(rc["BLOCK_E"], E)
     bk = min(rc["BLOCK_K"], H // split)
     assert H % (split * bk) == 0 and E % be == 0
-    _router_logits_kernel[(E // be, split)](
+    rows = ws.T_PAD if row_block is None else int(row_block)
+    if rows < 1 or rows & (rows - 1) or ws.T_PAD % rows:
+        raise ValueError(f"moe_route_align: row_block {row_block} is not a power of two dividing T_PAD={ws.T_PAD}")
+    _router_logits_kernel[(E // be, split, ws.T_PAD // rows)](
         x, gate_w, ws.part, norm_w if norm_w is not None else gate_w, ws.ss, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
         BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), NORM=norm_w is not None, WRITE_SS=norm_out is None,
-        num_warps=rc["num_warps"],
+        ROWS=rows, num_warps=rc["num_warps"],
         num_stages=rc["num_stages"],
         **pdl(),
     )
@@ -351,3 +385,32 @@ def moe_align(ids, weights, ws: MoEWorkspace):
     _align_kernel[(T,)](ids.contiguous(), weights.contiguous(), ws.pair_w, ws.counts, ws.pairs, ws.active, TOPK=K,
                         MAXC=ws.T_PAD, NACT_IDX=ws.E1, num_warps=1, **pdl())
 
+
+def moe_tiles(ws: MoEWorkspace, block_m: int, static: bool = False):
+    """Give ``ws`` a tile table and fill it: the expert GEMMs then launch over (tiles, n-tiles) instead of
+    (E1, n-tiles, cdiv(T_PAD, BLOCK_M)).
+
+    Tile j = (expert e, m-block b): rows b·block_m .. of expert e's pair list, experts in ascending order,
+    cdiv(counts[e], block_m) tiles each; ``ws.tiles`` [MAXT, 2] int32 with MAXT = cdiv(P1, block_m) + E1 (an
+    upper bound on the tiles in use; the rest hold (-1, 0) and exit at once). The grid then grows with the pairs
+    actually routed, not with E1 x (the most rows one expert could get): with T = 1024 rows (32 blocks) and
+    BLOCK_M 16 that is 833 tiles instead of 257 x 64 programs per n-tile. A pair's row is computed by the same
+    tile code either way (same BLOCK_M / N / K, fixed K order), so results do not change.
+    ``static``: fill the table once now from the current counts (a workspace whose counts never change, e.g.
+    the dense layer's); else one launch of ``_tile_table_kernel`` after every routing (no host sync, capturable).
+    """
+    P1 = ws.pair_w.shape[0]
+    maxt = triton.cdiv(P1, block_m) + ws.E1
+    if ws.tiles is None or ws.tiles.shape[0] != maxt or ws.tiles_block_m != block_m:
+        ws.tiles = torch.zeros(maxt, 2, dtype=torch.int32, device=ws.pair_w.device)
+        ws.tiles_block_m = block_m
+    if static:
+        c = ws.counts[: ws.E1].tolist()
+        rows = [(e, b) for e in range(ws.E1) for b in range(-(-c[e] // block_m))]
+        rows += [(-1, 0)] * (maxt - len(rows))
+        ws.tiles.copy_(torch.tensor(rows, dtype=torch.int32))
+        return ws.tiles
+    nt = 16
+    _tile_table_kernel[(triton.cdiv(maxt, nt),)](ws.counts, ws.tiles, maxt, E1=ws.E1, E1P=next_pow2(ws.E1),
+                                                 BLOCK_M=block_m, NT=nt, num_warps=4, **pdl())
+    return ws.tiles

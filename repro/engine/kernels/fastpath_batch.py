@@ -1,0 +1,256 @@
+"""Batched, batch-invariant forward of S diffusion blocks (one T-token block per request slot) as one CUDA graph.
+
+:class:`BatchedBlockForward` is :class:`~repro.engine.kernels.fastpath.BlockForward` over S request slots: the
+same kernels, the same layer order (docs/engine.md §2), all static buffers, one CUDA-graph replay per round.
+Slot s holds one request's block: its token ids (or self-conditioning input embeddings), its own prefix KV cache
+and its own prefix length P_s (a device int32 tensor, so one graph serves every mix of lengths).
+
+**Row invariance** (docs/perf.md "Batched graph forward"): for any S and any contents of the other slots, slot
+s's logits / pred / conf / entropy and the K/V it writes are bit-identical to running it alone with S = 1.
+Every kernel here computes a row with a launch configuration that does not depend on S:
+
+* QKV, O and lm_head: :func:`rows_linear`, a fixed-tile Triton GEMM (no cuBLAS, whose kernel choice depends on
+  the row count M; no split-K): a row's output element is one K loop of fixed BLOCK_K dots.
+* QK-norm + RoPE + KV write and split-KV attention + combine: the slot axis of :mod:`.attention` (a program works
+  inside one slot; a slot's split layout depends only on its own P_s).
+* MoE: the router GEMM in fixed 32-row tiles (``moe_route_align(row_block=...)``, SPLIT_K of the T-token
+  config), routing and alignment per token, the grouped expert GEMMs with fixed tiles (a pair's row is
+  computed independently of the others in its BLOCK_M group), launched over a tile table (``route.moe_tiles``:
+  one program per (expert, m-block) in use and n-tile, so the grid grows with the pairs routed, not with
+  E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T rows.
+* RMSNorms, embeddings, the top-k sum and the decode statistics are one row per program.
+
+All tile configs are looked up once for T-token blocks (``fastpath.kernel_configs(..., T)``, the MoE ones
+pinned through ``moe._cfg(..., T)``), never for S·T rows. S = 1 differs from ``BlockForward`` only in the
+GEMMs (Triton tiles here, cuBLAS there): same math, other rounding order.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import attention as A
+from . import logits as Lg
+from . import moe as M
+from . import norm as Nm
+from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton
+from .fastpath import GraphCapture, ModelShape, _Stats, kernel_configs, round_bytes
+
+__all__ = ["BatchedBlockForward", "rows_linear", "rows_linear_reference", "batched_round_bytes", "LM_HEAD_TILES"]
+
+#: lm_head tiles (the QKV/O ones come from the tuned "linear" configs): BLOCK_M = 32 rows = one block, so a
+#: weight tile read once serves a whole block; m is the fastest grid axis, so the S blocks' programs that read
+#: the same weight tile run together and the 644 MB head is streamed from HBM about once per round.
+LM_HEAD_TILES = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _rows_linear_kernel(x_ptr, w_ptr, out_ptr, R, stride_x, K: tl.constexpr, N: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            ADD: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+        """Program (m-block, n-tile): out[rows, cols] = x[rows]·w[cols]ᵀ (ADD: out + x·wᵀ, the sum in fp32), fp32
+        accumulation over K in BLOCK_K steps, stored in out's dtype; rows >= R masked (never read or written)."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        mm = offs_m < R
+        a_ptrs = x_ptr + offs_m[:, None] * stride_x + offs_k[None, :]
+        w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            a = tl.load(a_ptrs + k0, mask=mm[:, None], other=0.0)
+            w = tl.load(w_ptrs + k0)
+            acc = tl.dot(a, w, acc)
+        o_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        if ADD:
+            acc += tl.load(o_ptrs, mask=mm[:, None], other=0.0).to(tl.float32)
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mm[:, None])
+
+
+def rows_linear(x, w, out, cfg, add: bool = False):
+    """out = x·wᵀ (``add``: out += x·wᵀ, i.e. ``out.addmm_(x, w.t())``) through one fixed-tile Triton GEMM: x [R, K]
+    (unit stride along K), w [N, K] contiguous, out [R, N] contiguous, not overlapping x (fp32 or the model dtype;
+    accumulation in fp32, the addend added in fp32, one rounding at the store).
+
+    Grid (cdiv(R, BLOCK_M), N / BLOCK_N), m fastest; no split-K, so row r's result depends on x[r] and w only,
+    not on R (row invariance). ``cfg``: BLOCK_M/N/K, num_warps, num_stages (BLOCK_N, BLOCK_K capped at N, K).
+    Raises ValueError when N or K is not a multiple of its tile or the strides do not fit. Reference:
+    :func:`rows_linear_reference`.
+    """
+    R, K = x.shape
+    N = w.shape[0]
+    bn, bk = min(cfg["BLOCK_N"], N), min(cfg["BLOCK_K"], K)
+    if (w.shape[1] != K or tuple(out.shape) != (R, N) or N % bn or K % bk or x.stride(1) != 1
+            or not w.is_contiguous() or not out.is_contiguous()):
+        raise ValueError(f"rows_linear: x {tuple(x.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} with tiles "
+                         f"{bn}x{bk} (N, K must be multiples of the tiles; w, out contiguous)")
+    _rows_linear_kernel[(triton.cdiv(R, cfg["BLOCK_M"]), N // bn)](
+        x, w, out, R, x.stride(0), K=K, N=N, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ADD=bool(add),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl())
+    return out
+
+
+def rows_linear_reference(x, w, out=None):
+    """x [R, K] · w [N, K]ᵀ in fp32 (torch), plus ``out`` (upcast) when given: [R, N] fp32."""
+    y = x.float() @ w.float().t()
+    return y if out is None else y + out.float()
+
+
+def batched_round_bytes(shape: ModelShape, distinct: list[int], prefixes: list[int], T: int = 32, wbytes: int = 2,
+                        expert_bytes: float | None = None) -> dict:
+    """Bytes one batched round must read: every weight once (``distinct``: routed experts touched by any slot,
+    per MoE layer), each slot's KV rows [0, P_s + T) once, S·T embedding rows; docs/perf.md "The two numbers".
+    ``prefixes``: P_s per slot. Returns the dict of :func:`~repro.engine.kernels.fastpath.round_bytes` with
+    ``kv_cache`` and ``embed_rows`` summed over the slots and ``total`` recomputed."""
+    b = round_bytes(shape, distinct, 0, T, wbytes, expert_bytes)
+    b["embed_rows"] *= len(prefixes)
+    b["kv_cache"] = sum(shape.layers * 2 * shape.nkv * shape.head_dim * wbytes * (P + T) for P in prefixes)
+    b["total"] = sum(v for k, v in b.items() if k != "total")
+    return b
+
+
+class BatchedBlockForward(GraphCapture):
+    """Static-buffer forward of S blocks of T tokens, slot s over its own KV cache of ``max_len`` rows.
+
+    Inputs (write them in place; the captured graph reads these buffers):
+    ``ids`` [S, T] int64 block tokens; ``embeds_in`` [S, T, H] model dtype and ``use_embeds`` [S] bool (slot s
+    takes ``embeds_in[s]`` as its layer-0 input instead of ``E[ids[s]]``: ORL self-conditioning); ``cache_len``
+    [S] int32, P_s = slot s's prefix length (block start): its K/V are written at rows [P_s, P_s + T) and it
+    attends to [0, P_s + T). A slot with nothing to do gets ``cache_len = max_len - T`` (a scratch region; the
+    initial value) — its attention then reads the slot's whole cache (5120 positions: 200 MB a round); a slot
+    that holds no request can take ``cache_len = 0`` instead (it writes rows [0, T) of its own unused cache and
+    reads only those). Needs P_s + T <= max_len (not checked on the device).
+    KV cache: ``kv`` [L, 2, S, NKV, max_len, D] model dtype (slot s's cache is ``kv[:, :, s]``; 2·L·NKV·D·2
+    bytes per position and slot in bf16: 40 kB, so S = 32 slots of 5120 positions take 6.7 GB).
+    Outputs after :meth:`forward` or a replay: ``logits`` [S, T, V] model dtype, ``pred`` [S, T] int64 (argmax),
+    ``conf`` [S, T] fp32 (max probability), ``entropy`` [S, T] fp32 (nats).
+
+    ``configs`` as in :func:`~repro.engine.kernels.fastpath.kernel_configs` (plus ``linear["lm_head"]`` tiles);
+    every config is the one of a T-token block whatever S is. :meth:`forward` makes no host sync and no
+    allocation (CUDA-graph capturable; :meth:`capture` / :meth:`warmup` as ``BlockForward``); it always
+    computes all S slots. Raises ValueError for slots < 1 or max_len < T.
+    """
+
+    def __init__(self, W, shape: ModelShape, max_len: int, slots: int, T: int = 32, device="cuda",
+                 configs: dict | None = None):
+        if slots < 1 or max_len < T:
+            raise ValueError(f"BatchedBlockForward: slots={slots} must be >= 1 and max_len={max_len} >= T={T}")
+        self.W, self.s, self.T, self.S, self.max_len, self.device = W, shape, T, slots, max_len, device
+        S, R = slots, slots * T
+        dt = self.dtype = W["embed"].dtype
+        H, D = shape.hidden, shape.head_dim
+        self.configs = configs or {}
+        kc = kernel_configs(W, shape, T, self.configs)
+        self.ids = torch.full((S, T), shape.mask_id, dtype=torch.long, device=device)
+        self.embeds_in = torch.zeros(S, T, H, dtype=dt, device=device)
+        self.use_embeds = torch.zeros(S, dtype=torch.bool, device=device)
+        self.cache_len = torch.full((S,), max_len - T, dtype=torch.int32, device=device)
+        self.kv = torch.zeros(shape.layers, 2, S, shape.nkv, max_len, D, dtype=dt, device=device)
+        self.h = torch.zeros(R, H, dtype=dt, device=device)
+        self.a = torch.zeros(R, H, dtype=dt, device=device)
+        self.qkv = torch.zeros(R, shape.qkv_out, dtype=dt, device=device)
+        self.q = torch.zeros(R, shape.nq, D, dtype=dt, device=device)
+        self.o = torch.zeros(R, shape.nq * D, dtype=dt, device=device)
+        self.attn32 = torch.zeros(R, H, dtype=torch.float32, device=device)
+        self.cos, self.sin = A.rope_tables(max_len, shape.rot_dim, shape.rope_theta, device)
+        ac = kc["attn"]
+        self.aws = A.AttnWorkspace(T, shape.nq, shape.nkv, D, device, nsplit=ac["NSPLIT"], block_n=ac["BLOCK_N"],
+                                   num_warps=ac["num_warps"], num_stages=ac["num_stages"],
+                                   min_keys=ac.get("MIN_KEYS", 256), block_m=ac.get("BLOCK_M"), slots=S)
+        E, N = shape.experts, shape.moe_inter
+        # MoE tiles pinned to the T-token block's (a full dict: moe._cfg never looks a config up by S·T rows)
+        self.moe_cfg = {k: M._cfg(k, kc["moe"], H, N, E + 1, T) for k in M.DEFAULT_CONFIGS}
+        self.router_rows = max(16, next_pow2(T))  # router GEMM tile rows: one block's T_PAD whatever S
+        n_moe = shape.layers - shape.first_dense
+        moe_w13 = [L["w13"] for L in W["layers"] if "router" in L]
+        E1 = M.expert_slots(moe_w13[0]) if moe_w13 else E + 1  # E + 1 with a shared expert (index E), else E
+        self.ws = M.MoEWorkspace(R, H, N, E, E1, shape.top_k, dt, device,
+                                 split_k=self.moe_cfg["router"]["SPLIT_K"], n_slots=max(n_moe, 1))
+        # dense layer 0 as one always-selected expert over all S·T rows (top_k=1, no shared): static routing
+        self.dws = M.MoEWorkspace.create(R, H, shape.dense_inter, 1, 1, 1, dt, device, split_k=1)
+        self.dws.counts.fill_(R)
+        self.dws.pairs[0, :R] = torch.arange(R, device=device, dtype=torch.int32)
+        self.dws.pair_w.fill_(1.0)
+        self.dense_cfg = kc["dense"]
+        # expert GEMMs over (expert, m-block) tile tables (moe_tiles) when gate+up and down share BLOCK_M: the grid
+        # then grows with the pairs routed, not with E1 x cdiv(S·T, BLOCK_M); same tiles, same results
+        self.tiles = {}
+        for name, w, cfg in (("moe", self.ws, self.moe_cfg), ("dense", self.dws, self.dense_cfg)):
+            if cfg["gate_up"]["BLOCK_M"] == cfg["down"]["BLOCK_M"]:
+                self.tiles[name] = cfg["gate_up"]["BLOCK_M"]
+                M.moe_tiles(w, self.tiles[name], static=name == "dense")
+        self.lin_cfg = dict(kc["linear"])
+        self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
+        self.logits = torch.zeros(S, T, shape.vocab, dtype=dt, device=device)
+        self.pred = torch.zeros(S, T, dtype=torch.long, device=device)
+        self.conf = torch.zeros(S, T, dtype=torch.float32, device=device)
+        self.entropy = torch.zeros(S, T, dtype=torch.float32, device=device)
+        self.stat_nchunk = 16
+        self.stat_part = torch.zeros(R, self.stat_nchunk, 4, dtype=torch.float32, device=device)
+        self.graph = None
+
+    # ------------------------------------------------------------------------------------------
+    def _embed(self):
+        """h [S·T, H] = E[ids], then per slot ``embeds_in[s]`` where ``use_embeds[s]`` (elementwise select)."""
+        torch.index_select(self.W["embed"], 0, self.ids.view(-1), out=self.h)
+        h3 = self.h.view(self.S, self.T, -1)
+        torch.where(self.use_embeds[:, None, None], self.embeds_in, h3, out=h3)
+
+    def forward(self, head: bool = True, stats: _Stats | None = None):
+        """One forward of all S slots (module doc); ``head=False`` skips lm_head + statistics (K/V only)."""
+        s, W, R = self.s, self.W, self.S * self.T
+        self._embed()
+        prev = None  # (workspace, top_k, shared) of the previous FFN: its top-k sum is fused into the next norm
+        for li, L in enumerate(W["layers"]):
+            kc, vc = self.kv[li, 0], self.kv[li, 1]  # [S, NKV, max_len, D]
+            if prev is None:
+                Nm.add_rmsnorm(self.h, L["attn_norm"], self.a, eps=s.eps)
+            else:
+                Nm.add_rmsnorm(self.h, L["attn_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1],
+                               shared=prev[2], eps=s.eps)
+            rows_linear(self.a, L["wqkv"], self.qkv, self.lin_cfg["qkv"])
+            A.qk_norm_rope_kv(self.qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
+                              kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
+            A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
+            if "router" not in L:
+                rows_linear(self.o, L["wo"], self.attn32, self.lin_cfg["o"])
+                Nm.add_rmsnorm(self.h, L["mlp_norm"], self.a, delta=self.attn32, eps=s.eps)
+                M.moe_experts(self.a, L["w13"], L["w2"], self.dws, 1, self.dense_cfg)
+                prev = (self.dws, 1, False)
+                continue
+            # MoE layer: the O projection adds into h in place; the router GEMM folds the RMSNorm weight in and
+            # the route-select kernel writes a = RMSNorm(h)·w for the experts (BlockForward's ``norm_in_route``)
+            rows_linear(self.o, L["wo"], self.h, self.lin_cfg["o"], add=True)
+            E1 = M.expert_slots(L["w13"])
+            M.moe_route_align(self.h, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
+                              s.scaling, s.renormalize, self.moe_cfg, slot=self._count_row(li), eps=s.eps,
+                              norm_w=L["mlp_norm"], norm_out=self.a, row_block=self.router_rows)
+            if stats is not None:
+                stats.counts.append(self.ws.counts[: s.experts].clone())
+            if "moe" in self.tiles:
+                M.moe_tiles(self.ws, self.tiles["moe"])
+            M.moe_experts(self.a, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg)
+            prev = (self.ws, s.top_k, E1 == s.experts + 1)
+        Nm.add_rmsnorm(self.h, W["final_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1], shared=prev[2],
+                       eps=s.eps)
+        if head:
+            logits = self.logits.view(R, -1)
+            rows_linear(self.a, W["lm_head"], logits, self.lin_cfg["lm_head"])
+            Lg.logits_stats(logits, self.stat_part, self.pred.view(-1), self.conf.view(-1), self.entropy.view(-1),
+                            nchunk=self.stat_nchunk)
+
+    def _count_row(self, li: int):
+        """Counts row of MoE layer ``li`` (each layer's select kernel clears the next layer's row); None (clear
+        its own row with a memset) when there is only one MoE layer, whose "next" row would be its own."""
+        n_moe = self.s.layers - self.s.first_dense
+        return li - self.s.first_dense if n_moe > 1 else None
+
+    def distinct_experts(self) -> list[int]:
+        """Run one eager forward (no head) and return the routed experts touched by any slot, per MoE layer
+        (host sync; for :func:`batched_round_bytes`)."""
+        st = _Stats()
+        self.forward(head=False, stats=st)
+        return [int((c > 0).sum().item()) for c in st.counts]

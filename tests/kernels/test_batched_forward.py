@@ -1,0 +1,255 @@
+"""Batched block forward (kernels/fastpath_batch.py): every slot of an S-slot round is bit-identical to the same
+slot run alone (S = 1), and close to the plain PyTorch reference and to the single-request BlockForward.
+
+On the CPU the kernels run under TRITON_INTERPRET=1, whose ``tl.dot`` is numpy's BLAS ``matmul``: for the same
+tile shape, a row's result there depends on the row's position in the tile (OpenBLAS edge kernels; measured:
+``(A @ B)[8:16] != A[8:16] @ B`` in fp32), which the GPU's MMA does not do (every output element is the same
+sequence of fused multiply-adds along K, whatever row of the tile it is in). The ``mma_model`` fixture makes the
+interpreter's dot compute each element as a sum along K in a fixed order, like the tensor cores, so the CPU
+test checks everything else (slot axis, strides, per-slot cache lengths, routing, pinned tiles). The GPU test
+below checks the real kernels at full width in bf16.
+"""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from repro.engine.graph import SMALL_TILES  # noqa: E402
+from repro.engine.kernels import fastpath as F  # noqa: E402
+from repro.engine.kernels.fastpath_batch import BatchedBlockForward, rows_linear, rows_linear_reference  # noqa: E402
+
+from .conftest import rel_err  # noqa: E402
+
+TINY_CONFIG = dict(vocab_size=64, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=16, intermediate_size=64, moe_intermediate_size=32, num_experts=16, num_experts_per_tok=4,
+                   n_group=4, topk_group=2, mask_id=63)
+TINY = F.preset_shape(**TINY_CONFIG)
+T, MAX_LEN = 8, 64
+OUTS = ("logits", "pred", "conf", "entropy")
+
+
+@pytest.fixture
+def mma_model(monkeypatch):
+    """Interpreter tl.dot with a fixed per-element order along K (module doc); a no-op on CUDA."""
+    if torch.cuda.is_available():
+        return
+    from triton.runtime import interpreter as I
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        dt = d.data.dtype
+        prod = a.data.astype(dt)[:, :, None] * b.data.astype(dt)[None, :, :]  # [M, K, N]
+        return I.TensorHandle(np.add.reduce(prod, axis=1) + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(I.InterpreterBuilder, "create_dot", create_dot)
+
+
+def _alone(W, big, s, kv0):
+    """Slot s of ``big`` run alone (S = 1) from the same inputs and the same cache contents."""
+    f1 = BatchedBlockForward(W, TINY, MAX_LEN, slots=1, T=T, device="cpu", configs=SMALL_TILES)
+    f1.kv.copy_(kv0[:, :, s:s + 1])
+    f1.ids.copy_(big.ids[s:s + 1])
+    f1.cache_len.copy_(big.cache_len[s:s + 1])
+    f1.use_embeds.copy_(big.use_embeds[s:s + 1])
+    f1.embeds_in.copy_(big.embeds_in[s:s + 1])
+    f1.forward()
+    return f1
+
+
+def test_rows_linear_matches_reference(dev):
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the GPU test covers CUDA")
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(40, 64, generator=g), torch.randn(48, 64, generator=g)
+    out = torch.full((40, 48), float("nan"))
+    rows_linear(x, w, out, dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2))
+    torch.testing.assert_close(out, rows_linear_reference(x, w), rtol=1e-5, atol=1e-5)
+    acc = torch.randn(40, 48, generator=g)
+    want = rows_linear_reference(x, w, acc)
+    rows_linear(x, w, acc, dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2), add=True)
+    torch.testing.assert_close(acc, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="multiples of the tiles"):
+        rows_linear(x, w[:40], torch.zeros(40, 40), dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32, num_warps=4,
+                                                         num_stages=2))
+
+
+def test_slots_bit_identical_to_alone(dev, mma_model):
+    """S = 3 (different blocks, prefix lengths 21 / 0 / 40, slot 2 from input embeddings) vs each slot alone:
+    logits, pred, conf, entropy and the slot's whole KV cache bit-identical; each close to the fp32 reference
+    forward and to BlockForward (same kernels except the GEMMs: cuBLAS/torch.mm there, Triton tiles here)."""
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
+    W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
+    fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev, configs=SMALL_TILES)
+    g = torch.Generator().manual_seed(0)
+    fw.kv.normal_(generator=g)
+    fw.ids.copy_(torch.randint(0, TINY.vocab, (3, T), generator=g))
+    fw.cache_len.copy_(torch.tensor([21, 0, 40], dtype=torch.int32))
+    fw.use_embeds[2] = True
+    fw.embeds_in.normal_(generator=g)
+    kv0 = fw.kv.clone()
+    for name in OUTS:
+        getattr(fw, name).fill_(-1)
+    fw.forward()
+    assert not torch.isnan(fw.logits).any()
+    for s in range(3):
+        alone = _alone(W, fw, s, kv0)
+        for name in OUTS:
+            assert torch.equal(getattr(alone, name)[0], getattr(fw, name)[s]), (s, name)
+        assert torch.equal(alone.kv[:, :, 0], fw.kv[:, :, s]), s
+        P = int(fw.cache_len[s])
+        written = (fw.kv[:, :, s] != kv0[:, :, s]).any(-1)  # [L, 2, NKV, MAX_LEN]: rows the slot wrote
+        assert written[..., P:P + T].all() and not written[..., :P].any() and not written[..., P + T:].any()
+        if s == 0:  # BlockForward over the same slot: same math, GEMMs rounded in another order
+            b = F.BlockForward(W, TINY, MAX_LEN, T=T, device=dev, configs=SMALL_TILES)
+            b.kv.copy_(kv0[:, :, s])
+            b.ids.copy_(fw.ids[s])
+            b.cache_len.fill_(P)
+            b.forward()
+            assert rel_err(fw.logits[s], b.logits) < 1e-5
+            assert torch.equal(fw.pred[s], b.pred)
+            torch.testing.assert_close(fw.kv[:, :, s], b.kv, rtol=1e-5, atol=1e-5)
+        if not fw.use_embeds[s]:
+            ref = F.reference_forward(W, TINY, kv0[:, :, s], P, fw.ids[s])
+            assert rel_err(fw.logits[s], ref) < 1e-5
+            assert torch.equal(fw.pred[s], ref.argmax(-1))
+
+
+def test_packed_4bit_experts_bit_identical_to_alone(dev, mma_model):
+    """nvfp4-w4a16 (routed experts packed, dequantized inside the MoE kernels; one dense + one MoE layer): slot 1
+    of S = 2 equals it alone. (The 4-bit values against dequantize-at-load: tests/kernels/test_moe_w4.py.)"""
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
+    from repro.engine.bench_w4 import w4_weights
+
+    shape = F.preset_shape(**{**TINY_CONFIG, "num_hidden_layers": 2})
+    W4 = w4_weights(F.random_weights(shape, dev, torch.float32, seed=4, std=0.1), shape, seed=4)
+    cfg = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], **{k: dict(SMALL_TILES["moe"][k], BLOCK_K=32)
+                                                           for k in ("gate_up", "down")}}}
+    g = torch.Generator().manual_seed(0)
+    kv = torch.randn(shape.layers, 2, 2, shape.nkv, MAX_LEN, shape.head_dim, generator=g)
+    ids = torch.randint(0, shape.vocab, (2, T), generator=g)
+    outs = []
+    for S in (2, 1):
+        fw = BatchedBlockForward(W4, shape, MAX_LEN, slots=S, T=T, device=dev, configs=cfg)
+        fw.kv.copy_(kv[:, :, 2 - S:])
+        fw.ids.copy_(ids[2 - S:])
+        fw.cache_len.copy_(torch.tensor([9, 30], dtype=torch.int32)[2 - S:])
+        fw.forward()
+        outs.append(fw)
+    both, alone = outs
+    assert not torch.isnan(both.logits).any()
+    for n in OUTS:
+        assert torch.equal(getattr(alone, n)[0], getattr(both, n)[1]), n
+    assert torch.equal(alone.kv[:, :, 0], both.kv[:, :, 1])
+
+
+def test_without_shared_expert_matches_reference(dev):
+    """Routed experts only (E1 = E: no index-E expert may be launched): each slot of S = 2 vs the reference."""
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
+    W = F.random_weights(TINY, dev, torch.float32, seed=6, std=0.1)
+    for L in W["layers"]:
+        if "router" in L:
+            L["w13"], L["w2"] = L["w13"][: TINY.experts].contiguous(), L["w2"][: TINY.experts].contiguous()
+    fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=2, T=T, device=dev, configs=SMALL_TILES)
+    g = torch.Generator().manual_seed(1)
+    fw.kv.normal_(generator=g)
+    fw.ids.copy_(torch.randint(0, TINY.vocab, (2, T), generator=g))
+    fw.cache_len.copy_(torch.tensor([5, 17], dtype=torch.int32))
+    kv0 = fw.kv.clone()
+    fw.forward()
+    for s, P in enumerate((5, 17)):
+        ref = F.reference_forward(W, TINY, kv0[:, :, s], P, fw.ids[s])
+        assert rel_err(fw.logits[s], ref) < 1e-5
+
+
+def test_moe_tile_table(dev):
+    """route.moe_tiles: the (expert, m-block) table of a real routing of 64 rows equals the one built by hand, and
+    the expert GEMMs launched over it give the same pair outputs, bit for bit, as the (E1, n, m) grid."""
+    from repro.engine.kernels import moe as M
+
+    if dev == "cuda":
+        pytest.skip("covered by the GPU test")
+    g = torch.Generator().manual_seed(2)
+    R, H, N, E, K = 64, 64, 32, 16, 4
+    x = torch.randn(R, H, generator=g)
+    gate, bias = torch.randn(E, H, generator=g), torch.randn(E, generator=g) * 0.1
+    w13, w2 = torch.randn(E + 1, 2 * N, H, generator=g) * 0.1, torch.randn(E + 1, H, N, generator=g) * 0.1
+    cfg = SMALL_TILES["moe"]
+    outs = []
+    for tiles in (False, True):
+        ws = M.MoEWorkspace(R, H, N, E, E + 1, K, torch.float32, dev, split_k=cfg["router"]["SPLIT_K"])
+        M.moe_route_align(x, gate, bias, ws, E + 1, K, 4, 2, 2.5, True, cfg)
+        if tiles:
+            table = M.moe_tiles(ws, 16).clone()
+            counts = ws.counts[: E + 1].tolist()
+            want = [(e, b) for e in range(E + 1) for b in range(-(-counts[e] // 16))]
+            assert table[: len(want)].tolist() == [list(t) for t in want]
+            assert (table[len(want):, 0] == -1).all() and len(table) == -(-(R * K + R) // 16) + E + 1
+        M.moe_experts(x, w13, w2, ws, K, cfg)
+        outs.append(ws.pair_out.clone())
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_bad_arguments(dev):
+    W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
+    with pytest.raises(ValueError, match="slots=0"):
+        BatchedBlockForward(W, TINY, MAX_LEN, slots=0, T=T, device=dev, configs=SMALL_TILES)
+
+
+@pytest.mark.gpu
+def test_batched_bf16_bit_identical_and_graph():
+    """Full-size layers (4 of them) in bf16: every slot of S = 8 and S = 32 equals S = 1 bit for
+    bit (logits, pred, conf, entropy, K/V), eager and as CUDA-graph replays; close to the bf16 reference."""
+    shape = F.preset_shape(num_hidden_layers=4)
+    W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
+    ML, n_check = 2048, 8
+    g = torch.Generator(device="cuda")
+    g.manual_seed(7)
+    kv = torch.randn(shape.layers, 2, 32, shape.nkv, ML, shape.head_dim, device="cuda", generator=g).bfloat16()
+    ids = torch.randint(0, shape.vocab, (32, 32), device="cuda", generator=g)
+    emb = torch.randn(32, 32, shape.hidden, device="cuda", generator=g).bfloat16()
+    lens = torch.randint(0, 1900, (32,), device="cuda", generator=g).int()
+    lens[1] = 0
+    use = torch.zeros(32, dtype=torch.bool, device="cuda")
+    use[3::5] = True
+
+    def run(S, base, graph):
+        fw = BatchedBlockForward(W, shape, ML, slots=S, T=32, device="cuda")
+        sl = slice(base, base + S)
+        fw.kv.copy_(kv[:, :, sl])
+        fw.ids.copy_(ids[sl])
+        fw.embeds_in.copy_(emb[sl])
+        fw.use_embeds.copy_(use[sl])
+        fw.cache_len.copy_(lens[sl])
+        if graph:
+            gr = fw.capture()
+            fw.kv.copy_(kv[:, :, sl])  # the warm-up runs wrote the block rows: start again from the same cache
+            for name in OUTS:
+                getattr(fw, name).fill_(0)
+            gr.replay()
+        else:
+            fw.forward()
+        torch.cuda.synchronize()
+        return fw
+
+    big = {S: run(S, 0, graph=S == 32) for S in (8, 32)}
+    for s in range(n_check):
+        one = run(1, s, graph=s % 2 == 0)
+        for S, fw in big.items():
+            for name in OUTS:
+                assert torch.equal(getattr(one, name)[0], getattr(fw, name)[s]), (S, s, name)
+            assert torch.equal(one.kv[:, :, 0], fw.kv[:, :, s]), (S, s)
+        if not use[s]:
+            ref = F.reference_forward(W, shape, kv[:, :, s], int(lens[s]), ids[s])
+            assert rel_err(one.logits[0], ref) < 5e-2
+            assert (one.pred[0] == ref.float().argmax(-1)).float().mean() > 0.8
+        if s == 0:  # the single-request path (cuBLAS GEMMs): the same math, bf16 roundings in another order
+            b = F.BlockForward(W, shape, ML, T=32, device="cuda")
+            b.kv.copy_(kv[:, :, 0])
+            b.ids.copy_(ids[0])
+            b.cache_len.fill_(int(lens[0]))
+            b.forward()
+            assert rel_err(one.logits[0], b.logits) < 2e-2
+            assert (one.pred[0] == b.pred).float().mean() > 0.9
