@@ -11,8 +11,8 @@ Contract:
   (``BatchedBlockForward`` of ``repro/engine/kernels/fastpath_batch.py`` when present, else
   :class:`PerSlotForward`) followed by the on-device decoder step of every slot
   (:class:`repro.engine.decoders.device_batch.BatchedDeviceStep`).
-* A round, on the host: per slot a mode — idle (no request: its forward runs on a scratch region at
-  ``max_len - T`` of its own KV cache), forward only (a prompt block of its prefill, one block per round, or
+* A round, on the host: per slot a mode — idle (no request: its forward runs at position 0 of its own,
+  unused KV cache, which the slot's next request writes before it reads it), forward only (a prompt block of its prefill, one block per round, or
   its block's commit forward: ids copied into the slot's row), forward + step (a denoising round) or forward
   with logits returned (host decoders, used only when a request's decoder is not the engine's) — written as
   one ``[3, S]`` int32 control tensor (cache length, embeddings in, step) in one host→device copy; the replay;
@@ -193,8 +193,8 @@ class BatchGraphEngine:
         st.step(fw.logits)
 
     def capture(self) -> None:
-        """Capture the round graph (idempotent; eager engines only warm nothing). The warm-up and capture
-        runs are idle rounds: every slot on its scratch rows, no step applied."""
+        """Capture the round graph (idempotent; nothing for an eager engine). Called before any request
+        holds a slot: the warm-up and capture runs are idle rounds (K/V rows [0, T) of every slot, no step)."""
         if not self.use_graphs or self.graph is not None:
             return
         t0 = time.perf_counter()
@@ -214,9 +214,7 @@ class BatchGraphEngine:
         self.capture_s += time.perf_counter() - t0
 
     def _ctrl_idle(self) -> torch.Tensor:
-        c = torch.zeros(3, self.S, dtype=torch.int32)
-        c[0] = self.max_len - self.T
-        return c.to(self.ctrl.device)
+        return torch.zeros(3, self.S, dtype=torch.int32, device=self.ctrl.device)  # every slot idle at 0
 
     def run_round(self, modes: list[tuple]) -> list[list[bool]]:
         """One round. ``modes[s]``: ``(IDLE,)`` | ``(FORWARD, ids [T], start, is_prefill)`` | ``(STEP, start)`` |
@@ -228,7 +226,7 @@ class BatchGraphEngine:
             c[2, s] = kind
             c[1, s] = 0
             if kind == IDLE:
-                c[0, s] = self.max_len - self.T
+                c[0, s] = 0  # the slot holds no request: rows [0, T) of its unused cache, a short attention
                 continue
             if kind in (FORWARD, LOGITS):
                 fw.ids[s].copy_(m[1])
@@ -357,7 +355,7 @@ def generate_batch_graph(model, requests: list[BatchRequest], *, mask_id: int, e
     S = min(batch_size, len(requests))
     rnd = 1024 if model.device.type == "cuda" else cfg.block_size
     need = max(canvas_positions(requests, cfg.block_size), cfg.block_size)
-    max_len = -(-need // rnd) * rnd + cfg.block_size  # + the idle slots' scratch block (never a request's row)
+    max_len = -(-need // rnd) * rnd
     if engine is None or engine.S != S or engine.key != settings_key(cfg) or engine.max_len < max_len \
             or (use_graphs is not None and engine.use_graphs != use_graphs) or engine.forward_arg != forward:
         engine = None

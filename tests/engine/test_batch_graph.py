@@ -179,3 +179,28 @@ def test_bench_batch_graph_sections_run_on_the_tiny_model(tiny_model, tiny_tok):
     assert [h["rounds"] for h in hand] == [20, 20] and all(h["rounds_per_s"] > 0 for h in hand)
     text = bb.table({"gpu": "cpu", "copy_GBps": 10.0, "batched_graph": rows, "invariance_graph": inv})
     assert "batched CUDA-graph path" in text and "invariance (batched graph path) orl: PASS" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("forward", ["batched", "per-slot"])
+def test_cuda_graph_batch_invariance_on_the_tiny_model(tiny_dir, forward):
+    """On a GPU (bf16, captured graphs): 6 real prompts at batch 1, 3 and 6 through the batched graph path:
+    identical token ids and forward counts; the round graph is captured once per batch size."""
+    from repro.engine import LLM
+
+    llm = LLM(tiny_dir, role="orl", precision="bf16", device="cuda")
+    assert llm.engine_path == "cuda-graph"
+    tok = llm.tokenizer_
+    prompts = [tok.encode(llm.apply_chat_template(p)) for p in _real_prompts(3)]
+    kw = dict(mask_id=llm.mask_id, eos_id=llm.eos_id, forward=forward)
+    for algorithm in ("orl", "joint_threshold"):
+        reqs = [BatchRequest(p, {"algorithm": algorithm, "max_new_tokens": 64}) for p in prompts]
+        alone, _ = generate_batch_graph(llm.model, reqs, batch_size=1, **kw)
+        for bs in (3, 6):
+            stats = BatchStats()
+            out, engine = generate_batch_graph(llm.model, reqs, batch_size=bs, stats=stats, **kw)
+            assert stats.engine == "cuda-graph" and stats.capture_s > 0 and engine.graph is not None
+            assert [r.token_ids for r, _ in out] == [r.token_ids for r, _ in alone], (algorithm, bs)
+            assert [r.forwards for r, _ in out] == [r.forwards for r, _ in alone], (algorithm, bs)
