@@ -19,10 +19,12 @@ Contract:
   row tiles, :mod:`repro.engine.layers.linear`; attention per request over its own cache). Sampling
   (``temperature > 0``) draws from each request's own seeded generator, so it too does not depend on the
   batch. Tested on the tiny checkpoint over real problems (``tests/engine/test_batch.py``).
-* Paths: the batched engine runs the eager forward (torch layer functions, or whatever implementations
-  are selected in the layer seams). CUDA graphs per batch size and the on-device decoder step for all slots
-  are not implemented here; on a GPU with the Triton seams selected, invariance holds only as far as those
-  kernels' tiling does not depend on the number of rows (``docs/perf.md`` "Batched generation").
+* Paths: this engine runs the eager forward (torch layer functions, or whatever implementations are
+  selected in the layer seams); on a GPU with the Triton seams selected, invariance holds only as far as those
+  kernels' tiling does not depend on the number of rows (``docs/perf.md`` "Batched generation"). The CUDA-graph
+  form — one replay per round over all slots with the on-device decoder step — is
+  :mod:`repro.engine.batch_graph`, which reuses this scheduler through its hooks (``_backend``, ``_admit``,
+  ``_release``, ``_round``).
 
 Timing: a request's ``wall_s`` runs from its admission to its last forward (its latency inside the batch);
 :class:`BatchStats` gives the batch's rounds, forward rows and wall time (aggregate tokens/s).

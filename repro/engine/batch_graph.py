@@ -12,8 +12,8 @@ Contract:
   :class:`PerSlotForward`) followed by the on-device decoder step of every slot
   (:class:`repro.engine.decoders.device_batch.BatchedDeviceStep`).
 * A round, on the host: per slot a mode — idle (no request: its forward runs at position 0 of its own,
-  unused KV cache, which the slot's next request writes before it reads it), forward only (a prompt block of its prefill, one block per round, or
-  its block's commit forward: ids copied into the slot's row), forward + step (a denoising round) or forward
+  unused KV cache, which the slot's next request writes before it reads it), forward only (a prompt block
+  of its prefill, one block per round, or its block's commit forward: ids copied into the slot's row), forward + step (a denoising round) or forward
   with logits returned (host decoders, used only when a request's decoder is not the engine's) — written as
   one ``[3, S]`` int32 control tensor (cache length, embeddings in, step) in one host→device copy; the replay;
   then **one** device→host copy of the ``[2, S]`` flags (block final, last forward reused). The only other
@@ -164,7 +164,8 @@ class BatchGraphEngine:
     def __init__(self, model, mask_id: int, cfg: DecoderConfig, slots: int, max_len: int,
                  use_graphs: bool | None = None, forward: str = "auto"):
         if not supported(cfg):
-            raise ValueError("the batched CUDA-graph path needs greedy decoding (temperature 0); sampling runs on the eager batched path")
+            raise ValueError("the batched CUDA-graph path needs greedy decoding (temperature 0); "
+                             "sampling runs on the eager batched path")
         self.model, self.mask_id, self.cfg, self.S, self.T = model, mask_id, cfg, slots, cfg.block_size
         self.key = settings_key(cfg)
         dev = model.device

@@ -1,7 +1,8 @@
 """`python -m repro.engine.bench batch`: batched generation at full size on one GPU — throughput and invariance.
 
     python -m repro.engine.bench batch [--prefix 1024] [--batch-tokens 256] [--batch-sizes 1,8,32]
-        [--sections throughput,graph,batched-graph,invariance,invariance-graph] [--algorithms joint_threshold,orl]
+        [--sections throughput,graph,batched-graph,handoff,invariance,invariance-graph]
+        [--algorithms joint_threshold,orl]
         [--invariance-prompts 32] [--invariance-tokens 32] [--json FILE]
 
 Time: the eager forward is slow at batch 1 (≈ 0.1 s per forward measured before this work, docs/perf.md), and
@@ -36,6 +37,8 @@ kernels in the layer seams, and runs the batched engine (:mod:`repro.engine.batc
    adapter), ``--invariance-tokens`` new tokens, real EOS: each prompt alone (batch 1), then in batches of
    8 and of all of them; identical token ids and forward counts for every prompt is the pass condition.
    ``invariance-graph``: the same on the batched CUDA-graph path ("alone" = that path at batch 1).
+3. ``handoff``: rounds/s of the batched graph path's scheduler with a forward that computes nothing (the
+   per-round host cost: thread handoff, copies, the decoder step run eagerly), per batch size.
 
 Prints one line per measurement on stderr, then a short table, and as the last stdout line one JSON
 document (also written to ``--json``). Each section catches its own errors (recorded in the JSON as
@@ -401,7 +404,8 @@ def table(doc: dict) -> str:
     bg = doc.get("batched_graph")
     if isinstance(bg, list):
         lines.append("batched CUDA-graph path (one replay per round over all slots):")
-        lines.append(f"{'batch':>5} {'tok/s':>9} {'x b1':>6} {'round ms':>9} {'floor ms':>9} {'ratio':>6} {'capture s':>9}")
+        lines.append(f"{'batch':>5} {'tok/s':>9} {'x b1':>6} {'round ms':>9} {'floor ms':>9} {'ratio':>6} "
+                     f"{'capture s':>9}")
         for r in bg:
             lines.append(f"{r['batch_size']:>5} {r['tokens_per_s_decode']:>9.0f} {r['speedup_vs_batch1'] or 0:>6.2f} "
                          f"{r['round_ms_median']:>9.2f} {r['floor_ms']:>9.2f} {r['round_over_floor']:>6.2f} "
@@ -473,6 +477,14 @@ def run(args, env_info, copy_bandwidth) -> int:
         except Exception as e:  # noqa: BLE001
             doc["batched_graph"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             log(doc["batched_graph"]["traceback"])
+        save()
+    if "handoff" in sections:
+        try:
+            doc["handoff"] = bench_handoff(model, mask_id, sizes, args.batch_tokens, args.steps_per_block, args.seed,
+                                           log)
+        except Exception as e:  # noqa: BLE001
+            doc["handoff"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log(doc["handoff"]["traceback"])
         save()
     if "invariance-graph" in sections:
         def partial_g(out):

@@ -17,8 +17,8 @@ path :mod:`repro.engine.batch_graph`, else :mod:`repro.engine.batch`; continuous
 those of batch 1 on the CPU, tested on the tiny checkpoint); records are written in input order once all are
 done, each request's ``wall_s`` is its latency inside the batch, and ``summary.json`` adds ``batch``:
 ``{"batch_size", "engine", "capture_s" (graph capture seconds), "rounds", "wall_s",
-"throughput_tokens_per_s" (Σ generated / batch wall time), "mean_round_s", "max_active"}``. ``batch_size`` 1 (default) runs
-one request at a time on the engine's own path (CUDA graphs on a GPU).
+"throughput_tokens_per_s" (Σ generated / batch wall time), "mean_round_s", "max_active"}``. ``batch_size`` 1
+(default) runs one request at a time on the engine's own path (CUDA graphs on a GPU).
 """
 
 from __future__ import annotations

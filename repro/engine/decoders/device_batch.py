@@ -102,8 +102,9 @@ class BatchedDeviceStep:
         return (self.tokens == self.mask_id) & self.editable
 
     def _before_forward(self, rows: torch.Tensor, after: torch.Tensor | None = None) -> None:
-        """(In a round, all rows at once.) ``final`` of the rows in ``rows`` [S] bool = the decoders' ``before_forward`` (their post counter
-        advanced as they do); ``after`` [S]: the step already declared the block final (DeviceStep's rule)."""
+        """(In a round, all rows at once.) ``final`` of the rows in ``rows`` [S] bool = the decoders'
+        ``before_forward`` (their post counter advanced as they do); ``after`` [S]: the step already declared
+        the block final (DeviceStep's rule)."""
         any_mask = self._masked().any(-1)
         if not self.editing:
             fin = ~any_mask
