@@ -16,11 +16,12 @@ Contract:
   of its prefill, one block per round, or its block's commit forward: ids copied into the slot's row),
   forward + step (a denoising round) or forward with logits returned (host decoders, used only when a
   request's decoder is not the engine's) — written as one ``[3, S]`` int32 control tensor (cache length,
-  embeddings in, step) in one host→device copy; the replay; then **one** device→host copy of the ``[2, S]`` flags (block final, last forward reused). The only other
-  read is one ``[1]`` flag per block start (the "final before any forward" check of the new block).
+  embeddings in, step) in one host→device copy; the replay; then **one** device→host copy of the
+  ``[2, S]`` flags (block final, last forward reused). The only other read is one ``[1]`` flag per block
+  start (the "final before any forward" check of the new block).
 * Capture once per (slots, decoder settings, cache length) on first use (``capture_s``; the engine is kept
   by :class:`repro.engine.llm.LLM` between calls). ``use_graphs=False`` runs the same body eagerly (CPU tests
-  under ``TRITON_INTERPRET=1``).
+  use it with :class:`TorchSlotForward`).
 * Batch invariance: a slot's forward and step never depend on the other slots (:class:`PerSlotForward` by
   construction; the step: :mod:`repro.engine.decoders.device_batch`), so greedy token ids and forward counts
   are those of the same request through this engine with ``batch_size=1`` ("alone" for this path). The
