@@ -223,12 +223,13 @@ def bench_batched_graph(model, mask_id: int, prefix: int, tokens: int, batch_siz
     schedule of section 1, per batch size b: ``b`` requests (``max(2, b)`` at b = 1), aggregate tokens/s over
     the decode rounds (rounds without a prefill block) and with prefill, the median full decode round
     (host fill + replay + the flags read) against its floor (each weight once, the routed experts touched by
-    all ``b·32`` rows, lm_head once, every slot's K/V prefix; fastpath.round_bytes), and the capture seconds.
+    all ``b·32`` rows, lm_head once, every slot's K/V prefix: fastpath_batch.batched_round_bytes), and the
+    capture seconds.
     ``forward`` / ``use_graphs``: as :class:`repro.engine.batch_graph.BatchGraphEngine` (CPU tests: torch)."""
     from repro.engine.batch import BatchRequest, BatchStats
     from repro.engine.batch_graph import generate_batch_graph
     from repro.engine.kernels.fastpath import ModelShape
-    from repro.engine.kernels.fastpath import round_bytes as rb
+    from repro.engine.kernels.fastpath_batch import batched_round_bytes
     from repro.engine.model import Chunk
 
     dec = _schedule(steps, tokens)
@@ -256,9 +257,7 @@ def bench_batched_graph(model, mask_id: int, prefix: int, tokens: int, batch_siz
                         ids=torch.randint(0, V, (32,), generator=g).to(model.device)) for _ in range(bs)]
         experts = _expert_groups(model, chunks, group=bs * 32)
         del chunks
-        one = rb(shape, experts, prefix, T=32)
-        per_slot = one["kv_cache"] + one["embed_rows"]
-        floor_b = one["total"] + (bs - 1) * per_slot
+        floor_b = batched_round_bytes(shape, experts, [prefix] * bs, T=32)["total"]
         floor_ms = floor_b / (copy_gbps * 1e9) * 1e3
         row = {"batch_size": bs, "requests": n_req, "generated_tokens": gen, "wall_s": wall,
                "engine": stats.engine, "forward": engine.forward_kind, "capture_s": warm.capture_s,
