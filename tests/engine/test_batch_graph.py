@@ -204,3 +204,23 @@ def test_cuda_graph_batch_invariance_on_the_tiny_model(tiny_dir, forward):
             assert stats.engine == "cuda-graph" and stats.capture_s > 0 and engine.graph is not None
             assert [r.token_ids for r, _ in out] == [r.token_ids for r, _ in alone], (algorithm, bs)
             assert [r.forwards for r, _ in out] == [r.forwards for r, _ in alone], (algorithm, bs)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_request_with_other_decoder_settings_gets_host_decoders_over_the_graph_forward(tiny_model, tiny_tok):
+    """The slot backend's logits mode: a request whose decoder is not the engine's runs the host decoders on
+    the logits of the same batched round (beside a stepping request), with the results of running alone."""
+    from repro.engine.batch_graph import BatchGraphEngine, _GraphScheduler
+
+    m, tok = tiny_model, tiny_tok
+    kw = dict(mask_id=tok.mask_id, eos_id=tok.eos_id)
+    engine = BatchGraphEngine(m, tok.mask_id, DecoderConfig.from_dict({"algorithm": "joint_threshold"}), 2, 256,
+                              use_graphs=False)
+    reqs = [BatchRequest(tok.encode("2+2=" * 10), {"algorithm": "orl", "max_new_tokens": 40}),  # embeddings in
+            BatchRequest(tok.encode("hello " * 7), {"algorithm": "joint_threshold", "max_new_tokens": 40})]
+    alone = [generate_ids(_BlockPrefill(m, tok.mask_id), r.prompt_ids, r.decoder, **kw) for r in reqs]
+    with torch.inference_mode():
+        out = _GraphScheduler(m, tok.mask_id, tok.eos_id, engine).run(reqs, 2, BatchStats())
+    assert [r.token_ids for r, _ in out] == [a.token_ids for a in alone]
+    assert [r.forwards for r, _ in out] == [a.forwards for a in alone]
+    assert all(a.forwards["denoise"] > 2 for a in alone)
