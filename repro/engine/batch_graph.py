@@ -119,33 +119,41 @@ def make_forward(kind: str, model, mask_id: int, max_len: int, slots: int, T: in
     """The batched block forward of ``kind`` (:data:`FORWARDS`): ``"batched"`` = ``BatchedBlockForward`` of
     repro/engine/kernels/fastpath_batch.py, ``"per-slot"`` = :class:`PerSlotForward` (Triton kernels, one
     :class:`~repro.engine.kernels.fastpath.BlockForward` per slot), ``"torch"`` = :class:`TorchSlotForward`;
-    ``"auto"``: batched when that module exists, else per-slot, on CUDA; torch elsewhere; or a callable
+    ``"auto"``: on CUDA batched when that module exists and takes the model's shape (one eager forward checks
+    it; the tiny checkpoint's 262-token vocabulary is not a multiple of its lm_head tile), else per-slot (its
+    ``fallback_reason`` says why); torch elsewhere; or a callable
     ``kind(model, mask_id, max_len, slots, T)`` returning an object with these buffers. Raises ValueError
     for an unknown kind and ImportError for ``"batched"`` without its module."""
     if callable(kind):  # a factory with this signature (benchmarks: a null forward to time the scheduler)
         return kind(model, mask_id, max_len, slots, T)
     if kind not in FORWARDS:
         raise ValueError(f"forward must be one of {FORWARDS}, got {kind!r}")
-    if kind == "auto":
-        if model.device.type != "cuda":
-            kind = "torch"
-        else:
-            try:
-                import repro.engine.kernels.fastpath_batch  # noqa: F401
-                kind = "batched"
-            except ImportError:
-                kind = "per-slot"
+    if kind == "auto" and model.device.type != "cuda":
+        kind = "torch"
     if kind == "torch":
         return TorchSlotForward(model, max_len, slots, T)
     from repro.engine.graph import kernel_configs, kernel_weights
     from repro.engine.kernels.fastpath import ModelShape
 
-    if kind == "batched":
-        from repro.engine.kernels.fastpath_batch import BatchedBlockForward as cls
+    args = (kernel_weights(model), ModelShape.from_config(model.cfg, mask_id), max_len)
+    kw = dict(slots=slots, T=T, device=model.device, configs=kernel_configs(model))
+    if kind in ("auto", "batched"):
+        try:
+            from repro.engine.kernels.fastpath_batch import BatchedBlockForward
+
+            fw = BatchedBlockForward(*args, **kw)
+            if kind == "auto":
+                fw.forward(head=True)  # shape checks of its kernels (e.g. the lm_head tiles) run at the first call
+            return fw
+        except (ImportError, ValueError) as e:
+            if kind == "batched":
+                raise
+            why = f"{type(e).__name__}: {e}"
     else:
-        cls = PerSlotForward
-    return cls(kernel_weights(model), ModelShape.from_config(model.cfg, mask_id), max_len, slots=slots, T=T,
-               device=model.device, configs=kernel_configs(model))
+        why = None
+    fw = PerSlotForward(*args, **kw)
+    fw.fallback_reason = why  # why "auto" did not take BatchedBlockForward (None when asked for per-slot)
+    return fw
 
 
 def settings_key(cfg: DecoderConfig) -> str:
@@ -173,6 +181,7 @@ class BatchGraphEngine:
         self.use_graphs = dev.type == "cuda" if use_graphs is None else use_graphs
         self.fw = make_forward(forward, model, mask_id, max_len, slots, self.T)
         self.forward_kind, self.forward_arg = type(self.fw).__name__, forward
+        self.forward_note = getattr(self.fw, "fallback_reason", None)
         if self.use_graphs and isinstance(self.fw, TorchSlotForward):
             raise ValueError("forward 'torch' reads slot positions on the host and cannot be captured; "
                              "use use_graphs=False or a Triton forward ('batched' / 'per-slot')")
@@ -349,6 +358,8 @@ def generate_batch_graph(model, requests: list[BatchRequest], *, mask_id: int, e
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
     requests = list(requests)
+    if not requests:
+        return [], engine
     cfgs = {settings_key(DecoderConfig.coerce(r.decoder)) for r in requests}
     if len(cfgs) != 1:
         raise ValueError("the batched graph path needs one decoder for all requests; use generate_batch")

@@ -260,7 +260,8 @@ def bench_batched_graph(model, mask_id: int, prefix: int, tokens: int, batch_siz
         floor_b = batched_round_bytes(shape, experts, [prefix] * bs, T=32)["total"]
         floor_ms = floor_b / (copy_gbps * 1e9) * 1e3
         row = {"batch_size": bs, "requests": n_req, "generated_tokens": gen, "wall_s": wall,
-               "engine": stats.engine, "forward": engine.forward_kind, "capture_s": warm.capture_s,
+               "engine": stats.engine, "forward": engine.forward_kind, "forward_note": engine.forward_note,
+               "capture_s": warm.capture_s,
                "rounds": stats.rounds, "decode_rounds": len(decode),
                "tokens_per_s_decode": gen / sum(decode), "tokens_per_s_with_prefill": gen / wall,
                "round_ms_median": med * 1e3, "floor_ms": floor_ms, "floor_bytes": floor_b,

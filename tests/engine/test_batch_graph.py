@@ -184,10 +184,11 @@ def test_bench_batch_graph_sections_run_on_the_tiny_model(tiny_model, tiny_tok):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("forward", ["batched", "per-slot"])
+@pytest.mark.parametrize("forward", ["auto", "per-slot"])
 def test_cuda_graph_batch_invariance_on_the_tiny_model(tiny_dir, forward):
     """On a GPU (bf16, captured graphs): 6 real prompts at batch 1, 3 and 6 through the batched graph path:
-    identical token ids and forward counts; the round graph is captured once per batch size."""
+    identical token ids and forward counts; the round graph is captured once per batch size. (The tiny
+    vocabulary, 262, is not a multiple of BatchedBlockForward's lm_head tile: "auto" falls back to per-slot.)"""
     from repro.engine import LLM
 
     llm = LLM(tiny_dir, role="orl", precision="bf16", device="cuda")
@@ -224,3 +225,32 @@ def test_a_request_with_other_decoder_settings_gets_host_decoders_over_the_graph
     assert [r.token_ids for r, _ in out] == [a.token_ids for a in alone]
     assert [r.forwards for r, _ in out] == [a.forwards for a in alone]
     assert all(a.forwards["denoise"] > 2 for a in alone)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_cuda_graph_batch_invariance_with_the_batched_forward_at_model_width():
+    """On a GPU: LLaDA2.1-mini's layer width (4 layers, vocabulary 16384, random bf16 weights) through
+    BatchedBlockForward + the batched step as captured graphs: 12 random prompts of varied length, ``orl`` and
+    ``joint_threshold``, batch 1 vs 4 vs 12 — identical token ids and forward counts."""
+    from repro.engine.config import LLaDA2Config
+    from repro.engine.model import LLaDA2Model
+    from repro.engine.presets import PRESETS
+
+    cfg = LLaDA2Config.from_dict({**PRESETS["llada2.1-mini"], "vocab_size": 16384, "num_hidden_layers": 4})
+    model = LLaDA2Model.random(cfg, device="cuda", dtype="bf16", seed=3, with_adapter=False)
+    mask_id, eos_id = 16383, 16382
+    g = torch.Generator().manual_seed(11)
+    lengths = torch.randint(20, 300, (12,), generator=g).tolist()
+    prompts = [torch.randint(0, 16000, (n,), generator=g).tolist() for n in lengths]
+    kw = dict(mask_id=mask_id, eos_id=eos_id, forward="batched")
+    for algorithm in ("orl", "joint_threshold"):
+        reqs = [BatchRequest(p, {"algorithm": algorithm, "max_new_tokens": 64}) for p in prompts]
+        alone, _ = generate_batch_graph(model, reqs, batch_size=1, **kw)
+        for bs in (4, 12):
+            stats = BatchStats()
+            out, engine = generate_batch_graph(model, reqs, batch_size=bs, stats=stats, **kw)
+            assert engine.forward_kind == "BatchedBlockForward" and stats.engine == "cuda-graph"
+            assert [r.token_ids for r, _ in out] == [r.token_ids for r, _ in alone], (algorithm, bs)
+            assert [r.forwards for r, _ in out] == [r.forwards for r, _ in alone], (algorithm, bs)
