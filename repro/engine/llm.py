@@ -239,8 +239,9 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
 
         ``prompt_or_messages``: a ``str`` / a list of chat-message dicts → one :class:`GenerateOutput`; a list
         of prompts (each a ``str`` or a message list) → a list of :class:`GenerateOutput` in input order,
-        decoded together ``batch_size`` at a time (default 8) with continuous batching
-        (:mod:`repro.engine.batch`; greedy outputs are bit-identical to one at a time). ``decoder``: dict of
+        decoded together ``batch_size`` at a time (default 8) with continuous batching (:meth:`generate_batch`:
+        the batched CUDA-graph path or the eager batched engine; greedy outputs are bit-identical at every batch
+        size of the path that runs — on the CPU also to one at a time). ``decoder``: dict of
         engine keys or :class:`DecoderConfig` (None → :meth:`default_decoder`); ``max_new_tokens`` / ``seed``
         override the decoder's; ``on_block``: per-block streaming hook of
         :func:`repro.engine.decode_loop.generate_ids` (single prompt only; its time is inside ``wall_s``;
