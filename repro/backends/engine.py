@@ -97,10 +97,17 @@ class EngineBackend:
             dev = f"cuda ({torch.cuda.get_device_name(0)})"
         else:
             dev = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+        st = self.batch_stats
+        if self.batch_size == 1:
+            path = self.llm.engine_path
+        elif st is not None and st.rounds:  # what ran: the batched CUDA-graph path or the eager batched engine
+            path = "batched-cuda-graph" if st.engine == "cuda-graph" else "batched-eager"
+        else:
+            path = "batched-cuda-graph" if self.llm.engine_path == "cuda-graph" else "batched-eager"
         return {"backend": "engine", "device": dev, "precision": self.precision, "torch": torch.__version__,
-                "engine_path": self.llm.engine_path if self.batch_size == 1 else "batched-eager",
+                "engine_path": path,
                 "kernels": self.llm.kernels, "adapter": self.llm.adapter_note, "batch_size": self.batch_size,
                 "load_s": self.load_s, "graph_capture_s": self.graph_capture_s,
                 **({"batch": {"rounds": st.rounds, "wall_s": st.wall_s, "max_active": st.max_active,
-                              "mean_round_s": sum(st.round_s) / len(st.round_s)}}
-                   if (st := self.batch_stats) is not None and st.rounds else {})}
+                              "mean_round_s": sum(st.round_s) / len(st.round_s), "capture_s": st.capture_s}}
+                   if st is not None and st.rounds else {})}

@@ -19,10 +19,12 @@ Contract:
   row tiles, :mod:`repro.engine.layers.linear`; attention per request over its own cache). Sampling
   (``temperature > 0``) draws from each request's own seeded generator, so it too does not depend on the
   batch. Tested on the tiny checkpoint over real problems (``tests/engine/test_batch.py``).
-* Paths: the batched engine runs the eager forward (torch layer functions, or whatever implementations
-  are selected in the layer seams). CUDA graphs per batch size and the on-device decoder step for all slots
-  are not implemented here; on a GPU with the Triton seams selected, invariance holds only as far as those
-  kernels' tiling does not depend on the number of rows (``docs/perf.md`` "Batched generation").
+* Paths: this engine runs the eager forward (torch layer functions, or whatever implementations are
+  selected in the layer seams); on a GPU with the Triton seams selected, invariance holds only as far as those
+  kernels' tiling does not depend on the number of rows (``docs/perf.md`` "Batched generation"). The CUDA-graph
+  form — one replay per round over all slots with the on-device decoder step — is
+  :mod:`repro.engine.batch_graph`, which reuses this scheduler through its hooks (``_backend``, ``_admit``,
+  ``_release``, ``_round``).
 
 Timing: a request's ``wall_s`` runs from its admission to its last forward (its latency inside the batch);
 :class:`BatchStats` gives the batch's rounds, forward rows and wall time (aggregate tokens/s).
@@ -57,7 +59,10 @@ class BatchRequest:
 class BatchStats:
     """What a :func:`generate_batch` call did: ``rounds`` (forwards run), ``rows`` (token rows over all
     rounds), ``max_active`` (most requests in one round), ``wall_s`` (seconds, whole call),
-    ``round_s`` (seconds per round, list), ``admitted_at_round`` (per request, the round it joined)."""
+    ``round_s`` (seconds per round, list), ``admitted_at_round`` (per request, the round it joined),
+    ``engine`` (``"eager"`` or ``"cuda-graph"``: :mod:`repro.engine.batch_graph`), ``capture_s`` (seconds
+    spent capturing CUDA graphs in this call; 0 when reused or eager), ``round_prefill`` (graph path: per
+    round, whether it ran a prompt-prefill block)."""
 
     rounds: int = 0
     rows: int = 0
@@ -65,6 +70,9 @@ class BatchStats:
     wall_s: float = 0.0
     round_s: list[float] = field(default_factory=list)
     admitted_at_round: list[int] = field(default_factory=list)
+    engine: str = "eager"
+    capture_s: float = 0.0
+    round_prefill: list[bool] = field(default_factory=list)
 
 
 class _Aborted(Exception):
@@ -135,6 +143,27 @@ class _Scheduler:
         out, slot.output = slot.output, None
         return out
 
+    # ------------------------------------------------------------------ hooks (the graph path overrides them)
+    def _backend(self, slot: _Slot):
+        """The forward backend a worker's ``generate_ids`` runs on."""
+        return _SlotBackend(self, slot)
+
+    def _admit(self, slot: _Slot) -> None:
+        """A request joins (before its thread starts)."""
+
+    def _release(self, slot: _Slot) -> None:
+        """A request left (finished or failed)."""
+
+    def _round(self, active: list[_Slot], stats: BatchStats) -> list:
+        """Run one round over the pending forwards of ``active``; returns each slot's output, in order."""
+        chunks = [s.pending for s in active]
+        with torch.inference_mode():
+            outs = self.model.forward_chunks(chunks)
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+        stats.rows += sum(int((c.embeds if c.embeds is not None else c.ids).shape[0]) for c in chunks)
+        return outs
+
     def _worker(self, slot: _Slot, req: BatchRequest) -> None:
         dev = self.model.device
         try:
@@ -142,7 +171,7 @@ class _Scheduler:
                 torch.cuda.set_device(dev)
             t0 = time.perf_counter()
             with torch.inference_mode():  # thread-local: enter it in the worker too
-                slot.result = generate_ids(_SlotBackend(self, slot), req.prompt_ids, req.decoder,
+                slot.result = generate_ids(self._backend(slot), req.prompt_ids, req.decoder,
                                            mask_id=self.mask_id, eos_id=self.eos_id,
                                            max_new_tokens=req.max_new_tokens, seed=req.seed, on_block=req.on_block)
             slot.wall_s = time.perf_counter() - t0
@@ -163,13 +192,13 @@ class _Scheduler:
         active: list[_Slot] = []
         threads: dict[int, threading.Thread] = {}
         stats.admitted_at_round = [0] * len(requests)
-        sync = self.model.device.type == "cuda"
         try:
             while queue or active:
                 while queue and len(active) < batch_size:  # continuous batching: fill free slots
                     i = queue.pop()
                     slot = _Slot(i)
                     stats.admitted_at_round[i] = stats.rounds
+                    self._admit(slot)
                     active.append(slot)
                     threads[i] = threading.Thread(target=self._worker, args=(slot, requests[i]), daemon=True,
                                                   name=f"repro-batch-{i}")
@@ -181,6 +210,7 @@ class _Scheduler:
                     for s in done:
                         threads.pop(s.index).join()
                         active.remove(s)
+                        self._release(s)
                         if s.error is not None:
                             raise s.error
                         results[s.index] = (s.result, s.wall_s)
@@ -188,14 +218,9 @@ class _Scheduler:
                             on_result(s.index, s.result, s.wall_s)
                     continue  # admit waiting requests first: they join this round
                 t0 = time.perf_counter()
-                chunks = [s.pending for s in active]
-                with torch.inference_mode():
-                    outs = self.model.forward_chunks(chunks)
-                if sync:
-                    torch.cuda.synchronize(self.model.device)
+                outs = self._round(active, stats)
                 stats.round_s.append(time.perf_counter() - t0)
                 stats.rounds += 1
-                stats.rows += sum(int((c.embeds if c.embeds is not None else c.ids).shape[0]) for c in chunks)
                 stats.max_active = max(stats.max_active, len(active))
                 with self.cond:
                     for s, o in zip(active, outs):

@@ -1,7 +1,8 @@
 """`python -m repro.engine.bench batch`: batched generation at full size on one GPU — throughput and invariance.
 
     python -m repro.engine.bench batch [--prefix 1024] [--batch-tokens 256] [--batch-sizes 1,8,32]
-        [--sections throughput,graph,invariance] [--algorithms joint_threshold,orl]
+        [--sections throughput,graph,batched-graph,handoff,invariance,invariance-graph]
+        [--algorithms joint_threshold,orl]
         [--invariance-prompts 32] [--invariance-tokens 32] [--json FILE]
 
 Time: the eager forward is slow at batch 1 (≈ 0.1 s per forward measured before this work, docs/perf.md), and
@@ -27,10 +28,17 @@ kernels in the layer seams, and runs the batched engine (:mod:`repro.engine.batc
    K/V prefix. Speed-ups are against batch 1 of the same run.
    ``graph``: the single-request CUDA-graph path with the same schedule (``bench generate``), so each batch
    size is also compared with the fastest batch-1 path (``speedup_vs_graph_batch1``).
+   ``batched-graph``: the batched CUDA-graph path (:mod:`repro.engine.batch_graph`: one replay per round
+   over all slots, the on-device step of every slot, one flags read per round) with the same schedule:
+   aggregate tokens/s per batch size, the median decode round against its floor (each weight once, the
+   routed experts touched by all rows of the round, every slot's K/V prefix) and the graph capture seconds.
 2. **Batch invariance**: ``--invariance-prompts`` random prompts of varied length (64..prefix tokens), real
    greedy decoders (``joint_threshold``, ``orl`` with adapter-free self-conditioning: the preset has no
    adapter), ``--invariance-tokens`` new tokens, real EOS: each prompt alone (batch 1), then in batches of
    8 and of all of them; identical token ids and forward counts for every prompt is the pass condition.
+   ``invariance-graph``: the same on the batched CUDA-graph path ("alone" = that path at batch 1).
+3. ``handoff``: rounds/s of the batched graph path's scheduler with a forward that computes nothing (the
+   per-round host cost: thread handoff, copies, the decoder step run eagerly), per batch size.
 
 Prints one line per measurement on stderr, then a short table, and as the last stdout line one JSON
 document (also written to ``--json``). Each section catches its own errors (recorded in the JSON as
@@ -97,13 +105,14 @@ class _RoundRecorder:
         del self.model.forward_chunks
 
 
-def _expert_groups(model, chunks) -> list[int]:
-    """Distinct routed experts read per MoE layer in one ``forward_chunks`` of ``chunks``, summed over the
-    fixed 128-row groups of the Triton seam (layers.moe.ROW_GROUPS); runs one untimed forward."""
+def _expert_groups(model, chunks, group: int | None = None) -> list[int]:
+    """Distinct routed experts read per MoE layer in one ``forward_chunks`` of ``chunks``, summed over
+    ``group``-row groups (default: the fixed 128-row groups of the Triton seam, layers.moe.ROW_GROUPS); runs
+    one untimed forward."""
     import repro.engine.model as M
     from repro.engine.layers import moe
 
-    group = moe.ROW_GROUPS.get(moe._ACTIVE_NAME[0]) or 10**9
+    group = group or moe.ROW_GROUPS.get(moe._ACTIVE_NAME[0]) or 10**9
     counts: list[int] = []
     real = M.moe_forward
 
@@ -152,8 +161,7 @@ def bench_throughput(model, mask_id: int, prefix: int, tokens: int, batch_sizes,
     from repro.engine.batch import BatchRequest, BatchStats, generate_batch
     from repro.engine.model import Chunk
 
-    dec = {"algorithm": "low_confidence", "threshold": 1.0, "num_to_transfer": 32 // steps,
-           "exclude_mask_token": True, "max_new_tokens": tokens}
+    dec = _schedule(steps, tokens)
     g = torch.Generator().manual_seed(seed)
     V = _plain_vocab(model)
     out = []
@@ -203,6 +211,115 @@ def bench_throughput(model, mask_id: int, prefix: int, tokens: int, batch_sizes,
     return out
 
 
+def _schedule(steps: int, tokens: int) -> dict:
+    """The fixed-schedule decoder of section 1: ``steps`` denoising rounds + 1 commit per block."""
+    return {"algorithm": "low_confidence", "threshold": 1.0, "num_to_transfer": 32 // steps,
+            "exclude_mask_token": True, "max_new_tokens": tokens}
+
+
+def bench_batched_graph(model, mask_id: int, prefix: int, tokens: int, batch_sizes, steps: int, copy_gbps: float,
+                        seed: int, log, forward="auto", use_graphs=None) -> list[dict]:
+    """Section ``batched-graph``: the batched CUDA-graph path (:mod:`repro.engine.batch_graph`) with the fixed
+    schedule of section 1, per batch size b: ``b`` requests (``max(2, b)`` at b = 1), aggregate tokens/s over
+    the decode rounds (rounds without a prefill block) and with prefill, the median full decode round
+    (host fill + replay + the flags read) against its floor (each weight once, the routed experts touched by
+    all ``b·32`` rows, lm_head once, every slot's K/V prefix: fastpath_batch.batched_round_bytes), and the
+    capture seconds.
+    ``forward`` / ``use_graphs``: as :class:`repro.engine.batch_graph.BatchGraphEngine` (CPU tests: torch)."""
+    from repro.engine.batch import BatchRequest, BatchStats
+    from repro.engine.batch_graph import generate_batch_graph
+    from repro.engine.kernels.fastpath import ModelShape
+    from repro.engine.kernels.fastpath_batch import batched_round_bytes
+    from repro.engine.model import Chunk
+
+    dec = _schedule(steps, tokens)
+    g = torch.Generator().manual_seed(seed)
+    V = _plain_vocab(model)
+    shape = ModelShape.from_config(model.cfg, mask_id)
+    out = []
+    engine = None
+    for bs in batch_sizes:
+        n_req = max(2, bs)
+        reqs = [BatchRequest(torch.randint(0, V, (prefix,), generator=g).tolist(), dec) for _ in range(n_req)]
+        warm = BatchStats()  # capture + Triton compilation: a short run at this batch size (same engine shape)
+        _, engine = generate_batch_graph(model, [BatchRequest(r.prompt_ids, dec) for r in reqs[:bs]],
+                                         mask_id=mask_id, eos_id=-1, batch_size=bs, stats=warm, engine=engine,
+                                         forward=forward, use_graphs=use_graphs)
+        stats = BatchStats()
+        t0 = time.perf_counter()
+        res, engine = generate_batch_graph(model, reqs, mask_id=mask_id, eos_id=-1, batch_size=bs, stats=stats,
+                                           engine=engine, forward=forward, use_graphs=use_graphs)
+        wall = time.perf_counter() - t0
+        gen = sum(len(r.raw_ids) for r, _ in res)
+        decode = [t for t, pre in zip(stats.round_s, stats.round_prefill) if not pre]
+        med = statistics.median(decode)
+        chunks = [Chunk(prefix, model.new_cache(prefix + 32), 32,
+                        ids=torch.randint(0, V, (32,), generator=g).to(model.device)) for _ in range(bs)]
+        experts = _expert_groups(model, chunks, group=bs * 32)
+        del chunks
+        floor_b = batched_round_bytes(shape, experts, [prefix] * bs, T=32)["total"]
+        floor_ms = floor_b / (copy_gbps * 1e9) * 1e3
+        row = {"batch_size": bs, "requests": n_req, "generated_tokens": gen, "wall_s": wall,
+               "engine": stats.engine, "forward": engine.forward_kind, "forward_note": engine.forward_note,
+               "capture_s": warm.capture_s,
+               "rounds": stats.rounds, "decode_rounds": len(decode),
+               "tokens_per_s_decode": gen / sum(decode), "tokens_per_s_with_prefill": gen / wall,
+               "round_ms_median": med * 1e3, "floor_ms": floor_ms, "floor_bytes": floor_b,
+               "round_over_floor": med * 1e3 / floor_ms,
+               "distinct_experts_per_layer_mean": statistics.mean(experts), "forwards_per_request": res[0][0].forwards}
+        log(f"[batched graph {bs}] {n_req} req x {tokens} tok after P={prefix}: {row['tokens_per_s_decode']:.0f} "
+            f"tok/s (decode rounds; {row['tokens_per_s_with_prefill']:.0f} with prefill), round {med * 1e3:.2f} ms, "
+            f"floor {floor_ms:.2f} ms, x{row['round_over_floor']:.2f}, capture {warm.capture_s:.1f} s "
+            f"({row['forward']}, {row['engine']})")
+        out.append(row)
+    base = next((r for r in out if r["batch_size"] == 1), None)
+    for r in out:
+        r["speedup_vs_batch1"] = r["tokens_per_s_decode"] / base["tokens_per_s_decode"] if base else None
+    return out
+
+
+class _NullForward:
+    """The batched forward's buffers (:class:`repro.engine.batch_graph.TorchSlotForward`) with a forward that
+    computes nothing (logits stay 0): rounds then cost only the scheduler, the worker-thread handoff, the
+    host→device / device→host copies and the on-device step."""
+
+    def __init__(self, model, mask_id: int, max_len: int, slots: int, T: int):
+        dev, dt, c = model.device, model.dtype, model.cfg
+        self.ids = torch.zeros(slots, T, dtype=torch.long, device=dev)
+        self.embeds_in = torch.zeros(slots, T, c.hidden_size, dtype=dt, device=dev)
+        self.use_embeds = torch.zeros(slots, dtype=torch.bool, device=dev)
+        self.cache_len = torch.zeros(slots, dtype=torch.int32, device=dev)
+        self.logits = torch.zeros(slots, T, c.vocab_size, dtype=dt, device=dev)
+
+    def forward(self, head: bool = True) -> None:
+        """Nothing."""
+
+
+def bench_handoff(model, mask_id: int, batch_sizes, tokens: int, steps: int, seed: int, log,
+                  use_graphs: bool = False) -> list[dict]:
+    """Section ``handoff``: rounds/s of the batched graph path's scheduler with :class:`_NullForward` (no
+    model compute), per batch size: the per-round host overhead (thread handoff, control/flags copies, the
+    decoder step) that a real round adds to its forward. Runs on the CPU (``use_graphs=False``)."""
+    from repro.engine.batch import BatchRequest, BatchStats
+    from repro.engine.batch_graph import generate_batch_graph
+
+    dec = _schedule(steps, tokens)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for bs in batch_sizes:
+        reqs = [BatchRequest(torch.randint(0, 200, (40,), generator=g).tolist(), dec) for _ in range(2 * bs)]
+        stats = BatchStats()
+        generate_batch_graph(model, reqs, mask_id=mask_id, eos_id=-1, batch_size=bs, stats=stats,
+                             forward=_NullForward, use_graphs=use_graphs)
+        med = statistics.median(stats.round_s)
+        row = {"batch_size": bs, "rounds": stats.rounds, "rounds_per_s": stats.rounds / stats.wall_s,
+               "round_ms_median": med * 1e3, "device": str(model.device)}
+        log(f"[handoff {bs}] {stats.rounds} rounds, {row['rounds_per_s']:.0f} rounds/s, "
+            f"median round {med * 1e3:.3f} ms (null forward, {model.device})")
+        out.append(row)
+    return out
+
+
 def bench_graph_batch1(prefix: int, tokens: int, steps: int, seed: int, log) -> dict:
     """The single-request CUDA-graph path with the same fixed schedule (``bench generate``: its own
     ``BlockForward`` weights, random prefix K/V), for comparison with the batched engine's batch sizes."""
@@ -218,9 +335,20 @@ def bench_graph_batch1(prefix: int, tokens: int, steps: int, seed: int, log) -> 
 
 
 def bench_invariance(model, mask_id: int, eos_id: int, n_prompts: int, prefix: int, tokens: int, algorithms,
-                     seed: int, log, on_algorithm=None) -> dict:
-    """Section 2 of the module docstring: ``{algorithm: {"alone_s", "batches": {b: {...}}}}``."""
-    from repro.engine.batch import BatchRequest, generate_batch
+                     seed: int, log, on_algorithm=None, path: str = "eager", **graph_kw) -> dict:
+    """Section 2 of the module docstring: ``{algorithm: {"alone_s", "batches": {b: {...}}}}``. ``path``:
+    ``"eager"`` (:func:`repro.engine.batch.generate_batch`) or ``"graph"`` (the batched CUDA-graph path,
+    :func:`repro.engine.batch_graph.generate_batch_graph`, "alone" = its batch 1; ``graph_kw`` passed on)."""
+    from repro.engine.batch import BatchRequest
+    from repro.engine.batch import generate_batch as eager_batch
+
+    if path == "graph":
+        from repro.engine.batch_graph import generate_batch_graph
+
+        def generate_batch(model, reqs, **kw):
+            return generate_batch_graph(model, reqs, **kw, **graph_kw)[0]
+    else:
+        generate_batch = eager_batch
 
     g = torch.Generator().manual_seed(seed + 7)
     V = _plain_vocab(model)
@@ -273,14 +401,26 @@ def table(doc: dict) -> str:
                          for r in (thr if isinstance(thr, list) else [])))
     elif g1 is not None:
         lines.append(f"graph path batch 1: {g1}")
-    inv = doc.get("invariance")
-    if isinstance(inv, dict) and "error" not in inv:
-        for algo, r in inv.items():
-            cells = ", ".join(f"b{b}: {v['identical_ids']}/{v['of']} ids, {v['identical_forwards']}/{v['of']} fwd"
-                              for b, v in r["batches"].items())
-            lines.append(f"invariance {algo}: {'PASS' if r['pass'] else 'FAIL'} ({cells})")
-    elif inv is not None:
-        lines.append(f"invariance: {inv}")
+    bg = doc.get("batched_graph")
+    if isinstance(bg, list):
+        lines.append("batched CUDA-graph path (one replay per round over all slots):")
+        lines.append(f"{'batch':>5} {'tok/s':>9} {'x b1':>6} {'round ms':>9} {'floor ms':>9} {'ratio':>6} "
+                     f"{'capture s':>9}")
+        for r in bg:
+            lines.append(f"{r['batch_size']:>5} {r['tokens_per_s_decode']:>9.0f} {r['speedup_vs_batch1'] or 0:>6.2f} "
+                         f"{r['round_ms_median']:>9.2f} {r['floor_ms']:>9.2f} {r['round_over_floor']:>6.2f} "
+                         f"{r['capture_s']:>9.1f}")
+    elif bg is not None:
+        lines.append(f"batched graph path: {bg}")
+    for key, label in (("invariance", "invariance"), ("invariance_graph", "invariance (batched graph path)")):
+        inv = doc.get(key)
+        if isinstance(inv, dict) and "error" not in inv:
+            for algo, r in inv.items():
+                cells = ", ".join(f"b{b}: {v['identical_ids']}/{v['of']} ids, {v['identical_forwards']}/{v['of']} fwd"
+                                  for b, v in r["batches"].items())
+                lines.append(f"{label} {algo}: {'PASS' if r['pass'] else 'FAIL'} ({cells})")
+        elif inv is not None:
+            lines.append(f"{label}: {inv}")
     return "\n".join(lines)
 
 
@@ -329,6 +469,34 @@ def run(args, env_info, copy_bandwidth) -> int:
         except Exception as e:  # noqa: BLE001
             doc["graph_batch1"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             log(doc["graph_batch1"]["traceback"])
+        save()
+    if "batched-graph" in sections:
+        try:
+            doc["batched_graph"] = bench_batched_graph(model, mask_id, args.prefix, args.batch_tokens, sizes,
+                                                       args.steps_per_block, doc["copy_GBps"], args.seed, log)
+        except Exception as e:  # noqa: BLE001
+            doc["batched_graph"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log(doc["batched_graph"]["traceback"])
+        save()
+    if "handoff" in sections:
+        try:
+            doc["handoff"] = bench_handoff(model, mask_id, sizes, args.batch_tokens, args.steps_per_block, args.seed,
+                                           log)
+        except Exception as e:  # noqa: BLE001
+            doc["handoff"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log(doc["handoff"]["traceback"])
+        save()
+    if "invariance-graph" in sections:
+        def partial_g(out):
+            doc["invariance_graph"] = out
+            save()
+        try:
+            doc["invariance_graph"] = bench_invariance(
+                model, mask_id, eos_id, args.invariance_prompts, args.prefix, args.invariance_tokens,
+                [a for a in args.algorithms.split(",") if a], args.seed, log, on_algorithm=partial_g, path="graph")
+        except Exception as e:  # noqa: BLE001
+            doc["invariance_graph"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log(doc["invariance_graph"]["traceback"])
         save()
     if "invariance" in sections:
         def partial(out):

@@ -109,6 +109,17 @@ def kernel_weights(model) -> dict:
     return W
 
 
+def kernel_configs(model) -> dict | None:
+    """Kernel tile settings for ``model``: :data:`SMALL_TILES` for small shapes (hidden < 1024), None (the tuned
+    JSON configs) at full size."""
+    configs = SMALL_TILES if model.cfg.hidden_size < 1024 else None
+    if configs is not None and getattr(model, "precision", None) == "nvfp4-w4a16":
+        # the 4-bit K loop takes BLOCK_K in multiples of 32 (two 16-wide dots of even / odd inputs)
+        configs = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], **{
+            k: dict(SMALL_TILES["moe"][k], BLOCK_K=32) for k in ("gate_up", "down")}}}
+    return configs
+
+
 class GraphBackend:
     """Forward backend of :func:`repro.engine.decode_loop.generate_ids` that runs every forward as a CUDA-graph replay.
 
@@ -130,11 +141,7 @@ class GraphBackend:
 
         self.shape = ModelShape.from_config(model.cfg, mask_id)
         self.W = kernel_weights(model)
-        self.configs = SMALL_TILES if model.cfg.hidden_size < 1024 else None
-        if self.configs is not None and getattr(model, "precision", None) == "nvfp4-w4a16":
-            # the 4-bit K loop takes BLOCK_K in multiples of 32 (two 16-wide dots of even / odd inputs)
-            self.configs = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], **{
-                k: dict(SMALL_TILES["moe"][k], BLOCK_K=32) for k in ("gate_up", "down")}}}
+        self.configs = kernel_configs(model)
         self.fw = None
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.steppers: dict = {}

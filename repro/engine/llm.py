@@ -239,8 +239,9 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
 
         ``prompt_or_messages``: a ``str`` / a list of chat-message dicts → one :class:`GenerateOutput`; a list
         of prompts (each a ``str`` or a message list) → a list of :class:`GenerateOutput` in input order,
-        decoded together ``batch_size`` at a time (default 8) with continuous batching
-        (:mod:`repro.engine.batch`; greedy outputs are bit-identical to one at a time). ``decoder``: dict of
+        decoded together ``batch_size`` at a time (default 8) with continuous batching (:meth:`generate_batch`:
+        the batched CUDA-graph path or the eager batched engine; greedy outputs are bit-identical at every batch
+        size of the path that runs — on the CPU also to one at a time). ``decoder``: dict of
         engine keys or :class:`DecoderConfig` (None → :meth:`default_decoder`); ``max_new_tokens`` / ``seed``
         override the decoder's; ``on_block``: per-block streaming hook of
         :func:`repro.engine.decode_loop.generate_ids` (single prompt only; its time is inside ``wall_s``;
@@ -277,10 +278,15 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
                        seed: int | None = None, batch_size: int = 8, on_result=None, stats=None):
         """Batched :meth:`generate` over ``prompts`` (each a ``str`` or a message list; one decoder for all):
         a list of :class:`GenerateOutput` in input order. ``on_result(index, GenerateOutput)`` is called as
-        each finishes; ``stats``: a :class:`repro.engine.batch.BatchStats` to fill (rounds, round times).
-        Runs the eager batched forward (:mod:`repro.engine.batch`; ``wall_s`` = the request's time from
-        admission to its last forward). Raises as :meth:`generate`."""
+        each finishes; ``stats``: a :class:`repro.engine.batch.BatchStats` to fill (rounds, round times,
+        ``engine``, ``capture_s``). Path: on the CUDA-graph engine (``engine_path == "cuda-graph"``) with
+        greedy decoding and 32-token blocks, the batched graph path (:mod:`repro.engine.batch_graph`: one
+        replay per round over ``batch_size`` slots, captured once and kept for the next call with the same
+        batch size and decoder); otherwise (sampling, other blocks, the CPU) the eager batched forward
+        (:mod:`repro.engine.batch`). ``wall_s`` = the request's time from admission to its last forward.
+        Raises as :meth:`generate`."""
         from repro.engine.batch import BatchRequest, generate_batch
+        from repro.engine.decoders.device import supported
 
         cfg = self.default_decoder() if decoder is None else DecoderConfig.coerce(decoder)
         texts = [self._prompt_text(p) for p in prompts]
@@ -290,8 +296,15 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         if on_result is not None:
             def wrap(i, res, wall):
                 on_result(i, self._output(res, wall, texts[i], len(ids[i]), cfg, max_new_tokens, seed))
-        outs = generate_batch(self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id, batch_size=batch_size,
-                              on_result=wrap, stats=stats)
+        if self.engine_path == "cuda-graph" and supported(cfg) and cfg.block_size == 32:
+            from repro.engine.batch_graph import generate_batch_graph
+
+            outs, self._batch_engine = generate_batch_graph(
+                self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id, batch_size=batch_size,
+                on_result=wrap, stats=stats, engine=getattr(self, "_batch_engine", None))
+        else:
+            outs = generate_batch(self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id,
+                                  batch_size=batch_size, on_result=wrap, stats=stats)
         return [self._output(res, wall, texts[i], len(ids[i]), cfg, max_new_tokens, seed)
                 for i, (res, wall) in enumerate(outs)]
 

@@ -12,11 +12,13 @@ per benchmark and overall ``n``, ``generated_tokens``, ``forwards`` (summed by k
 same convention as repro.tables). Not here: scoring (``repro.scoring``).
 
 ``batch_size`` > 1 decodes all problems (of all files) together through the batched engine
-(:mod:`repro.engine.batch`, continuous batching; greedy token ids equal those of batch 1, tested on the tiny
-checkpoint); records are written in input order once all are done, each request's ``wall_s`` is its latency
-inside the batch, and ``summary.json`` adds ``batch``: ``{"batch_size", "rounds", "wall_s",
-"throughput_tokens_per_s" (Σ generated / batch wall time), "mean_round_s"}``. ``batch_size`` 1 (default) runs
-one request at a time on the engine's own path (CUDA graphs on a GPU).
+(:meth:`repro.engine.llm.LLM.generate_batch`: on the CUDA-graph engine with greedy decoding the batched graph
+path :mod:`repro.engine.batch_graph`, else :mod:`repro.engine.batch`; continuous batching; greedy token ids equal
+those of batch 1 on the CPU, tested on the tiny checkpoint); records are written in input order once all are
+done, each request's ``wall_s`` is its latency inside the batch, and ``summary.json`` adds ``batch``:
+``{"batch_size", "engine", "capture_s" (graph capture seconds), "rounds", "wall_s",
+"throughput_tokens_per_s" (Σ generated / batch wall time), "mean_round_s", "max_active"}``. ``batch_size`` 1
+(default) runs one request at a time on the engine's own path (CUDA graphs on a GPU).
 """
 
 from __future__ import annotations
@@ -113,6 +115,9 @@ def _batch_summary(batch_size: int, stats, overall: dict | None) -> dict:
     if batch_size == 1 or not stats.rounds:
         return {"batch_size": batch_size, "engine": "one request at a time"}
     gen = overall["generated_tokens"] if overall else 0
-    return {"batch_size": batch_size, "engine": "batched (repro.engine.batch)", "rounds": stats.rounds,
+    engine = ("batched CUDA graphs (repro.engine.batch_graph)" if stats.engine == "cuda-graph" else
+              "batched graph path, eager (repro.engine.batch_graph)" if stats.engine == "graph-path eager" else
+              "batched eager (repro.engine.batch)")
+    return {"batch_size": batch_size, "engine": engine, "capture_s": stats.capture_s, "rounds": stats.rounds,
             "wall_s": stats.wall_s, "throughput_tokens_per_s": gen / stats.wall_s if stats.wall_s > 0 else None,
             "mean_round_s": sum(stats.round_s) / len(stats.round_s), "max_active": stats.max_active}
