@@ -3,6 +3,7 @@ scheduler, the per-slot on-device step and the round protocol run unchanged over
 (TorchSlotForward; graphs need CUDA), on the tiny checkpoint and real problems from ../shared/data."""
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from repro.engine.decoders.device import DeviceStep
 from repro.engine.decoders.device_batch import BatchedDeviceStep
 from repro.prompts import build_prompt
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA = Path(os.environ.get("ORL_EVAL_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
 
 
 def _real_prompts(n_each: int) -> list:
