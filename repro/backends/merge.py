@@ -29,7 +29,14 @@ def group_shards(indexes: list[Path], benchmark: str) -> list[Path]:
     sha256. ValueError names an index without the benchmark, or a missing or altered shard file."""
     out = []
     for idx in indexes:
-        entry = json.loads(idx.read_text()).get("benchmarks", {}).get(benchmark)
+        try:
+            index = json.loads(idx.read_text())
+            if not isinstance(index, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, OSError) as e:
+            raise ValueError(f"{idx}: unreadable grouped-job index ({e}); delete it and run again: the job rebuilds it "
+                             "and keeps every shard whose inputs are unchanged") from None
+        entry = index.get("benchmarks", {}).get(benchmark)
         if entry is None:
             raise ValueError(f"{idx}: the grouped job wrote no shard of {benchmark!r}; delete {idx} so that the "
                              "job runs again with this benchmark")

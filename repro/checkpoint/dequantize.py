@@ -33,9 +33,19 @@ _REWRITTEN = {"config.json", "hf_quant_config.json", "model.safetensors.index.js
 
 def declared_quantization(model_cfg: dict) -> str | None:
     """``"nvfp4"`` when a config.yaml model declares an NVFP4 checkpoint (``quantization: nvfp4``, or a tiny
-    source with ``nvfp4: true``), else None (an unquantized checkpoint)."""
-    if model_cfg.get("quantization") == "nvfp4" or (model_cfg.get("source") or {}).get("nvfp4"):
+    source with ``nvfp4: true``) or is a local checkpoint whose ``config.json`` says so (``quantization_config``
+    with ``quant_algo`` NVFP4, the ModelOpt export), else None (an unquantized checkpoint). A hub checkpoint is
+    known only by its declaration (it is not downloaded yet when the workflow starts)."""
+    src = model_cfg.get("source") or {}
+    if model_cfg.get("quantization") == "nvfp4" or src.get("nvfp4"):
         return "nvfp4"
+    if src.get("type") == "local" and src.get("path"):
+        try:
+            qc = json.loads((Path(src["path"]) / "config.json").read_text()).get("quantization_config") or {}
+        except (OSError, ValueError, AttributeError):
+            return None
+        if str(qc.get("quant_algo", "")).upper() == "NVFP4":
+            return "nvfp4"
     return None
 
 

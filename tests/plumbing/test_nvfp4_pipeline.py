@@ -163,20 +163,24 @@ def test_sglang_refuses_an_nvfp4_directory(run):
 def test_sglang_runs_the_4bit_setting_as_bf16_and_refuses_other_precisions(run, tmp_path):
     """nvfp4-w4a16 (the engine's 4-bit mode) becomes bf16 under SGLang, which runs the dequantized copy: a
     start-up note, and the model's jobs get --precision bf16; fp32 for such a model is one config error."""
-    out = run.snakemake("-n", "-p", "main_table", "--config", "backend=sglang")
+    def dry_run(precision):
+        cfg = json.loads(run.overlay("sglang", 0).read_text())  # SGLang: a CUDA suite
+        cfg["models"][MODEL]["precision"] = precision
+        overlay = tmp_path / f"{precision}.json"
+        overlay.write_text(json.dumps(cfg))
+        r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "main_table", "--cores", "2",
+                            "--snakefile", str(run.checkout / "Snakefile"), "--configfile",
+                            str(run.checkout / "config.yaml"), str(overlay)], cwd=run.root, capture_output=True,
+                           text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        return r.returncode, r.stdout + r.stderr
+
+    rc, out = dry_run("nvfp4-w4a16")
+    assert rc == 0, out[-3000:]
     assert "note: backend sglang runs tiny-orl-nvfp4 as its dequantized BF16 copy (precision bf16" in out
     jobs = [l for l in out.splitlines() if "repro.backends.generation_job" in l and f"--model {MODEL} " in l]
     assert jobs and all("--precision bf16 " in l for l in jobs), out[-3000:]
-    cfg = json.loads(run.overlay("engine", 0).read_text())
-    cfg["models"][MODEL]["precision"], cfg["backend"] = "fp32", "sglang"
-    overlay = tmp_path / "fp32.json"
-    overlay.write_text(json.dumps(cfg))
-    r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "main_table", "--cores", "2", "--snakefile",
-                        str(run.checkout / "Snakefile"), "--configfile", str(run.checkout / "config.yaml"),
-                        str(overlay)], cwd=run.root, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    out = r.stdout + r.stderr
-    assert r.returncode != 0
+    rc, out = dry_run("fp32")
+    assert rc != 0
     assert f"Config error: backend sglang runs an NVFP4 checkpoint dequantized to BF16, but {MODEL} " \
            "(precision fp32)" in out, out[-2000:]
 

@@ -123,6 +123,18 @@ def test_an_altered_shard_is_generated_again_and_the_merge_refuses_it(group):
     CountingBackend.generated = []
     gen.run(args())
     assert len(CountingBackend.generated) == 3  # GSM8K again: its file no longer had the recorded sha256
+
+
+def test_a_corrupt_index_is_named_with_the_fix_and_rebuilt_without_generating(group):
+    args, files, index = group
+    gen.run(args())
+    index.write_text(index.read_text()[:100])  # truncated
+    with pytest.raises(ValueError, match=rf"{index}: unreadable grouped-job index .*delete it and run again"):
+        group_shards([index], "gsm8k")
+    index.unlink()
+    CountingBackend.generated = []
+    gen.run(args())
+    assert CountingBackend.generated == [] and group_shards([index], "gsm8k")  # every shard kept
     (shard,) = group_shards([index], "gsm8k")  # the index vouches for the new file
     recs = [json.loads(l) for l in shard.read_text().splitlines()]
     assert len(recs) == 3 and not any(r["completion"].startswith("X") for r in recs)

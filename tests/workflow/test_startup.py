@@ -34,10 +34,11 @@ def snakemake(cwd, *args, env=None):
 
 
 @pytest.mark.slow
-def test_cores_zero_stops_with_one_line(checkout):
-    r = snakemake(checkout, "--cores", "0", "main_table")
+@pytest.mark.parametrize("cores", ["0", "-1"])
+def test_cores_below_one_stops_with_one_line(checkout, cores):
+    r = snakemake(checkout, "--cores", cores, "main_table")
     assert r.returncode != 0
-    assert "Error: --cores 0 lets no job run" in r.stderr and "--cores N with N >= 1" in r.stderr, r.stderr[-2000:]
+    assert f"Error: --cores {cores} lets no job run" in r.stderr and "--cores N with N >= 1" in r.stderr, r.stderr[-2000:]
     assert "Select jobs to execute..." not in r.stdout + r.stderr  # stopped before scheduling
 
 
@@ -86,3 +87,20 @@ def test_empty_data_file_stops_prepare_naming_it(tmp_path):
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith(f"error: {data / 'humaneval.jsonl'}:1: not valid JSON"), r.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("overlay, expect", [
+    ("models: {tiny-orl-nvfp4: {precision: nvfp4}}",
+     "model tiny-orl-nvfp4: precision nvfp4 (FP4 weights and activations on FP4 tensor cores) needs a Blackwell"),
+    ("models: {tiny: {precision: nvfp4-w4a16}}",
+     "model tiny: precision nvfp4-w4a16 keeps NVFP4 experts packed, but its checkpoint is not declared NVFP4"),
+    ("backend: sglang", "backend sglang runs on CUDA GPUs only, but suite 'smoke' has device: cpu"),
+])
+def test_impossible_precision_or_backend_stops_at_startup(checkout, overlay, expect):
+    """Choices the generation jobs could only refuse with a traceback (after a download, on the paper suite)
+    stop the dry run at once, naming the config files, the model and the fix."""
+    (checkout / "p.yaml").write_text(overlay + "\n")
+    r = snakemake(checkout, "-n", "--cores", "1", "main_table", "--configfile", "config.yaml", "p.yaml")
+    assert r.returncode != 0
+    assert f"Config error (config.yaml + p.yaml): {expect}" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr

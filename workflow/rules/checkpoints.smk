@@ -70,7 +70,7 @@ rule checkpoint_source:
 # export directly and never makes it. The copy is keyed by content: sources/dequantized/<model>.json holds the
 # checkpoint's content key, the dequantize code version and the dtype, is rewritten only when one changes, and
 # is what generation depends on (the copy and its stamp are taken as ancient(), as the checkpoint's are).
-from repro.checkpoint.dequantize import serves_dequantized
+from repro.checkpoint.dequantize import declared_quantization, serves_dequantized
 from repro.checkpoint.verify import refresh_stale_stamp
 
 DEQUANTIZED_DTYPE = "bfloat16"
@@ -108,6 +108,36 @@ def job_precision(wildcards):
     return "bf16" if p == "nvfp4-w4a16" and serves_dequantized(m, config["backend"]) else p
 
 
+# Precision / backend choices that cannot run, caught before any download or job (the jobs would stop with a
+# traceback after the checkpoint's download and verification): one line naming the model and the fix.
+def _startup_precision_errors():
+    errs = []
+    if config["backend"] == "sglang" and S.get("device", "cuda") == "cpu":
+        errs.append(f"backend sglang runs on CUDA GPUs only, but suite {SUITE!r} has device: cpu; use backend: "
+                    "engine (the smoke suite is CPU by design) or a GPU suite")
+    for m in S["models"]:
+        if is_replay(config, m):
+            continue
+        mc = config["models"][m]
+        p = mc.get("precision", S["precision"])
+        if config["backend"] == "engine" and p == "nvfp4":
+            errs.append(f"model {m}: precision nvfp4 (FP4 weights and activations on FP4 tensor cores) needs a "
+                        "Blackwell GPU and is not implemented; use nvfp4-w4a16 (4-bit experts dequantized in the "
+                        "kernels) or bf16 (dequantized at load)")
+        elif p == "nvfp4-w4a16" and declared_quantization(mc) != "nvfp4":
+            errs.append(f"model {m}: precision nvfp4-w4a16 keeps NVFP4 experts packed, but its checkpoint is not "
+                        "declared NVFP4; use bf16 or fp32, or add `quantization: nvfp4` to the model if it is an "
+                        "NVFP4 export")
+    return errs
+
+
+_perrs = _startup_precision_errors()
+if _perrs:
+    for _e in _perrs:
+        print(f"Config error ({_source}): {_e}", file=sys.stderr)
+    sys.exit(1)
+
+
 # The SGLang backend runs the dequantized copy in bf16: the engine's 4-bit mode maps to it (a note); any other
 # precision asked for such a model (fp32, native nvfp4) is a mistake caught here, before a 32 GB copy is written.
 if config["backend"] == "sglang":
@@ -117,7 +147,7 @@ if config["backend"] == "sglang":
     _bad = [f"{m} (precision {p})" for m, p in _prec.items() if p not in ("bf16", "nvfp4-w4a16")]
     if _bad:
         print(f"Config error: backend sglang runs an NVFP4 checkpoint dequantized to BF16, but {', '.join(_bad)} "
-              "asks for another precision; set the model's `precision: bf16` in config.yaml, or use `backend: "
+              f"asks for another precision; set the model's `precision: bf16` ({_source}), or use `backend: "
               "engine` (its nvfp4-w4a16 mode keeps the experts in 4 bits)", file=sys.stderr)
         sys.exit(1)
     _w4 = [m for m, p in _prec.items() if p == "nvfp4-w4a16"]

@@ -26,9 +26,11 @@ except ConfigError as e:
     print(f"Config error: {e}", file=sys.stderr)
     sys.exit(1)
 
-if workflow.resource_settings.cores == 0:
-    print("Error: --cores 0 lets no job run (Snakemake would wait at 'Select jobs to execute' forever); give "
-          "--cores N with N >= 1, or --cores all", file=sys.stderr)
+_cores = workflow.resource_settings.cores
+if isinstance(_cores, int) and _cores < 1:
+    print(f"Error: --cores {_cores} lets no job run (with 0 Snakemake would wait at 'Select jobs to execute' "
+          "forever; below 0 it starts jobs with invalid worker counts); give --cores N with N >= 1, or --cores all",
+          file=sys.stderr)
     sys.exit(1)
 
 SUITE = config["suite"]
