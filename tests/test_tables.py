@@ -226,3 +226,17 @@ def test_caption_names_each_models_precision_as_the_cards_do():
     long["precision"] = "bf16"
     assert "Precision: bf16. TPF" in caption(long, **CAP)
     assert [r["precision"] for r in wide(long, BENCH)] == ["bf16", "bf16"]
+
+
+def test_precision_label_follows_the_checkpoint_the_job_read():
+    """A shard meta's recorded ``checkpoint_quantization`` (what the job loaded) wins over config.yaml's
+    declaration: a plain checkpoint declared NVFP4 is not labelled NVFP4, and a local NVFP4 export whose
+    declaration is missing still is."""
+    from repro.tables.aggregate import cell_precision
+
+    plain = {"shards": [{"precision": "fp32", "backend": "engine", "checkpoint_quantization": None}]}
+    nvfp4 = {"shards": [{"precision": "nvfp4-w4a16", "backend": "engine", "checkpoint_quantization": "nvfp4"}]}
+    old = {"shards": [{"precision": "bf16", "backend": "engine"}]}  # a meta from before the field existed
+    assert cell_precision(plain, "nvfp4") == "fp32"
+    assert cell_precision(nvfp4, None) == "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
+    assert cell_precision(old, "nvfp4") == "bf16 (NVFP4 weights dequantized at load)"

@@ -72,6 +72,17 @@ class GenerationError(RuntimeError):
     """The job cannot run (unverified checkpoint, no GPU, bad decoder config); the message says why."""
 
 
+def checkpoint_quantization(model_dir: Path) -> str | None:
+    """``"nvfp4"`` when ``model_dir`` is an NVFP4 export (``config.json`` ``quantization_config``) or the
+    dequantized BF16 copy of one (its ``quant_provenance.json``, written by ``repro.checkpoint dequantize``),
+    else None."""
+    from repro.checkpoint.dequantize import declared_quantization
+
+    if (Path(model_dir) / "quant_provenance.json").is_file():
+        return "nvfp4"
+    return declared_quantization({"source": {"type": "local", "path": str(model_dir)}})
+
+
 def check_verified(model_dir: Path, stamp: Path) -> dict:
     """The verification stamp if it vouches for ``model_dir``'s current manifest; GenerationError if not."""
     from repro.checkpoint.verify import ManifestError, require_verified
@@ -345,6 +356,8 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
         "model": a.model, "benchmark": task.benchmark, "seed": a.seed, "shard": a.shard,
         "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,
         "batch_size": getattr(a, "batch_size", 1),
+        # what the checkpoint read is (not what config.yaml declares): the tables' precision labels use it
+        "checkpoint_quantization": checkpoint_quantization(job.model_dir),
         "generated_last_session": done_now,  # problems, tokens, seconds of the session that finished the shard
         "checkpoint_manifest_sha256": job.stamp.get("manifest_sha256"),
         "decoder_sha256": plan.inputs["decoder_sha256"], "decoder": decoder,
