@@ -287,28 +287,36 @@ class _Plan:
         self.batch_size = getattr(a, "batch_size", 1)
         problems = [json.loads(line) for line in Path(task.problems).read_text().splitlines() if line.strip()]
         self.todo = shard_of(problems, a.shard, a.num_shards)
-        self.kept = grouped and self._finished_with_same_inputs()
+        why = self._why_not_kept() if grouped else "not a grouped job"
+        self.kept = why is None
         if grouped and not self.kept and (self.out.exists() or self.meta_file.exists()):
-            print(f"note: {self.out} was generated with other inputs (decoder, problems, checkpoint, backend, "
-                  "adapter map, code or batch size) or changed since; generating this benchmark afresh",
-                  file=sys.stderr)
+            print(f"note: {self.out}: {why}; generating this benchmark afresh", file=sys.stderr)
             self.out.unlink(missing_ok=True)
             self.meta_file.unlink(missing_ok=True)
         self.remaining: list[dict] = []
         if not self.kept:
             self._open_partial()
 
-    def _finished_with_same_inputs(self) -> bool:
-        if not (self.out.is_file() and self.meta_file.is_file()):
-            return False
+    def _why_not_kept(self) -> str | None:
+        """None when the finished shard can be kept (same content-keyed inputs, same batch size, records as
+        written), else why not, in words for the job's log."""
+        if not self.out.is_file():
+            return "its records file is missing"
         try:
             meta = json.loads(self.meta_file.read_text())
-        except ValueError:
-            return False
+        except (OSError, ValueError):
+            return "its meta file is missing or unreadable"
+        old = meta.get("inputs") or {}
+        changed = sorted(k for k in set(old) | set(self.inputs) if old.get(k) != self.inputs.get(k))
+        if changed:
+            return "generated with other inputs (" + ", ".join(changed) + ")"
         # the batch size too: a job re-run for a new batch size generates at it (the partial file, by contrast,
         # is resumed at any batch size: the records are the same)
-        return (meta.get("inputs") == self.inputs and meta.get("records_sha256") == sha256_path(self.out)
-                and meta.get("batch_size", 1) == self.batch_size)
+        if meta.get("batch_size", 1) != self.batch_size:
+            return f"generated at batch size {meta.get('batch_size', 1)}, this job runs {self.batch_size}"
+        if meta.get("records_sha256") != sha256_path(self.out):
+            return "its records changed since they were written (sha256 differs from its meta)"
+        return None
 
     def _open_partial(self) -> None:
         partial, inputs = self.partial, self.inputs
@@ -423,8 +431,10 @@ def run(a: argparse.Namespace) -> int:
             "benchmarks": {p.task.benchmark: entry(p, m) for p, m in zip(plans, metas)},
             "job": job.facts(graph_capture_s=job.capture_s(), ended_at=time.time()),
         }, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {index}: {len(plans)} benchmark(s), {job.sharing} generated with one model load"
-              + (f" ({job.model_load_s:.2f} s)" if job.model_load_s is not None else ""), file=sys.stderr)
+        print(f"wrote {index}: {len(plans)} benchmark(s), " + (
+            f"{job.sharing} generated with one model load" + (
+                f" ({job.model_load_s:.2f} s)" if job.model_load_s is not None else "")
+            if job.sharing else "all kept, no model loaded"), file=sys.stderr)
     return 0
 
 

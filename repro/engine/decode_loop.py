@@ -213,10 +213,13 @@ def generate_ids(backend: ForwardBackend, prompt_ids: list[int], decoder: Decode
             tokens, n_fwd, reuse, done = _host_block(backend, dec, canvas[s:s + B].clone(), editable, s, cap, gen)
         if not done:
             stalled.append(b)
-            warnings.warn(f"decoder {cfg.algorithm} did not finish block {b} within {cap} denoising "
-                          f"forwards; {int(((tokens == mask_id) & editable).sum())} <|mask|> left as they are (the mask "
-                          "token is a candidate; set exclude_mask_token: true to exclude it)", RuntimeWarning,
-                          stacklevel=2)
+            left = int(((tokens == mask_id) & editable).sum())
+            why = (f"{left} <|mask|> left as they are (the mask token is a candidate; set exclude_mask_token: true "
+                   "to exclude it)" if left else
+                   f"no <|mask|> left, but edits kept changing tokens (edit threshold {cfg.edit_threshold}); the "
+                   "tokens are kept as they stood")
+            warnings.warn(f"decoder {cfg.algorithm} did not finish block {b} within {cap} denoising forwards; {why}",
+                          RuntimeWarning, stacklevel=2)
         backend.commit_block(tokens, s, run_forward=not reuse)
         counts["denoise"] += n_fwd
         counts["commit"] += 0 if reuse else 1
