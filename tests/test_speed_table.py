@@ -152,7 +152,7 @@ def test_speed_probe_gives_the_single_request_columns_of_a_batched_suite(tmp_pat
     assert a["n_single"] == 32 and a["tps_single"] == pytest.approx(100.0)
     cap = speed.caption(total, "s")
     assert "first 32 problems of GSM8K" in cap and "separate speed-probe run" in cap
-    assert "engine path cuda-graph)" in cap and "engine path batched-cuda-graph" in cap and "N = 32" in cap
+    assert "engine path cuda-graph;" in cap and "engine path batched-cuda-graph" in cap and "N = 32" in cap
     # without the probe the batched suite says what to set
     _, plain = speed.build(tmp_path, "s", SPEC)
     assert "speed_benchmarks" in speed.caption(plain, "s")

@@ -238,8 +238,8 @@ def caption(total: dict, suite: str, latex: bool = False) -> str:
         ppath = ", ".join(total.get("probe_engine_paths") or ["?"])
         pdev = ", ".join(_device(d) for d in (total.get("probe_devices") or [])) or dev
         single = (f"single-request tokens/s and ms/forward (1 req.) over the first {SUBSET} problems of {names}, "
-                  f"measured in a separate speed-probe run one request at a time at batch 1 on {pdev} "
-                  f"(engine path {ppath}); '-' for the other benchmarks")
+                  f"measured in a separate speed-probe run one request at a time at batch 1 on {pdev}, "
+                  f"engine path {ppath}; '-' for the other benchmarks")
     elif 1 in bs:
         single = f"single-request tokens/s over the first {SUBSET} problems of each benchmark generated at batch 1"
     else:
