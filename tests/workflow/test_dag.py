@@ -87,3 +87,21 @@ def test_paper_suite_under_sglang_dequantizes_the_nvfp4_model_only(tmp_path):
                                     f"--verified {tmp_path}/verified/dequantized/llada-orl-nvfp4.json" in l
                                     for l in nvfp4)
     assert all(f"--model-dir {tmp_path}/hf/" in l for l in jobs if l not in nvfp4)
+
+
+def test_speed_probes_get_the_site_gpu_settings_of_generation(tmp_path):
+    """The speed probe is a GPU job like generation: a site profile's set-resources for generate_shard (README)
+    give it the same partition and GPU model, and it requests one GPU."""
+    import yaml
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "config.yaml").write_text(yaml.safe_dump({
+        "default-resources": {"slurm_account": "acct", "slurm_partition": "cpu"},
+        "set-resources": {"generate_shard": {"slurm_partition": "gpu", "gpu_model": "h200"}}}))
+    _, out = dry_run("--config", "suite=paper", f"work_dir={tmp_path / 'work'}", "--workflow-profile",
+                     str(REPO_ROOT / "workflow" / "profiles" / "slurm"), "--profile", str(site))
+    probes = [b for b in re.split(r"^rule ", out, flags=re.M) if b.startswith("speed_probe:")]
+    assert len(probes) == 6
+    assert all(re.search(r"resources: .*\bgpu=1\b", b) and "slurm_partition=gpu" in b and "gpu_model=h200" in b
+               for b in probes), probes[0]

@@ -49,7 +49,7 @@ def gres_for(wildcards):
 
 
 # A site profile's `set-resources: generate_shard: {...}` (partition, account, qos, constraint, ...) applies to
-# the grouped generation jobs too: forwarded as generate_group's own resources, so a key set for
+# the grouped generation jobs and the speed probes too: forwarded as their own resources, so a key set for
 # generate_group itself still wins (set-resources override a rule's). The keys the rule computes itself are
 # left out; those read _gen_site, key by key, the same way.
 _COMPUTED = {"gpu", "gpu_model", "gres", "cpus_per_gpu", "gpu_mem_mb", "runtime", "mem_mb"}

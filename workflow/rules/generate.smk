@@ -152,6 +152,7 @@ rule speed_probe:
         gpu_mem_mb=lambda wc: gpu_mem_mb_at(wc, 1),  # one request at a time: no batch KV caches
         runtime=lambda wc, attempt: (60 if on_gpu(wc) else 30) * attempt,
         mem_mb=lambda wc, attempt: (64000 if on_gpu(wc) else 4000) * attempt,
+        **GROUP_SITE_RESOURCES,  # a site profile's set-resources for generate_shard (partition, account, ...)
     shell:
         logged("OMP_NUM_THREADS={threads} {PY_IMAGE} -m repro.backends.generation_job --backend {params.backend} "
                "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
