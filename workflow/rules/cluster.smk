@@ -57,6 +57,9 @@ _SHARD_SITE = (getattr(workflow.resource_settings, "overwrite_resources", None) 
 GROUP_SITE_RESOURCES = {k: _cluster._raw(v) for k, v in _SHARD_SITE.items() if k not in _COMPUTED}
 
 
+_PAPER_DECODING = {}  # the packaged paper_decoding.json, read once per Snakemake process
+
+
 def slot_positions_for(wildcards):
     """KV rows per batch slot of a generation job (repro.cluster.slot_positions): the longest ``max_new_tokens``
     of the model's decoders over the suite's benchmarks (the suite's override, else the packaged
@@ -68,7 +71,7 @@ def slot_positions_for(wildcards):
         from repro.paper.decoding import PaperDecodingError, load_paper_decoding, resolve_decoder
 
         try:
-            pd = load_paper_decoding()
+            pd = _PAPER_DECODING.setdefault("packaged", load_paper_decoding())
             most = max(resolve_decoder(pd, s["decoder_suite"], model_cfg(wildcards)["decoder"], b, 0)
                        .get("max_new_tokens") or 4096 for b in s["benchmarks"])
         except (PaperDecodingError, KeyError):
