@@ -21,17 +21,22 @@ Contract
   for ``rule`` (``set-resources``) or for all rules (``default-resources``), else None. Generation asks it
   for ``gres``: a site that asks for GPUs with ``gres`` gets ``--gres`` only, never ``--gres`` and
   ``--gpus`` together.
-* ``gpu_memory_need_mb(source, precision)``: GPU memory a generation job declares (resource ``gpu_mem_mb``),
-  in MB (10^6 bytes), before the checkpoint exists: the real LLaDA2.1-mini checkpoints in bf16 38,000 (32.6
-  GB of weights + 1.34 GB KV cache for a 32K-token context, 20 layers x 2 x 4 KV heads x 128 x 2 B = 40,960
-  B/token from the model's config, https://huggingface.co/inclusionAI/LLaDA2.1-mini/blob/main/config.json,
-  + ~3.9 GB working memory, an estimate, not measured); the NVFP4 checkpoint in nvfp4-w4a16 14,000 (10.6 GB
-  of weights); the tiny random model 1,000.
-* ``check_gpu(model_dir, precision)`` (in the generation job, on the GPU it landed on): the same sum from
-  the checkpoint itself (``gpu_need_bytes``: its weight files, scaled up when a 4-bit checkpoint is
-  dequantized to bf16 at load) against the GPU's memory, and the compute capability the
-  precision needs (bf16 / nvfp4-w4a16: 8.0, nvfp4: 10.0); RuntimeError naming the GPU, what it has and what
-  is needed.
+* ``gpu_memory_need_mb(source, precision, batch_size=1, positions=5120)``: GPU memory a generation job declares
+  (resource ``gpu_mem_mb``), in MB (10^6 bytes), before the checkpoint exists: the real LLaDA2.1-mini checkpoints
+  in bf16 at batch 1 38,000 (32.6 GB of weights + 1.34 GB KV cache for a 32K-token context, 20 layers x 2 x 4 KV
+  heads x 128 x 2 B = 40,960 B/token from the model's config, :data:`LLADA2_MINI_CONFIG`,
+  https://huggingface.co/inclusionAI/LLaDA2.1-mini/blob/main/config.json, + ~3.9 GB working memory, an
+  estimate, not measured); the NVFP4 checkpoint in nvfp4-w4a16 14,000 (10.6 GB of weights); the tiny random
+  model 1,000. At ``batch_size`` S > 1 the batched engine adds one KV cache per slot of ``positions`` rows and
+  the slots' logits (:func:`batch_kv_bytes`: S x 40,960 B x positions + S x 32 x 157,184 x 2 B; S = 32 at 5,120
+  positions: 6.71 + 0.32 GB, docs/perf.md "Batched graph forward"): 45,000 for the paper suite's batch 32 in
+  bf16. ``positions``: :func:`slot_positions` of the longest generation (prompt allowance + max new tokens,
+  rounded up to 1,024 as the batched graph engine allocates on a GPU).
+* ``check_gpu(model_dir, precision, batch_size=1, positions=5120)`` (in the generation job, on the GPU it landed
+  on): the same sum from the checkpoint itself (``gpu_need_bytes``: its weight files, scaled up when a 4-bit
+  checkpoint is dequantized to bf16 at load, its config.json's shape for the KV caches) against the GPU's
+  memory, and the compute capability the precision needs (bf16 / nvfp4-w4a16: 8.0, nvfp4: 10.0); RuntimeError
+  naming the GPU, what it has and what is needed.
 * ``container_env(environ, binary)``: ``{APPTAINERENV_X: value}`` (``SINGULARITYENV_`` for a
   ``singularity`` binary) for each variable of ``FORWARDED_ENV`` that is set, so ``--cleanenv`` keeps the
   GPU selection (``CUDA_VISIBLE_DEVICES`` from Slurm or the user) and the cache settings.
@@ -78,6 +83,17 @@ FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES", "ORL_EVAL_GPU_LOCKS", "HF_HOME", "HF_HU
 WEIGHTS_GB = {"bf16": 32.6, "fp32": 65.2, "nvfp4-w4a16": 10.6, "nvfp4": 10.6}
 KV_GB = 1.342
 TINY_MODEL_GPU_MB = 1_000
+# The shape facts of LLaDA2.1-mini's config.json that size its KV caches and logits (used before the checkpoint
+# is downloaded; the job itself reads the checkpoint's config.json):
+# https://huggingface.co/inclusionAI/LLaDA2.1-mini/blob/main/config.json
+LLADA2_MINI_CONFIG = {"num_hidden_layers": 20, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 157_184,
+                      "max_position_embeddings": 32_768}
+# Tokens a batch slot reserves for the prompt when the prompts are not known yet (the paper suite's prompts,
+# few-shot included, stay under 1,024 tokens), and the multiple the batched graph engine rounds a slot's
+# positions up to on a GPU (repro/engine/batch_graph.py, generate_batch_graph).
+PROMPT_ALLOWANCE = 1_024
+SLOT_ROUND = 1_024
+BLOCK_TOKENS = 32  # tokens of a denoising block (paper_decoding.json engine.block_size): rows of logits per slot
 # compute capability each precision needs: bf16 arithmetic from 8.0 (Ampere: A100/A10/L4/L40S; H100/H200
 # are 9.0), the bound torch.cuda.is_bf16_supported() applies; native FP4 from 10.0 (Blackwell)
 MIN_CAPABILITY = {"bf16": (8, 0), "nvfp4-w4a16": (8, 0), "nvfp4": (10, 0)}
@@ -214,35 +230,69 @@ def site_resource(resource_settings, rule: str, name: str):
     return None
 
 
-def gpu_memory_need_mb(source: dict, precision: str = "bf16") -> int:
+def kv_bytes_per_position(cfg: dict) -> int:
+    """Bytes of bf16 KV cache per position of one request: layers x 2 (K and V) x KV heads x head_dim x 2 B,
+    from a model config (config.json keys; missing keys: LLaDA2.1-mini's, :data:`LLADA2_MINI_CONFIG`).
+    LLaDA2.1-mini: 20 x 2 x 4 x 128 x 2 = 40,960."""
+    c = {**LLADA2_MINI_CONFIG, **(cfg or {})}
+    return c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"] * 2
+
+
+def slot_positions(max_new_tokens: int, prompt_tokens: int = PROMPT_ALLOWANCE) -> int:
+    """KV rows one batch slot holds: prompt + ``max_new_tokens`` rounded up to :data:`SLOT_ROUND` (the batched
+    graph engine's allocation on a GPU). 4,096 new tokens (paper_decoding.json) -> 5,120. ValueError for a
+    negative count."""
+    if max_new_tokens < 0 or prompt_tokens < 0:
+        raise ValueError(f"token counts must be >= 0, got max_new_tokens={max_new_tokens}, "
+                         f"prompt_tokens={prompt_tokens}")
+    return -(-(prompt_tokens + max_new_tokens) // SLOT_ROUND) * SLOT_ROUND
+
+
+def batch_kv_bytes(cfg: dict, batch_size: int, positions: int) -> int:
+    """Bytes the batched engine adds at ``batch_size`` S > 1 (0 at S = 1, the single-request path): S slots'
+    bf16 KV caches of ``positions`` rows (:func:`kv_bytes_per_position`) + S x block x vocab x 2 B of logits
+    (docs/perf.md, "Batched graph forward": 6.7 GB + 322 MB at S = 32 x 5,120 positions). ValueError for
+    S < 1."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if batch_size == 1:
+        return 0
+    c = {**LLADA2_MINI_CONFIG, **(cfg or {})}
+    return batch_size * (kv_bytes_per_position(c) * positions + BLOCK_TOKENS * c["vocab_size"] * 2)
+
+
+def gpu_memory_need_mb(source: dict, precision: str = "bf16", batch_size: int = 1,
+                       positions: int = 5_120) -> int:
     """GPU memory (MB, rounded up to 1,000) a generation job declares for a model whose config ``source`` and
-    ``precision`` are given: 38,000 in bf16, 14,000 for the NVFP4 checkpoint in nvfp4-w4a16, 1,000 for the
-    tiny model (module docstring)."""
+    ``precision`` are given, decoding ``batch_size`` requests together with ``positions`` KV rows per slot:
+    38,000 in bf16 at batch 1, 14,000 for the NVFP4 checkpoint in nvfp4-w4a16, 1,000 for the tiny model;
+    + :func:`batch_kv_bytes` at batch > 1 (module docstring; 45,000 in bf16, 21,000 in nvfp4-w4a16 at 32 x 5,120)."""
     if source.get("type") == "tiny":
         return TINY_MODEL_GPU_MB
     w = WEIGHTS_GB.get(precision, WEIGHTS_GB["bf16"])
-    return math.ceil(w + KV_GB + max(0.5, 0.12 * w)) * 1000
+    batch_gb = batch_kv_bytes(LLADA2_MINI_CONFIG, batch_size, positions) / 1e9
+    return math.ceil(w + KV_GB + batch_gb + max(0.5, 0.12 * w)) * 1000
 
 
-def gpu_need_bytes(model_dir: str | os.PathLike, precision: str = "bf16") -> int:
+def gpu_need_bytes(model_dir: str | os.PathLike, precision: str = "bf16", batch_size: int = 1,
+                   positions: int = 5_120) -> int:
     """Bytes of GPU memory generation needs for the checkpoint in ``model_dir`` run at ``precision``: its
     ``*.safetensors`` weights as stored (an NVFP4 checkpoint, config.json with ``quantization_config``, run
     at bf16 is dequantized at load: x 32.6/10.6, the two model cards' sizes; fp32 doubles bf16) + a bf16 KV
     cache for its full context (config.json: num_hidden_layers x 2 x
     num_key_value_heads x head_dim x 2 B x max_position_embeddings; LLaDA2.1-mini: 40,960 B/token x 32,768 =
-    1.34 GB) + working memory (activations, CUDA graphs, kernel workspaces: an estimate, 12% of the weights,
-    at least 0.5 GB). LLaDA2.1-mini: 32.6 + 1.34 + 3.9 = 37.9 GB."""
+    1.34 GB) + at ``batch_size`` > 1 the slots' KV caches of ``positions`` rows and logits (:func:`batch_kv_bytes`
+    from the same config) + working memory (activations, CUDA graphs, kernel workspaces: an estimate, 12% of the
+    weights, at least 0.5 GB). LLaDA2.1-mini: 32.6 + 1.34 + 3.9 = 37.9 GB; at 32 x 5,120: + 7.0 GB."""
     d = Path(model_dir)
     weights = sum(f.stat().st_size for f in d.glob("*.safetensors"))
     cfg = yaml.safe_load((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
-    kv_per_token = (cfg.get("num_hidden_layers", 20) * 2 * cfg.get("num_key_value_heads", 4)
-                    * cfg.get("head_dim", 128) * 2)
-    kv = kv_per_token * cfg.get("max_position_embeddings", 32_768)
+    kv = kv_bytes_per_position(cfg) * cfg.get("max_position_embeddings", 32_768)
     if cfg.get("quantization_config") and not precision.startswith("nvfp4"):
         weights = int(weights * WEIGHTS_GB["bf16"] / WEIGHTS_GB["nvfp4"])
     if precision == "fp32":
         weights *= 2
-    return weights + kv + max(500_000_000, weights * 12 // 100)
+    return weights + kv + batch_kv_bytes(cfg, batch_size, positions) + max(500_000_000, weights * 12 // 100)
 
 
 def gpu_problem(name: str, total_bytes: int, capability: tuple[int, int], need_bytes: int,
@@ -258,19 +308,20 @@ def gpu_problem(name: str, total_bytes: int, capability: tuple[int, int], need_b
                 "GPU (README 'On a Slurm cluster')")
     if total_bytes < need_bytes:
         return (f"GPU {name} has {total_bytes / gb:.1f} GB but generation needs {need_bytes / gb:.1f} GB (bf16 "
-                "weights + KV cache of a 32K-token context + working memory); request a GPU with at least "
+                "weights + KV caches: a 32K-token context, and one per batch slot + working memory); request a GPU with at least "
                 f"{math.ceil(need_bytes / gb)} GB (README 'On a Slurm cluster')")
     return None
 
 
-def check_gpu(model_dir: str | os.PathLike, precision: str) -> None:
+def check_gpu(model_dir: str | os.PathLike, precision: str, batch_size: int = 1, positions: int = 5_120) -> None:
     """Raise RuntimeError naming the GPU, its memory and the requirement when the visible GPU 0 cannot hold
-    the model in ``model_dir`` (``gpu_problem``). Call after CUDA is known to be available."""
+    the model in ``model_dir`` decoding ``batch_size`` requests of ``positions`` KV rows (``gpu_problem``,
+    ``gpu_need_bytes``). Call after CUDA is known to be available."""
     import torch
 
     p = torch.cuda.get_device_properties(0)
-    problem = gpu_problem(p.name, p.total_memory, (p.major, p.minor), gpu_need_bytes(model_dir, precision),
-                          precision)
+    problem = gpu_problem(p.name, p.total_memory, (p.major, p.minor),
+                          gpu_need_bytes(model_dir, precision, batch_size, positions), precision)
     if problem:
         raise RuntimeError(problem)
 

@@ -20,6 +20,8 @@
     <suite>/generations/<model>/seed<S>/shard<K>of<N>/<bench>.jsonl  a grouped job's shard of one benchmark
                                                  (+ .meta.json), kept across reruns of the job
     <suite>/scores/<model>/<bench>/seed<S>.jsonl        per-sample verdicts (+ .summary.json)
+    <suite>/speed/<model>/<bench>.jsonl          speed probe (suites generated batched): the first problems run
+                                                 one request at a time (+ .meta.json), read by the speed table
     results/<suite>/main_table.{md,tex,csv}, provenance.json   (in the checkout, not the work dir)
 """
 
@@ -38,3 +40,5 @@ GROUP = "{suite}/generations/{model}/seed{seed}/shard{shard}of{nshards}.json"
 GROUP_SHARD = "{suite}/generations/{model}/seed{seed}/shard{shard}of{nshards}/{bench}.jsonl"  # GROUP without .json
 SCORES = "{suite}/scores/{model}/{bench}/seed{seed}.jsonl"
 SUMMARY = "{suite}/scores/{model}/{bench}/seed{seed}.summary.json"
+SPEED_PROBE = "{suite}/speed/{model}/{bench}.jsonl"
+SPEED_SUBSET = 32  # problems (first in problem order) a speed probe runs; repro.tables.speed.SUBSET

@@ -123,3 +123,36 @@ def test_fixed_costs_per_job_counted_once_across_the_benchmarks_it_served(tmp_pa
     rows, total = speed.build(tmp_path, "s", SPEC)
     assert rows[0]["capture_s"] is None and "| - |" in speed.to_markdown(rows, "cap")
     assert "capture" not in speed.fixed_costs_note(total) and "1 generation job loaded" in speed.fixed_costs_note(total)
+
+
+def test_speed_probe_gives_the_single_request_columns_of_a_batched_suite(tmp_path):
+    """A suite generated at batch 32: its records (latencies inside the batch) give no single-request numbers;
+    the speed probe's batch-1 records of GSM8K do (first SUBSET only), HumanEval without a probe stays '-', and
+    the caption says it was a separate probe run on its own engine path; a probe file missing is named."""
+    meta32 = {"batch_size": 32, "precision": "bf16",
+              "generated_last_session": {"generated_tokens": 4000, "wall_s": 2.0},
+              "backend_info": {"device": "cuda (NVIDIA H200)", "engine_path": "batched-cuda-graph", "load_s": 20.0,
+                               "batch": {"rounds": 100, "mean_round_s": 0.01, "wall_s": 2.0, "max_active": 32}}}
+    for b in ("gsm8k", "humaneval"):
+        _write(tmp_path, "m", b, [_rec(i, 40, 3.0, 32) for i in range(100)], [meta32])
+    probe = tmp_path / paths.SPEED_PROBE.format(suite="s", model="m", bench="gsm8k")
+    probe.parent.mkdir(parents=True)
+    # 40 batch-1 records: the first 32 at 0.2 s for 20 tokens (100 tok/s), the rest would pull it down
+    probe.write_text("".join(json.dumps(_rec(i, 20, 0.2 if i < speed.SUBSET else 50.0, 1)) + "\n" for i in range(40)))
+    (probe.parent / (probe.name + ".meta.json")).write_text(json.dumps(
+        {"batch_size": 1, "backend_info": {"device": "cuda (NVIDIA H200)", "engine_path": "cuda-graph"}}))
+    with pytest.raises(FileNotFoundError, match="speed probe missing"):
+        speed.build(tmp_path, "s", SPEC, ["gsm8k", "humaneval"])
+    rows, total = speed.build(tmp_path, "s", SPEC, ["gsm8k"])
+    g, h, a = rows
+    assert g["n_single"] == 32 and g["tps_single"] == pytest.approx(100.0)
+    assert g["ms_per_forward"] == pytest.approx(0.2 * 32 / (32 * 13) * 1000)
+    assert g["tpf"] == pytest.approx(40 / 12) and g["tps_batch"] == pytest.approx(2000.0)  # the main generation's
+    assert h["n_single"] == 0 and h["tps_single"] is None and h["tps_batch"] == pytest.approx(2000.0)
+    assert a["n_single"] == 32 and a["tps_single"] == pytest.approx(100.0)
+    cap = speed.caption(total, "s")
+    assert "first 32 problems of GSM8K" in cap and "separate speed-probe run" in cap
+    assert "engine path cuda-graph;" in cap and "engine path batched-cuda-graph" in cap and "N = 32" in cap
+    # without the probe the batched suite says what to set
+    _, plain = speed.build(tmp_path, "s", SPEC)
+    assert "speed_benchmarks" in speed.caption(plain, "s")

@@ -39,6 +39,11 @@ benchmark: the first benchmark of a job pays them; null on a path without graphs
 ``benchmarks_sharing_load`` (how many benchmarks that one load generated), the job's ``id`` and ``pid``, its
 claimed ``gpu`` and ``started_at`` (after the claim) / ``ended_at`` (Unix seconds). ``INDEX`` carries the same job facts, ``ended_at`` being the job's end.
 
+``--limit N`` keeps the first N problems of each problems file (problem order) before sharding: the speed probe
+(workflow/rules/generate.smk, rule ``speed_probe``) runs the first 32 problems one request at a time with
+``--batch-size 1 --limit 32``; the limit joins the content key of the partial file and of the meta's ``inputs``
+(only when given, so the key of a job without it is as before).
+
 Refuses to start when the checkpoint's verification stamp is missing or does not match the
 checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU. Dies with the
 Snakemake that started it (``repro.backends.lifeline``), so a killed Snakemake leaves no orphans. A local
@@ -93,9 +98,11 @@ def check_verified(model_dir: Path, stamp: Path) -> dict:
         raise GenerationError(str(e)) from None
 
 
-def check_device(device: str, model_dir: Path | None = None, precision: str = "fp32") -> None:
+def check_device(device: str, model_dir: Path | None = None, precision: str = "fp32", batch_size: int = 1,
+                 positions: int = 5_120) -> None:
     """Fail clearly when a GPU job lands on a machine without one (Snakemake would run it anyway), or on a GPU
-    without the memory or the bf16 support the model needs (repro.cluster.gpu_problem)."""
+    without the memory (weights + KV caches of ``batch_size`` slots of ``positions`` rows) or the bf16 support
+    the model needs (repro.cluster.gpu_problem)."""
     if device.startswith("cuda"):
         import torch
 
@@ -108,7 +115,7 @@ def check_device(device: str, model_dir: Path | None = None, precision: str = "f
             from repro.cluster import check_gpu
 
             try:
-                check_gpu(model_dir, precision)
+                check_gpu(model_dir, precision, batch_size, positions)
             except RuntimeError as e:
                 raise GenerationError(str(e)) from None
 
@@ -193,7 +200,7 @@ class Job:
             print(f"gpu-job start job={self.id} pid={os.getpid()} gpu={self.gpu} "
                   f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} t={self.started_at:.3f}",
                   file=sys.stderr)
-        check_device(a.device, self.model_dir, a.precision)
+        check_device(a.device, self.model_dir, a.precision, getattr(a, "batch_size", 1), _slot_positions(a))
         self._backend = None
         self.model_load_s: float | None = None
         self.sharing = 0  # benchmarks the loaded backend generated
@@ -229,6 +236,21 @@ class Job:
             self._backend.close()
         if self.claims:
             print(f"gpu-job end job={self.id} pid={os.getpid()} gpu={self.gpu} t={time.time():.3f}", file=sys.stderr)
+
+
+def _slot_positions(a: argparse.Namespace) -> int:
+    """KV rows a batch slot needs for the job's longest generation: the largest ``max_new_tokens`` of its
+    decoder configs + a prompt allowance (repro.cluster.slot_positions); the paper default 4,096 when a config
+    does not say or cannot be read (its own error comes when the benchmark starts)."""
+    from repro.cluster import slot_positions
+
+    most = 0
+    for d in _values(getattr(a, "decoder", None)):
+        try:
+            most = max(most, int((yaml.safe_load(Path(d).read_text()) or {}).get("max_new_tokens") or 4096))
+        except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            most = max(most, 4096)
+    return slot_positions(most or 4096)
 
 
 def _generate(a: argparse.Namespace, bench: str, backend, remaining: list[dict], decoder: dict, partial: Path,
@@ -284,8 +306,13 @@ class _Plan:
                        "checkpoint_manifest_sha256": stamp.get("manifest_sha256"), "backend": a.backend,
                        "device": a.device, "precision": a.precision, "code_version": self.code_version,
                        "adapter_map": file_key(a.adapter_map) if getattr(a, "adapter_map", None) else None}
+        limit = getattr(a, "limit", None)
+        if limit is not None:
+            self.inputs["limit"] = limit
         self.batch_size = getattr(a, "batch_size", 1)
         problems = [json.loads(line) for line in Path(task.problems).read_text().splitlines() if line.strip()]
+        if limit is not None:
+            problems = problems[:limit]
         self.todo = shard_of(problems, a.shard, a.num_shards)
         why = self._why_not_kept() if grouped else "not a grouped job"
         self.kept = why is None
@@ -458,8 +485,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="engine: requests decoded together (repro.engine.batch; greedy ids identical at any size)")
     ap.add_argument("--adapter-map", default=None,
                     help="adapter mapping file for the checkpoint's ORL adapter (docs/adapter_map.md)")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="only the first N problems of each problems file, before sharding (the speed probe)")
     ap.add_argument("--out", help="the shard file (one-benchmark job; a grouped job derives its shards' paths)")
     a = ap.parse_args(argv)
+    if a.limit is not None and a.limit < 1:
+        ap.error(f"--limit must be a positive number of problems, got {a.limit}")
     from repro.backends.lifeline import die_with_parent
 
     die_with_parent()

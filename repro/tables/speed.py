@@ -9,8 +9,11 @@ the generation records and their shard metas only (nothing is re-run):
 * ``tokens/s (1 req.)``: tokens per second of a **single request** = Σ generated tokens / Σ ``wall_s``
   over the first :data:`SUBSET` problems (problem order) of seed ``seeds[0]`` whose records were made at
   batch 1 (the model cards' convention: "tokens/s for a single request"; the paper reports GSM8K and
-  HumanEval). ``-`` when the suite generated batched: then measure it with
-  ``python -m repro.engine bench suite --batch-size 1 --limit 32`` (command in the caption).
+  HumanEval). A suite generated batched has no such records: its **speed probe** (``--probe-benchmarks``;
+  workflow rule ``speed_probe``) ran the first :data:`SUBSET` problems of those benchmarks one request at a time
+  at batch 1 in a separate job, and its records (``<work>/<suite>/speed/<model>/<bench>.jsonl``,
+  ``repro.paths.SPEED_PROBE``, + ``.meta.json``) give this column and ``ms/forward (1 req.)`` (the caption says
+  so and names the probe's engine path); ``-`` for a benchmark without a probe.
 * ``TPF``: Σ generated / Σ (denoise + commit) over all records (the main table's convention).
 * ``ms/forward (1 req.)``: Σ ``wall_s`` / Σ forwards (prefill + denoise + commit) over the same subset.
 * ``tokens/s (batch N)``: the jobs' throughput at the suite's batch size: Σ generated / Σ generation
@@ -51,8 +54,9 @@ from repro.io import atomic_write_text, read_jsonl
 from repro.tables.aggregate import cell_precision
 from repro.tables.render import fmt, latex_escape, precision_sentence
 
-#: Problems per benchmark (first in problem order) over which single-request tokens/s is measured.
-SUBSET = 32
+#: Problems per benchmark (first in problem order) over which single-request tokens/s is measured (the speed
+#: probe runs as many: repro.paths.SPEED_SUBSET).
+SUBSET = paths.SPEED_SUBSET
 
 COLUMNS = [("tps_single", "tokens/s (1 req.)", 1), ("tpf", "TPF", 2), ("ms_per_forward", "ms/forward (1 req.)", 1),
            ("tps_batch", "tokens/s (batch N)", 1), ("ms_per_round_batch", "ms/round (batch N)", 1),
@@ -91,19 +95,35 @@ def merge_jobs(a: dict, b: dict) -> dict:
     return out
 
 
-def cell_sums(records: list[dict], metas: list[dict], cell: str = "") -> dict:
-    """The numerators/denominators of one model × benchmark (module docstring), plus what the caption needs."""
+def _forwards(r: dict, kinds: tuple[str, ...]) -> int:
+    return sum((r.get("forwards") or {}).get(k, 0) for k in kinds)
+
+
+def single_sums(records: list[dict]) -> dict:
+    """``n_single``, ``single_tokens``, ``single_wall``, ``single_forwards`` over the first :data:`SUBSET` engine
+    records made at batch 1 (module docstring)."""
     single = [r for r in records if r.get("backend") == "engine" and r.get("batch_size", 1) == 1
               and r.get("wall_s")][:SUBSET]
-    fw = lambda r, kinds: sum((r.get("forwards") or {}).get(k, 0) for k in kinds)  # noqa: E731
+    return {"n_single": len(single), "single_tokens": sum(r["generated_tokens"] for r in single),
+            "single_wall": sum(r["wall_s"] for r in single),
+            "single_forwards": sum(_forwards(r, ("prefill", "denoise", "commit")) for r in single)}
+
+
+def cell_sums(records: list[dict], metas: list[dict], cell: str = "", probe: tuple[list, dict] | None = None) -> dict:
+    """The numerators/denominators of one model × benchmark (module docstring), plus what the caption needs.
+    ``probe``: the speed probe's ``(records, meta)``, whose batch-1 records replace the generation's for the
+    single-request sums."""
+    fw = _forwards
     counted = [r for r in records if r.get("forwards")]
     infos = [m.get("backend_info") or {} for m in metas]
     sessions = [m.get("generated_last_session") for m in metas if m.get("generated_last_session")]
     rounds = [i["batch"] for i in infos if i.get("batch")]
+    pinfo = ((probe[1] or {}).get("backend_info") or {}) if probe else {}
     return {
-        "n_single": len(single),
-        "single_tokens": sum(r["generated_tokens"] for r in single), "single_wall": sum(r["wall_s"] for r in single),
-        "single_forwards": sum(fw(r, ("prefill", "denoise", "commit")) for r in single),
+        **single_sums(probe[0] if probe else records),
+        "probe_benchmarks": [cell.split("/")[-1]] if probe else [],
+        "probe_devices": [str(pinfo["device"])] if pinfo.get("device") else [],
+        "probe_engine_paths": [str(pinfo["engine_path"])] if pinfo.get("engine_path") else [],
         "tokens": sum(r["generated_tokens"] for r in counted),
         "tpf_forwards": sum(fw(r, ("denoise", "commit")) for r in counted),
         "batch_tokens": sum(s["generated_tokens"] for s in sessions), "batch_wall": sum(s["wall_s"] for s in sessions),
@@ -147,9 +167,19 @@ def fixed_costs_note(total: dict) -> str:
     return text + "."
 
 
-def build(work: Path, suite: str, spec: dict) -> tuple[list[dict], dict]:
-    """Rows (label, benchmark, values) and the summed facts for the caption. Raises FileNotFoundError naming a
-    missing generation file."""
+def read_probe(work: Path, suite: str, model: str, bench: str) -> tuple[list[dict], dict]:
+    """The speed probe's records and meta of one model × benchmark. FileNotFoundError names a missing file."""
+    p = work / paths.SPEED_PROBE.format(suite=suite, model=model, bench=bench)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: speed probe missing; run the speed_table target (rule speed_probe) first")
+    meta_p = Path(str(p) + ".meta.json")
+    return read_jsonl(p), (json.loads(meta_p.read_text()) if meta_p.is_file() else {})
+
+
+def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list[dict], dict]:
+    """Rows (label, benchmark, values) and the summed facts for the caption; ``probe_benchmarks``: those whose
+    single-request columns come from the speed probe (:func:`read_probe`). Raises FileNotFoundError naming a
+    missing generation or probe file."""
     seed = spec["seeds"][0]
     rows, total = [], None
     per_model: dict[str, str] = {}  # label -> precision as the model cards name it
@@ -162,7 +192,9 @@ def build(work: Path, suite: str, spec: dict) -> tuple[list[dict], dict]:
                 raise FileNotFoundError(f"{g}: generation file missing; run the main table's generation first")
             meta_p = Path(str(g) + ".meta.json")
             meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
-            s = cell_sums(read_jsonl(g), meta.get("shards", [meta] if meta else []), cell=f"{m['name']}/{b}")
+            probe = read_probe(work, suite, m["name"], b) if b in probe_benchmarks else None
+            s = cell_sums(read_jsonl(g), meta.get("shards", [meta] if meta else []), cell=f"{m['name']}/{b}",
+                          probe=probe)
             prec = cell_precision(meta, m.get("quantization")) if meta else None
             if prec:
                 per_model[m["label"]] = " / ".join(sorted({*per_model.get(m["label"], prec).split(" / "),
@@ -200,10 +232,19 @@ def caption(total: dict, suite: str, latex: bool = False) -> str:
                                       or ", ".join(total.get("precisions") or ["precision not recorded"]))
     path = ", ".join(total.get("engine_paths") or ["?"])
     n = "N = " + ", ".join(map(str, bs))
-    single = (f"single-request tokens/s over the first {SUBSET} problems of each benchmark generated at batch 1"
-              if 1 in bs else
-              "single-request tokens/s not measured in this run (generated batched; measure with "
-              "python -m repro.engine bench suite --batch-size 1 --limit 32)")
+    probed = total.get("probe_benchmarks") or []
+    if probed:
+        names = " and ".join(declared_benchmark(b).title for b in sorted(probed))
+        ppath = ", ".join(total.get("probe_engine_paths") or ["?"])
+        pdev = ", ".join(_device(d) for d in (total.get("probe_devices") or [])) or dev
+        single = (f"single-request tokens/s and ms/forward (1 req.) over the first {SUBSET} problems of {names}, "
+                  f"measured in a separate speed-probe run one request at a time at batch 1 on {pdev}, "
+                  f"engine path {ppath}; '-' for the other benchmarks")
+    elif 1 in bs:
+        single = f"single-request tokens/s over the first {SUBSET} problems of each benchmark generated at batch 1"
+    else:
+        single = ("single-request tokens/s not measured in this run (generated batched and no speed probe: set "
+                  "the suite's speed_benchmarks in config.yaml)")
     where = (f"Decoding speed on {dev}{prec}, batch {n}" if latex else
              f"Decoding speed ({suite} suite) on {dev}{prec}, engine path {path}, batch {n}")
     text = (f"{where}: {single}; "
@@ -262,10 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", required=True)
     ap.add_argument("--spec", required=True, help="the main table's JSON spec (models, benchmarks, seeds)")
     ap.add_argument("--out-dir", required=True, type=Path)
+    ap.add_argument("--probe-benchmarks", nargs="*", default=[],
+                    help="benchmarks whose single-request columns come from the speed probe's records")
     a = ap.parse_args(argv)
     spec = json.loads(a.spec)
     try:
-        rows, total = build(a.work, a.suite, spec)
+        rows, total = build(a.work, a.suite, spec, a.probe_benchmarks)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -97,6 +97,8 @@ def run(tmp_path_factory):
 def test_unchanged_tree_and_each_kind_of_change(run):
     assert "Nothing to be done" in run.snakemake("-n")
     # the same checkpoint at another path, another tiny seed, another hub revision: that model's cells only
+    # (no speed_probe job anywhere: the smoke suite generates at batch 1, so its generation records are the
+    # single-request timings; a batched suite's probes: test_speed_probe_e2e.py)
     per_model = {"download_checkpoint": 1, "verify_checkpoint": 1, "checkpoint_source": 1, "render_decoder": 1,
                  "generate_shard": 1,
                  "merge_shards": 1, "score": 1, "write_table": 1, "speed_table": 1, "main_table": 1, "total": 10}

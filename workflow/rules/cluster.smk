@@ -49,7 +49,7 @@ def gres_for(wildcards):
 
 
 # A site profile's `set-resources: generate_shard: {...}` (partition, account, qos, constraint, ...) applies to
-# the grouped generation jobs too: forwarded as generate_group's own resources, so a key set for
+# the grouped generation jobs and the speed probes too: forwarded as their own resources, so a key set for
 # generate_group itself still wins (set-resources override a rule's). The keys the rule computes itself are
 # left out; those read _gen_site, key by key, the same way.
 _COMPUTED = {"gpu", "gpu_model", "gres", "cpus_per_gpu", "gpu_mem_mb", "runtime", "mem_mb"}
@@ -57,14 +57,43 @@ _SHARD_SITE = (getattr(workflow.resource_settings, "overwrite_resources", None) 
 GROUP_SITE_RESOURCES = {k: _cluster._raw(v) for k, v in _SHARD_SITE.items() if k not in _COMPUTED}
 
 
-def gpu_mem_mb(wildcards):
-    """GPU memory (MB) the generation job needs: 38,000 for the real checkpoints in bf16, 14,000 for the NVFP4
-    one, 1,000 for the tiny model, 0 on CPU suites (repro/cluster.py gives the sums). Informational for the
-    scheduler; the job itself checks the GPU it lands on (repro.backends.generation_job)."""
+_PAPER_DECODING = {}  # the packaged paper_decoding.json, read once per Snakemake process
+
+
+def slot_positions_for(wildcards):
+    """KV rows per batch slot of a generation job (repro.cluster.slot_positions): the longest ``max_new_tokens``
+    of the model's decoders over the suite's benchmarks (the suite's override, else the packaged
+    paper_decoding.json, which a checkpoint's own copy may change: the job checks again on its GPU) + the prompt
+    allowance; 4,096 new tokens -> 5,120."""
+    s = suite_cfg(wildcards)
+    most = s.get("max_new_tokens")
+    if not most:
+        from repro.paper.decoding import PaperDecodingError, load_paper_decoding, resolve_decoder
+
+        try:
+            pd = _PAPER_DECODING.setdefault("packaged", load_paper_decoding())
+            most = max(resolve_decoder(pd, s["decoder_suite"], model_cfg(wildcards)["decoder"], b, 0)
+                       .get("max_new_tokens") or 4096 for b in s["benchmarks"])
+        except (PaperDecodingError, KeyError):
+            most = 4096  # its render_decoder job reports the problem
+    return _cluster.slot_positions(int(most))
+
+
+def gpu_mem_mb_at(wildcards, batch_size):
+    """GPU memory (MB) a generation job decoding ``batch_size`` requests together needs: 0 on CPU suites, else
+    repro.cluster.gpu_memory_need_mb (weights + KV caches, one per batch slot of :func:`slot_positions_for`
+    rows, + working memory: 38,000 for the real checkpoints in bf16 at batch 1, 45,000 at batch 32; 14,000 /
+    21,000 for the NVFP4 one in nvfp4-w4a16; 1,000 for the tiny model). Informational for the scheduler; the
+    job itself checks the GPU it lands on (repro.backends.generation_job)."""
     if not on_gpu(wildcards):
         return 0
-    precision = job_precision(wildcards)
-    return _cluster.gpu_memory_need_mb(model_cfg(wildcards)["source"], precision)
+    return _cluster.gpu_memory_need_mb(model_cfg(wildcards)["source"], job_precision(wildcards), batch_size,
+                                       slot_positions_for(wildcards))
+
+
+def gpu_mem_mb(wildcards):
+    """``gpu_mem_mb`` of a generation job (generate_shard / generate_group): at the suite's ``batch_size``."""
+    return gpu_mem_mb_at(wildcards, suite_cfg(wildcards).get("batch_size", 1))
 
 
 # Resources of jobs that never need a GPU: a site-wide gpu_model / gres in default-resources must not

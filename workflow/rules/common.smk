@@ -296,6 +296,30 @@ def on_gpu(wildcards):
     return suite_cfg(wildcards)["device"] == "cuda"
 
 
+# --- Speed probe (generate.smk: speed_probe) -----------------------------------------------------------------
+def probe_seed(wildcards):
+    """The seed a speed probe decodes with: the suite's first, the one the speed table reads."""
+    return suite_cfg(wildcards)["seeds"][0]
+
+
+def probe_benchmarks(suite):
+    """The benchmarks the speed probe runs for ``suite`` (a name): its ``speed_benchmarks`` that are among its
+    benchmarks, in the suite's order, when it generates batched (``batch_size`` > 1) with the engine backend;
+    [] otherwise (at batch 1 the generation records measure single-request speed themselves; SGLang records
+    carry no engine timings)."""
+    s = suite_cfg(suite)
+    if s.get("batch_size", 1) <= 1 or config["backend"] != "engine":
+        return []
+    wanted = set(s.get("speed_benchmarks", ["gsm8k", "humaneval"]))
+    return [b for b in s["benchmarks"] if b in wanted]
+
+
+def probe_files(suite):
+    """The speed probes' record files of ``suite``: generated models x :func:`probe_benchmarks`."""
+    return [W(P.SPEED_PROBE, suite=suite, model=m, bench=b)
+            for m in suite_cfg(suite)["models"] if not is_replay(config, m) for b in probe_benchmarks(suite)]
+
+
 # Benchmarks whose verdicts come from running programs in the sandbox (the ones scoring.timeout_s affects).
 def score_timeout_arg(wildcards):
     """``--timeout S`` for benchmarks of kind ``code`` (programs run in the sandbox), empty otherwise."""

@@ -111,3 +111,53 @@ rule merge_shards:
     localrule: True
     shell:
         logged("{PY} -m repro.backends.merge --problems {input.problems} --out {output} {params.group} {input.shards}")
+
+
+# Speed probe (suites generated batched, `batch_size` > 1): the model cards report "tokens/s for a single
+# request", which a batched job's records cannot give (a record's wall_s is its latency inside the batch). Per
+# model x benchmark of the suite's `speed_benchmarks` (default GSM8K and HumanEval, as the paper reports), one GPU
+# job runs the first SPEED_SUBSET problems one request at a time at batch 1 on the engine's single-request path
+# (CUDA graphs on a GPU), with the same checkpoint, decoder config and problems as generation and the generation
+# job's own code (`--limit`); the speed table reads its records for "tokens/s (1 req.)" and "ms/forward (1 req.)".
+# At batch 1 the generation records measure it already: no probe.
+rule speed_probe:
+    input:
+        verified=generation_checkpoint("verified"),
+        source=generation_checkpoint("source"),
+        ckpt=generation_checkpoint("dir"),
+        decoder=lambda wc: W(P.DECODER, suite=wc.suite, model=wc.model, bench=wc.bench, seed=probe_seed(wc)),
+        problems=W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}"),
+        image=image_input("generate"),
+        adapter_map=lambda wc: model_cfg(wc).get("adapter_map") or [],
+    output:
+        W(P.SPEED_PROBE, suite="{suite}", model="{model}", bench="{bench}"),
+    params:
+        backend=config["backend"],
+        role=lambda wc: model_cfg(wc)["role"],
+        device=lambda wc: suite_cfg(wc)["device"],
+        precision=job_precision,
+        seed=probe_seed,
+        limit=P.SPEED_SUBSET,
+        code=code_version("generate"),
+        adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
+    log:
+        W("logs/speed/{suite}/{model}/{bench}.log"),
+    container: image_for("generate")
+    threads: 1
+    resources:
+        gpu=gpu_count,
+        gpu_model=gpu_model_for,
+        gres=gres_for,
+        cpus_per_gpu=lambda wc: 8 if on_gpu(wc) else 0,
+        gpu_mem_mb=lambda wc: gpu_mem_mb_at(wc, 1),  # one request at a time: no batch KV caches
+        runtime=lambda wc, attempt: (60 if on_gpu(wc) else 30) * attempt,
+        mem_mb=lambda wc, attempt: (64000 if on_gpu(wc) else 4000) * attempt,
+        **GROUP_SITE_RESOURCES,  # a site profile's set-resources for generate_shard (partition, account, ...)
+    shell:
+        logged("OMP_NUM_THREADS={threads} {PY_IMAGE} -m repro.backends.generation_job --backend {params.backend} "
+               "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
+               "--decoder {input.decoder} --problems {input.problems} --benchmark {wildcards.bench} "
+               "--seed {params.seed} --shard 0 --num-shards 1 --limit {params.limit} "
+               "--device {params.device} --precision {params.precision} --batch-size 1 "
+               "{params.adapter_map} --out {output}",
+               streams="2> {log}")

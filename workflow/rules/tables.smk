@@ -31,9 +31,11 @@ rule write_table:
 
 rule speed_table:
     """Single-request tokens/s, TPF, round time and the batched throughput per model x benchmark, from the
-    generation records and shard metas (repro/tables/speed.py; nothing is re-run)."""
+    generation records and shard metas, and (a suite generated batched) the speed probes' records for the
+    single-request columns (repro/tables/speed.py)."""
     input:
         generations=lambda wc: table_inputs(wc)["generations"],
+        probes=lambda wc: probe_files(SUITE),  # generate.smk: speed_probe; none at batch 1
     output:
         md=os.path.join(RESULTS, "speed_table.md"),
         tex=os.path.join(RESULTS, "speed_table.tex"),
@@ -43,13 +45,14 @@ rule speed_table:
         work=WORK,
         suite=SUITE,
         out_dir=lambda wc, output: os.path.dirname(output.md),
+        probes=lambda wc: " ".join(probe_benchmarks(SUITE)),
         code=code_version("table"),
     log:
         W(f"logs/tables/{SUITE}.speed.log"),
     container: image_for("cpu")
     shell:
         logged("{PY_IMAGE} -m repro.tables.speed --work {params.work} --suite {params.suite} --spec '{params.spec}' "
-               "--out-dir {params.out_dir}", streams="> {log} 2>&1")
+               "--out-dir {params.out_dir} --probe-benchmarks {params.probes}", streams="> {log} 2>&1")
 
 
 rule main_table:

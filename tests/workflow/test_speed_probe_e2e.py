@@ -1,0 +1,58 @@
+"""The speed probe end to end through Snakemake: a suite generating batched (tiny model, CPU, batch_size 2, two
+real GSM8K problems, HumanEval among its speed benchmarks but not its benchmarks) gets one probe job per
+generated model x speed benchmark, which runs the same problems one request at a time at batch 1 with the
+generation job's code; the speed table takes its single-request columns from the probe and says so; a second
+run is "Nothing to be done"."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from repro.config import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_batched_suite_probe_feeds_the_single_request_columns(tmp_path, data_dir):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "gsm8k.jsonl").write_bytes((data_dir / "gsm8k.jsonl").read_bytes())
+    work, results = tmp_path / "work", tmp_path / "results"
+    overlay = tmp_path / "overlay.json"
+    overlay.write_text(json.dumps({
+        "data_dir": str(data), "results_dir": str(results), "work_dir": str(work),
+        "suites": {"smoke": {"models": ["tiny-orl", "reference"], "benchmarks": ["gsm8k"], "limit": 2,
+                             "batch_size": 2, "max_new_tokens": 32}}}))
+    target = str(results / "smoke" / "speed_table.md")  # generation, probes, merges and the speed table
+    cmd = [sys.executable, "-m", "snakemake", target, "--cores", "2", "--snakefile", str(REPO_ROOT / "Snakefile"),
+           "--directory", str(tmp_path), "--configfile", str(REPO_ROOT / "config.yaml"), str(overlay)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def snakemake(*args):
+        r = subprocess.run(cmd + list(args), cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        return r.stdout + r.stderr
+
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", snakemake("-n"), re.M))
+    assert counts["speed_probe"] == "1" and counts["generate_shard"] == "1", counts  # not for `reference`
+    snakemake()
+    gen = [json.loads(l) for l in (work / "smoke/generations/tiny-orl/gsm8k/seed12345.jsonl").read_text().splitlines()]
+    probe_file = work / "smoke/speed/tiny-orl/gsm8k.jsonl"
+    probe = [json.loads(l) for l in probe_file.read_text().splitlines()]
+    meta = json.loads((work / "smoke/speed/tiny-orl/gsm8k.jsonl.meta.json").read_text())
+    assert {r["batch_size"] for r in gen} == {2} and {r["batch_size"] for r in probe} == {1}
+    assert [r["id"] for r in probe] == [r["id"] for r in gen]  # the first problems, in problem order
+    assert meta["batch_size"] == 1 and meta["inputs"]["limit"] == 32 and meta["backend_info"]["engine_path"]
+    # on the CPU both paths give the same greedy tokens (batch invariance), hence the same completions
+    assert [r["completion"] for r in probe] == [r["completion"] for r in gen]
+    md = (results / "smoke" / "speed_table.md").read_text()
+    assert "separate speed-probe run" in md and "first 32 problems of GSM8K" in md, md
+    row = next(l for l in md.splitlines() if l.startswith("| + ORL (tiny") and "GSM8K" in l)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    tps = sum(r["generated_tokens"] for r in probe) / sum(r["wall_s"] for r in probe)
+    assert cells[2] == "2" and cells[3] == f"{tps:.1f}", row  # n (1 req.) and tokens/s (1 req.) from the probe
+    assert "Nothing to be done" in snakemake("-n")
