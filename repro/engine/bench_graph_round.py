@@ -86,6 +86,21 @@ def _family(name: str) -> str:
     return "embed/other"
 
 
+def classify_kernels(names: list[str], first_dense: int, head: bool = True) -> list[str]:
+    """Family (:data:`FAMILIES`) of each kernel of one forward, ``names`` in launch order: by name
+    (:func:`_family`), then ``_rows_linear_kernel`` by order (per layer QKV then O; with ``head`` the last one is
+    lm_head) and the expert GEMMs of the first ``first_dense`` layers as the dense FFN."""
+    fams = [_family(n) for n in names]
+    lin = [i for i, f in enumerate(fams) if f == "rows_linear"]
+    for j, i in enumerate(lin):
+        fams[i] = "lm_head" if head and i == lin[-1] else ("qkv" if j % 2 == 0 else "o")
+    for kern in ("gate_up", "down"):
+        idx = [i for i, f in enumerate(fams) if f == kern]
+        for i in idx[:first_dense]:
+            fams[i] = "dense_" + kern
+    return fams
+
+
 def kernel_breakdown(fw, head=True) -> dict:
     """Device time (ms) of one eager ``fw.forward(head)`` split by kernel family (:data:`FAMILIES`), from a
     torch.profiler trace of CUDA kernels (a warm forward first). ``_rows_linear_kernel`` launches are assigned by
@@ -114,15 +129,7 @@ def kernel_breakdown(fw, head=True) -> dict:
     ks = sorted((e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     if not ks:
         raise RuntimeError("kernel_breakdown: the profiler recorded no CUDA kernel")
-    fams = [_family(e["name"]) for e in ks]
-    lin = [i for i, f in enumerate(fams) if f == "rows_linear"]
-    for j, i in enumerate(lin):
-        fams[i] = "lm_head" if head and i == lin[-1] else ("qkv" if j % 2 == 0 else "o")
-    n_dense = fw.s.first_dense
-    for kern in ("gate_up", "down"):
-        idx = [i for i, f in enumerate(fams) if f == kern]
-        for i in idx[:n_dense]:
-            fams[i] = "dense_" + kern
+    fams = classify_kernels([e["name"] for e in ks], fw.s.first_dense, head)
     out = {f: 0.0 for f in FAMILIES}
     for e, f in zip(ks, fams):
         out[f] += e.get("dur", 0.0) / 1e3
