@@ -41,7 +41,8 @@ def _h200_tiles_small():
     moe = {**SMALL_TILES["moe"], "gate_up": dict(SMALL_TILES["moe"]["gate_up"], BLOCK_M=bm["moe_gate_up"]),
            "down": dict(SMALL_TILES["moe"]["down"], BLOCK_M=bm["moe_down"])}
     dense = {k: dict(SMALL_TILES["dense"][k], BLOCK_M=bm["dense_" + k]) for k in ("gate_up", "down")}
-    linear = {k: dict(BLOCK_M=bm[k], BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2) for k in ("qkv", "o", "lm_head")}
+    linear = {k: dict(BLOCK_M=bm[k], BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2)
+              for k in ("qkv", "o", "lm_head")}
     return {**SMALL_TILES, "moe": moe, "dense": dense, "linear": linear}
 
 

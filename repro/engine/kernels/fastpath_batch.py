@@ -23,8 +23,9 @@ Every kernel here computes a row with a launch configuration that does not depen
 All tile configs are looked up once for T-token blocks (``fastpath.kernel_configs(..., T)``, the MoE ones
 pinned through ``moe._cfg(..., T)``), never for S·T rows; where the device has a batched tile file
 (``configs/batched_*.json``, :func:`batched_tiles`: tiles chosen for S = 8-32 rounds, docs/perf.md "Batched graph
-round: where the time goes and tiles") its entries replace the single-request ones, still one set for every S. S = 1 differs from ``BlockForward`` only in the
-GEMMs (Triton tiles here, cuBLAS there): same math, other rounding order.
+round: where the time goes and tiles") its entries replace the single-request ones, still one set for every S.
+S = 1 differs from ``BlockForward`` only in the GEMMs (Triton tiles here, cuBLAS there): same math, other
+rounding order.
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ from .fastpath import GraphCapture, ModelShape, _Stats, kernel_configs, round_by
 __all__ = ["BatchedBlockForward", "rows_linear", "rows_linear_reference", "batched_round_bytes", "LM_HEAD_TILES",
            "batched_tiles"]
 
-#: lm_head tiles (the QKV/O ones come from the tuned "linear" configs): BLOCK_M = 32 rows = one block, so a
+#: lm_head tiles where the device has no batched tile file (:func:`batched_tiles`; the QKV/O ones then come from
+#: the tuned single-request "linear" configs): BLOCK_M = 32 rows = one block, so a
 #: weight tile read once serves a whole block; m is the fastest grid axis, so the S blocks' programs that read
 #: the same weight tile run together and the 644 MB head is streamed from HBM about once per round.
 LM_HEAD_TILES = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
@@ -104,9 +106,9 @@ def rows_linear_reference(x, w, out=None):
 
 
 #: kernels of the batched tile file: (family in ``configs``, kernel) -> its name in the file
-BATCHED_KERNELS = {("moe", "gate_up"): "moe_gate_up", ("moe", "down"): "moe_down", ("dense", "gate_up"): "dense_gate_up",
-                   ("dense", "down"): "dense_down", ("linear", "qkv"): "qkv", ("linear", "o"): "o",
-                   ("linear", "lm_head"): "lm_head"}
+BATCHED_KERNELS = {("moe", "gate_up"): "moe_gate_up", ("moe", "down"): "moe_down",
+                   ("dense", "gate_up"): "dense_gate_up", ("dense", "down"): "dense_down",
+                   ("linear", "qkv"): "qkv", ("linear", "o"): "o", ("linear", "lm_head"): "lm_head"}
 
 
 def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, device=None) -> dict:
@@ -163,8 +165,9 @@ class BatchedBlockForward(GraphCapture):
     Outputs after :meth:`forward` or a replay: ``logits`` [S, T, V] model dtype, ``pred`` [S, T] int64 (argmax),
     ``conf`` [S, T] fp32 (max probability), ``entropy`` [S, T] fp32 (nats).
 
-    ``configs`` as in :func:`~repro.engine.kernels.fastpath.kernel_configs` (plus ``linear["lm_head"]`` tiles);
-    every config is the one of a T-token block whatever S is. :meth:`forward` makes no host sync and no
+    ``configs`` as in :func:`~repro.engine.kernels.fastpath.kernel_configs` (plus ``linear["lm_head"]`` tiles),
+    completed by :func:`batched_tiles` (this device's batched tile file) where they leave a GEMM open; every
+    config is the one of a T-token block whatever S is. :meth:`forward` makes no host sync and no
     allocation (CUDA-graph capturable; :meth:`capture` / :meth:`warmup` as ``BlockForward``); it always
     computes all S slots. Raises ValueError for slots < 1 or max_len < T.
     """
