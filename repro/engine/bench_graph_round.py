@@ -1,7 +1,7 @@
 """`python -m repro.engine.bench_graph_round`: the batched CUDA-graph round (kernels/fastpath_batch.py) on one GPU.
 
     python -m repro.engine.bench_graph_round [--slots 1,8,32] [--prefix 1024] [--iters 30] [--layers N]
-        [--precision bf16|nvfp4-w4a16] [--json FILE]
+        [--precision bf16|nvfp4-w4a16] [--breakdown] [--sweep FILE] [--json FILE]
 
 LLaDA2.1-mini in its real shapes with deterministic random weights
 (:func:`repro.engine.kernels.fastpath.random_weights`; ``--layers`` keeps fewer layers for a quick look), every
@@ -14,6 +14,13 @@ the graph capture; the first S includes compiling the kernels). Beside it the si
 0's block (the batch-1 path of today: cuBLAS GEMMs), so the price of row invariance at batch 1 is the ratio of
 the two. Row invariance is spot-checked: slot 0's logits at every S equal those at the first S, 1 by default
 (``invariant``).
+
+``--breakdown``: per S, the device time of one eager forward split by kernel family (:func:`kernel_breakdown`:
+torch.profiler, kernels classified by name and launch order; the graph replays the same kernels). ``--sweep FILE``:
+a JSON object ``{name: configs}`` of candidate tile sets (``configs`` as :class:`BatchedBlockForward` takes them,
+e.g. ``{"moe": {"gate_up": {...}, "down": {...}}, "dense": {...}, "linear": {"qkv": ..., "o": ..., "lm_head":
+...}}``; ``{}`` = the defaults): every set is timed at every S over the same weights, with its breakdown and its
+own slot-0 check (slot 0 at every S bit-identical to the set's first S), and a table compares the sets.
 
 Prints one line per measurement on stderr, a table, and as the last stdout line one JSON document (also written to
 ``--json``).
@@ -46,11 +53,9 @@ def _random_cache(like, seed):
     return torch.empty(like.shape, dtype=like.dtype, device="cuda").normal_(0.0, 1.0, generator=g)
 
 
-def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", seed=0, log=print) -> dict:
-    """Time the batched round at each S of ``slots`` and the BlockForward round; returns the JSON document."""
-    from .bench import copy_bandwidth, env_info, time_replays
+def _model(layers, precision, seed):
+    """(shape, W, expert_bytes) of LLaDA2.1-mini with deterministic random weights (module doc)."""
     from .kernels import fastpath as F
-    from .kernels.fastpath_batch import BatchedBlockForward, batched_round_bytes
 
     overrides = {} if layers is None else {"num_hidden_layers": layers}
     shape = F.preset_shape("llada2.1-mini", **overrides)
@@ -61,14 +66,103 @@ def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", see
 
         W = w4_weights(W, shape, seed)  # routed experts as random NVFP4 experts (the shared ones stay BF16)
         expert_bytes = 0.5 + 1 / 16
-    copy_bw = copy_bandwidth()
+    return shape, W, expert_bytes
+
+
+#: kernel families of :func:`kernel_breakdown`, in table order
+FAMILIES = ("attention", "qkv", "o", "router/route", "gate_up", "down", "moe_sum", "dense_gate_up", "dense_down",
+            "lm_head", "norms", "logits_stats", "embed/other")
+
+
+def _family(name: str) -> str:
+    """Kernel family of one CUDA kernel name (rows_linear and the expert GEMMs are split by launch order later)."""
+    for key, fam in (("_rows_linear_kernel", "rows_linear"), ("_moe_gate_up_kernel", "gate_up"),
+                     ("_moe_down_kernel", "down"), ("_moe_sum_kernel", "moe_sum"), ("_router_logits", "router/route"),
+                     ("_route_select", "router/route"), ("_align_kernel", "router/route"),
+                     ("_tile_table", "router/route"), ("_qk_norm_rope", "attention"), ("_attn_", "attention"),
+                     ("_add_rmsnorm", "norms"), ("_logits_", "logits_stats")):
+        if key in name:
+            return fam
+    return "embed/other"
+
+
+def classify_kernels(names: list[str], first_dense: int, head: bool = True) -> list[str]:
+    """Family (:data:`FAMILIES`) of each kernel of one forward, ``names`` in launch order: by name
+    (:func:`_family`), then ``_rows_linear_kernel`` by order (per layer QKV then O; with ``head`` the last one is
+    lm_head) and the expert GEMMs of the first ``first_dense`` layers as the dense FFN."""
+    fams = [_family(n) for n in names]
+    lin = [i for i, f in enumerate(fams) if f == "rows_linear"]
+    for j, i in enumerate(lin):
+        fams[i] = "lm_head" if head and i == lin[-1] else ("qkv" if j % 2 == 0 else "o")
+    for kern in ("gate_up", "down"):
+        idx = [i for i, f in enumerate(fams) if f == kern]
+        for i in idx[:first_dense]:
+            fams[i] = "dense_" + kern
+    return fams
+
+
+def kernel_breakdown(fw, head=True) -> dict:
+    """Device time (ms) of one eager ``fw.forward(head)`` split by kernel family (:data:`FAMILIES`), from a
+    torch.profiler trace of CUDA kernels (a warm forward first). ``_rows_linear_kernel`` launches are assigned by
+    order: per layer the 1st is QKV and the 2nd the O projection, the last of the forward lm_head; the expert
+    GEMMs of the first ``first_dense`` layers are the dense FFN (``dense_*``), the others the routed experts with
+    the shared expert (one launch). Returns ``{family: ms, "total": ms, "kernels": n}``; raises RuntimeError when
+    the profiler recorded no kernel."""
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    fw.forward(head=head)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fw.forward(head=head)
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            trace = json.load(fh)
+    finally:
+        os.unlink(path)
+    ks = sorted((e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    if not ks:
+        raise RuntimeError("kernel_breakdown: the profiler recorded no CUDA kernel")
+    fams = classify_kernels([e["name"] for e in ks], fw.s.first_dense, head)
+    out = {f: 0.0 for f in FAMILIES}
+    for e, f in zip(ks, fams):
+        out[f] += e.get("dur", 0.0) / 1e3
+    out["total"] = sum(out[f] for f in FAMILIES)
+    out["kernels"] = len(ks)
+    return out
+
+
+def _breakdown_table(rows) -> str:
+    """Markdown table: one column per (label, breakdown dict), one row per family (ms)."""
+    lines = ["| family | " + " | ".join(lbl for lbl, _ in rows) + " |", "|---|" + "---|" * len(rows)]
+    for f in FAMILIES + ("total",):
+        lines.append(f"| {f} | " + " | ".join(f"{b.get(f, float('nan')):.3f}" for _, b in rows) + " |")
+    return "\n".join(lines)
+
+
+def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", seed=0, log=print, configs=None,
+                model=None, breakdown=False, single=True, copy_bw=None) -> dict:
+    """Time the batched round at each S of ``slots`` (tile set ``configs``, None = the defaults) and, with
+    ``single``, the BlockForward round; returns the JSON document. ``model``: a ``_model(...)`` tuple to reuse."""
+    from .bench import copy_bandwidth, env_info, time_replays
+    from .kernels import fastpath as F
+    from .kernels.fastpath_batch import BatchedBlockForward, batched_round_bytes
+
+    shape, W, expert_bytes = model or _model(layers, precision, seed)
+    copy_bw = copy_bw or copy_bandwidth()
     log(f"copy bandwidth {copy_bw:.0f} GB/s; {shape.layers} layers, prefix {prefix}, precision {precision}")
     doc = {"bench": "repro.engine.bench_graph_round", **env_info(), "prefix": prefix, "layers": shape.layers,
            "precision": precision, "copy_GBps": copy_bw, "rounds": []}
     max_len = prefix + 32 + 32
     ref_logits = None
     for S in slots:
-        fw = BatchedBlockForward(W, shape, max_len, slots=S, T=32, device="cuda")
+        fw = BatchedBlockForward(W, shape, max_len, slots=S, T=32, device="cuda", configs=configs)
         _fill(fw, S, prefix, seed, shape)
         kv0 = fw.kv.clone()
         distinct = fw.distinct_experts()
@@ -88,12 +182,19 @@ def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", see
              "bytes_by_item_MB": {k: round(v / 1e6, 2) for k, v in nb.items()},
              "distinct_experts_mean": sum(distinct) / max(len(distinct), 1), "tokens_per_round": 32 * S,
              "block_tokens_per_s": 32 * S / (t["ms"] * 1e-3), "invariant": bool(torch.equal(lg0, ref_logits))}
+        if breakdown:
+            fw.kv.copy_(kv0)
+            r["breakdown_ms"] = kernel_breakdown(fw)
         doc["rounds"].append(r)
         log(f"[S={S:>2}] {t['ms']:.3f} ms (min {t['ms_min']:.3f}), floor {floor_ms:.3f} ms, ratio {r['ratio']:.2f}, "
             f"D={r['distinct_experts_mean']:.1f}, {r['bytes_GB']:.2f} GB, {r['block_tokens_per_s']:.0f} block tok/s, "
             f"slot 0 = S=1: {r['invariant']}, capture {capture_s:.1f} s")
         del fw, graph, kv0
         torch.cuda.empty_cache()
+    if breakdown:
+        log(_breakdown_table([(f"S={r['slots']} ms", r["breakdown_ms"]) for r in doc["rounds"]]))
+    if not single:
+        return doc
     single = F.BlockForward(W, shape, max_len, T=32, device="cuda")
     single.ids.copy_(_single_ids(shape, seed))
     single.kv.copy_(_random_cache(single.kv, seed + 1))  # slot 0's cache
@@ -107,9 +208,48 @@ def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", see
     rounds = {r["slots"]: r for r in doc["rounds"]}
     if 1 in rounds:
         doc["batch1_cost"] = rounds[1]["ms"] / t["ms"]
+    return doc
+
+
+def _speedups(doc):
+    rounds = {r["slots"]: r for r in doc["rounds"]}
+    if 1 in rounds:
         for r in doc["rounds"]:
             r["speedup_vs_S1"] = rounds[1]["ms"] * r["slots"] / r["ms"]
-    return doc
+
+
+def sweep(sets: dict, slots, prefix=1024, iters=30, layers=None, seed=0, log=print, json_path=None) -> dict:
+    """Every tile set of ``sets`` ({name: configs}) timed at every S over one set of weights, with its breakdown
+    (module doc); returns ``{"sets": {name: bench_slots doc}, "table": markdown}``."""
+    from .bench import copy_bandwidth, env_info
+
+    model = _model(layers, "bf16", seed)
+    bw = copy_bandwidth()
+    out = {"bench": "repro.engine.bench_graph_round --sweep", **env_info(), "prefix": prefix, "copy_GBps": bw,
+           "sets": {}}
+    for name, cfg in sets.items():
+        log(f"--- tile set {name}: {json.dumps(cfg)}")
+        try:
+            d = bench_slots(slots, prefix, iters, layers, "bf16", seed, log, configs=cfg or None, model=model,
+                            breakdown=True, single=False, copy_bw=bw)
+            _speedups(d)
+            out["sets"][name] = d
+        except Exception as exc:  # noqa: BLE001 - one bad candidate (e.g. out of shared memory) must not end the sweep
+            log(f"tile set {name} failed: {exc!r}")
+            out["sets"][name] = {"error": repr(exc)}
+        if json_path:  # after every set, so a run cut short keeps what it measured
+            with open(json_path, "w") as fh:
+                fh.write(json.dumps(out) + "\n")
+    hdr = "| set | " + " | ".join(f"S={S} ms" for S in slots) + " | slot 0 = first S |"
+    lines = [hdr, "|---|" + "---|" * (len(slots) + 1)]
+    for name, d in out["sets"].items():
+        if "error" in d:
+            lines.append(f"| {name} | " + " | ".join("-" for _ in slots) + f" | {d['error'][:60]} |")
+            continue
+        lines.append(f"| {name} | " + " | ".join(f"{r['ms']:.3f}" for r in d["rounds"]) + " | "
+                     + str(all(r["invariant"] for r in d["rounds"])) + " |")
+    out["table"] = "\n".join(lines)
+    return out
 
 
 def _single_ids(shape, seed):
@@ -139,6 +279,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None, help="keep only this many layers (quick runs)")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "nvfp4-w4a16"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--breakdown", action="store_true", help="per S, device time by kernel family (torch.profiler)")
+    ap.add_argument("--sweep", default=None, help="JSON file {name: configs} of candidate tile sets to compare")
     ap.add_argument("--json", default=None, help="also write the JSON document to this file")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -148,9 +290,22 @@ def main(argv=None) -> int:
         slots = [int(s) for s in args.slots.split(",") if s]
     except ValueError:
         ap.error(f"--slots {args.slots!r}: want comma-separated integers, e.g. 1,8,32")
-    doc = bench_slots(slots, args.prefix, args.iters, args.layers, args.precision, args.seed,
-                      log=lambda m: print(m, file=sys.stderr, flush=True))
-    print(_table(doc), file=sys.stderr)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    if args.sweep:
+        try:
+            with open(args.sweep) as fh:
+                sets = json.load(fh)
+        except (OSError, ValueError) as exc:
+            ap.error(f"--sweep {args.sweep}: {exc} (want a JSON object {{name: configs}})")
+        if not isinstance(sets, dict):
+            ap.error(f"--sweep {args.sweep}: want a JSON object {{name: configs}}, got {type(sets).__name__}")
+        doc = sweep(sets, slots, args.prefix, args.iters, args.layers, args.seed, log, json_path=args.json)
+        print(doc["table"], file=sys.stderr)
+    else:
+        doc = bench_slots(slots, args.prefix, args.iters, args.layers, args.precision, args.seed, log,
+                          breakdown=args.breakdown)
+        _speedups(doc)
+        print(_table(doc), file=sys.stderr)
     text = json.dumps(doc)
     if args.json:
         with open(args.json, "w") as fh:

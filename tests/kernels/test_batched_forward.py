@@ -9,6 +9,8 @@ interpreter's dot compute each element as a sum along K in a fixed order, like t
 test checks everything else (slot axis, strides, per-slot cache lengths, routing, pinned tiles). The GPU test
 below checks the real kernels at full width in bf16.
 """
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,9 @@ pytest.importorskip("triton")
 
 from repro.engine.graph import SMALL_TILES  # noqa: E402
 from repro.engine.kernels import fastpath as F  # noqa: E402
-from repro.engine.kernels.fastpath_batch import BatchedBlockForward, rows_linear, rows_linear_reference  # noqa: E402
+from repro.engine.kernels.configs import CONFIG_DIR  # noqa: E402
+from repro.engine.kernels.fastpath_batch import (BatchedBlockForward, batched_tiles, rows_linear,  # noqa: E402
+                                                 rows_linear_reference)
 
 from .conftest import rel_err  # noqa: E402
 
@@ -27,6 +31,22 @@ TINY_CONFIG = dict(vocab_size=64, hidden_size=64, num_hidden_layers=3, num_atten
 TINY = F.preset_shape(**TINY_CONFIG)
 T, MAX_LEN = 8, 64
 OUTS = ("logits", "pred", "conf", "entropy")
+H200_TILES = json.loads((CONFIG_DIR / "batched_E=257_N=512_H=2048_T=32.json").read_text())["NVIDIA H200"]
+
+
+def _h200_tiles_small():
+    """SMALL_TILES with the row tiles (BLOCK_M) of the H200 batched tile file: the CPU check that the batched
+    path's larger row tiles keep every slot bit-identical to it alone (BLOCK_N/K stay small for the tiny shapes)."""
+    bm = {k: v["BLOCK_M"] for k, v in H200_TILES.items() if isinstance(v, dict) and "BLOCK_M" in v}
+    moe = {**SMALL_TILES["moe"], "gate_up": dict(SMALL_TILES["moe"]["gate_up"], BLOCK_M=bm["moe_gate_up"]),
+           "down": dict(SMALL_TILES["moe"]["down"], BLOCK_M=bm["moe_down"])}
+    dense = {k: dict(SMALL_TILES["dense"][k], BLOCK_M=bm["dense_" + k]) for k in ("gate_up", "down")}
+    linear = {k: dict(BLOCK_M=bm[k], BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2)
+              for k in ("qkv", "o", "lm_head")}
+    return {**SMALL_TILES, "moe": moe, "dense": dense, "linear": linear}
+
+
+TILE_SETS = {"small": SMALL_TILES, "h200_rows": _h200_tiles_small()}
 
 
 @pytest.fixture
@@ -44,9 +64,9 @@ def mma_model(monkeypatch):
     monkeypatch.setattr(I.InterpreterBuilder, "create_dot", create_dot)
 
 
-def _alone(W, big, s, kv0):
+def _alone(W, big, s, kv0, configs=SMALL_TILES):
     """Slot s of ``big`` run alone (S = 1) from the same inputs and the same cache contents."""
-    f1 = BatchedBlockForward(W, TINY, MAX_LEN, slots=1, T=T, device="cpu", configs=SMALL_TILES)
+    f1 = BatchedBlockForward(W, TINY, MAX_LEN, slots=1, T=T, device="cpu", configs=configs)
     f1.kv.copy_(kv0[:, :, s:s + 1])
     f1.ids.copy_(big.ids[s:s + 1])
     f1.cache_len.copy_(big.cache_len[s:s + 1])
@@ -73,14 +93,18 @@ def test_rows_linear_matches_reference(dev):
                                                          num_stages=2))
 
 
-def test_slots_bit_identical_to_alone(dev, mma_model):
+@pytest.mark.parametrize("tiles", list(TILE_SETS))
+def test_slots_bit_identical_to_alone(dev, mma_model, tiles):
     """S = 3 (different blocks, prefix lengths 21 / 0 / 40, slot 2 from input embeddings) vs each slot alone:
     logits, pred, conf, entropy and the slot's whole KV cache bit-identical; each close to the fp32 reference
-    forward and to BlockForward (same kernels except the GEMMs: cuBLAS/torch.mm there, Triton tiles here)."""
+    forward and to BlockForward (same kernels except the GEMMs: cuBLAS/torch.mm there, Triton tiles here).
+    ``tiles``: the small tiles, and the same with the H200 batched tile file's BLOCK_M (64 / 128 rows: one tile
+    holds all 24 rows of the round, padded)."""
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
+    cfg = TILE_SETS[tiles]
     W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
-    fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev, configs=SMALL_TILES)
+    fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev, configs=cfg)
     g = torch.Generator().manual_seed(0)
     fw.kv.normal_(generator=g)
     fw.ids.copy_(torch.randint(0, TINY.vocab, (3, T), generator=g))
@@ -93,7 +117,7 @@ def test_slots_bit_identical_to_alone(dev, mma_model):
     fw.forward()
     assert not torch.isnan(fw.logits).any()
     for s in range(3):
-        alone = _alone(W, fw, s, kv0)
+        alone = _alone(W, fw, s, kv0, cfg)
         for name in OUTS:
             assert torch.equal(getattr(alone, name)[0], getattr(fw, name)[s]), (s, name)
         assert torch.equal(alone.kv[:, :, 0], fw.kv[:, :, s]), s
@@ -190,6 +214,53 @@ def test_moe_tile_table(dev):
         M.moe_experts(x, w13, w2, ws, K, cfg)
         outs.append(ws.pair_out.clone())
     assert torch.equal(outs[0], outs[1])
+
+
+def test_batched_tile_file(monkeypatch):
+    """``batched_tiles``: on an H200 the batched tile file fills every kernel the caller leaves open (the caller's
+    own tiles win; packed 4-bit experts keep their kernels' tiles); on a device without an entry nothing changes."""
+    import repro.engine.kernels.configs as C
+    from repro.engine.bench_w4 import w4_weights
+
+    shape = F.preset_shape()  # the file is keyed by the full-size shapes (E=257, N=512, H=2048)
+    W = {"layers": [{"w13": torch.zeros(1)}]}
+    monkeypatch.setattr(C, "device_name", lambda device=None: "cpu")
+    assert batched_tiles(W, shape, 32, None) == {}
+    assert batched_tiles(W, shape, 32, SMALL_TILES) == SMALL_TILES
+    monkeypatch.setattr(C, "device_name", lambda device=None: "NVIDIA H200")
+    got = batched_tiles(W, shape, 32, None)
+    for (fam, kern), name in (("moe", "gate_up"), "moe_gate_up"), (("moe", "down"), "moe_down"), \
+            (("dense", "gate_up"), "dense_gate_up"), (("linear", "qkv"), "qkv"), (("linear", "lm_head"), "lm_head"):
+        assert got[fam][kern] == H200_TILES[name], (fam, kern)
+    mine = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=64, num_warps=4, num_stages=2)
+    got = batched_tiles(W, shape, 32, {"linear": {"o": mine}, "dense": SMALL_TILES["dense"]})
+    assert got["linear"]["o"] == mine and got["linear"]["qkv"] == H200_TILES["qkv"]
+    assert got["dense"] == SMALL_TILES["dense"]
+    tiny2 = F.preset_shape(**{**TINY_CONFIG, "num_hidden_layers": 2})
+    W4 = w4_weights(F.random_weights(tiny2, "cpu", torch.float32, seed=4, std=0.1), tiny2, seed=4)
+    assert "moe" not in batched_tiles(W4, shape, 32, None)  # packed experts: no BF16 expert tiles
+
+
+def test_breakdown_families():
+    """``bench_graph_round --breakdown``: kernels of one forward (dense layer 0, one MoE layer, head) in launch
+    order get their families; rows_linear by position (QKV, O, ..., lm_head), the first expert GEMMs = dense."""
+    from repro.engine.bench_graph_round import classify_kernels
+
+    layer = ["_add_rmsnorm_kernel", "_rows_linear_kernel", "_qk_norm_rope_kv_kernel", "_attn_split_kernel",
+             "_attn_combine_kernel", "_rows_linear_kernel"]
+    moe = ["_router_logits_kernel", "_route_select_kernel", "_tile_table_kernel", "_moe_gate_up_kernel",
+           "_moe_down_kernel"]
+    names = (["index_select_kernel"] + layer + ["_add_rmsnorm_kernel", "_moe_gate_up_kernel", "_moe_down_kernel"]
+             + layer + moe + ["_add_rmsnorm_kernel", "_rows_linear_kernel", "_logits_partial_stats_kernel",
+                              "_logits_stats_combine_kernel"])
+    fams = classify_kernels(names, first_dense=1)
+    assert fams[2] == fams[11] == "qkv" and fams[6] == fams[15] == "o" and fams[22] == "lm_head"
+    assert fams[8:10] == ["dense_gate_up", "dense_down"] and fams[19:21] == ["gate_up", "down"]
+    assert fams[16:19] == ["router/route"] * 3 and fams[3:6] == fams[12:15] == ["attention"] * 3
+    assert fams[0] == "embed/other" and fams[23:] == ["logits_stats"] * 2
+    assert fams[1] == fams[7] == fams[10] == fams[21] == "norms"
+    no_head = classify_kernels(names[:22], first_dense=1, head=False)  # forward(head=False): last GEMM is O
+    assert no_head[15] == "o" and "lm_head" not in no_head
 
 
 def test_bad_arguments(dev):

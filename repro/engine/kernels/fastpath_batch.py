@@ -21,8 +21,11 @@ Every kernel here computes a row with a launch configuration that does not depen
 * RMSNorms, embeddings, the top-k sum and the decode statistics are one row per program.
 
 All tile configs are looked up once for T-token blocks (``fastpath.kernel_configs(..., T)``, the MoE ones
-pinned through ``moe._cfg(..., T)``), never for S·T rows. S = 1 differs from ``BlockForward`` only in the
-GEMMs (Triton tiles here, cuBLAS there): same math, other rounding order.
+pinned through ``moe._cfg(..., T)``), never for S·T rows; where the device has a batched tile file
+(``configs/batched_*.json``, :func:`batched_tiles`: tiles chosen for S = 8-32 rounds, docs/perf.md "Batched graph
+round: where the time goes and tiles") its entries replace the single-request ones, still one set for every S.
+S = 1 differs from ``BlockForward`` only in the GEMMs (Triton tiles here, cuBLAS there): same math, other
+rounding order.
 """
 from __future__ import annotations
 
@@ -33,11 +36,14 @@ from . import logits as Lg
 from . import moe as M
 from . import norm as Nm
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton
+from .configs import load_config
 from .fastpath import GraphCapture, ModelShape, _Stats, kernel_configs, round_bytes
 
-__all__ = ["BatchedBlockForward", "rows_linear", "rows_linear_reference", "batched_round_bytes", "LM_HEAD_TILES"]
+__all__ = ["BatchedBlockForward", "rows_linear", "rows_linear_reference", "batched_round_bytes", "LM_HEAD_TILES",
+           "batched_tiles"]
 
-#: lm_head tiles (the QKV/O ones come from the tuned "linear" configs): BLOCK_M = 32 rows = one block, so a
+#: lm_head tiles where the device has no batched tile file (:func:`batched_tiles`; the QKV/O ones then come from
+#: the tuned single-request "linear" configs): BLOCK_M = 32 rows = one block, so a
 #: weight tile read once serves a whole block; m is the fastest grid axis, so the S blocks' programs that read
 #: the same weight tile run together and the 644 MB head is streamed from HBM about once per round.
 LM_HEAD_TILES = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
@@ -99,6 +105,37 @@ def rows_linear_reference(x, w, out=None):
     return y if out is None else y + out.float()
 
 
+#: kernels of the batched tile file: (family in ``configs``, kernel) -> its name in the file
+BATCHED_KERNELS = {("moe", "gate_up"): "moe_gate_up", ("moe", "down"): "moe_down",
+                   ("dense", "gate_up"): "dense_gate_up", ("dense", "down"): "dense_down",
+                   ("linear", "qkv"): "qkv", ("linear", "o"): "o", ("linear", "lm_head"): "lm_head"}
+
+
+def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, device=None) -> dict:
+    """``configs`` completed with this device's batched tiles: for each kernel of :data:`BATCHED_KERNELS` that
+    ``configs`` does not set (``configs[family][kernel]``), the entry of ``configs/batched_E=…_N=…_H=…_T=….json``
+    (written from the sweep of docs/perf.md "Batched graph round: where the time goes and tiles"), if the file has
+    one for this device. The MoE entries apply to BF16 experts only (packed NVFP4 experts keep their 4-bit kernels'
+    tiles). Returns a new dict in :func:`~repro.engine.kernels.fastpath.kernel_configs`' ``configs`` form; with
+    no file or no entry, ``configs`` unchanged (e.g. on the CPU)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (configs or {}).items()}
+    packed = any(not isinstance(L["w13"], torch.Tensor) for L in W["layers"])
+    key = dict(E=shape.experts + 1, N=shape.moe_inter, H=shape.hidden, T=T)
+    for (fam, kern), name in BATCHED_KERNELS.items():
+        if (fam == "moe" and packed) or kern in (out.get(fam) or {}):
+            continue
+        if fam == "dense" and (configs or {}).get("dense"):
+            continue  # a caller's dense dict is taken whole (kernel_configs does not merge it with others)
+        cfg = load_config("batched", name, {}, device=device, **key)
+        if cfg:
+            if out.get(fam) is None:
+                out[fam] = {}
+            out[fam][kern] = cfg
+    if "dense" in out and set(out["dense"]) != {"gate_up", "down"}:
+        out.pop("dense")  # kernel_configs wants both dense kernels or none
+    return out
+
+
 def batched_round_bytes(shape: ModelShape, distinct: list[int], prefixes: list[int], T: int = 32, wbytes: int = 2,
                         expert_bytes: float | None = None) -> dict:
     """Bytes one batched round must read: every weight once (``distinct``: routed experts touched by any slot,
@@ -128,8 +165,9 @@ class BatchedBlockForward(GraphCapture):
     Outputs after :meth:`forward` or a replay: ``logits`` [S, T, V] model dtype, ``pred`` [S, T] int64 (argmax),
     ``conf`` [S, T] fp32 (max probability), ``entropy`` [S, T] fp32 (nats).
 
-    ``configs`` as in :func:`~repro.engine.kernels.fastpath.kernel_configs` (plus ``linear["lm_head"]`` tiles);
-    every config is the one of a T-token block whatever S is. :meth:`forward` makes no host sync and no
+    ``configs`` as in :func:`~repro.engine.kernels.fastpath.kernel_configs` (plus ``linear["lm_head"]`` tiles),
+    completed by :func:`batched_tiles` (this device's batched tile file) where they leave a GEMM open; every
+    config is the one of a T-token block whatever S is. :meth:`forward` makes no host sync and no
     allocation (CUDA-graph capturable; :meth:`capture` / :meth:`warmup` as ``BlockForward``); it always
     computes all S slots. Raises ValueError for slots < 1 or max_len < T.
     """
@@ -142,7 +180,7 @@ class BatchedBlockForward(GraphCapture):
         S, R = slots, slots * T
         dt = self.dtype = W["embed"].dtype
         H, D = shape.hidden, shape.head_dim
-        self.configs = configs or {}
+        self.configs = batched_tiles(W, shape, T, configs)
         kc = kernel_configs(W, shape, T, self.configs)
         self.ids = torch.full((S, T), shape.mask_id, dtype=torch.long, device=device)
         self.embeds_in = torch.zeros(S, T, H, dtype=dt, device=device)
