@@ -86,7 +86,9 @@ def stage_code_version(stage: str, backend: str | None = None) -> str:
     the engine's sources too. Raises KeyError naming the allowed stages."""
     if stage not in STAGE_CODE:
         raise KeyError(f"unknown stage {stage!r}; allowed: {', '.join(STAGE_CODE)}")
-    parts = STAGE_CODE[stage] + (("repro/engine",) if stage == "generate" and backend == "engine" else ())
+    # the engine reads NVFP4 experts through repro/checkpoint/nvfp4.py (layout, dequantize-at-load values)
+    parts = STAGE_CODE[stage] + (("repro/engine", "repro/checkpoint/nvfp4.py")
+                                 if stage == "generate" and backend == "engine" else ())
     return tree_digest(*parts)
 
 

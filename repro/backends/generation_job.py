@@ -305,7 +305,9 @@ class _Plan:
         self.inputs = {"decoder_sha256": sha256_path(task.decoder), "problems_sha256": sha256_path(task.problems),
                        "checkpoint_manifest_sha256": stamp.get("manifest_sha256"), "backend": a.backend,
                        "device": a.device, "precision": a.precision, "code_version": self.code_version,
-                       "adapter_map": file_key(a.adapter_map) if getattr(a, "adapter_map", None) else None}
+                       "adapter_map": file_key(a.adapter_map) if getattr(a, "adapter_map", None) else None,
+                       # the role decides the adapter (orl) or none (base): records of another role are not these
+                       "role": getattr(a, "role", None)}
         limit = getattr(a, "limit", None)
         if limit is not None:
             self.inputs["limit"] = limit
@@ -318,8 +320,10 @@ class _Plan:
         self.kept = why is None
         if grouped and not self.kept and (self.out.exists() or self.meta_file.exists()):
             print(f"note: {self.out}: {why}; generating this benchmark afresh", file=sys.stderr)
-            self.out.unlink(missing_ok=True)
-            self.meta_file.unlink(missing_ok=True)
+            # its leftover partial files too (a kill between writing out and removing them): never resumed into
+            # a shard that must start afresh
+            for f in (self.out, self.meta_file, self.partial, self.inputs_file, self.sessions_file):
+                f.unlink(missing_ok=True)
         self.remaining: list[dict] = []
         if not self.kept:
             self._open_partial()
@@ -386,7 +390,8 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
             sessions[-1] = backend.describe()
             atomic_write_text(plan.sessions_file, json.dumps(sessions, indent=1) + "\n")
         c1 = job.capture_s()
-        capture = c1 - c0 if c0 is not None and c1 is not None else None
+        # a rebuilt batched engine (another batch size) starts its count again: then c1 is this benchmark's
+        capture = (c1 - c0 if c1 >= c0 else c1) if c0 is not None and c1 is not None else None
     meta = {
         "model": a.model, "benchmark": task.benchmark, "seed": a.seed, "shard": a.shard,
         "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,

@@ -299,9 +299,13 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         if self.engine_path == "cuda-graph" and supported(cfg) and cfg.block_size == 32:
             from repro.engine.batch_graph import generate_batch_graph
 
+            # hand the engine over (not also kept here): if it must be rebuilt (another batch size or capacity),
+            # the old one's KV caches and graphs are freed before the new one is allocated
+            engine, self._batch_engine = getattr(self, "_batch_engine", None), None
             outs, self._batch_engine = generate_batch_graph(
                 self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id, batch_size=batch_size,
-                on_result=wrap, stats=stats, engine=getattr(self, "_batch_engine", None))
+                on_result=wrap, stats=stats, engine=engine)
+            del engine
         else:
             outs = generate_batch(self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id,
                                   batch_size=batch_size, on_result=wrap, stats=stats)

@@ -188,3 +188,16 @@ def test_a_new_batch_size_or_adapter_map_generates_again(group, tmp_path):
         assert gen.run(a) == 0 and len(CountingBackend.generated) == generated, change
         meta = json.loads(Path(str(files["gsm8k"][2]) + ".meta.json").read_text())
         assert meta["batch_size"] == change.get("batch_size", 1) and meta["inputs"]["adapter_map"].startswith("sha256:")
+
+
+def test_a_role_change_regenerates_every_benchmark(group):
+    """The role decides the adapter (orl) or none (base): shards made under another role are not kept."""
+    args, files, index = group
+    gen.run(args())
+    n_first = len(CountingBackend.generated)
+    index.unlink()
+    CountingBackend.generated = []
+    orl = args()
+    orl.role = "orl"
+    gen.run(orl)
+    assert len(CountingBackend.generated) == n_first > 0  # every benchmark again, none kept

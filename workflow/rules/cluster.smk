@@ -51,7 +51,8 @@ def gres_for(wildcards):
 # A site profile's `set-resources: generate_shard: {...}` (partition, account, qos, constraint, ...) applies to
 # the grouped generation jobs and the speed probes too: forwarded as their own resources, so a key set for
 # generate_group itself still wins (set-resources override a rule's). The keys the rule computes itself are
-# left out; those read _gen_site, key by key, the same way.
+# left out: the GPU keys read _gen_site, key by key, the same way; runtime, mem_mb, cpus_per_gpu and gpu_mem_mb
+# follow each rule's own formula (a site sets them for generate_group / speed_probe by name: docs/workflow.md §7.5).
 _COMPUTED = {"gpu", "gpu_model", "gres", "cpus_per_gpu", "gpu_mem_mb", "runtime", "mem_mb"}
 _SHARD_SITE = (getattr(workflow.resource_settings, "overwrite_resources", None) or {}).get("generate_shard") or {}
 GROUP_SITE_RESOURCES = {k: _cluster._raw(v) for k, v in _SHARD_SITE.items() if k not in _COMPUTED}
