@@ -49,6 +49,7 @@ from pathlib import Path
 import pandas as pd
 
 from repro import paths
+from repro.backends.merge import MergedFileChanged, check_merged
 from repro.benchmarks import get as declared_benchmark
 from repro.io import atomic_write_text, read_jsonl
 from repro.tables.aggregate import cell_precision
@@ -179,7 +180,7 @@ def read_probe(work: Path, suite: str, model: str, bench: str) -> tuple[list[dic
 def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list[dict], dict]:
     """Rows (label, benchmark, values) and the summed facts for the caption; ``probe_benchmarks``: those whose
     single-request columns come from the speed probe (:func:`read_probe`). Raises FileNotFoundError naming a
-    missing generation or probe file."""
+    missing generation or probe file, ``MergedFileChanged`` a merged generation file changed since its merge."""
     seed = spec["seeds"][0]
     rows, total = [], None
     per_model: dict[str, str] = {}  # label -> precision as the model cards name it
@@ -190,6 +191,7 @@ def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list
             g = work / paths.GENERATIONS.format(suite=suite, model=m["name"], bench=b, seed=seed)
             if not g.is_file():
                 raise FileNotFoundError(f"{g}: generation file missing; run the main table's generation first")
+            check_merged(g)
             meta_p = Path(str(g) + ".meta.json")
             meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
             probe = read_probe(work, suite, m["name"], b) if b in probe_benchmarks else None
@@ -309,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(a.spec)
     try:
         rows, total = build(a.work, a.suite, spec, a.probe_benchmarks)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, MergedFileChanged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = a.out_dir
