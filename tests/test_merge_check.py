@@ -51,6 +51,19 @@ def test_merge_records_its_sha256_and_an_edit_is_refused_by_every_reader(merged,
     assert not (tmp_path / "s.jsonl").exists()
 
 
+def test_compare_refuses_an_edited_merged_file(merged, tmp_path):
+    from repro import paths
+    from repro.tables.compare import CompareError, Run, _cell
+
+    _, out = merged
+    g = tmp_path / "w" / paths.GENERATIONS.format(suite="s", model="m", bench="gsm8k", seed=12345)
+    g.parent.mkdir(parents=True)
+    g.write_text(out.read_text().replace("answer is 2.", "answer is 3."))
+    Path(str(g) + ".meta.json").write_text(Path(str(out) + ".meta.json").read_text())
+    with pytest.raises(CompareError, match=f"{g}: changed since repro.backends.merge wrote it"):
+        _cell(Run("s/m", tmp_path / "w", "s", "m", 12345), "gsm8k", 12345)
+
+
 def test_generation_files_without_a_merge_record_are_not_checked(tmp_path):
     replayed = _jsonl(tmp_path / "seed1.jsonl", [{"id": "gsm8k/0", "completion": "x"}])
     Path(str(replayed) + ".meta.json").write_text(json.dumps({"samples_sha256": "0" * 64, "note": "by hand"}))
