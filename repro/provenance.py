@@ -75,6 +75,8 @@ STAGE_CODE = {
     # the BF16 copy of an NVFP4 checkpoint the SGLang backend loads: the code that decides its values
     "dequantize": ("repro/checkpoint/dequantize.py", "repro/checkpoint/nvfp4.py"),
     "decoder": ("repro/paper",),
+    # merging shards into a benchmark's generation file (and the sha256 it records for the readers' check)
+    "merge": ("repro/backends/merge.py",),
     "generate": ("repro/backends", "repro/prompts", "repro/benchmarks"),
     "score": ("repro/scoring", "repro/benchmarks"),
     "table": ("repro/tables", "repro/benchmarks"),

@@ -95,7 +95,14 @@ def test_kill_then_rerun_gives_every_problem_once(job, tmp_path, monkeypatch):
     meta = json.loads(Path(str(out) + ".meta.json").read_text())
     assert meta["checkpoint_manifest_sha256"] and meta["decoder_sha256"] and meta["code_revision"]
     assert meta["backend_info"] == {"backend": "fake"} and len(meta["backend_sessions"]) == 2
+    # both sessions' figures (the speed table sums them), the killed one's with its job's load
+    killed, last = meta["generation_sessions"]
+    assert (killed["problems"], killed["generated_tokens"], killed["finished"]) == (3, 12, False)
+    assert (last["problems"], last["generated_tokens"], last["finished"]) == (4, 16, True)
+    assert last == {**last, **meta["generated_last_session"]} and killed["wall_s"] > 0
+    assert killed["job"]["id"] != last["job"]["id"] and "model_load_s" in killed["job"]
     assert not Path(str(out) + ".partial.backends.json").exists()
+    assert not Path(str(out) + ".partial.sessions.json").exists()
 
 
 def test_provenance_is_taken_after_generate_and_the_backend_is_closed(job, tmp_path, monkeypatch):

@@ -117,12 +117,59 @@ def test_fixed_costs_per_job_counted_once_across_the_benchmarks_it_served(tmp_pa
     assert a["capture_s"] == pytest.approx((9.5 + 7.0) / 2)
     note = speed.fixed_costs_note(total)
     assert note.startswith("Fixed costs: 3 generation jobs loaded a model, 23.33 s per load on average (70.0 s in all)")
-    assert "each load serving 1.7 benchmarks on average" in note and "CUDA-graph capture 8.25 s per job" in note
+    # benchmarks finished: J1 2, J2 1 (its meta's sharing says 2, but the table holds one shard of it), old 1
+    assert "each load serving 1.3 benchmarks on average" in note and "CUDA-graph capture 8.25 s per job" in note
     _write(tmp_path, "m", "gsm8k", [_rec(0, 10, 0.1, 1)], [meta("J3", None, sharing=1)])
     _write(tmp_path, "m", "humaneval", [_rec(0, 10, 0.1, 1)], [meta("J3", None, sharing=1)])
     rows, total = speed.build(tmp_path, "s", SPEC)
     assert rows[0]["capture_s"] is None and "| - |" in speed.to_markdown(rows, "cap")
     assert "capture" not in speed.fixed_costs_note(total) and "1 generation job loaded" in speed.fixed_costs_note(total)
+
+
+def _session(job_id, load, problems, tokens, wall, capture=None, finished=True):
+    return {"problems": problems, "generated_tokens": tokens, "wall_s": wall, "graph_capture_s": capture,
+            "finished": finished, "job": {"id": job_id, "model_load_s": load}}
+
+
+def test_killed_and_resumed_grouped_job_counts_every_session_and_each_jobs_load(tmp_path):
+    """Grouped job J1 (planned both benchmarks) finished GSM8K, then was killed 6 problems into HumanEval;
+    J2 resumed HumanEval. Throughput sums both HumanEval sessions, both loads count, each job finished one
+    benchmark (not J1's planned 2), and the speed probe's load is in the note. The same shard with an older meta
+    (only the finishing session recorded) is named in the caption."""
+    gsm = {"batch_size": 8, "generated_last_session": {"generated_tokens": 400, "wall_s": 2.0},
+           "backend_sessions": [{}], "job": {"id": "J1", "model_load_s": 20.0, "benchmarks_sharing_load": 2},
+           "generation_sessions": [_session("J1", 20.0, 10, 400, 2.0, capture=5.0)]}
+    he = {"batch_size": 8, "generated_last_session": {"generated_tokens": 160, "wall_s": 1.0},
+          "backend_sessions": [{}, {}], "job": {"id": "J2", "model_load_s": 30.0, "benchmarks_sharing_load": 1},
+          "generation_sessions": [_session("J1", 20.0, 6, 240, 3.0, capture=0.0, finished=False),
+                                  _session("J2", 30.0, 4, 160, 1.0, capture=4.0)]}
+    _write(tmp_path, "m", "gsm8k", [_rec(i, 40, 0.2, 8) for i in range(10)], [gsm])
+    _write(tmp_path, "m", "humaneval", [_rec(i, 40, 0.2, 8) for i in range(10)], [he])
+    probe = tmp_path / paths.SPEED_PROBE.format(suite="s", model="m", bench="gsm8k")
+    probe.parent.mkdir(parents=True)
+    probe.write_text("".join(json.dumps(_rec(i, 20, 0.2, 1)) + "\n" for i in range(4)))
+    (probe.parent / (probe.name + ".meta.json")).write_text(json.dumps(
+        {"batch_size": 1, "job": {"id": "P1", "model_load_s": 18.0, "benchmarks_sharing_load": 1},
+         "generation_sessions": [_session("P1", 18.0, 4, 80, 0.8)]}))
+    rows, total = speed.build(tmp_path, "s", SPEC, ["gsm8k"])
+    g, h, a = rows
+    assert h["tps_batch"] == pytest.approx(400 / 4.0)  # both sessions: 240 + 160 tokens over 3 + 1 s
+    assert h["load_s"] == pytest.approx(25.0) and h["capture_s"] == pytest.approx(2.0)  # J1 and J2
+    assert a["tps_batch"] == pytest.approx(800 / 6.0) and a["load_s"] == pytest.approx(25.0)  # J1 once
+    note = speed.fixed_costs_note(total)
+    assert note.startswith("Fixed costs: 2 generation jobs loaded a model, 25.00 s per load on average (50.0 s in "
+                           "all), each load serving 1 benchmark on average"), note
+    assert "CUDA-graph capture 4.50 s per job (9.0 s in all)" in note
+    assert "the speed probe's 1 job loaded it again, 18.00 s per load" in note
+    assert "counts only the session" not in speed.caption(total, "s")
+
+    # the same shard recorded before per-session figures: the finishing session only, and the caption says so
+    old = {k: v for k, v in he.items() if k != "generation_sessions"}
+    _write(tmp_path, "m", "humaneval", [_rec(i, 40, 0.2, 8) for i in range(10)], [old])
+    rows, total = speed.build(tmp_path, "s", SPEC, ["gsm8k"])
+    assert rows[1]["tps_batch"] == pytest.approx(160.0)
+    assert "Tokens/s (batch N) of Model M on HumanEval counts only the session that finished each shard" in speed.caption(
+        total, "s")
 
 
 def test_speed_probe_gives_the_single_request_columns_of_a_batched_suite(tmp_path):

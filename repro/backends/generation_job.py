@@ -37,7 +37,12 @@ seconds of the session that finished the shard: its throughput; null when a reru
 checkpoint onto the device), ``graph_capture_s`` (CUDA-graph capture seconds spent while generating this
 benchmark: the first benchmark of a job pays them; null on a path without graphs),
 ``benchmarks_sharing_load`` (how many benchmarks that one load generated), the job's ``id`` and ``pid``, its
-claimed ``gpu`` and ``started_at`` (after the claim) / ``ended_at`` (Unix seconds). ``INDEX`` carries the same job facts, ``ended_at`` being the job's end.
+claimed ``gpu`` and ``started_at`` (after the claim) / ``ended_at`` (Unix seconds). ``generation_sessions`` lists
+every session that generated records of the shard, a killed one included (kept beside the partial file in
+``OUT.partial.sessions.json`` until the shard completes): ``problems``, ``generated_tokens`` and ``wall_s`` it
+generated (a killed session's as of its last snapshot, written at most every 2 s, so its last ≤ 2 s of records
+are left out of both), ``graph_capture_s`` it spent, ``finished`` (whether it wrote the shard) and ``job``: the
+job facts of its job (its ``model_load_s`` was paid even when it was killed). ``INDEX`` carries the same job facts, ``ended_at`` being the job's end.
 
 ``--limit N`` keeps the first N problems of each problems file (problem order) before sharding: the speed probe
 (workflow/rules/generate.smk, rule ``speed_probe``) runs the first 32 problems one request at a time with
@@ -254,10 +259,11 @@ def _slot_positions(a: argparse.Namespace) -> int:
 
 
 def _generate(a: argparse.Namespace, bench: str, backend, remaining: list[dict], decoder: dict, partial: Path,
-              out: Path) -> dict:
+              out: Path, progress=None) -> dict:
     """Generate ``remaining`` problems of ``bench`` with ``backend``, appending each record to ``partial`` as
     it finishes (a batched backend's ``generate_each`` hands them over in finishing order); returns this
-    session's ``{"problems", "generated_tokens", "wall_s"}`` (the job's throughput, in provenance)."""
+    session's ``{"problems", "generated_tokens", "wall_s"}`` (the job's throughput, in provenance).
+    ``progress(snapshot)`` (optional) is called with the same dict so far after each record is appended."""
     from tqdm import tqdm
 
     from repro.prompts import build_prompt
@@ -266,19 +272,22 @@ def _generate(a: argparse.Namespace, bench: str, backend, remaining: list[dict],
     out.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(remaining), desc=f"{a.model}/{bench}", unit="problem", file=sys.stderr,
                mininterval=1.0)
-    toks = fwd = 0
+    toks = fwd = done = 0
     t0 = time.perf_counter()
     with open(partial, "a", encoding="utf-8") as f:
         def emit(i: int, rec: dict) -> None:
-            nonlocal toks, fwd
+            nonlocal toks, fwd, done
             prob, prompt = remaining[i], prompts[i]
             rec = {"id": prob["id"], "benchmark": bench, "model": a.model, "seed": a.seed,
                    "backend": a.backend, "template_version": prompt.template_version, **rec}
             append_jsonl(f, rec)
+            done += 1
             toks += rec["generated_tokens"]
             if rec.get("forwards"):
                 fwd += rec["forwards"]["denoise"] + rec["forwards"]["commit"]
             bar.update(1)
+            if progress is not None:
+                progress({"problems": done, "generated_tokens": toks, "wall_s": time.perf_counter() - t0})
             bar.set_postfix(tok_s=f"{toks / (time.perf_counter() - t0):.1f}",
                             TPF=f"{toks / fwd:.2f}" if fwd else "n/a")
 
@@ -299,6 +308,7 @@ class _Plan:
         self.task, self.out = task, Path(task.out)
         self.partial = Path(task.out + ".partial.jsonl")
         self.sessions_file = Path(task.out + ".partial.backends.json")  # backend of every session that wrote
+        self.gen_sessions_file = Path(task.out + ".partial.sessions.json")  # figures of every such session
         self.inputs_file = Path(task.out + ".partial.inputs.json")
         self.meta_file = Path(task.out + ".meta.json")
         self.code_version = stage_code_version("generate", a.backend)
@@ -322,7 +332,8 @@ class _Plan:
             print(f"note: {self.out}: {why}; generating this benchmark afresh", file=sys.stderr)
             # its leftover partial files too (a kill between writing out and removing them): never resumed into
             # a shard that must start afresh
-            for f in (self.out, self.meta_file, self.partial, self.inputs_file, self.sessions_file):
+            for f in (self.out, self.meta_file, self.partial, self.inputs_file, self.sessions_file,
+                      self.gen_sessions_file):
                 f.unlink(missing_ok=True)
         self.remaining: list[dict] = []
         if not self.kept:
@@ -356,6 +367,7 @@ class _Plan:
                   "discarding it and starting this shard afresh", file=sys.stderr)
             partial.unlink()
             self.sessions_file.unlink(missing_ok=True)
+            self.gen_sessions_file.unlink(missing_ok=True)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.inputs_file, json.dumps(inputs, indent=1, sort_keys=True) + "\n")
         kept = read_jsonl_tolerant(partial)
@@ -378,20 +390,38 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
     done_now = None
     capture = None
     sessions = json.loads(plan.sessions_file.read_text()) if plan.sessions_file.exists() else []
+    gen_sessions = _read_list(plan.gen_sessions_file)
     if plan.remaining:
         backend = job.backend()
         sessions.append(backend.describe())
         atomic_write_text(plan.sessions_file, json.dumps(sessions, indent=1) + "\n")
         c0 = job.capture_s()
+        mine = {"problems": 0, "generated_tokens": 0, "wall_s": 0.0, "graph_capture_s": None, "finished": False,
+                "job": job.facts()}
+        gen_sessions.append(mine)
+        last = [0.0]
+
+        def snapshot(now: dict, force: bool = False) -> None:
+            # this session's figures so far, on disk at most every 2 s (a kill loses at most its last 2 s)
+            c = job.capture_s()
+            mine.update(now, graph_capture_s=c - c0 if c0 is not None and c is not None else None)
+            if force or time.monotonic() - last[0] >= 2.0:
+                last[0] = time.monotonic()
+                atomic_write_text(plan.gen_sessions_file, json.dumps(gen_sessions, indent=1) + "\n")
+
+        snapshot({}, force=True)
         try:
-            done_now = _generate(a, task.benchmark, backend, plan.remaining, decoder, plan.partial, plan.out)
+            done_now = _generate(a, task.benchmark, backend, plan.remaining, decoder, plan.partial, plan.out,
+                                 progress=snapshot)
         finally:
             # describe again: a backend that starts its engine in generate() knows its arguments only now
             sessions[-1] = backend.describe()
             atomic_write_text(plan.sessions_file, json.dumps(sessions, indent=1) + "\n")
+            snapshot({}, force=True)  # on an error too: this session's figures up to its last record
         c1 = job.capture_s()
         # a rebuilt batched engine (another batch size) starts its count again: then c1 is this benchmark's
         capture = (c1 - c0 if c1 >= c0 else c1) if c0 is not None and c1 is not None else None
+        mine.update(done_now, graph_capture_s=capture, finished=True)
     meta = {
         "model": a.model, "benchmark": task.benchmark, "seed": a.seed, "shard": a.shard,
         "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,
@@ -408,15 +438,27 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
         # session's; every session's when a resumed job mixed several
         "backend_info": sessions[-1] if sessions else None,
         "backend_sessions": sessions,
+        # every session that generated records of this shard, killed ones included (module docstring)
+        "generation_sessions": gen_sessions,
         # fixed costs of the session that finished the shard (none loaded when a rerun found nothing left)
         "job": job.facts(graph_capture_s=capture, ended_at=time.time()) if done_now else
         job.facts(graph_capture_s=None, model_load_s=None, benchmarks_sharing_load=0, ended_at=time.time()),
     }
     recs = complete_shard(plan.out, plan.partial, plan.todo, meta)
     plan.sessions_file.unlink(missing_ok=True)
+    plan.gen_sessions_file.unlink(missing_ok=True)
     plan.inputs_file.unlink(missing_ok=True)
     print(f"wrote {len(recs)} records -> {plan.out}", file=sys.stderr)
     return json.loads(plan.meta_file.read_text())
+
+
+def _read_list(path: Path) -> list:
+    """A JSON list kept beside a partial file; [] when missing or unreadable (a kill during its first write)."""
+    try:
+        v = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return v if isinstance(v, list) else []
 
 
 def _values(v) -> list[str]:

@@ -4,8 +4,15 @@
     python -m repro.backends.merge --problems P.jsonl --out G.jsonl --benchmark B --group-index IDX.json [...]
 
 Checks that every problem appears exactly once across the shards (else exits non-zero naming the ids),
-orders records by problem index, and writes ``G.jsonl`` and ``G.jsonl.meta.json`` (the shards' metas)
-atomically. The merged file is byte-identical to what an unsharded run writes.
+orders records by problem index, and writes ``G.jsonl`` and ``G.jsonl.meta.json`` (the shards' metas under
+``shards``, and ``sha256``: the merged file's own sha256) atomically. The merged file is byte-identical to what an
+unsharded run writes.
+
+Every reader of a merged file (scoring, the tables' TPF and speed figures, ``compare``) calls
+:func:`check_merged` first: a merged file whose sha256 is no longer the one its merge recorded (edited by hand)
+is refused with one line naming the file and the fix (delete it; the workflow merges it again from the
+unchanged shards). A generation file without such a record (a replayed cell's: ``repro.backends.replay``; a
+merge written before the sha256 was recorded) is not checked here.
 
 ``--group-index``: the shards are those a grouped generation job wrote for benchmark ``B``
 (``repro.backends.generation_job``): each index names the shard file and its sha256; a shard file that is
@@ -15,6 +22,7 @@ missing or no longer has that sha256 stops the merge, naming the file and the fi
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections import Counter
@@ -22,6 +30,31 @@ from pathlib import Path
 
 from repro.io import atomic_write_text
 from repro.provenance import sha256_path
+
+
+class MergedFileChanged(ValueError):
+    """A merged generation file no longer has the sha256 its merge recorded; the message names it and the fix."""
+
+
+def check_merged(path: str | Path) -> None:
+    """Refuse a merged generation file ``path`` whose content changed since :func:`merge` wrote it.
+
+    Reads ``path.meta.json``; when it records the merge's ``sha256`` (beside ``shards``) and the file's sha256
+    differs, raises :class:`MergedFileChanged` (a ValueError) naming the file and the fix. Returns None for an
+    unchanged file, a file without a meta, or a meta that records no merge sha256 (a replayed cell, an older
+    merge). FileNotFoundError is left to the caller's own read of ``path``."""
+    path = Path(path)
+    meta_p = Path(str(path) + ".meta.json")
+    try:
+        meta = json.loads(meta_p.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(meta, dict) or "shards" not in meta or not meta.get("sha256") or not path.is_file():
+        return
+    if sha256_path(path) != meta["sha256"]:
+        raise MergedFileChanged(
+            f"{path}: changed since repro.backends.merge wrote it (its sha256 differs from the one recorded in "
+            f"{meta_p.name}); delete it to merge again from the shards (the workflow re-merges and re-scores it)")
 
 
 def group_shards(indexes: list[Path], benchmark: str) -> list[Path]:
@@ -60,10 +93,14 @@ def merge(problems: Path, shards: list[Path], out: Path) -> list[dict]:
         raise ValueError(f"shards of {out}: duplicated {dup[:5]}, missing {missing[:5]}, unknown {extra[:5]}")
     by_id = {r["id"]: r for r in recs}
     ordered = [by_id[i] for i in order]
-    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
     metas = [json.loads(Path(str(s) + ".meta.json").read_text()) for s in shards
              if Path(str(s) + ".meta.json").exists()]
-    atomic_write_text(Path(str(out) + ".meta.json"), json.dumps({"shards": metas}, indent=1, sort_keys=True) + "\n")
+    # meta first: a kill between the two renames leaves an old merged file that check_merged refuses
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered)
+    sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    atomic_write_text(Path(str(out) + ".meta.json"),
+                      json.dumps({"shards": metas, "sha256": sha}, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(out, text)
     return ordered
 
 

@@ -3,7 +3,8 @@
 ``python -m repro.scoring score --benchmark B --problems P.jsonl --generations G.jsonl --out S.jsonl
 --summary S.summary.json [--workers N]``: scores every generation record (``id``, ``completion``)
 against its problem; an id absent from the problems file, a duplicate id, or a record without a string
-``completion`` is an error naming it; problems without a generation are skipped with a warning on
+``completion`` is an error naming it, and so is a merged generation file changed since its merge wrote it
+(``repro.backends.merge.check_merged``: delete it to merge again from the shards); problems without a generation are skipped with a warning on
 stderr (the summary's ``n`` says how many were scored). Both outputs are written atomically
 (temporary file + rename), so a killed job never leaves a partial file behind.
 
@@ -19,6 +20,7 @@ import json
 import sys
 
 from repro import benchmarks
+from repro.backends.merge import check_merged
 
 from . import score_records, summarize
 from .cases import run_cases
@@ -26,6 +28,7 @@ from .jsonl import read_jsonl, write_json_atomic, write_jsonl_atomic
 
 
 def _score(args) -> int:
+    check_merged(args.generations)  # a hand-edited merged file is refused, not re-scored
     problems = read_jsonl(args.problems)
     gens = read_jsonl(args.generations)
     by_id = {p.get("id"): p for p in problems}

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from repro import paths
+from repro.backends.merge import MergedFileChanged
 from repro.io import atomic_write_text, read_jsonl
 from repro.provenance import code_revision, sha256_path
 from repro.tables.aggregate import cell_precision, collect
@@ -83,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="<image>.sif.json files of the Apptainer images the run used (sha256 into provenance)")
     a = ap.parse_args(argv)
     spec = json.loads(a.spec)
-    long = collect(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
+    try:
+        long = collect(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
+    except MergedFileChanged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     rows = wide(long, spec["benchmarks"])
     cells = [dict(cell_provenance(a.work, a.suite, m["name"], b, s, m.get("quantization")),
                   checkpoint_source=m.get("checkpoint_source"))

@@ -22,7 +22,11 @@ from repro import paths
 
 
 def cell_tpf(generations: Path) -> tuple[float | None, int, int]:
-    """(TPF, tokens, forwards) of one generation file; TPF None if no forward counts were reported."""
+    """(TPF, tokens, forwards) of one generation file; TPF None if no forward counts were reported.
+    ValueError (``MergedFileChanged``) when a merged file changed since its merge wrote it."""
+    from repro.backends.merge import check_merged
+
+    check_merged(generations)
     toks = fwd = 0
     for line in generations.read_text().splitlines():
         if not line.strip():

@@ -44,6 +44,7 @@ import pandas as pd
 
 from repro import benchmarks as declared
 from repro import paths
+from repro.backends.merge import MergedFileChanged, check_merged
 from repro.io import atomic_write_text
 from repro.tables.render import fmt
 
@@ -107,7 +108,12 @@ def _problem_digests(run: Run, bench: str) -> dict[str, str]:
 
 def _cell(run: Run, bench: str, seed: int) -> dict[str, dict]:
     fmt_ = dict(suite=run.suite, model=run.model, bench=bench, seed=seed)
-    gens = {g["id"]: g for g in _jsonl(run.work / paths.GENERATIONS.format(**fmt_))}
+    gpath = run.work / paths.GENERATIONS.format(**fmt_)
+    try:
+        check_merged(gpath)
+    except MergedFileChanged as e:
+        raise CompareError(str(e)) from None
+    gens = {g["id"]: g for g in _jsonl(gpath)}
     out = {}
     for s in _jsonl(run.work / paths.SCORES.format(**fmt_)):
         g = gens.get(s["id"], {})

@@ -17,17 +17,23 @@ the generation records and their shard metas only (nothing is re-run):
 * ``TPF``: Σ generated / Σ (denoise + commit) over all records (the main table's convention).
 * ``ms/forward (1 req.)``: Σ ``wall_s`` / Σ forwards (prefill + denoise + commit) over the same subset.
 * ``tokens/s (batch N)``: the jobs' throughput at the suite's batch size: Σ generated / Σ generation
-  seconds of the sessions that finished the shards (``generated_last_session`` of the shard metas); and
+  seconds of every session that wrote the shards' records (``generation_sessions`` of the shard metas, a
+  session killed and resumed included); a meta written before those were recorded gives only the session that
+  finished the shard (``generated_last_session``), and the caption names such cells when the shard was resumed
+  (:func:`last_session_sentence`); and
   ``ms/round (batch N)``: the batched engine's mean round time (``backend_info.batch``), ``-`` at batch 1.
 * ``load s``: model load seconds per generation job (the shard metas' ``job.model_load_s``, else
-  ``backend_info.load_s``; mean over the distinct jobs that made the cell's shards), and ``capture s``: CUDA-graph
+  ``backend_info.load_s``; mean over the distinct jobs that made the cell's shards, a killed job's included
+  when its session is recorded in ``generation_sessions``), and ``capture s``: CUDA-graph
   capture seconds per job (``job.graph_capture_s``: the seconds spent capturing while generating the cell's
   shards, over those jobs; ``-`` when none was recorded). A grouped job (suite ``group_benchmarks``) serves
   several benchmarks with one load, and its first benchmark pays the captures.
 
 Below the table, a note sums these fixed costs over the distinct jobs (a job's id is in every shard meta it
-wrote): how many jobs loaded a model, the mean load, how many benchmarks each load served
-(``job.benchmarks_sharing_load``), and the graph capture seconds per job and in all.
+wrote): how many jobs loaded a model (a killed one included), the mean load, how many benchmarks each load
+served (the shards each job finished, counted from the metas: a killed job's recorded
+``job.benchmarks_sharing_load`` is what it planned, not what it finished), the graph capture seconds per job
+and in all, and the speed probe jobs' loads (their metas' ``job``), which generate nothing of the table's records.
 
 A last row ``all`` sums each column's numerators and denominators over the rows. The caption names the
 device (GPU name), engine path and batch size, read from the shard metas, and each model's precision as the
@@ -49,6 +55,7 @@ from pathlib import Path
 import pandas as pd
 
 from repro import paths
+from repro.backends.merge import MergedFileChanged, check_merged
 from repro.benchmarks import get as declared_benchmark
 from repro.io import atomic_write_text, read_jsonl
 from repro.tables.aggregate import cell_precision
@@ -67,32 +74,72 @@ def _ratio(num: float, den: float, scale: float = 1.0):
     return num / den * scale if den else None
 
 
+def _job_entry(jobs: dict, jid: str, load) -> dict:
+    return jobs.setdefault(jid, {"load_s": load, "finished": 0, "capture_s": None})
+
+
 def job_costs(metas: list[dict], cell: str = "") -> dict:
-    """``{job id: {"load_s", "sharing", "capture_s"}}`` of the jobs that made ``metas`` (one cell's shards):
-    the fixed costs of each job (module docstring). A meta without job facts (written before they were
-    recorded) counts as a job of its own, ``cell#index``, with ``backend_info.load_s``."""
+    """``{job id: {"load_s", "finished", "capture_s"}}`` of the jobs that made ``metas`` (one cell's shards):
+    each job's model load, the shards it finished (one per benchmark) and its capture seconds (module
+    docstring). A meta with ``generation_sessions`` counts every session's job, a killed one's load and capture
+    included, and credits the shard to the job of its last session (a rerun that found nothing left loaded
+    nothing). An older meta counts only the job that finished the shard (``job``), and one without job facts
+    counts as a job of its own, ``cell#index``, with ``backend_info.load_s``."""
     jobs: dict[str, dict] = {}
     for i, m in enumerate(metas):
         j = m.get("job") or {}
+        sessions = m.get("generation_sessions")
+        if sessions is not None:
+            for k, s in enumerate(sessions):
+                sj = s.get("job") or {}
+                e = _job_entry(jobs, sj.get("id") or f"{cell}#{i}.{k}", sj.get("model_load_s"))
+                if s.get("graph_capture_s") is not None:
+                    e["capture_s"] = (e["capture_s"] or 0.0) + s["graph_capture_s"]
+                e["finished"] += k == len(sessions) - 1
+            continue
         if j and not j.get("benchmarks_sharing_load"):
             continue  # a rerun that found nothing left: no model loaded
         load = j.get("model_load_s") if j else (m.get("backend_info") or {}).get("load_s")
-        e = jobs.setdefault(j.get("id") or f"{cell}#{i}",
-                            {"load_s": load, "sharing": j.get("benchmarks_sharing_load", 1), "capture_s": None})
+        e = _job_entry(jobs, j.get("id") or f"{cell}#{i}", load)
+        e["finished"] += 1
         if j.get("graph_capture_s") is not None:
             e["capture_s"] = (e["capture_s"] or 0.0) + j["graph_capture_s"]
     return jobs
 
 
 def merge_jobs(a: dict, b: dict) -> dict:
-    """Job costs of two sets of cells: a job seen in both (one grouped job, two benchmarks) sums its capture."""
+    """Job costs of two sets of cells: a job seen in both (one grouped job, two benchmarks) is one load; its
+    finished shards and capture seconds add up."""
     out = {k: dict(v) for k, v in a.items()}
     for k, v in b.items():
-        if k in out and v["capture_s"] is not None:
+        if k not in out:
+            out[k] = dict(v)
+            continue
+        out[k]["finished"] += v["finished"]
+        if v["capture_s"] is not None:
             out[k]["capture_s"] = (out[k]["capture_s"] or 0.0) + v["capture_s"]
-        else:
-            out.setdefault(k, dict(v))
+        if out[k]["load_s"] is None:
+            out[k]["load_s"] = v["load_s"]
     return out
+
+
+def batch_sums(metas: list[dict], cell: str = "") -> dict:
+    """``batch_tokens`` and ``batch_wall`` (generated tokens and generation seconds of every session that wrote
+    the shards' records: ``generation_sessions``), and ``last_session_only``: ``[cell]`` when an older meta of a
+    resumed shard records only the session that finished it (``generated_last_session``), so the earlier
+    sessions' tokens and seconds are not known."""
+    toks = wall = 0.0
+    partial = False
+    for m in metas:
+        sessions = m.get("generation_sessions")
+        if sessions is None:
+            last = m.get("generated_last_session")
+            sessions = [last] if last else []
+            # resumed (several backend sessions), or finished by a rerun that generated nothing
+            partial |= len(m.get("backend_sessions") or []) > 1 or (not last and bool(m.get("backend_sessions")))
+        toks += sum(s.get("generated_tokens", 0) for s in sessions)
+        wall += sum(s.get("wall_s", 0.0) for s in sessions)
+    return {"batch_tokens": toks, "batch_wall": wall, "last_session_only": [cell] if partial else []}
 
 
 def _forwards(r: dict, kinds: tuple[str, ...]) -> int:
@@ -116,7 +163,6 @@ def cell_sums(records: list[dict], metas: list[dict], cell: str = "", probe: tup
     fw = _forwards
     counted = [r for r in records if r.get("forwards")]
     infos = [m.get("backend_info") or {} for m in metas]
-    sessions = [m.get("generated_last_session") for m in metas if m.get("generated_last_session")]
     rounds = [i["batch"] for i in infos if i.get("batch")]
     pinfo = ((probe[1] or {}).get("backend_info") or {}) if probe else {}
     return {
@@ -126,9 +172,10 @@ def cell_sums(records: list[dict], metas: list[dict], cell: str = "", probe: tup
         "probe_engine_paths": [str(pinfo["engine_path"])] if pinfo.get("engine_path") else [],
         "tokens": sum(r["generated_tokens"] for r in counted),
         "tpf_forwards": sum(fw(r, ("denoise", "commit")) for r in counted),
-        "batch_tokens": sum(s["generated_tokens"] for s in sessions), "batch_wall": sum(s["wall_s"] for s in sessions),
+        **batch_sums(metas, cell),
         "round_s": sum(b["mean_round_s"] * b["rounds"] for b in rounds), "rounds": sum(b["rounds"] for b in rounds),
         "jobs": job_costs(metas, cell),
+        "probe_jobs": job_costs([probe[1]], f"probe:{cell}") if probe and probe[1] else {},
         "batch_sizes": sorted({m.get("batch_size", 1) for m in metas}),
         "devices": sorted({str(i.get("device")) for i in infos if i.get("device")}),
         "precisions": sorted({str(m.get("precision")) for m in metas if m.get("precision")}),
@@ -154,16 +201,25 @@ def _job_means(jobs: dict) -> dict:
 def fixed_costs_note(total: dict) -> str:
     """One sentence on the run's fixed costs per generation job (module docstring); "" when none recorded."""
     jobs = [j for j in (total.get("jobs") or {}).values() if j["load_s"] is not None]
-    if not jobs:
+    probes = [j["load_s"] for j in (total.get("probe_jobs") or {}).values() if j["load_s"] is not None]
+    if not jobs and not probes:
         return ""
-    loads = [j["load_s"] for j in jobs]
-    caps = [j["capture_s"] for j in jobs if j["capture_s"] is not None]
-    share = sum(j["sharing"] for j in jobs) / len(jobs)
-    text = (f"Fixed costs: {len(jobs)} generation job{'s' if len(jobs) != 1 else ''} loaded a model, "
-            f"{sum(loads) / len(loads):.2f} s per load on average ({sum(loads):.1f} s in all), each load serving "
-            f"{share:.2g} benchmark{'s' if share != 1 else ''} on average")
-    if caps:
-        text += f"; CUDA-graph capture {sum(caps) / len(caps):.2f} s per job ({sum(caps):.1f} s in all)"
+    text = "Fixed costs: "
+    if jobs:
+        loads = [j["load_s"] for j in jobs]
+        caps = [j["capture_s"] for j in jobs if j["capture_s"] is not None]
+        share = sum(j["finished"] for j in jobs) / len(jobs)
+        stopped = sum(1 for j in jobs if not j["finished"])
+        text += (f"{len(jobs)} generation job{'s' if len(jobs) != 1 else ''} loaded a model"
+                 + (f" ({stopped} stopped before finishing a benchmark)" if stopped else "")
+                 + f", {sum(loads) / len(loads):.2f} s per load on average ({sum(loads):.1f} s in all), each load "
+                 f"serving {share:.2g} benchmark{'s' if share != 1 else ''} on average (those its job finished)")
+        if caps:
+            text += f"; CUDA-graph capture {sum(caps) / len(caps):.2f} s per job ({sum(caps):.1f} s in all)"
+    if probes:
+        text += ("; " if jobs else "") + (
+            f"the speed probe's {len(probes)} job{'s' if len(probes) != 1 else ''} loaded it again, "
+            f"{sum(probes) / len(probes):.2f} s per load ({sum(probes):.1f} s in all)")
     return text + "."
 
 
@@ -179,7 +235,7 @@ def read_probe(work: Path, suite: str, model: str, bench: str) -> tuple[list[dic
 def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list[dict], dict]:
     """Rows (label, benchmark, values) and the summed facts for the caption; ``probe_benchmarks``: those whose
     single-request columns come from the speed probe (:func:`read_probe`). Raises FileNotFoundError naming a
-    missing generation or probe file."""
+    missing generation or probe file, ``MergedFileChanged`` a merged generation file changed since its merge."""
     seed = spec["seeds"][0]
     rows, total = [], None
     per_model: dict[str, str] = {}  # label -> precision as the model cards name it
@@ -190,11 +246,14 @@ def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list
             g = work / paths.GENERATIONS.format(suite=suite, model=m["name"], bench=b, seed=seed)
             if not g.is_file():
                 raise FileNotFoundError(f"{g}: generation file missing; run the main table's generation first")
+            check_merged(g)
             meta_p = Path(str(g) + ".meta.json")
             meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
             probe = read_probe(work, suite, m["name"], b) if b in probe_benchmarks else None
             s = cell_sums(read_jsonl(g), meta.get("shards", [meta] if meta else []), cell=f"{m['name']}/{b}",
                           probe=probe)
+            if s["last_session_only"]:  # named in the caption as the table names the row
+                s["last_session_only"] = [f"{m['label']} on {declared_benchmark(b).title}"]
             prec = cell_precision(meta, m.get("quantization")) if meta else None
             if prec:
                 per_model[m["label"]] = " / ".join(sorted({*per_model.get(m["label"], prec).split(" / "),
@@ -250,8 +309,20 @@ def caption(total: dict, suite: str, latex: bool = False) -> str:
     text = (f"{where}: {single}; "
             "TPF = generated tokens / (denoise + commit forwards); tokens/s (batch N) = generated tokens / "
             "generation seconds of the jobs; ms/round (batch N) = the batched engine's mean round; load s = "
-            "model load per generation job; capture s = CUDA-graph capture per generation job." + prec_sentence)
+            "model load per generation job; capture s = CUDA-graph capture per generation job." + prec_sentence
+            + last_session_sentence(total.get("last_session_only") or []))
     return latex_escape(text) if latex else text
+
+
+def last_session_sentence(cells: list[str]) -> str:
+    """The caption's warning for cells whose batch figures cover only the session that finished a resumed
+    shard (metas written before every session's figures were recorded); "" when none."""
+    if not cells:
+        return ""
+    named = ", ".join(sorted(cells))
+    return (f" Tokens/s (batch N) of {named} counts only the session that finished each shard: the shard was "
+            "resumed after a stop and its meta predates per-session figures, so the earlier sessions' tokens, "
+            "seconds and model load are not counted (delete the shard to measure it again).")
 
 
 def tex_header(total: dict, suite: str) -> list[str]:
@@ -309,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(a.spec)
     try:
         rows, total = build(a.work, a.suite, spec, a.probe_benchmarks)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, MergedFileChanged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = a.out_dir

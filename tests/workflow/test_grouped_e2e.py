@@ -79,6 +79,13 @@ def test_grouped_job_kill9_resume_and_one_changed_benchmark(tmp_path, data_dir):
         ids = [json.loads(l)["id"] for l in merged.read_text().splitlines()]
         assert len(ids) == 2 and len(set(ids)) == 2
     assert "Nothing to be done" in snakemake("-n")
+    # the resumed HumanEval shard records both sessions: the killed job's (its load paid) and the resuming one's
+    he_meta = json.loads(Path(str(he) + ".meta.json").read_text())
+    killed_s, last_s = he_meta["generation_sessions"]
+    assert not killed_s["finished"] and last_s["finished"] and last_s["problems"] == 2 - done
+    assert killed_s["job"]["id"] != last_s["job"]["id"] and killed_s["job"]["model_load_s"] is not None
+    speed = (results / "smoke" / "speed_table.md").read_text()
+    assert "Fixed costs: 2 generation jobs loaded a model" in speed and "serving 1 benchmark on average" in speed
 
     # one HumanEval question changed: the job re-runs and regenerates HumanEval only
     lines = (data / "humaneval.jsonl").read_text().splitlines()

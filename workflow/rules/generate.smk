@@ -106,6 +106,7 @@ rule merge_shards:
         W(P.GENERATIONS, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
     params:
         group=merge_group_args,
+        code=code_version("merge"),  # a merge fix re-merges (and re-scores); old merges gain their sha256
     log:
         W("logs/merge/{suite}/{model}/{bench}/seed{seed}.log"),
     localrule: True
