@@ -153,7 +153,7 @@ def test_tex_says_what_it_needs_and_prints_a_papers_words(tmp_path):
     cap = next(l for l in lines if l.startswith(r"\caption{"))
     assert "suite" not in cap and "backend" not in cap and "engine" not in cap and "one seed" in cap
     assert r"\label{tab:orl-main}" in tex and tex.index(r"\label") > tex.index(r"\caption")
-    assert set(prov["code_versions"]) == {"prepare", "decoder", "score", "table"}
+    assert set(prov["code_versions"]) == {"prepare", "decoder", "merge", "score", "table"}
     tex_default, _ = four_benchmark_tex(tmp_path / "default")
     assert r"\label{tab:main-smoke}" in tex_default
 

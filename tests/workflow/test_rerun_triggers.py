@@ -15,12 +15,12 @@ from repro.config import REPO_ROOT
 pytestmark = pytest.mark.slow
 
 
-def snakemake(tmp_path, data_dir, scoring, *args, extra=None):
+def snakemake(tmp_path, data_dir, scoring, *args, extra=None, suite_extra=None):
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text(json.dumps({
         **(extra or {}), "data_dir": str(data_dir), "results_dir": str(tmp_path / "results"), "scoring": scoring,
         "suites": {"smoke": {"models": ["tiny-orl"], "benchmarks": ["gsm8k", "humaneval"], "limit": 1,
-                             "max_new_tokens": 32}}}))
+                             "max_new_tokens": 32, **(suite_extra or {})}}}))
     # --directory keeps Snakemake's metadata (where the params are recorded) in the test's own folder
     cmd = [sys.executable, "-m", "snakemake", "main_table", *args, "--cores", "2",
            "--snakefile", str(REPO_ROOT / "Snakefile"), "--directory", str(tmp_path),
@@ -54,6 +54,8 @@ def test_changed_timeout_rescores_code_benchmarks_only_and_workers_reruns_nothin
     assert after[scores["gsm8k"]] == before[scores["gsm8k"]] and all(after[g] == before[g] for g in gens)
     assert "Nothing to be done" in snakemake(tmp_path, data_dir, {"timeout_s": 3, "workers": 2}, "-n")
 
-    # switching the generation backend regenerates (its shards and everything downstream)
-    dry = snakemake(tmp_path, data_dir, {"timeout_s": 3, "workers": 2}, "-n", extra={"backend": "sglang"})
+    # switching the generation backend regenerates (its shards and everything downstream); SGLang runs on CUDA
+    # only (a CPU suite under sglang stops at start-up), so the dry run asks for a GPU suite
+    dry = snakemake(tmp_path, data_dir, {"timeout_s": 3, "workers": 2}, "-n", extra={"backend": "sglang"},
+                    suite_extra={"device": "cuda", "precision": "bf16"})
     assert job_counts(dry).get("generate_shard") == 2 and "Params have changed" in dry, dry[-3000:]
