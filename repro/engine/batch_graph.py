@@ -82,6 +82,18 @@ class PerSlotForward:
             f.forward(head=head)
 
 
+def slot_buffers(fw, model, slots: int, T: int) -> None:
+    """Give ``fw`` the batched forward's input/output buffers (the interface of
+    :class:`~repro.engine.kernels.fastpath_batch.BatchedBlockForward`): ``ids`` [S, T] int64, ``embeds_in``
+    [S, T, H] and ``logits`` [S, T, V] in the model's dtype, ``use_embeds`` [S] bool, ``cache_len`` [S] int32."""
+    dev, dt, c = model.device, model.dtype, model.cfg
+    fw.ids = torch.zeros(slots, T, dtype=torch.long, device=dev)
+    fw.embeds_in = torch.zeros(slots, T, c.hidden_size, dtype=dt, device=dev)
+    fw.use_embeds = torch.zeros(slots, dtype=torch.bool, device=dev)
+    fw.cache_len = torch.zeros(slots, dtype=torch.int32, device=dev)
+    fw.logits = torch.zeros(slots, T, c.vocab_size, dtype=dt, device=dev)
+
+
 class TorchSlotForward:
     """The batched forward's interface over the torch layer functions: one
     :meth:`~repro.engine.model.LLaDA2Model.forward_chunks` over the ``S`` slots, each with its own
@@ -94,13 +106,8 @@ class TorchSlotForward:
         from repro.engine.model import Chunk
 
         self.model, self.T, self.max_len, self.S, self._chunk = model, T, max_len, slots, Chunk
-        dev, dt, c = model.device, model.dtype, model.cfg
         self.caches = [model.new_cache(max_len) for _ in range(slots)]
-        self.ids = torch.zeros(slots, T, dtype=torch.long, device=dev)
-        self.embeds_in = torch.zeros(slots, T, c.hidden_size, dtype=dt, device=dev)
-        self.use_embeds = torch.zeros(slots, dtype=torch.bool, device=dev)
-        self.cache_len = torch.zeros(slots, dtype=torch.int32, device=dev)
-        self.logits = torch.zeros(slots, T, c.vocab_size, dtype=dt, device=dev)
+        slot_buffers(self, model, slots, T)
 
     def forward(self, head: bool = True) -> None:
         """All slots' block forwards (logits when ``head``); host reads of the slot positions."""

@@ -284,12 +284,9 @@ class _NullForward:
     host→device / device→host copies and the on-device step."""
 
     def __init__(self, model, mask_id: int, max_len: int, slots: int, T: int):
-        dev, dt, c = model.device, model.dtype, model.cfg
-        self.ids = torch.zeros(slots, T, dtype=torch.long, device=dev)
-        self.embeds_in = torch.zeros(slots, T, c.hidden_size, dtype=dt, device=dev)
-        self.use_embeds = torch.zeros(slots, dtype=torch.bool, device=dev)
-        self.cache_len = torch.zeros(slots, dtype=torch.int32, device=dev)
-        self.logits = torch.zeros(slots, T, c.vocab_size, dtype=dt, device=dev)
+        from repro.engine.batch_graph import slot_buffers
+
+        slot_buffers(self, model, slots, T)
 
     def forward(self, head: bool = True) -> None:
         """Nothing."""
@@ -452,64 +449,46 @@ def run(args, env_info, copy_bandwidth) -> int:
         return 1
     sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     sections = {x for x in args.sections.split(",") if x}
-    if "throughput" in sections:
+    algos = [a for a in args.algorithms.split(",") if a]
+
+    def section(name: str, key: str, run) -> None:
+        """Run one benchmark section into ``doc[key]``; an error is recorded there (with its traceback) and the
+        other sections still run; the JSON is saved after each."""
+        if name not in sections:
+            return
         try:
-            doc["throughput"] = bench_throughput(model, mask_id, args.prefix, args.batch_tokens, sizes,
-                                                 args.steps_per_block, doc["copy_GBps"], args.seed, log)
+            doc[key] = run()
         except Exception as e:  # noqa: BLE001
-            doc["throughput"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-            log(doc["throughput"]["traceback"])
+            doc[key] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            log(doc[key]["traceback"])
         save()
-    if "graph" in sections:
-        try:
-            doc["graph_batch1"] = bench_graph_batch1(args.prefix, args.batch_tokens, args.steps_per_block, args.seed, log)
-            if isinstance(doc.get("throughput"), list):
-                for r in doc["throughput"]:
-                    r["speedup_vs_graph_batch1"] = r["tokens_per_s_decode"] / doc["graph_batch1"]["tokens_per_s"]
-        except Exception as e:  # noqa: BLE001
-            doc["graph_batch1"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-            log(doc["graph_batch1"]["traceback"])
-        save()
-    if "batched-graph" in sections:
-        try:
-            doc["batched_graph"] = bench_batched_graph(model, mask_id, args.prefix, args.batch_tokens, sizes,
-                                                       args.steps_per_block, doc["copy_GBps"], args.seed, log)
-        except Exception as e:  # noqa: BLE001
-            doc["batched_graph"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-            log(doc["batched_graph"]["traceback"])
-        save()
-    if "handoff" in sections:
-        try:
-            doc["handoff"] = bench_handoff(model, mask_id, sizes, args.batch_tokens, args.steps_per_block, args.seed,
-                                           log)
-        except Exception as e:  # noqa: BLE001
-            doc["handoff"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-            log(doc["handoff"]["traceback"])
-        save()
-    if "invariance-graph" in sections:
-        def partial_g(out):
-            doc["invariance_graph"] = out
+
+    def partial(key):  # the invariance sections save each algorithm's result as it finishes
+        def keep(out):
+            doc[key] = out
             save()
-        try:
-            doc["invariance_graph"] = bench_invariance(
-                model, mask_id, eos_id, args.invariance_prompts, args.prefix, args.invariance_tokens,
-                [a for a in args.algorithms.split(",") if a], args.seed, log, on_algorithm=partial_g, path="graph")
-        except Exception as e:  # noqa: BLE001
-            doc["invariance_graph"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-            log(doc["invariance_graph"]["traceback"])
-        save()
-    if "invariance" in sections:
-        def partial(out):
-            doc["invariance"] = out
-            save()
-        try:
-            doc["invariance"] = bench_invariance(model, mask_id, eos_id, args.invariance_prompts, args.prefix,
-                                                 args.invariance_tokens, [a for a in args.algorithms.split(",") if a],
-                                                 args.seed, log, on_algorithm=partial)
-        except Exception as e:  # noqa: BLE001
-            doc["invariance"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-            log(doc["invariance"]["traceback"])
-        save()
+        return keep
+
+    def graph_batch1():
+        g = bench_graph_batch1(args.prefix, args.batch_tokens, args.steps_per_block, args.seed, log)
+        if isinstance(doc.get("throughput"), list):
+            for r in doc["throughput"]:
+                r["speedup_vs_graph_batch1"] = r["tokens_per_s_decode"] / g["tokens_per_s"]
+        return g
+
+    section("throughput", "throughput", lambda: bench_throughput(
+        model, mask_id, args.prefix, args.batch_tokens, sizes, args.steps_per_block, doc["copy_GBps"], args.seed, log))
+    section("graph", "graph_batch1", graph_batch1)
+    section("batched-graph", "batched_graph", lambda: bench_batched_graph(
+        model, mask_id, args.prefix, args.batch_tokens, sizes, args.steps_per_block, doc["copy_GBps"], args.seed, log))
+    section("handoff", "handoff", lambda: bench_handoff(
+        model, mask_id, sizes, args.batch_tokens, args.steps_per_block, args.seed, log))
+    section("invariance-graph", "invariance_graph", lambda: bench_invariance(
+        model, mask_id, eos_id, args.invariance_prompts, args.prefix, args.invariance_tokens, algos, args.seed, log,
+        on_algorithm=partial("invariance_graph"), path="graph"))
+    section("invariance", "invariance", lambda: bench_invariance(
+        model, mask_id, eos_id, args.invariance_prompts, args.prefix, args.invariance_tokens, algos, args.seed, log,
+        on_algorithm=partial("invariance")))
     log(table(doc))
     print(json.dumps(doc))
     return 0
