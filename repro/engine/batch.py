@@ -79,6 +79,11 @@ class _Aborted(Exception):
     """Raised inside a worker thread when the batch is being torn down after another request failed."""
 
 
+CONTINUE = object()
+"""What :meth:`_Scheduler._round` returns for a slot whose pending forward is a multi-round job that is not done
+(the graph path's :class:`repro.engine.batch_graph.StepJob`): the slot stays waiting and its worker is not woken."""
+
+
 class _Slot:
     """A request in flight: its thread, its pending forward, its result or error."""
 
@@ -155,7 +160,8 @@ class _Scheduler:
         """A request left (finished or failed)."""
 
     def _round(self, active: list[_Slot], stats: BatchStats) -> list:
-        """Run one round over the pending forwards of ``active``; returns each slot's output, in order."""
+        """Run one round over the pending forwards of ``active``; returns each slot's output, in order
+        (:data:`CONTINUE` for a slot whose pending job needs more rounds)."""
         chunks = [s.pending for s in active]
         with torch.inference_mode():
             outs = self.model.forward_chunks(chunks)
@@ -224,6 +230,8 @@ class _Scheduler:
                 stats.max_active = max(stats.max_active, len(active))
                 with self.cond:
                     for s, o in zip(active, outs):
+                        if o is CONTINUE:  # the slot's pending job runs on in the next round, its thread asleep
+                            continue
                         s.output, s.pending, s.state = o, None, "running"
                         s.event.set()
         finally:

@@ -19,6 +19,10 @@ Contract:
   embeddings in, step) in one host→device copy; the replay; then **one** device→host copy of the
   ``[2, S]`` flags (block final, last forward reused). The only other read is one ``[1]`` flag per block
   start (the "final before any forward" check of the new block).
+* Host work per round: a request's worker thread is woken only at block boundaries — its prefill
+  (:class:`PrefillJob`) and each block's denoising loop (:class:`StepJob`, the loop of
+  ``decode_loop._device_block``) are single submissions that the scheduler advances round by round from the
+  flags, so a round costs one Python pass over the slots, not one thread handoff per slot.
 * Capture once per (slots, decoder settings, cache length) on first use (``capture_s``; the engine is kept
   by :class:`repro.engine.llm.LLM` between calls). ``use_graphs=False`` runs the same body eagerly (CPU tests
   use it with :class:`TorchSlotForward`).
@@ -35,7 +39,7 @@ import time
 
 import torch
 
-from repro.engine.batch import BatchRequest, BatchStats, _Scheduler, _Slot
+from repro.engine.batch import CONTINUE, BatchRequest, BatchStats, _Scheduler, _Slot
 from repro.engine.decoders import DecoderConfig
 from repro.engine.decoders.device import supported
 from repro.engine.decoders.device_batch import BatchedDeviceStep
@@ -267,6 +271,43 @@ class BatchGraphEngine:
         return self.flags_host.tolist()
 
 
+class PrefillJob:
+    """A prompt's prefill as one submission: its full blocks, one FORWARD round each, in order."""
+
+    def __init__(self, ids: torch.Tensor, block_size: int):
+        self.ids, self.B, self.start = ids, block_size, 0
+
+    def mode(self) -> tuple:
+        """This round's mode for the slot (:meth:`BatchGraphEngine.run_round`)."""
+        return (FORWARD, self.ids[self.start:self.start + self.B], self.start, True)
+
+    def advance(self, final: bool, reuse: bool):
+        """After the round: :data:`~repro.engine.batch.CONTINUE` or None (done)."""
+        self.start += self.B
+        return CONTINUE if self.start < self.ids.shape[0] else None
+
+
+class StepJob:
+    """A block's denoising rounds as one submission (``decode_loop._device_block``'s loop, run by the
+    scheduler): one STEP round after another until the flags say final or ``cap`` rounds ran; the worker
+    sleeps meanwhile. Output: ``(forwards, finished)``."""
+
+    def __init__(self, stepper, start: int, cap: int):
+        self.stepper, self.start, self.cap, self.n = stepper, start, cap, 0
+
+    def mode(self) -> tuple:
+        """This round's mode for the slot."""
+        return (STEP, self.start)
+
+    def advance(self, final: bool, reuse: bool):
+        """After the round: the slot's flags; :data:`~repro.engine.batch.CONTINUE` or ``(forwards, finished)``."""
+        self.stepper.set_flags(final, reuse)
+        self.n += 1
+        if final:
+            return self.n, True
+        return (self.n, False) if self.n >= self.cap else CONTINUE
+
+
 class _GraphSlotBackend:
     """:class:`repro.engine.decode_loop.ForwardBackend` of one request on a :class:`BatchGraphEngine` slot:
     every forward is submitted to the scheduler and runs inside the round's replay."""
@@ -283,10 +324,8 @@ class _GraphSlotBackend:
         self.block_size = block_size
 
     def prefill(self, ids: torch.Tensor) -> None:
-        """Full prompt blocks, one commit-style forward per block (one block per round)."""
-        B = self.block_size
-        for s in range(0, ids.shape[0], B):
-            self.sched.submit(self.slot, (FORWARD, ids[s:s + B], s, True))
+        """Full prompt blocks, one commit-style forward per block (one block per round; one submission)."""
+        self.sched.submit(self.slot, PrefillJob(ids, self.block_size))
 
     def denoise(self, ids, start, embeds):
         """Logits ``[B, V]`` fp32 of the block at ``start`` (host decoders)."""
@@ -308,6 +347,10 @@ class _GraphSlotBackend:
     def denoise_step(self, stepper, start: int) -> None:
         """One denoising round (forward + on-device step) of the block at ``start``."""
         self.sched.submit(self.slot, (STEP, start))
+
+    def denoise_steps(self, stepper, start: int, cap: int) -> tuple[int, bool]:
+        """The block's denoising rounds until final or ``cap`` (:class:`StepJob`): ``(forwards, finished)``."""
+        return self.sched.submit(self.slot, StepJob(stepper, start, cap))
 
 
 class _GraphScheduler(_Scheduler):
@@ -331,15 +374,19 @@ class _GraphScheduler(_Scheduler):
         e = self.engine
         modes: list[tuple] = [(IDLE,)] * e.S
         for s in active:
-            modes[s.row] = s.pending
+            modes[s.row] = s.pending if isinstance(s.pending, tuple) else s.pending.mode()
         flags = e.run_round(modes)
         stats.rows += e.T * len(active)
-        stats.round_prefill.append(any(s.pending[0] == FORWARD and s.pending[3] for s in active))
+        stats.round_prefill.append(any(modes[s.row][0] == FORWARD and modes[s.row][3] for s in active))
         outs = []
         for s in active:
+            final, reuse = flags[0][s.row], flags[1][s.row]
+            if not isinstance(s.pending, tuple):  # a multi-round job: CONTINUE, or its output when done
+                outs.append(s.pending.advance(final, reuse))
+                continue
             kind = s.pending[0]
             if kind == STEP:
-                s.stepper.set_flags(flags[0][s.row], flags[1][s.row])
+                s.stepper.set_flags(final, reuse)
             outs.append(e.fw.logits[s.row].to(torch.float32, copy=True) if kind == LOGITS else None)
         return outs
 

@@ -262,8 +262,21 @@ def _host_block(backend, dec, tokens, editable, s, cap, gen):
 
 def _device_block(backend, stepper, tokens, editable, s, cap):
     """Decode one block with the on-device step (:mod:`repro.engine.decoders.device`): one host read of the
-    device "final" flag per round, nothing else; returns (tokens, denoise forwards, reuse, finished)."""
+    device "final" flag per round, nothing else; returns (tokens, denoise forwards, reuse, finished).
+    A backend with ``denoise_steps(stepper, start, cap) -> (forwards, finished)`` runs the loop itself (the
+    batched graph scheduler: no thread handoff per round); it must stop exactly where this loop stops — after
+    the round whose flags say final, or after ``cap`` rounds (``finished`` False) — and is called only when
+    the block is not final before its first round and ``cap > 0``."""
     stepper.start_block(tokens, editable)
+    many = getattr(backend, "denoise_steps", None)  # backends that run the whole loop below in one call
+    if many is not None:
+        if bool(stepper.final):
+            n_fwd, done = 0, True
+        elif cap <= 0:
+            n_fwd, done = 0, False
+        else:
+            n_fwd, done = many(stepper, s, cap)
+        return stepper.tokens.clone(), n_fwd, bool(stepper.reuse()), done
     n_fwd = 0
     done = True
     while not bool(stepper.final):

@@ -100,6 +100,7 @@ def test_graph_path_batch_invariance_and_continuous_batching(tiny_model, tiny_to
         assert [r.token_ids for r, _ in out] == [a.token_ids for a in alone], bs
         assert [r.forwards for r, _ in out] == [a.forwards for a in alone], bs
         assert [r.block_forwards for r, _ in out] == [a.block_forwards for a in alone], bs
+        assert [r.stalled_blocks for r, _ in out] == [a.stalled_blocks for a in alone], bs
         assert stats.max_active == bs and stats.engine == "graph-path eager" and engine.S == bs
         # one round per forward of the busiest slot sequence; prefill is one round per prompt block
         per_request = [a.forwards["denoise"] + a.forwards["commit"] + len(p) // 32 for a, p in zip(alone, prompts)]
@@ -255,3 +256,28 @@ def test_cuda_graph_batch_invariance_with_the_batched_forward_at_model_width():
             assert engine.forward_kind == "BatchedBlockForward" and stats.engine == "cuda-graph"
             assert [r.token_ids for r, _ in out] == [r.token_ids for r, _ in alone], (algorithm, bs)
             assert [r.forwards for r, _ in out] == [r.forwards for r, _ in alone], (algorithm, bs)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_graph_path_wakes_a_request_only_at_block_boundaries(tiny_model, tiny_tok, monkeypatch):
+    """A request's worker thread hands over once for its whole prefill and once per block's denoising loop
+    (plus its commit forward), not once per round: the scheduler advances PrefillJob / StepJob itself. The
+    rounds and results stay those of the per-round loop (test above)."""
+    import repro.engine.batch as batch_mod
+
+    m, tok = tiny_model, tiny_tok
+    dec = {"algorithm": "joint_threshold", "max_new_tokens": 64}
+    prompts = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in _real_prompts(2)]
+    submits: list = []
+    real = batch_mod._Scheduler.submit
+    monkeypatch.setattr(batch_mod._Scheduler, "submit", lambda self, slot, job: submits.append(job) or real(self, slot, job))
+    stats = BatchStats()
+    out, _ = generate_batch_graph(m, [BatchRequest(p, dec) for p in prompts], mask_id=tok.mask_id,
+                                  eos_id=tok.eos_id, batch_size=2, stats=stats)
+    blocks = sum(len(r.block_forwards) for r, _ in out)
+    commits = sum(r.forwards["commit"] for r, _ in out)
+    prefills = sum(1 for p in prompts if len(p) >= 32)
+    steps = [j for j in submits if type(j).__name__ == "StepJob"]
+    assert len(submits) == prefills + len(steps) + commits and len(steps) <= blocks
+    assert sum(j.n for j in steps) == sum(r.forwards["denoise"] for r, _ in out) > len(steps)
+    assert stats.rounds > len(submits) / 2  # many rounds per hand-over
