@@ -53,7 +53,11 @@ def _variants():
             ("bf16 down", "down", TILES, False, 1),
             ("w4 dec1 down", "down", D["down"], True, 1),
             ("w4 dec3 down", "down", D["down"], True, 3),
-            ("w4 dec3 down n64", "down", dict(D["down"], BLOCK_N=64), True, 3)]
+            ("w4 dec3 down n64", "down", dict(D["down"], BLOCK_N=64), True, 3),
+            ("w4 dec3 gate+up k64 s3", "gate_up", dict(D["gate_up"], BLOCK_K=64), True, 3),
+            ("w4 dec3 down k64 s3", "down", dict(D["down"], BLOCK_K=64), True, 3),
+            ("w4 dec3 gate+up k64 s4", "gate_up", dict(D["gate_up"], BLOCK_K=64, num_stages=4), True, 3),
+            ("w4 dec3 down k64 s4", "down", dict(D["down"], BLOCK_K=64, num_stages=4), True, 3)]
 
 
 def _compile(kernel, tiles, w4, decode, H=2048, N=512, E=256):

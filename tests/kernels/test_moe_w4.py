@@ -194,15 +194,16 @@ def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compa
     assert rel_err(out, out16) < tol
 
 
-def test_fused_moe_w4_k128_tiles_match_dequantized_reference(dev):
-    """BLOCK_K = 128: the row interleave built with tl.join (the kWidth-8 dot operand on the GPU,
+@pytest.mark.parametrize("block_k", [128, 64])
+def test_fused_moe_w4_k128_tiles_match_dequantized_reference(dev, block_k):
+    """BLOCK_K = 128 and 64: the row interleave built with tl.join (the kWidth-8 dot operand on the GPU,
     moe_w4._interleave_rows), the default decode of the layout (2 under the interpreter, 3 on the GPU)."""
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     T, H, N, E, k, ng, tg = 6, 128, 128, 8, 2, 4, 2
     x, gate, bias, w13, w2 = _experts(T, H, N, E, True, dtype, dev, 7)
     ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, dtype, dev, split_k=2)
-    cfg = {**CFG, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=1, num_stages=2),
-           "down": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=1, num_stages=2)}
+    cfg = {**CFG, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k, num_warps=1, num_stages=2),
+           "down": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k, num_warps=1, num_stages=2)}
     ws.out.fill_(float("nan"))
     out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=cfg)
     ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
@@ -229,7 +230,8 @@ def test_w4_refuses_bad_tiles_and_norm_fold(dev):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", [None, W4.W4_TILES_DEFAULT])
+@pytest.mark.parametrize("tiles", [None, W4.W4_TILES_DEFAULT,
+                                   {k: dict(v, BLOCK_K=64) for k, v in W4.W4_TILES_DEFAULT.items()}])
 def test_fused_moe_w4_bf16_full_shape(tiles):
     T, H, N, E, k = 32, 2048, 512, 256, 8
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -282,12 +282,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _interleave_rows(a, b, BLOCK_K: tl.constexpr):
-        """[a0, b0, a1, b1, ...] (two [n] row-index vectors -> [2n]). For BLOCK_K >= 128 built with ``tl.join``:
+        """[a0, b0, a1, b1, ...] (two [n] row-index vectors -> [2n]). For BLOCK_K >= 64 built with ``tl.join``:
         Triton (3.6) then takes the packed operand for a 4-bit one and gives the dot operand kWidth 8, so a thread
         holds both words of a scale block and builds each block's tables once (docs/perf.md, session 4); for
         smaller tiles by index arithmetic (kWidth 4): with the join at BLOCK_K 32 (dots of K 16, under the 32
-        inputs a kWidth-8 row spans) the kernels gave wrong results on the H200."""
-        if BLOCK_K >= 128:
+        inputs a kWidth-8 row spans) the kernels gave wrong results on the H200; BLOCK_K 64 (dots of K 32):
+        docs/perf.md, session 4, round 2."""
+        if BLOCK_K >= 64:
             return tl.reshape(tl.join(a, b), (2 * a.shape[0],))
         else:
             j = tl.arange(0, 2 * a.shape[0])
