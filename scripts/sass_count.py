@@ -50,14 +50,18 @@ def _variants():
             ("w4 dec1 gate+up", "gate_up", D["gate_up"], True, 1),
             ("w4 dec2 gate+up", "gate_up", D["gate_up"], True, 2),
             ("w4 dec3 gate+up", "gate_up", D["gate_up"], True, 3),
+            ("w4 dec4 gate+up", "gate_up", D["gate_up"], True, 4),
             ("bf16 down", "down", TILES, False, 1),
             ("w4 dec1 down", "down", D["down"], True, 1),
             ("w4 dec3 down", "down", D["down"], True, 3),
+            ("w4 dec4 down", "down", D["down"], True, 4),
             ("w4 dec3 down n64", "down", dict(D["down"], BLOCK_N=64), True, 3),
-            ("w4 dec3 gate+up k64 s3", "gate_up", dict(D["gate_up"], BLOCK_K=64), True, 3),
-            ("w4 dec3 down k64 s3", "down", dict(D["down"], BLOCK_K=64), True, 3),
-            ("w4 dec3 gate+up k64 s4", "gate_up", dict(D["gate_up"], BLOCK_K=64, num_stages=4), True, 3),
-            ("w4 dec3 down k64 s4", "down", dict(D["down"], BLOCK_K=64, num_stages=4), True, 3)]
+            ("w4 dec3 gate+up k128", "gate_up", dict(D["gate_up"], BLOCK_K=128), True, 3),
+            ("w4 dec3 down k128", "down", dict(D["down"], BLOCK_K=128), True, 3),
+            ("w4 dec4 gate+up k128", "gate_up", dict(D["gate_up"], BLOCK_K=128), True, 4),
+            ("w4 dec4 down k128", "down", dict(D["down"], BLOCK_K=128), True, 4),
+            ("w4 dec3 gate+up s4", "gate_up", dict(D["gate_up"], num_stages=4), True, 3),
+            ("w4 dec3 down s4", "down", dict(D["down"], num_stages=4), True, 3)]
 
 
 def _compile(kernel, tiles, w4, decode, H=2048, N=512, E=256):

@@ -25,21 +25,22 @@ NVFP4_BYTES = 0.5 + 1.0 / 16
 W4_TARGETS = {"ms_1k": 1.9, "ratio_1k": 1.25, "ms_4k": 2.0, "model_GB": 12.0}
 
 #: MoE tile variants for the 4-bit expert GEMMs ("default" = ``moe_w4.W4_TILES_DEFAULT``; None = the tuned BF16
-#: tiles of kernels/configs; every variant with the default decode of the experts' layout (3 on the GPU, the
-#: lookup-table decode) unless it names ``W4_DECODE``; decodes 0/1 read layout "modelopt", for which the round
+#: tiles of kernels/configs; every variant with the default decode of the experts' layout (4 on the GPU, the
+#: lookup-table decode with derived tables) unless it names ``W4_DECODE``; decodes 0/1 read layout "modelopt", for which the round
 #: re-labels the same random bytes (:func:`relabel`), so those variants time the same distribution of values)
 W4_TILES = {
     "default": W4_TILES_DEFAULT,
+    # session 4's default (BLOCK_K 128: 149 registers, 3 programs per SM), and each kernel alone at it
+    "k128": {k: dict(v, BLOCK_K=128) for k, v in W4_TILES_DEFAULT.items()},
+    "gu_k128": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_K=128), "down": W4_TILES_DEFAULT["down"]},
+    "down_k128": {"gate_up": W4_TILES_DEFAULT["gate_up"], "down": dict(W4_TILES_DEFAULT["down"], BLOCK_K=128)},
     "s2": {k: dict(v, num_stages=2) for k, v in W4_TILES_DEFAULT.items()},
+    "s4": {k: dict(v, num_stages=4) for k, v in W4_TILES_DEFAULT.items()},
     "down_n64": {"gate_up": W4_TILES_DEFAULT["gate_up"], "down": dict(W4_TILES_DEFAULT["down"], BLOCK_N=64)},
-    "gu_n128_w8": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=128, num_warps=8),
-                   "down": W4_TILES_DEFAULT["down"]},
-    "k256": {k: dict(v, BLOCK_K=256) for k, v in W4_TILES_DEFAULT.items()},
-    # BLOCK_K 64 with the kWidth-8 operand: 93 / 96 registers instead of 149 (offline), exact on the H200
-    # (docs/perf.md, session 4, round 2; timed in session 5)
-    "k64s3": {k: dict(v, BLOCK_K=64, num_stages=3) for k, v in W4_TILES_DEFAULT.items()},
-    "k64s4": {k: dict(v, BLOCK_K=64, num_stages=4) for k, v in W4_TILES_DEFAULT.items()},
-    "k64s5": {k: dict(v, BLOCK_K=64, num_stages=5) for k, v in W4_TILES_DEFAULT.items()},
+    "gu_n32_w2": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=32, num_warps=2),
+                  "down": W4_TILES_DEFAULT["down"]},
+    "default+dec3": {k: dict(v, W4_DECODE=3) for k, v in W4_TILES_DEFAULT.items()},
+    "k128+dec3": {k: dict(v, BLOCK_K=128, W4_DECODE=3) for k, v in W4_TILES_DEFAULT.items()},  # session 4's kernels
     "default+dec1": {k: dict(v, W4_DECODE=1) for k, v in W4_TILES_DEFAULT.items()},
 }
 
@@ -206,11 +207,11 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
 
 
 def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print,
-                      tiles: tuple[str, ...] = ("k64s3", "k64s4", "k64s5")) -> dict:
+                      tiles: tuple[str, ...] = ("k128", "k128+dec3", "s4", "s2", "gu_n32_w2")) -> dict:
     """Per-kernel times of one MoE layer in the real shapes (E=256, H=2048, N=512, top-8 + shared), BF16 vs
     4-bit experts with the same routing: gate+up and down, median µs of CUDA-event timed launches, and the
-    expert bytes each reads (touched experts + shared) / time; the decodes 3 / 2 / 1 at the default tiles, then
-    decode 3 at each ``W4_TILES`` variant named in ``tiles``. ``python -m repro.engine.bench_w4``; also the
+    expert bytes each reads (touched experts + shared) / time; the decodes 4 / 3 / 2 / 1 at the default tiles,
+    then each ``W4_TILES`` variant named in ``tiles``. ``python -m repro.engine.bench_w4``; also the
     program to profile (``ncu --kernel-name regex:_moe_ ...``)."""
     from .bench import time_replays
     from .kernels import moe as M
@@ -234,9 +235,10 @@ def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print,
     out = {"T": T, "distinct_experts": D}
     m13, m2 = w13_4.with_layout("modelopt"), w2_4.with_layout("modelopt")  # the same values, export layout
     dec = lambda d: {k: dict(v, W4_DECODE=d) for k, v in W4_TILES_DEFAULT.items()}  # noqa: E731
-    runs = [("bf16", w13, w2, 2.0, None), ("w4_lut_dec3", w13_4, w2_4, NVFP4_BYTES, dec(3)),
-            ("w4_lut_dec2", w13_4, w2_4, NVFP4_BYTES, dec(2)), ("w4_modelopt_dec1", m13, m2, NVFP4_BYTES, dec(1))]
-    runs += [(f"w4_lut_dec3_{v}", w13_4, w2_4, NVFP4_BYTES, W4_TILES[v]) for v in tiles]
+    runs = [("bf16", w13, w2, 2.0, None), ("w4_lut_dec4", w13_4, w2_4, NVFP4_BYTES, dec(4)),
+            ("w4_lut_dec3", w13_4, w2_4, NVFP4_BYTES, dec(3)), ("w4_lut_dec2", w13_4, w2_4, NVFP4_BYTES, dec(2)),
+            ("w4_modelopt_dec1", m13, m2, NVFP4_BYTES, dec(1))]
+    runs += [(f"w4_lut_{v}", w13_4, w2_4, NVFP4_BYTES, W4_TILES[v]) for v in tiles]
     for name, a, b, bpw, cfg in runs:
         gu = time_replays(lambda: M.moe_gate_up(x, a, ws, k, cfg), iters)["ms"] * 1e3
         dn = time_replays(lambda: M.moe_down(b, ws, cfg), iters)["ms"] * 1e3

@@ -395,7 +395,8 @@ def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int 
         raise ValueError(f"{kernel}: NVFP4 experts for E={E} (shared: {w.shared is not None}), workspace for "
                          f"E={ws.E}, E1={ws.E1}")
     check_w4_tiles(min(block_k, in_f), in_f)
-    decode = pick_decode(w.layout, ws.inter, decode, kernel, (min(block_k, in_f), min(tile[0], out_f), tile[1]))
+    decode = pick_decode(w.layout, ws.inter, decode, kernel, (min(block_k, in_f), min(tile[0], out_f), tile[1]),
+                         w.derived_tables_ok() if w.layout == "lut" and ws.inter.is_cuda else None)
     # the shared expert's rows (never read without one: then any tensor of the activation dtype will do)
     dense = w.shared.contiguous() if w.shared is not None else ws.inter
     return E1, out_f, in_f, dense, dict(W4=True, q_ptr=w.q, s_ptr=w.s, g_ptr=w.g, W4_DECODE=decode)
