@@ -1,7 +1,7 @@
 """Count the SASS instructions per weight of the MoE expert GEMMs, compiled offline for an H100/H200 (sm_90a).
 
-No GPU needed: Triton compiles the kernels of ``repro/engine/kernels/moe.py`` for ``GPUTarget("cuda", 90, 128)``
-with the real shapes (H=2048, N=512) and the launch's divisibility hints, ``cuobjdump`` (shipped in Triton's
+No GPU needed: Triton compiles the grouped expert GEMMs of ``repro/engine/kernels/moe_gemm.py`` for
+``GPUTarget("cuda", 90, 128)`` with the real shapes (H=2048, N=512) and the launch's divisibility hints, ``cuobjdump`` (shipped in Triton's
 ``backends/nvidia/bin``) disassembles the cubin, and the script finds the K loop (the backward branch with the
 longest body, i.e. the main loop of the routed-expert path) and reports per variant:
 
@@ -69,7 +69,7 @@ def _compile(kernel, tiles, w4, decode, H=2048, N=512, E=256):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from repro.engine.kernels import moe as M
+    from repro.engine.kernels import moe_gemm as M
 
     bm, bn, bk = tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"]
     div = [["tt.divisibility", 16]]
