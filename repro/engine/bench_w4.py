@@ -16,6 +16,8 @@ model memory ≤ 12 GB.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .kernels.moe_w4 import W4_TILES_DEFAULT
@@ -39,6 +41,13 @@ W4_TILES = {
     "down_n64": {"gate_up": W4_TILES_DEFAULT["gate_up"], "down": dict(W4_TILES_DEFAULT["down"], BLOCK_N=64)},
     "gu_n32_w2": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=32, num_warps=2),
                   "down": W4_TILES_DEFAULT["down"]},
+    # larger tiles at BLOCK_K 64 (offline: gate+up n128 w4 3.41 instr/weight at 127 registers; w8 3.80 at 97;
+    # down n256 w8 3.80 at 96)
+    "gu_n128": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=128), "down": W4_TILES_DEFAULT["down"]},
+    "gu_n128_w8": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=128, num_warps=8),
+                   "down": W4_TILES_DEFAULT["down"]},
+    "down_n256_w8": {"gate_up": W4_TILES_DEFAULT["gate_up"],
+                     "down": dict(W4_TILES_DEFAULT["down"], BLOCK_N=256, num_warps=8)},
     "default+dec3": {k: dict(v, W4_DECODE=3) for k, v in W4_TILES_DEFAULT.items()},
     "k128+dec3": {k: dict(v, BLOCK_K=128, W4_DECODE=3) for k, v in W4_TILES_DEFAULT.items()},  # session 4's kernels
     "default+dec1": {k: dict(v, W4_DECODE=1) for k, v in W4_TILES_DEFAULT.items()},
@@ -121,7 +130,10 @@ def dequantized(W4: dict) -> dict:
 
 def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=None, time_replays=None) -> dict:
     """The 4-bit round beside the BF16 one (module doc). ``fw``: the BF16 round's BlockForward (its KV cache
-    is copied); ``block_ids(shape, seed, kind)`` and ``time_replays(fn, iters)`` from :mod:`.bench`."""
+    is copied); ``block_ids(shape, seed, kind)`` and ``time_replays(fn, iters)`` from :mod:`.bench`. The tile
+    variants timed: all of ``W4_TILES``, or those named in the environment variable ``W4_ROUND_TILES``
+    (comma-separated; "default" always included), for a GPU call short of time. Raises KeyError for an unknown
+    name."""
     from .kernels import fastpath as F
 
     W4 = w4_weights(W, shape)
@@ -140,7 +152,9 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
             cases[kind, P] = (ids, distinct, nb, nb["total"] / (copy_bw * 1e9) * 1e3)
     best, best_ms = None, float("inf")
     W_lut = fw4.W
-    for name, tiles in W4_TILES.items():
+    names = [n for n in os.environ.get("W4_ROUND_TILES", "").split(",") if n]
+    variants = {n: W4_TILES[n] for n in (["default"] + [n for n in names if n != "default"])} if names else W4_TILES
+    for name, tiles in variants.items():
         try:
             old = any(c.get("W4_DECODE") in (0, 1) for c in (tiles or {}).values())
             fw4.W = relabel(W_lut, "modelopt") if old else W_lut
