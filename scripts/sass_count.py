@@ -1,9 +1,10 @@
 """Count the SASS instructions per weight of the MoE expert GEMMs, compiled offline for an H100/H200 (sm_90a).
 
 No GPU needed: Triton compiles the grouped expert GEMMs of ``repro/engine/kernels/moe_gemm.py`` for
-``GPUTarget("cuda", 90, 128)`` with the real shapes (H=2048, N=512) and the launch's divisibility hints, ``cuobjdump`` (shipped in Triton's
-``backends/nvidia/bin``) disassembles the cubin, and the script finds the K loop (the backward branch with the
-longest body, i.e. the main loop of the routed-expert path) and reports per variant:
+``GPUTarget("cuda", 90, 128)`` with the real shapes (H=2048, N=512) and the launch's divisibility hints,
+``cuobjdump`` (shipped in Triton's ``backends/nvidia/bin``) disassembles the cubin, and the script finds the K
+loop (the backward branch with the longest body, i.e. the main loop of the routed-expert path) and reports per
+variant:
 
 * loop instructions per warp, and thread instructions per weight = loop × num_warps × 32 / weights per
   iteration (the figure Nsight's "executed instructions" gives per weight; docs/perf.md, session 3:

@@ -28,8 +28,9 @@ W4_TARGETS = {"ms_1k": 1.9, "ratio_1k": 1.25, "ms_4k": 2.0, "model_GB": 12.0}
 
 #: MoE tile variants for the 4-bit expert GEMMs ("default" = ``moe_w4.W4_TILES_DEFAULT``; None = the tuned BF16
 #: tiles of kernels/configs; every variant with the default decode of the experts' layout (4 on the GPU, the
-#: lookup-table decode with derived tables) unless it names ``W4_DECODE``; decodes 0/1 read layout "modelopt", for which the round
-#: re-labels the same random bytes (:func:`relabel`), so those variants time the same distribution of values)
+#: lookup-table decode with derived tables) unless it names ``W4_DECODE``; decodes 0/1 read layout "modelopt", for
+#: which the round re-labels the same random bytes (:func:`relabel`), so those variants time the same distribution
+#: of values)
 W4_TILES = {
     "default": W4_TILES_DEFAULT,
     # session 4's default (BLOCK_K 128: 149 registers, 3 programs per SM), and each kernel alone at it

@@ -16,7 +16,7 @@ the activation dtype (``.shared``) and is expert index E of the same launch (a r
 
 Decodes (``W4_DECODE``, :func:`pick_decode`):
 
-* 3 (default on the GPU, layout "lut"): per 16-weight block, four byte tables of the 8 magnitudes
+* 3 (layout "lut"; the GPU default where decode 4 is not exact): per 16-weight block, four byte tables of the 8 magnitudes
   ``bf16(fl32(e2m1(c) · s32))`` — the reference's own products and rounding, so exact by construction — then per
   32-bit word (8 weights) 13 integer instructions: the selectors, 4 byte-permute (PRMT) lookups, the signs,
   4 PRMT interleaving low and high bytes into bf16 pairs (inline PTX, ``tl.inline_asm_elementwise``, 4 bytes
@@ -25,7 +25,7 @@ Decodes (``W4_DECODE``, :func:`pick_decode`):
 * 4 (default on the GPU when every global scale g is in ``DERIVED_G_RANGE``): decode 3 with cheaper tables —
   only A = bf16(s32) and B = bf16(fl32(1.5 · s32)) are rounded from fp32; the other magnitudes are exact
   power-of-two multiples of them (bf16x2 multiplies: A/2, 2A, 2B, 4A, 4B) and the zero entry a sign-replicated
-  byte, 9 instructions per block after s32 instead of 15 (:func:`derived_tables_ok` says when that is exact).
+  byte, 9 instructions per block after s32 instead of 14 (:func:`derived_tables_ok` says when that is exact).
 * 2: its pure-Triton twin (same layout and values; runs under the interpreter and for fp16 / fp32).
 * 1 / 0 (layout "modelopt"): the session-3 arithmetic decodes (fp32 bit patterns, one multiply per weight).
 
