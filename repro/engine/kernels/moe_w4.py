@@ -16,9 +16,9 @@ the activation dtype (``.shared``) and is expert index E of the same launch (a r
 
 Decodes (``W4_DECODE``, :func:`pick_decode`):
 
-* 3 (layout "lut"; the GPU default where decode 4 is not exact): per 16-weight block, four byte tables of the 8 magnitudes
-  ``bf16(fl32(e2m1(c) · s32))`` — the reference's own products and rounding, so exact by construction — then per
-  32-bit word (8 weights) 13 integer instructions: the selectors, 4 byte-permute (PRMT) lookups, the signs,
+* 3 (layout "lut"; the GPU default where decode 4 is not exact): per 16-weight block, four byte tables of the 8
+  magnitudes ``bf16(fl32(e2m1(c) · s32))`` — the reference's own products and rounding, so exact by construction —
+  then per 32-bit word (8 weights) 13 integer instructions: the selectors, 4 byte-permute (PRMT) lookups, the signs,
   4 PRMT interleaving low and high bytes into bf16 pairs (inline PTX, ``tl.inline_asm_elementwise``, 4 bytes
   per call; bf16 activations). PRMT: PTX ISA, "prmt"; decoding several packed values per 32-bit instruction
   follows the mixed-precision Marlin kernels (Frantar et al., arXiv:2408.11743).
@@ -173,7 +173,7 @@ if HAS_TRITON:
         hi = ((q << 18) & 0x01C00000) | ((q << 24) & -2147483648)
         return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
 
-    # ---- the lookup-table decode (W4_DECODE 2 / 3; experts in NVFP4Experts layout "lut") ----------------------
+    # ---- the lookup-table decode (W4_DECODE 2 / 3 / 4; experts in NVFP4Experts layout "lut") ------------------
     # Per 16-weight block: the 8 magnitudes T[c] = bf16(fl32(e2m1(c) · s32)), s32 = fl32(e4m3 · g) — the very
     # products and the one rounding of dequantize-at-load — as four byte tables (low bytes of T[0..3], high bytes
     # of T[0..3], low / high bytes of T[4..7]; bf16 only). Per 8 weights (one 32-bit word, nvfp4.to_lut_layout): 1 and
@@ -293,8 +293,8 @@ if HAS_TRITON:
     def _fp4_tile(q_ptrs, s_ptrs, gs, dtype: tl.constexpr, HK: tl.constexpr, BN: tl.constexpr,
                   DECODE: tl.constexpr = 1):
         """Load one packed tile (bytes [BK/2, BN]; scale bytes [BK/16, BN]) and dequantize it to the even and odd
-        input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding. DECODE 2 / 3: the
-        lookup-table decode of :func:`_lut_tile` (layout "lut"; 3 is the default on the GPU). DECODE 0 / 1
+        input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding. DECODE 2 / 3 / 4:
+        the lookup-table decode of :func:`_lut_tile` (layout "lut"; 4 is the default on the GPU). DECODE 0 / 1
         (layout "modelopt"): each block scale decoded once and broadcast to its 8 byte rows; 1:
         :func:`_e2m1_pair_subnormal`, then (v · 2^63) · (scale · 2^63): the first product is exact (a power of
         two), so the second rounds e2m1 · scale once; 0: :func:`_e2m1_pair` (biased exponent + selects, no
