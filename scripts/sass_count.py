@@ -1,9 +1,10 @@
 """Count the SASS instructions per weight of the MoE expert GEMMs, compiled offline for an H100/H200 (sm_90a).
 
-No GPU needed: Triton compiles the kernels of ``repro/engine/kernels/moe.py`` for ``GPUTarget("cuda", 90, 128)``
-with the real shapes (H=2048, N=512) and the launch's divisibility hints, ``cuobjdump`` (shipped in Triton's
-``backends/nvidia/bin``) disassembles the cubin, and the script finds the K loop (the backward branch with the
-longest body, i.e. the main loop of the routed-expert path) and reports per variant:
+No GPU needed: Triton compiles the grouped expert GEMMs of ``repro/engine/kernels/moe_gemm.py`` for
+``GPUTarget("cuda", 90, 128)`` with the real shapes (H=2048, N=512) and the launch's divisibility hints,
+``cuobjdump`` (shipped in Triton's ``backends/nvidia/bin``) disassembles the cubin, and the script finds the K
+loop (the backward branch with the longest body, i.e. the main loop of the routed-expert path) and reports per
+variant:
 
 * loop instructions per warp, and thread instructions per weight = loop × num_warps × 32 / weights per
   iteration (the figure Nsight's "executed instructions" gives per weight; docs/perf.md, session 3:
@@ -50,10 +51,18 @@ def _variants():
             ("w4 dec1 gate+up", "gate_up", D["gate_up"], True, 1),
             ("w4 dec2 gate+up", "gate_up", D["gate_up"], True, 2),
             ("w4 dec3 gate+up", "gate_up", D["gate_up"], True, 3),
+            ("w4 dec4 gate+up", "gate_up", D["gate_up"], True, 4),
             ("bf16 down", "down", TILES, False, 1),
             ("w4 dec1 down", "down", D["down"], True, 1),
             ("w4 dec3 down", "down", D["down"], True, 3),
-            ("w4 dec3 down n64", "down", dict(D["down"], BLOCK_N=64), True, 3)]
+            ("w4 dec4 down", "down", D["down"], True, 4),
+            ("w4 dec3 down n64", "down", dict(D["down"], BLOCK_N=64), True, 3),
+            ("w4 dec3 gate+up k128", "gate_up", dict(D["gate_up"], BLOCK_K=128), True, 3),
+            ("w4 dec3 down k128", "down", dict(D["down"], BLOCK_K=128), True, 3),
+            ("w4 dec4 gate+up k128", "gate_up", dict(D["gate_up"], BLOCK_K=128), True, 4),
+            ("w4 dec4 down k128", "down", dict(D["down"], BLOCK_K=128), True, 4),
+            ("w4 dec3 gate+up s4", "gate_up", dict(D["gate_up"], num_stages=4), True, 3),
+            ("w4 dec3 down s4", "down", dict(D["down"], num_stages=4), True, 3)]
 
 
 def _compile(kernel, tiles, w4, decode, H=2048, N=512, E=256):
@@ -61,7 +70,7 @@ def _compile(kernel, tiles, w4, decode, H=2048, N=512, E=256):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from repro.engine.kernels import moe as M
+    from repro.engine.kernels import moe_gemm as M
 
     bm, bn, bk = tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"]
     div = [["tt.divisibility", 16]]

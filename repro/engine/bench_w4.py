@@ -16,6 +16,8 @@ model memory ≤ 12 GB.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .kernels.moe_w4 import W4_TILES_DEFAULT
@@ -25,16 +27,30 @@ NVFP4_BYTES = 0.5 + 1.0 / 16
 W4_TARGETS = {"ms_1k": 1.9, "ratio_1k": 1.25, "ms_4k": 2.0, "model_GB": 12.0}
 
 #: MoE tile variants for the 4-bit expert GEMMs ("default" = ``moe_w4.W4_TILES_DEFAULT``; None = the tuned BF16
-#: tiles of kernels/configs; every variant with the default decode of the experts' layout (3 on the GPU, the
-#: lookup-table decode) unless it names ``W4_DECODE``; decodes 0/1 read layout "modelopt", for which the round
-#: re-labels the same random bytes (:func:`relabel`), so those variants time the same distribution of values)
+#: tiles of kernels/configs; every variant with the default decode of the experts' layout (4 on the GPU, the
+#: lookup-table decode with derived tables) unless it names ``W4_DECODE``; decodes 0/1 read layout "modelopt", for
+#: which the round re-labels the same random bytes (:func:`relabel`), so those variants time the same distribution
+#: of values)
 W4_TILES = {
     "default": W4_TILES_DEFAULT,
+    # session 4's default (BLOCK_K 128: 149 registers, 3 programs per SM), and each kernel alone at it
+    "k128": {k: dict(v, BLOCK_K=128) for k, v in W4_TILES_DEFAULT.items()},
+    "gu_k128": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_K=128), "down": W4_TILES_DEFAULT["down"]},
+    "down_k128": {"gate_up": W4_TILES_DEFAULT["gate_up"], "down": dict(W4_TILES_DEFAULT["down"], BLOCK_K=128)},
     "s2": {k: dict(v, num_stages=2) for k, v in W4_TILES_DEFAULT.items()},
+    "s4": {k: dict(v, num_stages=4) for k, v in W4_TILES_DEFAULT.items()},
     "down_n64": {"gate_up": W4_TILES_DEFAULT["gate_up"], "down": dict(W4_TILES_DEFAULT["down"], BLOCK_N=64)},
+    "gu_n32_w2": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=32, num_warps=2),
+                  "down": W4_TILES_DEFAULT["down"]},
+    # larger tiles at BLOCK_K 64 (offline: gate+up n128 w4 3.41 instr/weight at 127 registers; w8 3.80 at 97;
+    # down n256 w8 3.80 at 96)
+    "gu_n128": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=128), "down": W4_TILES_DEFAULT["down"]},
     "gu_n128_w8": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=128, num_warps=8),
                    "down": W4_TILES_DEFAULT["down"]},
-    "k256": {k: dict(v, BLOCK_K=256) for k, v in W4_TILES_DEFAULT.items()},
+    "down_n256_w8": {"gate_up": W4_TILES_DEFAULT["gate_up"],
+                     "down": dict(W4_TILES_DEFAULT["down"], BLOCK_N=256, num_warps=8)},
+    "default+dec3": {k: dict(v, W4_DECODE=3) for k, v in W4_TILES_DEFAULT.items()},
+    "k128+dec3": {k: dict(v, BLOCK_K=128, W4_DECODE=3) for k, v in W4_TILES_DEFAULT.items()},  # session 4's kernels
     "default+dec1": {k: dict(v, W4_DECODE=1) for k, v in W4_TILES_DEFAULT.items()},
 }
 
@@ -115,7 +131,10 @@ def dequantized(W4: dict) -> dict:
 
 def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=None, time_replays=None) -> dict:
     """The 4-bit round beside the BF16 one (module doc). ``fw``: the BF16 round's BlockForward (its KV cache
-    is copied); ``block_ids(shape, seed, kind)`` and ``time_replays(fn, iters)`` from :mod:`.bench`."""
+    is copied); ``block_ids(shape, seed, kind)`` and ``time_replays(fn, iters)`` from :mod:`.bench`. The tile
+    variants timed: all of ``W4_TILES``, or those named in the environment variable ``W4_ROUND_TILES``
+    (comma-separated; "default" always included), for a GPU call short of time. Raises KeyError for an unknown
+    name."""
     from .kernels import fastpath as F
 
     W4 = w4_weights(W, shape)
@@ -134,7 +153,9 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
             cases[kind, P] = (ids, distinct, nb, nb["total"] / (copy_bw * 1e9) * 1e3)
     best, best_ms = None, float("inf")
     W_lut = fw4.W
-    for name, tiles in W4_TILES.items():
+    names = [n for n in os.environ.get("W4_ROUND_TILES", "").split(",") if n]
+    variants = {n: W4_TILES[n] for n in (["default"] + [n for n in names if n != "default"])} if names else W4_TILES
+    for name, tiles in variants.items():
         try:
             old = any(c.get("W4_DECODE") in (0, 1) for c in (tiles or {}).values())
             fw4.W = relabel(W_lut, "modelopt") if old else W_lut
@@ -200,10 +221,12 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
     return out
 
 
-def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print) -> dict:
+def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print,
+                      tiles: tuple[str, ...] = ("k128", "k128+dec3", "s4", "s2", "gu_n32_w2")) -> dict:
     """Per-kernel times of one MoE layer in the real shapes (E=256, H=2048, N=512, top-8 + shared), BF16 vs
     4-bit experts with the same routing: gate+up and down, median µs of CUDA-event timed launches, and the
-    expert bytes each reads (touched experts + shared) / time. ``python -m repro.engine.bench_w4``; also the
+    expert bytes each reads (touched experts + shared) / time; the decodes 4 / 3 / 2 / 1 at the default tiles,
+    then each ``W4_TILES`` variant named in ``tiles``. ``python -m repro.engine.bench_w4``; also the
     program to profile (``ncu --kernel-name regex:_moe_ ...``)."""
     from .bench import time_replays
     from .kernels import moe as M
@@ -227,9 +250,11 @@ def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print) ->
     out = {"T": T, "distinct_experts": D}
     m13, m2 = w13_4.with_layout("modelopt"), w2_4.with_layout("modelopt")  # the same values, export layout
     dec = lambda d: {k: dict(v, W4_DECODE=d) for k, v in W4_TILES_DEFAULT.items()}  # noqa: E731
-    for name, a, b, bpw, cfg in (("bf16", w13, w2, 2.0, None), ("w4_lut_dec3", w13_4, w2_4, NVFP4_BYTES, dec(3)),
-                                 ("w4_lut_dec2", w13_4, w2_4, NVFP4_BYTES, dec(2)),
-                                 ("w4_modelopt_dec1", m13, m2, NVFP4_BYTES, dec(1))):
+    runs = [("bf16", w13, w2, 2.0, None), ("w4_lut_dec4", w13_4, w2_4, NVFP4_BYTES, dec(4)),
+            ("w4_lut_dec3", w13_4, w2_4, NVFP4_BYTES, dec(3)), ("w4_lut_dec2", w13_4, w2_4, NVFP4_BYTES, dec(2)),
+            ("w4_modelopt_dec1", m13, m2, NVFP4_BYTES, dec(1))]
+    runs += [(f"w4_lut_{v}", w13_4, w2_4, NVFP4_BYTES, W4_TILES[v]) for v in tiles]
+    for name, a, b, bpw, cfg in runs:
         gu = time_replays(lambda: M.moe_gate_up(x, a, ws, k, cfg), iters)["ms"] * 1e3
         dn = time_replays(lambda: M.moe_down(b, ws, cfg), iters)["ms"] * 1e3
         routed = D * 2 * N * H * bpw + 2 * N * H * 2  # touched routed experts + the bf16 shared expert

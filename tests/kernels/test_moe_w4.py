@@ -58,16 +58,32 @@ def _prmt(a, b, sel):
     return out
 
 
-def _emulate_lut_decode(words, s32, dtype):
+def _bits(t):
+    return t.view(torch.int16).long() & 0xFFFF
+
+
+def _derived_tables(s32):
+    """Decode 4's table build (moe_w4._LUT_TABLE_DERIVED) emulated: P = (B, A) = (bf16(fl32(1.5 s)), bf16(s)) as
+    one bf16x2 word, (B/2, A/2), (2B, 2A), (4B, 4A) by bf16 multiplies (rounded to nearest, as mul.rn.bf16x2),
+    then the four PRMTs (0x640D / 0x751D: byte 0 = the replicated sign bit of A's high byte)."""
+    a, b = s32.to(torch.bfloat16), (s32 * 1.5).to(torch.bfloat16)
+    word = lambda lo, hi: _bits(lo) | (_bits(hi) << 16)  # noqa: E731
+    p, q, p2, p4 = word(a, b), word(a * 0.5, b * 0.5), word(a * 2.0, b * 2.0), word(a * 4.0, b * 4.0)
+    return _prmt(q, p, 0x640D), _prmt(q, p, 0x751D), _prmt(p2, p4, 0x6420), _prmt(p2, p4, 0x7531)
+
+
+def _emulate_lut_decode(words, s32, dtype, derived=False):
     """The inline-PTX lookup-table decode of moe_w4 (tables + word decode), emulated with integer tensor ops:
     words int64 [n] in the "lut" layout, s32 fp32 [n] their block scales -> [n, 8] ``dtype`` values in input
-    order 8t..8t+7 (X_i = input 2i, X_{4+i} = input 2i+1)."""
+    order 8t..8t+7 (X_i = input 2i, X_{4+i} = input 2i+1). ``derived``: decode 4's tables, else decode 3's."""
     mags = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-    T = (mags[None, :] * s32[:, None]).to(dtype).view(torch.int16).long() & 0xFFFF  # [n, 8] = bf16(fl32(c·s))
+    T = _bits((mags[None, :] * s32[:, None]).to(dtype))  # [n, 8] = bf16(fl32(c·s))
     tl0 = sum((T[:, c] & 0xFF) << (8 * c) for c in range(4))
     th0 = sum((T[:, c] >> 8) << (8 * c) for c in range(4))
     tl1 = sum((T[:, 4 + c] & 0xFF) << (8 * c) for c in range(4))
     th1 = sum((T[:, 4 + c] >> 8) << (8 * c) for c in range(4))
+    if derived:
+        tl0, th0, tl1, th1 = _derived_tables(s32)
     i = words & 0x77777777
     j = i >> 16
     l0, h0 = _prmt(tl0, tl1, i & 0xFFFF), _prmt(th0, th1, i & 0xFFFF)
@@ -81,26 +97,61 @@ def _emulate_lut_decode(words, s32, dtype):
     return vals[:, order]
 
 
-def test_lut_decode_is_dequantize_at_load_for_every_code_and_scale():
+def _all_codes_and_scales(gs):
+    """(packed bytes [rows, 256] in the export's layout, E4M3 scales [rows, 32], global scale per row, rows):
+    every byte in every word position against every finite non-negative E4M3 scale byte x each of ``gs``."""
+    sbytes = torch.arange(127, dtype=torch.int32).to(torch.uint8)  # every finite E4M3 byte (0x7F is NaN)
+    sb = sbytes.repeat(len(gs))  # one row per (scale byte, global scale)
+    g2 = torch.tensor(gs).repeat_interleave(127)
+    q = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(sb.numel(), 1)
+    scale = sb[:, None].repeat(1, q.shape[1] * 2 // 16).view(torch.float8_e4m3fn)
+    return q, scale, g2, q.shape[0]
+
+
+def _decode_all(q, scale, g2, rows, derived):
+    in_f = q.shape[1] * 2
+    words = Q._words(Q.to_lut_layout(q)).reshape(-1)  # [rows * in/8]
+    s32 = (scale.float()[:, :, None].repeat(1, 1, 2).reshape(rows, -1) * g2[:, None]).reshape(-1)
+    return _emulate_lut_decode(words, s32, torch.bfloat16, derived).reshape(rows, in_f)
+
+
+@pytest.mark.parametrize("derived", [False, True])
+def test_lut_decode_is_dequantize_at_load_for_every_code_and_scale(derived):
     """The lookup-table decode's bit design (per-block magnitude tables of bf16(fl32(e2m1 · s32)), byte-permute
     lookups, sign bits of the "lut" layout) emulated on the CPU: every one of the 2^8 code pairs x 4 word
-    positions, against every finite E4M3 scale byte x 3 global scales, equals nvfp4.dequantize bit for bit."""
+    positions, against every finite E4M3 scale byte x 3 global scales, equals nvfp4.dequantize bit for bit;
+    derived (decode 4): tables from bf16(s) and bf16(1.5 s) by power-of-two multiples, also at both ends of
+    moe_w4.DERIVED_G_RANGE (the smallest block scales' A/2 at the least normal bf16, 6 · 448 · g near the top)."""
     dtype = torch.bfloat16
-    sbytes = torch.arange(127, dtype=torch.int32).to(torch.uint8)  # every finite E4M3 byte (0x7F is NaN)
-    gs = torch.tensor([1.0, 1.0 / 3.0, 0.7 * 2.0 ** -20])
-    sb = sbytes.repeat(3)  # one row per (scale byte, global scale)
-    g2 = gs.repeat_interleave(127)
-    q = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(sb.numel(), 1)  # every byte, every position
-    rows = q.shape[0]
-    in_f = q.shape[1] * 2
-    scale = sb[:, None].repeat(1, in_f // 16).view(torch.float8_e4m3fn)
+    gs = [1.0, 1.0 / 3.0, 0.7 * 2.0 ** -20] + (list(W4.DERIVED_G_RANGE) if derived else [])
+    q, scale, g2, rows = _all_codes_and_scales(gs)
     want = torch.stack([Q.dequantize(q[r:r + 1], scale[r:r + 1], g2[r], dtype=dtype)[0] for r in range(rows)])
-    lut = Q.to_lut_layout(q)
-    words = Q._words(lut).reshape(-1)  # [rows * in/8]
-    s32 = (scale.float()[:, :, None].repeat(1, 1, 2).reshape(rows, -1) * g2[:, None]).reshape(-1)
-    got = _emulate_lut_decode(words, s32, dtype).reshape(rows, in_f)
+    got = _decode_all(q, scale, g2, rows, derived)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    assert torch.equal(Q.from_lut_layout(lut), q)
+    assert torch.equal(Q.from_lut_layout(Q.to_lut_layout(q)), q)
+    if derived:
+        assert W4.derived_tables_ok(g2)
+
+
+@pytest.mark.parametrize("g", [2.0 ** -124, 2.0 ** 123])
+def test_derived_tables_refused_outside_their_range(g):
+    """Outside DERIVED_G_RANGE the derived tables are wrong for some block scale (A/2 subnormal: halving and
+    rounding no longer commute; 4 · B overflows): the guard says so, the default decode is then 3, an explicit
+    decode 4 is refused, and NVFP4Experts re-checks g after it changes."""
+    q, scale, g2, rows = _all_codes_and_scales([g])
+    want = torch.stack([Q.dequantize(q[r:r + 1], scale[r:r + 1], g2[r], dtype=torch.bfloat16)[0]
+                        for r in range(rows)])
+    got = _decode_all(q, scale, g2, rows, derived=True)
+    assert not torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert not W4.derived_tables_ok(g2)
+    w = Q.NVFP4Experts(2, 8, 32, 1, torch.bfloat16)
+    w.g.fill_(0.5)
+    assert w.derived_tables_ok()
+    w.g[1, 0] = g
+    assert w.derived_tables_ok() is False
+    act = torch.zeros(1, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="W4_DECODE 4"):
+        W4.pick_decode("lut", act, 4, derived_ok=False)
 
 
 def test_lut_layout_round_trip_and_errors():
@@ -122,13 +173,13 @@ def test_lut_layout_round_trip_and_errors():
         Q.NVFP4Experts(2, 8, 32, 1, torch.float32, layout="marlin")
 
 
-@pytest.mark.parametrize("decode", [0, 1, 2, 3])
+@pytest.mark.parametrize("decode", [0, 1, 2, 3, 4])
 def test_kernel_dequantizes_every_code_and_scale_exactly(dev, decode):
     """One-hot activation rows through the down GEMM read the kernel's dequantized weights back column by
     column: they equal NVFP4Experts.dequantize() (the dequantize-at-load values) bit for bit, for all 256
     packed bytes and all finite E4M3 scale bytes (subnormals included). Decodes 0/1 read the "modelopt"
-    layout, 2/3 the "lut" one (3, inline PTX, on the GPU only)."""
-    if decode == 3 and dev == "cpu":
+    layout, 2/3/4 the "lut" one (3/4, inline PTX, on the GPU only)."""
+    if decode >= 3 and dev == "cpu":
         pytest.skip("inline PTX: GPU only")
     dt = torch.float32 if dev == "cpu" else torch.bfloat16
     H, N, E = 64, 64, 2
@@ -143,7 +194,7 @@ def test_kernel_dequantizes_every_code_and_scale_exactly(dev, decode):
     M.moe_align(ids, torch.ones(N, 1, device=dev), ws)
     ws.inter.copy_(torch.eye(N, dtype=dt, device=dev))  # pair p = token p: row p selects input column p
     cfg = _decode_cfg(decode)
-    if decode == 3:  # >= 16 packed bytes per thread (moe_w4.pick_decode)
+    if decode >= 3:  # >= 16 packed bytes per thread (moe_w4.pick_decode)
         cfg = {**cfg, "down": dict(cfg["down"], BLOCK_N=64, BLOCK_K=64, num_warps=4)}
     M.moe_down(w2, ws, cfg)
     want = w2.dequantize()
@@ -159,6 +210,7 @@ def test_kernel_dequantizes_every_code_and_scale_exactly(dev, decode):
     (torch.float16, 6, True, False, 3, 1),
     (torch.float32, 8, True, False, 4, 2),
     (torch.float16, 5, True, True, 5, 3),
+    (torch.float16, 6, True, False, 6, 4),
 ])
 def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compact, seed, decode):
     if dev == "cuda":
@@ -167,16 +219,17 @@ def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compa
     x, gate, bias, w13, w2 = _experts(T, H, N, E, shared, dtype, dev, seed)
     if decode in (0, 1):
         w13, w2 = w13.with_layout("modelopt"), w2.with_layout("modelopt")
-    elif decode == 3 and dev == "cpu":
+    elif decode >= 3 and dev == "cpu":
         decode = 2
     E1 = E + int(shared)
     ws = M.MoEWorkspace.create(T, H, N, E, E1, k, dtype, dev, split_k=2)
     ws.compact = compact
     ws.out.fill_(float("nan"))
     cfg = _decode_cfg(decode)
-    if decode == 3:  # tiles with >= 16 packed bytes per thread (moe_w4.pick_decode)
-        cfg = {**cfg, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=1, num_stages=2, W4_DECODE=3),
-               "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, num_warps=1, num_stages=2, W4_DECODE=3)}
+    if decode >= 3:  # tiles with >= 16 packed bytes per thread (moe_w4.pick_decode)
+        cfg = {**cfg, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=1, num_stages=2,
+                                      W4_DECODE=decode),
+               "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, num_warps=1, num_stages=2, W4_DECODE=decode)}
     out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=cfg)
     assert not torch.isnan(out).any()
     topk = (ws.topk_ids.long(), ws.topk_w)
@@ -194,15 +247,16 @@ def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compa
     assert rel_err(out, out16) < tol
 
 
-def test_fused_moe_w4_k128_tiles_match_dequantized_reference(dev):
-    """BLOCK_K = 128: the row interleave built with tl.join (the kWidth-8 dot operand on the GPU,
+@pytest.mark.parametrize("block_k", [128, 64])
+def test_fused_moe_w4_k128_tiles_match_dequantized_reference(dev, block_k):
+    """BLOCK_K = 128 and 64: the row interleave built with tl.join (the kWidth-8 dot operand on the GPU,
     moe_w4._interleave_rows), the default decode of the layout (2 under the interpreter, 3 on the GPU)."""
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     T, H, N, E, k, ng, tg = 6, 128, 128, 8, 2, 4, 2
     x, gate, bias, w13, w2 = _experts(T, H, N, E, True, dtype, dev, 7)
     ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, dtype, dev, split_k=2)
-    cfg = {**CFG, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=1, num_stages=2),
-           "down": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=1, num_stages=2)}
+    cfg = {**CFG, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k, num_warps=1, num_stages=2),
+           "down": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k, num_warps=1, num_stages=2)}
     ws.out.fill_(float("nan"))
     out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=cfg)
     ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
@@ -229,7 +283,8 @@ def test_w4_refuses_bad_tiles_and_norm_fold(dev):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", [None, W4.W4_TILES_DEFAULT])
+@pytest.mark.parametrize("tiles", [None, W4.W4_TILES_DEFAULT,
+                                   {k: dict(v, BLOCK_K=128) for k, v in W4.W4_TILES_DEFAULT.items()}])
 def test_fused_moe_w4_bf16_full_shape(tiles):
     T, H, N, E, k = 32, 2048, 512, 256, 8
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -13,10 +13,12 @@ Weight layout used by the kernels (stack once at load time with :func:`stack_exp
   that every token selects with weight 1, so one grouped GEMM launch covers routed and shared experts.
 
 Kernels (after routing + alignment in :mod:`.route`; all on device, no host sync, static shapes ->
-CUDA-graph capturable). Both GEMMs start with the same prologue, ``_expert_slot`` (which expert, output
-tile and token rows a program owns; idle programs exit after one or two scalar loads). With a tile table in the
-workspace (:func:`.route.moe_tiles`, many rows per round: the batched forward) both launch over (tiles in use,
-n-tiles) instead of (E1, n-tiles, m-blocks), with the same tile code:
+CUDA-graph capturable). The two grouped GEMMs (steps 1-2) live in :mod:`.moe_gemm` (one shared expert-slot
+prologue, ``_expert_slot``: which expert, output tile and token rows a program owns; idle programs exit after one
+or two scalar loads; with a tile table in the workspace, :func:`.route.moe_tiles`, many rows per round: the
+batched forward, both launch over (tiles in use, n-tiles) instead of (E1, n-tiles, m-blocks), with the same tile
+code) and are re-exported here; this module holds the torch references, the top-k sum, the L2 prefetch, the
+whole-block entry point :func:`fused_moe` and the engine seam adapter:
 
 1. ``_moe_gate_up_kernel``: grid (E1, N/BLOCK_N, cdiv(T_PAD, BLOCK_M)); each program streams one
    [2 x BLOCK_N, H] tile of its expert's w13 once, gathers only that expert's token rows, and writes
@@ -35,8 +37,11 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, triton
-from .moe_w4 import check_w4_tiles, pick_decode
+from .moe_gemm import expert_gemms_reference, expert_slots, linear_rows, moe_down, moe_gate_up
 from .route import DEFAULT_CONFIGS, MoEWorkspace, _cfg, moe_align, moe_route_align, moe_tiles, route_reference
+
+if HAS_TRITON:  # the kernels themselves, for tools that compile them (scripts/sass_count.py, the tuner)
+    from .moe_gemm import _moe_down_kernel, _moe_gate_up_kernel  # noqa: F401
 
 __all__ = [
     "moe_reference",
@@ -44,6 +49,7 @@ __all__ = [
     "stack_experts",
     "moe_gate_up",
     "moe_down",
+    "expert_gemms_reference",
     "moe_experts",
     "expert_slots",
     "moe_sum",
@@ -151,167 +157,6 @@ def stack_experts(gate_projs, up_projs, down_projs, shared=None):
 # --------------------------------------------------------------------------------------------------
 
 if HAS_TRITON:
-    from .moe_w4 import _w4_down_acc, _w4_gate_up_acc
-
-    @triton.jit
-    def _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M: tl.constexpr, MAXC: tl.constexpr,
-                     ACTIVE: tl.constexpr, NACT_IDX: tl.constexpr, SH: tl.constexpr, E_SH: tl.constexpr,
-                     TILES: tl.constexpr = False, tiles_ptr=None):
-        """Prologue shared by the grouped expert GEMMs: which expert, output tile and token rows this program owns.
-
-        Grid (E1, n-tiles, m-blocks), or with ACTIVE (n-tiles, SH + E, m-blocks) over the active list
-        (slot 0 = the shared expert E_SH when SH = 1, then ``active[:counts[NACT_IDX]]``), or with TILES
-        (tiles, n-tiles, 1) over the tile table of :func:`.route.moe_tiles` (tile j = (expert, m-block) or (-1, 0)).
-        Returns (e, pid_n, offs_m [BLOCK_M], mmask [BLOCK_M], p [BLOCK_M] pair indices, idle): ``idle`` is
-        True for a program with no rows (an untouched expert, an m-block past its count, a slot past the
-        active list); the caller returns at once then. Pair rows past the count are masked (p = 0).
-        """
-        if TILES:
-            pid_n = tl.program_id(1)
-            e_raw = tl.load(tiles_ptr + 2 * tl.program_id(0))
-            pid_m = tl.load(tiles_ptr + 2 * tl.program_id(0) + 1)
-            e = tl.maximum(e_raw, 0)
-            cnt = tl.load(counts_ptr + e, mask=e_raw >= 0, other=0)
-        elif ACTIVE:
-            pid_n = tl.program_id(0)
-            jj = tl.program_id(1) - SH
-            pid_m = tl.program_id(2)
-            in_list = jj < tl.load(counts_ptr + NACT_IDX)
-            e = tl.where(jj < 0, E_SH, tl.load(active_ptr + tl.maximum(jj, 0)))
-            cnt = tl.load(counts_ptr + e, mask=in_list, other=0)
-        else:
-            e = tl.program_id(0)
-            pid_n = tl.program_id(1)
-            pid_m = tl.program_id(2)
-            cnt = tl.load(counts_ptr + e)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        mmask = offs_m < cnt
-        p = tl.load(pairs_ptr + e * MAXC + offs_m, mask=mmask, other=0)
-        return e, pid_n, offs_m, mmask, p, pid_m * BLOCK_M >= cnt
-
-    @triton.jit
-    def _gate_up_acc(x_ptr, tok, stride_xt, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr,
-                     H: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr, DECODE: tl.constexpr = 1):
-        """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of the token rows ``tok`` against output rows
-        ``offs_n`` of one expert, and Σx² per row (NORM). W4: expert e of the packed (q, s, g) stacks
-        (:mod:`.moe_w4`); else the weight rows at ``w_ptr`` ([2N, H], gate rows then up rows)."""
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        ssv = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        if W4:
-            acc_g, acc_u = _w4_gate_up_acc(x_ptr, tok, stride_xt, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N,
-                                           BLOCK_M, BLOCK_N, BLOCK_K, DECODE)
-        else:
-            offs_k = tl.arange(0, BLOCK_K)
-            x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
-            wg_ptrs = w_ptr + offs_n[None, :] * H + offs_k[:, None]
-            wu_ptrs = wg_ptrs + N * H
-            for k0 in range(0, H, BLOCK_K):
-                a = tl.load(x_ptrs + k0, mask=mmask[:, None], other=0.0)
-                if NORM:  # RMSNorm folded in: dot with h·nw, rows scaled by rsqrt(mean h² + eps) after the loop
-                    af = a.to(tl.float32)
-                    ssv += tl.sum(af * af, axis=1)
-                    a = (af * tl.load(nw_ptr + k0 + offs_k).to(tl.float32)[None, :]).to(a.dtype)
-                wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")  # streamed once: keep L2 for others
-                wu = tl.load(wu_ptrs + k0, eviction_policy="evict_first")
-                acc_g = tl.dot(a, wg, acc_g)
-                acc_u = tl.dot(a, wu, acc_u)
-        return acc_g, acc_u, ssv
-
-    @triton.jit
-    def _down_acc(inter_ptr, p, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W4: tl.constexpr,
-                  DECODE: tl.constexpr = 1):
-        """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for one expert; W4: packed expert e, else rows at
-        ``w_ptr`` ([H, N])."""
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if W4:
-            acc = _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
-                               DECODE)
-        else:
-            offs_k = tl.arange(0, BLOCK_K)
-            a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
-            w_ptrs = w_ptr + offs_n[None, :] * N + offs_k[:, None]
-            for k0 in range(0, N, BLOCK_K):
-                a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-                w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
-                acc = tl.dot(a, w, acc)
-        return acc
-
-    @triton.jit
-    def _moe_gate_up_kernel(
-        x_ptr, w13_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, nw_ptr, eps, T, stride_xt,
-        H: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, MAXC: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr = False,
-        ACTIVE: tl.constexpr = False, active_ptr=None,
-        NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
-        W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None,
-    ):
-        """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e).
-
-        W4: routed experts from the packed NVFP4 stacks (q, s, g), the shared expert E_SH from ``w13_ptr``
-        ([2N, H], activation dtype)."""
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
-        e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
-                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr)
-        if idle:
-            return
-        tok = tl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if W4:
-            if e == E_SH:
-                acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e,
-                                                 offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, False)
-            else:
-                acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e,
-                                                 offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, True, W4_DECODE)
-        else:
-            acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr + e.to(tl.int64) * (2 * N * H),
-                                             q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
-                                             NORM, False)
-        if NORM:
-            r = tl.rsqrt(ssv / H + eps)
-            acc_g = acc_g * r[:, None]
-            acc_u = acc_u * r[:, None]
-        pw = tl.load(pairw_ptr + p, mask=mmask, other=0.0)
-        h = acc_g * tl.sigmoid(acc_g) * acc_u * pw[:, None]
-        tl.store(inter_ptr + p[:, None] * N + offs_n[None, :],
-                 h.to(inter_ptr.dtype.element_ty), mask=mmask[:, None])
-
-    @triton.jit
-    def _moe_down_kernel(
-        inter_ptr, w2_ptr, counts_ptr, pairs_ptr, out_ptr,
-        H: tl.constexpr, N: tl.constexpr, MAXC: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
-        NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
-        W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None,
-    ):
-        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up)."""
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
-        e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
-                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr)
-        if idle:
-            return
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if W4:
-            if e == E_SH:
-                acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
-                                BLOCK_K, False)
-            else:
-                acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
-                                BLOCK_K, True, W4_DECODE)
-        else:
-            acc = _down_acc(inter_ptr, p, mmask, w2_ptr + e.to(tl.int64) * (H * N), q_ptr, s_ptr, g_ptr, e, offs_n,
-                            H, N, BLOCK_M, BLOCK_N, BLOCK_K, False)
-        tl.store(out_ptr + p[:, None] * H + offs_n[None, :], acc, mask=mmask[:, None])
-
     @triton.jit
     def _l2_prefetch_kernel(p0, n0, p1, n1, p2, n2, dummy_ptr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
         """Read up to three int32 arrays once with evict_last (pull them into L2 for a later kernel).
@@ -369,119 +214,6 @@ def l2_prefetch(tensors, dummy, block=2048, iters=4):
     assert dummy.numel() >= grid
     _l2_prefetch_kernel[(grid,)](views[0], n[0], views[1], n[1], views[2], n[2], dummy, BLOCK=block,
                                  ITERS=iters, num_warps=4)
-
-
-def expert_slots(w) -> int:
-    """E1 of stacked expert weights: ``w.shape[0]`` of a tensor [E1, out, in]; for NVFP4Experts the routed
-    experts plus the shared expert when attached."""
-    return w.shape[0] + int(getattr(w, "shared", None) is not None)
-
-
-def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int | None = None,
-                    tile: tuple[int, int] = (64, 4)):
-    """(E1, out, in, weight argument, W4 launch kwargs) of stacked expert weights ``w``: a tensor [E1, out, in]
-    in the activation dtype, or a :class:`~repro.checkpoint.nvfp4.NVFP4Experts` (routed experts packed, the
-    shared expert in ``.shared``). ``decode``: the 4-bit decode (``moe_w4.pick_decode``; None = the default
-    for the experts' layout and the tile, ``tile`` = (BLOCK_N, num_warps)). Raises ValueError when the packed
-    stack does not fit the workspace, the tiles or the decode."""
-    from repro.checkpoint.nvfp4 import NVFP4Experts
-
-    if not isinstance(w, NVFP4Experts):
-        assert w.is_contiguous()
-        return (*w.shape, w, {})
-    E, out_f, in_f = w.shape
-    E1 = E + (w.shared is not None)
-    if E != ws.E or E1 != ws.E1:
-        raise ValueError(f"{kernel}: NVFP4 experts for E={E} (shared: {w.shared is not None}), workspace for "
-                         f"E={ws.E}, E1={ws.E1}")
-    check_w4_tiles(min(block_k, in_f), in_f)
-    decode = pick_decode(w.layout, ws.inter, decode, kernel, (min(block_k, in_f), min(tile[0], out_f), tile[1]))
-    # the shared expert's rows (never read without one: then any tensor of the activation dtype will do)
-    dense = w.shared.contiguous() if w.shared is not None else ws.inter
-    return E1, out_f, in_f, dense, dict(W4=True, q_ptr=w.q, s_ptr=w.s, g_ptr=w.g, W4_DECODE=decode)
-
-
-def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):
-    """Kernel 3: grouped gate+up GEMM with SiLU·mul·routing weight fused -> ``ws.inter`` [P1, N].
-
-    w13: [E1, 2N, H] in x's dtype, or NVFP4Experts [E, 2N, H] (+ shared) for the weights-only 4-bit mode
-    (needs BLOCK_K a multiple of 32; no norm_w; tile key ``W4_DECODE`` picks the decode of
-    ``moe_w4._fp4_tile``, default ``moe_w4.pick_decode``). norm_w [H]: x is the un-normalised residual and
-    RMSNorm(x)·norm_w is folded into the GEMM. Raises ValueError for norm_w with 4-bit experts.
-    """
-    T, H = x.shape
-    gc = _cfg("gate_up", configs, H, w13.shape[1] // 2, ws.E1, T)
-    E1, twoN, _, w_arg, w4 = _expert_operand(w13, ws, "moe_gate_up", gc["BLOCK_K"], gc.get("W4_DECODE"),
-                                             (gc["BLOCK_N"], gc.get("num_warps", 4)))
-    N = twoN // 2
-    if w4 and norm_w is not None:
-        raise ValueError("moe_gate_up: the RMSNorm fold (norm_w) is not implemented for 4-bit experts")
-    assert x.stride(1) == 1
-    bn, bk = min(gc["BLOCK_N"], N), min(gc["BLOCK_K"], H)
-    sh = int(ws.E1 == ws.E + 1)
-    grid = ((N // bn, E1, triton.cdiv(ws.T_PAD, gc["BLOCK_M"])) if ws.compact
-            else (E1, N // bn, triton.cdiv(ws.T_PAD, gc["BLOCK_M"])))
-    tiles = _tiles_launch(ws, gc["BLOCK_M"], N // bn, "moe_gate_up")
-    if tiles:
-        grid = tiles.pop("grid")
-    _moe_gate_up_kernel[grid](
-        x, w_arg, ws.counts, ws.pairs, ws.pair_w, ws.inter, norm_w if norm_w is not None else x, eps, T,
-        x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
-        NORM=norm_w is not None, ACTIVE=ws.compact, active_ptr=ws.active, NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
-        num_warps=gc["num_warps"], num_stages=gc["num_stages"], **w4, **tiles, **pdl(),
-    )
-
-
-def moe_down(w2, ws: MoEWorkspace, configs=None):
-    """Kernel 4: grouped down GEMM ``ws.pair_out[p] = ws.inter[p]·w2[e]ᵀ`` (fp32); w2 [E1, H, N] or
-    NVFP4Experts [E, H, N] (+ shared), as in :func:`moe_gate_up`."""
-    T = ws.T
-    dc = _cfg("down", configs, w2.shape[1], w2.shape[2], ws.E1, T)
-    E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"], dc.get("W4_DECODE"),
-                                          (dc["BLOCK_N"], dc.get("num_warps", 4)))
-    assert ws.inter.shape[1] == N
-    bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
-    sh = int(ws.E1 == ws.E + 1)
-    grid = ((H // bn, E1, triton.cdiv(ws.T_PAD, dc["BLOCK_M"])) if ws.compact
-            else (E1, H // bn, triton.cdiv(ws.T_PAD, dc["BLOCK_M"])))
-    tiles = _tiles_launch(ws, dc["BLOCK_M"], H // bn, "moe_down")
-    if tiles:
-        grid = tiles.pop("grid")
-    _moe_down_kernel[grid](
-        ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD,
-        BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
-        NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
-        num_warps=dc["num_warps"], num_stages=dc["num_stages"], **w4, **tiles, **pdl(),
-    )
-
-
-def _tiles_launch(ws: MoEWorkspace, block_m: int, n_tiles: int, kernel: str) -> dict:
-    """Launch kwargs (with ``grid``) of the tile-table mode when ``ws`` has a table (:func:`moe_tiles`), else {}.
-    Raises ValueError when the kernel's BLOCK_M differs from the table's."""
-    if ws.tiles is None:
-        return {}
-    if block_m != ws.tiles_block_m:
-        raise ValueError(f"{kernel}: BLOCK_M {block_m} but the tile table was built for {ws.tiles_block_m}")
-    return dict(grid=(ws.tiles.shape[0], n_tiles, 1), TILES=True, tiles_ptr=ws.tiles)
-
-
-def linear_rows(x, w, out, counts, pairs, cfg):
-    """out[t] = x[t]·wᵀ (fp32) for a small row count through the grouped down-proj kernel (one "expert").
-
-    x [T, K] (bf16), w [N_out, K] contiguous, out [T, N_out] fp32; counts [1] = T and pairs [1, MAXC] =
-    0..T-1 (static, e.g. the dense-layer workspace). A split-free skinny GEMM: grid N_out/BLOCK_N programs
-    each streaming a [BLOCK_N, K] weight tile once. Used for the QKV and O projections (variant).
-    """
-    T, K = x.shape
-    N_out = w.shape[0]
-    maxc = pairs.shape[-1]
-    bn, bk = min(cfg["BLOCK_N"], N_out), min(cfg["BLOCK_K"], K)
-    assert x.is_contiguous() and w.is_contiguous() and out.is_contiguous() and N_out % bn == 0 and K % bk == 0
-    _moe_down_kernel[(1, N_out // bn, triton.cdiv(maxc, cfg["BLOCK_M"]))](
-        x, w, counts, pairs, out, H=N_out, N=K, MAXC=maxc, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl(),
-    )
-    return out
 
 
 def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):

@@ -16,19 +16,23 @@ the activation dtype (``.shared``) and is expert index E of the same launch (a r
 
 Decodes (``W4_DECODE``, :func:`pick_decode`):
 
-* 3 (default on the GPU, layout "lut"): per 16-weight block, four byte tables of the 8 magnitudes
-  ``bf16(fl32(e2m1(c) · s32))`` — the reference's own products and rounding, so exact by construction — then per
-  32-bit word (8 weights) 13 integer instructions: the selectors, 4 byte-permute (PRMT) lookups, the signs,
+* 3 (layout "lut"; the GPU default where decode 4 is not exact): per 16-weight block, four byte tables of the 8
+  magnitudes ``bf16(fl32(e2m1(c) · s32))`` — the reference's own products and rounding, so exact by construction —
+  then per 32-bit word (8 weights) 13 integer instructions: the selectors, 4 byte-permute (PRMT) lookups, the signs,
   4 PRMT interleaving low and high bytes into bf16 pairs (inline PTX, ``tl.inline_asm_elementwise``, 4 bytes
   per call; bf16 activations). PRMT: PTX ISA, "prmt"; decoding several packed values per 32-bit instruction
   follows the mixed-precision Marlin kernels (Frantar et al., arXiv:2408.11743).
+* 4 (default on the GPU when every global scale g is in ``DERIVED_G_RANGE``): decode 3 with cheaper tables —
+  only A = bf16(s32) and B = bf16(fl32(1.5 · s32)) are rounded from fp32; the other magnitudes are exact
+  power-of-two multiples of them (bf16x2 multiplies: A/2, 2A, 2B, 4A, 4B) and the zero entry a sign-replicated
+  byte, 9 instructions per block after s32 instead of 14 (:func:`derived_tables_ok` says when that is exact).
 * 2: its pure-Triton twin (same layout and values; runs under the interpreter and for fp16 / fp32).
 * 1 / 0 (layout "modelopt"): the session-3 arithmetic decodes (fp32 bit patterns, one multiply per weight).
 
 The K loop (:func:`_w4_gate_up_acc`, :func:`_w4_down_acc`) loads one contiguous activation tile and splits it into
 even / odd inputs in registers, and one packed tile of ``[BLOCK_K/2, 2·BLOCK_N]`` (gate and up rows
 interleaved) or ``[BLOCK_K/2, BLOCK_N]`` (down, rows interleaved the same way) whose decode feeds two dots
-(even / odd inputs). With BLOCK_K >= 128 the interleave is built with ``tl.join``, after which Triton (3.6)
+(even / odd inputs). With BLOCK_K >= 64 the interleave is built with ``tl.join``, after which Triton (3.6)
 loads the packed tile straight into the dot-operand layout with kWidth 8: each thread decodes whole scale
 blocks in registers, with no shared-memory round trip of the decoded tile (docs/perf.md, session 4).
 """
@@ -38,38 +42,59 @@ import torch
 
 from ._triton import HAS_TRITON, tl, triton
 
-__all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "pick_decode", "W4_TILES_DEFAULT"]
+__all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "pick_decode", "derived_tables_ok",
+           "W4_TILES_DEFAULT", "DERIVED_G_RANGE"]
 
 #: MoE tiles of the full-size 4-bit round (:class:`~repro.engine.kernels.fastpath.BlockForward` uses them when
 #: the experts are packed and no tiles are given; the decode is :func:`pick_decode`'s default for the layout):
-#: docs/perf.md, session 4.
-W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
-                    "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3)}
+#: BLOCK_K 64 (93 / 96 registers, 5 programs per SM; session 4's BLOCK_K 128: 149 registers, 3 per SM), the
+#: fastest measured on the H200: docs/perf.md, session 5.
+W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
+                    "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)}
 
 #: W4_DECODE values and the ``NVFP4Experts.layout`` each reads
-DECODE_LAYOUT = {0: "modelopt", 1: "modelopt", 2: "lut", 3: "lut"}
+DECODE_LAYOUT = {0: "modelopt", 1: "modelopt", 2: "lut", 3: "lut", 4: "lut"}
+
+#: global scales g for which decode 4's derived tables are exact: with E4M3 block scales e ∈ {0} ∪ [2^-9, 448]
+#: every s32 = fl32(e · g) is 0 or in [2^-125, 2^124), so A/2 is a normal bf16 (halving and rounding commute),
+#: fl32(2^k · s32) = 2^k · s32 for k = 1, 2 and nothing overflows: bf16(fl32(c · s32)) = 2^k · bf16(fl32(c' · s32))
+#: for c = 2^k · c', c' ∈ {1, 1.5} (IEEE 754 rounding is scale-invariant by powers of two in the normal range)
+DERIVED_G_RANGE = (2.0 ** -116, 2.0 ** 115)
+
+
+def derived_tables_ok(g: torch.Tensor) -> bool:
+    """Whether decode 4 is exact for experts with global scales ``g`` (fp32, any shape): every g finite, in
+    ``DERIVED_G_RANGE`` (block scales are non-negative E4M3, as in every ModelOpt export). Reads g (a device
+    sync on a GPU: call it outside CUDA-graph capture; :meth:`NVFP4Experts.derived_tables_ok` caches it)."""
+    lo, hi = DERIVED_G_RANGE
+    return bool(((g >= lo) & (g <= hi)).all())
 
 
 def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kernel: str = "moe",
-                tile: tuple[int, int, int] = (128, 64, 4)) -> int:
+                tile: tuple[int, int, int] = (128, 64, 4), derived_ok: bool | None = True) -> int:
     """The ``W4_DECODE`` of a launch over experts in ``layout`` with activations like ``act``: ``decode`` when
-    given (checked), else 3 (inline-PTX lookup tables) for "lut" experts with bf16 activations on a CUDA
-    GPU and a tile (BLOCK_K, BLOCK_N, num_warps) that gives every thread >= 16 consecutive packed bytes along
-    K (the PTX decodes 4 bytes of one word per call, ``pack=4``, which needs a thread's registers to hold whole
-    words), 2 (its pure-Triton twin) for "lut" otherwise (interpreter, fp32, small tiles), 1 for "modelopt".
-    Raises ValueError when the decode does not read ``layout`` or needs what ``act`` or the tile is not."""
+    given (checked), else 4 (inline-PTX lookup tables, derived) or 3 (the same, every table entry rounded from
+    fp32) for "lut" experts with bf16 activations on a CUDA GPU and a tile (BLOCK_K, BLOCK_N, num_warps) that
+    gives every thread >= 16 consecutive packed bytes along K (the PTX decodes 4 bytes of one word per call,
+    ``pack=4``, which needs a thread's registers to hold whole words) — 4 when ``derived_ok`` (the experts'
+    :func:`derived_tables_ok`; None = unknown, e.g. first seen inside CUDA-graph capture: 3) —, 2 (the
+    pure-Triton twin) for "lut" otherwise (interpreter, fp32, small tiles), 1 for "modelopt".
+    Raises ValueError when the decode does not read ``layout`` or needs what ``act``, the tile or g is not."""
     from ._triton import INTERPRET
 
     bk, bn, nw = tile
     asm_ok = (act.is_cuda and not INTERPRET and act.dtype == torch.bfloat16
               and bk // 2 >= 16 and (bk // 2) * bn >= 16 * 32 * nw)
     if decode is None:
-        return (3 if asm_ok else 2) if layout == "lut" else 1
+        return ((4 if derived_ok else 3) if asm_ok else 2) if layout == "lut" else 1
     if DECODE_LAYOUT.get(decode) != layout:
         raise ValueError(f"{kernel}: W4_DECODE {decode} reads experts in layout {DECODE_LAYOUT.get(decode)!r}, these "
                          f"are {layout!r} (convert with NVFP4Experts.with_layout, or drop W4_DECODE)")
-    if decode == 3 and not asm_ok:
-        raise ValueError(f"{kernel}: W4_DECODE 3 (inline PTX) needs bf16 activations on a CUDA GPU and >= 16 "
+    if decode == 4 and derived_ok is False:
+        raise ValueError(f"{kernel}: W4_DECODE 4 (derived tables) is exact only for global scales g in "
+                         f"[2^-116, 2^115]; these experts have one outside (use 3, or drop W4_DECODE)")
+    if decode in (3, 4) and not asm_ok:
+        raise ValueError(f"{kernel}: W4_DECODE {decode} (inline PTX) needs bf16 activations on a CUDA GPU and >= 16 "
                          f"packed bytes per thread (BLOCK_K/2 · BLOCK_N >= 512 · num_warps), got {act.dtype} on "
                          f"{act.device}, tile (BLOCK_K, BLOCK_N, num_warps) = {tile} (use 2, its pure-Triton twin, "
                          f"or larger tiles)")
@@ -148,7 +173,7 @@ if HAS_TRITON:
         hi = ((q << 18) & 0x01C00000) | ((q << 24) & -2147483648)
         return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
 
-    # ---- the lookup-table decode (W4_DECODE 2 / 3; experts in NVFP4Experts layout "lut") ----------------------
+    # ---- the lookup-table decode (W4_DECODE 2 / 3 / 4; experts in NVFP4Experts layout "lut") ------------------
     # Per 16-weight block: the 8 magnitudes T[c] = bf16(fl32(e2m1(c) · s32)), s32 = fl32(e4m3 · g) — the very
     # products and the one rounding of dequantize-at-load — as four byte tables (low bytes of T[0..3], high bytes
     # of T[0..3], low / high bytes of T[4..7]; bf16 only). Per 8 weights (one 32-bit word, nvfp4.to_lut_layout): 1 and
@@ -175,6 +200,25 @@ if HAS_TRITON:
     prmt.b32 $3, p45, p67, 0x7531;
     }"""
     _LUT_TABLE_BF16 = tl.constexpr(_LUT_TABLE_ASM.replace("CVT", "cvt.rn.bf16x2.f32"))
+    # decode 4: the same four tables from P = (B, A) = (bf16(fl32(1.5 s)), bf16(s)) alone: (B/2, A/2), (2B, 2A),
+    # (4B, 4A) by exact bf16x2 multiplies (mul.rn.bf16x2, sm_90: PTX ISA, "mul (half precision)"), T0 = +0 as the
+    # replicated sign bit of A's high byte (s >= 0; selector nibble 0xD); valid for g in DERIVED_G_RANGE.
+    _LUT_TABLE_DERIVED = tl.constexpr("""{
+    .reg .f32 a;
+    .reg .b32 p, q, p2, p4, c;
+    mul.rn.f32 a, $4, 0f3FC00000;
+    cvt.rn.bf16x2.f32 p, a, $4;
+    mov.b32 c, 0x3F003F00;
+    mul.rn.bf16x2 q, p, c;
+    mov.b32 c, 0x40004000;
+    mul.rn.bf16x2 p2, p, c;
+    mov.b32 c, 0x40804080;
+    mul.rn.bf16x2 p4, p, c;
+    prmt.b32 $0, q, p, 0x640D;
+    prmt.b32 $1, q, p, 0x751D;
+    prmt.b32 $2, p2, p4, 0x6420;
+    prmt.b32 $3, p2, p4, 0x7531;
+    }""")
     # pack=4: $4 = 4 packed bytes (one word), $5/$9/$13/$17 = the block's four tables (one register per element)
     _LUT_DECODE_ASM = """{
     .reg .b32 i, j, l0, h0, l1, h1, s;
@@ -208,18 +252,24 @@ if HAS_TRITON:
         """(even, odd) input rows ([BK/2, BN] each, in ``dtype``) of one packed tile in the "lut" layout: byte
         rows [BK/2, BN] (4 consecutive bytes = one word = inputs 8t..8t+7), scale bytes [BK/16, BN].
 
-        DECODE 3 (bf16 on the GPU): the per-block tables and the word decode in inline PTX (see above).
+        DECODE 3 / 4 (bf16 on the GPU): the per-block tables (4: derived, see above) and the word decode in
+        inline PTX.
         DECODE 2: the pure-Triton twin (runs under the interpreter, any dtype): each byte row reads its whole
         word back (4 byte loads), takes its two codes and signs from the "lut" bit positions and computes
         fl32(e2m1 · s32) rounded once to ``dtype`` — the same values, bit for bit."""
-        if DECODE == 3:
+        if DECODE >= 3:
             # E4M3 -> fp16 -> fp32 by the hardware conversions (both exact), then fl32(e4m3 · g)
             sb = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.float8e4nv, bitcast=True)
             s32 = sb.to(tl.float32) * gs  # [BK/16, BN]
             q = tl.load(q_ptrs, eviction_policy="evict_first")
-            t0, t1, t2, t3 = tl.inline_asm_elementwise(_LUT_TABLE_BF16, "=r,=r,=r,=r,r", [s32],
-                                                       dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-                                                       is_pure=True, pack=1)
+            if DECODE == 3:
+                t0, t1, t2, t3 = tl.inline_asm_elementwise(_LUT_TABLE_BF16, "=r,=r,=r,=r,r", [s32],
+                                                           dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+                                                           is_pure=True, pack=1)
+            else:
+                t0, t1, t2, t3 = tl.inline_asm_elementwise(_LUT_TABLE_DERIVED, "=r,=r,=r,=r,r", [s32],
+                                                           dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+                                                           is_pure=True, pack=1)
             tabs = [q, _bcast_rows(t0, HK, BN), _bcast_rows(t1, HK, BN), _bcast_rows(t2, HK, BN),
                     _bcast_rows(t3, HK, BN)]
             return tl.inline_asm_elementwise(_LUT_DECODE_ASM, _LUT_DECODE_CONSTRAINTS, tabs,
@@ -243,8 +293,8 @@ if HAS_TRITON:
     def _fp4_tile(q_ptrs, s_ptrs, gs, dtype: tl.constexpr, HK: tl.constexpr, BN: tl.constexpr,
                   DECODE: tl.constexpr = 1):
         """Load one packed tile (bytes [BK/2, BN]; scale bytes [BK/16, BN]) and dequantize it to the even and odd
-        input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding. DECODE 2 / 3: the
-        lookup-table decode of :func:`_lut_tile` (layout "lut"; 3 is the default on the GPU). DECODE 0 / 1
+        input rows ([BK/2, BN] each, in ``dtype``): e2m1 · (e4m3 · gs) in fp32, one rounding. DECODE 2 / 3 / 4:
+        the lookup-table decode of :func:`_lut_tile` (layout "lut"; 4 is the default on the GPU). DECODE 0 / 1
         (layout "modelopt"): each block scale decoded once and broadcast to its 8 byte rows; 1:
         :func:`_e2m1_pair_subnormal`, then (v · 2^63) · (scale · 2^63): the first product is exact (a power of
         two), so the second rounds e2m1 · scale once; 0: :func:`_e2m1_pair` (biased exponent + selects, no
@@ -282,12 +332,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _interleave_rows(a, b, BLOCK_K: tl.constexpr):
-        """[a0, b0, a1, b1, ...] (two [n] row-index vectors -> [2n]). For BLOCK_K >= 128 built with ``tl.join``:
+        """[a0, b0, a1, b1, ...] (two [n] row-index vectors -> [2n]). For BLOCK_K >= 64 built with ``tl.join``:
         Triton (3.6) then takes the packed operand for a 4-bit one and gives the dot operand kWidth 8, so a thread
         holds both words of a scale block and builds each block's tables once (docs/perf.md, session 4); for
         smaller tiles by index arithmetic (kWidth 4): with the join at BLOCK_K 32 (dots of K 16, under the 32
-        inputs a kWidth-8 row spans) the kernels gave wrong results on the H200."""
-        if BLOCK_K >= 128:
+        inputs a kWidth-8 row spans) the kernels gave wrong results on the H200; BLOCK_K 64 (dots of K 32):
+        docs/perf.md, session 4, round 2."""
+        if BLOCK_K >= 64:
             return tl.reshape(tl.join(a, b), (2 * a.shape[0],))
         else:
             j = tl.arange(0, 2 * a.shape[0])
