@@ -48,9 +48,11 @@ def job_counts(out: str) -> dict[str, str]:
 class Workflow:
     """This checkout's workflow run in ``root`` (module docstring). ``suite``: the smoke suite's settings for
     this test (models, benchmarks, limit, ...); the benchmark files it names are copied from ``data_dir``.
-    ``target``: what a run without arguments builds (Snakemake's default target when None)."""
+    ``target``: what a run without arguments builds (Snakemake's default target when None). ``extra``: more
+    top-level keys of the overlay (e.g. ``models``)."""
 
-    def __init__(self, root: Path, data_dir: Path, suite: dict, target: str | Path | None = None):
+    def __init__(self, root: Path, data_dir: Path, suite: dict, target: str | Path | None = None,
+                 extra: dict | None = None):
         self.root = Path(root)
         self.data, self.work, self.results = self.root / "data", self.root / "work", self.root / "results"
         self.data.mkdir(exist_ok=True)
@@ -58,7 +60,7 @@ class Workflow:
             (self.data / f"{b}.jsonl").write_bytes((Path(data_dir) / f"{b}.jsonl").read_bytes())
         self.overlay = self.root / "overlay.json"
         self.overlay.write_text(json.dumps({
-            "data_dir": str(self.data), "results_dir": str(self.results), "work_dir": str(self.work),
+            **(extra or {}), "data_dir": str(self.data), "results_dir": str(self.results), "work_dir": str(self.work),
             "suites": {"smoke": suite}}))
         self.target = [str(target)] if target is not None else []
         self.env = dict(os.environ, OMP_NUM_THREADS="1")
