@@ -89,6 +89,18 @@ def decoding(temperatures, latex: bool = False) -> str:
     return math("T = " + ", ".join(f"{t:g}" for t in ts)) + " (by benchmark)"
 
 
+def _nvfp4_run(precision: str, backend: str | None) -> tuple[str, str]:
+    """(caption phrase, row-label note) for an NVFP4 checkpoint run at ``precision`` by ``backend``."""
+    if backend == "sglang":
+        return (f"{precision} (NVFP4 weights dequantized to BF16 before loading)",
+                f"dequantized to {precision} before loading")
+    if precision == "nvfp4-w4a16":
+        return "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)", "4-bit experts"
+    if precision == "nvfp4":
+        return "nvfp4 (native FP4)", "native FP4"
+    return f"{precision} (NVFP4 weights dequantized at load)", f"experts dequantized to {precision} at load"
+
+
 def precision_label(precision: str | None, quantization: str | None = None, backend: str | None = "engine") -> str:
     """A model's precision as the model cards name it, from the run's ``precision`` (``repro.engine.model.PRECISIONS``),
     the checkpoint's ``quantization`` (config.yaml; ``"nvfp4"`` or None) and the backend that ran it:
@@ -102,15 +114,7 @@ def precision_label(precision: str | None, quantization: str | None = None, back
     ``"precision not recorded"`` when ``precision`` is None."""
     if not precision:
         return "precision not recorded"
-    if quantization != "nvfp4":
-        return precision
-    if backend == "sglang":
-        return f"{precision} (NVFP4 weights dequantized to BF16 before loading)"
-    if precision == "nvfp4-w4a16":
-        return "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
-    if precision == "nvfp4":
-        return "nvfp4 (native FP4)"
-    return f"{precision} (NVFP4 weights dequantized at load)"
+    return _nvfp4_run(precision, backend)[0] if quantization == "nvfp4" else precision
 
 
 def run_note(precision: str | None, quantization: str | None = None, backend: str | None = "engine") -> str | None:
@@ -119,15 +123,7 @@ def run_note(precision: str | None, quantization: str | None = None, backend: st
     ``nvfp4-w4a16``), ``experts dequantized to <precision> at load`` (engine ``fp32`` / ``bf16``), ``native
     FP4`` (engine ``nvfp4``), ``dequantized to <precision> before loading`` (SGLang); None for an unquantized
     checkpoint or an unrecorded precision (the label then needs no note)."""
-    if quantization != "nvfp4" or not precision:
-        return None
-    if backend == "sglang":
-        return f"dequantized to {precision} before loading"
-    if precision == "nvfp4-w4a16":
-        return "4-bit experts"
-    if precision == "nvfp4":
-        return "native FP4"
-    return f"experts dequantized to {precision} at load"
+    return _nvfp4_run(precision, backend)[1] if quantization == "nvfp4" and precision else None
 
 
 def with_run_notes(label: str, notes: list[str]) -> str:
