@@ -125,7 +125,7 @@ def test_dry_run_keeps_a_stale_stamp_and_stale_locks_and_says_what_a_run_would_d
     before = (stamp.read_bytes(), stamp.stat().st_mtime_ns)
 
     out = wf.run("-n")
-    assert f"note: dry run: {ckpt} changed since {stamp} was written; a real run first verifies it again" in out, out
+    assert f"note: dry run: {ckpt} changed since {stamp} was written; a real run verifies it again by content" in out, out
     assert "note: dry run: a real run removes the locks left in" in out, out
     assert "failed verification" not in out and "verifying it again by content" not in out
     assert (stamp.read_bytes(), stamp.stat().st_mtime_ns) == before and (locks / "0.input.lock").is_file()
