@@ -5,6 +5,8 @@
   data into ``root/data`` (a test may edit them) and an overlay config that puts data, work and results under
   ``root``; ``run(*args)`` runs Snakemake and returns its output, ``kill_mid_generation(...)`` starts it and
   kills it with SIGKILL while it generates.
+* :func:`checkout_copy`: a checkout of the workflow of a test's own (entries linked or copied), for a test that
+  runs Snakemake in it or changes its files.
 * :func:`generation_processes`: the live generation jobs writing a given file.
 * :func:`job_counts`: the job table of a dry run (``{"rule": count, ..., "total": n}``).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +26,21 @@ from pathlib import Path
 import pytest
 
 from repro.config import REPO_ROOT
+
+
+def checkout_copy(root: Path, link: tuple[str, ...] = (), copy: tuple[str, ...] = ()) -> Path:
+    """``root``/checkout, made for a test: each entry of ``link`` a symlink to this checkout's, each of ``copy``
+    a copy (a folder without ``__pycache__``). Returns the new checkout's path."""
+    dest = Path(root) / "checkout"
+    dest.mkdir()
+    for name in link:
+        os.symlink(REPO_ROOT / name, dest / name)
+    for name in copy:
+        if (REPO_ROOT / name).is_dir():
+            shutil.copytree(REPO_ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy(REPO_ROOT / name, dest / name)
+    return dest
 
 
 def generation_processes(marker: Path) -> list[int]:

@@ -9,26 +9,19 @@
   a killed Snakemake stay as they are, and the dry run says what a real run would re-verify and remove."""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from _e2e import Workflow
+from _e2e import Workflow, checkout_copy
 from repro.config import REPO_ROOT
 
 
 @pytest.fixture
 def checkout(tmp_path):
     """A checkout of its own (its .snakemake and work/ are the test's): Snakefile + config copied, the rest linked."""
-    root = tmp_path / "checkout"
-    root.mkdir()
-    for name in ("repro", "workflow", "profiles"):
-        os.symlink(REPO_ROOT / name, root / name)
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy(REPO_ROOT / name, root / name)
-    return root
+    return checkout_copy(tmp_path, link=("repro", "workflow", "profiles"), copy=("Snakefile", "config.yaml"))
 
 
 def snakemake(cwd, *args, env=None):

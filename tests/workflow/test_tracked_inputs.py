@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from _e2e import checkout_copy
 from repro.config import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -77,12 +78,7 @@ def run(tmp_path_factory):
     if not (data / "gsm8k.jsonl").is_file():
         pytest.skip("real benchmark data not found (set ORL_EVAL_DATA or place it at ../shared/data)")
     r = Run(tmp_path_factory.mktemp("tracked"))
-    r.checkout.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("repro", "workflow", "profiles"):
-        shutil.copytree(REPO_ROOT / name, r.checkout / name, ignore=ignore)
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy(REPO_ROOT / name, r.checkout / name)
+    checkout_copy(r.root, copy=("repro", "workflow", "profiles", "Snakefile", "config.yaml"))  # r.checkout
     r.data.mkdir()
     shutil.copy(data / "gsm8k.jsonl", r.data / "gsm8k.jsonl")
     subprocess.run([sys.executable, "-m", "repro.checkpoint.tiny", "--out", str(r.ckpt_a), "--seed", "3"],
