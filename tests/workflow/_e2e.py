@@ -91,11 +91,11 @@ class Workflow:
                 "--configfile", str(REPO_ROOT / "config.yaml"), str(self.overlay)]
 
     def run(self, *args: str, check: bool = True, timeout: int = 600) -> str:
-        """Run Snakemake to the end; its stdout + stderr. ``check``: assert it succeeded (the assertion shows
-        the output's last 3,000 characters)."""
+        """Run Snakemake to the end; its stdout + stderr (its exit status in ``self.returncode``). ``check``:
+        assert it succeeded (the assertion shows the output's last 3,000 characters)."""
         r = subprocess.run(self.cmd(*args), cwd=self.root, capture_output=True, text=True, timeout=timeout,
                            env=self.env)
-        out = r.stdout + r.stderr
+        out, self.returncode = r.stdout + r.stderr, r.returncode
         if check:
             assert r.returncode == 0, out[-3000:]
         return out
