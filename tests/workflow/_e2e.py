@@ -58,9 +58,9 @@ def generation_processes(marker: Path) -> list[int]:
     return pids
 
 
-def job_counts(out: str) -> dict[str, str]:
+def job_counts(out: str) -> dict[str, int]:
     """The job table Snakemake prints (a dry run's ``rule  count`` lines, ``total`` included)."""
-    return dict(re.findall(r"^(\w+)\s+(\d+)$", out, re.M))
+    return {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", out, re.M)}
 
 
 class Workflow:
@@ -77,11 +77,16 @@ class Workflow:
         for b in suite["benchmarks"]:
             (self.data / f"{b}.jsonl").write_bytes((Path(data_dir) / f"{b}.jsonl").read_bytes())
         self.overlay = self.root / "overlay.json"
+        self.configure(suite, extra)
+        self.target = [str(target)] if target is not None else []
+        self.env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def configure(self, suite: dict, extra: dict | None = None) -> None:
+        """(Re)write the overlay: the smoke suite's settings ``suite``, ``extra`` top-level keys, and data, work
+        and results under ``root`` (the next run reads it; the data files are left as they are)."""
         self.overlay.write_text(json.dumps({
             **(extra or {}), "data_dir": str(self.data), "results_dir": str(self.results), "work_dir": str(self.work),
             "suites": {"smoke": suite}}))
-        self.target = [str(target)] if target is not None else []
-        self.env = dict(os.environ, OMP_NUM_THREADS="1")
 
     def cmd(self, *args: str) -> list[str]:
         """The Snakemake command line: the default target (if any), ``args``, two cores, this checkout's
@@ -125,7 +130,10 @@ class Workflow:
             while generation_processes(marker) and time.time() < gone:
                 time.sleep(0.2)
             assert generation_processes(marker) == []
-        finally:
-            for pid in generation_processes(marker):  # never leave a process behind, even on failure
+        finally:  # never leave a process behind, even on failure
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            for pid in generation_processes(marker):
                 os.kill(pid, signal.SIGKILL)
         return p.pid

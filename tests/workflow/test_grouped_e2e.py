@@ -53,8 +53,8 @@ def test_grouped_job_kill9_resume_and_one_changed_benchmark(tmp_path, data_dir):
     lines[0] = json.dumps(dict(first, prompt=first["prompt"].replace('"""', '"""Note: ', 1)))
     (data / "humaneval.jsonl").write_text("\n".join(lines) + "\n")
     counts = job_counts(snakemake("-n"))
-    assert counts == {"prepare_generation_problems": "1", "generate_group": "1", "merge_shards": "2",
-                      "speed_table": "1", "total": "5"}, counts
+    assert counts == {"prepare_generation_problems": 1, "generate_group": 1, "merge_shards": 2,
+                      "speed_table": 1, "total": 5}, counts
     mtime = gsm.stat().st_mtime_ns
     snakemake()
     assert gsm.read_bytes() == gsm_bytes and gsm.stat().st_mtime_ns == mtime

@@ -20,7 +20,7 @@ def test_batched_suite_probe_feeds_the_single_request_columns(tmp_path, data_dir
     work, results, snakemake = wf.work, wf.results, wf.run
 
     counts = job_counts(snakemake("-n"))
-    assert counts["speed_probe"] == "1" and counts["generate_shard"] == "1", counts  # not for `reference`
+    assert counts["speed_probe"] == 1 and counts["generate_shard"] == 1, counts  # not for `reference`
     snakemake()
     gen = [json.loads(l) for l in (work / "smoke/generations/tiny-orl/gsm8k/seed12345.jsonl").read_text().splitlines()]
     probe_file = work / "smoke/speed/tiny-orl/gsm8k.jsonl"

@@ -13,7 +13,6 @@ hub cache and work directory."""
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,16 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from _e2e import checkout_copy
+from _e2e import checkout_copy, job_counts
 from repro.config import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
 REV_A, REV_B = "a" * 40, "b" * 40
-
-
-def job_counts(out: str) -> dict:
-    return {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", out, re.M)}
 
 
 class Run:

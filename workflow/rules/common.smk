@@ -221,8 +221,8 @@ def reverify_stale_stamps(pairs):
         if DRY_RUN:
             print(f"note: dry run: {folder} changed since {stamp} was written; a real run verifies it again by "
                   "content before planning its jobs (passes: a fresh stamp; fails: the stamp is removed and its "
-                  "verify job re-runs, naming the files); a dry run verifies and removes nothing, so the jobs "
-                  "above were planned on the old stamp", file=sys.stderr)
+                  "verify job re-runs, naming the files); a dry run verifies and removes nothing, so the jobs it "
+                  "lists are planned on the old stamp", file=sys.stderr)
             continue
         print(f"note: {folder} changed since {stamp} was written; verifying it again by content", file=sys.stderr)
         if refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin) == "removed":
