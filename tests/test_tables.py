@@ -240,3 +240,16 @@ def test_precision_label_follows_the_checkpoint_the_job_read():
     assert cell_precision(plain, "nvfp4") == "fp32"
     assert cell_precision(nvfp4, None) == "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
     assert cell_precision(old, "nvfp4") == "bf16 (NVFP4 weights dequantized at load)"
+
+
+def test_row_label_of_a_quantized_checkpoint_names_how_it_ran():
+    from repro.tables.render import run_note, with_run_notes
+
+    assert run_note("nvfp4-w4a16", "nvfp4") == "4-bit experts"
+    assert run_note("bf16", "nvfp4") == "experts dequantized to bf16 at load"
+    assert run_note("bf16", "nvfp4", "sglang") == "dequantized to bf16 before loading"
+    assert run_note("bf16", None) is None and run_note(None, "nvfp4") is None  # unquantized / not recorded
+    assert with_run_notes("+ ORL (NVFP4 checkpoint)", ["4-bit experts"]) == "+ ORL (NVFP4 checkpoint, 4-bit experts)"
+    assert with_run_notes("ORL NVFP4", ["4-bit experts", "experts dequantized to fp32 at load"]) == \
+        "ORL NVFP4 (4-bit experts / experts dequantized to fp32 at load)"
+    assert with_run_notes("+ ORL", []) == "+ ORL"

@@ -38,17 +38,11 @@ class EngineBackend:
 
     @property
     def graph_capture_s(self) -> float | None:
-        """Seconds spent capturing CUDA graphs so far by the loaded model's engine (the graph path's
-        ``capture_s``, :class:`repro.engine.graph.GraphBackend`; at batch size > 1 the batched CUDA-graph engine's,
-        :mod:`repro.engine.batch_graph`); None on a path without graphs (CPU, eager). The graphs live as long as the loaded model, so a job serving several benchmarks captures
-        each shape once."""
-        if self.llm is None:
-            return None
-        if self.batch_size == 1:
-            v = getattr(getattr(self.llm, "backend", None), "capture_s", None)
-        else:  # the batched CUDA-graph engine, when that path ran (none on the eager batched path)
-            v = getattr(getattr(self.llm, "_batch_engine", None), "capture_s", None)
-        return float(v) if isinstance(v, (int, float)) else None
+        """Seconds the loaded model has spent capturing CUDA graphs since it was loaded, single-request and
+        batched engines together, rebuilt engines included: a cumulative counter
+        (:attr:`repro.engine.llm.LLM.graph_capture_s`), so a job serving several benchmarks takes differences of
+        it. None on a path without graphs (CPU, eager), while a batched call runs, and after :meth:`close`."""
+        return self.llm.graph_capture_s if self.llm is not None else None
 
     def generate(self, prompts: Iterable, decoder: dict) -> Iterator[dict]:
         for p in prompts:

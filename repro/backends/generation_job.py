@@ -225,8 +225,10 @@ class Job:
         return self._backend
 
     def capture_s(self) -> float | None:
-        """CUDA-graph capture seconds the backend has spent so far; None when it captures none (no graph
-        path, or a backend that does not say)."""
+        """CUDA-graph capture seconds the backend has spent since it was built: a cumulative counter that
+        survives engine rebuilds (repro.engine.llm.LLM.graph_capture_s), so the difference of two reads is what
+        was captured in between; None when it is not known (no graph path, a batched call still running, or a
+        backend that does not say)."""
         v = getattr(self._backend, "graph_capture_s", None) if self._backend is not None else None
         return float(v) if isinstance(v, (int, float)) else None
 
@@ -419,8 +421,7 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
             atomic_write_text(plan.sessions_file, json.dumps(sessions, indent=1) + "\n")
             snapshot({}, force=True)  # on an error too: this session's figures up to its last record
         c1 = job.capture_s()
-        # a rebuilt batched engine (another batch size) starts its count again: then c1 is this benchmark's
-        capture = (c1 - c0 if c1 >= c0 else c1) if c0 is not None and c1 is not None else None
+        capture = c1 - c0 if c0 is not None and c1 is not None else None  # what this benchmark captured
         mine.update(done_now, graph_capture_s=capture, finished=True)
     meta = {
         "model": a.model, "benchmark": task.benchmark, "seed": a.seed, "shard": a.shard,

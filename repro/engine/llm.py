@@ -166,6 +166,8 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         self.adapter_note = adapter_note(self.path, role, self.config)
         if role == "orl" and self.config.adapter is None:
             warnings.warn(self.adapter_note, UserWarning, stacklevel=2)
+        # capture seconds of every batched CUDA-graph engine built so far, rebuilt ones included (graph_capture_s)
+        self._batch_capture_s, self._batch_running = 0.0, False
         if backend == "engine":
             self.backend, self.engine_path = self._engine_backend(graphs)
         else:
@@ -214,6 +216,19 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
     def apply_chat_template(self, messages: list[dict]) -> str:
         """Chat-formatted prompt string (generation prompt appended)."""
         return self.tokenizer_.apply_chat_template(messages, add_generation_prompt=True)
+
+    @property
+    def graph_capture_s(self) -> float | None:
+        """Seconds this loaded model has spent capturing CUDA graphs since it was loaded: the single-request
+        graph path's (:class:`repro.engine.graph.GraphBackend`, whose graphs live as long as the model) plus
+        every batched graph engine's (:mod:`repro.engine.batch_graph`), engines since rebuilt for another batch
+        size, decoder or cache length included. Cumulative: it never goes down, so the difference of two
+        reads is what was captured in between (e.g. per benchmark of a job serving several). A batched call's
+        capture is counted when the call returns: None while one runs (what it captured is not known yet), and
+        None when no graph path can run here (``engine_path`` not ``"cuda-graph"``: the CPU, eager, reference)."""
+        if self.engine_path != "cuda-graph" or self._batch_running:
+            return None
+        return float(getattr(self.backend, "capture_s", 0.0)) + self._batch_capture_s
 
     # ------------------------------------------------------------------ decoder defaults
     def _paper_decoding(self) -> dict:
@@ -279,7 +294,7 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         """Batched :meth:`generate` over ``prompts`` (each a ``str`` or a message list; one decoder for all):
         a list of :class:`GenerateOutput` in input order. ``on_result(index, GenerateOutput)`` is called as
         each finishes; ``stats``: a :class:`repro.engine.batch.BatchStats` to fill (rounds, round times,
-        ``engine``, ``capture_s``). Path: on the CUDA-graph engine (``engine_path == "cuda-graph"``) with
+        ``engine``, ``capture_s``; the latter is also added to :attr:`graph_capture_s`). Path: on the CUDA-graph engine (``engine_path == "cuda-graph"``) with
         greedy decoding and 32-token blocks, the batched graph path (:mod:`repro.engine.batch_graph`: one
         replay per round over ``batch_size`` slots, captured once and kept for the next call with the same
         batch size and decoder); otherwise (sampling, other blocks, the CPU) the eager batched forward
@@ -297,14 +312,22 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
             def wrap(i, res, wall):
                 on_result(i, self._output(res, wall, texts[i], len(ids[i]), cfg, max_new_tokens, seed))
         if self.engine_path == "cuda-graph" and supported(cfg) and cfg.block_size == 32:
+            from repro.engine.batch import BatchStats
             from repro.engine.batch_graph import generate_batch_graph
 
             # hand the engine over (not also kept here): if it must be rebuilt (another batch size or capacity),
             # the old one's KV caches and graphs are freed before the new one is allocated
             engine, self._batch_engine = getattr(self, "_batch_engine", None), None
-            outs, self._batch_engine = generate_batch_graph(
-                self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id, batch_size=batch_size,
-                on_result=wrap, stats=stats, engine=engine)
+            stats = stats if stats is not None else BatchStats()
+            self._batch_running = True
+            try:
+                outs, self._batch_engine = generate_batch_graph(
+                    self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id, batch_size=batch_size,
+                    on_result=wrap, stats=stats, engine=engine)
+            finally:
+                self._batch_running = False
+            # this call's capture (a rebuilt engine's all of it): counted here, as a new engine starts at 0
+            self._batch_capture_s += stats.capture_s
             del engine
         else:
             outs = generate_batch(self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id,

@@ -78,6 +78,29 @@ def cell_precision(gen_meta: dict, quantization: str | None) -> str | None:
     return " / ".join(labels) or None
 
 
+def labels_as_run(work: Path, suite: str, models: list[dict], benchmarks: list[str], seeds: list[int]) -> list[dict]:
+    """``models`` (the table spec's ``{"name", "label", "quantization", ...}``) with each ``label`` saying how its
+    jobs ran a quantized checkpoint (:func:`repro.tables.render.run_note` of every shard's ``precision``,
+    ``backend`` and recorded ``checkpoint_quantization`` -- else the model's declared ``quantization`` -- in
+    the generation metas of its cells; :func:`repro.tables.render.with_run_notes`): so a row never claims 4-bit
+    experts for a job that ran the dequantized weights. Labels of unquantized and replayed models, and of cells
+    without metas, are as given."""
+    from repro.tables.render import run_note, with_run_notes
+
+    out = []
+    for m in models:
+        notes = set()
+        for b in benchmarks:
+            for s in seeds:
+                meta = _meta(work / (paths.GENERATIONS.format(suite=suite, model=m["name"], bench=b, seed=s)
+                                     + ".meta.json"))
+                for sh in meta.get("shards", [meta] if meta else []):
+                    notes.add(run_note(sh.get("precision"), sh.get("checkpoint_quantization", m.get("quantization")),
+                                       sh.get("backend")))
+        out.append(dict(m, label=with_run_notes(m["label"], sorted(notes - {None}))))
+    return out
+
+
 def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], seeds: list[int]) -> pd.DataFrame:
     """Tidy rows: model, label, benchmark, seed, accuracy, ci_lo, ci_hi, n, n_total, data_source,
     temperature, precision (:func:`cell_precision`; ``models[i]["quantization"]`` is the checkpoint's), tpf,

@@ -22,7 +22,9 @@ size>`` and a "subsets, not full-benchmark results" note when a benchmark was cu
 Precision: the caption names each model's precision as the model cards name it (:func:`precision_label`: ``bf16``,
 ``nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)``, ``bf16 (NVFP4 weights dequantized at load)``, and
 for SGLang ``bf16 (NVFP4 weights dequantized to BF16 before loading)``), one phrase when every model ran
-alike; the CSV has it as the ``precision`` column.
+alike; the CSV has it as the ``precision`` column. A model whose checkpoint is quantized also says in its row
+label how its jobs ran it (:func:`run_note`, e.g. ``+ ORL (NVFP4 checkpoint, 4-bit experts)``), from the
+generation metas, not from config.yaml (repro.tables.aggregate.labels_as_run).
 
 TPF says where it came from: the caption names the backend whose forward counts gave it, and a TPF cell
 whose generations carry no forward counts (the backend said why in ``forwards_note``, e.g. released SGLang
@@ -87,6 +89,18 @@ def decoding(temperatures, latex: bool = False) -> str:
     return math("T = " + ", ".join(f"{t:g}" for t in ts)) + " (by benchmark)"
 
 
+def _nvfp4_run(precision: str, backend: str | None) -> tuple[str, str]:
+    """(caption phrase, row-label note) for an NVFP4 checkpoint run at ``precision`` by ``backend``."""
+    if backend == "sglang":
+        return (f"{precision} (NVFP4 weights dequantized to BF16 before loading)",
+                f"dequantized to {precision} before loading")
+    if precision == "nvfp4-w4a16":
+        return "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)", "4-bit experts"
+    if precision == "nvfp4":
+        return "nvfp4 (native FP4)", "native FP4"
+    return f"{precision} (NVFP4 weights dequantized at load)", f"experts dequantized to {precision} at load"
+
+
 def precision_label(precision: str | None, quantization: str | None = None, backend: str | None = "engine") -> str:
     """A model's precision as the model cards name it, from the run's ``precision`` (``repro.engine.model.PRECISIONS``),
     the checkpoint's ``quantization`` (config.yaml; ``"nvfp4"`` or None) and the backend that ran it:
@@ -100,15 +114,26 @@ def precision_label(precision: str | None, quantization: str | None = None, back
     ``"precision not recorded"`` when ``precision`` is None."""
     if not precision:
         return "precision not recorded"
-    if quantization != "nvfp4":
-        return precision
-    if backend == "sglang":
-        return f"{precision} (NVFP4 weights dequantized to BF16 before loading)"
-    if precision == "nvfp4-w4a16":
-        return "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
-    if precision == "nvfp4":
-        return "nvfp4 (native FP4)"
-    return f"{precision} (NVFP4 weights dequantized at load)"
+    return _nvfp4_run(precision, backend)[0] if quantization == "nvfp4" else precision
+
+
+def run_note(precision: str | None, quantization: str | None = None, backend: str | None = "engine") -> str | None:
+    """How a quantized checkpoint ran, in the few words a table row's label carries (the caption's
+    :func:`precision_label` says it in full): for an NVFP4 checkpoint ``4-bit experts`` (engine
+    ``nvfp4-w4a16``), ``experts dequantized to <precision> at load`` (engine ``fp32`` / ``bf16``), ``native
+    FP4`` (engine ``nvfp4``), ``dequantized to <precision> before loading`` (SGLang); None for an unquantized
+    checkpoint or an unrecorded precision (the label then needs no note)."""
+    return _nvfp4_run(precision, backend)[1] if quantization == "nvfp4" and precision else None
+
+
+def with_run_notes(label: str, notes: list[str]) -> str:
+    """``label`` with ``notes`` (:func:`run_note`, joined with " / " when a model's cells ran differently) added
+    inside its closing parenthesis, or in one of its own: ``+ ORL (NVFP4 checkpoint)`` + ``4-bit experts`` ->
+    ``+ ORL (NVFP4 checkpoint, 4-bit experts)``; ``label`` itself without notes."""
+    if not notes:
+        return label
+    note = " / ".join(notes)
+    return f"{label[:-1]}, {note})" if label.endswith(")") else f"{label} ({note})"
 
 
 def precision_sentence(per_model: dict[str, str], esc=lambda x: x) -> str:

@@ -58,7 +58,7 @@ from repro import paths
 from repro.backends.merge import MergedFileChanged, check_merged
 from repro.benchmarks import get as declared_benchmark
 from repro.io import atomic_write_text, read_jsonl
-from repro.tables.aggregate import cell_precision
+from repro.tables.aggregate import cell_precision, labels_as_run
 from repro.tables.render import fmt, latex_escape, precision_sentence
 
 #: Problems per benchmark (first in problem order) over which single-request tokens/s is measured (the speed
@@ -239,7 +239,8 @@ def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list
     seed = spec["seeds"][0]
     rows, total = [], None
     per_model: dict[str, str] = {}  # label -> precision as the model cards name it
-    for m in spec["models"]:
+    # row labels as the main table's: a quantized checkpoint's label says how its jobs ran it
+    for m in labels_as_run(work, suite, spec["models"], spec["benchmarks"], [seed]):
         if m.get("replay"):
             continue
         for b in spec["benchmarks"]:

@@ -146,11 +146,17 @@ def test_a_new_source_or_dequantize_code_makes_the_copy_again(run):
         assert counts["generate_shard"] == 1
     finally:
         code.write_text(text)
-    # a touched file of the copy: verified again by content at start-up, nothing re-made
+    # a touched file of the copy: a dry run says a real run verifies it again and changes nothing; a real run
+    # verifies it again by content at start-up, and nothing is re-made
     os.utime(run.work / "dequantized" / MODEL / "config.json")
+    stamp = run.work / "verified" / "dequantized" / f"{MODEL}.json"
+    before = stamp.read_bytes()
     out = run.snakemake("-n", "main_table", backend="sglang")
-    assert "verifying it again by content" in out
-    assert not set(again) & set(job_counts(out))
+    assert f"note: dry run: {run.work / 'dequantized' / MODEL} changed since {stamp} was written" in out, out[-3000:]
+    assert not set(again) & set(job_counts(out)) and stamp.read_bytes() == before
+    out = run.snakemake(str(stamp), backend="sglang")
+    assert "verifying it again by content" in out and stamp.read_bytes() != before
+    assert "Nothing to be done" in out or not set(again) & set(job_counts(out))
 
 
 def test_sglang_refuses_an_nvfp4_directory(run):

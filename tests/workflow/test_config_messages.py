@@ -18,6 +18,7 @@ from snakemake.cli import parse_config
 from snakemake.common.configfile import load_configfile
 from snakemake.utils import update_config
 
+from _e2e import checkout_copy
 from repro.config import REPO_ROOT, ConfigError, load_config, validate_config, yaml_syntax_error
 
 RAW = yaml.safe_load((REPO_ROOT / "config.yaml").read_text())
@@ -142,12 +143,7 @@ def test_unclosed_bracket_and_missing_colon_name_line_and_column(tmp_path):
 @pytest.fixture
 def checkout(tmp_path):
     """A checkout whose config.yaml can be broken: Snakefile and scripts copied, the rest linked."""
-    root = tmp_path / "checkout"
-    root.mkdir()
-    for name in ("repro", "workflow", ".venv"):
-        os.symlink(REPO_ROOT / name, root / name)
-    shutil.copy(REPO_ROOT / "Snakefile", root)
-    shutil.copytree(REPO_ROOT / "scripts", root / "scripts")
+    root = checkout_copy(tmp_path, link=("repro", "workflow", ".venv"), copy=("Snakefile", "scripts"))
     (root / "config.yaml").write_text((REPO_ROOT / "config.yaml").read_text().replace(SMOKE_MODELS,
                                                                                        SMOKE_MODELS[:-1], 1))
     return root

@@ -6,66 +6,26 @@ keep their bytes and mtime; its merge re-runs, as after any re-run of a job it d
 note and the merged metas carry the jobs' fixed costs."""
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from repro.config import REPO_ROOT
-from test_resume_e2e import generation_processes
+from _e2e import Workflow, job_counts
 
 pytestmark = pytest.mark.slow
 
 
 def test_grouped_job_kill9_resume_and_one_changed_benchmark(tmp_path, data_dir):
-    data = tmp_path / "data"
-    data.mkdir()
-    for b in ("gsm8k", "humaneval"):
-        (data / f"{b}.jsonl").write_bytes((data_dir / f"{b}.jsonl").read_bytes())
-    work, results = tmp_path / "work", tmp_path / "results"
-    overlay = tmp_path / "overlay.json"
-    overlay.write_text(json.dumps({
-        "data_dir": str(data), "results_dir": str(results), "work_dir": str(work),
-        "suites": {"smoke": {"models": ["tiny-orl"], "benchmarks": ["gsm8k", "humaneval"], "limit": 2,
-                             "group_benchmarks": True, "max_new_tokens": 64}}}))
-    target = str(results / "smoke" / "speed_table.md")  # generation, merges and the speed table; no scoring
-    cmd = [sys.executable, "-m", "snakemake", target, "--cores", "2", "--snakefile", str(REPO_ROOT / "Snakefile"),
-           "--directory", str(tmp_path), "--configfile", str(REPO_ROOT / "config.yaml"), str(overlay)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-
-    def snakemake(*args):
-        r = subprocess.run(cmd + list(args), cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-        return r.stdout + r.stderr
+    wf = Workflow(tmp_path, data_dir, {"models": ["tiny-orl"], "benchmarks": ["gsm8k", "humaneval"], "limit": 2,
+                                       "group_benchmarks": True, "max_new_tokens": 64},
+                  target=tmp_path / "results/smoke/speed_table.md")  # generation, merges, speed table; no scoring
+    data, work, results, snakemake = wf.data, wf.work, wf.results, wf.run
 
     group = work / "smoke/generations/tiny-orl/seed12345"
     index, gsm, he = group / "shard0of1.json", group / "shard0of1/gsm8k.jsonl", group / "shard0of1/humaneval.jsonl"
-    he_partial = Path(str(he) + ".partial.jsonl")
-    p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, env=env)
-    deadline, killed = time.time() + 300, False
-    try:
-        while time.time() < deadline and p.poll() is None:
-            if he_partial.exists() and he_partial.read_text().count("\n") >= 1:
-                os.kill(p.pid, signal.SIGKILL)  # Snakemake only; the job dies with it (repro.backends.lifeline)
-                killed = True
-                break
-            time.sleep(0.05)
-        p.wait()
-        if not killed:
-            pytest.skip("generation finished before it could be killed (machine too fast for this check)")
-        gone = time.time() + 20
-        while generation_processes(index) and time.time() < gone:
-            time.sleep(0.2)
-        assert generation_processes(index) == []
-    finally:
-        for pid in generation_processes(index):
-            os.kill(pid, signal.SIGKILL)
+    # Snakemake only, once HumanEval has a record; the job dies with it (repro.backends.lifeline)
+    wf.kill_mid_generation(Path(str(he) + ".partial.jsonl"), 1, index)
     assert gsm.is_file() and not index.exists()
     gsm_bytes = gsm.read_bytes()
 
@@ -92,9 +52,9 @@ def test_grouped_job_kill9_resume_and_one_changed_benchmark(tmp_path, data_dir):
     first = json.loads(lines[0])
     lines[0] = json.dumps(dict(first, prompt=first["prompt"].replace('"""', '"""Note: ', 1)))
     (data / "humaneval.jsonl").write_text("\n".join(lines) + "\n")
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", snakemake("-n"), re.M))
-    assert counts == {"prepare_generation_problems": "1", "generate_group": "1", "merge_shards": "2",
-                      "speed_table": "1", "total": "5"}, counts
+    counts = job_counts(snakemake("-n"))
+    assert counts == {"prepare_generation_problems": 1, "generate_group": 1, "merge_shards": 2,
+                      "speed_table": 1, "total": 5}, counts
     mtime = gsm.stat().st_mtime_ns
     snakemake()
     assert gsm.read_bytes() == gsm_bytes and gsm.stat().st_mtime_ns == mtime

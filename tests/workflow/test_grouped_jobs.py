@@ -201,3 +201,49 @@ def test_a_role_change_regenerates_every_benchmark(group):
     orl.role = "orl"
     gen.run(orl)
     assert len(CountingBackend.generated) == n_first > 0  # every benchmark again, none kept
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # stalled blocks of the random tiny model
+def test_capture_seconds_per_benchmark_add_up_across_a_batched_engine_rebuild(tmp_path, data_dir):
+    """The real engine on the tiny checkpoint in one grouped job at batch size 2: GSM8K (3 problems: 2 slots),
+    then HumanEval (1 problem: 1 slot, so the batched engine is rebuilt between them). Each benchmark's capture
+    seconds are the difference of the model's cumulative counter (repro.engine.llm.LLM.graph_capture_s) over
+    its generation: on a GPU what its own batched call captured (the rebuilt engine's capture in full, not its
+    difference to the old engine's), adding up to the job's; on the CPU no graph path runs and every figure is
+    None (the speed table's "-"), never a made-up 0."""
+    import torch
+
+    from repro.checkpoint.tiny import write_tiny
+    from repro.data import load_problems
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ckpt = tmp_path / "tiny"
+    write_tiny(ckpt, seed=1)
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text(json.dumps({"manifest_sha256": json.loads((ckpt / "checkpoint_manifest.json").read_text())[
+        "manifest_sha256"]}))
+    dec = tmp_path / "dec.yaml"
+    dec.write_text("algorithm: orl\nmax_new_tokens: 32\n")
+    benches = {"gsm8k": 3, "humaneval": 1}
+    for b, n in benches.items():
+        (tmp_path / f"{b}.jsonl").write_text(
+            "".join(json.dumps(p) + "\n" for p in load_problems(b, data_dir, limit=n).problems))
+    index = tmp_path / "g" / "shard0of1.json"
+    a = gen.argparse.Namespace(
+        backend="engine", model="tiny", model_dir=str(ckpt), role="orl", verified=str(stamp), seed=1, shard=0,
+        num_shards=1, device=device, precision="bf16" if device == "cuda" else "fp32", batch_size=2,
+        group_index=str(index), benchmark=list(benches), decoder=[str(dec)] * 2,
+        problems=[str(tmp_path / f"{b}.jsonl") for b in benches])
+    assert gen.run(a) == 0
+    metas = {b: json.loads((tmp_path / "g" / "shard0of1" / f"{b}.jsonl.meta.json").read_text()) for b in benches}
+    per = [metas[b]["job"]["graph_capture_s"] for b in benches]
+    assert per == [metas[b]["generation_sessions"][-1]["graph_capture_s"] for b in benches]
+    total = json.loads(index.read_text())["job"]["graph_capture_s"]
+    if device == "cpu":
+        assert metas["gsm8k"]["backend_info"]["engine_path"] == "batched-eager"
+        assert per == [None, None] and total is None
+    else:
+        assert metas["gsm8k"]["backend_info"]["engine_path"] == "batched-cuda-graph"
+        for b, p in zip(benches, per):  # each benchmark: what its own batched call captured
+            assert p > 0 and p == pytest.approx(metas[b]["backend_info"]["batch"]["capture_s"], abs=1e-6), b
+        assert sum(per) == pytest.approx(total, abs=1e-6)

@@ -3,59 +3,43 @@ re-scores -- only the benchmarks it affects, without regenerating -- and one tha
 (scoring.workers) re-runs nothing; switching the generation backend regenerates. Tiny model, one problem of
 GSM8K and HumanEval, 32 new tokens."""
 
-import json
-import re
-import subprocess
-import sys
-
 import pytest
 
-from repro.config import REPO_ROOT
+from _e2e import Workflow, job_counts
 
 pytestmark = pytest.mark.slow
 
-
-def snakemake(tmp_path, data_dir, scoring, *args, extra=None, suite_extra=None):
-    overlay = tmp_path / "overlay.yaml"
-    overlay.write_text(json.dumps({
-        **(extra or {}), "data_dir": str(data_dir), "results_dir": str(tmp_path / "results"), "scoring": scoring,
-        "suites": {"smoke": {"models": ["tiny-orl"], "benchmarks": ["gsm8k", "humaneval"], "limit": 1,
-                             "max_new_tokens": 32, **(suite_extra or {})}}}))
-    # --directory keeps Snakemake's metadata (where the params are recorded) in the test's own folder
-    cmd = [sys.executable, "-m", "snakemake", "main_table", *args, "--cores", "2",
-           "--snakefile", str(REPO_ROOT / "Snakefile"), "--directory", str(tmp_path),
-           "--configfile", str(REPO_ROOT / "config.yaml"), str(overlay), "--config", f"work_dir={tmp_path / 'work'}"]
-    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    return r.stdout + r.stderr
+SUITE = {"models": ["tiny-orl"], "benchmarks": ["gsm8k", "humaneval"], "limit": 1, "max_new_tokens": 32}
 
 
-def job_counts(out: str) -> dict:
-    return {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", out, re.M)}
+def snakemake(wf, scoring, *args, extra=None, suite_extra=None):
+    wf.configure({**SUITE, **(suite_extra or {})}, {**(extra or {}), "scoring": scoring})
+    return wf.run(*args)
 
 
 def test_changed_timeout_rescores_code_benchmarks_only_and_workers_reruns_nothing(tmp_path, data_dir):
-    snakemake(tmp_path, data_dir, {"timeout_s": 10, "workers": 2})
+    wf = Workflow(tmp_path, data_dir, SUITE, target="main_table")
+    snakemake(wf, {"timeout_s": 10, "workers": 2})
     cell = "smoke/{}/tiny-orl/{}/seed12345{}"
-    gens = [tmp_path / "work" / cell.format("generations", b, ".jsonl") for b in ("gsm8k", "humaneval")]
-    scores = {b: tmp_path / "work" / cell.format("scores", b, ".summary.json") for b in ("gsm8k", "humaneval")}
+    gens = [wf.work / cell.format("generations", b, ".jsonl") for b in ("gsm8k", "humaneval")]
+    scores = {b: wf.work / cell.format("scores", b, ".summary.json") for b in ("gsm8k", "humaneval")}
     before = {p: p.stat().st_mtime_ns for p in [*gens, *scores.values()]}
 
     # workers changes speed, not verdicts: nothing to do
-    assert "Nothing to be done" in snakemake(tmp_path, data_dir, {"timeout_s": 10, "workers": 1}, "-n")
+    assert "Nothing to be done" in snakemake(wf, {"timeout_s": 10, "workers": 1}, "-n")
 
     # a new timeout: the HumanEval cell is re-scored (GSM8K runs no programs), then the table; no generation
-    dry = snakemake(tmp_path, data_dir, {"timeout_s": 3, "workers": 2}, "-n")
+    dry = snakemake(wf, {"timeout_s": 3, "workers": 2}, "-n")
     assert job_counts(dry) == {"score": 1, "write_table": 1, "main_table": 1, "total": 3}, dry[-3000:]
     assert "bench=humaneval" in dry and "Params have changed" in dry, dry[-3000:]
-    snakemake(tmp_path, data_dir, {"timeout_s": 3, "workers": 2})
+    snakemake(wf, {"timeout_s": 3, "workers": 2})
     after = {p: p.stat().st_mtime_ns for p in before}
     assert after[scores["humaneval"]] != before[scores["humaneval"]]
     assert after[scores["gsm8k"]] == before[scores["gsm8k"]] and all(after[g] == before[g] for g in gens)
-    assert "Nothing to be done" in snakemake(tmp_path, data_dir, {"timeout_s": 3, "workers": 2}, "-n")
+    assert "Nothing to be done" in snakemake(wf, {"timeout_s": 3, "workers": 2}, "-n")
 
     # switching the generation backend regenerates (its shards and everything downstream); SGLang runs on CUDA
     # only (a CPU suite under sglang stops at start-up), so the dry run asks for a GPU suite
-    dry = snakemake(tmp_path, data_dir, {"timeout_s": 3, "workers": 2}, "-n", extra={"backend": "sglang"},
+    dry = snakemake(wf, {"timeout_s": 3, "workers": 2}, "-n", extra={"backend": "sglang"},
                     suite_extra={"device": "cuda", "precision": "bf16"})
     assert job_counts(dry).get("generate_shard") == 2 and "Params have changed" in dry, dry[-3000:]

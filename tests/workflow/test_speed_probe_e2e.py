@@ -5,40 +5,22 @@ generation job's code; the speed table takes its single-request columns from the
 run is "Nothing to be done"."""
 
 import json
-import os
-import re
-import subprocess
-import sys
 
 import pytest
 
-from repro.config import REPO_ROOT
+from _e2e import Workflow, job_counts
 
 pytestmark = pytest.mark.slow
 
 
 def test_batched_suite_probe_feeds_the_single_request_columns(tmp_path, data_dir):
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "gsm8k.jsonl").write_bytes((data_dir / "gsm8k.jsonl").read_bytes())
-    work, results = tmp_path / "work", tmp_path / "results"
-    overlay = tmp_path / "overlay.json"
-    overlay.write_text(json.dumps({
-        "data_dir": str(data), "results_dir": str(results), "work_dir": str(work),
-        "suites": {"smoke": {"models": ["tiny-orl", "reference"], "benchmarks": ["gsm8k"], "limit": 2,
-                             "batch_size": 2, "max_new_tokens": 32}}}))
-    target = str(results / "smoke" / "speed_table.md")  # generation, probes, merges and the speed table
-    cmd = [sys.executable, "-m", "snakemake", target, "--cores", "2", "--snakefile", str(REPO_ROOT / "Snakefile"),
-           "--directory", str(tmp_path), "--configfile", str(REPO_ROOT / "config.yaml"), str(overlay)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    wf = Workflow(tmp_path, data_dir, {"models": ["tiny-orl", "reference"], "benchmarks": ["gsm8k"], "limit": 2,
+                                       "batch_size": 2, "max_new_tokens": 32},
+                  target=tmp_path / "results/smoke/speed_table.md")  # generation, probes, merges, speed table
+    work, results, snakemake = wf.work, wf.results, wf.run
 
-    def snakemake(*args):
-        r = subprocess.run(cmd + list(args), cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-        return r.stdout + r.stderr
-
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", snakemake("-n"), re.M))
-    assert counts["speed_probe"] == "1" and counts["generate_shard"] == "1", counts  # not for `reference`
+    counts = job_counts(snakemake("-n"))
+    assert counts["speed_probe"] == 1 and counts["generate_shard"] == 1, counts  # not for `reference`
     snakemake()
     gen = [json.loads(l) for l in (work / "smoke/generations/tiny-orl/gsm8k/seed12345.jsonl").read_text().splitlines()]
     probe_file = work / "smoke/speed/tiny-orl/gsm8k.jsonl"

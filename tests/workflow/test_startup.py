@@ -4,28 +4,24 @@
 * ``snakemake -s path/to/Snakefile`` from another directory runs against the Snakefile's checkout: its
   ``.snakemake`` state (recorded params, locks) and default work directory, not new ones where it was typed;
 * a data directory lacking a benchmark file the suite needs stops at start-up with one line naming the files;
-* an empty data file stops prepare naming the file, and leaves no problems file behind."""
+* an empty data file stops prepare naming the file, and leaves no problems file behind;
+* a dry run (``-n``) changes nothing: a stamp whose checkpoint changed since it was written and locks left by
+  a killed Snakemake stay as they are, and the dry run says what a real run would re-verify and remove."""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from _e2e import Workflow, checkout_copy
 from repro.config import REPO_ROOT
 
 
 @pytest.fixture
 def checkout(tmp_path):
     """A checkout of its own (its .snakemake and work/ are the test's): Snakefile + config copied, the rest linked."""
-    root = tmp_path / "checkout"
-    root.mkdir()
-    for name in ("repro", "workflow", "profiles"):
-        os.symlink(REPO_ROOT / name, root / name)
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy(REPO_ROOT / name, root / name)
-    return root
+    return checkout_copy(tmp_path, link=("repro", "workflow", "profiles"), copy=("Snakefile", "config.yaml"))
 
 
 def snakemake(cwd, *args, env=None):
@@ -104,3 +100,30 @@ def test_impossible_precision_or_backend_stops_at_startup(checkout, overlay, exp
     assert r.returncode != 0
     assert f"Config error (config.yaml + p.yaml): {expect}" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_dry_run_keeps_a_stale_stamp_and_stale_locks_and_says_what_a_run_would_do(tmp_path, data_dir):
+    wf = Workflow(tmp_path, data_dir, {"models": ["tiny-orl"], "benchmarks": ["gsm8k"], "limit": 1},
+                  target=tmp_path / "work/verified/tiny-orl.json")  # the tiny checkpoint, written and verified
+    wf.run()
+    ckpt, stamp = wf.work / "hf/tiny-orl", wf.work / "verified/tiny-orl.json"
+    weights = next(ckpt.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one byte of the weights changed: the checkpoint no longer verifies
+    weights.write_bytes(bytes(data))
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir()
+    (locks / "0.input.lock").write_text(str(weights) + "\n")  # as left by a killed Snakemake
+    before = (stamp.read_bytes(), stamp.stat().st_mtime_ns)
+
+    out = wf.run("-n")
+    assert f"note: dry run: {ckpt} changed since {stamp} was written; a real run verifies it again by content" in out, out
+    assert "note: dry run: a real run removes the locks left in" in out, out
+    assert "failed verification" not in out and "verifying it again by content" not in out
+    assert (stamp.read_bytes(), stamp.stat().st_mtime_ns) == before and (locks / "0.input.lock").is_file()
+
+    # the real run: locks removed, the checkpoint verified again, its stamp removed, the verify job re-run (fails)
+    out = wf.run(check=False)
+    assert "removed the locks left" in out and f"note: {ckpt} failed verification" in out, out[-3000:]
+    assert not (locks / "0.input.lock").exists() and not stamp.exists()

@@ -4,8 +4,8 @@ change re-runs exactly the jobs it affects (asserted on the dry run's job list) 
 "Nothing to be done": the data file edited in place, the local checkpoint switched to another folder, the
 tiny model's seed, the hub revision, the scorer's code. A repaired local folder is copied and verified
 again, and the failing verification says which copy it checked. Touching a checkpoint file re-verifies and
-regenerates nothing; a copied work directory (new mtimes, no Snakemake record of its paths) re-verifies and
-generates again; a successful run ends with the table it built.
+regenerates nothing (a dry run only says it would re-verify); a copied work directory (new mtimes, no
+Snakemake record of its paths) re-verifies and generates again; a successful run ends with the table it built.
 
 The run uses a copy of the checkout (so the test can change the scorer's code) and its own data folder,
 hub cache and work directory."""
@@ -13,7 +13,6 @@ hub cache and work directory."""
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,15 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from _e2e import checkout_copy, job_counts
 from repro.config import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
 REV_A, REV_B = "a" * 40, "b" * 40
-
-
-def job_counts(out: str) -> dict:
-    return {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", out, re.M)}
 
 
 class Run:
@@ -77,12 +73,7 @@ def run(tmp_path_factory):
     if not (data / "gsm8k.jsonl").is_file():
         pytest.skip("real benchmark data not found (set ORL_EVAL_DATA or place it at ../shared/data)")
     r = Run(tmp_path_factory.mktemp("tracked"))
-    r.checkout.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("repro", "workflow", "profiles"):
-        shutil.copytree(REPO_ROOT / name, r.checkout / name, ignore=ignore)
-    for name in ("Snakefile", "config.yaml"):
-        shutil.copy(REPO_ROOT / name, r.checkout / name)
+    checkout_copy(r.root, copy=("repro", "workflow", "profiles", "Snakefile", "config.yaml"))  # r.checkout
     r.data.mkdir()
     shutil.copy(data / "gsm8k.jsonl", r.data / "gsm8k.jsonl")
     subprocess.run([sys.executable, "-m", "repro.checkpoint.tiny", "--out", str(r.ckpt_a), "--seed", "3"],
@@ -172,7 +163,10 @@ def test_touched_checkpoint_file_reverifies_and_regenerates_nothing(run):
     stamp = run.work / "verified" / "tiny-orl.json"
     before = json.loads(stamp.read_text())
     os.utime(run.work / "hf" / "tiny-orl" / "config.json")  # `touch`: same bytes, new mtime
-    out = run.snakemake("-n")
+    out = run.snakemake("-n")  # a dry run only says what a real run re-verifies: the stamp is kept as it is
+    assert "note: dry run: " in out and "hf/tiny-orl changed since" in out, out[-3000:]
+    assert "verifying it again by content" not in out and json.loads(stamp.read_text()) == before
+    out = run.snakemake()
     assert "hf/tiny-orl changed since" in out and "verifying it again by content" in out
     assert "Nothing to be done" in out, out[-3000:]  # no render_decoder / generate_shard
     after = json.loads(stamp.read_text())  # verified again: the stamp vouches for the new mtime
@@ -186,9 +180,11 @@ def test_copied_work_dir_reverifies_and_generates_again(run):
     shutil.copytree(run.work, copy, copy_function=shutil.copy)  # like `cp -r`: every file gets a new mtime
     shutil.rmtree(copy / "smoke" / "generations")  # the copy generates again (shards and merged files)
     try:
+        # a dry run says which checkpoints a real run verifies again (and plans on the old stamps, changing nothing)
         out = run.snakemake("-n", work=copy)
-        assert out.count("verifying it again by content") == 3 and job_counts(out)["generate_shard"] == 3, out[-3000:]
+        assert out.count("note: dry run: ") == 3 and "verifying it again by content" not in out, out[-3000:]
         out = run.snakemake(work=copy)  # asserts success: no "files differ from when ... was written"
+        assert out.count("verifying it again by content") == 3 and job_counts(out)["generate_shard"] == 3, out[-3000:]
         assert "files differ" not in out
         stamp = json.loads((copy / "verified" / "tiny-orl.json").read_text())
         assert stamp["checkpoint"] == str((copy / "hf" / "tiny-orl").resolve())

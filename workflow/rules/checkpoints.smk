@@ -71,7 +71,6 @@ rule checkpoint_source:
 # checkpoint's content key, the dequantize code version and the dtype, is rewritten only when one changes, and
 # is what generation depends on (the copy and its stamp are taken as ancient(), as the checkpoint's are).
 from repro.checkpoint.dequantize import declared_quantization, serves_dequantized
-from repro.checkpoint.verify import refresh_stale_stamp
 
 DEQUANTIZED_DTYPE = "bfloat16"
 
@@ -155,16 +154,12 @@ if config["backend"] == "sglang":
         print(f"note: backend sglang runs {', '.join(_w4)} as its dequantized BF16 copy (precision bf16; "
               "nvfp4-w4a16 is the engine's 4-bit mode)", file=sys.stderr)
 
-# a dequantized copy touched or copied since its stamp: verified again by content now (as common.smk does for
-# the checkpoints), so a touch regenerates nothing and a changed byte re-runs its verify job
+# a dequantized copy touched or copied since its stamp: verified again by content now (as for the checkpoints,
+# common.smk reverify_stale_stamps; a dry run only reports), so a touch regenerates nothing and a changed byte
+# re-runs its verify job
 if workflow.is_main_process:
-    for _m in config["models"]:
-        _deq, _stamp = W(P.DEQUANTIZED, model=_m), W(P.DEQUANTIZED_VERIFIED, model=_m)
-        if os.path.isfile(_stamp) and rerun_trigger(_deq, _stamp) != "ok":
-            print(f"note: {_deq} changed since {_stamp} was written; verifying it again by content", file=sys.stderr)
-            if refresh_stale_stamp(_deq, _stamp) == "removed":
-                print(f"note: {_deq} failed verification; its verify job runs again and names the files",
-                      file=sys.stderr)
+    reverify_stale_stamps((W(P.DEQUANTIZED, model=m), W(P.DEQUANTIZED_VERIFIED, model=m), None)
+                          for m in config["models"])
 
 
 rule dequantized_source:

@@ -1,5 +1,7 @@
-# Start-up checks (config validation with one-line errors, --cores, stale locks of a killed run), suite
-# lookup, paths, and every input/param helper the rules use (functions live here, rules in their .smk).
+# Start-up checks (config validation with one-line errors, --cores, stale locks of a killed run, stamps of
+# checkpoints changed since their verification), suite lookup, paths, and every input/param helper the rules
+# use (functions live here, rules in their .smk). A dry run (`-n`) changes nothing: what a real run would
+# remove or re-verify at start-up is only reported (DRY_RUN).
 import atexit
 import fcntl
 import json
@@ -12,7 +14,7 @@ sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also wit
 
 from repro import benchmarks, paths as P
 from repro.checkpoint.dequantize import declared_quantization
-from repro.checkpoint.verify import rerun_trigger
+from repro.checkpoint.verify import refresh_stale_stamp, rerun_trigger
 from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
 
@@ -25,6 +27,11 @@ try:
 except ConfigError as e:
     print(f"Config error: {e}", file=sys.stderr)
     sys.exit(1)
+
+# `-n` / `--dry-run`: the start-up work below only reports. Snakemake's `workflow.dryrun` is False while the
+# Snakefile is read (it is set when the DAG is executed, after this file runs); the command line's setting is
+# in `workflow.output_settings.dryrun` (snakemake/cli.py create_output_settings; snakemake/snakemake#2948).
+DRY_RUN = bool(getattr(workflow.output_settings, "dryrun", False))
 
 _cores = workflow.resource_settings.cores
 if isinstance(_cores, int) and _cores < 1:
@@ -70,18 +77,20 @@ os.environ.update(PYTHONPATH=os.pathsep.join([workflow.basedir] + [p for p in [o
 # however it dies). If no other such file is still locked, no Snakemake of this workflow is alive here and
 # any lock left is stale: it is removed, saying so. Incomplete outputs of the killed run are re-run because
 # the default workflow profile (profiles/default) sets rerun-incomplete. Generation jobs die with the
-# Snakemake that started them: they watch the pid exported here (repro.backends.lifeline).
+# Snakemake that started them: they watch the pid exported here (repro.backends.lifeline). A dry run takes
+# no lock and starts no job: it claims nothing, removes nothing, and says what a real run would remove.
 _RUN_LOCK_FD = None
 
 
 def _claim_run_and_clear_stale_locks():
     global _RUN_LOCK_FD
     runs = Path(".snakemake/repro-runs")
-    runs.mkdir(parents=True, exist_ok=True)
     mine = runs / f"{os.getpid()}.lock"
-    _RUN_LOCK_FD = os.open(mine, os.O_CREAT | os.O_RDWR, 0o644)
-    fcntl.flock(_RUN_LOCK_FD, fcntl.LOCK_EX)
-    atexit.register(mine.unlink, missing_ok=True)
+    if not DRY_RUN:
+        runs.mkdir(parents=True, exist_ok=True)
+        _RUN_LOCK_FD = os.open(mine, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(_RUN_LOCK_FD, fcntl.LOCK_EX)
+        atexit.register(mine.unlink, missing_ok=True)
     alive = 0
     for other in runs.glob("*.lock"):
         if other == mine:
@@ -98,11 +107,16 @@ def _claim_run_and_clear_stale_locks():
         except BlockingIOError:
             alive += 1
         else:
-            other.unlink(missing_ok=True)  # its Snakemake is gone
+            if not DRY_RUN:
+                other.unlink(missing_ok=True)  # its Snakemake is gone
         finally:
             os.close(fd)
     locks = Path(".snakemake/locks")
     if not alive and locks.is_dir() and any(locks.iterdir()):
+        if DRY_RUN:
+            print(f"note: dry run: a real run removes the locks left in {locks.resolve()} by a Snakemake that was "
+                  "killed (no Snakemake of this workflow is running here); nothing removed now", file=sys.stderr)
+            return
         shutil.rmtree(locks, ignore_errors=True)
         print(f"note: removed the locks left in {locks.resolve()} by a Snakemake that was killed (no Snakemake "
               "of this workflow is running here); its unfinished jobs are re-run", file=sys.stderr)
@@ -191,37 +205,35 @@ def checkpoint_content_key(wildcards):
     return json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 
-def _reverify_stale_stamps():
-    """A verified stamp whose checkpoint files no longer have the recorded sizes and mtimes (a file touched or
-    rewritten; a copied work directory, whose files all have new mtimes and whose paths Snakemake has no
-    record of) no longer vouches for them: generation would refuse it. Verify such a checkpoint again by
-    content here, before the DAG is built: it passes -> a fresh stamp (the rules reading the checkpoint take
-    the stamp as ancient(), so nothing regenerates); it fails -> the stamp is removed, the verify job runs
-    again and reports every changed file, and no job reading the checkpoint starts. (Not a re-run of the
-    verify job: Snakemake would then not examine any job below it reached only through ancient() inputs.)"""
-    from repro.checkpoint.verify import ManifestError, verify, write_stamp
-
-    for m in config["models"]:
-        if is_replay(config, m):
+def reverify_stale_stamps(pairs):
+    """``pairs``: ``(folder, stamp, manifest pin or None)``. A verified stamp whose folder's files no longer have
+    the recorded sizes and mtimes (a file touched or rewritten; a copied work directory, whose files all have
+    new mtimes and whose paths Snakemake has no record of) no longer vouches for them: generation would refuse
+    it. Verify such a folder again by content here, before the DAG is built
+    (repro.checkpoint.verify.refresh_stale_stamp): it passes -> a fresh stamp (the rules reading the folder
+    take the stamp as ancient(), so nothing regenerates); it fails -> the stamp is removed, the verify job runs
+    again and reports every changed file, and no job reading the folder starts. (Not a re-run of the verify
+    job: Snakemake would then not examine any job below it reached only through ancient() inputs.) A dry run
+    verifies and removes nothing: it names each folder a real run would verify again."""
+    for folder, stamp, pin in pairs:
+        if not os.path.isfile(stamp) or rerun_trigger(folder, stamp) == "ok":
             continue
-        ckpt, stamp = W(P.CHECKPOINT, model=m), W(P.VERIFIED, model=m)
-        if not os.path.isfile(stamp) or rerun_trigger(ckpt, stamp) == "ok":
+        if DRY_RUN:
+            print(f"note: dry run: {folder} changed since {stamp} was written; a real run verifies it again by "
+                  "content before planning its jobs (passes: a fresh stamp; fails: the stamp is removed and its "
+                  "verify job re-runs, naming the files); a dry run verifies and removes nothing, so the jobs it "
+                  "lists are planned on the old stamp", file=sys.stderr)
             continue
-        print(f"note: {ckpt} changed since {stamp} was written; verifying it again by content", file=sys.stderr)
-        try:
-            rep = verify(ckpt, expect_manifest_sha256=config["models"][m]["source"].get("manifest_sha256"))
-        except ManifestError:
-            rep = None
-        if rep is not None and rep.ok:
-            write_stamp(rep, stamp)
-        else:
-            os.remove(stamp)
-            print(f"note: {ckpt} failed verification; its verify job runs again and names the files",
+        print(f"note: {folder} changed since {stamp} was written; verifying it again by content", file=sys.stderr)
+        if refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin) == "removed":
+            print(f"note: {folder} failed verification; its verify job runs again and names the files",
                   file=sys.stderr)
 
 
 if workflow.is_main_process:
-    _reverify_stale_stamps()
+    reverify_stale_stamps((W(P.CHECKPOINT, model=m), W(P.VERIFIED, model=m),
+                           config["models"][m]["source"].get("manifest_sha256"))
+                          for m in config["models"] if not is_replay(config, m))
 
 
 def manifest_pin_arg(wildcards):
