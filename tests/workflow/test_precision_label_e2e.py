@@ -19,11 +19,11 @@ def test_nvfp4_checkpoint_label_names_the_precision_that_ran(tmp_path, data_dir)
     wf.run("main_table")
     w4, deq = "+ ORL (tiny NVFP4 checkpoint, 4-bit experts)", \
         "+ ORL (tiny NVFP4 checkpoint, experts dequantized to fp32 at load)"
-    md = (wf.results / "smoke/main_table.md").read_text()
+    md = (wf.results / "smoke" / "main_table.md").read_text()
     rows = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| +")]
     assert rows == [w4, deq], md
     assert "fp32 (NVFP4 weights dequantized at load) for " + deq in md, md  # the caption agrees
-    csv = (wf.results / "smoke/main_table.csv").read_text()
+    csv = (wf.results / "smoke" / "main_table.csv").read_text()
     assert w4 in csv and deq in csv and "4-bit" not in csv.split(deq, 1)[1].split("\n", 1)[0]
-    speed = (wf.results / "smoke/speed_table.md").read_text()
+    speed = (wf.results / "smoke" / "speed_table.md").read_text()
     assert f"| {w4} | GSM8K |" in speed and f"| {deq} | GSM8K |" in speed, speed
