@@ -139,33 +139,47 @@ def test_slots_bit_identical_to_alone(dev, mma_model, tiles):
             assert torch.equal(fw.pred[s], ref.argmax(-1))
 
 
-def test_packed_4bit_experts_bit_identical_to_alone(dev, mma_model):
-    """nvfp4-w4a16 (routed experts packed, dequantized inside the MoE kernels; one dense + one MoE layer): slot 1
-    of S = 2 equals it alone. (The 4-bit values against dequantize-at-load: tests/kernels/test_moe_w4.py.)"""
+#: 4-bit MoE tiles of the packed test: the small ones (BLOCK_M 16, BLOCK_K 32), and the batched round's row tiles
+#: (BLOCK_M 32 / 64, BLOCK_K 64: the tl.join interleave; tests/kernels/test_moe_w4.py BATCHED_W4_TILES),
+#: at the tiny shapes' BLOCK_N; value: (BLOCK_M, BLOCK_K, the slots run together, those checked against alone)
+W4_TILE_SETS = {"small": (16, 32, [0, 1], [1]), "m32": (32, 64, [0, 1, 2], [0, 1, 2]),
+                "m64": (64, 64, [2, 1], [2, 1])}
+
+
+@pytest.mark.parametrize("tiles", list(W4_TILE_SETS))
+def test_packed_4bit_experts_bit_identical_to_alone(dev, mma_model, tiles):
+    """nvfp4-w4a16 (routed experts packed, dequantized inside the MoE kernels; one dense + one MoE layer): slots of
+    S = 2 / 3 (prefix lengths 9 / 30 / 0) equal them alone (S = 1), at the single-request 4-bit tiles and at the
+    batched round's row tiles (BLOCK_M 32 with S = 3, 64 with S = 2). (The 4-bit values against dequantize-at-load: tests/kernels/test_moe_w4.py.)"""
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
     from repro.engine.bench_w4 import w4_weights
 
     shape = F.preset_shape(**{**TINY_CONFIG, "num_hidden_layers": 2})
     W4 = w4_weights(F.random_weights(shape, dev, torch.float32, seed=4, std=0.1), shape, seed=4)
-    cfg = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], **{k: dict(SMALL_TILES["moe"][k], BLOCK_K=32)
+    bm, bk, together, checked = W4_TILE_SETS[tiles]
+    cfg = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], **{k: dict(SMALL_TILES["moe"][k], BLOCK_M=bm, BLOCK_K=bk)
                                                            for k in ("gate_up", "down")}}}
     g = torch.Generator().manual_seed(0)
-    kv = torch.randn(shape.layers, 2, 2, shape.nkv, MAX_LEN, shape.head_dim, generator=g)
-    ids = torch.randint(0, shape.vocab, (2, T), generator=g)
-    outs = []
-    for S in (2, 1):
-        fw = BatchedBlockForward(W4, shape, MAX_LEN, slots=S, T=T, device=dev, configs=cfg)
-        fw.kv.copy_(kv[:, :, 2 - S:])
-        fw.ids.copy_(ids[2 - S:])
-        fw.cache_len.copy_(torch.tensor([9, 30], dtype=torch.int32)[2 - S:])
+    kv = torch.randn(shape.layers, 2, 3, shape.nkv, MAX_LEN, shape.head_dim, generator=g)
+    ids = torch.randint(0, shape.vocab, (3, T), generator=g)
+    prefix = torch.tensor([9, 30, 0], dtype=torch.int32)
+
+    def run(slots):
+        fw = BatchedBlockForward(W4, shape, MAX_LEN, slots=len(slots), T=T, device=dev, configs=cfg)
+        fw.kv.copy_(kv[:, :, slots])
+        fw.ids.copy_(ids[slots])
+        fw.cache_len.copy_(prefix[slots])
         fw.forward()
-        outs.append(fw)
-    both, alone = outs
-    assert not torch.isnan(both.logits).any()
-    for n in OUTS:
-        assert torch.equal(getattr(alone, n)[0], getattr(both, n)[1]), n
-    assert torch.equal(alone.kv[:, :, 0], both.kv[:, :, 1])
+        assert not torch.isnan(fw.logits).any()
+        return fw
+
+    batch = run(together)
+    for s in checked:
+        alone, i = run([s]), together.index(s)
+        for n in OUTS:
+            assert torch.equal(getattr(alone, n)[0], getattr(batch, n)[i]), (s, n)
+        assert torch.equal(alone.kv[:, :, 0], batch.kv[:, :, i]), s
 
 
 def test_without_shared_expert_matches_reference(dev):
