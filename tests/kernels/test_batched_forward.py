@@ -232,7 +232,7 @@ def test_moe_tile_table(dev):
 
 def test_batched_tile_file(monkeypatch):
     """``batched_tiles``: on an H200 the batched tile file fills every kernel the caller leaves open (the caller's
-    own tiles win; packed 4-bit experts keep their kernels' tiles); on a device without an entry nothing changes."""
+    own tiles win; packed 4-bit experts take its 4-bit entries, or keep their kernels' tiles); on a device without an entry nothing changes."""
     import repro.engine.kernels.configs as C
     from repro.engine.bench_w4 import w4_weights
 
@@ -252,7 +252,19 @@ def test_batched_tile_file(monkeypatch):
     assert got["dense"] == SMALL_TILES["dense"]
     tiny2 = F.preset_shape(**{**TINY_CONFIG, "num_hidden_layers": 2})
     W4 = w4_weights(F.random_weights(tiny2, "cpu", torch.float32, seed=4, std=0.1), tiny2, seed=4)
-    assert "moe" not in batched_tiles(W4, shape, 32, None)  # packed experts: no BF16 expert tiles
+    # packed experts: the file's 4-bit entries, never the BF16 expert tiles
+    w4_file = {k: H200_TILES[f"moe_w4_{k}"] for k in ("gate_up", "down") if f"moe_w4_{k}" in H200_TILES}
+    assert batched_tiles(W4, shape, 32, None).get("moe") == (w4_file or None)
+    # a file with one 4-bit entry: the other 4-bit kernel keeps its single-request tiles; a caller's own win
+    import repro.engine.kernels.fastpath_batch as FB
+    from repro.engine.kernels.moe_w4 import W4_TILES_DEFAULT
+
+    mine64 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+    fake = {"moe_w4_gate_up": mine64, "moe_gate_up": mine, "moe_down": mine}
+    monkeypatch.setattr(FB, "load_config", lambda fam, name, default, device=None, **kw: dict(fake.get(name, {})))
+    assert batched_tiles(W4, shape, 32, None)["moe"] == {"gate_up": mine64, "down": W4_TILES_DEFAULT["down"]}
+    assert batched_tiles(W, shape, 32, None)["moe"] == {"gate_up": mine, "down": mine}
+    assert batched_tiles(W4, shape, 32, {"moe": {"gate_up": mine}})["moe"] == {"gate_up": mine}
 
 
 def test_breakdown_families():
