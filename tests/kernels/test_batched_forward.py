@@ -289,6 +289,31 @@ def test_breakdown_families():
     assert no_head[15] == "o" and "lm_head" not in no_head
 
 
+def test_sweep_uses_the_precision(monkeypatch):
+    """``bench_graph_round --sweep FILE --precision nvfp4-w4a16``: the model is built once in that precision and
+    every tile set is timed on it (the 4-bit sweep of docs/perf.md, session 5); a failing set is reported, not fatal."""
+    import repro.engine.bench as B
+    import repro.engine.bench_graph_round as G
+
+    built, timed = [], []
+    monkeypatch.setattr(G, "_model", lambda layers, precision, seed: built.append(precision) or ("model",))
+    monkeypatch.setattr(B, "copy_bandwidth", lambda: 4000.0)
+    monkeypatch.setattr(B, "env_info", lambda: {})
+
+    def fake_bench(slots, prefix, iters, layers, precision, seed, log, configs=None, model=None, **kw):
+        if configs and configs.get("bad"):
+            raise RuntimeError("out of resources")
+        timed.append((precision, configs, model))
+        return {"rounds": [{"slots": S, "ms": 1.0 + S, "invariant": True} for S in slots]}
+
+    monkeypatch.setattr(G, "bench_slots", fake_bench)
+    moe = {"moe": {"gate_up": dict(BLOCK_M=64), "down": dict(BLOCK_M=64)}}
+    out = G.sweep({"m64": moe, "base": {}, "broken": {"bad": 1}}, [1, 8], precision="nvfp4-w4a16", log=lambda m: None)
+    assert built == ["nvfp4-w4a16"] and out["precision"] == "nvfp4-w4a16"
+    assert timed == [("nvfp4-w4a16", moe, ("model",)), ("nvfp4-w4a16", None, ("model",))]
+    assert "out of resources" in out["sets"]["broken"]["error"] and "| m64 | 2.000 | 9.000 | True |" in out["table"]
+
+
 def test_bad_arguments(dev):
     W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
     with pytest.raises(ValueError, match="slots=0"):
