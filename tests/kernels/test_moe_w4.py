@@ -278,7 +278,7 @@ BATCHED_W4_TILES = {
 
 
 @pytest.mark.parametrize("tiles", list(BATCHED_W4_TILES))
-def test_down_reads_every_code_exactly_at_batched_row_tiles(dev, tiles):
+def test_down_reads_every_code_exactly_batched_row_tiles(dev, tiles):
     """The one-hot read-back of test_kernel_dequantizes_every_code_and_scale_exactly at the batched round's row
     tiles (BLOCK_M 32 / 64: another MMA layout on the GPU, wgmma from 64 rows): 64 pairs per expert, so every row
     of a 64-row tile is used; bit for bit equal to NVFP4Experts.dequantize() (GPU: decode 4, the tiles as given;
@@ -345,10 +345,21 @@ def test_w4_refuses_bad_tiles_and_norm_fold(dev):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiles", [None, W4.W4_TILES_DEFAULT,
-                                   {k: dict(v, BLOCK_K=128) for k, v in W4.W4_TILES_DEFAULT.items()},
-                                   *BATCHED_W4_TILES.values()])
+                                   {k: dict(v, BLOCK_K=128) for k, v in W4.W4_TILES_DEFAULT.items()}])
 def test_fused_moe_w4_bf16_full_shape(tiles):
-    T, H, N, E, k = 32, 2048, 512, 256, 8
+    _full_shape(tiles, 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", list(BATCHED_W4_TILES))
+def test_fused_moe_w4_bf16_full_shape_batched_row_tiles(tiles):
+    """The full-size MoE layer at the batched round's 4-bit row tiles, 256 tokens (≈ 8 rows per routed expert, the
+    shared expert over four 64-row tiles)."""
+    _full_shape(BATCHED_W4_TILES[tiles], 256)
+
+
+def _full_shape(tiles, T):
+    H, N, E, k = 2048, 512, 256, 8
     g = torch.Generator(device="cuda").manual_seed(0)
     w13 = W4.random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, "cuda", g, std=H ** -0.5)
     w2 = W4.random_nvfp4_experts(E, H, N, 1, torch.bfloat16, "cuda", g, std=N ** -0.5)
