@@ -150,7 +150,8 @@ W4_TILE_SETS = {"small": (16, 32, [0, 1], [1]), "m32": (32, 64, [0, 1, 2], [0, 1
 def test_packed_4bit_experts_bit_identical_to_alone(dev, mma_model, tiles):
     """nvfp4-w4a16 (routed experts packed, dequantized inside the MoE kernels; one dense + one MoE layer): slots of
     S = 2 / 3 (prefix lengths 9 / 30 / 0) equal them alone (S = 1), at the single-request 4-bit tiles and at the
-    batched round's row tiles (BLOCK_M 32 with S = 3, 64 with S = 2). (The 4-bit values against dequantize-at-load: tests/kernels/test_moe_w4.py.)"""
+    batched round's row tiles (BLOCK_M 32 with S = 3, 64 with S = 2). (The 4-bit values against
+    dequantize-at-load: tests/kernels/test_moe_w4.py.)"""
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
     from repro.engine.bench_w4 import w4_weights
@@ -232,7 +233,8 @@ def test_moe_tile_table(dev):
 
 def test_batched_tile_file(monkeypatch):
     """``batched_tiles``: on an H200 the batched tile file fills every kernel the caller leaves open (the caller's
-    own tiles win; packed 4-bit experts take its 4-bit entries, or keep their kernels' tiles); on a device without an entry nothing changes."""
+    own tiles win; packed 4-bit experts take its 4-bit entries, or keep their kernels' tiles); on a device without
+    an entry nothing changes."""
     import repro.engine.kernels.configs as C
     from repro.engine.bench_w4 import w4_weights
 

@@ -120,7 +120,8 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
     (written from the sweep of docs/perf.md "Batched graph round: where the time goes and tiles"), if the file has
     one for this device. Packed NVFP4 experts take the file's 4-bit entries instead of the BF16 ones
     (:data:`BATCHED_W4_KERNELS`; the other 4-bit kernel, if the file has one only, keeps
-    ``moe_w4.W4_TILES_DEFAULT``). Returns a new dict in :func:`~repro.engine.kernels.fastpath.kernel_configs`' ``configs`` form; with
+    ``moe_w4.W4_TILES_DEFAULT``). Returns a new dict in
+    :func:`~repro.engine.kernels.fastpath.kernel_configs`' ``configs`` form; with
     no file or no entry, ``configs`` unchanged (e.g. on the CPU)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (configs or {}).items()}
     packed = any(not isinstance(L["w13"], torch.Tensor) for L in W["layers"])
