@@ -65,6 +65,25 @@ def _variants():
             ("w4 dec3 down s4", "down", dict(D["down"], num_stages=4), True, 3)]
 
 
+def _batched_variants():
+    """The batched round's 4-bit candidates (docs/perf.md, "Session 5: the 4-bit experts in the batched round"):
+    decode 4 at BLOCK_M 32 / 64 (``--set batched``), beside today's BLOCK_M 16 defaults."""
+    from repro.engine.kernels.moe_w4 import W4_TILES_DEFAULT as D
+
+    gu, dn = D["gate_up"], D["down"]
+    out = [("w4 gate+up m16 (default)", "gate_up", gu, True, 4), ("w4 down m16 (default)", "down", dn, True, 4)]
+    for name, kern, base, extra in (
+            ("gate+up m32", "gate_up", gu, dict(BLOCK_M=32)), ("gate+up m64", "gate_up", gu, dict(BLOCK_M=64)),
+            ("gate+up m64 w8", "gate_up", gu, dict(BLOCK_M=64, num_warps=8)),
+            ("gate+up m64 k128", "gate_up", gu, dict(BLOCK_M=64, BLOCK_K=128)),
+            ("gate+up m64 s4", "gate_up", gu, dict(BLOCK_M=64, num_stages=4)),
+            ("down m32", "down", dn, dict(BLOCK_M=32)), ("down m64", "down", dn, dict(BLOCK_M=64)),
+            ("down m64 w8", "down", dn, dict(BLOCK_M=64, num_warps=8)),
+            ("down m64 n64", "down", dn, dict(BLOCK_M=64, BLOCK_N=64))):
+        out.append(("w4 " + name, kern, dict(base, **extra), True, 4))
+    return out
+
+
 def _compile(kernel, tiles, w4, decode, H=2048, N=512, E=256):
     import triton
     from triton.backends.compiler import GPUTarget
@@ -167,7 +186,8 @@ def count(name, kernel, tiles, w4, decode, dump=None):
     row = {"variant": name, "loop_instr": len(body), "weights_per_iter": weights,
            "instr_per_weight": per_w(len(body)), **{f"{k_}_per_weight": per_w(v) for k_, v in kinds.items()},
            "ldg_kinds": dict(ldg), "registers": usage.get("REG", -1),
-           "local_bytes": usage.get("LOCAL", 0) + usage.get("STACK", 0),
+           "local_bytes": usage.get("LOCAL", 0) + usage.get("STACK", 0), "shared_bytes": k.metadata.shared,
+           "hgmma": sum(v for o, v in ops.items() if o.startswith("HGMMA")),
            "pred_ps_per_weight": max(t_int, t_fp, t_issue) * 1e12, "top_ops": dict(ops.most_common(12))}
     return row
 
@@ -177,6 +197,8 @@ def main(argv=None):
     ap.add_argument("--torch-site", help="a site-packages directory to append to sys.path (for torch)")
     ap.add_argument("--dump", help="write each variant's SASS and PTX here")
     ap.add_argument("--only", help="variants whose name contains this")
+    ap.add_argument("--set", choices=["single", "batched"], default="single",
+                    help="variant list: the single-request tiles (default) or the batched round's BLOCK_M 32/64")
     a = ap.parse_args(argv)
     if a.torch_site:
         sys.path.append(a.torch_site)
@@ -187,24 +209,24 @@ def main(argv=None):
 
     print(f"triton {triton.__version__}, target sm_90a; floor 0.117 ps/weight at 4.8 TB/s (0.5625 B/weight)")
     rows = []
-    for v in _variants():
+    for v in (_batched_variants() if a.set == "batched" else _variants()):
         if a.only and a.only not in v[0]:
             continue
         try:
             rows.append(count(*v, dump=a.dump))
         except Exception as e:  # noqa: BLE001 - report the variant and go on
             print(f"{v[0]}: compile failed: {type(e).__name__}: {str(e)[:2000]}")
-    hdr = (f"{'variant':<18}{'loop':>6}{'instr/w':>9}{'int/w':>7}{'fp/w':>7}{'cvt/w':>7}{'mma/w':>7}{'smem/w':>8}"
-           f"{'ldg/w':>7}{'local':>6}{'regs':>5}{'ps/w':>7}")
+    hdr = (f"{'variant':<26}{'loop':>6}{'instr/w':>9}{'int/w':>7}{'fp/w':>7}{'cvt/w':>7}{'mma/w':>7}{'smem/w':>8}"
+           f"{'ldg/w':>7}{'local':>6}{'regs':>5}{'smemKB':>7}{'ps/w':>7}")
     print(hdr)
     for r in rows:
         if not r["loop_instr"]:
-            print(f"{r['variant']:<18}  no K loop in the SASS (fully unrolled): not counted")
+            print(f"{r['variant']:<26}  no K loop in the SASS (fully unrolled): not counted")
             continue
-        print(f"{r['variant']:<18}{r['loop_instr']:>6}{r['instr_per_weight']:>9.2f}{r['int_per_weight']:>7.2f}"
+        print(f"{r['variant']:<26}{r['loop_instr']:>6}{r['instr_per_weight']:>9.2f}{r['int_per_weight']:>7.2f}"
               f"{r['fp_per_weight']:>7.2f}{r['cvt_per_weight']:>7.2f}{r['mma_per_weight']:>7.2f}"
               f"{r['smem_per_weight']:>8.2f}{r['ldg_per_weight']:>7.2f}{r['local_per_weight']:>6.2f}"
-              f"{r['registers']:>5}{r['pred_ps_per_weight']:>7.3f}")
+              f"{r['registers']:>5}{r['shared_bytes'] / 1024:>7.1f}{r['pred_ps_per_weight']:>7.3f}")
     for r in rows:
         print(f"  {r['variant']}: {r['top_ops']} LDG {r['ldg_kinds']}")
     print(json.dumps(rows))

@@ -19,7 +19,8 @@ the two. Row invariance is spot-checked: slot 0's logits at every S equal those 
 torch.profiler, kernels classified by name and launch order; the graph replays the same kernels). ``--sweep FILE``:
 a JSON object ``{name: configs}`` of candidate tile sets (``configs`` as :class:`BatchedBlockForward` takes them,
 e.g. ``{"moe": {"gate_up": {...}, "down": {...}}, "dense": {...}, "linear": {"qkv": ..., "o": ..., "lm_head":
-...}}``; ``{}`` = the defaults): every set is timed at every S over the same weights, with its breakdown and its
+...}}``; ``{}`` = the defaults; with ``--precision nvfp4-w4a16`` the ``moe`` tiles are the 4-bit kernels'): every
+set is timed at every S over the same weights (of ``--precision``), with its breakdown and its
 own slot-0 check (slot 0 at every S bit-identical to the set's first S), and a table compares the sets.
 
 Prints one line per measurement on stderr, a table, and as the last stdout line one JSON document (also written to
@@ -218,19 +219,21 @@ def _speedups(doc):
             r["speedup_vs_S1"] = rounds[1]["ms"] * r["slots"] / r["ms"]
 
 
-def sweep(sets: dict, slots, prefix=1024, iters=30, layers=None, seed=0, log=print, json_path=None) -> dict:
-    """Every tile set of ``sets`` ({name: configs}) timed at every S over one set of weights, with its breakdown
-    (module doc); returns ``{"sets": {name: bench_slots doc}, "table": markdown}``."""
+def sweep(sets: dict, slots, prefix=1024, iters=30, layers=None, seed=0, log=print, json_path=None,
+          precision="bf16") -> dict:
+    """Every tile set of ``sets`` ({name: configs}) timed at every S over one set of weights (``precision``:
+    "bf16", or "nvfp4-w4a16" with packed routed experts, whose tiles a set gives under ``moe``), with its
+    breakdown (module doc); returns ``{"sets": {name: bench_slots doc}, "table": markdown}``."""
     from .bench import copy_bandwidth, env_info
 
-    model = _model(layers, "bf16", seed)
+    model = _model(layers, precision, seed)
     bw = copy_bandwidth()
-    out = {"bench": "repro.engine.bench_graph_round --sweep", **env_info(), "prefix": prefix, "copy_GBps": bw,
-           "sets": {}}
+    out = {"bench": "repro.engine.bench_graph_round --sweep", **env_info(), "prefix": prefix, "precision": precision,
+           "copy_GBps": bw, "sets": {}}
     for name, cfg in sets.items():
         log(f"--- tile set {name}: {json.dumps(cfg)}")
         try:
-            d = bench_slots(slots, prefix, iters, layers, "bf16", seed, log, configs=cfg or None, model=model,
+            d = bench_slots(slots, prefix, iters, layers, precision, seed, log, configs=cfg or None, model=model,
                             breakdown=True, single=False, copy_bw=bw)
             _speedups(d)
             out["sets"][name] = d
@@ -299,7 +302,8 @@ def main(argv=None) -> int:
             ap.error(f"--sweep {args.sweep}: {exc} (want a JSON object {{name: configs}})")
         if not isinstance(sets, dict):
             ap.error(f"--sweep {args.sweep}: want a JSON object {{name: configs}}, got {type(sets).__name__}")
-        doc = sweep(sets, slots, args.prefix, args.iters, args.layers, args.seed, log, json_path=args.json)
+        doc = sweep(sets, slots, args.prefix, args.iters, args.layers, args.seed, log, json_path=args.json,
+                    precision=args.precision)
         print(doc["table"], file=sys.stderr)
     else:
         doc = bench_slots(slots, args.prefix, args.iters, args.layers, args.precision, args.seed, log,

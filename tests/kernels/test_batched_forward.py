@@ -139,33 +139,48 @@ def test_slots_bit_identical_to_alone(dev, mma_model, tiles):
             assert torch.equal(fw.pred[s], ref.argmax(-1))
 
 
-def test_packed_4bit_experts_bit_identical_to_alone(dev, mma_model):
-    """nvfp4-w4a16 (routed experts packed, dequantized inside the MoE kernels; one dense + one MoE layer): slot 1
-    of S = 2 equals it alone. (The 4-bit values against dequantize-at-load: tests/kernels/test_moe_w4.py.)"""
+#: 4-bit MoE tiles of the packed test: the small ones (BLOCK_M 16, BLOCK_K 32), and the batched round's row tiles
+#: (BLOCK_M 32 / 64, BLOCK_K 64: the tl.join interleave; tests/kernels/test_moe_w4.py BATCHED_W4_TILES),
+#: at the tiny shapes' BLOCK_N; value: (BLOCK_M, BLOCK_K, the slots run together, those checked against alone)
+W4_TILE_SETS = {"small": (16, 32, [0, 1], [1]), "m32": (32, 64, [0, 1, 2], [0, 1, 2]),
+                "m64": (64, 64, [2, 1], [2, 1])}
+
+
+@pytest.mark.parametrize("tiles", list(W4_TILE_SETS))
+def test_packed_4bit_experts_bit_identical_to_alone(dev, mma_model, tiles):
+    """nvfp4-w4a16 (routed experts packed, dequantized inside the MoE kernels; one dense + one MoE layer): slots of
+    S = 2 / 3 (prefix lengths 9 / 30 / 0) equal them alone (S = 1), at the single-request 4-bit tiles and at the
+    batched round's row tiles (BLOCK_M 32 with S = 3, 64 with S = 2). (The 4-bit values against
+    dequantize-at-load: tests/kernels/test_moe_w4.py.)"""
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
     from repro.engine.bench_w4 import w4_weights
 
     shape = F.preset_shape(**{**TINY_CONFIG, "num_hidden_layers": 2})
     W4 = w4_weights(F.random_weights(shape, dev, torch.float32, seed=4, std=0.1), shape, seed=4)
-    cfg = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], **{k: dict(SMALL_TILES["moe"][k], BLOCK_K=32)
+    bm, bk, together, checked = W4_TILE_SETS[tiles]
+    cfg = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], **{k: dict(SMALL_TILES["moe"][k], BLOCK_M=bm, BLOCK_K=bk)
                                                            for k in ("gate_up", "down")}}}
     g = torch.Generator().manual_seed(0)
-    kv = torch.randn(shape.layers, 2, 2, shape.nkv, MAX_LEN, shape.head_dim, generator=g)
-    ids = torch.randint(0, shape.vocab, (2, T), generator=g)
-    outs = []
-    for S in (2, 1):
-        fw = BatchedBlockForward(W4, shape, MAX_LEN, slots=S, T=T, device=dev, configs=cfg)
-        fw.kv.copy_(kv[:, :, 2 - S:])
-        fw.ids.copy_(ids[2 - S:])
-        fw.cache_len.copy_(torch.tensor([9, 30], dtype=torch.int32)[2 - S:])
+    kv = torch.randn(shape.layers, 2, 3, shape.nkv, MAX_LEN, shape.head_dim, generator=g)
+    ids = torch.randint(0, shape.vocab, (3, T), generator=g)
+    prefix = torch.tensor([9, 30, 0], dtype=torch.int32)
+
+    def run(slots):
+        fw = BatchedBlockForward(W4, shape, MAX_LEN, slots=len(slots), T=T, device=dev, configs=cfg)
+        fw.kv.copy_(kv[:, :, slots])
+        fw.ids.copy_(ids[slots])
+        fw.cache_len.copy_(prefix[slots])
         fw.forward()
-        outs.append(fw)
-    both, alone = outs
-    assert not torch.isnan(both.logits).any()
-    for n in OUTS:
-        assert torch.equal(getattr(alone, n)[0], getattr(both, n)[1]), n
-    assert torch.equal(alone.kv[:, :, 0], both.kv[:, :, 1])
+        assert not torch.isnan(fw.logits).any()
+        return fw
+
+    batch = run(together)
+    for s in checked:
+        alone, i = run([s]), together.index(s)
+        for n in OUTS:
+            assert torch.equal(getattr(alone, n)[0], getattr(batch, n)[i]), (s, n)
+        assert torch.equal(alone.kv[:, :, 0], batch.kv[:, :, i]), s
 
 
 def test_without_shared_expert_matches_reference(dev):
@@ -218,7 +233,8 @@ def test_moe_tile_table(dev):
 
 def test_batched_tile_file(monkeypatch):
     """``batched_tiles``: on an H200 the batched tile file fills every kernel the caller leaves open (the caller's
-    own tiles win; packed 4-bit experts keep their kernels' tiles); on a device without an entry nothing changes."""
+    own tiles win; packed 4-bit experts take its 4-bit entries, or keep their kernels' tiles); on a device without
+    an entry nothing changes."""
     import repro.engine.kernels.configs as C
     from repro.engine.bench_w4 import w4_weights
 
@@ -238,7 +254,19 @@ def test_batched_tile_file(monkeypatch):
     assert got["dense"] == SMALL_TILES["dense"]
     tiny2 = F.preset_shape(**{**TINY_CONFIG, "num_hidden_layers": 2})
     W4 = w4_weights(F.random_weights(tiny2, "cpu", torch.float32, seed=4, std=0.1), tiny2, seed=4)
-    assert "moe" not in batched_tiles(W4, shape, 32, None)  # packed experts: no BF16 expert tiles
+    # packed experts: the file's 4-bit entries, never the BF16 expert tiles
+    w4_file = {k: H200_TILES[f"moe_w4_{k}"] for k in ("gate_up", "down") if f"moe_w4_{k}" in H200_TILES}
+    assert batched_tiles(W4, shape, 32, None).get("moe") == (w4_file or None)
+    # a file with one 4-bit entry: the other 4-bit kernel keeps its single-request tiles; a caller's own win
+    import repro.engine.kernels.fastpath_batch as FB
+    from repro.engine.kernels.moe_w4 import W4_TILES_DEFAULT
+
+    mine64 = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+    fake = {"moe_w4_gate_up": mine64, "moe_gate_up": mine, "moe_down": mine}
+    monkeypatch.setattr(FB, "load_config", lambda fam, name, default, device=None, **kw: dict(fake.get(name, {})))
+    assert batched_tiles(W4, shape, 32, None)["moe"] == {"gate_up": mine64, "down": W4_TILES_DEFAULT["down"]}
+    assert batched_tiles(W, shape, 32, None)["moe"] == {"gate_up": mine, "down": mine}
+    assert batched_tiles(W4, shape, 32, {"moe": {"gate_up": mine}})["moe"] == {"gate_up": mine}
 
 
 def test_breakdown_families():
@@ -261,6 +289,31 @@ def test_breakdown_families():
     assert fams[1] == fams[7] == fams[10] == fams[21] == "norms"
     no_head = classify_kernels(names[:22], first_dense=1, head=False)  # forward(head=False): last GEMM is O
     assert no_head[15] == "o" and "lm_head" not in no_head
+
+
+def test_sweep_uses_the_precision(monkeypatch):
+    """``bench_graph_round --sweep FILE --precision nvfp4-w4a16``: the model is built once in that precision and
+    every tile set is timed on it (the 4-bit sweep of docs/perf.md, session 5); a failing set is reported, not fatal."""
+    import repro.engine.bench as B
+    import repro.engine.bench_graph_round as G
+
+    built, timed = [], []
+    monkeypatch.setattr(G, "_model", lambda layers, precision, seed: built.append(precision) or ("model",))
+    monkeypatch.setattr(B, "copy_bandwidth", lambda: 4000.0)
+    monkeypatch.setattr(B, "env_info", lambda: {})
+
+    def fake_bench(slots, prefix, iters, layers, precision, seed, log, configs=None, model=None, **kw):
+        if configs and configs.get("bad"):
+            raise RuntimeError("out of resources")
+        timed.append((precision, configs, model))
+        return {"rounds": [{"slots": S, "ms": 1.0 + S, "invariant": True} for S in slots]}
+
+    monkeypatch.setattr(G, "bench_slots", fake_bench)
+    moe = {"moe": {"gate_up": dict(BLOCK_M=64), "down": dict(BLOCK_M=64)}}
+    out = G.sweep({"m64": moe, "base": {}, "broken": {"bad": 1}}, [1, 8], precision="nvfp4-w4a16", log=lambda m: None)
+    assert built == ["nvfp4-w4a16"] and out["precision"] == "nvfp4-w4a16"
+    assert timed == [("nvfp4-w4a16", moe, ("model",)), ("nvfp4-w4a16", None, ("model",))]
+    assert "out of resources" in out["sets"]["broken"]["error"] and "| m64 | 2.000 | 9.000 | True |" in out["table"]
 
 
 def test_bad_arguments(dev):

@@ -264,6 +264,67 @@ def test_fused_moe_w4_k128_tiles_match_dequantized_reference(dev, block_k):
     assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 3e-3)
 
 
+#: the batched round's candidate 4-bit row tiles (docs/bench/graph_round_w4_sweep_sets.json): BLOCK_M 32 / 64
+BATCHED_W4_TILES = {
+    "m32": {"gate_up": dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
+            "down": dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)},
+    "m64": {"gate_up": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
+            "down": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)},
+    "m32_w8": {"gate_up": dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
+               "down": dict(BLOCK_M=32, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)},
+    "m64_gu_k128": {"gate_up": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
+                    "down": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)},
+}
+
+
+@pytest.mark.parametrize("tiles", list(BATCHED_W4_TILES))
+def test_down_reads_every_code_exactly_batched_row_tiles(dev, tiles):
+    """The one-hot read-back of test_kernel_dequantizes_every_code_and_scale_exactly at the batched round's row
+    tiles (BLOCK_M 32 / 64: another MMA layout on the GPU, wgmma from 64 rows): 64 pairs per expert, so every row
+    of a 64-row tile is used; bit for bit equal to NVFP4Experts.dequantize() (GPU: decode 4, the tiles as given;
+    interpreter: decode 2 with the same BLOCK_M / BLOCK_K)."""
+    cfg_t = dict(BATCHED_W4_TILES[tiles]["down"])
+    dt = torch.float32 if dev == "cpu" else torch.bfloat16
+    H, N, E = max(cfg_t["BLOCK_N"], 64) if dev == "cuda" else 64, 128, 2
+    if dev == "cpu":
+        cfg_t.update(BLOCK_N=64, num_warps=1)
+    w2 = Q.NVFP4Experts(E, H, N, 1, dt, dev, layout="lut")
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    w2.q.copy_(codes.repeat(-(-E * H * N // 2 // 256))[: E * H * N // 2].view(E, H, N // 2))
+    sbytes = torch.tensor([b for b in range(128) if b & 0x7F != 0x7F], dtype=torch.uint8)  # no NaN
+    w2.s.copy_(sbytes.repeat(-(-E * H * N // 16 // len(sbytes)))[: E * H * N // 16].view(E, H, N // 16))
+    w2.g.copy_(torch.tensor([[0.75], [1.0 / 3.0]]))
+    ws = M.MoEWorkspace(N, H, N, E, E, 1, dt, dev, split_k=1)
+    ids = torch.arange(N, device=dev)[:, None] % E  # token t -> expert t % E: 64 pairs per expert
+    M.moe_align(ids, torch.ones(N, 1, device=dev), ws)
+    ws.inter.copy_(torch.eye(N, dtype=dt, device=dev))  # pair p = token p: row p selects input column p
+    ws.pair_out.fill_(float("nan"))
+    M.moe_down(w2, ws, {**CFG, "down": cfg_t})
+    want = w2.dequantize()
+    for t in range(N):
+        assert torch.equal(ws.pair_out[t].to(dt), want[t % E][:, t]), t
+
+
+@pytest.mark.parametrize("tiles", ["m32", "m64"])
+def test_fused_moe_w4_batched_row_tiles_match_dequantized_reference(dev, tiles):
+    """The fused 4-bit MoE at the batched round's row tiles (BLOCK_M 32 / 64, BLOCK_K 64) with 40 tokens (the
+    shared expert's 40 rows span two 32-row tiles) against the dequantize-at-load reference, as the single-request
+    BLOCK_M 16 with the same other tiles (slot invariance at these tiles: tests/kernels/test_batched_forward.py)."""
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    T, H, N, E, k, ng, tg = 40, 128, 128, 8, 2, 4, 2
+    x, gate, bias, w13, w2 = _experts(T, H, N, E, True, dtype, dev, 8)
+    bt = BATCHED_W4_TILES[tiles]
+    cfg = {**CFG, "gate_up": dict(bt["gate_up"]), "down": dict(bt["down"], BLOCK_N=min(bt["down"]["BLOCK_N"], H))}
+    for c in (cfg, {**CFG, **{n: dict(v, BLOCK_M=16) for n, v in cfg.items() if n in ("gate_up", "down")}}):
+        ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, dtype, dev, split_k=2)
+        ws.out.fill_(float("nan"))
+        ws.pair_out.fill_(float("nan"))
+        out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=c)
+        assert not torch.isnan(out).any()
+        ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
+        assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 3e-3)
+
+
 def test_w4_refuses_bad_tiles_and_norm_fold(dev):
     x, gate, bias, w13, w2 = _experts(4, 64, 32, 16, True, torch.float32, dev, 3)
     ws = M.MoEWorkspace.create(4, 64, 32, 16, 17, 4, torch.float32, dev, split_k=2)
@@ -286,7 +347,19 @@ def test_w4_refuses_bad_tiles_and_norm_fold(dev):
 @pytest.mark.parametrize("tiles", [None, W4.W4_TILES_DEFAULT,
                                    {k: dict(v, BLOCK_K=128) for k, v in W4.W4_TILES_DEFAULT.items()}])
 def test_fused_moe_w4_bf16_full_shape(tiles):
-    T, H, N, E, k = 32, 2048, 512, 256, 8
+    _full_shape(tiles, 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", list(BATCHED_W4_TILES))
+def test_fused_moe_w4_bf16_full_shape_batched_row_tiles(tiles):
+    """The full-size MoE layer at the batched round's 4-bit row tiles, 256 tokens (≈ 8 rows per routed expert, the
+    shared expert over four 64-row tiles)."""
+    _full_shape(BATCHED_W4_TILES[tiles], 256)
+
+
+def _full_shape(tiles, T):
+    H, N, E, k = 2048, 512, 256, 8
     g = torch.Generator(device="cuda").manual_seed(0)
     w13 = W4.random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, "cuda", g, std=H ** -0.5)
     w2 = W4.random_nvfp4_experts(E, H, N, 1, torch.bfloat16, "cuda", g, std=N ** -0.5)

@@ -109,20 +109,27 @@ def rows_linear_reference(x, w, out=None):
 BATCHED_KERNELS = {("moe", "gate_up"): "moe_gate_up", ("moe", "down"): "moe_down",
                    ("dense", "gate_up"): "dense_gate_up", ("dense", "down"): "dense_down",
                    ("linear", "qkv"): "qkv", ("linear", "o"): "o", ("linear", "lm_head"): "lm_head"}
+#: the MoE entries for packed NVFP4 experts (the same kernels with the 4-bit K loop; docs/perf.md "Session 5: the
+#: 4-bit experts in the batched round"); a kernel without one keeps ``moe_w4.W4_TILES_DEFAULT``
+BATCHED_W4_KERNELS = {"gate_up": "moe_w4_gate_up", "down": "moe_w4_down"}
 
 
 def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, device=None) -> dict:
     """``configs`` completed with this device's batched tiles: for each kernel of :data:`BATCHED_KERNELS` that
     ``configs`` does not set (``configs[family][kernel]``), the entry of ``configs/batched_E=…_N=…_H=…_T=….json``
     (written from the sweep of docs/perf.md "Batched graph round: where the time goes and tiles"), if the file has
-    one for this device. The MoE entries apply to BF16 experts only (packed NVFP4 experts keep their 4-bit kernels'
-    tiles). Returns a new dict in :func:`~repro.engine.kernels.fastpath.kernel_configs`' ``configs`` form; with
+    one for this device. Packed NVFP4 experts take the file's 4-bit entries instead of the BF16 ones
+    (:data:`BATCHED_W4_KERNELS`; the other 4-bit kernel, if the file has one only, keeps
+    ``moe_w4.W4_TILES_DEFAULT``). Returns a new dict in
+    :func:`~repro.engine.kernels.fastpath.kernel_configs`' ``configs`` form; with
     no file or no entry, ``configs`` unchanged (e.g. on the CPU)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (configs or {}).items()}
     packed = any(not isinstance(L["w13"], torch.Tensor) for L in W["layers"])
     key = dict(E=shape.experts + 1, N=shape.moe_inter, H=shape.hidden, T=T)
     for (fam, kern), name in BATCHED_KERNELS.items():
-        if (fam == "moe" and packed) or kern in (out.get(fam) or {}):
+        if fam == "moe" and packed:
+            name = BATCHED_W4_KERNELS[kern]
+        if kern in (out.get(fam) or {}):
             continue
         if fam == "dense" and (configs or {}).get("dense"):
             continue  # a caller's dense dict is taken whole (kernel_configs does not merge it with others)
@@ -131,6 +138,10 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
             if out.get(fam) is None:
                 out[fam] = {}
             out[fam][kern] = cfg
+    if packed and out.get("moe") and not (configs or {}).get("moe"):
+        from .moe_w4 import W4_TILES_DEFAULT  # a half-filled 4-bit pair: the other kernel keeps its own tiles
+
+        out["moe"] = {**W4_TILES_DEFAULT, **out["moe"]}
     if "dense" in out and set(out["dense"]) != {"gate_up", "down"}:
         out.pop("dense")  # kernel_configs wants both dense kernels or none
     return out

@@ -48,7 +48,9 @@ __all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "pick_d
 #: MoE tiles of the full-size 4-bit round (:class:`~repro.engine.kernels.fastpath.BlockForward` uses them when
 #: the experts are packed and no tiles are given; the decode is :func:`pick_decode`'s default for the layout):
 #: BLOCK_K 64 (93 / 96 registers, 5 programs per SM; session 4's BLOCK_K 128: 149 registers, 3 per SM), the
-#: fastest measured on the H200: docs/perf.md, session 5.
+#: fastest measured on the H200: docs/perf.md, session 5. The batched round (``fastpath_batch.batched_tiles``) uses
+#: them too, for every slot count: BLOCK_M 32 / 64 were faster only at 32 slots (docs/perf.md, "Session 5: the
+#: 4-bit experts in the batched round").
 W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
                     "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)}
 
