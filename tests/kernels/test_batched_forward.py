@@ -139,6 +139,38 @@ def test_slots_bit_identical_to_alone(dev, mma_model, tiles):
             assert torch.equal(fw.pred[s], ref.argmax(-1))
 
 
+def test_whole_attention_bit_identical_to_split_alone(dev, mma_model):
+    """The attention's two launches in the whole forward: S = 3 with ``WHOLE_MIN_SLOTS`` 2 (the "whole" launch,
+    one program per (slot, KV head, row block)) vs each slot alone (S = 1: the "split" launch + fold), with chunks of
+    16 keys (MIN_KEYS 16) so that prefixes 21 / 0 / 40 fold 2 / 1 / 3 chunks: outputs and K/V bit-identical; and
+    within rounding of ``IMPL: single`` (the kernels of :mod:`.attention`, another reduction order)."""
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
+    W = F.random_weights(TINY, dev, torch.float32, seed=8, std=0.1)
+    cfg = {**SMALL_TILES, "attn": dict(SMALL_TILES["attn"], MIN_KEYS=16, WHOLE_MIN_SLOTS=2, QKN_ROWS=4)}
+    fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev, configs=cfg)
+    g = torch.Generator().manual_seed(4)
+    fw.kv.normal_(generator=g)
+    fw.ids.copy_(torch.randint(0, TINY.vocab, (3, T), generator=g))
+    fw.cache_len.copy_(torch.tensor([21, 0, 40], dtype=torch.int32))
+    kv0 = fw.kv.clone()
+    fw.forward()
+    alone = _alone(W, fw, 2, kv0, cfg)  # slot 2: 3 chunks
+    for name in OUTS:
+        assert torch.equal(getattr(alone, name)[0], getattr(fw, name)[2]), name
+    assert torch.equal(alone.kv[:, :, 0], fw.kv[:, :, 2])
+    old = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev,
+                              configs={**cfg, "attn": dict(cfg["attn"], IMPL="single")})
+    old.kv.copy_(kv0)
+    old.ids.copy_(fw.ids)
+    old.cache_len.copy_(fw.cache_len)
+    old.forward()
+    assert rel_err(old.logits, fw.logits) < 1e-5
+    with pytest.raises(ValueError, match="IMPL"):
+        BatchedBlockForward(W, TINY, MAX_LEN, slots=1, T=T, device=dev,
+                            configs={**cfg, "attn": dict(cfg["attn"], IMPL="fused")})
+
+
 def test_packed_4bit_experts_bit_identical_to_alone(dev, mma_model):
     """nvfp4-w4a16 (routed experts packed, dequantized inside the MoE kernels; one dense + one MoE layer): slot 1
     of S = 2 equals it alone. (The 4-bit values against dequantize-at-load: tests/kernels/test_moe_w4.py.)"""
@@ -261,6 +293,14 @@ def test_breakdown_families():
     assert fams[1] == fams[7] == fams[10] == fams[21] == "norms"
     no_head = classify_kernels(names[:22], first_dense=1, head=False)  # forward(head=False): last GEMM is O
     assert no_head[15] == "o" and "lm_head" not in no_head
+
+
+def test_breakdown_families_slot_attention():
+    """The kernels of :mod:`.attention_slots` count as the attention family."""
+    from repro.engine.bench_graph_round import classify_kernels
+
+    names = ["_slot_qk_norm_rope_kernel", "_slot_chunk_kernel", "_slot_fold_kernel", "_slot_whole_kernel"]
+    assert classify_kernels(names, first_dense=0, head=False) == ["attention"] * 4
 
 
 def test_bad_arguments(dev):
