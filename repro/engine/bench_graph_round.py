@@ -145,10 +145,14 @@ def kernel_breakdown(fw, head=True) -> dict:
 
 
 def _breakdown_table(rows) -> str:
-    """Markdown table: one column per (label, breakdown dict), one row per family (ms)."""
+    """Markdown table: one column per (label, breakdown dict), one row per family (ms), then one per attention / norm
+    kernel (``by_kernel``)."""
     lines = ["| family | " + " | ".join(lbl for lbl, _ in rows) + " |", "|---|" + "---|" * len(rows)]
     for f in FAMILIES + ("total",):
         lines.append(f"| {f} | " + " | ".join(f"{b.get(f, float('nan')):.3f}" for _, b in rows) + " |")
+    names = dict.fromkeys(n for _, b in rows for n in b.get("by_kernel", {}))
+    for n in names:  # the attention and norm kernels one by one
+        lines.append(f"| · {n} | " + " | ".join(f"{b.get('by_kernel', {}).get(n, 0.0):.3f}" for _, b in rows) + " |")
     return "\n".join(lines)
 
 
