@@ -11,8 +11,10 @@ variant is one CUDA graph of ``--layers`` calls, replayed ``--iters`` times (med
 * ``qknorm_single``: :func:`.kernels.attention.qk_norm_rope_kv` (one program per (row, head));
   ``qknorm_rowsN``: :func:`.kernels.attention_slots.slot_qk_norm_rope_kv` with N rows per program;
 * ``attn_single``: :func:`.kernels.attention.block_attention` (split + combine; the batched path before session 5);
-  ``attn_split`` / ``attn_whole``: :func:`.kernels.attention_slots.slot_attention`'s two launches;
-* ``norm_wN``: :func:`.kernels.norm.add_rmsnorm` with the MoE top-k sum (fp32 pair outputs) at S·T rows, N warps.
+  ``attn_split`` / ``attn_whole``: :func:`.kernels.attention_slots.slot_attention`'s two launches (``_m128w8``:
+  BLOCK_M 128 with 8 warps; ``_mk256``: MIN_KEYS 256, i.e. fewer, longer chunks);
+* ``norm_wN[_rR]``: :func:`.kernels.norm.add_rmsnorm` with the MoE top-k sum (fp32 pair outputs) at S·T rows, N warps
+  (R rows per program).
 
 Checks (``checks``): ``attn_split`` and ``attn_whole`` give the same bits at every S, and slot 0's output at every S
 equals that at the first S (each mode). The KV caches, inputs and tiles (the device's tuned "attn" config) are the
@@ -94,13 +96,21 @@ def bench(slots, prefix=1024, layers=20, iters=50, log=print) -> dict:
             "attn_split": (lambda i: AS.slot_attention(q, kv[i][0], kv[i][1], cl, o, ws, mode="split"), att_b),
             "attn_whole": (lambda i: AS.slot_attention(q, kv[i][0], kv[i][1], cl, o, ws, mode="whole"), att_b),
         }
+        for tag, kw_ in (("m128w8", dict(block_m=128, num_warps=8)), ("mk256", dict(min_keys=256))):
+            wsx = A.AttnWorkspace(T, NQ, NKV, D, "cuda", **{**dict(
+                nsplit=ac["NSPLIT"], block_n=ac["BLOCK_N"], num_warps=ac["num_warps"], num_stages=ac["num_stages"],
+                min_keys=ac["MIN_KEYS"], block_m=ac.get("BLOCK_M"), slots=S), **kw_})
+            for mode in ("split", "whole"):  # other tiles / chunk lengths, for the record (other bits than the default)
+                variants[f"attn_{mode}_{tag}"] = (
+                    lambda i, wsx=wsx, mode=mode: AS.slot_attention(q, kv[i][0], kv[i][1], cl, o, wsx, mode=mode), att_b)
         for rows in (8, 16, 32):
             variants[f"qknorm_rows{rows}"] = (
                 lambda i, rows=rows: AS.slot_qk_norm_rope_kv(qkv, qw, kw, cos, sin, cl, q, kv[i][0], kv[i][1], NQ,
                                                              NKV, rot=ROT, rows=rows), qkn_b)
-        for w in (4, 8, 16):
-            variants[f"norm_w{w}"] = (lambda i, w=w: Nm.add_rmsnorm(h, nw, normed, pairs=pairs, top_k=TOPK,
-                                                                    shared=True, num_warps=w), norm_b)
+        for w, r in ((4, 1), (8, 1), (16, 1), (8, 4), (16, 2)):
+            variants[f"norm_w{w}" + (f"_r{r}" if r > 1 else "")] = (
+                lambda i, w=w, r=r: Nm.add_rmsnorm(h, nw, normed, pairs=pairs, top_k=TOPK, shared=True, num_warps=w,
+                                                   rows=r), norm_b)
         outs = {}
         for mode in ("split", "whole"):  # checks first, on the untouched caches
             AS.slot_attention(q, kv[0][0], kv[0][1], cl, o, ws, mode=mode)
