@@ -214,7 +214,8 @@ class BatchedBlockForward(GraphCapture):
                              f"'single'")
         self.attn_whole_min = int(ac.get("WHOLE_MIN_SLOTS", AS.WHOLE_MIN_SLOTS))
         self.qkn_rows = int(ac.get("QKN_ROWS", AS.QKN_ROWS))
-        self.norm_warps = int((self.configs.get("norm") or {}).get("num_warps", NORM_WARPS))
+        nc = self.configs.get("norm") or {}  # RMSNorm launch: warps, rows per program (one setting for every S)
+        self.norm_kw = dict(num_warps=int(nc.get("num_warps", NORM_WARPS)), rows=int(nc.get("rows", 1)))
         E, N = shape.experts, shape.moe_inter
         # MoE tiles pinned to the T-token block's (a full dict: moe._cfg never looks a config up by S·T rows)
         self.moe_cfg = {k: M._cfg(k, kc["moe"], H, N, E + 1, T) for k in M.DEFAULT_CONFIGS}
@@ -262,15 +263,15 @@ class BatchedBlockForward(GraphCapture):
         for li, L in enumerate(W["layers"]):
             kc, vc = self.kv[li, 0], self.kv[li, 1]  # [S, NKV, max_len, D]
             if prev is None:
-                Nm.add_rmsnorm(self.h, L["attn_norm"], self.a, eps=s.eps, num_warps=self.norm_warps)
+                Nm.add_rmsnorm(self.h, L["attn_norm"], self.a, eps=s.eps, **self.norm_kw)
             else:
                 Nm.add_rmsnorm(self.h, L["attn_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1],
-                               shared=prev[2], eps=s.eps, num_warps=self.norm_warps)
+                               shared=prev[2], eps=s.eps, **self.norm_kw)
             rows_linear(self.a, L["wqkv"], self.qkv, self.lin_cfg["qkv"])
             self._attention(L, kc, vc)
             if "router" not in L:
                 rows_linear(self.o, L["wo"], self.attn32, self.lin_cfg["o"])
-                Nm.add_rmsnorm(self.h, L["mlp_norm"], self.a, delta=self.attn32, eps=s.eps, num_warps=self.norm_warps)
+                Nm.add_rmsnorm(self.h, L["mlp_norm"], self.a, delta=self.attn32, eps=s.eps, **self.norm_kw)
                 M.moe_experts(self.a, L["w13"], L["w2"], self.dws, 1, self.dense_cfg)
                 prev = (self.dws, 1, False)
                 continue
@@ -288,7 +289,7 @@ class BatchedBlockForward(GraphCapture):
             M.moe_experts(self.a, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg)
             prev = (self.ws, s.top_k, E1 == s.experts + 1)
         Nm.add_rmsnorm(self.h, W["final_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1], shared=prev[2],
-                       eps=s.eps, num_warps=self.norm_warps)
+                       eps=s.eps, **self.norm_kw)
         if head:
             logits = self.logits.view(R, -1)
             rows_linear(self.a, W["lm_head"], logits, self.lin_cfg["lm_head"])
