@@ -14,7 +14,7 @@ variant is one CUDA graph of ``--layers`` calls, replayed ``--iters`` times (med
   ``attn_split`` / ``attn_whole``: :func:`.kernels.attention_slots.slot_attention`'s two launches (``_m128w8``:
   BLOCK_M 128 with 8 warps; ``_mk256``: MIN_KEYS 256, i.e. fewer, longer chunks);
 * ``norm_wN[_rR]``: :func:`.kernels.norm.add_rmsnorm` with the MoE top-k sum (fp32 pair outputs) at S·T rows, N warps
-  (R rows per program).
+  (``_rR``: R rows per program, each prefetching the next).
 
 Checks (``checks``): ``attn_split`` and ``attn_whole`` give the same bits at every S, and slot 0's output at every S
 equals that at the first S (each mode). The KV caches, inputs and tiles (the device's tuned "attn" config) are the
@@ -107,8 +107,8 @@ def bench(slots, prefix=1024, layers=20, iters=50, log=print) -> dict:
             variants[f"qknorm_rows{rows}"] = (
                 lambda i, rows=rows: AS.slot_qk_norm_rope_kv(qkv, qw, kw, cos, sin, cl, q, kv[i][0], kv[i][1], NQ,
                                                              NKV, rot=ROT, rows=rows), qkn_b)
-        for w, r in ((4, 1), (8, 1), (16, 1), (8, 4), (16, 2)):
-            variants[f"norm_w{w}" + (f"_r{r}" if r > 1 else "")] = (
+        for w, r in ((4, 0), (8, 0), (16, 0), (8, 2), (8, 4), (8, 8), (16, 4)):
+            variants[f"norm_w{w}" + (f"_r{r}" if r else "")] = (
                 lambda i, w=w, r=r: Nm.add_rmsnorm(h, nw, normed, pairs=pairs, top_k=TOPK, shared=True, num_warps=w,
                                                    rows=r), norm_b)
         outs = {}

@@ -143,11 +143,13 @@ def test_whole_attention_bit_identical_to_split_alone(dev, mma_model):
     """The attention's two launches in the whole forward: S = 3 with ``WHOLE_MIN_SLOTS`` 2 (the "whole" launch,
     one program per (slot, KV head, row block)) vs each slot alone (S = 1: the "split" launch + fold), with chunks of
     16 keys (MIN_KEYS 16) so that prefixes 21 / 0 / 40 fold 2 / 1 / 3 chunks: outputs and K/V bit-identical; and
-    within rounding of ``IMPL: single`` (the kernels of :mod:`.attention`, another reduction order)."""
+    within rounding of ``IMPL: single`` (the kernels of :mod:`.attention`, another reduction order). The RMSNorms
+    run with ``rows`` 4 (programs of 4 rows: another grid at S = 3 than alone, the same bits)."""
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
     W = F.random_weights(TINY, dev, torch.float32, seed=8, std=0.1)
-    cfg = {**SMALL_TILES, "attn": dict(SMALL_TILES["attn"], MIN_KEYS=16, WHOLE_MIN_SLOTS=2, QKN_ROWS=4)}
+    cfg = {**SMALL_TILES, "attn": dict(SMALL_TILES["attn"], MIN_KEYS=16, WHOLE_MIN_SLOTS=2, QKN_ROWS=4),
+           "norm": {"rows": 4}}  # RMSNorm rows in turn with a prefetch: 6 programs at S = 3, 2 alone
     fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev, configs=cfg)
     g = torch.Generator().manual_seed(4)
     fw.kv.normal_(generator=g)

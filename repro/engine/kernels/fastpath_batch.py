@@ -20,8 +20,9 @@ Every kernel here computes a row with a launch configuration that does not depen
   computed independently of the others in its BLOCK_M group), launched over a tile table (``route.moe_tiles``:
   one program per (expert, m-block) in use and n-tile, so the grid grows with the pairs routed, not with
   E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T rows.
-* RMSNorms (``NORM_WARPS`` warps, one setting for every S), embeddings, the top-k sum and the decode statistics
-  are one row per program.
+* RMSNorms: ``NORM_WARPS`` warps and ``configs["norm"]["rows"]`` rows per program (0: one row per program; >= 1:
+  rows in turn with a prefetch of the next, the same per-row arithmetic for any grid), one setting for every S;
+  embeddings, the top-k sum and the decode statistics are one row per program.
 
 All tile configs are looked up once for T-token blocks (``fastpath.kernel_configs(..., T)``, the MoE ones
 pinned through ``moe._cfg(..., T)``), never for S·T rows; where the device has a batched tile file
@@ -215,7 +216,7 @@ class BatchedBlockForward(GraphCapture):
         self.attn_whole_min = int(ac.get("WHOLE_MIN_SLOTS", AS.WHOLE_MIN_SLOTS))
         self.qkn_rows = int(ac.get("QKN_ROWS", AS.QKN_ROWS))
         nc = self.configs.get("norm") or {}  # RMSNorm launch: warps, rows per program (one setting for every S)
-        self.norm_kw = dict(num_warps=int(nc.get("num_warps", NORM_WARPS)), rows=int(nc.get("rows", 1)))
+        self.norm_kw = dict(num_warps=int(nc.get("num_warps", NORM_WARPS)), rows=int(nc.get("rows", 0)))
         E, N = shape.experts, shape.moe_inter
         # MoE tiles pinned to the T-token block's (a full dict: moe._cfg never looks a config up by S·T rows)
         self.moe_cfg = {k: M._cfg(k, kc["moe"], H, N, E + 1, T) for k in M.DEFAULT_CONFIGS}
