@@ -43,9 +43,9 @@ __all__ = ["WHOLE_MIN_SLOTS", "QKN_ROWS", "chunk_layout", "slot_attention", "slo
            "slot_qk_norm_rope_kv"]
 
 #: "whole" mode from this many slots on (below: "split"); docs/perf.md "Session 5: attention at many slots"
-WHOLE_MIN_SLOTS = 8
+WHOLE_MIN_SLOTS = 4
 #: query rows per program of :func:`slot_qk_norm_rope_kv`
-QKN_ROWS = 16
+QKN_ROWS = 8
 
 
 def chunk_layout(P: int, T: int, nsplit: int, min_keys: int, block_n: int) -> list[tuple[int, int]]:

@@ -55,7 +55,7 @@ LM_HEAD_TILES = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stage
 
 #: warps of the RMSNorm programs (one row each; ``configs["norm"]["num_warps"]`` overrides): docs/perf.md "Session 5:
 #: attention at many slots"
-NORM_WARPS = 8
+NORM_WARPS = 16
 
 if HAS_TRITON:
 
