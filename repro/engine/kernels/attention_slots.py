@@ -25,8 +25,8 @@ runs and whatever S is; the mode is chosen per launch from S (``whole_min_slots`
 docs/perf.md "Session 5: attention at many slots".
 
 ``slot_qk_norm_rope_kv``: QK-norm + partial NeoX RoPE + K/V cache write as :func:`.attention.qk_norm_rope_kv`, but
-one program per (block of ``rows`` query rows, head) instead of per (row, head) (S = 32: 1,536 programs instead of
-24,576); each row's arithmetic is the same whatever block it is in (``_norm_rope_rows``).
+one program per (block of ``rows`` query rows, head) instead of per (row, head) (S = 32, 8 rows: 3,072 programs
+instead of 24,576); each row's arithmetic is the same whatever block it is in (``_norm_rope_rows``).
 
 References: :func:`slot_attention_reference` (fp32 math, per slot), :func:`.attention.qk_norm_rope_reference`.
 """
