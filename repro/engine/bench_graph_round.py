@@ -81,6 +81,7 @@ def _family(name: str) -> str:
                      ("_moe_down_kernel", "down"), ("_moe_sum_kernel", "moe_sum"), ("_router_logits", "router/route"),
                      ("_route_select", "router/route"), ("_align_kernel", "router/route"),
                      ("_tile_table", "router/route"), ("_qk_norm_rope", "attention"), ("_attn_", "attention"),
+                     ("_slot_chunk", "attention"), ("_slot_fold", "attention"), ("_slot_whole", "attention"),
                      ("_add_rmsnorm", "norms"), ("_logits_", "logits_stats")):
         if key in name:
             return fam
@@ -107,8 +108,8 @@ def kernel_breakdown(fw, head=True) -> dict:
     torch.profiler trace of CUDA kernels (a warm forward first). ``_rows_linear_kernel`` launches are assigned by
     order: per layer the 1st is QKV and the 2nd the O projection, the last of the forward lm_head; the expert
     GEMMs of the first ``first_dense`` layers are the dense FFN (``dense_*``), the others the routed experts with
-    the shared expert (one launch). Returns ``{family: ms, "total": ms, "kernels": n}``; raises RuntimeError when
-    the profiler recorded no kernel."""
+    the shared expert (one launch). Returns ``{family: ms, "total": ms, "kernels": n, "by_kernel": {name: ms}}`` (the
+    last: the attention and norm kernels by name); raises RuntimeError when the profiler recorded no kernel."""
     import os
     import tempfile
 
@@ -132,18 +133,27 @@ def kernel_breakdown(fw, head=True) -> dict:
         raise RuntimeError("kernel_breakdown: the profiler recorded no CUDA kernel")
     fams = classify_kernels([e["name"] for e in ks], fw.s.first_dense, head)
     out = {f: 0.0 for f in FAMILIES}
+    by_kernel: dict = {}
     for e, f in zip(ks, fams):
         out[f] += e.get("dur", 0.0) / 1e3
+        if f in ("attention", "norms"):
+            name = e["name"].split("(")[0]
+            by_kernel[name] = by_kernel.get(name, 0.0) + e.get("dur", 0.0) / 1e3
     out["total"] = sum(out[f] for f in FAMILIES)
     out["kernels"] = len(ks)
+    out["by_kernel"] = by_kernel
     return out
 
 
 def _breakdown_table(rows) -> str:
-    """Markdown table: one column per (label, breakdown dict), one row per family (ms)."""
+    """Markdown table: one column per (label, breakdown dict), one row per family (ms), then one per attention / norm
+    kernel (``by_kernel``)."""
     lines = ["| family | " + " | ".join(lbl for lbl, _ in rows) + " |", "|---|" + "---|" * len(rows)]
     for f in FAMILIES + ("total",):
         lines.append(f"| {f} | " + " | ".join(f"{b.get(f, float('nan')):.3f}" for _, b in rows) + " |")
+    names = dict.fromkeys(n for _, b in rows for n in b.get("by_kernel", {}))
+    for n in names:  # the attention and norm kernels one by one
+        lines.append(f"| · {n} | " + " | ".join(f"{b.get('by_kernel', {}).get(n, 0.0):.3f}" for _, b in rows) + " |")
     return "\n".join(lines)
 
 

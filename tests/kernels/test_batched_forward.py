@@ -139,6 +139,40 @@ def test_slots_bit_identical_to_alone(dev, mma_model, tiles):
             assert torch.equal(fw.pred[s], ref.argmax(-1))
 
 
+def test_whole_attention_bit_identical_to_split_alone(dev, mma_model):
+    """The attention's two launches in the whole forward: S = 3 with ``WHOLE_MIN_SLOTS`` 2 (the "whole" launch,
+    one program per (slot, KV head, row block)) vs each slot alone (S = 1: the "split" launch + fold), with chunks of
+    16 keys (MIN_KEYS 16) so that prefixes 21 / 0 / 40 fold 2 / 1 / 3 chunks: outputs and K/V bit-identical; and
+    within rounding of ``IMPL: single`` (the kernels of :mod:`.attention`, another reduction order). The RMSNorms
+    run with ``rows`` 4 (programs of 4 rows: another grid at S = 3 than alone, the same bits)."""
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
+    W = F.random_weights(TINY, dev, torch.float32, seed=8, std=0.1)
+    cfg = {**SMALL_TILES, "attn": dict(SMALL_TILES["attn"], MIN_KEYS=16, WHOLE_MIN_SLOTS=2, QKN_ROWS=4),
+           "norm": {"rows": 4}}  # RMSNorm rows in turn with a prefetch: 6 programs at S = 3, 2 alone
+    fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev, configs=cfg)
+    g = torch.Generator().manual_seed(4)
+    fw.kv.normal_(generator=g)
+    fw.ids.copy_(torch.randint(0, TINY.vocab, (3, T), generator=g))
+    fw.cache_len.copy_(torch.tensor([21, 0, 40], dtype=torch.int32))
+    kv0 = fw.kv.clone()
+    fw.forward()
+    alone = _alone(W, fw, 2, kv0, cfg)  # slot 2: 3 chunks
+    for name in OUTS:
+        assert torch.equal(getattr(alone, name)[0], getattr(fw, name)[2]), name
+    assert torch.equal(alone.kv[:, :, 0], fw.kv[:, :, 2])
+    old = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev,
+                              configs={**cfg, "attn": dict(cfg["attn"], IMPL="single")})
+    old.kv.copy_(kv0)
+    old.ids.copy_(fw.ids)
+    old.cache_len.copy_(fw.cache_len)
+    old.forward()
+    assert rel_err(old.logits, fw.logits) < 1e-5
+    with pytest.raises(ValueError, match="IMPL"):
+        BatchedBlockForward(W, TINY, MAX_LEN, slots=1, T=T, device=dev,
+                            configs={**cfg, "attn": dict(cfg["attn"], IMPL="fused")})
+
+
 #: 4-bit MoE tiles of the packed test: the small ones (BLOCK_M 16, BLOCK_K 32), and the batched round's row tiles
 #: (BLOCK_M 32 / 64, BLOCK_K 64: the tl.join interleave; tests/kernels/test_moe_w4.py BATCHED_W4_TILES),
 #: at the tiny shapes' BLOCK_N; value: (BLOCK_M, BLOCK_K, the slots run together, those checked against alone)
@@ -314,6 +348,14 @@ def test_sweep_uses_the_precision(monkeypatch):
     assert built == ["nvfp4-w4a16"] and out["precision"] == "nvfp4-w4a16"
     assert timed == [("nvfp4-w4a16", moe, ("model",)), ("nvfp4-w4a16", None, ("model",))]
     assert "out of resources" in out["sets"]["broken"]["error"] and "| m64 | 2.000 | 9.000 | True |" in out["table"]
+
+
+def test_breakdown_families_slot_attention():
+    """The kernels of :mod:`.attention_slots` count as the attention family."""
+    from repro.engine.bench_graph_round import classify_kernels
+
+    names = ["_slot_qk_norm_rope_kernel", "_slot_chunk_kernel", "_slot_fold_kernel", "_slot_whole_kernel"]
+    assert classify_kernels(names, first_dense=0, head=False) == ["attention"] * 4
 
 
 def test_bad_arguments(dev):

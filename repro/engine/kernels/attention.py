@@ -12,7 +12,9 @@ a device int32 tensor ``cache_len`` [1] (the prefix length P), so one CUDA graph
 Slot axis (batched forward, ``fastpath_batch.py``): caches [S, NKV, MAXLEN, D], ``cache_len`` [S] (P_s per slot),
 query/qkv rows ``s·T + t``; every program works inside one slot (grid axis + slot stride), so a slot's results
 and its split layout depend only on its own rows, cache and P_s: with S = 1 the kernels compute exactly what
-they compute without the slot axis, and slot s of any S computes what it computes alone.
+they compute without the slot axis, and slot s of any S computes what it computes alone. (The batched forward
+runs :mod:`.attention_slots` by default, whose chunks are folded in a fixed order so that one program per slot can
+replace the split + combine at many slots; this slot axis serves its ``IMPL: "single"`` A/B setting.)
 The block's K/V are written in place at rows [P, P+T) (overwritten by the next round; the commit
 forward leaves the final values there and the caller then advances ``cache_len`` by T).
 

@@ -11,14 +11,18 @@ Every kernel here computes a row with a launch configuration that does not depen
 
 * QKV, O and lm_head: :func:`rows_linear`, a fixed-tile Triton GEMM (no cuBLAS, whose kernel choice depends on
   the row count M; no split-K): a row's output element is one K loop of fixed BLOCK_K dots.
-* QK-norm + RoPE + KV write and split-KV attention + combine: the slot axis of :mod:`.attention` (a program works
-  inside one slot; a slot's split layout depends only on its own P_s).
+* QK-norm + RoPE + KV write and attention: :mod:`.attention_slots` (a program works inside one slot; a slot's key
+  chunks depend only on its own P_s and are folded in a fixed order, so its "split" launch, used below
+  ``WHOLE_MIN_SLOTS`` slots, and its "whole" launch, one program per (slot, KV head, row block) from there on,
+  give the same bits). ``configs["attn"]["IMPL"] = "single"`` runs :mod:`.attention`'s kernels instead (A/B).
 * MoE: the router GEMM in fixed 32-row tiles (``moe_route_align(row_block=...)``, SPLIT_K of the T-token
   config), routing and alignment per token, the grouped expert GEMMs with fixed tiles (a pair's row is
   computed independently of the others in its BLOCK_M group), launched over a tile table (``route.moe_tiles``:
   one program per (expert, m-block) in use and n-tile, so the grid grows with the pairs routed, not with
   E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T rows.
-* RMSNorms, embeddings, the top-k sum and the decode statistics are one row per program.
+* RMSNorms: ``NORM_WARPS`` warps and ``configs["norm"]["rows"]`` rows per program (0: one row per program; >= 1:
+  rows in turn with a prefetch of the next, the same per-row arithmetic for any grid), one setting for every S;
+  embeddings, the top-k sum and the decode statistics are one row per program.
 
 All tile configs are looked up once for T-token blocks (``fastpath.kernel_configs(..., T)``, the MoE ones
 pinned through ``moe._cfg(..., T)``), never for S·T rows; where the device has a batched tile file
@@ -32,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from . import attention as A
+from . import attention_slots as AS
 from . import logits as Lg
 from . import moe as M
 from . import norm as Nm
@@ -47,6 +52,10 @@ __all__ = ["BatchedBlockForward", "rows_linear", "rows_linear_reference", "batch
 #: weight tile read once serves a whole block; m is the fastest grid axis, so the S blocks' programs that read
 #: the same weight tile run together and the 644 MB head is streamed from HBM about once per round.
 LM_HEAD_TILES = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+
+#: warps of the RMSNorm programs (one row each; ``configs["norm"]["num_warps"]`` overrides): docs/perf.md "Session 5:
+#: attention at many slots"
+NORM_WARPS = 16
 
 if HAS_TRITON:
 
@@ -209,6 +218,16 @@ class BatchedBlockForward(GraphCapture):
         self.aws = A.AttnWorkspace(T, shape.nq, shape.nkv, D, device, nsplit=ac["NSPLIT"], block_n=ac["BLOCK_N"],
                                    num_warps=ac["num_warps"], num_stages=ac["num_stages"],
                                    min_keys=ac.get("MIN_KEYS", 256), block_m=ac.get("BLOCK_M"), slots=S)
+        # attention kernels: "slots" (attention_slots: row-blocked QK-norm, split or whole mode by S, one result) or
+        # "single" (BlockForward's kernels; the batched path before session 5, kept for A/B runs)
+        self.attn_impl = ac.get("IMPL", "slots")
+        if self.attn_impl not in ("slots", "single"):
+            raise ValueError(f"BatchedBlockForward: configs['attn']['IMPL'] = {self.attn_impl!r}; want 'slots' or "
+                             f"'single'")
+        self.attn_whole_min = int(ac.get("WHOLE_MIN_SLOTS", AS.WHOLE_MIN_SLOTS))
+        self.qkn_rows = int(ac.get("QKN_ROWS", AS.QKN_ROWS))
+        nc = self.configs.get("norm") or {}  # RMSNorm launch: warps, rows per program (one setting for every S)
+        self.norm_kw = dict(num_warps=int(nc.get("num_warps", NORM_WARPS)), rows=int(nc.get("rows", 0)))
         E, N = shape.experts, shape.moe_inter
         # MoE tiles pinned to the T-token block's (a full dict: moe._cfg never looks a config up by S·T rows)
         self.moe_cfg = {k: M._cfg(k, kc["moe"], H, N, E + 1, T) for k in M.DEFAULT_CONFIGS}
@@ -256,17 +275,15 @@ class BatchedBlockForward(GraphCapture):
         for li, L in enumerate(W["layers"]):
             kc, vc = self.kv[li, 0], self.kv[li, 1]  # [S, NKV, max_len, D]
             if prev is None:
-                Nm.add_rmsnorm(self.h, L["attn_norm"], self.a, eps=s.eps)
+                Nm.add_rmsnorm(self.h, L["attn_norm"], self.a, eps=s.eps, **self.norm_kw)
             else:
                 Nm.add_rmsnorm(self.h, L["attn_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1],
-                               shared=prev[2], eps=s.eps)
+                               shared=prev[2], eps=s.eps, **self.norm_kw)
             rows_linear(self.a, L["wqkv"], self.qkv, self.lin_cfg["qkv"])
-            A.qk_norm_rope_kv(self.qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
-                              kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
-            A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
+            self._attention(L, kc, vc)
             if "router" not in L:
                 rows_linear(self.o, L["wo"], self.attn32, self.lin_cfg["o"])
-                Nm.add_rmsnorm(self.h, L["mlp_norm"], self.a, delta=self.attn32, eps=s.eps)
+                Nm.add_rmsnorm(self.h, L["mlp_norm"], self.a, delta=self.attn32, eps=s.eps, **self.norm_kw)
                 M.moe_experts(self.a, L["w13"], L["w2"], self.dws, 1, self.dense_cfg)
                 prev = (self.dws, 1, False)
                 continue
@@ -284,12 +301,24 @@ class BatchedBlockForward(GraphCapture):
             M.moe_experts(self.a, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg)
             prev = (self.ws, s.top_k, E1 == s.experts + 1)
         Nm.add_rmsnorm(self.h, W["final_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1], shared=prev[2],
-                       eps=s.eps)
+                       eps=s.eps, **self.norm_kw)
         if head:
             logits = self.logits.view(R, -1)
             rows_linear(self.a, W["lm_head"], logits, self.lin_cfg["lm_head"])
             Lg.logits_stats(logits, self.stat_part, self.pred.view(-1), self.conf.view(-1), self.entropy.view(-1),
                             nchunk=self.stat_nchunk)
+
+    def _attention(self, L, kc, vc):
+        """QK-norm + RoPE + K/V write, then attention of every slot into ``o`` (``attn_impl``, see __init__)."""
+        s = self.s
+        if self.attn_impl == "single":
+            A.qk_norm_rope_kv(self.qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
+                              kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
+            A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
+            return
+        AS.slot_qk_norm_rope_kv(self.qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q, kc,
+                                vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps, rows=self.qkn_rows)
+        AS.slot_attention(self.q, kc, vc, self.cache_len, self.o, self.aws, whole_min_slots=self.attn_whole_min)
 
     def _count_row(self, li: int):
         """Counts row of MoE layer ``li`` (each layer's select kernel clears the next layer's row); None (clear
