@@ -15,9 +15,10 @@ Every kernel here computes a row with a launch configuration that does not depen
   inside one slot; a slot's split layout depends only on its own P_s).
 * MoE: the router GEMM in fixed 32-row tiles (``moe_route_align(row_block=...)``, SPLIT_K of the T-token
   config), routing and alignment per token, the grouped expert GEMMs with fixed tiles (a pair's row is
-  computed independently of the others in its BLOCK_M group), launched over a tile table (``route.moe_tiles``:
-  one program per (expert, m-block) in use and n-tile, so the grid grows with the pairs routed, not with
-  E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T rows.
+  computed independently of the others in its BLOCK_M group), launched over a tile table (``route.moe_tiles``,
+  written by the route-select kernel's last program: one program per (expert, m-block) in use and n-tile, so the
+  grid grows with the pairs routed, not with E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T
+  rows. Router/route launch configs: the batched tile file's ``moe_router`` / ``moe_route`` where it has them.
 * RMSNorms, embeddings, the top-k sum and the decode statistics are one row per program.
 
 All tile configs are looked up once for T-token blocks (``fastpath.kernel_configs(..., T)``, the MoE ones
@@ -201,6 +202,9 @@ class BatchedBlockForward(GraphCapture):
         E, N = shape.experts, shape.moe_inter
         # MoE tiles pinned to the T-token block's (a full dict: moe._cfg never looks a config up by S·T rows)
         self.moe_cfg = {k: M._cfg(k, kc["moe"], H, N, E + 1, T) for k in M.DEFAULT_CONFIGS}
+        for k in ("router", "route"):  # the batched tile file's router/route entries (any expert precision)
+            if k not in ((configs or {}).get("moe") or {}):
+                self.moe_cfg[k].update(load_config("batched", "moe_" + k, {}, E=E + 1, N=N, H=H, T=T))
         self.router_rows = max(16, next_pow2(T))  # router GEMM tile rows: one block's T_PAD whatever S
         n_moe = shape.layers - shape.first_dense
         moe_w13 = [L["w13"] for L in W["layers"] if "router" in L]
@@ -265,11 +269,10 @@ class BatchedBlockForward(GraphCapture):
             E1 = M.expert_slots(L["w13"])
             M.moe_route_align(self.h, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
                               s.scaling, s.renormalize, self.moe_cfg, slot=self._count_row(li), eps=s.eps,
-                              norm_w=L["mlp_norm"], norm_out=self.a, row_block=self.router_rows)
+                              norm_w=L["mlp_norm"], norm_out=self.a, row_block=self.router_rows,
+                              tile_block_m=self.tiles.get("moe"))  # the select kernel also writes the tile table
             if stats is not None:
                 stats.counts.append(self.ws.counts[: s.experts].clone())
-            if "moe" in self.tiles:
-                M.moe_tiles(self.ws, self.tiles["moe"])
             M.moe_experts(self.a, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg)
             prev = (self.ws, s.top_k, E1 == s.experts + 1)
         Nm.add_rmsnorm(self.h, W["final_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1], shared=prev[2],
