@@ -13,7 +13,8 @@ under torch.profiler gives µs per layer by kernel (router GEMM, select, tile ta
 
 Variants (``--sets FILE``: JSON ``{name: {"configs": {"router": {...}, "route": {...}}, "mode": "batched" |
 "single", "tiles": "fused" | "launch" | null, "module": "before" | "after"}}``; default :data:`DEFAULT_SETS`):
-``batched`` = the batched forward's call (router tiles of 32 rows, tile table for BLOCK_M 64), ``single`` =
+``batched`` = the batched forward's call (router tiles of ``router["ROWS"]`` rows, default 32, tile table for
+BLOCK_M 64), ``single`` =
 ``BlockForward``'s (one router row block, no tile table; timed at R = 32 only). ``--before FILE``: another
 version of ``route.py`` (e.g. ``git show BASE:repro/engine/kernels/route.py > /tmp/route_before.py``) for the
 sets with ``"module": "before"`` (its own workspace and a tile-table launch).
@@ -38,29 +39,25 @@ H, E, TOPK, N_GROUP, TOPK_GROUP, SCALE, N_INTER, TILE_M = 2048, 256, 8, 8, 4, 2.
 H200_ROUTER = dict(BLOCK_E=16, SPLIT_K=16, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3")
 
 #: variants timed by default (module doc)
+def _set(module, mode, tiles, route_warps=1, **router):
+    return {"module": module, "mode": mode, "tiles": tiles,
+            "configs": {"router": dict(H200_ROUTER, **router), "route": {"num_warps": route_warps}}}
+
+
 DEFAULT_SETS = {
-    "before": {"module": "before", "mode": "batched", "tiles": "launch",
-               "configs": {"router": H200_ROUTER, "route": {"num_warps": 1}}},
-    "new": {"module": "after", "mode": "batched", "tiles": "fused",
-            "configs": {"router": H200_ROUTER, "route": {"num_warps": 1}}},
-    "new_tile_launch": {"module": "after", "mode": "batched", "tiles": "launch",
-                        "configs": {"router": H200_ROUTER, "route": {"num_warps": 1}}},
-    "new_route_w2": {"module": "after", "mode": "batched", "tiles": "fused",
-                     "configs": {"router": H200_ROUTER, "route": {"num_warps": 2}}},
-    "new_r32x8": {"module": "after", "mode": "batched", "tiles": "fused",
-                  "configs": {"router": dict(H200_ROUTER, BLOCK_E=32, SPLIT_K=8), "route": {"num_warps": 1}}},
-    "new_r64x8": {"module": "after", "mode": "batched", "tiles": "fused",
-                  "configs": {"router": dict(H200_ROUTER, BLOCK_E=64, SPLIT_K=8), "route": {"num_warps": 1}}},
-    "new_r64x4": {"module": "after", "mode": "batched", "tiles": "fused",
-                  "configs": {"router": dict(H200_ROUTER, BLOCK_E=64, SPLIT_K=4), "route": {"num_warps": 1}}},
-    "new_r16x8k128": {"module": "after", "mode": "batched", "tiles": "fused",
-                      "configs": {"router": dict(H200_ROUTER, SPLIT_K=8, BLOCK_K=128), "route": {"num_warps": 1}}},
-    "single_before": {"module": "before", "mode": "single", "tiles": None,
-                      "configs": {"router": H200_ROUTER, "route": {"num_warps": 1}}},
-    "single_new": {"module": "after", "mode": "single", "tiles": None,
-                   "configs": {"router": H200_ROUTER, "route": {"num_warps": 1}}},
-    "single_r16x8": {"module": "after", "mode": "single", "tiles": None,
-                     "configs": {"router": dict(H200_ROUTER, SPLIT_K=8), "route": {"num_warps": 1}}},
+    "before": _set("before", "batched", "launch"),
+    "new": _set("after", "batched", "fused"),
+    "new_tile_launch": _set("after", "batched", "launch"),
+    "new_route_w2": _set("after", "batched", "fused", route_warps=2),
+    "new_r32x8": _set("after", "batched", "fused", BLOCK_E=32, SPLIT_K=8),
+    "new_r64x8": _set("after", "batched", "fused", BLOCK_E=64, SPLIT_K=8),
+    "new_r64x4": _set("after", "batched", "fused", BLOCK_E=64, SPLIT_K=4),
+    "new_r64x4_rows64": _set("after", "batched", "fused", BLOCK_E=64, SPLIT_K=4, ROWS=64),
+    "new_r32x4_rows64": _set("after", "batched", "fused", BLOCK_E=32, SPLIT_K=4, ROWS=64),
+    "single_before": _set("before", "single", None),
+    "single_new": _set("after", "single", None),
+    "single_r16x8": _set("after", "single", None, SPLIT_K=8),
+    "single_r32x8": _set("after", "single", None, BLOCK_E=32, SPLIT_K=8),
 }
 
 
@@ -98,7 +95,7 @@ class _Case:
         for layer in range(self.layers if layers is None else layers):
             kw = dict(slot=layer, norm_w=self.nw, eps=1e-6, norm_out=self.out)
             if batched:
-                kw["row_block"] = 32
+                kw["row_block"] = sp["configs"]["router"].get("ROWS", 32)
                 if sp["tiles"] == "fused":
                     kw["tile_block_m"] = TILE_M
             mod.moe_route_align(self.h, self.gates[layer], self.biases[layer], ws, E + 1, TOPK, N_GROUP,

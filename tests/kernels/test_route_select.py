@@ -15,6 +15,8 @@ pytest.importorskip("triton")
 from repro.engine.kernels import moe as M  # noqa: E402
 from repro.engine.kernels import norm as Nm  # noqa: E402
 
+from .test_batched_forward import mma_model  # noqa: E402,F401 - fixture: the interpreter's dot as an MMA does it
+
 CFG = {"router": dict(BLOCK_E=16, SPLIT_K=2, BLOCK_K=32), "route": dict(num_warps=1)}
 
 
@@ -66,33 +68,35 @@ def test_reference_tie_rule():
     assert ids.tolist() == [[1, 2]]  # groups 0..3 all score sigmoid(2)+sigmoid(0): groups 0 and 1 kept
 
 
-def _route_rows(h, gate, bias, nw, k, ng, tg, dev, tile_m=None):
+def _route_rows(h, gate, bias, nw, k, ng, tg, dev, tile_m=None, row_block=16):
     R, H = h.shape
     E = gate.shape[0]
     ws = M.MoEWorkspace.create(R, H, 32, E, E + 1, k, torch.float32, dev, split_k=CFG["router"]["SPLIT_K"])
     out = torch.full_like(h, float("nan"))
-    M.moe_route_align(h, gate, bias, ws, E + 1, k, ng, tg, 2.5, True, CFG, norm_w=nw, norm_out=out, row_block=16,
-                      tile_block_m=tile_m)
+    M.moe_route_align(h, gate, bias, ws, E + 1, k, ng, tg, 2.5, True, CFG, norm_w=nw, norm_out=out,
+                      row_block=row_block, tile_block_m=tile_m)
     return ws, out
 
 
-def test_slot_routing_alone_vs_with_others(dev):
-    """Three 16-row slots routed together (router tiles of 16 rows, the normalised rows written by the select
-    kernel) equal each slot routed alone, bit for bit: ids, weights, normed rows, per-expert token sets."""
+@pytest.mark.parametrize("row_block", [16, 64])
+def test_slot_routing_alone_vs_with_others(dev, mma_model, row_block):
+    """Three 16-row slots routed together (router tiles of ``row_block`` rows: one slot, or several slots in one
+    tile and a slot alone in a tile larger than its rows; the normalised rows written by the select kernel) equal
+    each slot routed alone, bit for bit: ids, weights, normed rows, per-expert token sets."""
     g = torch.Generator().manual_seed(5)
     S, T, H, E, k, ng, tg = 3, 16, 64, 32, 4, 4, 2
     h = (torch.randn(S * T, H, generator=g) * 2).to(dev)
     gate = (torch.randn(E, H, generator=g) / H ** 0.5).to(dev)
     bias = (torch.randn(E, generator=g) * 0.05).to(dev)
     nw = (torch.rand(H, generator=g) + 0.5).to(dev)
-    big, big_out = _route_rows(h, gate, bias, nw, k, ng, tg, dev, tile_m=8)
+    big, big_out = _route_rows(h, gate, bias, nw, k, ng, tg, dev, tile_m=8, row_block=row_block)
     assert not torch.isnan(big_out).any()
     torch.testing.assert_close(big_out, Nm.rmsnorm_reference(h, nw), rtol=1e-5, atol=1e-6)
     ref_ids, _ = M.route_reference(Nm.rmsnorm_reference(h, nw), gate, bias, k, ng, tg, 2.5)
     assert (big.topk_ids.long() == ref_ids).all(1).float().mean() > 0.95  # same routing up to fp32 near-ties
     for s in range(S):
         rows = slice(s * T, (s + 1) * T)
-        one, one_out = _route_rows(h[rows], gate, bias, nw, k, ng, tg, dev, tile_m=8)
+        one, one_out = _route_rows(h[rows], gate, bias, nw, k, ng, tg, dev, tile_m=8, row_block=row_block)
         assert torch.equal(one.topk_ids, big.topk_ids[rows]), s
         assert torch.equal(one.topk_w, big.topk_w[rows]), s
         assert torch.equal(one_out, big_out[rows]), s

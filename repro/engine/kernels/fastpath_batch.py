@@ -205,7 +205,8 @@ class BatchedBlockForward(GraphCapture):
         for k in ("router", "route"):  # the batched tile file's router/route entries (any expert precision)
             if k not in ((configs or {}).get("moe") or {}):
                 self.moe_cfg[k].update(load_config("batched", "moe_" + k, {}, E=E + 1, N=N, H=H, T=T))
-        self.router_rows = max(16, next_pow2(T))  # router GEMM tile rows: one block's T_PAD whatever S
+        # router GEMM tile rows, whatever S: the batched router config's ROWS, else one block's T_PAD
+        self.router_rows = int(self.moe_cfg["router"].get("ROWS", max(16, next_pow2(T))))
         n_moe = shape.layers - shape.first_dense
         moe_w13 = [L["w13"] for L in W["layers"] if "router" in L]
         E1 = M.expert_slots(moe_w13[0]) if moe_w13 else E + 1  # E + 1 with a shared expert (index E), else E

@@ -137,8 +137,9 @@ if HAS_TRITON:
     ):
         """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (PREC "ieee" or "tf32x3"); rows t >= T are 0.
 
-        Grid (E/BLOCK_E, SPLIT_K, T_PAD/ROWS): each program takes ROWS token rows (ROWS = T_PAD: one row block),
-        so with a fixed ROWS a row's logits do not depend on how many rows there are. Inside a split the K
+        Grid (E/BLOCK_E, SPLIT_K, cdiv(T_PAD, ROWS)): each program takes ROWS token rows (ROWS = T_PAD: one row
+        block), so with a fixed ROWS a row's logits do not depend on how many rows there are (the MMA computes a
+        row the same way at any position of its tile; rows >= T are zeros). Inside a split the K
         order is fixed (BLOCK_K steps, ascending); the select kernel adds the SPLIT_K partials in split order.
 
         NORM: x is the raw residual h; the kernel uses h·nw (RMSNorm weight) and, with WRITE_SS, also writes
@@ -166,10 +167,11 @@ if HAS_TRITON:
                 xv = xv * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
             wv = tl.load(w_ptr + offs_e[None, :] * H + kk[:, None]).to(tl.float32)
             acc = tl.dot(xv, wv, acc, input_precision=PREC)
-        tl.store(part_ptr + pid_k * (T_PAD * E) + offs_t[:, None] * E + offs_e[None, :], acc)
+        tm = offs_t < T_PAD  # ROWS > T_PAD: one program, rows past the buffer not stored
+        tl.store(part_ptr + pid_k * (T_PAD * E) + offs_t[:, None] * E + offs_e[None, :], acc, mask=tm[:, None])
         if NORM and WRITE_SS:
             if pid_e == 0:
-                tl.store(ss_ptr + pid_k * T_PAD + offs_t, ssv)
+                tl.store(ss_ptr + pid_k * T_PAD + offs_t, ssv, mask=tm)
 
     @triton.jit
     def _route_select_kernel(
@@ -379,13 +381,13 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     This replaces the separate add+RMSNorm launch when the O projection adds into h in place.
     slot=None (standalone): uses counts row 0 and clears it first (one memset). slot=l (fast path): uses
     row l, expects it cleared, and clears row (l+1) % n_slots for the next MoE layer (no memset).
-    row_block (a power of two dividing ``ws.T_PAD``; None: all rows in one program): the router GEMM takes
-    this many token rows per program, so that a row's logits are computed by the same tile whatever T is
-    (the batched forward's row invariance).
+    row_block (a power of two; None: all rows in one program): the router GEMM takes this many token rows per
+    program (one program when it exceeds ``ws.T_PAD``), so that a row's logits are computed by the same tile
+    whatever T is (the batched forward's row invariance).
     tile_block_m (int or None): also write the tile table of :func:`moe_tiles` for this BLOCK_M (``ws.tiles``,
     allocated on the first call), from inside the select kernel (its last program) instead of a third launch.
     Raises ValueError for norm_out without norm_w, or not of x's shape with unit stride along H, or for a
-    row_block that does not divide ``ws.T_PAD``.
+    row_block that is not a power of two.
     """
     T, H = x.shape
     E = gate_w.shape[0]
@@ -399,9 +401,9 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     bk = min(rc["BLOCK_K"], H // split)
     assert H % (split * bk) == 0 and E % be == 0
     rows = ws.T_PAD if row_block is None else int(row_block)
-    if rows < 1 or rows & (rows - 1) or ws.T_PAD % rows:
-        raise ValueError(f"moe_route_align: row_block {row_block} is not a power of two dividing T_PAD={ws.T_PAD}")
-    _router_logits_kernel[(E // be, split, ws.T_PAD // rows)](
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"moe_route_align: row_block {row_block} is not a power of two (router rows per program)")
+    _router_logits_kernel[(E // be, split, triton.cdiv(ws.T_PAD, rows))](
         x, gate_w, ws.part, norm_w if norm_w is not None else gate_w, ws.ss, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
         BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), NORM=norm_w is not None, WRITE_SS=norm_out is None,
         ROWS=rows, num_warps=rc["num_warps"],
