@@ -54,6 +54,7 @@ DEFAULT_SETS = {
     "new_r64x4": _set("after", "batched", "fused", BLOCK_E=64, SPLIT_K=4),
     "new_r64x4_rows64": _set("after", "batched", "fused", BLOCK_E=64, SPLIT_K=4, ROWS=64),
     "new_r32x4_rows64": _set("after", "batched", "fused", BLOCK_E=32, SPLIT_K=4, ROWS=64),
+    "new_r128x4_w8": _set("after", "batched", "fused", BLOCK_E=128, SPLIT_K=4, num_warps=8),
     "single_before": _set("before", "single", None),
     "single_new": _set("after", "single", None),
     "single_r16x8": _set("after", "single", None, SPLIT_K=8),
@@ -198,11 +199,15 @@ def bench(sets: dict, rows, layers=48, iters=30, before=None, log=print) -> dict
             except Exception as exc:  # noqa: BLE001 - one bad variant (e.g. out of registers) must not end the run
                 r["error"] = repr(exc)[:300]
             doc["results"].append(r)
-            log(f"[{name} R={R}] " + (r["error"] if "error" in r else
-                f"{r['us_per_layer']:.2f} us/layer, kernels {json.dumps({k: round(v, 2) for k, v in r['kernels_us_per_layer'].items()})}, "
-                f"same as {r['same_as_first']['first']}: {r['same_as_first']['equal']}, ref agree {r['ref_ids_agree']:.4f}"))
+            log(f"[{name} R={R}] " + (r["error"] if "error" in r else _line(r)))
             torch.cuda.empty_cache()
     return doc
+
+
+def _line(r) -> str:
+    ks = ", ".join(f"{k} {v:.2f}" for k, v in r["kernels_us_per_layer"].items())
+    return (f"{r['us_per_layer']:.2f} us/layer (kernels: {ks}), same as {r['same_as_first']['first']}: "
+            f"{r['same_as_first']['equal']}, ids = reference for {r['ref_ids_agree']:.4f} of the tokens")
 
 
 def table(doc) -> str:

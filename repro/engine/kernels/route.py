@@ -9,17 +9,24 @@ multiplied by ``routed_scaling_factor``, all fp32. Reference: :func:`route_refer
 
 Kernels (on device, no host sync, static shapes: CUDA-graph capturable):
 
-1. ``_router_logits_kernel``: split-K fp32 (IEEE) GEMM, partial logits [SPLIT_K, T_PAD, E].
-2. ``_route_select_kernel`` (one program per token): sums the partials, sigmoid, bias, group-limited
-   top-k, renormalisation x scale, then the token-expert alignment by atomics: for every expert e its
+1. ``_router_logits_kernel``: split-K fp32 GEMM (IEEE or tf32x3 dots), partial logits [SPLIT_K, T_PAD, E]; a
+   program takes ROWS token rows x BLOCK_E experts x H/SPLIT_K of K.
+2. ``_route_select_kernel`` (one program per token): sums the partials in split order, sigmoid, bias,
+   group-limited top-k (each step one int64 max over value/index keys), renormalisation x scale, then the
+   token-expert alignment by relaxed atomics: for every expert e its
    count ``counts[e]`` and the list of pair indices ``pairs[e, :counts[e]]`` (order not fixed; each
    pair's result row is computed independently, so the output does not depend on it), and the list of
    touched experts ``active`` (``counts[E1]`` long). Pair index ``p = t*top_k + k`` for routed pairs,
    ``T*top_k + t`` for the shared expert. With the RMSNorm folded into the router (``norm_w``), it can
-   also write the normalised rows that the expert GEMMs read (``norm_out``).
+   also write the normalised rows that the expert GEMMs read (``norm_out``); with ``tile_block_m`` its last
+   program (a ticket counter) also writes the tile table of kernel 4.
 3. ``_align_kernel``: the alignment alone, for a routing decision made elsewhere (the engine seam).
 4. ``_tile_table_kernel`` (:func:`moe_tiles`, optional): the (expert, m-block) tiles of the aligned pairs, over
-   which the expert GEMMs then launch (many rows: the batched forward).
+   which the expert GEMMs then launch (many rows: the batched forward, which has the select kernel write it).
+
+Exact ties (equal fp32 biased scores or group scores) go to the lower index, in the kernel and in
+:func:`route_reference`. docs/perf.md "Session 5: router and route at batch 1 and many slots" has the
+counts and timings behind the launch configs.
 
 The buffers live in :class:`MoEWorkspace`; the expert GEMMs that consume them are in :mod:`.moe`.
 Source of the alignment idea: vLLM/SGLang ``moe_align_block_size`` (own code: per-expert lists filled by
