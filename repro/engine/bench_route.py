@@ -162,8 +162,9 @@ def _profile_kernels(case) -> dict:
     return out
 
 
-def bench(sets: dict, rows, layers=48, iters=30, before=None, log=print) -> dict:
-    """Every set of ``sets`` at every R of ``rows`` (``single`` sets at R = 32 only); returns the JSON document."""
+def bench(sets: dict, rows, layers=48, iters=30, before=None, log=print, json_path=None) -> dict:
+    """Every set of ``sets`` at every R of ``rows`` (``single`` sets at R = 32 only); returns the JSON document
+    (also written to ``json_path`` after every measurement, so a run cut short keeps what it measured)."""
     from .bench import env_info, time_replays
     from .kernels import route as after
 
@@ -185,7 +186,11 @@ def bench(sets: dict, rows, layers=48, iters=30, before=None, log=print) -> dict
                 st = case.layer0_state()
                 key = (spec["mode"], R)
                 first.setdefault(key, (name, st))
-                r["same_as_first"] = {"first": first[key][0], "equal": _same(st, first[key][1])}
+                f0 = first[key][1]
+                r["same_as_first"] = {"first": first[key][0], "equal": _same(st, f0),
+                                      "ids_equal": bool(torch.equal(st["ids"], f0["ids"])),
+                                      "w_max_rel_diff": float(((st["w"] - f0["w"]).abs() / f0["w"].abs()).max()),
+                                      "normed_equal": bool(torch.equal(st["normed"], f0["normed"]))}
                 r.update(_ref_check(case, st))
                 case.run()  # warm
                 graph = torch.cuda.CUDAGraph()
@@ -200,14 +205,19 @@ def bench(sets: dict, rows, layers=48, iters=30, before=None, log=print) -> dict
                 r["error"] = repr(exc)[:300]
             doc["results"].append(r)
             log(f"[{name} R={R}] " + (r["error"] if "error" in r else _line(r)))
+            if json_path:
+                with open(json_path, "w") as fh:
+                    fh.write(json.dumps(doc) + "\n")
             torch.cuda.empty_cache()
     return doc
 
 
 def _line(r) -> str:
     ks = ", ".join(f"{k} {v:.2f}" for k, v in r["kernels_us_per_layer"].items())
-    return (f"{r['us_per_layer']:.2f} us/layer (kernels: {ks}), same as {r['same_as_first']['first']}: "
-            f"{r['same_as_first']['equal']}, ids = reference for {r['ref_ids_agree']:.4f} of the tokens")
+    sf = r["same_as_first"]
+    return (f"{r['us_per_layer']:.2f} us/layer (kernels: {ks}), vs {sf['first']}: all equal {sf['equal']}, ids "
+            f"{sf['ids_equal']}, weights max rel diff {sf['w_max_rel_diff']:.1e}, normed {sf['normed_equal']}; "
+            f"ids = reference for {r['ref_ids_agree']:.4f} of the tokens")
 
 
 def table(doc) -> str:
@@ -251,7 +261,7 @@ def main(argv=None) -> int:
             ap.error(f"--sets {args.sets}: {exc}")
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     before = load_before(args.before) if args.before else None
-    doc = bench(sets, rows, args.layers, args.iters, before, log)
+    doc = bench(sets, rows, args.layers, args.iters, before, log, json_path=args.json)
     doc["table"] = table(doc)
     print(doc["table"], file=sys.stderr)
     text = json.dumps(doc)
