@@ -91,17 +91,18 @@ if HAS_TRITON:
 
     @triton.jit
     def _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK: tl.constexpr, MAXC: tl.constexpr,
-                      NACT_IDX: tl.constexpr):
+                      NACT_IDX: tl.constexpr, ACTIVE: tl.constexpr = True):
         """Append the TOPK pairs ``p`` of one token to their experts' lists ``pairs[ids, slot]`` (slot by
-        atomics on ``counts[ids]``); an expert's first pair also appends it to ``active`` (length
-        ``counts[NACT_IDX]``). Relaxed atomics: only atomicity is needed inside the launch (the consumers are
-        later launches), so no acquire/release fence is paid per atomic."""
+        atomics on ``counts[ids]``); with ACTIVE, an expert's first pair also appends it to ``active`` (length
+        ``counts[NACT_IDX]``; a second atomic that waits for the first). Relaxed atomics: only atomicity is
+        needed inside the launch (the consumers are later launches), so no acquire/release fence per atomic."""
         slot = tl.atomic_add(counts_ptr + ids, tl.full((TOPK,), 1, tl.int32), sem="relaxed")
         tl.store(pairs_ptr + ids * MAXC + slot, p)
-        first = slot == 0
-        pos = tl.atomic_add(counts_ptr + NACT_IDX + 0 * ids, tl.full((TOPK,), 1, tl.int32), mask=first,
-                            sem="relaxed")
-        tl.store(active_ptr + pos, ids, mask=first)
+        if ACTIVE:
+            first = slot == 0
+            pos = tl.atomic_add(counts_ptr + NACT_IDX + 0 * ids, tl.full((TOPK,), 1, tl.int32), mask=first,
+                                sem="relaxed")
+            tl.store(active_ptr + pos, ids, mask=first)
 
     @triton.jit
     def _desc_key(v, idx, N: tl.constexpr):
@@ -190,7 +191,7 @@ if HAS_TRITON:
         NORM: tl.constexpr = False, H: tl.constexpr = 1, WRITE_NORMED: tl.constexpr = False,
         BLOCK_H: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
         TILES: tl.constexpr = False, ticket_ptr=None, tiles_ptr=None, T=1, MAXT=1, E1: tl.constexpr = 1,
-        E1P: tl.constexpr = 1, TILE_M: tl.constexpr = 16,
+        E1P: tl.constexpr = 1, TILE_M: tl.constexpr = 16, ACTIVE: tl.constexpr = True,
     ):
         """One program per token t: routing of t, then its pairs appended to the experts' lists.
 
@@ -205,6 +206,7 @@ if HAS_TRITON:
         Selection: every top-k step is one int64 max over :func:`_desc_key` keys (the value and, for ties, the
         lower index: the rule of ``tl.argmax`` and of the reference's first-index order); a group's second
         largest score is the largest after one occurrence of the largest is dropped.
+        ACTIVE: also the list of touched experts (:func:`_append_pairs`).
         TILES: the program that takes the last ticket (``ticket[0]``, acquire/release: every other program's
         pairs are counted by then) writes the tile table of :func:`moe_tiles` for TILE_M-row tiles
         (:func:`_fill_tiles`; T programs, MAXT entries) and resets the ticket to 0 — no separate launch.
@@ -271,7 +273,7 @@ if HAS_TRITON:
         tl.store(ids_ptr + p, ids)
         tl.store(topw_ptr + p, wts)
         tl.store(pairw_ptr + p, wts)
-        _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK, MAXC, NACT_IDX)
+        _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK, MAXC, NACT_IDX, ACTIVE)
         if ZERO_NEXT:
             if t == 0:
                 tl.store(next_counts_ptr + offs_e, tl.zeros((E,), dtype=tl.int32))
@@ -391,6 +393,8 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     row_block (a power of two; None: all rows in one program): the router GEMM takes this many token rows per
     program (one program when it exceeds ``ws.T_PAD``), so that a row's logits are computed by the same tile
     whatever T is (the batched forward's row invariance).
+    The list of touched experts (``ws.active``, ``counts[E1]`` long) is written for a standalone call and when
+    the expert GEMMs read it (``ws.compact``), not in the fast paths' per-layer calls (one dependent atomic less).
     tile_block_m (int or None): also write the tile table of :func:`moe_tiles` for this BLOCK_M (``ws.tiles``,
     allocated on the first call), from inside the select kernel (its last program) instead of a third launch.
     Raises ValueError for norm_out without norm_w, or not of x's shape with unit stride along H, or for a
@@ -439,7 +443,7 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
         TOPK_GROUP=topk_group, SPLIT_K=split, SCALE=float(scaling), RENORM=bool(renormalize),
         HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, ZERO_NEXT=slot is not None,
         NORM=norm_w is not None, H=H, WRITE_NORMED=norm_out is not None, BLOCK_H=next_pow2(H),
-        num_warps=ac["num_warps"], **tiles,
+        ACTIVE=bool(ws.compact or slot is None), num_warps=ac["num_warps"], **tiles,
         **pdl(),
     )
 
