@@ -59,6 +59,7 @@ DEFAULT_SETS = {
     "single_new": _set("after", "single", None),
     "single_r16x8": _set("after", "single", None, SPLIT_K=8),
     "single_r32x8": _set("after", "single", None, BLOCK_E=32, SPLIT_K=8),
+    "single_r16x32": _set("after", "single", None, SPLIT_K=32),
 }
 
 
