@@ -61,6 +61,7 @@ DEFAULT_SETS = {
     "single_r16x8": _set("after", "single", None, SPLIT_K=8),
     "single_r32x8": _set("after", "single", None, BLOCK_E=32, SPLIT_K=8),
     "single_r16x32": _set("after", "single", None, SPLIT_K=32),
+    "single_r32x8_rows64": _set("after", "single", None, BLOCK_E=32, SPLIT_K=8, ROWS=64),
 }
 
 

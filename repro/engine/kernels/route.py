@@ -390,9 +390,9 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     This replaces the separate add+RMSNorm launch when the O projection adds into h in place.
     slot=None (standalone): uses counts row 0 and clears it first (one memset). slot=l (fast path): uses
     row l, expects it cleared, and clears row (l+1) % n_slots for the next MoE layer (no memset).
-    row_block (a power of two; None: all rows in one program): the router GEMM takes this many token rows per
-    program (one program when it exceeds ``ws.T_PAD``), so that a row's logits are computed by the same tile
-    whatever T is (the batched forward's row invariance).
+    row_block (a power of two; None: the router config's ``ROWS`` if it has one, else all rows in one program):
+    the router GEMM takes this many token rows per program (one program when it exceeds ``ws.T_PAD``), so that a
+    row's logits are computed by the same tile whatever T is (the batched forward's row invariance).
     The list of touched experts (``ws.active``, ``counts[E1]`` long) is written for a standalone call and when
     the expert GEMMs read it (``ws.compact``), not in the fast paths' per-layer calls (one dependent atomic less).
     tile_block_m (int or None): also write the tile table of :func:`moe_tiles` for this BLOCK_M (``ws.tiles``,
@@ -411,7 +411,7 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     be = min(rc["BLOCK_E"], E)
     bk = min(rc["BLOCK_K"], H // split)
     assert H % (split * bk) == 0 and E % be == 0
-    rows = ws.T_PAD if row_block is None else int(row_block)
+    rows = int(row_block or rc.get("ROWS") or ws.T_PAD)
     if rows < 1 or rows & (rows - 1):
         raise ValueError(f"moe_route_align: row_block {row_block} is not a power of two (router rows per program)")
     _router_logits_kernel[(E // be, split, triton.cdiv(ws.T_PAD, rows))](
