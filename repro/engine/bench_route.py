@@ -62,6 +62,8 @@ DEFAULT_SETS = {
     "single_r32x8": _set("after", "single", None, BLOCK_E=32, SPLIT_K=8),
     "single_r16x32": _set("after", "single", None, SPLIT_K=32),
     "single_r32x8_rows64": _set("after", "single", None, BLOCK_E=32, SPLIT_K=8, ROWS=64),
+    "single_route_w2": _set("after", "single", None, route_warps=2),
+    "single_route_w4": _set("after", "single", None, route_warps=4),
 }
 
 
