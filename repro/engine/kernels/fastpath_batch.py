@@ -13,8 +13,8 @@ Every kernel here computes a row with a launch configuration that does not depen
   the row count M; no split-K): a row's output element is one K loop of fixed BLOCK_K dots.
 * QK-norm + RoPE + KV write and split-KV attention + combine: the slot axis of :mod:`.attention` (a program works
   inside one slot; a slot's split layout depends only on its own P_s).
-* MoE: the router GEMM in fixed 32-row tiles (``moe_route_align(row_block=...)``, SPLIT_K of the T-token
-  config), routing and alignment per token, the grouped expert GEMMs with fixed tiles (a pair's row is
+* MoE: the router GEMM in fixed row tiles (``moe_route_align(row_block=...)``: ``ROWS`` of the router config,
+  else one 32-row block; SPLIT_K of the config), routing and alignment per token, the grouped expert GEMMs with fixed tiles (a pair's row is
   computed independently of the others in its BLOCK_M group), launched over a tile table (``route.moe_tiles``,
   written by the route-select kernel's last program: one program per (expert, m-block) in use and n-tile, so the
   grid grows with the pairs routed, not with E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T
