@@ -20,7 +20,9 @@ version of ``route.py`` (e.g. ``git show BASE:repro/engine/kernels/route.py > /t
 sets with ``"module": "before"`` (its own workspace and a tile-table launch).
 
 Checks per variant and R (layer 0, eager): every token's expert ids, weights and normalised row, the per-expert
-token lists and the tile table, compared bit for bit with the first set of the same mode (``same_as_first``),
+token lists and the tile table, compared bit for bit with the first set of the same mode (``same_as_first``);
+slot 0 (rows 0..31, the same inputs at every R) bit for bit with the set's first R (``slot0_same_as_first_R``:
+the row invariance);
 and the ids with ``route_reference`` on the fp64 normalised rows (``ref_ids_agree``: fraction of tokens; the
 rest are near-ties, ``ref_flip_max_margin``). Prints one line per measurement on stderr, a table, and the JSON
 document as the last stdout line (also to ``--json``).
@@ -84,7 +86,8 @@ class _Case:
         g.manual_seed(seed)
         self.mod, self.spec, self.R, self.layers = mod, spec, R, layers
         self.dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the interpreter's bf16 loads are wrong
-        self.h = torch.randn(R, H, device=device, generator=g).to(self.dtype)
+        # rows of the largest R (1024) drawn for every R: row r and the weights are the same at every R
+        self.h = torch.randn(max(R, 1024), H, device=device, generator=g)[:R].to(self.dtype).contiguous()
         self.nw = (1 + 0.1 * torch.randn(H, device=device, generator=g)).to(self.dtype)
         self.gates = [torch.empty(E, H, device=device).normal_(0, 0.02, generator=g) for _ in range(layers)]
         self.biases = [torch.empty(E, device=device).normal_(0, 0.01, generator=g) for _ in range(layers)]
@@ -197,6 +200,8 @@ def bench(sets: dict, rows, layers=48, iters=30, before=None, log=print, json_pa
                                       "w_max_rel_diff": float(((st["w"] - f0["w"]).abs() / f0["w"].abs()).max()),
                                       "normed_equal": bool(torch.equal(st["normed"], f0["normed"]))}
                 r.update(_ref_check(case, st))
+                slot0 = first.setdefault(("slot0", name), st)  # the set's first R: rows 0..31 = slot 0
+                r["slot0_same_as_first_R"] = all(torch.equal(st[k][:32], slot0[k][:32]) for k in ("ids", "w", "normed"))
                 case.run()  # warm
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
@@ -220,22 +225,24 @@ def bench(sets: dict, rows, layers=48, iters=30, before=None, log=print, json_pa
 def _line(r) -> str:
     ks = ", ".join(f"{k} {v:.2f}" for k, v in r["kernels_us_per_layer"].items())
     sf = r["same_as_first"]
-    return (f"{r['us_per_layer']:.2f} us/layer (kernels: {ks}), vs {sf['first']}: all equal {sf['equal']}, ids "
+    return (f"{r['us_per_layer']:.2f} us/layer (kernels: {ks}), slot 0 invariant {r['slot0_same_as_first_R']}, "
+            f"vs {sf['first']}: all equal {sf['equal']}, ids "
             f"{sf['ids_equal']}, weights max rel diff {sf['w_max_rel_diff']:.1e}, normed {sf['normed_equal']}; "
             f"ids = reference for {r['ref_ids_agree']:.4f} of the tokens")
 
 
 def table(doc) -> str:
     rows = sorted({r["R"] for r in doc["results"]})
-    lines = ["| set | " + " | ".join(f"R={R} us/layer" for R in rows) + " | same as first | ref agree (min) |",
-             "|---|" + "---|" * (len(rows) + 2)]
+    lines = ["| set | " + " | ".join(f"R={R} us/layer" for R in rows) + " | same as first | slot 0 invariant "
+             "| ref agree (min) |", "|---|" + "---|" * (len(rows) + 3)]
     for name in dict.fromkeys(r["set"] for r in doc["results"]):
         rs = {r["R"]: r for r in doc["results"] if r["set"] == name}
         cells = [("err" if "error" in rs[R] else f"{rs[R]['us_per_layer']:.2f}") if R in rs else "-" for R in rows]
         ok = [r for r in rs.values() if "error" not in r]
         same = all(r["same_as_first"]["equal"] for r in ok) if ok else None
         agree = min((r["ref_ids_agree"] for r in ok), default=float("nan"))
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {same} | {agree:.4f} |")
+        inv = all(r["slot0_same_as_first_R"] for r in ok) if ok else None
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {same} | {inv} | {agree:.4f} |")
     return "\n".join(lines)
 
 
