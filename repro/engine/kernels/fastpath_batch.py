@@ -225,6 +225,8 @@ class BatchedBlockForward(GraphCapture):
             if cfg["gate_up"]["BLOCK_M"] == cfg["down"]["BLOCK_M"]:
                 self.tiles[name] = cfg["gate_up"]["BLOCK_M"]
                 M.moe_tiles(w, self.tiles[name], static=name == "dense")
+        # the MoE tile table written by the route-select kernel's last program (False: its own launch, kernel 4)
+        self.tiles_in_select = True
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
         self.logits = torch.zeros(S, T, shape.vocab, dtype=dt, device=device)
@@ -271,9 +273,11 @@ class BatchedBlockForward(GraphCapture):
             M.moe_route_align(self.h, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
                               s.scaling, s.renormalize, self.moe_cfg, slot=self._count_row(li), eps=s.eps,
                               norm_w=L["mlp_norm"], norm_out=self.a, row_block=self.router_rows,
-                              tile_block_m=self.tiles.get("moe"))  # the select kernel also writes the tile table
+                              tile_block_m=self.tiles.get("moe") if self.tiles_in_select else None)
             if stats is not None:
                 stats.counts.append(self.ws.counts[: s.experts].clone())
+            if "moe" in self.tiles and not self.tiles_in_select:
+                M.moe_tiles(self.ws, self.tiles["moe"])
             M.moe_experts(self.a, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg)
             prev = (self.ws, s.top_k, E1 == s.experts + 1)
         Nm.add_rmsnorm(self.h, W["final_norm"], self.a, pairs=prev[0].pair_out, top_k=prev[1], shared=prev[2],
