@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 from repro.engine.kernels import moe as M  # noqa: E402
 from repro.engine.kernels import norm as Nm  # noqa: E402
 
+from .conftest import rel_err  # noqa: E402
 from .test_batched_forward import mma_model  # noqa: E402,F401 - fixture: the interpreter's dot as an MMA does it
 
 CFG = {"router": dict(BLOCK_E=16, SPLIT_K=2, BLOCK_K=32), "route": dict(num_warps=1)}
@@ -138,3 +139,34 @@ def test_tile_table_from_select_kernel(dev, R, block_m):
         assert torch.equal(M.moe_tiles(ws2, block_m), ws.tiles)
         assert torch.equal(ws2.topk_ids, ws.topk_ids)
     assert max(counts[:E]) >= 1
+
+
+def test_batched_forward_tile_table_in_select(dev, mma_model):
+    """BatchedBlockForward: the tile table written by the select kernel (default) and by its own launch
+    (``tiles_in_select = False``) give the same round bit for bit, also with router tiles of 64 rows (ROWS > the
+    3 x 8 rows of the round)."""
+    from repro.engine.graph import SMALL_TILES
+    from repro.engine.kernels import fastpath as F
+    from repro.engine.kernels.fastpath_batch import BatchedBlockForward
+
+    from .test_batched_forward import MAX_LEN, T, TINY
+
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
+    W = F.random_weights(TINY, dev, torch.float32, seed=11, std=0.1)
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(TINY.layers, 2, 3, TINY.nkv, MAX_LEN, TINY.head_dim, generator=g)
+    ids = torch.randint(0, TINY.vocab, (3, T), generator=g)
+    outs = []
+    for in_select, rows in ((True, None), (False, None), (True, 64)):
+        moe = dict(SMALL_TILES["moe"], router=dict(SMALL_TILES["moe"]["router"], **({"ROWS": rows} if rows else {})))
+        fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev, configs={**SMALL_TILES, "moe": moe})
+        assert fw.router_rows == (rows or 16)
+        fw.tiles_in_select = in_select
+        fw.kv.copy_(kv)
+        fw.ids.copy_(ids)
+        fw.cache_len.copy_(torch.tensor([9, 0, 30], dtype=torch.int32))
+        fw.forward()
+        outs.append((fw.logits.clone(), fw.kv.clone()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert rel_err(outs[2][0], outs[0][0]) < 1e-5  # other router tiles: the same up to fp32 rounding
