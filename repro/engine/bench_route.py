@@ -56,6 +56,7 @@ DEFAULT_SETS = {
     "new_r32x8_rows64": _set("after", "batched", "fused", BLOCK_E=32, SPLIT_K=8, ROWS=64),
     "new_r64x8_rows64": _set("after", "batched", "fused", BLOCK_E=64, SPLIT_K=8, ROWS=64),
     "new_r64x4_rows64": _set("after", "batched", "fused", BLOCK_E=64, SPLIT_K=4, ROWS=64),
+    "new_r64x4_rows64_s3": _set("after", "batched", "fused", BLOCK_E=64, SPLIT_K=4, ROWS=64, num_stages=3),
     "new_r128x4_w8": _set("after", "batched", "fused", BLOCK_E=128, SPLIT_K=4, num_warps=8),
     "new_r128x4_rows64_w8": _set("after", "batched", "fused", BLOCK_E=128, SPLIT_K=4, ROWS=64, num_warps=8),
     "single_before": _set("before", "single", None),
