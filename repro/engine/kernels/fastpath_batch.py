@@ -16,7 +16,7 @@ Every kernel here computes a row with a launch configuration that does not depen
 * MoE: the router GEMM in fixed row tiles (``moe_route_align(row_block=...)``: ``ROWS`` of the router config,
   else one 32-row block; SPLIT_K of the config), routing and alignment per token, the grouped expert GEMMs with fixed tiles (a pair's row is
   computed independently of the others in its BLOCK_M group), launched over a tile table (``route.moe_tiles``,
-  written by the route-select kernel's last program: one program per (expert, m-block) in use and n-tile, so the
+  one small launch after routing, or with ``tiles_in_select`` the route-select kernel's last program: one program per (expert, m-block) in use and n-tile, so the
   grid grows with the pairs routed, not with E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T
   rows. Router/route launch configs: the batched tile file's ``moe_router`` / ``moe_route`` where it has them.
 * RMSNorms, embeddings, the top-k sum and the decode statistics are one row per program.
@@ -225,8 +225,9 @@ class BatchedBlockForward(GraphCapture):
             if cfg["gate_up"]["BLOCK_M"] == cfg["down"]["BLOCK_M"]:
                 self.tiles[name] = cfg["gate_up"]["BLOCK_M"]
                 M.moe_tiles(w, self.tiles[name], static=name == "dense")
-        # the MoE tile table written by the route-select kernel's last program (False: its own launch, kernel 4)
-        self.tiles_in_select = True
+        # the MoE tile table written by the route-select kernel's last program instead of its own launch (kernel 4);
+        # off: measured slower on the H200 (docs/perf.md "Session 5: router and route ...")
+        self.tiles_in_select = False
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
         self.logits = torch.zeros(S, T, shape.vocab, dtype=dt, device=device)
