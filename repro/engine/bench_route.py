@@ -38,12 +38,13 @@ import torch
 
 H, E, TOPK, N_GROUP, TOPK_GROUP, SCALE, N_INTER, TILE_M = 2048, 256, 8, 8, 4, 2.5, 512, 64
 
-H200_ROUTER = dict(BLOCK_E=16, SPLIT_K=16, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3")
+#: the H200 router config of both paths before session 5 (the variants change some of its keys)
+BASE_ROUTER = dict(BLOCK_E=16, SPLIT_K=16, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3")
 
 #: variants timed by default (module doc)
 def _set(module, mode, tiles, route_warps=1, **router):
     return {"module": module, "mode": mode, "tiles": tiles,
-            "configs": {"router": dict(H200_ROUTER, **router), "route": {"num_warps": route_warps}}}
+            "configs": {"router": dict(BASE_ROUTER, **router), "route": {"num_warps": route_warps}}}
 
 
 DEFAULT_SETS = {
