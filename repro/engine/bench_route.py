@@ -41,12 +41,13 @@ H, E, TOPK, N_GROUP, TOPK_GROUP, SCALE, N_INTER, TILE_M = 2048, 256, 8, 8, 4, 2.
 #: the H200 router config of both paths before session 5 (the variants change some of its keys)
 BASE_ROUTER = dict(BLOCK_E=16, SPLIT_K=16, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3")
 
-#: variants timed by default (module doc)
 def _set(module, mode, tiles, route_warps=1, **router):
+    """One variant: ``BASE_ROUTER`` with ``router`` keys replaced, the select kernel with ``route_warps`` warps."""
     return {"module": module, "mode": mode, "tiles": tiles,
             "configs": {"router": dict(BASE_ROUTER, **router), "route": {"num_warps": route_warps}}}
 
 
+#: variants timed by default (module doc): the old kernels, the new select kernel, router tiles, select warps
 DEFAULT_SETS = {
     "before": _set("before", "batched", "launch"),
     "new": _set("after", "batched", "fused"),
