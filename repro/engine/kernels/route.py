@@ -22,7 +22,8 @@ Kernels (on device, no host sync, static shapes: CUDA-graph capturable):
    program (a ticket counter) also writes the tile table of kernel 4.
 3. ``_align_kernel``: the alignment alone, for a routing decision made elsewhere (the engine seam).
 4. ``_tile_table_kernel`` (:func:`moe_tiles`, optional): the (expert, m-block) tiles of the aligned pairs, over
-   which the expert GEMMs then launch (many rows: the batched forward, which has the select kernel write it).
+   which the expert GEMMs then launch (many rows: the batched forward); ``moe_route_align(tile_block_m=)`` has
+   the select kernel write the same table instead (measured slower on the H200: an option).
 
 Exact ties (equal fp32 biased scores or group scores) go to the lower index, in the kernel and in
 :func:`route_reference`. docs/perf.md "Session 5: router and route at batch 1 and many slots" has the
