@@ -15,11 +15,13 @@ Every kernel here computes a row with a launch configuration that does not depen
   chunks depend only on its own P_s and are folded in a fixed order, so its "split" launch, used below
   ``WHOLE_MIN_SLOTS`` slots, and its "whole" launch, one program per (slot, KV head, row block) from there on,
   give the same bits). ``configs["attn"]["IMPL"] = "single"`` runs :mod:`.attention`'s kernels instead (A/B).
-* MoE: the router GEMM in fixed 32-row tiles (``moe_route_align(row_block=...)``, SPLIT_K of the T-token
-  config), routing and alignment per token, the grouped expert GEMMs with fixed tiles (a pair's row is
-  computed independently of the others in its BLOCK_M group), launched over a tile table (``route.moe_tiles``:
-  one program per (expert, m-block) in use and n-tile, so the grid grows with the pairs routed, not with
-  E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T rows.
+* MoE: the router GEMM in fixed row tiles (``moe_route_align(row_block=...)``: ``ROWS`` of the router config,
+  else one 32-row block; SPLIT_K of the config), routing and alignment per token, the grouped expert GEMMs with
+  fixed tiles (a pair's row is computed independently of the others in its BLOCK_M group), launched over a tile
+  table (``route.moe_tiles``, one small launch after routing, or with ``tiles_in_select`` the route-select
+  kernel's last program: one program per (expert, m-block) in use and n-tile, so the grid grows with the pairs
+  routed, not with E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T rows. Router/route launch
+  configs: the batched tile file's ``moe_router`` / ``moe_route`` where it has them.
 * RMSNorms: ``NORM_WARPS`` warps and ``configs["norm"]["rows"]`` rows per program (0: one row per program; >= 1:
   rows in turn with a prefetch of the next, the same per-row arithmetic for any grid), one setting for every S;
   embeddings, the top-k sum and the decode statistics are one row per program.
@@ -231,7 +233,11 @@ class BatchedBlockForward(GraphCapture):
         E, N = shape.experts, shape.moe_inter
         # MoE tiles pinned to the T-token block's (a full dict: moe._cfg never looks a config up by S·T rows)
         self.moe_cfg = {k: M._cfg(k, kc["moe"], H, N, E + 1, T) for k in M.DEFAULT_CONFIGS}
-        self.router_rows = max(16, next_pow2(T))  # router GEMM tile rows: one block's T_PAD whatever S
+        for k in ("router", "route"):  # the batched tile file's router/route entries (any expert precision)
+            if k not in ((configs or {}).get("moe") or {}):
+                self.moe_cfg[k].update(load_config("batched", "moe_" + k, {}, E=E + 1, N=N, H=H, T=T))
+        # router GEMM tile rows, whatever S: the batched router config's ROWS, else one block's T_PAD
+        self.router_rows = int(self.moe_cfg["router"].get("ROWS", max(16, next_pow2(T))))
         n_moe = shape.layers - shape.first_dense
         moe_w13 = [L["w13"] for L in W["layers"] if "router" in L]
         E1 = M.expert_slots(moe_w13[0]) if moe_w13 else E + 1  # E + 1 with a shared expert (index E), else E
@@ -250,6 +256,9 @@ class BatchedBlockForward(GraphCapture):
             if cfg["gate_up"]["BLOCK_M"] == cfg["down"]["BLOCK_M"]:
                 self.tiles[name] = cfg["gate_up"]["BLOCK_M"]
                 M.moe_tiles(w, self.tiles[name], static=name == "dense")
+        # the MoE tile table written by the route-select kernel's last program instead of its own launch (kernel 4);
+        # off: measured slower on the H200 (docs/perf.md "Session 5: router and route ...")
+        self.tiles_in_select = False
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
         self.logits = torch.zeros(S, T, shape.vocab, dtype=dt, device=device)
@@ -293,10 +302,11 @@ class BatchedBlockForward(GraphCapture):
             E1 = M.expert_slots(L["w13"])
             M.moe_route_align(self.h, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
                               s.scaling, s.renormalize, self.moe_cfg, slot=self._count_row(li), eps=s.eps,
-                              norm_w=L["mlp_norm"], norm_out=self.a, row_block=self.router_rows)
+                              norm_w=L["mlp_norm"], norm_out=self.a, row_block=self.router_rows,
+                              tile_block_m=self.tiles.get("moe") if self.tiles_in_select else None)
             if stats is not None:
                 stats.counts.append(self.ws.counts[: s.experts].clone())
-            if "moe" in self.tiles:
+            if "moe" in self.tiles and not self.tiles_in_select:
                 M.moe_tiles(self.ws, self.tiles["moe"])
             M.moe_experts(self.a, L["w13"], L["w2"], self.ws, s.top_k, self.moe_cfg)
             prev = (self.ws, s.top_k, E1 == s.experts + 1)

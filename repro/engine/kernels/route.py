@@ -9,17 +9,25 @@ multiplied by ``routed_scaling_factor``, all fp32. Reference: :func:`route_refer
 
 Kernels (on device, no host sync, static shapes: CUDA-graph capturable):
 
-1. ``_router_logits_kernel``: split-K fp32 (IEEE) GEMM, partial logits [SPLIT_K, T_PAD, E].
-2. ``_route_select_kernel`` (one program per token): sums the partials, sigmoid, bias, group-limited
-   top-k, renormalisation x scale, then the token-expert alignment by atomics: for every expert e its
+1. ``_router_logits_kernel``: split-K fp32 GEMM (IEEE or tf32x3 dots), partial logits [SPLIT_K, T_PAD, E]; a
+   program takes ROWS token rows x BLOCK_E experts x H/SPLIT_K of K.
+2. ``_route_select_kernel`` (one program per token): sums the partials in split order, sigmoid, bias,
+   group-limited top-k (each step one int64 max over value/index keys), renormalisation x scale, then the
+   token-expert alignment by relaxed atomics: for every expert e its
    count ``counts[e]`` and the list of pair indices ``pairs[e, :counts[e]]`` (order not fixed; each
    pair's result row is computed independently, so the output does not depend on it), and the list of
    touched experts ``active`` (``counts[E1]`` long). Pair index ``p = t*top_k + k`` for routed pairs,
    ``T*top_k + t`` for the shared expert. With the RMSNorm folded into the router (``norm_w``), it can
-   also write the normalised rows that the expert GEMMs read (``norm_out``).
+   also write the normalised rows that the expert GEMMs read (``norm_out``); with ``tile_block_m`` its last
+   program (a ticket counter) also writes the tile table of kernel 4.
 3. ``_align_kernel``: the alignment alone, for a routing decision made elsewhere (the engine seam).
 4. ``_tile_table_kernel`` (:func:`moe_tiles`, optional): the (expert, m-block) tiles of the aligned pairs, over
-   which the expert GEMMs then launch (many rows: the batched forward).
+   which the expert GEMMs then launch (many rows: the batched forward); ``moe_route_align(tile_block_m=)`` has
+   the select kernel write the same table instead (measured slower on the H200: an option).
+
+Exact ties (equal fp32 biased scores or group scores) go to the lower index, in the kernel and in
+:func:`route_reference`. docs/perf.md "Session 5: router and route at batch 1 and many slots" has the
+counts and timings behind the launch configs.
 
 The buffers live in :class:`MoEWorkspace`; the expert GEMMs that consume them are in :mod:`.moe`.
 Source of the alignment idea: vLLM/SGLang ``moe_align_block_size`` (own code: per-expert lists filled by
@@ -48,7 +56,8 @@ def route_reference(
     """Group-limited sigmoid routing in fp32 (module doc).
 
     x [T, H] any float dtype; gate_w [E, H]; expert_bias [E] or None.
-    Returns (topk_ids [T, top_k] int64, sorted by descending biased score; topk_weights [T, top_k] fp32).
+    Returns (topk_ids [T, top_k] int64, sorted by descending biased score, exact ties by ascending expert index
+    (also for the group choice); topk_weights [T, top_k] fp32).
     """
     logits = x.float() @ gate_w.float().t()
     scores = torch.sigmoid(logits)
@@ -56,11 +65,13 @@ def route_reference(
     T, E = biased.shape
     gs = E // n_group
     group_scores = biased.view(T, n_group, gs).topk(2, dim=-1).values.sum(-1)
-    group_idx = group_scores.topk(topk_group, dim=-1).indices
+    # stable descending sorts: exact ties go to the lower index (torch.topk leaves their order open), the rule of
+    # the select kernel
+    group_idx = group_scores.sort(dim=-1, descending=True, stable=True).indices[:, :topk_group]
     group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
     score_mask = group_mask.unsqueeze(-1).expand(T, n_group, gs).reshape(T, E)
     masked = biased.masked_fill(~score_mask, float("-inf"))
-    topk_ids = masked.topk(top_k, dim=-1).indices
+    topk_ids = masked.sort(dim=-1, descending=True, stable=True).indices[:, :top_k]
     w = scores.gather(1, topk_ids)
     if renormalize:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
@@ -81,15 +92,49 @@ if HAS_TRITON:
 
     @triton.jit
     def _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK: tl.constexpr, MAXC: tl.constexpr,
-                      NACT_IDX: tl.constexpr):
+                      NACT_IDX: tl.constexpr, ACTIVE: tl.constexpr = True):
         """Append the TOPK pairs ``p`` of one token to their experts' lists ``pairs[ids, slot]`` (slot by
-        atomics on ``counts[ids]``); an expert's first pair also appends it to ``active`` (length
-        ``counts[NACT_IDX]``)."""
-        slot = tl.atomic_add(counts_ptr + ids, tl.full((TOPK,), 1, tl.int32))
+        atomics on ``counts[ids]``); with ACTIVE, an expert's first pair also appends it to ``active`` (length
+        ``counts[NACT_IDX]``; a second atomic that waits for the first). Relaxed atomics: only atomicity is
+        needed inside the launch (the consumers are later launches), so no acquire/release fence per atomic."""
+        slot = tl.atomic_add(counts_ptr + ids, tl.full((TOPK,), 1, tl.int32), sem="relaxed")
         tl.store(pairs_ptr + ids * MAXC + slot, p)
-        first = slot == 0
-        pos = tl.atomic_add(counts_ptr + NACT_IDX + 0 * ids, tl.full((TOPK,), 1, tl.int32), mask=first)
-        tl.store(active_ptr + pos, ids, mask=first)
+        if ACTIVE:
+            first = slot == 0
+            pos = tl.atomic_add(counts_ptr + NACT_IDX + 0 * ids, tl.full((TOPK,), 1, tl.int32), mask=first,
+                                sem="relaxed")
+            tl.store(active_ptr + pos, ids, mask=first)
+
+    @triton.jit
+    def _desc_key(v, idx, N: tl.constexpr):
+        """int64 keys of fp32 ``v`` with indices ``idx`` (int32, in [0, N)): key order = v descending, then idx
+        ascending, so ``max(key)`` is the first argmax (``tl.argmax``'s tie rule) in one integer reduction. The
+        fp32 bits are made monotone as signed integers (negative values: the 31 low bits flipped)."""
+        b = v.to(tl.int32, bitcast=True)
+        b = b ^ ((b >> 31) & 0x7FFFFFFF)
+        return (b.to(tl.int64) << 32) | (N - 1 - idx).to(tl.int64)
+
+    @triton.jit
+    def _fill_tiles(counts_ptr, tiles_ptr, MAXT, E1: tl.constexpr, E1P: tl.constexpr, BLOCK_M: tl.constexpr):
+        """The tile table of :func:`moe_tiles` written by one program: expert e's tiles are entries
+        excl[e] .. excl[e] + cdiv(counts[e], BLOCK_M) - 1 (excl = exclusive prefix sum, experts ascending),
+        entry excl[e] + b = (e, b); entries from the total up to MAXT get (-1, 0). Counts are read at L2
+        (``.cg``): they were written by other programs' atomics."""
+        offs = tl.arange(0, E1P)
+        c = tl.load(counts_ptr + offs, mask=offs < E1, other=0, cache_modifier=".cg")
+        nt = (c + BLOCK_M - 1) // BLOCK_M
+        excl = tl.cumsum(nt, axis=0) - nt
+        total = tl.sum(nt, axis=0)
+        zero = tl.zeros((E1P,), dtype=tl.int32)
+        for b in range(0, tl.max(nt, axis=0)):
+            m = nt > b
+            tl.store(tiles_ptr + 2 * (excl + b), offs, mask=m)
+            tl.store(tiles_ptr + 2 * (excl + b) + 1, zero + b, mask=m)
+        for j0 in range(0, MAXT, E1P):
+            j = j0 + offs
+            m = (j >= total) & (j < MAXT)
+            tl.store(tiles_ptr + 2 * j, zero - 1, mask=m)
+            tl.store(tiles_ptr + 2 * j + 1, zero, mask=m)
 
     @triton.jit
     def _router_logits_kernel(
@@ -101,8 +146,10 @@ if HAS_TRITON:
     ):
         """part[s, t, e] = Σ_{k in split s} x[t, k] * w[e, k] in fp32 (PREC "ieee" or "tf32x3"); rows t >= T are 0.
 
-        Grid (E/BLOCK_E, SPLIT_K, T_PAD/ROWS): each program takes ROWS token rows (ROWS = T_PAD: one row block),
-        so with a fixed ROWS a row's logits do not depend on how many rows there are.
+        Grid (E/BLOCK_E, SPLIT_K, cdiv(T_PAD, ROWS)): each program takes ROWS token rows (ROWS = T_PAD: one row
+        block), so with a fixed ROWS a row's logits do not depend on how many rows there are (the MMA computes a
+        row the same way at any position of its tile; rows >= T are zeros). Inside a split the K
+        order is fixed (BLOCK_K steps, ascending); the select kernel adds the SPLIT_K partials in split order.
 
         NORM: x is the raw residual h; the kernel uses h·nw (RMSNorm weight) and, with WRITE_SS, also writes
         the split's Σh² to ss[s, t] (programs of the first expert tile), so the select kernel applies
@@ -129,10 +176,11 @@ if HAS_TRITON:
                 xv = xv * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
             wv = tl.load(w_ptr + offs_e[None, :] * H + kk[:, None]).to(tl.float32)
             acc = tl.dot(xv, wv, acc, input_precision=PREC)
-        tl.store(part_ptr + pid_k * (T_PAD * E) + offs_t[:, None] * E + offs_e[None, :], acc)
+        tm = offs_t < T_PAD  # ROWS > T_PAD: one program, rows past the buffer not stored
+        tl.store(part_ptr + pid_k * (T_PAD * E) + offs_t[:, None] * E + offs_e[None, :], acc, mask=tm[:, None])
         if NORM and WRITE_SS:
             if pid_e == 0:
-                tl.store(ss_ptr + pid_k * T_PAD + offs_t, ssv)
+                tl.store(ss_ptr + pid_k * T_PAD + offs_t, ssv, mask=tm)
 
     @triton.jit
     def _route_select_kernel(
@@ -143,6 +191,8 @@ if HAS_TRITON:
         RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, MAXC: tl.constexpr, ZERO_NEXT: tl.constexpr,
         NORM: tl.constexpr = False, H: tl.constexpr = 1, WRITE_NORMED: tl.constexpr = False,
         BLOCK_H: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
+        TILES: tl.constexpr = False, ticket_ptr=None, tiles_ptr=None, T=1, MAXT=1, E1: tl.constexpr = 1,
+        E1P: tl.constexpr = 1, TILE_M: tl.constexpr = 16, ACTIVE: tl.constexpr = True,
     ):
         """One program per token t: routing of t, then its pairs appended to the experts' lists.
 
@@ -154,6 +204,13 @@ if HAS_TRITON:
         r = rsqrt(mean h² + eps), with Σh² from the router's ss partials, or, with WRITE_NORMED, from row t of h
         (x, loaded first so that its latency overlaps the partials' loads), which is then also written as
         ``normed[t] = (x[t]·r).to(x.dtype)·nw`` in normed's dtype (the RMSNorm of ``norm.add_rmsnorm``).
+        Selection: every top-k step is one int64 max over :func:`_desc_key` keys (the value and, for ties, the
+        lower index: the rule of ``tl.argmax`` and of the reference's first-index order); a group's second
+        largest score is the largest after one occurrence of the largest is dropped.
+        ACTIVE: also the list of touched experts (:func:`_append_pairs`).
+        TILES: the program that takes the last ticket (``ticket[0]``, acquire/release: every other program's
+        pairs are counted by then) writes the tile table of :func:`moe_tiles` for TILE_M-row tiles
+        (:func:`_fill_tiles`; T programs, MAXT entries) and resets the ticket to 0 — no separate launch.
         """
         if USE_PDL:
             gdc_launch_dependents()
@@ -184,28 +241,30 @@ if HAS_TRITON:
             biased = scores
         GS: tl.constexpr = E // N_GROUP
         NEG: tl.constexpr = float("-inf")
+        KEY_MIN: tl.constexpr = -(2139095041 << 32) - 1  # below the key of -inf (_desc_key) at any index
         g2 = tl.reshape(biased, (N_GROUP, GS))
-        gi = tl.arange(0, GS)[None, :]
         m1 = tl.max(g2, axis=1)
-        a1 = tl.argmax(g2, axis=1)
-        m2 = tl.max(tl.where(gi == a1[:, None], NEG, g2), axis=1)
-        gwork = m1 + m2
+        is1 = g2 == m1[:, None]
+        n1 = tl.sum(is1.to(tl.int32), axis=1)
+        m2 = tl.where(n1 > 1, m1, tl.max(tl.where(is1, NEG, g2), axis=1))  # drop one occurrence of the largest
         gidx = tl.arange(0, N_GROUP)
+        gkey = _desc_key(m1 + m2, gidx, N_GROUP)
         keep = tl.zeros((N_GROUP,), dtype=tl.int32)
         for _ in tl.static_range(TOPK_GROUP):
-            ag = tl.argmax(gwork, axis=0)
-            keep = tl.where(gidx == ag, 1, keep)
-            gwork = tl.where(gidx == ag, NEG, gwork)
+            gm = tl.max(gkey, axis=0)
+            keep = tl.where(gkey == gm, 1, keep)
+            gkey = tl.where(gkey == gm, KEY_MIN, gkey)
         keep2 = tl.reshape(tl.broadcast_to(keep[:, None], (N_GROUP, GS)), (E,))
-        work = tl.where(keep2 != 0, biased, NEG)
+        key = tl.where(keep2 != 0, _desc_key(biased, offs_e, E), KEY_MIN)
         kidx = tl.arange(0, TOPK)
         ids = tl.zeros((TOPK,), dtype=tl.int32)
         wts = tl.zeros((TOPK,), dtype=tl.float32)
         for i in tl.static_range(TOPK):
-            a = tl.argmax(work, axis=0)
+            km = tl.max(key, axis=0)
+            a = (E - 1) - (km & (E - 1)).to(tl.int32)
             sel = offs_e == a
             wi = tl.sum(tl.where(sel, scores, 0.0), axis=0)
-            work = tl.where(sel, NEG, work)
+            key = tl.where(sel, KEY_MIN, key)
             ids = tl.where(kidx == i, a, ids)
             wts = tl.where(kidx == i, wi, wts)
         if RENORM:
@@ -215,11 +274,15 @@ if HAS_TRITON:
         tl.store(ids_ptr + p, ids)
         tl.store(topw_ptr + p, wts)
         tl.store(pairw_ptr + p, wts)
-        _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK, MAXC, NACT_IDX)
+        _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK, MAXC, NACT_IDX, ACTIVE)
         if ZERO_NEXT:
             if t == 0:
                 tl.store(next_counts_ptr + offs_e, tl.zeros((E,), dtype=tl.int32))
                 tl.store(next_counts_ptr + NACT_IDX, 0)
+        if TILES:
+            if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == T - 1:
+                _fill_tiles(counts_ptr, tiles_ptr, MAXT, E1, E1P, TILE_M)
+                tl.atomic_xchg(ticket_ptr, 0)
 
     @triton.jit
     def _align_kernel(
@@ -263,7 +326,7 @@ class MoEWorkspace:
     pair_w [P1] fp32; counts_all [n_slots, E1] int32 (one row per MoE layer in the fast path, so that each
     layer's select kernel can clear the next layer's row; ``counts`` is the row in use); pairs [E1, T_PAD]
     int32; inter [P1, N] dtype; pair_out [P1, H] fp32; out [T, H] dtype, with P1 = T*K (+T with a shared
-    expert). The shared expert's row (index E) is constant: count T, pairs T*K + t, weight 1.
+    expert); tiles [MAXT, 2] int32 once :func:`moe_tiles` or ``moe_route_align(tile_block_m=)`` made it. The shared expert's row (index E) is constant: count T, pairs T*K + t, weight 1.
     """
 
     def __init__(self, T, H, N, E, E1, top_k, dtype, device, split_k=4, n_slots=1):
@@ -287,6 +350,7 @@ class MoEWorkspace:
         self.slot = 0
         self.tiles = None  # tile table [MAXT, 2] of moe_tiles (expert GEMMs launched over it), BLOCK_M it is for
         self.tiles_block_m = None
+        self.ticket = torch.zeros(1, **i32)  # select programs done (moe_route_align(tile_block_m=)); 0 between launches
         if E1 == E + 1:
             self.counts_all[:, E] = T
             self.pairs[E, :T] = torch.arange(T * top_k, T * top_k + T, device=device, dtype=torch.int32)
@@ -314,7 +378,7 @@ def _cfg(kernel, configs, H, N, E1, T):
 
 def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_group=8, topk_group=4,
                     scaling=2.5, renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6, norm_out=None,
-                    row_block=None):
+                    row_block=None, tile_block_m=None):
     """Kernels 1-2: router logits + per-token selection/alignment into ``ws``.
 
     x [T, H] (bf16 on GPU; fp32/fp16 under the interpreter), unit stride along H; gate_w [E, H] fp32
@@ -327,11 +391,15 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     This replaces the separate add+RMSNorm launch when the O projection adds into h in place.
     slot=None (standalone): uses counts row 0 and clears it first (one memset). slot=l (fast path): uses
     row l, expects it cleared, and clears row (l+1) % n_slots for the next MoE layer (no memset).
-    row_block (a power of two dividing ``ws.T_PAD``; None: all rows in one program): the router GEMM takes
-    this many token rows per program, so that a row's logits are computed by the same tile whatever T is
-    (the batched forward's row invariance).
+    row_block (a power of two; None: the router config's ``ROWS`` if it has one, else all rows in one program):
+    the router GEMM takes this many token rows per program (one program when it exceeds ``ws.T_PAD``), so that a
+    row's logits are computed by the same tile whatever T is (the batched forward's row invariance).
+    The list of touched experts (``ws.active``, ``counts[E1]`` long) is written for a standalone call and when
+    the expert GEMMs read it (``ws.compact``), not in the fast paths' per-layer calls (one dependent atomic less).
+    tile_block_m (int or None): also write the tile table of :func:`moe_tiles` for this BLOCK_M (``ws.tiles``,
+    allocated on the first call), from inside the select kernel (its last program) instead of a third launch.
     Raises ValueError for norm_out without norm_w, or not of x's shape with unit stride along H, or for a
-    row_block that does not divide ``ws.T_PAD``.
+    row_block that is not a power of two.
     """
     T, H = x.shape
     E = gate_w.shape[0]
@@ -344,10 +412,10 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     be = min(rc["BLOCK_E"], E)
     bk = min(rc["BLOCK_K"], H // split)
     assert H % (split * bk) == 0 and E % be == 0
-    rows = ws.T_PAD if row_block is None else int(row_block)
-    if rows < 1 or rows & (rows - 1) or ws.T_PAD % rows:
-        raise ValueError(f"moe_route_align: row_block {row_block} is not a power of two dividing T_PAD={ws.T_PAD}")
-    _router_logits_kernel[(E // be, split, ws.T_PAD // rows)](
+    rows = int(row_block or rc.get("ROWS") or ws.T_PAD)
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"moe_route_align: row_block {row_block} is not a power of two (router rows per program)")
+    _router_logits_kernel[(E // be, split, triton.cdiv(ws.T_PAD, rows))](
         x, gate_w, ws.part, norm_w if norm_w is not None else gate_w, ws.ss, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
         BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), NORM=norm_w is not None, WRITE_SS=norm_out is None,
         ROWS=rows, num_warps=rc["num_warps"],
@@ -364,6 +432,11 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
         nxt = ws.counts_all[(slot + 1) % ws.counts_all.shape[0]]
     ac = _cfg("route", configs, H, ws.inter.shape[1], E1, T)
     no = norm_out if norm_out is not None else x
+    tiles = {}
+    if tile_block_m is not None:
+        table = _tile_buffer(ws, int(tile_block_m))
+        tiles = dict(TILES=True, ticket_ptr=ws.ticket, tiles_ptr=table, T=T, MAXT=table.shape[0], E1=ws.E1,
+                     E1P=next_pow2(ws.E1), TILE_M=int(tile_block_m))
     _route_select_kernel[(T,)](
         ws.part, expert_bias if expert_bias is not None else ws.part, ws.topk_ids, ws.topk_w,
         ws.pair_w, ws.counts, ws.pairs, nxt, ws.ss, eps, x, norm_w if norm_w is not None else x, no, x.stride(0),
@@ -371,7 +444,7 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
         TOPK_GROUP=topk_group, SPLIT_K=split, SCALE=float(scaling), RENORM=bool(renormalize),
         HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, ZERO_NEXT=slot is not None,
         NORM=norm_w is not None, H=H, WRITE_NORMED=norm_out is not None, BLOCK_H=next_pow2(H),
-        num_warps=ac["num_warps"],
+        ACTIVE=bool(ws.compact or slot is None), num_warps=ac["num_warps"], **tiles,
         **pdl(),
     )
 
@@ -386,6 +459,16 @@ def moe_align(ids, weights, ws: MoEWorkspace):
                         MAXC=ws.T_PAD, NACT_IDX=ws.E1, num_warps=1, **pdl())
 
 
+def _tile_buffer(ws: MoEWorkspace, block_m: int) -> torch.Tensor:
+    """``ws.tiles`` [cdiv(P1, block_m) + E1, 2] int32 for ``block_m``, allocated when missing or made for another
+    BLOCK_M (so never inside a graph capture once the forward has run)."""
+    maxt = triton.cdiv(ws.pair_w.shape[0], block_m) + ws.E1
+    if ws.tiles is None or ws.tiles.shape[0] != maxt or ws.tiles_block_m != block_m:
+        ws.tiles = torch.zeros(maxt, 2, dtype=torch.int32, device=ws.pair_w.device)
+        ws.tiles_block_m = block_m
+    return ws.tiles
+
+
 def moe_tiles(ws: MoEWorkspace, block_m: int, static: bool = False):
     """Give ``ws`` a tile table and fill it: the expert GEMMs then launch over (tiles, n-tiles) instead of
     (E1, n-tiles, cdiv(T_PAD, BLOCK_M)).
@@ -397,13 +480,10 @@ def moe_tiles(ws: MoEWorkspace, block_m: int, static: bool = False):
     BLOCK_M 16 that is 833 tiles instead of 257 x 64 programs per n-tile. A pair's row is computed by the same
     tile code either way (same BLOCK_M / N / K, fixed K order), so results do not change.
     ``static``: fill the table once now from the current counts (a workspace whose counts never change, e.g.
-    the dense layer's); else one launch of ``_tile_table_kernel`` after every routing (no host sync, capturable).
+    the dense layer's); else one launch of ``_tile_table_kernel`` after every routing (no host sync, capturable;
+    ``moe_route_align(tile_block_m=)`` writes the same table without that launch).
     """
-    P1 = ws.pair_w.shape[0]
-    maxt = triton.cdiv(P1, block_m) + ws.E1
-    if ws.tiles is None or ws.tiles.shape[0] != maxt or ws.tiles_block_m != block_m:
-        ws.tiles = torch.zeros(maxt, 2, dtype=torch.int32, device=ws.pair_w.device)
-        ws.tiles_block_m = block_m
+    maxt = _tile_buffer(ws, block_m).shape[0]
     if static:
         c = ws.counts[: ws.E1].tolist()
         rows = [(e, b) for e in range(ws.E1) for b in range(-(-c[e] // block_m))]
