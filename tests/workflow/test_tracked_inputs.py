@@ -57,7 +57,7 @@ class Run:
                str(self.overlay(**overlay))]
         env = dict(os.environ, HF_HUB_CACHE=str(self.hub), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
         r = subprocess.run(cmd, cwd=self.root, capture_output=True, text=True, timeout=600, env=env)
-        self.last_stdout = r.stdout
+        self.last_stdout, self.returncode = r.stdout, r.returncode
         out = r.stdout + r.stderr
         if check:
             assert r.returncode == 0, out[-3000:]
@@ -172,6 +172,40 @@ def test_touched_checkpoint_file_reverifies_and_regenerates_nothing(run):
     after = json.loads(stamp.read_text())  # verified again: the stamp vouches for the new mtime
     assert after["verified_at"] >= before["verified_at"] and after["stat"] != before["stat"]
     assert after["manifest_sha256"] == before["manifest_sha256"]
+    assert "Nothing to be done" in run.snakemake("-n")
+
+
+@pytest.mark.parametrize("mtime_kept", [False, True], ids=["byte-flipped", "byte-flipped-mtime-restored"])
+def test_damaged_checkpoint_stops_every_real_run_until_repaired(run, mtime_kept):
+    """A byte flipped in a checkpoint file after a complete run (size kept; with its mtime put back too): the
+    real run stops non-zero naming the checkpoint, the file and the fix, and so does every later run (none goes
+    silent on the removed stamp); a dry run only reports (rc 0, the stamp kept); the restored file verifies
+    again and the tree is up to date."""
+    run.snakemake()
+    stamp = run.work / "verified" / "tiny-orl.json"
+    weights = run.work / "hf" / "tiny-orl" / "model-00002-of-00002.safetensors"  # written by the tiny model's rule
+    original, st = weights.read_bytes(), weights.stat()
+    try:
+        with open(weights, "r+b") as f:  # in place: same inode, same size
+            f.seek(len(original) // 2)
+            f.write(bytes([original[len(original) // 2] ^ 1]))
+        if mtime_kept:  # size and mtime as verified: only the inode change time tells
+            os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+        out = run.snakemake("-n")  # a dry run only reports
+        assert "note: dry run: " in out and stamp.exists(), out[-3000:]
+        for attempt in range(2):  # the first run and a later one: both stop, naming file and fix
+            out = run.snakemake(check=False)
+            assert run.returncode != 0, out[-3000:]
+            assert f"checkpoint {run.work / 'hf' / 'tiny-orl'} failed verification" in out, out[-3000:]
+            assert f"altered: {weights.name}" in out and "fix: delete the folder" in out, out[-3000:]
+            assert not stamp.exists() and "Nothing to be done" not in out
+        out = run.snakemake("-n")
+        assert "failed verification in an earlier run" in out, out[-3000:]
+    finally:
+        weights.write_bytes(original)
+    out = run.snakemake()  # restored: verified again, a fresh stamp, nothing regenerated
+    assert "verifying it again by content" in out and "Nothing to be done" in out, out[-3000:]
+    assert stamp.exists() and not (stamp.parent / "tiny-orl.json.FAILED").exists()
     assert "Nothing to be done" in run.snakemake("-n")
 
 

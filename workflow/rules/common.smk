@@ -14,7 +14,7 @@ sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also wit
 
 from repro import benchmarks, paths as P
 from repro.checkpoint.dequantize import declared_quantization
-from repro.checkpoint.verify import refresh_stale_stamp, rerun_trigger
+from repro.checkpoint.verify import failed_marker, refresh_stale_stamp, rerun_trigger
 from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
 
@@ -205,29 +205,49 @@ def checkpoint_content_key(wildcards):
     return json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 
-def reverify_stale_stamps(pairs):
+def reverify_stale_stamps(pairs, what="checkpoint"):
     """``pairs``: ``(folder, stamp, manifest pin or None)``. A verified stamp whose folder's files no longer have
-    the recorded sizes and mtimes (a file touched or rewritten; a copied work directory, whose files all have
-    new mtimes and whose paths Snakemake has no record of) no longer vouches for them: generation would refuse
-    it. Verify such a folder again by content here, before the DAG is built
-    (repro.checkpoint.verify.refresh_stale_stamp): it passes -> a fresh stamp (the rules reading the folder
-    take the stamp as ancient(), so nothing regenerates); it fails -> the stamp is removed, the verify job runs
-    again and reports every changed file, and no job reading the folder starts. (Not a re-run of the verify
-    job: Snakemake would then not examine any job below it reached only through ancient() inputs.) A dry run
-    verifies and removes nothing: it names each folder a real run would verify again."""
+    the recorded sizes, mtimes, inode change times and inodes (a file touched, rewritten, or put back with its
+    old mtime; a copied work directory, whose files are all new inodes and whose paths Snakemake has no record
+    of) no longer vouches for them: generation would refuse it. Verify such a folder again by content here,
+    before the DAG is built (repro.checkpoint.verify.refresh_stale_stamp): it passes -> a fresh stamp (the rules
+    reading the folder take the stamp as ancient(), so nothing regenerates); it fails -> the stamp is removed,
+    a ``.FAILED`` marker beside it keeps the report, and the run stops here naming the folder, the files and the
+    fix (exit 1). (Not a re-run of the verify job: Snakemake would not run it -- the jobs reading the folder are
+    up to date and take the stamp as ancient() -- nor examine any job below it.) Later runs check that folder
+    again while the marker is there: they stop the same way until the files are restored (a fresh stamp) or the
+    folder is deleted (the next job that needs it fetches and verifies it again). A dry run verifies and removes
+    nothing: it names each folder a real run would verify again."""
+    failed = []
     for folder, stamp, pin in pairs:
-        if not os.path.isfile(stamp) or rerun_trigger(folder, stamp) == "ok":
+        marker = failed_marker(stamp)
+        if os.path.isfile(stamp):
+            if rerun_trigger(folder, stamp) == "ok":
+                continue
+            why = f"changed since {stamp} was written"
+        elif marker.is_file():
+            why = f"failed verification in an earlier run ({marker})"
+        else:
             continue
         if DRY_RUN:
-            print(f"note: dry run: {folder} changed since {stamp} was written; a real run verifies it again by "
-                  "content before planning its jobs (passes: a fresh stamp; fails: the stamp is removed and its "
-                  "verify job re-runs, naming the files); a dry run verifies and removes nothing, so the jobs it "
-                  "lists are planned on the old stamp", file=sys.stderr)
+            print(f"note: dry run: {folder} {why}; a real run verifies it again by content before planning its "
+                  "jobs (passes: a fresh stamp; fails: the run stops naming the files); a dry run verifies and "
+                  "removes nothing, so the jobs it lists are planned on the old stamp", file=sys.stderr)
             continue
-        print(f"note: {folder} changed since {stamp} was written; verifying it again by content", file=sys.stderr)
-        if refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin) == "removed":
-            print(f"note: {folder} failed verification; its verify job runs again and names the files",
-                  file=sys.stderr)
+        if not os.path.isdir(folder):
+            refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin)  # drops the marker
+            continue
+        print(f"note: {folder} {why}; verifying it again by content", file=sys.stderr)
+        if refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin) == "failed":
+            failed.append((folder, stamp, marker))
+    for folder, stamp, marker in failed:
+        lines = "\n".join("  " + line for line in marker.read_text().splitlines())
+        print(f"Error: {what} {folder} failed verification against its manifest, so no job may read it (its stamp "
+              f"{stamp} is removed):\n{lines}\n  fix: delete the folder (rm -rf {folder}) and rerun: it is "
+              f"fetched or written again and verified (`.venv/bin/snakemake --cores 2 {stamp}` does it now); or "
+              f"restore the named files and rerun. Until then every real run stops here.", file=sys.stderr)
+    if failed:
+        sys.exit(1)
 
 
 if workflow.is_main_process:
