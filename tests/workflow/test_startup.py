@@ -119,11 +119,13 @@ def test_dry_run_keeps_a_stale_stamp_and_stale_locks_and_says_what_a_run_would_d
 
     out = wf.run("-n")
     assert f"note: dry run: {ckpt} changed since {stamp} was written; a real run verifies it again by content" in out, out
-    assert "note: dry run: a real run removes the locks left in" in out, out
+    assert f"note: dry run: {locks} holds the locks of a Snakemake that was killed" in out, out
+    assert "run the same command without -n" in out and "--unlock" in out, out
     assert "failed verification" not in out and "verifying it again by content" not in out
     assert (stamp.read_bytes(), stamp.stat().st_mtime_ns) == before and (locks / "0.input.lock").is_file()
 
-    # the real run: locks removed, the checkpoint verified again, its stamp removed, the verify job re-run (fails)
+    # the real run: locks removed, the checkpoint verified again, its stamp removed, the run stops naming it
     out = wf.run(check=False)
-    assert "removed the locks left" in out and f"note: {ckpt} failed verification" in out, out[-3000:]
+    assert wf.returncode != 0, out[-3000:]
+    assert "removed the locks left" in out and f"Error: checkpoint {ckpt} failed verification" in out, out[-3000:]
     assert not (locks / "0.input.lock").exists() and not stamp.exists()

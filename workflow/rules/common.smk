@@ -1,7 +1,8 @@
 # Start-up checks (config validation with one-line errors, --cores, stale locks of a killed run, stamps of
 # checkpoints changed since their verification), suite lookup, paths, and every input/param helper the rules
-# use (functions live here, rules in their .smk). A dry run (`-n`) changes nothing: what a real run would
-# remove or re-verify at start-up is only reported (DRY_RUN).
+# use (functions live here, rules in their .smk). A dry run (`-n`) changes nothing in the work directory or
+# results (Snakemake may still write its own .snakemake/ bookkeeping): what a real run would remove or
+# re-verify at start-up is only reported (DRY_RUN).
 import atexit
 import fcntl
 import json
@@ -114,8 +115,11 @@ def _claim_run_and_clear_stale_locks():
     locks = Path(".snakemake/locks")
     if not alive and locks.is_dir() and any(locks.iterdir()):
         if DRY_RUN:
-            print(f"note: dry run: a real run removes the locks left in {locks.resolve()} by a Snakemake that was "
-                  "killed (no Snakemake of this workflow is running here); nothing removed now", file=sys.stderr)
+            print(f"note: dry run: {locks.resolve()} holds the locks of a Snakemake that was killed (no Snakemake of "
+                  "this workflow is running here), so Snakemake's dry run below may stop with 'Directory cannot be "
+                  "locked' and list no jobs. To see the plan: run the same command without -n (it removes those "
+                  "locks, saying so, and resumes the killed run), or remove them first with the same command plus "
+                  "--unlock; the dry run removes nothing", file=sys.stderr)
             return
         shutil.rmtree(locks, ignore_errors=True)
         print(f"note: removed the locks left in {locks.resolve()} by a Snakemake that was killed (no Snakemake "
@@ -169,8 +173,14 @@ def checkpoint_key(wildcards):
 
 
 def data_key(wildcards):
-    """sha256 of the benchmark file prepare reads (data directory, or hub id + shipped fallback)."""
-    return data_source_key(wildcards.bench, DATA, bool(suite_cfg(wildcards)["builtin_data"]))
+    """sha256 of the benchmark file prepare reads (data directory, or hub id + shipped fallback). A data
+    directory's file by name and content only (``data_dir:<file name>:sha256:<hex>``): the same bytes in another
+    folder re-prepare and re-score nothing (the problems' meta keeps the folder they were first read from)."""
+    key = data_source_key(wildcards.bench, DATA, bool(suite_cfg(wildcards)["builtin_data"]))
+    if DATA is not None:
+        name = benchmarks.get(wildcards.bench).file
+        key = key.replace(f"data_dir:{DATA / name}:", f"data_dir:{name}:", 1)
+    return key
 
 
 def prompt_key(wildcards):
@@ -344,6 +354,29 @@ def probe_benchmarks(suite):
         return []
     wanted = set(s.get("speed_benchmarks", ["gsm8k", "humaneval"]))
     return [b for b in s["benchmarks"] if b in wanted]
+
+
+def _speed_benchmark_notes():
+    """A batched suite whose ``speed_benchmarks`` name benchmarks it does not run: those get no speed probe
+    (silently, before); none left means no single-request speed at all. One note each, at start-up."""
+    s = S
+    if s.get("batch_size", 1) <= 1 or config["backend"] != "engine":
+        return []
+    wanted = list(s.get("speed_benchmarks", ["gsm8k", "humaneval"]))
+    off = [b for b in wanted if b not in s["benchmarks"]]
+    if not off:
+        return []
+    if len(off) == len(wanted):
+        return [f"note: suite {SUITE!r} runs no speed probe: its speed_benchmarks ({', '.join(off)}) are none of its "
+                f"benchmarks ({', '.join(s['benchmarks'])}), so the speed table has no single-request tokens/s; set "
+                f"suites.{SUITE}.speed_benchmarks to some of its benchmarks ({_source})"]
+    return [f"note: suite {SUITE!r}: speed_benchmarks {', '.join(off)} not among its benchmarks: no speed probe for "
+            f"{'it' if len(off) == 1 else 'them'} ({_source})"]
+
+
+if workflow.is_main_process:
+    for _note in _speed_benchmark_notes():
+        print(_note, file=sys.stderr)
 
 
 def probe_files(suite):
