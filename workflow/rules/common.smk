@@ -253,9 +253,9 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
     for folder, stamp, marker in failed:
         lines = "\n".join("  " + line for line in marker.read_text().splitlines())
         print(f"Error: {what} {folder} failed verification against its manifest, so no job may read it (its stamp "
-              f"{stamp} is removed):\n{lines}\n  fix: delete the folder (rm -rf {folder}) and rerun: it is "
-              f"fetched or written again and verified (`.venv/bin/snakemake --cores 2 {stamp}` does it now); or "
-              f"restore the named files and rerun. Until then every real run stops here.", file=sys.stderr)
+              f"{stamp} is removed):\n{lines}\n  fix: delete the folder (rm -rf {folder}): the next run that needs "
+              f"it fetches or writes it again and verifies it (to do that now, run your command with {stamp} as its "
+              "target); or restore the named files. Until then every real run stops here.", file=sys.stderr)
     if failed:
         sys.exit(1)
 
