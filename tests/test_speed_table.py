@@ -118,7 +118,9 @@ def test_fixed_costs_per_job_counted_once_across_the_benchmarks_it_served(tmp_pa
     note = speed.fixed_costs_note(total)
     assert note.startswith("Fixed costs: 3 generation jobs loaded a model, 23.33 s per load on average (70.0 s in all)")
     # benchmarks finished: J1 2, J2 1 (its meta's sharing says 2, but the table holds one shard of it), old 1
-    assert "each load serving 1.3 benchmarks on average" in note and "CUDA-graph capture 8.25 s per job" in note
+    assert "each load served 1.3 benchmarks on average (counting the benchmarks its job finished)" in note
+    assert "CUDA-graph capture 8.25 s per job" in note
+    assert "a grouped job's one load appears in the load s column of each benchmark it served" in note
     _write(tmp_path, "m", "gsm8k", [_rec(0, 10, 0.1, 1)], [meta("J3", None, sharing=1)])
     _write(tmp_path, "m", "humaneval", [_rec(0, 10, 0.1, 1)], [meta("J3", None, sharing=1)])
     rows, total = speed.build(tmp_path, "s", SPEC)
@@ -158,8 +160,8 @@ def test_killed_and_resumed_grouped_job_counts_every_session_and_each_jobs_load(
     assert a["tps_batch"] == pytest.approx(800 / 6.0) and a["load_s"] == pytest.approx(25.0)  # J1 once
     note = speed.fixed_costs_note(total)
     assert note.startswith("Fixed costs: 2 generation jobs loaded a model, 25.00 s per load on average (50.0 s in "
-                           "all), each load serving 1 benchmark on average"), note
-    assert "CUDA-graph capture 4.50 s per job (9.0 s in all)" in note
+                           "all); each load served 1 benchmark on average"), note
+    assert "CUDA-graph capture 4.50 s per job (9.00 s in all)" in note and "grouped job" not in note
     assert "the speed probe's 1 job loaded it again, 18.00 s per load" in note
     assert "counts only the session" not in speed.caption(total, "s")
 
@@ -203,3 +205,24 @@ def test_speed_probe_gives_the_single_request_columns_of_a_batched_suite(tmp_pat
     # without the probe the batched suite says what to set
     _, plain = speed.build(tmp_path, "s", SPEC)
     assert "speed_benchmarks" in speed.caption(plain, "s")
+
+
+def test_wording_matches_the_numbers_a_small_suite_shows(tmp_path):
+    """A suite keeping 3 problems: the caption says the first 3 (as column n), not the first 32; the note's sum of
+    3 loads of 0.02 s reads 0.06 s (not a rounded 0.1); the .tex header says n is per single request, as the .md."""
+    def meta(job_id):
+        return {"batch_size": 1, "backend_info": {"device": "cpu", "engine_path": "eager"},
+                "job": {"id": job_id, "model_load_s": 0.02, "graph_capture_s": None, "benchmarks_sharing_load": 1}}
+    _write(tmp_path, "m", "gsm8k", [_rec(i, 10, 0.1, 1) for i in range(3)], [meta("J1")])
+    _write(tmp_path, "m", "humaneval", [_rec(i, 10, 0.1, 1) for i in range(3)], [meta("J2")])
+    _write(tmp_path, "m", "math500", [_rec(i, 10, 0.1, 1) for i in range(3)], [meta("J3")])
+    spec = dict(SPEC, benchmarks=["gsm8k", "humaneval", "math500"])
+    rows, total = speed.build(tmp_path, "s", spec)
+    assert [r["n_single"] for r in rows] == [3, 3, 3, 9]
+    cap = speed.caption(total, "s")
+    assert "over the first 3 problems of each benchmark generated at batch 1 (every problem generated; 32 at most)" in cap, cap
+    assert "first 32" not in cap
+    note = speed.fixed_costs_note(total)
+    assert "0.02 s per load on average (0.06 s in all)" in note, note
+    md, tex = speed.to_markdown(rows, cap, note), speed.to_latex(rows, speed.caption(total, "s", latex=True), "t")
+    assert "| n (1 req.) |" in md and "$n$ (1 req.) &" in tex

@@ -115,7 +115,8 @@ def check_device(device: str, model_dir: Path | None = None, precision: str = "f
             raise GenerationError(
                 "device 'cuda' requested but no CUDA GPU is visible (torch.cuda.is_available() is False, "
                 f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); run this suite on a GPU "
-                "machine or use the smoke suite (CPU by design)")
+                "machine, or set the suite's `device: cpu` in the config (suites.<name>.device; the smoke suite's "
+                "default)")
         if model_dir is not None:
             from repro.cluster import check_gpu
 

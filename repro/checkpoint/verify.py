@@ -21,7 +21,7 @@ it as input, so generation never starts on an unverified checkpoint)::
     {"schema_version": 1, "checkpoint": "<abs dir>", "manifest": "<abs manifest path>",
      "manifest_sha256": "...", "files": N, "bytes": B, "verified_at": "<UTC ISO-8601>",
      "seconds": s, "tool": "repro.checkpoint.verify", "stat_fingerprint": "<sha256>",
-     "stat": {"<rel path>": [size, mtime_ns], ...}}
+     "stat": {"<rel path>": [size, mtime_ns, ctime_ns, inode], ...}}
 
 On failure the CLI removes a stale stamp at the same path, so an old stamp can never vouch for a changed
 directory.
@@ -29,15 +29,17 @@ directory.
 A file edited *after* verification changes nothing Snakemake sees (a directory input's mtime does not
 move when a file inside it is rewritten). Two cheap guards close that gap without re-hashing:
 
-* ``rerun_trigger(dir, stamp)``: ``"ok"`` while the stamp is absent or every file still has the size and
-  mtime recorded in the stamp; ``"changed:<stat fingerprint>"`` otherwise. At start-up the workflow
+* ``rerun_trigger(dir, stamp)``: ``"ok"`` while the stamp is absent or every file still has the size,
+  mtime, inode change time and inode recorded in the stamp; ``"changed:<stat fingerprint>"`` otherwise.
+  At start-up the workflow
   (workflow/rules/common.smk) verifies a checkpoint whose stamp is not "ok" again by content: a fresh stamp
   when it passes (a touched file, a copied work directory), the stamp removed when it fails (a byte flip),
-  so the verify job runs again and no generation job starts. An unchanged checkpoint keeps "ok", so reruns
-  stay no-ops. (``stat_fingerprint(dir)`` is the sha256 over every file's (path, size, mtime_ns).)
+  and the run stops naming the files and the fix (``refresh_stale_stamp``, ``failed_marker``: later runs check
+  that folder again until it is repaired or deleted). An unchanged checkpoint keeps "ok", so reruns stay
+  no-ops. (``stat_fingerprint(dir)`` is the sha256 over every file's (path, size, mtime_ns).)
 * ``require_verified(ckpt_dir, stamp)`` (for the generation step): the stamp exists, names the
   manifest_sha256 the manifest carries now, and every file still has the size and mtime it had when it
-  was verified; otherwise it raises naming the changed files.
+  was verified (not the inode change time, which a hard link made by another download also moves); otherwise it raises naming the changed files.
 """
 
 from __future__ import annotations
@@ -159,22 +161,29 @@ def verify(ckpt_dir: str | Path, manifest_path: str | Path | None = None, jobs: 
     return rep
 
 
-def stat_table(ckpt_dir: str | Path) -> dict[str, list[int]]:
-    """``{rel path: [size, mtime_ns]}`` of every file ``list_files`` sees, plus the manifest itself."""
+def stat_table(ckpt_dir: str | Path, identity: bool = True) -> dict[str, list[int]]:
+    """``{rel path: [size, mtime_ns, ctime_ns, inode]}`` of every file ``list_files`` sees, plus the manifest
+    itself (``identity=False``: ``[size, mtime_ns]``). The inode change time catches a file rewritten with its
+    size kept and its mtime put back (``os.utime``, ``touch -r``), which size + mtime alone miss: no program
+    can set it; the inode catches a file replaced by another. (A copied or restored folder therefore reads as
+    changed and is verified again by content, which passes for the same bytes.)"""
     root = Path(ckpt_dir)
     rels = list_files(root) + ([MANIFEST_NAME] if (root / MANIFEST_NAME).is_file() else [])
     out = {}
     for rel in sorted(rels):
         st = (root / rel).stat()
-        out[rel] = [st.st_size, st.st_mtime_ns]
+        out[rel] = [st.st_size, st.st_mtime_ns] + ([st.st_ctime_ns, st.st_ino] if identity else [])
     return out
 
 
 def stat_fingerprint(ckpt_dir: str | Path) -> str:
-    """sha256 over (path, size, mtime_ns) of every file; "absent" when the directory does not exist."""
+    """sha256 over (path, size, mtime_ns) of every file; "absent" when the directory does not exist. Size and
+    mtime only: this fingerprints a user's local folder in the checkpoint source key
+    (repro.provenance.checkpoint_source_key), whose files' inode change times move whenever the pipeline
+    hard-links them into its copy (repro.checkpoint.download) -- with them the key would change on every run."""
     if not Path(ckpt_dir).is_dir():
         return "absent"
-    blob = json.dumps(stat_table(ckpt_dir), sort_keys=True, separators=(",", ":")).encode()
+    blob = json.dumps(stat_table(ckpt_dir, identity=False), sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
 
 
@@ -212,6 +221,7 @@ def write_stamp(rep: VerifyReport, stamp: str | Path) -> dict:
         raise ValueError("refusing to stamp a checkpoint that failed verification")
     d = stamp_dict(rep)
     write_json(stamp, d)
+    failed_marker(stamp).unlink(missing_ok=True)  # the folder verifies now
     return d
 
 
@@ -227,8 +237,11 @@ def require_verified(ckpt_dir: str | Path, stamp: str | Path) -> dict:
         raise ManifestError(f"{stamp}: manifest_sha256 expected {m.get('manifest_sha256')} (current manifest "
                             f"of {ckpt_dir}), actual {s.get('manifest_sha256')}; verify again")
     if "stat" in s:
-        now = stat_table(ckpt_dir)
-        then = {k: list(v) for k, v in s["stat"].items()}
+        # size and mtime only: the inode change time also moves when another model's download hard-links the
+        # same hub blob (repro.checkpoint.download) while this run generates; the start-up check
+        # (rerun_trigger, every field) re-hashes such a folder before the next run plans its jobs
+        now = stat_table(ckpt_dir, identity=False)
+        then = {k: list(v)[:2] for k, v in s["stat"].items()}
         changed = sorted(k for k in set(now) & set(then) if now[k] != then[k])
         gone, new = sorted(set(then) - set(now)), sorted(set(now) - set(then))
         if changed or gone or new:
@@ -239,19 +252,40 @@ def require_verified(ckpt_dir: str | Path, stamp: str | Path) -> dict:
     return s
 
 
+def failed_marker(stamp: str | Path) -> Path:
+    """``<stamp>.FAILED``: written beside a stamp that :func:`refresh_stale_stamp` removed because the folder
+    failed verification (its report lines), so later runs keep checking that folder until it is repaired or
+    deleted; removed when a stamp is written again (:func:`write_stamp`)."""
+    stamp = Path(stamp)
+    return stamp.with_name(stamp.name + ".FAILED")
+
+
 def refresh_stale_stamp(ckpt_dir: str | Path, stamp: str | Path, expect_manifest_sha256: str | None = None) -> str:
-    """A stamp whose checkpoint files no longer have the recorded sizes and mtimes (:func:`rerun_trigger`) is
-    checked again by content: ``"ok"`` (nothing to do: no stamp, or files unchanged), ``"refreshed"`` (they
-    verify: a fresh stamp, so nothing reading the checkpoint re-runs), ``"removed"`` (they fail, or the
-    manifest is unusable: the stamp is deleted, so the workflow's verify job runs again and names the files)."""
-    if not Path(stamp).is_file() or rerun_trigger(ckpt_dir, stamp) == "ok":
+    """Check a folder again by content when its stamp no longer vouches for it: the stamp's recorded file
+    sizes, mtimes, ctimes and inodes differ (:func:`rerun_trigger`), or an earlier check failed
+    (:func:`failed_marker` exists). Returns ``"ok"`` (nothing to do: no stamp and no marker, or files
+    unchanged), ``"refreshed"`` (they verify: a fresh stamp, so nothing reading the folder re-runs),
+    ``"gone"`` (a failed folder was deleted: the marker is dropped; the next job that needs the folder fetches
+    and verifies it again) or ``"failed"`` (they fail, or the manifest is unusable: the stamp is deleted and the
+    marker holds the report, one problem per line, every file by name)."""
+    stamp, marker = Path(stamp), failed_marker(stamp)
+    if marker.is_file() and not stamp.is_file():
+        if not Path(ckpt_dir).is_dir():
+            marker.unlink(missing_ok=True)
+            return "gone"
+    elif not stamp.is_file() or rerun_trigger(ckpt_dir, stamp) == "ok":
+        if stamp.is_file():
+            marker.unlink(missing_ok=True)
         return "ok"
     try:
         rep = verify(ckpt_dir, expect_manifest_sha256=expect_manifest_sha256)
-    except ManifestError:
-        rep = None
+        lines = [line for line in rep.lines() if not line.lstrip().startswith("fix:")]
+    except (ManifestError, OSError) as e:
+        rep, lines = None, [f"verify {ckpt_dir}: FAILED: {e}"]
     if rep is not None and rep.ok:
         write_stamp(rep, stamp)
         return "refreshed"
-    Path(stamp).unlink(missing_ok=True)
-    return "removed"
+    stamp.unlink(missing_ok=True)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("\n".join(lines) + "\n")
+    return "failed"

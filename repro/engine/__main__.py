@@ -101,6 +101,8 @@ def main(argv=None) -> int:
 
     add_serve_args(v)
     a = ap.parse_args(argv)
+    if a.cmd == "bench" and a.limit is not None and a.limit < 1:  # as the config's `limit` (>= 1 or absent)
+        ap.error(f"--limit {a.limit}: give N >= 1 (the first N problems of each file), or leave it out for all")
 
     from repro.engine.llm import LLM
 

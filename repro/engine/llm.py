@@ -261,8 +261,11 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         override the decoder's; ``on_block``: per-block streaming hook of
         :func:`repro.engine.decode_loop.generate_ids` (single prompt only; its time is inside ``wall_s``;
         returning True stops decoding, finish reason ``"stop"``). Raises TypeError for a prompt of another
-        type, ValueError for ``on_block`` with a list or a bad ``batch_size``, DecoderConfigError for bad
-        settings."""
+        type, ValueError for an empty list, ``on_block`` with a list or a bad ``batch_size``, DecoderConfigError
+        for bad settings."""
+        if isinstance(prompt_or_messages, list) and not prompt_or_messages:
+            raise ValueError("got an empty list: nothing to generate; pass a prompt (a str or a list of chat-message "
+                             "dicts) or a non-empty list of prompts")
         if isinstance(prompt_or_messages, list) and prompt_or_messages and all(
                 isinstance(x, (str, list)) for x in prompt_or_messages):
             if on_block is not None:

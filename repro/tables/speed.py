@@ -212,15 +212,26 @@ def fixed_costs_note(total: dict) -> str:
         stopped = sum(1 for j in jobs if not j["finished"])
         text += (f"{len(jobs)} generation job{'s' if len(jobs) != 1 else ''} loaded a model"
                  + (f" ({stopped} stopped before finishing a benchmark)" if stopped else "")
-                 + f", {sum(loads) / len(loads):.2f} s per load on average ({sum(loads):.1f} s in all), each load "
-                 f"serving {share:.2g} benchmark{'s' if share != 1 else ''} on average (those its job finished)")
+                 + f", {sum(loads) / len(loads):.2f} s per load on average ({_total_s(loads)} s in all); each load "
+                 f"served {share:.2g} benchmark{'s' if share != 1 else ''} on average (counting the benchmarks "
+                 "its job finished)")
+        if share > 1:
+            text += ("; a grouped job's one load appears in the load s column of each benchmark it served, so the "
+                     "column is not to be summed down")
         if caps:
-            text += f"; CUDA-graph capture {sum(caps) / len(caps):.2f} s per job ({sum(caps):.1f} s in all)"
+            text += f"; CUDA-graph capture {sum(caps) / len(caps):.2f} s per job ({_total_s(caps)} s in all)"
     if probes:
         text += ("; " if jobs else "") + (
             f"the speed probe's {len(probes)} job{'s' if len(probes) != 1 else ''} loaded it again, "
-            f"{sum(probes) / len(probes):.2f} s per load ({sum(probes):.1f} s in all)")
+            f"{sum(probes) / len(probes):.2f} s per load ({_total_s(probes)} s in all)")
     return text + "."
+
+
+def _total_s(values: list[float]) -> str:
+    """A sum of seconds printed as precisely as the per-job means beside it (two decimals below 10 s): 3 loads of
+    0.02 s read "0.06 s in all", not "0.1"."""
+    total = sum(values)
+    return f"{total:.2f}" if total < 10 else f"{total:.1f}"
 
 
 def read_probe(work: Path, suite: str, model: str, bench: str) -> tuple[list[dict], dict]:
@@ -269,6 +280,9 @@ def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list
     if total is not None:
         rows.append({"label": "all", "benchmark": "all", **row_values(total)})
         total["model_precisions"] = per_model
+    per_row = [r["n_single"] for r in rows if r["benchmark"] != "all" and r["n_single"]]
+    if total:  # how many problems the single-request columns cover (the caption's words: _subset_words)
+        total = {**total, "n_single_max": max(per_row, default=SUBSET), "n_single_uneven": len(set(per_row)) > 1}
     return rows, total or {}
 
 
@@ -293,15 +307,16 @@ def caption(total: dict, suite: str, latex: bool = False) -> str:
     path = ", ".join(total.get("engine_paths") or ["?"])
     n = "N = " + ", ".join(map(str, bs))
     probed = total.get("probe_benchmarks") or []
+    first, why = _subset_words(total)
     if probed:
         names = " and ".join(declared_benchmark(b).title for b in sorted(probed))
         ppath = ", ".join(total.get("probe_engine_paths") or ["?"])
         pdev = ", ".join(_device(d) for d in (total.get("probe_devices") or [])) or dev
-        single = (f"single-request tokens/s and ms/forward (1 req.) over the first {SUBSET} problems of {names}, "
+        single = (f"single-request tokens/s and ms/forward (1 req.) over {first} of {names}{why}, "
                   f"measured in a separate speed-probe run one request at a time at batch 1 on {pdev}, "
                   f"engine path {ppath}; '-' for the other benchmarks")
     elif 1 in bs:
-        single = f"single-request tokens/s over the first {SUBSET} problems of each benchmark generated at batch 1"
+        single = f"single-request tokens/s over {first} of each benchmark generated at batch 1{why}"
     else:
         single = ("single-request tokens/s not measured in this run (generated batched and no speed probe: set "
                   "the suite's speed_benchmarks in config.yaml)")
@@ -313,6 +328,18 @@ def caption(total: dict, suite: str, latex: bool = False) -> str:
             "model load per generation job; capture s = CUDA-graph capture per generation job." + prec_sentence
             + last_session_sentence(total.get("last_session_only") or []))
     return latex_escape(text) if latex else text
+
+
+def _subset_words(total: dict) -> tuple[str, str]:
+    """How the caption names the problems the single-request columns cover, and a remark: the first
+    :data:`SUBSET`, or -- when fewer were generated (the suite's ``limit``) -- as many as column n shows. (No
+    "suite" in the words: the LaTeX caption is in a paper's words.)"""
+    n_max = total.get("n_single_max", SUBSET)
+    if n_max >= SUBSET:
+        return f"the first {SUBSET} problems", ""
+    if total.get("n_single_uneven"):
+        return f"the first {SUBSET} problems", " (all there are where fewer: column n)"
+    return f"the first {n_max} problems", f" (every problem generated; {SUBSET} at most)"
 
 
 def last_session_sentence(cells: list[str]) -> str:
@@ -354,7 +381,7 @@ def to_latex(rows: list[dict], cap: str, label: str, header: list[str] | None = 
     """A booktabs table in a ``table`` float, shrunk to the column width only when wider (``\\resizebox``,
     graphicx), as the main table (``repro.tables.render.to_latex``); ``header``: ``%`` lines put first
     (:func:`tex_header`). ``cap`` is LaTeX source (``caption(..., latex=True)``)."""
-    head = ["Model", "Benchmark", "$n$"] + [latex_escape(t) for _, t, _ in COLUMNS]
+    head = ["Model", "Benchmark", "$n$ (1 req.)"] + [latex_escape(t) for _, t, _ in COLUMNS]
     body = []
     for r in rows:
         bench = r["benchmark"] if r["benchmark"] == "all" else declared_benchmark(r["benchmark"]).title

@@ -113,3 +113,12 @@ def test_device_and_kernel_choices_are_checked(tiny_dir):
         LLM(tiny_dir, device="gpu")
     with pytest.raises(ValueError, match="kernels='triton' needs a CUDA device"):
         LLM(tiny_dir, device="cpu", kernels="triton")
+
+
+def test_empty_prompt_list_and_limit_0_are_refused_naming_the_fix(tiny_dir, llm):
+    for kw in ({}, {"batch_size": 2}):
+        with pytest.raises(ValueError, match="got an empty list: nothing to generate"):
+            llm.generate([], **kw)
+    r = _run("bench", "suite", "--model", str(tiny_dir), "--problems", str(DATA / "gsm8k.jsonl"), "--out", "x",
+             "--limit", "0")
+    assert r.returncode == 2 and "--limit 0: give N >= 1" in r.stderr, r.stderr

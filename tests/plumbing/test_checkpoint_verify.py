@@ -161,6 +161,28 @@ def test_require_verified_catches_changes_after_verification(ckpt, tmp_path):
         require_verified(ckpt, stamp)
 
 
+def test_byte_changed_with_mtime_put_back_is_hashed_again_and_stays_failed_until_restored(ckpt, tmp_path):
+    """Size and mtime as verified, one byte different (os.utime put the mtime back): the inode change time gives
+    it away, the folder is hashed again and fails; the stamp goes, a .FAILED marker keeps the report (so a later
+    check looks again), and the restored file verifies again with the marker dropped."""
+    import os
+
+    from repro.checkpoint.verify import failed_marker, refresh_stale_stamp, rerun_trigger
+    stamp = tmp_path / "stamp.json"
+    assert verify_cli(ckpt, "--stamp", str(stamp)).returncode == 0
+    target = ckpt / "config.json"
+    original, st = target.read_bytes(), target.stat()
+    target.write_bytes(original.replace(b"llada2_moe", b"llada2_mof"))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert rerun_trigger(ckpt, stamp).startswith("changed:")
+    assert refresh_stale_stamp(ckpt, stamp) == "failed" and not stamp.exists()
+    assert "altered: config.json" in failed_marker(stamp).read_text()
+    assert refresh_stale_stamp(ckpt, stamp) == "failed"  # still bad: checked again, not forgotten
+    target.write_bytes(original)
+    assert refresh_stale_stamp(ckpt, stamp) == "refreshed" and stamp.exists() and not failed_marker(stamp).exists()
+    assert rerun_trigger(ckpt, stamp) == "ok"
+
+
 SNAKEFILE = """
 import sys
 from repro.checkpoint.verify import rerun_trigger

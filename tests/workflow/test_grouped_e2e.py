@@ -45,7 +45,7 @@ def test_grouped_job_kill9_resume_and_one_changed_benchmark(tmp_path, data_dir):
     assert not killed_s["finished"] and last_s["finished"] and last_s["problems"] == 2 - done
     assert killed_s["job"]["id"] != last_s["job"]["id"] and killed_s["job"]["model_load_s"] is not None
     speed = (results / "smoke" / "speed_table.md").read_text()
-    assert "Fixed costs: 2 generation jobs loaded a model" in speed and "serving 1 benchmark on average" in speed
+    assert "Fixed costs: 2 generation jobs loaded a model" in speed and "served 1 benchmark on average" in speed
 
     # one HumanEval question changed: the job re-runs and regenerates HumanEval only
     lines = (data / "humaneval.jsonl").read_text().splitlines()

@@ -6,7 +6,8 @@
 * a data directory lacking a benchmark file the suite needs stops at start-up with one line naming the files;
 * an empty data file stops prepare naming the file, and leaves no problems file behind;
 * a dry run (``-n``) changes nothing: a stamp whose checkpoint changed since it was written and locks left by
-  a killed Snakemake stay as they are, and the dry run says what a real run would re-verify and remove."""
+  a killed Snakemake stay as they are, and the dry run says what a real run would re-verify and remove;
+* a batched suite's speed_benchmarks that are not among its benchmarks (no speed probe for them) are said."""
 
 import os
 import subprocess
@@ -119,11 +120,28 @@ def test_dry_run_keeps_a_stale_stamp_and_stale_locks_and_says_what_a_run_would_d
 
     out = wf.run("-n")
     assert f"note: dry run: {ckpt} changed since {stamp} was written; a real run verifies it again by content" in out, out
-    assert "note: dry run: a real run removes the locks left in" in out, out
+    assert f"note: dry run: {locks} holds the locks of a Snakemake that was killed" in out, out
+    assert "run the same command without -n" in out and "--unlock" in out, out
     assert "failed verification" not in out and "verifying it again by content" not in out
     assert (stamp.read_bytes(), stamp.stat().st_mtime_ns) == before and (locks / "0.input.lock").is_file()
 
-    # the real run: locks removed, the checkpoint verified again, its stamp removed, the verify job re-run (fails)
+    # the real run: locks removed, the checkpoint verified again, its stamp removed, the run stops naming it
     out = wf.run(check=False)
-    assert "removed the locks left" in out and f"note: {ckpt} failed verification" in out, out[-3000:]
+    assert wf.returncode != 0, out[-3000:]
+    assert "removed the locks left" in out and f"Error: checkpoint {ckpt} failed verification" in out, out[-3000:]
     assert not (locks / "0.input.lock").exists() and not stamp.exists()
+
+
+@pytest.mark.slow
+def test_speed_benchmarks_outside_a_batched_suites_benchmarks_are_said_at_start_up(tmp_path, data_dir):
+    """A batched suite whose speed_benchmarks are none of its benchmarks runs no speed probe: said at start-up
+    (silent before); with some of them among its benchmarks, the others are named."""
+    wf = Workflow(tmp_path, data_dir, {"models": ["tiny-orl"], "benchmarks": ["math500"], "limit": 1,
+                                       "batch_size": 2, "speed_benchmarks": ["gsm8k"]})
+    out = wf.run("-n")
+    assert "note: suite 'smoke' runs no speed probe: its speed_benchmarks (gsm8k) are none of its benchmarks " \
+           "(math500)" in out, out[-3000:]
+    wf.configure({"models": ["tiny-orl"], "benchmarks": ["math500"], "limit": 1, "batch_size": 2,
+                  "speed_benchmarks": ["gsm8k", "math500"]})
+    out = wf.run("-n")
+    assert "speed_benchmarks gsm8k not among its benchmarks: no speed probe for it" in out, out[-3000:]

@@ -13,9 +13,11 @@ hub cache and work directory."""
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,7 +59,7 @@ class Run:
                str(self.overlay(**overlay))]
         env = dict(os.environ, HF_HUB_CACHE=str(self.hub), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
         r = subprocess.run(cmd, cwd=self.root, capture_output=True, text=True, timeout=600, env=env)
-        self.last_stdout = r.stdout
+        self.last_stdout, self.returncode = r.stdout, r.returncode
         out = r.stdout + r.stderr
         if check:
             assert r.returncode == 0, out[-3000:]
@@ -134,10 +136,13 @@ def test_data_file_edited_in_place(run):
     cells = json.loads(provenance.read_text())["cells"]
     assert {c["data_sha256"] for c in cells} == {hashlib.sha256(original).hexdigest()}
     assert "Nothing to be done" in run.snakemake("-n")
-    # the same files in another folder: re-prepared and re-scored (provenance names the folder), no generation
+    # the same files in another folder: data files are identified by content, wherever they are -- nothing
+    # re-prepared or re-scored; an edit there re-prepares as in place
     moved = run.root / "data-moved"
     shutil.copytree(run.data, moved)
-    assert run.dry(data=moved) == {"prepare_problems": 1, "score": 3, "write_table": 1, "main_table": 1, "total": 6}
+    assert "Nothing to be done" in run.snakemake("-n", data=moved)
+    (moved / "gsm8k.jsonl").write_text(json.dumps(dict(first, answer=first["answer"] + " ")) + "\n" + "".join(lines[1:]))
+    assert run.dry(data=moved).get("prepare_problems") == 1
 
 
 def test_repaired_local_checkpoint_is_copied_and_verified_again(run):
@@ -175,6 +180,40 @@ def test_touched_checkpoint_file_reverifies_and_regenerates_nothing(run):
     assert "Nothing to be done" in run.snakemake("-n")
 
 
+@pytest.mark.parametrize("mtime_kept", [False, True], ids=["byte-flipped", "byte-flipped-mtime-restored"])
+def test_damaged_checkpoint_stops_every_real_run_until_repaired(run, mtime_kept):
+    """A byte flipped in a checkpoint file after a complete run (size kept; with its mtime put back too): the
+    real run stops non-zero naming the checkpoint, the file and the fix, and so does every later run (none goes
+    silent on the removed stamp); a dry run only reports (rc 0, the stamp kept); the restored file verifies
+    again and the tree is up to date."""
+    run.snakemake()
+    stamp = run.work / "verified" / "tiny-orl.json"
+    weights = run.work / "hf" / "tiny-orl" / "model-00002-of-00002.safetensors"  # written by the tiny model's rule
+    original, st = weights.read_bytes(), weights.stat()
+    try:
+        with open(weights, "r+b") as f:  # in place: same inode, same size
+            f.seek(len(original) // 2)
+            f.write(bytes([original[len(original) // 2] ^ 1]))
+        if mtime_kept:  # size and mtime as verified: only the inode change time tells
+            os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+        out = run.snakemake("-n")  # a dry run only reports
+        assert "note: dry run: " in out and stamp.exists(), out[-3000:]
+        for attempt in range(2):  # the first run and a later one: both stop, naming file and fix
+            out = run.snakemake(check=False)
+            assert run.returncode != 0, out[-3000:]
+            assert f"checkpoint {run.work / 'hf' / 'tiny-orl'} failed verification" in out, out[-3000:]
+            assert f"altered: {weights.name}" in out and "fix: delete the folder" in out, out[-3000:]
+            assert not stamp.exists() and "Nothing to be done" not in out
+        out = run.snakemake("-n")
+        assert "failed verification in an earlier run" in out, out[-3000:]
+    finally:
+        weights.write_bytes(original)
+    out = run.snakemake()  # restored: verified again, a fresh stamp, nothing regenerated
+    assert "verifying it again by content" in out and "Nothing to be done" in out, out[-3000:]
+    assert stamp.exists() and not (stamp.parent / "tiny-orl.json.FAILED").exists()
+    assert "Nothing to be done" in run.snakemake("-n")
+
+
 def test_copied_work_dir_reverifies_and_generates_again(run):
     copy = run.root / "work-copy"
     shutil.copytree(run.work, copy, copy_function=shutil.copy)  # like `cp -r`: every file gets a new mtime
@@ -182,7 +221,8 @@ def test_copied_work_dir_reverifies_and_generates_again(run):
     try:
         # a dry run says which checkpoints a real run verifies again (and plans on the old stamps, changing nothing)
         out = run.snakemake("-n", work=copy)
-        assert out.count("note: dry run: ") == 3 and "verifying it again by content" not in out, out[-3000:]
+        assert len(re.findall(r"note: dry run: \S+ changed since", out)) == 3, out[-3000:]
+        assert "verifying it again by content" not in out, out[-3000:]
         out = run.snakemake(work=copy)  # asserts success: no "files differ from when ... was written"
         assert out.count("verifying it again by content") == 3 and job_counts(out)["generate_shard"] == 3, out[-3000:]
         assert "files differ" not in out
@@ -198,6 +238,40 @@ def test_copied_work_dir_reverifies_and_generates_again(run):
         out = run.snakemake(work=copy, check=False)
         assert f"altered: {weights.name}" in out and not (copy / "verified" / "tiny-orl.json").exists(), out[-3000:]
         assert not (copy / "smoke" / "generations" / "tiny-orl").exists()  # no generation job started
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def test_copied_work_dir_with_new_mtimes_regenerates_nothing_but_an_edit_regenerates_its_shard(run):
+    """`cp -r` of a complete work directory: every file a new mtime, decoder YAMLs, problem files and source keys
+    the newest (the worst order a copy can give): nothing is prepared, rendered or generated again (the files'
+    content is what the shards recorded; before, every shard regenerated). A decoder YAML edited by hand afterwards regenerates that model's
+    shard only."""
+    run.snakemake()
+    copy = run.root / "work-cp-r"
+    shutil.copytree(run.work, copy, copy_function=shutil.copy)  # like `cp -r`: new mtimes, new paths
+    try:
+        later = time.time() + 60
+        for sub in ("smoke/decoders", "smoke/problems", "sources"):
+            for f in (copy / sub).rglob("*"):
+                if f.is_file():
+                    os.utime(f, (later, later))
+        out = run.snakemake("-n", work=copy)  # a dry run says what a real run re-pins; changes no mtime
+        assert "have new mtimes but the content the jobs reading them used" in out, out[-3000:]
+        assert os.stat(copy / "smoke/decoders/tiny-orl/gsm8k/seed12345.yaml").st_mtime == later
+        out = run.snakemake(work=copy)
+        # at most re-merged and re-scored: the copy may also land a shard later than its merged file (merge_shards
+        # reads the shards by date, as Snakemake does); nothing prepared, rendered or generated
+        assert set(job_counts(out)) <= {"merge_shards", "score", "write_table", "speed_table", "main_table",
+                                        "total"}, out[-3000:]
+        assert "Nothing to be done" in run.snakemake("-n", work=copy)
+        decoder = copy / "smoke/decoders/tiny-orl/gsm8k/seed12345.yaml"
+        decoder.write_text(decoder.read_text() + "# edited by hand\n")
+        counts = job_counts(run.snakemake(work=copy))
+        assert counts.get("generate_shard") == 1 and "render_decoder" not in counts, counts
+        meta = copy / "smoke/generations/tiny-orl/gsm8k/seed12345/shard0of1.jsonl.meta.json"
+        assert json.loads(meta.read_text())["decoder_sha256"] == hashlib.sha256(decoder.read_bytes()).hexdigest()
+        assert "Nothing to be done" in run.snakemake("-n", work=copy)
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 

@@ -31,7 +31,8 @@ rule verify_checkpoint:
     output:
         W(P.VERIFIED, model="{model}"),
     # a checkpoint file changed since the stamp (or the work directory was copied): common.smk verifies it
-    # again at start-up (_reverify_stale_stamps), and removes the stamp when that fails, so this job re-runs
+    # again at start-up (reverify_stale_stamps): a fresh stamp when it passes; when it fails the stamp is
+    # removed and the run stops there, naming the files and the fix
     params:
         pin=manifest_pin_arg,
         copy_of=copy_of_arg,
@@ -156,10 +157,10 @@ if config["backend"] == "sglang":
 
 # a dequantized copy touched or copied since its stamp: verified again by content now (as for the checkpoints,
 # common.smk reverify_stale_stamps; a dry run only reports), so a touch regenerates nothing and a changed byte
-# re-runs its verify job
+# stops the run naming the files
 if workflow.is_main_process:
-    reverify_stale_stamps((W(P.DEQUANTIZED, model=m), W(P.DEQUANTIZED_VERIFIED, model=m), None)
-                          for m in config["models"])
+    reverify_stale_stamps(((W(P.DEQUANTIZED, model=m), W(P.DEQUANTIZED_VERIFIED, model=m), None)
+                           for m in config["models"]), what="dequantized copy")
 
 
 rule dequantized_source:

@@ -1,7 +1,8 @@
 # Start-up checks (config validation with one-line errors, --cores, stale locks of a killed run, stamps of
 # checkpoints changed since their verification), suite lookup, paths, and every input/param helper the rules
-# use (functions live here, rules in their .smk). A dry run (`-n`) changes nothing: what a real run would
-# remove or re-verify at start-up is only reported (DRY_RUN).
+# use (functions live here, rules in their .smk). A dry run (`-n`) changes nothing in the work directory or
+# results (Snakemake may still write its own .snakemake/ bookkeeping): what a real run would remove or
+# re-verify at start-up is only reported (DRY_RUN).
 import atexit
 import fcntl
 import json
@@ -14,7 +15,7 @@ sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also wit
 
 from repro import benchmarks, paths as P
 from repro.checkpoint.dequantize import declared_quantization
-from repro.checkpoint.verify import refresh_stale_stamp, rerun_trigger
+from repro.checkpoint.verify import failed_marker, refresh_stale_stamp, rerun_trigger
 from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
 
@@ -114,8 +115,11 @@ def _claim_run_and_clear_stale_locks():
     locks = Path(".snakemake/locks")
     if not alive and locks.is_dir() and any(locks.iterdir()):
         if DRY_RUN:
-            print(f"note: dry run: a real run removes the locks left in {locks.resolve()} by a Snakemake that was "
-                  "killed (no Snakemake of this workflow is running here); nothing removed now", file=sys.stderr)
+            print(f"note: dry run: {locks.resolve()} holds the locks of a Snakemake that was killed (no Snakemake of "
+                  "this workflow is running here), so Snakemake's dry run below may stop with 'Directory cannot be "
+                  "locked' and list no jobs. To see the plan: run the same command without -n (it removes those "
+                  "locks, saying so, and resumes the killed run), or remove them first with the same command plus "
+                  "--unlock; the dry run removes nothing", file=sys.stderr)
             return
         shutil.rmtree(locks, ignore_errors=True)
         print(f"note: removed the locks left in {locks.resolve()} by a Snakemake that was killed (no Snakemake "
@@ -169,8 +173,14 @@ def checkpoint_key(wildcards):
 
 
 def data_key(wildcards):
-    """sha256 of the benchmark file prepare reads (data directory, or hub id + shipped fallback)."""
-    return data_source_key(wildcards.bench, DATA, bool(suite_cfg(wildcards)["builtin_data"]))
+    """sha256 of the benchmark file prepare reads (data directory, or hub id + shipped fallback). A data
+    directory's file by name and content only (``data_dir:<file name>:sha256:<hex>``): the same bytes in another
+    folder re-prepare and re-score nothing (the problems' meta keeps the folder they were first read from)."""
+    key = data_source_key(wildcards.bench, DATA, bool(suite_cfg(wildcards)["builtin_data"]))
+    if DATA is not None:
+        name = benchmarks.get(wildcards.bench).file
+        key = key.replace(f"data_dir:{DATA / name}:", f"data_dir:{name}:", 1)
+    return key
 
 
 def prompt_key(wildcards):
@@ -205,29 +215,49 @@ def checkpoint_content_key(wildcards):
     return json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 
-def reverify_stale_stamps(pairs):
+def reverify_stale_stamps(pairs, what="checkpoint"):
     """``pairs``: ``(folder, stamp, manifest pin or None)``. A verified stamp whose folder's files no longer have
-    the recorded sizes and mtimes (a file touched or rewritten; a copied work directory, whose files all have
-    new mtimes and whose paths Snakemake has no record of) no longer vouches for them: generation would refuse
-    it. Verify such a folder again by content here, before the DAG is built
-    (repro.checkpoint.verify.refresh_stale_stamp): it passes -> a fresh stamp (the rules reading the folder
-    take the stamp as ancient(), so nothing regenerates); it fails -> the stamp is removed, the verify job runs
-    again and reports every changed file, and no job reading the folder starts. (Not a re-run of the verify
-    job: Snakemake would then not examine any job below it reached only through ancient() inputs.) A dry run
-    verifies and removes nothing: it names each folder a real run would verify again."""
+    the recorded sizes, mtimes, inode change times and inodes (a file touched, rewritten, or put back with its
+    old mtime; a copied work directory, whose files are all new inodes and whose paths Snakemake has no record
+    of) no longer vouches for them: generation would refuse it. Verify such a folder again by content here,
+    before the DAG is built (repro.checkpoint.verify.refresh_stale_stamp): it passes -> a fresh stamp (the rules
+    reading the folder take the stamp as ancient(), so nothing regenerates); it fails -> the stamp is removed,
+    a ``.FAILED`` marker beside it keeps the report, and the run stops here naming the folder, the files and the
+    fix (exit 1). (Not a re-run of the verify job: Snakemake would not run it -- the jobs reading the folder are
+    up to date and take the stamp as ancient() -- nor examine any job below it.) Later runs check that folder
+    again while the marker is there: they stop the same way until the files are restored (a fresh stamp) or the
+    folder is deleted (the next job that needs it fetches and verifies it again). A dry run verifies and removes
+    nothing: it names each folder a real run would verify again."""
+    failed = []
     for folder, stamp, pin in pairs:
-        if not os.path.isfile(stamp) or rerun_trigger(folder, stamp) == "ok":
+        marker = failed_marker(stamp)
+        if os.path.isfile(stamp):
+            if rerun_trigger(folder, stamp) == "ok":
+                continue
+            why = f"changed since {stamp} was written"
+        elif marker.is_file():
+            why = f"failed verification in an earlier run ({marker})"
+        else:
             continue
         if DRY_RUN:
-            print(f"note: dry run: {folder} changed since {stamp} was written; a real run verifies it again by "
-                  "content before planning its jobs (passes: a fresh stamp; fails: the stamp is removed and its "
-                  "verify job re-runs, naming the files); a dry run verifies and removes nothing, so the jobs it "
-                  "lists are planned on the old stamp", file=sys.stderr)
+            print(f"note: dry run: {folder} {why}; a real run verifies it again by content before planning its "
+                  "jobs (passes: a fresh stamp; fails: the run stops naming the files); a dry run verifies and "
+                  "removes nothing, so the jobs it lists are planned on the old stamp", file=sys.stderr)
             continue
-        print(f"note: {folder} changed since {stamp} was written; verifying it again by content", file=sys.stderr)
-        if refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin) == "removed":
-            print(f"note: {folder} failed verification; its verify job runs again and names the files",
-                  file=sys.stderr)
+        if not os.path.isdir(folder):
+            refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin)  # drops the marker
+            continue
+        print(f"note: {folder} {why}; verifying it again by content", file=sys.stderr)
+        if refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin) == "failed":
+            failed.append((folder, stamp, marker))
+    for folder, stamp, marker in failed:
+        lines = "\n".join("  " + line for line in marker.read_text().splitlines())
+        print(f"Error: {what} {folder} failed verification against its manifest, so no job may read it (its stamp "
+              f"{stamp} is removed):\n{lines}\n  fix: delete the folder (rm -rf {folder}): the next run that needs "
+              f"it fetches or writes it again and verifies it (to do that now, run your command with {stamp} as its "
+              "target); or restore the named files. Until then every real run stops here.", file=sys.stderr)
+    if failed:
+        sys.exit(1)
 
 
 if workflow.is_main_process:
@@ -324,6 +354,29 @@ def probe_benchmarks(suite):
         return []
     wanted = set(s.get("speed_benchmarks", ["gsm8k", "humaneval"]))
     return [b for b in s["benchmarks"] if b in wanted]
+
+
+def _speed_benchmark_notes():
+    """A batched suite whose ``speed_benchmarks`` name benchmarks it does not run: those get no speed probe
+    (silently, before); none left means no single-request speed at all. One note each, at start-up."""
+    s = S
+    if s.get("batch_size", 1) <= 1 or config["backend"] != "engine":
+        return []
+    wanted = list(s.get("speed_benchmarks", ["gsm8k", "humaneval"]))
+    off = [b for b in wanted if b not in s["benchmarks"]]
+    if not off:
+        return []
+    if len(off) == len(wanted):
+        return [f"note: suite {SUITE!r} runs no speed probe: its speed_benchmarks ({', '.join(off)}) are none of its "
+                f"benchmarks ({', '.join(s['benchmarks'])}), so the speed table has no single-request tokens/s; set "
+                f"suites.{SUITE}.speed_benchmarks to some of its benchmarks ({_source})"]
+    return [f"note: suite {SUITE!r}: speed_benchmarks {', '.join(off)} not among its benchmarks: no speed probe for "
+            f"{'it' if len(off) == 1 else 'them'} ({_source})"]
+
+
+if workflow.is_main_process:
+    for _note in _speed_benchmark_notes():
+        print(_note, file=sys.stderr)
 
 
 def probe_files(suite):

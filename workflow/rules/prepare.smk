@@ -11,8 +11,10 @@ rule prepare_problems:
     output:
         W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
     params:
-        data=data_arg,
-        source=data_key,  # the data file's sha256: an edit in place re-prepares and re-scores
+        # where the data directory is decides nothing (the data file's content does, below): a function of
+        # `output`, which Snakemake does not record, so moving the folder re-prepares and re-scores nothing
+        data=lambda wc, output: data_arg(wc),
+        source=data_key,  # the data file's name and sha256: an edit in place re-prepares and re-scores
         code=code_version("prepare"),
         builtin=lambda wc: "" if suite_cfg(wc)["builtin_data"] else "--no-builtin",
         limit=limit_arg,
