@@ -201,6 +201,7 @@ class BatchGraphEngine:
         pin = dev.type == "cuda"
         self.ctrl = torch.zeros(3, slots, dtype=torch.int32, device=dev)
         self.ctrl_host = torch.zeros(3, slots, dtype=torch.int32, pin_memory=pin)
+        self._ctrl_np = self.ctrl_host.numpy()  # the same memory: element writes without torch's per-item cost
         self.flags_host = torch.zeros(2, slots, dtype=torch.bool, pin_memory=pin)
         self.graph = None
         self.capture_s = 0.0
@@ -242,7 +243,7 @@ class BatchGraphEngine:
         """One round. ``modes[s]``: ``(IDLE,)`` | ``(FORWARD, ids [T], start, is_prefill)`` | ``(STEP, start)`` |
         ``(LOGITS, ids [T], start, embeds [T, H] or None)``. Returns the host flags ``[[final]*S, [reuse]*S]``
         (one device→host read)."""
-        fw, c = self.fw, self.ctrl_host
+        fw, c = self.fw, self._ctrl_np
         for s, m in enumerate(modes):
             kind = m[0]
             c[2, s] = kind
@@ -259,7 +260,7 @@ class BatchGraphEngine:
                 c[1, s] = 1
             c[0, s] = m[2] if kind != STEP else m[1]
         cuda = self.ctrl.device.type == "cuda"
-        self.ctrl.copy_(c, non_blocking=cuda)
+        self.ctrl.copy_(self.ctrl_host, non_blocking=cuda)
         if self.graph is not None:
             self.graph.replay()
         else:

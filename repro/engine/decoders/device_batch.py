@@ -9,8 +9,12 @@ the other slots' state is left untouched. Per slot it computes exactly what a ``
 same logits (tested: ``tests/engine/test_batch_graph.py``), and a slot's result never depends on the other
 slots (batch invariance):
 
-* vocabulary-wide reductions (softmax, max, entropy) run per slot on ``[B, V]`` views — the shapes of the
-  single-request step, so a reduction kernel never sees a different number of rows;
+* the greedy proposals (argmax x̂ and its softmax probability p of the candidate logits): on CUDA one launch pair
+  over all ``S·B`` rows of :func:`repro.engine.kernels.logits.logits_stats` (each row reduced by its own
+  programs in a fixed order — its result does not depend on ``S``; p in another summation order than torch's
+  softmax, i.e. equal to the last bits or so), on the CPU per slot with torch as ``DeviceStep`` does;
+* the other vocabulary-wide reductions (the ORL residual's softmax and entropy) run per slot on ``[B, V]`` views —
+  the shapes of the single-request step, so a reduction kernel never sees a different number of rows;
 * the residual's ``p @ E`` GEMM runs once over all slots through :func:`repro.engine.layers.linear.linear`
   (fixed row tiles: a row's result does not depend on the other rows; reading the embedding table once
   per tile, not once per slot); the adapter's GEMMs run per slot;
@@ -38,13 +42,21 @@ from repro.engine.layers.linear import linear
 class BatchedDeviceStep:
     """Sync-free decoder step over ``S`` slots (module docstring).
 
+    ``fused_stats``: the greedy proposals (x̂, p) of all rows by :func:`repro.engine.kernels.logits.logits_stats`
+    (default on CUDA; the same function as the torch path — argmax and max softmax probability of the candidate
+    logits — in another fp32 summation order, so p may differ from it in the last bits); otherwise torch, slot by
+    slot (the CPU path).
+
     ``cfg``: greedy :class:`DecoderConfig` shared by all slots; ``mask_id``: the ``<|mask|>`` id; ``model``:
     the :class:`~repro.engine.model.LLaDA2Model` (embedding table, adapter); ``tokens``: the ``[S, B]`` int64
     buffer the forward reads; ``embeds``: the ``[S, B, D]`` buffer it reads for self-conditioning (unused
     otherwise). Raises ValueError for sampling settings (``temperature > 0``: the host decoders' job).
     """
 
-    def __init__(self, cfg: DecoderConfig, mask_id: int, model, tokens: torch.Tensor, embeds: torch.Tensor | None):
+    STAT_CHUNKS = 16  # vocabulary chunks per row of the fused proposals (a constant: a row's order never varies)
+
+    def __init__(self, cfg: DecoderConfig, mask_id: int, model, tokens: torch.Tensor, embeds: torch.Tensor | None,
+                 fused_stats: bool | None = None):
         if not supported(cfg):
             raise ValueError("BatchedDeviceStep implements greedy decoding only (temperature 0)")
         self.cfg, self.mask_id, self.model = cfg, mask_id, model
@@ -62,6 +74,12 @@ class BatchedDeviceStep:
         # per-slot proposals of the current step (vocabulary-wide parts, written slot by slot)
         self._p = torch.zeros(S, B, dtype=torch.float32, device=dev)
         self._x = torch.zeros(S, B, dtype=torch.long, device=dev)
+        # the proposals of all S·B rows in one launch pair (kernels/logits.py: one row's fixed-order reduction,
+        # whatever S) instead of S slot-by-slot torch softmaxes over the vocabulary; default on CUDA
+        self.fused_stats = dev.type == "cuda" if fused_stats is None else fused_stats
+        if self.fused_stats:
+            self._part = torch.zeros(S * B, self.STAT_CHUNKS, 4, dtype=torch.float32, device=dev)
+            self._ent = torch.zeros(S * B, dtype=torch.float32, device=dev)
         self.self_conditioning = cfg.self_conditioning
         if self.self_conditioning:
             E = model.params["embed"]
@@ -126,11 +144,18 @@ class BatchedDeviceStep:
         rows = self.step_mask
         tokens = self.tokens
         old = tokens.clone()
-        for s in range(S):  # vocabulary-wide: the single-request shapes, slot by slot
+        if self.fused_stats:  # x̂ = first argmax, p = 1 / Σ e^(l - max) over the candidate logits, per row
+            from repro.engine.kernels import logits as Lg
+
+            Lg.logits_stats(logits.reshape(S * B, -1), self._part, self._x.view(-1), self._p.view(-1), self._ent,
+                            nchunk=self.STAT_CHUNKS, exclude=self.mask_id if cfg.exclude_mask_token else -1)
+        for s in range(S) if (self.self_conditioning or not self.fused_stats) else ():
+            # vocabulary-wide: the single-request shapes, slot by slot
             lg = candidate_logits(logits[s], self.mask_id, cfg.exclude_mask_token)
-            p, x = torch.softmax(lg, dim=-1).max(dim=-1)
-            self._p[s].copy_(p)
-            self._x[s].copy_(x)
+            if not self.fused_stats:
+                p, x = torch.softmax(lg, dim=-1).max(dim=-1)
+                self._p[s].copy_(p)
+                self._x[s].copy_(x)
             if self.self_conditioning:  # adapter.residual, split: softmax and entropy per slot, p @ E tiled
                 self._probs[s * B:(s + 1) * B].copy_(torch.softmax(lg.float(), dim=-1))
                 self._w[s].copy_(normalized_entropy(lg, self.t_res))

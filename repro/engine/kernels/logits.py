@@ -18,9 +18,11 @@ if HAS_TRITON:
 
     @triton.jit
     def _logits_partial_stats_kernel(
-        x_ptr, part_ptr, V, stride_x, NCHUNK: tl.constexpr, BLOCK_V: tl.constexpr, USE_PDL: tl.constexpr = False,
+        x_ptr, part_ptr, V, stride_x, EXCLUDE, NCHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+        USE_PDL: tl.constexpr = False,
     ):
-        """Row t, vocab chunk c: (max, first argmax, Σ e^(x-max), Σ e^(x-max)·x) in fp32 -> part[t, c, 4]."""
+        """Row t, vocab chunk c: (max, first argmax, Σ e^(x-max), Σ e^(x-max)·x) in fp32 -> part[t, c, 4];
+        column ``EXCLUDE`` (when in [0, V)) counts as −inf: it is neither the argmax nor in the sums."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -35,6 +37,7 @@ if HAS_TRITON:
         for v0 in range(lo, hi, BLOCK_V):
             o = v0 + offs
             x = tl.load(x_ptr + t * stride_x + o, mask=o < hi, other=float("-inf")).to(tl.float32)
+            x = tl.where(o == EXCLUDE, float("-inf"), x)
             up = x > mv
             iv = tl.where(up, o, iv)
             mv = tl.where(up, x, mv)
@@ -44,7 +47,7 @@ if HAS_TRITON:
         wv = tl.zeros((BLOCK_V,), dtype=tl.float32)
         for v0 in range(lo, hi, BLOCK_V):
             o = v0 + offs
-            msk = o < hi
+            msk = (o < hi) & (o != EXCLUDE)
             x = tl.load(x_ptr + t * stride_x + o, mask=msk, other=0.0).to(tl.float32)
             e = tl.where(msk, tl.exp(x - m), 0.0)
             sv += e
@@ -79,21 +82,27 @@ if HAS_TRITON:
         tl.store(ent_ptr + t, M + tl.log(S) - Wt / S)
 
 
-def logits_stats(logits, part, pred, conf, entropy, nchunk=16, block_v=1024, num_warps=4):
+def logits_stats(logits, part, pred, conf, entropy, nchunk=16, block_v=1024, num_warps=4, exclude: int = -1):
     """Decode statistics of logits [T, V] (bf16/fp32) in fp32, two kernels, no host sync.
 
     part [T, nchunk, 4] fp32 scratch; pred [T] int64 argmax (first on ties); conf [T] fp32 max softmax
-    probability; entropy [T] fp32 in nats. Reference: :func:`logits_stats_reference`.
+    probability; entropy [T] fp32 in nats. ``exclude``: a column taken as −inf (the decoders'
+    ``exclude_mask_token``: the ``<|mask|>`` id), -1 for none. Each row is reduced by its own programs in a fixed
+    order, so a row's results do not depend on T. Reference: :func:`logits_stats_reference`.
     """
     T, V = logits.shape
-    _logits_partial_stats_kernel[(T, nchunk)](logits, part, V, logits.stride(0), NCHUNK=nchunk, BLOCK_V=block_v,
-                                              num_warps=num_warps, **pdl())
+    _logits_partial_stats_kernel[(T, nchunk)](logits, part, V, logits.stride(0), exclude, NCHUNK=nchunk,
+                                              BLOCK_V=block_v, num_warps=num_warps, **pdl())
     _logits_stats_combine_kernel[(T,)](part, pred, conf, entropy, NCHUNK=nchunk, num_warps=1, **pdl())
 
 
-def logits_stats_reference(logits):
-    """(pred int64, conf fp32, entropy fp32) of logits [T, V] computed in fp32 with torch."""
+def logits_stats_reference(logits, exclude: int = -1):
+    """(pred int64, conf fp32, entropy fp32) of logits [T, V] computed in fp32 with torch; column ``exclude``
+    (if ≥ 0) at −inf."""
     lf = logits.float()
+    if exclude >= 0:
+        lf = lf.clone()
+        lf[:, exclude] = float("-inf")
     lp = torch.log_softmax(lf, -1)
-    return lf.argmax(-1), lp.max(-1).values.exp(), -(lp.exp() * lp).sum(-1)
+    return lf.argmax(-1), lp.max(-1).values.exp(), -(lp.exp() * lp).nan_to_num(0.0).sum(-1)  # 0·(−inf) := 0
 
