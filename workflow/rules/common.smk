@@ -251,7 +251,7 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
         if refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin) == "failed":
             failed.append((folder, stamp, marker))
     for folder, stamp, marker in failed:
-        lines = "\n".join("  " + line for line in marker.read_text().splitlines())
+        lines = "\n".join(f"  {line}" for line in marker.read_text().splitlines())
         print(f"Error: {what} {folder} failed verification against its manifest, so no job may read it (its stamp "
               f"{stamp} is removed):\n{lines}\n  fix: delete the folder (rm -rf {folder}): the next run that needs "
               f"it fetches or writes it again and verifies it (to do that now, run your command with {stamp} as its "

@@ -40,7 +40,7 @@ def _recorded(metas, field, sha):
     outputs (each with its ``.meta.json``); an output without a readable meta confirms nothing."""
     for out in metas:
         try:
-            meta = json.loads(Path(out + ".meta.json").read_text())
+            meta = json.loads(Path(f"{out}.meta.json").read_text())
         except (OSError, ValueError):
             return False
         if meta.get(field) != sha:
@@ -59,7 +59,7 @@ def _generation_outputs(suite, bench, model="*", seed="*"):
 
 def _meta_seed(out):
     try:
-        return str(json.loads(Path(out + ".meta.json").read_text()).get("seed"))
+        return str(json.loads(Path(f"{out}.meta.json").read_text()).get("seed"))
     except (OSError, ValueError):
         return None
 
@@ -115,7 +115,7 @@ def pin_content_keyed_mtimes():
             os.utime(path, ns=(st.st_atime_ns, PINNED_MTIME_NS))
             registry[rel], changed = sha, True
     if changed:
-        tmp = registry_path.with_name(registry_path.name + ".tmp")
+        tmp = registry_path.with_name(f"{registry_path.name}.tmp")
         tmp.write_text(json.dumps(registry, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, registry_path)
     if pinned and DRY_RUN:
