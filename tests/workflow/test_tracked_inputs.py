@@ -251,7 +251,7 @@ def test_copied_work_dir_with_new_mtimes_regenerates_nothing_but_an_edit_regener
     copy = run.root / "work-cp-r"
     shutil.copytree(run.work, copy, copy_function=shutil.copy)  # like `cp -r`: new mtimes, new paths
     try:
-        later = time.time() + 60
+        later = time.time()  # the newest files of the copy (a future mtime would be a clock skew to Snakemake)
         for sub in ("smoke/decoders", "smoke/problems", "sources"):
             for f in (copy / sub).rglob("*"):
                 if f.is_file():
@@ -272,6 +272,18 @@ def test_copied_work_dir_with_new_mtimes_regenerates_nothing_but_an_edit_regener
         meta = copy / "smoke/generations/tiny-orl/gsm8k/seed12345/shard0of1.jsonl.meta.json"
         assert json.loads(meta.read_text())["decoder_sha256"] == hashlib.sha256(decoder.read_bytes()).hexdigest()
         assert "Nothing to be done" in run.snakemake("-n", work=copy)
+        # the YAML reverted to its old content with the fixed mtime kept (`cp -p` of the old file): its content is
+        # not what the shard recorded, so it is un-pinned and the shard regenerates from it — pinned files are
+        # checked again at every start-up, by the consumers' records only
+        assert os.stat(decoder).st_mtime_ns == 0
+        decoder.write_text(decoder.read_text().replace("# edited by hand\n", ""))
+        os.utime(decoder, ns=(0, 0))
+        out = run.snakemake("-n", work=copy)
+        assert "changed with their fixed mtime kept" in out and os.stat(decoder).st_mtime_ns == 0, out[-3000:]
+        counts = job_counts(run.snakemake(work=copy))
+        assert counts.get("generate_shard") == 1 and "render_decoder" not in counts, counts
+        assert json.loads(meta.read_text())["decoder_sha256"] == hashlib.sha256(decoder.read_bytes()).hexdigest()
+        assert os.stat(decoder).st_mtime_ns == 0 and "Nothing to be done" in run.snakemake("-n", work=copy)
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 

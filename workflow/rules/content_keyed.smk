@@ -13,18 +13,19 @@
 #     code version, checkpoint source...): Snakemake re-runs every job reading the file in the same run;
 #   * a file edited by hand, or otherwise changed in place: its new mtime is left as it is (newer than the
 #     outputs made from it), so those jobs re-run by date, as before.
-# At start-up (before the DAG is built) each such file whose mtime is not the pinned one is checked: its
-# content is confirmed when it equals what the jobs reading it recorded -- a shard's or speed probe's
-# `decoder_sha256` / `problems_sha256` (.meta.json), the source key the config gives now -- or the sha256 this
-# step recorded when it last pinned it (CONTENT_REGISTRY in the work directory, copied along with it), or no
-# output reading it exists yet; a confirmed file gets the pinned mtime back. A dry run changes no mtime: it says
-# how many files a real run would re-pin (the jobs it lists for them, "Updated input files", do not run then).
+# At start-up (before the DAG is built) and after a successful run every such file is hashed (they are small)
+# and checked against what the jobs reading it recorded -- a shard's or speed probe's `decoder_sha256` /
+# `problems_sha256` (.meta.json), the source key the config gives now; a file no output reads yet is confirmed.
+# A confirmed file gets the pinned mtime; a pinned file that is no longer confirmed (its content changed with
+# its mtime kept: `cp -p`, `rsync -a`, `tar x` of another one) gets the current time back, so the jobs made from
+# the old content re-run by date. Only the consumers' own records decide: no registry of past pins, which a
+# failed run or a reverted edit could leave out of step with the shards. A dry run changes no mtime: it says how
+# many files a real run would pin or un-pin.
 import hashlib
 import types
 from glob import glob
 
 PINNED_MTIME_NS = 0
-CONTENT_REGISTRY = "content_keys.json"  # {path relative to the work directory: sha256}, in the work directory
 
 
 def _file_sha256(path):
@@ -52,8 +53,9 @@ def _generation_outputs(suite, bench, model="*", seed="*"):
     """Outputs of the jobs that read a decoder / generation problems file of ``bench``: per-benchmark shards,
     grouped jobs' per-benchmark shards, speed probes (``model``/``seed`` narrow them; a speed probe has no seed
     in its path and records the one it ran)."""
-    return (glob(W(f"{suite}/generations/{model}/{bench}/seed{seed}/shard*of*.jsonl"))
-            + glob(W(f"{suite}/generations/{model}/seed{seed}/shard*of*/{bench}.jsonl"))
+    shards = (glob(W(f"{suite}/generations/{model}/{bench}/seed{seed}/shard*of*.jsonl"))
+              + glob(W(f"{suite}/generations/{model}/seed{seed}/shard*of*/{bench}.jsonl")))
+    return ([p for p in shards if ".partial." not in os.path.basename(p)]  # a killed job's resume file: no meta
             + [p for p in glob(W(f"{suite}/speed/{model}/{bench}.jsonl")) if seed == "*" or _meta_seed(p) == seed])
 
 
@@ -94,36 +96,31 @@ def _content_keyed_files():
 
 
 def pin_content_keyed_mtimes():
-    """Give every content-keyed file whose content is confirmed the pinned mtime (module comment); a dry run
-    only counts them. Returns the number of files (re-)pinned or, in a dry run, to pin."""
-    registry_path = Path(W(CONTENT_REGISTRY))
-    try:
-        registry = json.loads(registry_path.read_text())
-    except (OSError, ValueError):
-        registry = {}
-    pinned, changed = 0, False
+    """Pin every content-keyed file whose content the jobs reading it recorded, and un-pin a pinned one whose
+    content they did not (module comment); a dry run only counts. Returns ``(pinned, unpinned)``: the files
+    given the pinned mtime and those given the current time back (in a dry run: that a real run would)."""
+    pinned, unpinned = 0, []
     for path, confirm in _content_keyed_files():
         st = os.stat(path)
-        if st.st_mtime_ns == PINNED_MTIME_NS:
-            continue
-        rel = os.path.relpath(path, WORK)
-        sha = _file_sha256(path)
-        if registry.get(rel) != sha and not confirm(sha):
-            continue  # changed since the jobs reading it ran: they re-run by date
-        pinned += 1
-        if not DRY_RUN:
-            os.utime(path, ns=(st.st_atime_ns, PINNED_MTIME_NS))
-            registry[rel], changed = sha, True
-    if changed:
-        tmp = registry_path.with_name(f"{registry_path.name}.tmp")
-        tmp.write_text(json.dumps(registry, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, registry_path)
+        ok = confirm(_file_sha256(path))
+        if ok and st.st_mtime_ns != PINNED_MTIME_NS:
+            pinned += 1
+            if not DRY_RUN:
+                os.utime(path, ns=(st.st_atime_ns, PINNED_MTIME_NS))
+        elif not ok and st.st_mtime_ns == PINNED_MTIME_NS:
+            unpinned.append(path)  # changed with its mtime kept: the jobs made from the old content re-run by date
+            if not DRY_RUN:
+                os.utime(path)
+    if unpinned:
+        what = "a real run re-runs" if DRY_RUN else "re-running"
+        print(f"note: {len(unpinned)} decoder / problem / source-key file(s) changed with their fixed mtime kept "
+              f"(e.g. {unpinned[0]}): not what the jobs reading them recorded; {what} those jobs", file=sys.stderr)
     if pinned and DRY_RUN:
         print(f"note: dry run: {pinned} decoder / problem / source-key file(s) under {WORK} have new mtimes but the "
               "content the jobs reading them used (a copied or touched work directory); a real run gives them back "
               "their fixed mtime, so jobs listed here only for them ('Updated input files') do not run",
               file=sys.stderr)
-    return pinned
+    return pinned, len(unpinned)
 
 
 if workflow.is_main_process and os.path.isdir(WORK):
