@@ -142,8 +142,8 @@ def test_tile_table_from_select_kernel(dev, R, block_m):
 
 
 def test_batched_forward_tile_table_in_select(dev, mma_model):
-    """BatchedBlockForward: the tile table written by the select kernel (default) and by its own launch
-    (``tiles_in_select = False``) give the same round bit for bit, also with router tiles of 64 rows (ROWS > the
+    """BatchedBlockForward: the tile table written by the select kernel (``tiles_in_select = True``, an option, off
+    by default) and by its own launch (the default) give the same round bit for bit, also with router tiles of 64 rows (ROWS > the
     3 x 8 rows of the round)."""
     from repro.engine.graph import SMALL_TILES
     from repro.engine.kernels import fastpath as F

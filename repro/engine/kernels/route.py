@@ -280,6 +280,9 @@ if HAS_TRITON:
                 tl.store(next_counts_ptr + offs_e, tl.zeros((E,), dtype=tl.int32))
                 tl.store(next_counts_ptr + NACT_IDX, 0)
         if TILES:
+            # every thread's count increments of this program happen before its ticket (the ticket's release
+            # orders only the issuing thread's own writes): a CTA barrier first, the threadfence-reduction pattern
+            tl.debug_barrier()
             if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == T - 1:
                 _fill_tiles(counts_ptr, tiles_ptr, MAXT, E1, E1P, TILE_M)
                 tl.atomic_xchg(ticket_ptr, 0)
