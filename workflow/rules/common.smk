@@ -255,7 +255,10 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
         print(f"Error: {what} {folder} failed verification against its manifest, so no job may read it (its stamp "
               f"{stamp} is removed):\n{lines}\n  fix: delete the folder (rm -rf {folder}): the next run that needs "
               f"it fetches or writes it again and verifies it (to do that now, run your command with {stamp} as its "
-              "target); or restore the named files. Until then every real run stops here.", file=sys.stderr)
+              "target); or restore the named files. A checkpoint fetched from the hub or a local folder is hard-linked "
+              "to its source (the hub cache's blob, or your folder's file), which a file changed in place has changed "
+              "too: delete that source copy as well (for the hub: `huggingface-cli delete-cache`, or its blobs under "
+              "HF_HUB_CACHE), else it is linked again as it is. Until then every real run stops here.", file=sys.stderr)
     if failed:
         sys.exit(1)
 
