@@ -50,6 +50,17 @@ import torch
 TARGETS = {"ratio_1k": 1.15, "ratio_4k": 1.2, "naive_over_engine": 80.0, "gpu_idle_frac": 0.03}
 
 
+def emit_json(doc: dict, path: str | None) -> int:
+    """The benchmarks' last step: ``doc`` as one JSON line on stdout (the last line a device call returns) and,
+    when ``path`` is given, the same text in that file. Returns 0 (the exit status)."""
+    text = json.dumps(doc)
+    if path:
+        with open(path, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
+    return 0
+
+
 def env_info() -> dict:
     info = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__}
     try:
@@ -542,12 +553,7 @@ def main(argv=None):
         summ["gpu_idle_frac"] = round(doc["generate"]["gpu_idle_frac"], 5)
         summ["tokens_per_s"] = round(doc["generate"]["tokens_per_s"], 1)
     doc["summary"] = summ
-    text = json.dumps(doc)
-    if args.json:
-        with open(args.json, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
-    return 0
+    return emit_json(doc, args.json)
 
 
 if __name__ == "__main__":

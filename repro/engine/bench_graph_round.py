@@ -320,12 +320,9 @@ def main(argv=None) -> int:
                           breakdown=args.breakdown)
         _speedups(doc)
         print(_table(doc), file=sys.stderr)
-    text = json.dumps(doc)
-    if args.json:
-        with open(args.json, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
-    return 0
+    from repro.engine.bench import emit_json
+
+    return emit_json(doc, args.json)
 
 
 if __name__ == "__main__":

@@ -279,12 +279,9 @@ def main(argv=None) -> int:
     doc = bench(sets, rows, args.layers, args.iters, before, log, json_path=args.json)
     doc["table"] = table(doc)
     print(doc["table"], file=sys.stderr)
-    text = json.dumps(doc)
-    if args.json:
-        with open(args.json, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
-    return 0
+    from repro.engine.bench import emit_json
+
+    return emit_json(doc, args.json)
 
 
 if __name__ == "__main__":

@@ -170,12 +170,9 @@ def main(argv=None) -> int:
         ap.error(f"--slots {args.slots!r}: want comma-separated integers, e.g. 1,8,32")
     doc = bench(slots, args.prefix, args.layers, args.iters, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(_table(doc), file=sys.stderr)
-    text = json.dumps(doc)
-    if args.json:
-        with open(args.json, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
-    return 0
+    from repro.engine.bench import emit_json
+
+    return emit_json(doc, args.json)
 
 
 if __name__ == "__main__":

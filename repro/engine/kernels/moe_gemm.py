@@ -277,11 +277,7 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=
     assert x.stride(1) == 1
     bn, bk = min(gc["BLOCK_N"], N), min(gc["BLOCK_K"], H)
     sh = int(ws.E1 == ws.E + 1)
-    grid = ((N // bn, E1, triton.cdiv(ws.T_PAD, gc["BLOCK_M"])) if ws.compact
-            else (E1, N // bn, triton.cdiv(ws.T_PAD, gc["BLOCK_M"])))
-    tiles = _tiles_launch(ws, gc["BLOCK_M"], N // bn, "moe_gate_up")
-    if tiles:
-        grid = tiles.pop("grid")
+    grid, tiles = _launch_grid(ws, E1, gc["BLOCK_M"], N // bn, "moe_gate_up")
     _moe_gate_up_kernel[grid](
         x, w_arg, ws.counts, ws.pairs, ws.pair_w, ws.inter, norm_w if norm_w is not None else x, eps, T,
         x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
@@ -300,11 +296,7 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     assert ws.inter.shape[1] == N
     bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
     sh = int(ws.E1 == ws.E + 1)
-    grid = ((H // bn, E1, triton.cdiv(ws.T_PAD, dc["BLOCK_M"])) if ws.compact
-            else (E1, H // bn, triton.cdiv(ws.T_PAD, dc["BLOCK_M"])))
-    tiles = _tiles_launch(ws, dc["BLOCK_M"], H // bn, "moe_down")
-    if tiles:
-        grid = tiles.pop("grid")
+    grid, tiles = _launch_grid(ws, E1, dc["BLOCK_M"], H // bn, "moe_down")
     _moe_down_kernel[grid](
         ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD,
         BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
@@ -313,14 +305,16 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     )
 
 
-def _tiles_launch(ws: MoEWorkspace, block_m: int, n_tiles: int, kernel: str) -> dict:
-    """Launch kwargs (with ``grid``) of the tile-table mode when ``ws`` has a table (:func:`moe_tiles`), else {}.
-    Raises ValueError when the kernel's BLOCK_M differs from the table's."""
+def _launch_grid(ws: MoEWorkspace, E1: int, block_m: int, n_tiles: int, kernel: str) -> tuple[tuple, dict]:
+    """``(grid, kwargs)`` of a grouped expert GEMM launch: over the tile table when ``ws`` has one
+    (:func:`moe_tiles`: (tiles, n-tiles, 1), kwargs TILES + tiles_ptr), else over (expert slot, n-tile, m-block)
+    — n-tile first when ``ws.compact``. Raises ValueError when the kernel's BLOCK_M differs from the table's."""
+    m_blocks = triton.cdiv(ws.T_PAD, block_m)
     if ws.tiles is None:
-        return {}
+        return ((n_tiles, E1, m_blocks) if ws.compact else (E1, n_tiles, m_blocks)), {}
     if block_m != ws.tiles_block_m:
         raise ValueError(f"{kernel}: BLOCK_M {block_m} but the tile table was built for {ws.tiles_block_m}")
-    return dict(grid=(ws.tiles.shape[0], n_tiles, 1), TILES=True, tiles_ptr=ws.tiles)
+    return (ws.tiles.shape[0], n_tiles, 1), dict(TILES=True, tiles_ptr=ws.tiles)
 
 
 def linear_rows(x, w, out, counts, pairs, cfg):
