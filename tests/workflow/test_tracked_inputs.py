@@ -206,6 +206,8 @@ def test_damaged_checkpoint_stops_every_real_run_until_repaired(run, mtime_kept)
             assert not stamp.exists() and "Nothing to be done" not in out
         out = run.snakemake("-n")
         assert "failed verification in an earlier run" in out, out[-3000:]
+        out = run.snakemake("--unlock")  # a command that runs no job only reports: it unlocks, rc 0
+        assert "note: --unlock (runs no job): " in out and "Error:" not in out, out[-3000:]
     finally:
         weights.write_bytes(original)
     out = run.snakemake()  # restored: verified again, a fresh stamp, nothing regenerated

@@ -32,7 +32,17 @@ except ConfigError as e:
 # `-n` / `--dry-run`: the start-up work below only reports. Snakemake's `workflow.dryrun` is False while the
 # Snakefile is read (it is set when the DAG is executed, after this file runs); the command line's setting is
 # in `workflow.output_settings.dryrun` (snakemake/cli.py create_output_settings; snakemake/snakemake#2948).
-DRY_RUN = bool(getattr(workflow.output_settings, "dryrun", False))
+# Commands that run no job -- --unlock, --summary / -S, --detailed-summary / -D, --list-changes / --lc,
+# --list-input-changes / --li, --list-params-changes / --lp, --dag, --rulegraph, --filegraph, --d3dag -- only
+# report too (Snakemake gives the Snakefile no sign of them but its command line): `--unlock` must unlock even
+# while a checkpoint is damaged, and a summary must not re-pin or re-hash.
+_REPORT_ONLY_FLAGS = {"--unlock", "--summary", "-S", "--detailed-summary", "-D", "--list-changes", "--lc",
+                      "--list-input-changes", "--li", "--list-params-changes", "--lp", "--dag", "--rulegraph",
+                      "--filegraph", "--d3dag"}
+_DRY = bool(getattr(workflow.output_settings, "dryrun", False))
+_NO_JOB_FLAG = next((a.split("=", 1)[0] for a in sys.argv[1:] if a.split("=", 1)[0] in _REPORT_ONLY_FLAGS), None)
+DRY_RUN = _DRY or _NO_JOB_FLAG is not None
+NO_RUN = "dry run" if _DRY or _NO_JOB_FLAG is None else f"{_NO_JOB_FLAG} (runs no job)"  # the notes' prefix
 
 _cores = workflow.resource_settings.cores
 if isinstance(_cores, int) and _cores < 1:
@@ -115,7 +125,7 @@ def _claim_run_and_clear_stale_locks():
     locks = Path(".snakemake/locks")
     if not alive and locks.is_dir() and any(locks.iterdir()):
         if DRY_RUN:
-            print(f"note: dry run: {locks.resolve()} holds the locks of a Snakemake that was killed (no Snakemake of "
+            print(f"note: {NO_RUN}: {locks.resolve()} holds the locks of a Snakemake that was killed (no Snakemake of "
                   "this workflow is running here), so Snakemake's dry run below may stop with 'Directory cannot be "
                   "locked' and list no jobs. To see the plan: run the same command without -n (it removes those "
                   "locks, saying so, and resumes the killed run), or remove them first with the same command plus "
@@ -240,7 +250,7 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
         else:
             continue
         if DRY_RUN:
-            print(f"note: dry run: {folder} {why}; a real run verifies it again by content before planning its "
+            print(f"note: {NO_RUN}: {folder} {why}; a real run verifies it again by content before planning its "
                   "jobs (passes: a fresh stamp; fails: the run stops naming the files); a dry run verifies and "
                   "removes nothing, so the jobs it lists are planned on the old stamp", file=sys.stderr)
             continue

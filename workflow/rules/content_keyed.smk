@@ -116,7 +116,7 @@ def pin_content_keyed_mtimes():
         print(f"note: {len(unpinned)} decoder / problem / source-key file(s) changed with their fixed mtime kept "
               f"(e.g. {unpinned[0]}): not what the jobs reading them recorded; {what} those jobs", file=sys.stderr)
     if pinned and DRY_RUN:
-        print(f"note: dry run: {pinned} decoder / problem / source-key file(s) under {WORK} have new mtimes but the "
+        print(f"note: {NO_RUN}: {pinned} decoder / problem / source-key file(s) under {WORK} have new mtimes but the "
               "content the jobs reading them used (a copied or touched work directory); a real run gives them back "
               "their fixed mtime, so jobs listed here only for them ('Updated input files') do not run",
               file=sys.stderr)
