@@ -32,17 +32,32 @@ except ConfigError as e:
 # `-n` / `--dry-run`: the start-up work below only reports. Snakemake's `workflow.dryrun` is False while the
 # Snakefile is read (it is set when the DAG is executed, after this file runs); the command line's setting is
 # in `workflow.output_settings.dryrun` (snakemake/cli.py create_output_settings; snakemake/snakemake#2948).
-# Commands that run no job -- --unlock, --summary / -S, --detailed-summary / -D, --list-changes / --lc,
-# --list-input-changes / --li, --list-params-changes / --lp, --dag, --rulegraph, --filegraph, --d3dag -- only
-# report too (Snakemake gives the Snakefile no sign of them but its command line): `--unlock` must unlock even
-# while a checkpoint is damaged, and a summary must not re-pin or re-hash.
-_REPORT_ONLY_FLAGS = {"--unlock", "--summary", "-S", "--detailed-summary", "-D", "--list-changes", "--lc",
-                      "--list-input-changes", "--li", "--list-params-changes", "--lp", "--dag", "--rulegraph",
-                      "--filegraph", "--d3dag"}
+# Commands that run no job (--unlock, --summary / -S, -D, --list-changes, --list-rules, --lint, --dag, --touch,
+# --cleanup-metadata, --report, ...) only report too: `--unlock` must unlock even while a checkpoint is damaged,
+# and a summary must not re-hash or remove stamps. Snakemake gives the Snakefile no sign of them but its command
+# line, so it is read again with Snakemake's own parser (abbreviations such as --unl, combined flags such as -pS).
+_NO_JOB_ARGS = ("unlock", "summary", "detailed_summary", "list_rules", "list_target_rules", "lint", "dag",
+                "rulegraph", "filegraph", "d3dag", "list_changes", "list_input_changes", "list_params_changes",
+                "list_untracked", "cleanup_metadata", "cleanup_shadow", "touch", "report", "archive", "containerize",
+                "export_cwl", "generate_unit_tests", "print_compilation", "delete_all_output", "delete_temp_output")
+
+
+def _no_job_flag():
+    """The first option of the command line (Snakemake's parser) that makes it run no job, as ``--name``;
+    None for a run (or a command line Snakemake's parser does not take: then the run is treated as a run)."""
+    try:
+        from snakemake.cli import get_argument_parser
+
+        args, _ = get_argument_parser().parse_known_args(sys.argv[1:])
+    except (Exception, SystemExit):  # noqa: BLE001 - not Snakemake's command line (an API call): a run
+        return None
+    return next(("--" + name.replace("_", "-") for name in _NO_JOB_ARGS if getattr(args, name, None)), None)
+
+
 _DRY = bool(getattr(workflow.output_settings, "dryrun", False))
-_NO_JOB_FLAG = next((a.split("=", 1)[0] for a in sys.argv[1:] if a.split("=", 1)[0] in _REPORT_ONLY_FLAGS), None)
+_NO_JOB_FLAG = None if _DRY else _no_job_flag()
 DRY_RUN = _DRY or _NO_JOB_FLAG is not None
-NO_RUN = "dry run" if _DRY or _NO_JOB_FLAG is None else f"{_NO_JOB_FLAG} (runs no job)"  # the notes' prefix
+NO_RUN = "dry run" if _NO_JOB_FLAG is None else f"{_NO_JOB_FLAG} (runs no job)"  # the notes' prefix
 
 _cores = workflow.resource_settings.cores
 if isinstance(_cores, int) and _cores < 1:

@@ -65,11 +65,7 @@ rule main_table:
         unpack(table_inputs),
 
 
-# the files this run wrote get their content-keyed mtime (content_keyed.smk), so a copy of the work directory
-# made now regenerates nothing; then what the requested targets wrote, the main table last
-# (analysis_common.smk: _done_lines)
+# what the requested targets wrote, the main table last (analysis_common.smk: _done_lines)
 onsuccess:
-    if not DRY_RUN:
-        pin_content_keyed_mtimes()
     for _line in _done_lines():
         print(_line)
