@@ -51,7 +51,7 @@ def _no_job_flag():
         args, _ = get_argument_parser().parse_known_args(sys.argv[1:])
     except (Exception, SystemExit):  # noqa: BLE001 - not Snakemake's command line (an API call): a run
         return None
-    return next(("--" + name.replace("_", "-") for name in _NO_JOB_ARGS if getattr(args, name, None)), None)
+    return next((f"--{name.replace('_', '-')}" for name in _NO_JOB_ARGS if getattr(args, name, None)), None)
 
 
 _DRY = bool(getattr(workflow.output_settings, "dryrun", False))
