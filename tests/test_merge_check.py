@@ -72,3 +72,15 @@ def test_generation_files_without_a_merge_record_are_not_checked(tmp_path):
     Path(str(old) + ".meta.json").write_text(json.dumps({"shards": []}))
     check_merged(old)  # merged before the sha256 was recorded: nothing to compare with
     check_merged(tmp_path / "absent.jsonl")
+
+
+def test_a_shard_without_its_meta_is_refused_by_the_merge(merged, tmp_path):
+    """A shard whose .meta.json was deleted: the merge stops naming it and the fix (its provenance would be
+    unknown in every table cell built from it), and writes nothing."""
+    problems, _ = merged
+    shards = [tmp_path / "shard0of2.jsonl", tmp_path / "shard1of2.jsonl"]
+    Path(f"{shards[1]}.meta.json").unlink()
+    out = tmp_path / "again.jsonl"
+    with pytest.raises(ValueError, match=r"shard1of2\.jsonl\.meta\.json: missing.*delete .*shard1of2\.jsonl"):
+        merge(problems, shards, out)
+    assert not out.exists() and not Path(f"{out}.meta.json").exists()

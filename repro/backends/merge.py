@@ -82,7 +82,8 @@ def group_shards(indexes: list[Path], benchmark: str) -> list[Path]:
 
 
 def merge(problems: Path, shards: list[Path], out: Path) -> list[dict]:
-    """Merge ``shards`` into ``out``; ValueError names missing or duplicated problem ids."""
+    """Merge ``shards`` into ``out``; ValueError names missing or duplicated problem ids, or a shard without its
+    ``.meta.json``."""
     order = [json.loads(l)["id"] for l in problems.read_text().splitlines() if l.strip()]
     recs = [json.loads(l) for s in shards for l in s.read_text().splitlines() if l.strip()]
     counts = Counter(r["id"] for r in recs)
@@ -93,8 +94,11 @@ def merge(problems: Path, shards: list[Path], out: Path) -> list[dict]:
         raise ValueError(f"shards of {out}: duplicated {dup[:5]}, missing {missing[:5]}, unknown {extra[:5]}")
     by_id = {r["id"]: r for r in recs}
     ordered = [by_id[i] for i in order]
-    metas = [json.loads(Path(str(s) + ".meta.json").read_text()) for s in shards
-             if Path(str(s) + ".meta.json").exists()]
+    no_meta = [s for s in shards if not Path(f"{s}.meta.json").is_file()]
+    if no_meta:  # a record's provenance (decoder, checkpoint, code, ...) would be unknown in every table cell
+        raise ValueError(f"{no_meta[0]}.meta.json: missing, so what made this shard (decoder, problems, checkpoint, "
+                         f"code) is unknown; delete {no_meta[0]} so that its generation job writes it again")
+    metas = [json.loads(Path(f"{s}.meta.json").read_text()) for s in shards]
     # meta first: a kill between the two renames leaves an old merged file that check_merged refuses
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered)
     sha = hashlib.sha256(text.encode("utf-8")).hexdigest()

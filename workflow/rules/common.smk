@@ -283,7 +283,10 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
               "target); or restore the named files. A checkpoint fetched from the hub or a local folder is hard-linked "
               "to its source (the hub cache's blob, or your folder's file), which a file changed in place has changed "
               "too: delete that source copy as well (for the hub: `huggingface-cli delete-cache`, or its blobs under "
-              "HF_HUB_CACHE), else it is linked again as it is. Until then every real run stops here.", file=sys.stderr)
+              "HF_HUB_CACHE), else it is linked again as it is. Generations written since it was last verified may have read "
+              "the damaged bytes (a generation job checks size and mtime only): after the repair, delete that model's "
+              "folders under <work>/<suite>/generations/ to make them again. Until then every real run stops here.",
+              file=sys.stderr)
     if failed:
         sys.exit(1)
 
