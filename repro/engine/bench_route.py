@@ -73,8 +73,8 @@ DEFAULT_SETS = {
 
 
 def load_before(path: str):
-    """``route.py`` of another version as the module ``repro.engine.kernels._route_before`` (its relative imports
-    resolve inside this package). Raises FileNotFoundError for a missing file."""
+    """``route.py`` of another version, loaded as a module named ``_route_before`` inside this package's
+    ``kernels`` (so its relative imports resolve). Raises FileNotFoundError for a missing file."""
     spec = importlib.util.spec_from_file_location("repro.engine.kernels._route_before", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

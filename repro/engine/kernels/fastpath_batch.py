@@ -257,7 +257,7 @@ class BatchedBlockForward(GraphCapture):
                 self.tiles[name] = cfg["gate_up"]["BLOCK_M"]
                 M.moe_tiles(w, self.tiles[name], static=name == "dense")
         # the MoE tile table written by the route-select kernel's last program instead of its own launch (kernel 4);
-        # off: measured slower on the H200 (docs/perf.md "Session 5: router and route ...")
+        # off: measured slower on the H200 (docs/perf.md "Session 5: router and route at batch 1 and many slots")
         self.tiles_in_select = False
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
