@@ -50,6 +50,15 @@ import torch
 TARGETS = {"ratio_1k": 1.15, "ratio_4k": 1.2, "naive_over_engine": 80.0, "gpu_idle_frac": 0.03}
 
 
+def int_list(ap, flag: str, text: str, example: str = "1,8,32") -> list[int]:
+    """``text`` (comma-separated integers, the value of ``flag``) as a list; otherwise ``ap.error`` (exit 2)
+    naming the flag and an example."""
+    try:
+        return [int(v) for v in text.split(",") if v]
+    except ValueError:
+        ap.error(f"{flag} {text!r}: want comma-separated integers, e.g. {example}")
+
+
 def emit_json(doc: dict, path: str | None) -> int:
     """The benchmarks' last step: ``doc`` as one JSON line on stdout (the last line a device call returns) and,
     when ``path`` is given, the same text in that file. Returns 0 (the exit status)."""

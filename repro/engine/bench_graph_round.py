@@ -299,10 +299,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA not available"}))
         return 2
-    try:
-        slots = [int(s) for s in args.slots.split(",") if s]
-    except ValueError:
-        ap.error(f"--slots {args.slots!r}: want comma-separated integers, e.g. 1,8,32")
+    from repro.engine.bench import int_list
+
+    slots = int_list(ap, "--slots", args.slots)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if args.sweep:
         try:

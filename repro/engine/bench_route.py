@@ -261,10 +261,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA not available"}))
         return 2
-    try:
-        rows = [int(x) for x in args.rows.split(",") if x]
-    except ValueError:
-        ap.error(f"--rows {args.rows!r}: want comma-separated integers, e.g. 32,256,1024")
+    from repro.engine.bench import int_list
+
+    rows = int_list(ap, "--rows", args.rows, "32,256,1024")
     if any(R % 32 for R in rows):
         ap.error(f"--rows {args.rows!r}: every R must be a multiple of 32 (whole request blocks)")
     sets = DEFAULT_SETS

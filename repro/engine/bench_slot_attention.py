@@ -164,10 +164,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA not available"}))
         return 2
-    try:
-        slots = [int(s) for s in args.slots.split(",") if s]
-    except ValueError:
-        ap.error(f"--slots {args.slots!r}: want comma-separated integers, e.g. 1,8,32")
+    from repro.engine.bench import int_list
+
+    slots = int_list(ap, "--slots", args.slots)
     doc = bench(slots, args.prefix, args.layers, args.iters, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(_table(doc), file=sys.stderr)
     from repro.engine.bench import emit_json
