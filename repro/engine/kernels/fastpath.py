@@ -29,6 +29,7 @@ from . import attention as A
 from . import moe as M
 from . import logits as Lg
 from . import norm as Nm
+from . import splitk as SK
 from .configs import load_config
 
 __all__ = ["ModelShape", "preset_shape", "random_weights", "BlockForward", "round_bytes", "reference_forward",
@@ -282,6 +283,13 @@ class BlockForward(GraphCapture):
         # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts.
         # On by default: the fastest measured variant (H200, docs/perf.md v8/v9: 5.54 vs 5.61 ms at P=1k)
         self.norm_in_route = True
+        # QKV projection with QK-norm + RoPE + KV write as its epilogue, and the O projection (adding into h), through
+        # the split-K kernels of kernels/splitk.py instead of cuBLAS + qk_norm_rope_kv (docs/perf.md "Session 6")
+        self.splitk_qkv = False
+        self.splitk_o = False
+        self.splitk_tiles = "default"  # a key of splitk.SPLITK_TILES (unless configs["splitk"] gives the tiles)
+        self.sk_configs = configs.get("splitk") if configs else None
+        self.skws = SK.SplitKWorkspace(T, max(shape.qkv_out, H), 16, device)
         self.lin_cfg = kc["linear"]
         self.qkv32 = torch.zeros(T, shape.qkv_out, dtype=torch.float32, device=device)
         self.attn32 = torch.zeros(T, H, dtype=torch.float32, device=device)
@@ -315,9 +323,14 @@ class BlockForward(GraphCapture):
                                shared=prev[2], eps=s.eps)
             if self.triton_linear:
                 qkv = M.linear_rows(self.a, L["wqkv"], self.qkv32, self.dws.counts, self.dws.pairs, self.lin_cfg["qkv"])
-            else:
+            elif not self.splitk_qkv or self.fused_attn:
                 qkv = torch.mm(self.a, L["wqkv"].t(), out=self.qkv)
-            if self.fused_attn:
+            if self.splitk_qkv and not self.fused_attn and not self.triton_linear:
+                SK.splitk_qkv_rope_kv(self.a, L["wqkv"], self.skws, L["q_norm"], L["k_norm"], self.cos, self.sin,
+                                      self.cache_len, self.q, kc, vc, s.nq, s.nkv, s.rot_dim, s.eps,
+                                      self._sk_cfg("qkv", L["wqkv"]))
+                A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
+            elif self.fused_attn:
                 A.block_attention_fused(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, kc, vc,
                                         self.o, self.aws, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
             else:
@@ -326,10 +339,15 @@ class BlockForward(GraphCapture):
                 A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
             route_norm = self.norm_in_route and "router" in L
             if self.fuse_norm or route_norm:
-                self.h.addmm_(self.o, L["wo"].t())
+                if self.splitk_o:
+                    SK.splitk_linear(self.o, L["wo"], self.h, self.skws, self._sk_cfg("o", L["wo"]), "add")
+                else:
+                    self.h.addmm_(self.o, L["wo"].t())
                 x_ffn, nw = self.h, L["mlp_norm"]
             else:
-                if self.triton_linear:
+                if self.splitk_o:
+                    ao = SK.splitk_linear(self.o, L["wo"], self.attn_out, self.skws, self._sk_cfg("o", L["wo"]))
+                elif self.triton_linear:
                     ao = M.linear_rows(self.o, L["wo"], self.attn32, self.dws.counts, self.dws.pairs, self.lin_cfg["o"])
                 else:
                     ao = torch.mm(self.o, L["wo"].t(), out=self.attn_out)
@@ -361,6 +379,12 @@ class BlockForward(GraphCapture):
         if head:
             torch.mm(self.a, W["lm_head"].t(), out=self.logits)
             Lg.logits_stats(self.logits, self.stat_part, self.pred, self.conf, self.entropy, nchunk=self.stat_nchunk)
+
+    def _sk_cfg(self, kernel: str, w: torch.Tensor) -> dict:
+        """Tiles of the split-K ``kernel`` ("qkv" or "o") for weight ``w`` [N, K]: ``configs["splitk"]`` if given,
+        else ``SPLITK_TILES[self.splitk_tiles]``, fitted to the shape (:func:`.splitk.fit_tiles`)."""
+        tiles = self.sk_configs or SK.SPLITK_TILES[self.splitk_tiles]
+        return SK.fit_tiles(tiles[kernel], w.shape[1], w.shape[0])
 
     def distinct_experts(self) -> list[int]:
         """Run one eager forward and return the touched routed experts per MoE layer (host sync)."""

@@ -32,7 +32,7 @@ import torch
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton
 
 __all__ = ["SplitKWorkspace", "splitk_linear", "splitk_qkv_rope_kv", "splitk_linear_reference",
-           "splitk_qkv_reference", "DEFAULT_SPLITK"]
+           "splitk_qkv_reference", "DEFAULT_SPLITK", "SPLITK_TILES", "fit_tiles"]
 
 #: launch configs at the LLaDA2.1-mini shape (K = 2048): QKV 24 head tiles x 8 splits = 192 programs, O 32 x 8 = 256
 DEFAULT_SPLITK = {
@@ -40,7 +40,30 @@ DEFAULT_SPLITK = {
     "o": dict(SPLIT=8, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
 }
 
+#: named tile sets (the ``splitk_tiles`` option of ``fastpath.BlockForward``; timed by ``bench round``)
+SPLITK_TILES = {
+    "default": DEFAULT_SPLITK,
+    "s16": {"qkv": dict(SPLIT=16, BLOCK_K=64, num_warps=4, num_stages=2),
+            "o": dict(SPLIT=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2)},
+    "s4": {"qkv": dict(SPLIT=4, BLOCK_K=64, num_warps=4, num_stages=4),
+           "o": dict(SPLIT=4, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=4)},
+}
+
 _EPI = {"store": 0, "add": 1, "qk_rope_kv": 2}
+
+
+def fit_tiles(cfg: dict, K: int, N: int) -> dict:
+    """``cfg`` made to fit a (K, N) GEMM: BLOCK_N at most N, BLOCK_K halved (down to 16), then SPLIT halved, until
+    SPLIT·BLOCK_K divides K (small test shapes reuse the full-size tiles this way). Returns a new dict."""
+    c = dict(cfg)
+    if "BLOCK_N" in c:
+        c["BLOCK_N"] = min(int(c["BLOCK_N"]), next_pow2(N))
+    while K % (c["SPLIT"] * c["BLOCK_K"]) and (c["BLOCK_K"] > 16 or c["SPLIT"] > 1):
+        if c["BLOCK_K"] > 16:
+            c["BLOCK_K"] //= 2
+        else:
+            c["SPLIT"] //= 2
+    return c
 
 
 def splitk_linear_reference(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
