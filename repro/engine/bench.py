@@ -1,6 +1,7 @@
 """Benchmark of one denoising round and of a whole generation at the memory floor (targets: docs/perf_model.md §4).
 
     python -m repro.engine.bench round     [--prefixes 1024,4096] [--iters 50] [--naive-iters 3] [--no-w4]
+                                           [--variants a,b] [--w4-variants a,b] [--breakdown]
     python -m repro.engine.bench generate  [--prefix 1024] [--tokens 1024] [--steps-per-block 8]
     python -m repro.engine.bench all       (both, one model build; last line = one JSON with both)
     python -m repro.engine.bench batch     batched generation: tokens/s at batch 1/8/32, round vs floor,
@@ -23,7 +24,10 @@ per-expert loop with a host sync per expert, the model's remote-code style) time
 ratio to the engine, and a check of the engine's logits against it (relative error, argmax agreement).
 
 Then (unless ``--no-w4``) the weights-only 4-bit round (precision ``nvfp4-w4a16``) on the same block, cache
-and copy bandwidth: :mod:`repro.engine.bench_w4`.
+and copy bandwidth: :mod:`repro.engine.bench_w4`, with the BF16 round's fastest variant (``--w4-variants``: others
+timed on it too). Variants: :mod:`repro.engine.bench_variants` (``--variants`` picks them). ``--breakdown``: a
+table of µs per kernel launch by role for one round of each (CUDA-graph replays under torch.profiler,
+:mod:`repro.engine.bench_profile`), for the session-5 default ``norm_in_route`` and the fastest variant.
 
 ``generate``: P-token random prefix, then ``tokens`` new tokens in blocks of 32 with a fixed commit
 schedule (each denoise round commits the ``32/steps`` most confident masked positions, on device; after
@@ -46,6 +50,9 @@ import sys
 import time
 
 import torch
+
+from .bench_variants import (ROUND_VARIANTS, VARIANTS, breakdowns as _breakdowns,  # noqa: F401 (re-exported)
+                             round_w4 as _round_w4, set_variant as _set_variant, time_variants)
 
 TARGETS = {"ratio_1k": 1.15, "ratio_4k": 1.2, "naive_over_engine": 80.0, "gpu_idle_frac": 0.03}
 
@@ -152,49 +159,8 @@ def _block_ids(shape, seed: int, kind: str = "issue", T: int = 32):
     return ids
 
 
-# variant -> settings: ``pdl`` (programmatic dependent launch for Triton kernels), and BlockForward attributes:
-# ``prefetch`` (L2 prefetch of the next layer's weights), ``fuse_norm`` (post-attention RMSNorm folded into the
-# FFN GEMMs), ``triton_linear`` (QKV/O through the Triton skinny GEMM), ``compact`` (expert GEMM grids over the
-# active-expert list; a MoE-workspace attribute), ``norm_in_route`` (MoE layers: post-attention RMSNorm written
-# by the route-select kernel), ``fused_attn`` (QK-norm + RoPE + KV write + attention + combine in one launch).
-# Unnamed settings keep BlockForward's defaults (``BASE``).
-BASE = {"pdl": False, "prefetch": False, "fuse_norm": False, "triton_linear": False, "compact": False,
-        "norm_in_route": False, "fused_attn": False}
-VARIANTS = {
-    "base": {},
-    "pdl": {"pdl": True},
-    "prefetch": {"prefetch": True},
-    "pdl+prefetch": {"pdl": True, "prefetch": True},
-    "fused_norm": {"fuse_norm": True},
-    "linear": {"triton_linear": True},
-    "compact": {"compact": True},
-    "norm_in_route": {"norm_in_route": True},
-    "fused_attn": {"fused_attn": True},
-    "norm_in_route+pdl": {"norm_in_route": True, "pdl": True},
-    "norm_in_route+fused_attn": {"norm_in_route": True, "fused_attn": True},
-    "norm_in_route+fused_attn+pdl": {"norm_in_route": True, "fused_attn": True, "pdl": True},
-}
-
-
-def _set_variant(fw, name):
-    """Apply VARIANTS[name] on top of BASE; returns False when PDL was asked for but is unsupported."""
-    from .kernels import _triton
-
-    v = {**BASE, **VARIANTS[name]}
-    eff = _triton.set_pdl(v.pop("pdl"))
-    fw.ws.compact = v.pop("compact")
-    for k, val in v.items():
-        if not hasattr(fw, k):
-            if val:
-                raise AttributeError(f"BlockForward has no option {k!r} in this version")
-            continue
-        setattr(fw, k, val)
-    return eff == VARIANTS[name].get("pdl", False)
-
-
 def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print,
-                variants=("base", "pdl", "compact", "norm_in_route", "fused_attn", "norm_in_route+pdl",
-                          "norm_in_route+fused_attn", "norm_in_route+fused_attn+pdl")):
+                variants=ROUND_VARIANTS):
     """Time one denoising round (graph replay, head included) for every block kind × prefix.
 
     Variants are timed on the headline block ("issue") at every prefix; the best over all prefixes is kept
@@ -213,23 +179,7 @@ def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_pat
             distinct = fw.distinct_experts()
             nb = F.round_bytes(shape, distinct, P, fw.T)
             cases[kind, P] = (ids, distinct, nb, nb["total"] / (copy_bw * 1e9) * 1e3)
-    times = {}
-    for name in variants:
-        try:
-            if not _set_variant(fw, name):
-                times[name] = {"error": "PDL not supported by this triton"}
-                continue
-            graph = fw.capture(head=True)
-            times[name] = {}
-            for P in prefixes:
-                fw.ids.copy_(cases["issue", P][0])
-                fw.cache_len.fill_(P)
-                times[name][P] = time_replays(graph.replay, iters)
-                log(f"[round P={P}] variant {name}: {times[name][P]['ms']:.3f} ms (min {times[name][P]['ms_min']:.3f})")
-            del graph
-        except Exception as exc:  # noqa: BLE001 - report and keep the other variants
-            times[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            log(f"variant {name} failed: {times[name]['error']}")
+    times = time_variants(fw, variants, prefixes, {P: cases["issue", P][0] for P in prefixes}, iters, log)
     ok = [n for n in variants if "error" not in times.get(n, {"error": 1})]
     best = min(ok, key=lambda n: sum(times[n][q]["ms"] for q in prefixes))  # best over all prefixes
     _set_variant(fw, best)
@@ -496,6 +446,12 @@ def main(argv=None):
     ap.add_argument("--algorithms", default="joint_threshold,orl", help="batch mode: decoders of the invariance check")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "nvfp4-w4a16"],
                     help="decode mode: the model's precision (nvfp4-w4a16: random NVFP4 routed experts)")
+    ap.add_argument("--variants", default=None, help="round: comma-separated BlockForward variants to time (names "
+                    "of bench.VARIANTS; default bench.ROUND_VARIANTS); the fastest is the round's engine")
+    ap.add_argument("--w4-variants", default=None, help="round: also time these variants on the 4-bit round (default "
+                    "tiles), e.g. norm_in_route,norm_in_route+splitk")
+    ap.add_argument("--breakdown", action="store_true", help="round: per-kernel table of one round (torch.profiler "
+                    "over graph replays) for the BF16 and 4-bit rounds, P = first prefix, default and best variants")
     ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "
                     "round (repro/engine/bench_w4.py) that otherwise follows the BF16 round")
     args = ap.parse_args(argv)
@@ -534,13 +490,16 @@ def main(argv=None):
                               "num_stages": fw.aws.num_stages, "MIN_KEYS": fw.aws.min_keys,
                               "BLOCK_M": fw.aws.block_m}
     if args.mode in ("round", "all"):
-        doc["round"] = bench_round(shape, W, fw, prefixes, args.iters, args.naive_iters, copy_bw, args.profile, log)
-        if not args.no_w4:
-            from .bench_w4 import W4_TARGETS, bench_round_w4
-
-            doc["round_w4"] = bench_round_w4(shape, W, fw, prefixes, args.iters, copy_bw, log,
-                                             block_ids=_block_ids, time_replays=time_replays)
-            doc["targets_w4"] = W4_TARGETS
+        names = [v for v in (args.variants or "").split(",") if v] or list(ROUND_VARIANTS)
+        unknown = [v for v in names + [v for v in (args.w4_variants or "").split(",") if v] if v not in VARIANTS]
+        if unknown:
+            ap.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+        doc["round"] = bench_round(shape, W, fw, prefixes, args.iters, args.naive_iters, copy_bw, args.profile, log,
+                                   variants=names)
+        best = doc["round"][0]["engine"]["variant"]
+        fw4 = _round_w4(args, doc, shape, W, fw, prefixes, copy_bw, best, log)
+        if args.breakdown:
+            doc["breakdown"] = _breakdowns(shape, fw, fw4, prefixes[0], best, log)
     if args.mode in ("generate", "all"):
         doc["generate"] = bench_generate(shape, W, fw, args.prefix, args.tokens, args.steps_per_block, log)
     doc["copy_GBps_end"] = copy_bandwidth()

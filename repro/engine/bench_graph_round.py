@@ -110,35 +110,20 @@ def kernel_breakdown(fw, head=True) -> dict:
     GEMMs of the first ``first_dense`` layers are the dense FFN (``dense_*``), the others the routed experts with
     the shared expert (one launch). Returns ``{family: ms, "total": ms, "kernels": n, "by_kernel": {name: ms}}`` (the
     last: the attention and norm kernels by name); raises RuntimeError when the profiler recorded no kernel."""
-    import os
-    import tempfile
+    from .bench_profile import cuda_kernels
 
-    from torch.profiler import ProfilerActivity, profile
-
-    fw.forward(head=head)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fw.forward(head=head)
-        torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
     try:
-        prof.export_chrome_trace(path)
-        with open(path) as fh:
-            trace = json.load(fh)
-    finally:
-        os.unlink(path)
-    ks = sorted((e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    if not ks:
-        raise RuntimeError("kernel_breakdown: the profiler recorded no CUDA kernel")
+        ks = cuda_kernels(lambda: fw.forward(head=head))
+    except RuntimeError as exc:
+        raise RuntimeError("kernel_breakdown: the profiler recorded no CUDA kernel") from exc
     fams = classify_kernels([e["name"] for e in ks], fw.s.first_dense, head)
     out = {f: 0.0 for f in FAMILIES}
     by_kernel: dict = {}
     for e, f in zip(ks, fams):
-        out[f] += e.get("dur", 0.0) / 1e3
+        out[f] += e["dur"] / 1e3
         if f in ("attention", "norms"):
             name = e["name"].split("(")[0]
-            by_kernel[name] = by_kernel.get(name, 0.0) + e.get("dur", 0.0) / 1e3
+            by_kernel[name] = by_kernel.get(name, 0.0) + e["dur"] / 1e3
     out["total"] = sum(out[f] for f in FAMILIES)
     out["kernels"] = len(ks)
     out["by_kernel"] = by_kernel

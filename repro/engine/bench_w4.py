@@ -129,17 +129,21 @@ def dequantized(W4: dict) -> dict:
     return dict(W4, layers=layers)
 
 
-def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=None, time_replays=None) -> dict:
+def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=None, time_replays=None,
+                   configure=None) -> dict:
     """The 4-bit round beside the BF16 one (module doc). ``fw``: the BF16 round's BlockForward (its KV cache
     is copied); ``block_ids(shape, seed, kind)`` and ``time_replays(fn, iters)`` from :mod:`.bench`. The tile
     variants timed: all of ``W4_TILES``, or those named in the environment variable ``W4_ROUND_TILES``
     (comma-separated; "default" always included), for a GPU call short of time. Raises KeyError for an unknown
-    name."""
+    name. ``configure(fw4)`` (optional) is called on the 4-bit BlockForward once it is built (e.g. to set the
+    options of the BF16 round's best variant, or to keep a reference for a kernel breakdown)."""
     from .kernels import fastpath as F
 
     W4 = w4_weights(W, shape)
     fw4 = F.BlockForward(W4, shape, fw.max_len, T=fw.T, device="cuda")
     fw4.kv.copy_(fw.kv)
+    if configure is not None:
+        configure(fw4)
     out = {"model_GB": model_bytes(W4) / 1e9, "model_GB_bf16": model_bytes(W) / 1e9, "tiles": {}, "round": []}
     log(f"[w4] model weights {out['model_GB']:.2f} GB (bf16: {out['model_GB_bf16']:.2f} GB)")
     cases = {}

@@ -1,0 +1,65 @@
+"""``bench round --breakdown``: the roles of the single-request round's kernels (repro/engine/bench_profile.py)."""
+import pytest
+import torch
+
+from repro.engine.bench_profile import ROLES, breakdown_table, classify_round
+
+
+def _layer(qkv, o, fused_qkv=False):
+    """Kernel names of one MoE layer of BlockForward (norm_in_route) in launch order (``o`` a list: the O GEMM's
+    kernels)."""
+    return (["_add_rmsnorm_kernel", qkv] + ([] if fused_qkv else ["_qk_norm_rope_kv_kernel"])
+            + ["_attn_split_kernel", "_attn_combine_kernel", *o, "_router_logits_kernel", "_route_select_kernel",
+               "_moe_gate_up_kernel", "_moe_down_kernel"])
+
+
+def test_classify_round_cublas_and_splitk():
+    cublas = "nvjet_tst_64x8_64x16_4x1_v_bz_TNT"
+    names = (["indexSelectLargeIndex"] + ["_add_rmsnorm_kernel", cublas, "_qk_norm_rope_kv_kernel",
+                                          "_attn_split_kernel", "_attn_combine_kernel", cublas,
+                                          "_add_rmsnorm_kernel", "_moe_gate_up_kernel", "_moe_down_kernel"]
+             # a cuBLAS split-K reduction after the O GEMM: the O GEMM's role
+             + _layer("sm90_xmma_gemm_bf16bf16_bf16f32", ["cutlass_80_wmma_tensorop_gemm", "splitKreduce_kernel"])
+             + _layer("_splitk_rows_kernel", ["_splitk_rows_kernel"], fused_qkv=True)
+             + ["_add_rmsnorm_kernel", cublas, "_logits_partial_stats_kernel", "_logits_stats_combine_kernel"])
+    roles = classify_round(names, first_dense=1)
+    assert set(roles) <= set(ROLES)
+    assert roles[0] == "embed" and roles[2] == "qkv_gemm" and roles[6] == "o_gemm"
+    assert roles[8:10] == ["dense_gate_up", "dense_down"]
+    assert roles.count("qkv_gemm") == 3 and roles.count("o_gemm") == 4  # one O GEMM + its split-K reduction
+    assert roles[names.index("splitKreduce_kernel")] == "o_gemm"
+    assert roles.count("qk_norm_rope_kv") == 2  # the split-K QKV does it in its epilogue
+    assert roles.count("gate_up") == 2 and roles.count("route_select") == 2 and roles.count("router") == 2
+    assert roles[-3:] == ["lm_head", "logits_stats", "logits_stats"]
+    assert "other" not in roles
+
+
+def test_breakdown_table_lists_every_role_and_the_gaps():
+    b = {"roles": {"qkv_gemm": {"us_per_launch": 6.5, "launches": 20, "ms": 0.13},
+                   "attn_split": {"us_per_launch": 6.1, "launches": 20, "ms": 0.122}},
+         "kernels_ms": 0.252, "graph_ms": 0.3, "kernels": 40, "source": "graph"}
+    t = breakdown_table([("bf16", b), ("w4", b)])
+    assert "| qkv_gemm | 6.50 (20) | 0.130 | 6.50 (20) | 0.130 |" in t
+    assert "gaps (graph − Σ)" in t and "0.048" in t
+
+
+@pytest.mark.gpu
+def test_round_breakdown_small_model():
+    """Every per-layer kernel found once per layer in a profiled graph replay; Σ kernels <= the replay time."""
+    from repro.engine.bench_profile import round_breakdown
+    from repro.engine.kernels import fastpath as F
+
+    shape = F.preset_shape(vocab_size=8192, num_hidden_layers=3, num_experts=64)
+    W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
+    fw = F.BlockForward(W, shape, 2048, T=32, device="cuda")
+    fw.kv.normal_()
+    fw.ids.copy_(torch.randint(0, shape.vocab, (32,), device="cuda"))
+    fw.cache_len.fill_(1000)
+    for splitk in (False, True):
+        fw.splitk_qkv = fw.splitk_o = splitk
+        b = round_breakdown(fw, replays=3)
+        r = b["roles"]
+        assert r["qkv_gemm"]["launches"] == r["attn_split"]["launches"] == shape.layers
+        assert r["router"]["launches"] == shape.layers - shape.first_dense
+        assert ("qk_norm_rope_kv" in r) != splitk
+        assert 0 < b["kernels_ms"] <= 1.2 * b["graph_ms"]
