@@ -62,6 +62,12 @@ if HAS_TRITON:
                 s += tl.load(d_ptr + (T * TOPK + t) * H + offs, mask=msk, other=0.0)
             h = (h + s.to(dt).to(tl.float32)).to(dt).to(tl.float32)
             tl.store(h_ptr + t * H + offs, h.to(dt), mask=msk)
+        _norm_store(h, dt, w_ptr, y_ptr, t, offs, msk, eps, H)
+
+    @triton.jit
+    def _norm_store(h, dt, w_ptr, y_ptr, t, offs, msk, eps, H: tl.constexpr):
+        """The row tail of every mode: y[t] = (h·rsqrt(mean h² + eps)).to(dt)·w for the fp32 row h (columns
+        ``offs``, ``msk``), stored in y's dtype."""
         r = tl.rsqrt(tl.sum(h * h, axis=0) / H + eps)
         w = tl.load(w_ptr + offs, mask=msk, other=0.0).to(tl.float32)
         y = (h * r).to(dt).to(tl.float32) * w
@@ -104,10 +110,7 @@ if HAS_TRITON:
                 s += sh
             h = (h + s.to(dt).to(tl.float32)).to(dt).to(tl.float32)
             tl.store(h_ptr + t * H + offs, h.to(dt), mask=msk)
-        r = tl.rsqrt(tl.sum(h * h, axis=0) / H + eps)
-        w = tl.load(w_ptr + offs, mask=msk, other=0.0).to(tl.float32)
-        y = (h * r).to(dt).to(tl.float32) * w
-        tl.store(y_ptr + t * H + offs, y.to(y_ptr.dtype.element_ty), mask=msk)
+        _norm_store(h, dt, w_ptr, y_ptr, t, offs, msk, eps, H)
 
     @triton.jit
     def _add_rmsnorm_kernel(
