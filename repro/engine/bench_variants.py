@@ -12,10 +12,12 @@ from __future__ import annotations
 # ``prefetch`` (L2 prefetch of the next layer's weights), ``fuse_norm`` (post-attention RMSNorm folded into the
 # FFN GEMMs), ``triton_linear`` (QKV/O through the Triton skinny GEMM), ``compact`` (expert GEMM grids over the
 # active-expert list; a MoE-workspace attribute), ``norm_in_route`` (MoE layers: post-attention RMSNorm written
-# by the route-select kernel), ``fused_attn`` (QK-norm + RoPE + KV write + attention + combine in one launch).
+# by the route-select kernel), ``fused_attn`` (QK-norm + RoPE + KV write + attention + combine in one launch),
+# ``splitk_qkv`` / ``splitk_o`` / ``splitk_tiles`` / ``router_in_o`` (kernels/splitk.py, fastpath.BlockForward).
 # Unnamed settings keep BlockForward's defaults (``BASE``).
 BASE = {"pdl": False, "prefetch": False, "fuse_norm": False, "triton_linear": False, "compact": False,
-        "norm_in_route": False, "fused_attn": False, "splitk_qkv": False, "splitk_o": False, "splitk_tiles": "default"}
+        "norm_in_route": False, "fused_attn": False, "splitk_qkv": False, "splitk_o": False, "splitk_tiles": "default",
+        "router_in_o": False}
 VARIANTS = {
     "base": {},
     "pdl": {"pdl": True},
@@ -36,13 +38,18 @@ VARIANTS = {
     "norm_in_route+splitk+s16": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True, "splitk_tiles": "s16"},
     "norm_in_route+splitk+s4": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True, "splitk_tiles": "s4"},
     "norm_in_route+splitk+pdl": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True, "pdl": True},
+    # ... and the router GEMM in the O projection's epilogue (route-select alone after it)
+    "norm_in_route+splitk+router": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True, "router_in_o": True},
+    "norm_in_route+splitk+router+pdl": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
+                                        "router_in_o": True, "pdl": True},
 }
 
 #: the variants ``bench round`` times by default (``--variants`` picks others)
 ROUND_VARIANTS = ("base", "pdl", "compact", "norm_in_route", "fused_attn", "norm_in_route+pdl",
                   "norm_in_route+fused_attn", "norm_in_route+fused_attn+pdl", "norm_in_route+splitk",
                   "norm_in_route+splitk_qkv", "norm_in_route+splitk_o", "norm_in_route+splitk+s16",
-                  "norm_in_route+splitk+s4", "norm_in_route+splitk+pdl")
+                  "norm_in_route+splitk+s4", "norm_in_route+splitk+pdl", "norm_in_route+splitk+router",
+                  "norm_in_route+splitk+router+pdl")
 
 
 def set_variant(fw, name):

@@ -117,3 +117,42 @@ def test_splitk_bf16_model_shape(cfg_q, cfg_o):
     out2 = h.clone()
     SK.splitk_linear(x2, wo, out2, ws, cfg_o, "add")
     assert torch.equal(out, out2) and not ws.tickets.any()
+
+
+@pytest.mark.parametrize("T", [8, 3])
+def test_router_in_o_epilogue(dev, T):
+    """splitk_linear(router=...): h += o·Woᵀ, the router partials of the new h = the reference's, and the route-select
+    kernel on them routes as route_reference on RMSNorm(h)·nw and writes that RMSNorm (norm_out)."""
+    from repro.engine.kernels import norm as Nm
+    from repro.engine.kernels import route as R
+
+    dtype = torch.float32 if dev == "cpu" else torch.bfloat16
+    H, E, top_k, bn = 64, 16, 4, 16
+    o, wo, h = _data(dev, dtype, T, H, H, seed=20 + T)
+    g = torch.Generator(device="cpu").manual_seed(5)
+    rw = torch.randn(E, H, generator=g).to(dev)
+    nw = (1 + 0.1 * torch.randn(H, generator=g)).to(dev, dtype)
+    bias = (0.01 * torch.randn(E, generator=g)).to(dev)
+    ws = SK.SplitKWorkspace(T, H, 4, dev)
+    mws = R.MoEWorkspace(T, H, 32, E, E + 1, top_k, dtype, dev, split_k=2)
+    rpart = torch.full((H // bn, mws.T_PAD, E), float("nan"), device=dev)
+    hk = h.clone()
+    SK.splitk_linear(o, wo, hk, ws, dict(SPLIT=2, BLOCK_N=bn, BLOCK_K=16, num_warps=4, num_stages=2), "add",
+                     router=(rw, nw, rpart, "ieee"))
+    h_ref = SK.splitk_linear_reference(o, wo, h, "add")
+    assert rel_err(hk, h_ref) < (1e-6 if dtype == torch.float32 else 1e-2)
+    ref_part = SK.router_partials_reference(hk, nw, rw, bn)
+    assert rel_err(rpart[:, :T], ref_part) < 1e-5
+    assert not rpart[:, T:].any(), "padding rows have zero logits"
+    normed = torch.full_like(hk, float("nan"))
+    R.moe_route_select(rpart, hk, bias, mws, E + 1, top_k, n_group=4, topk_group=2, scaling=2.5, norm_w=nw,
+                       eps=1e-6, norm_out=normed)
+    x_ref = Nm.rmsnorm_reference(hk, nw, 1e-6)
+    assert rel_err(normed, x_ref) < (1e-6 if dtype == torch.float32 else 1e-2)
+    ids, wts = R.route_reference(x_ref, rw, bias, top_k, 4, 2, 2.5)
+    assert torch.equal(mws.topk_ids.long().sort(-1).values, ids.sort(-1).values)
+    torch.testing.assert_close(mws.topk_w.sort(-1).values, wts.sort(-1).values, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="router"):
+        SK.splitk_linear(o, wo, hk, ws, dict(SPLIT=2, BLOCK_N=bn, BLOCK_K=16), "store", router=(rw, nw, rpart, "ieee"))
+    with pytest.raises(ValueError, match="norm_out"):
+        R.moe_route_select(rpart, hk, bias, mws, E + 1, top_k, n_group=4, topk_group=2, norm_w=nw)

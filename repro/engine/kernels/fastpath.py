@@ -289,6 +289,11 @@ class BlockForward(GraphCapture):
         self.splitk_o = False
         self.splitk_tiles = "default"  # a key of splitk.SPLITK_TILES (unless configs["splitk"] gives the tiles)
         self.sk_configs = configs.get("splitk") if configs else None
+        # MoE layers with splitk_o and norm_in_route: the router's partial logits from the O projection's epilogue,
+        # then the route-select kernel alone (route.moe_route_select): one launch less per MoE layer
+        self.router_in_o = False
+        self.router_prec = M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T).get("PREC", "ieee")
+        self._rparts = {}  # column tiles of the O projection -> router partials [tiles, T_PAD, E] fp32
         self.skws = SK.SplitKWorkspace(T, max(shape.qkv_out, H), 16, device)
         self.lin_cfg = kc["linear"]
         self.qkv32 = torch.zeros(T, shape.qkv_out, dtype=torch.float32, device=device)
@@ -338,8 +343,18 @@ class BlockForward(GraphCapture):
                                   kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
                 A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
             route_norm = self.norm_in_route and "router" in L
+            rpart = None
             if self.fuse_norm or route_norm:
-                if self.splitk_o:
+                if self.splitk_o and self.router_in_o and route_norm:
+                    oc = self._sk_cfg("o", L["wo"])
+                    nt = s.hidden // oc["BLOCK_N"]
+                    if nt not in self._rparts:
+                        self._rparts[nt] = torch.zeros(nt, self.ws.T_PAD, s.experts, dtype=torch.float32,
+                                                       device=self.device)
+                    rpart = self._rparts[nt]
+                    SK.splitk_linear(self.o, L["wo"], self.h, self.skws, oc, "add",
+                                     router=(L["router"], L["mlp_norm"], rpart, self.router_prec))
+                elif self.splitk_o:
                     SK.splitk_linear(self.o, L["wo"], self.h, self.skws, self._sk_cfg("o", L["wo"]), "add")
                 else:
                     self.h.addmm_(self.o, L["wo"].t())
@@ -365,9 +380,14 @@ class BlockForward(GraphCapture):
             else:
                 E1 = M.expert_slots(L["w13"])
                 cslot = li - s.first_dense if s.layers - s.first_dense > 1 else None  # 1 MoE layer: own memset
-                M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                                  s.scaling, s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw, eps=s.eps,
-                                  norm_out=self.a if route_norm else None)
+                if rpart is not None:  # the router GEMM ran in the O projection's epilogue
+                    M.moe_route_select(rpart, x_ffn, L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
+                                       s.scaling, s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw, eps=s.eps,
+                                       norm_out=self.a)
+                else:
+                    M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group,
+                                      s.topk_group, s.scaling, s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw,
+                                      eps=s.eps, norm_out=self.a if route_norm else None)
                 if route_norm:
                     x_ffn, nw = self.a, None
                 if stats is not None:

@@ -14,7 +14,8 @@ Epilogues (``EPI``):
 
 * 0 ``store``: ``out = y.to(out.dtype)`` (a plain linear layer).
 * 1 ``add``: ``out = (out.float() + y).to(out.dtype)`` (the residual add of the O projection into h, one rounding
-  like ``torch.addmm_``).
+  like ``torch.addmm_``); optionally (``router``) also the MoE router's partial logits of the new h, one K split
+  per column tile (the router GEMM of ``route.moe_route_align`` folded into this epilogue).
 * 2 ``qk_rope_kv`` (BLOCK_N = head_dim D: one head per column tile): y is rounded to the model dtype (the ``qkv``
   buffer of the unfused path), then QK-norm (RMSNorm over D, fp32) + partial NeoX RoPE on the first ROT channels
   at position P + t for q and k heads, written to ``q_out`` [T, NQ, D] and to the K cache rows [P, P+T); v heads go
@@ -32,7 +33,7 @@ import torch
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton
 
 __all__ = ["SplitKWorkspace", "splitk_linear", "splitk_qkv_rope_kv", "splitk_linear_reference",
-           "splitk_qkv_reference", "DEFAULT_SPLITK", "SPLITK_TILES", "fit_tiles"]
+           "splitk_qkv_reference", "router_partials_reference", "DEFAULT_SPLITK", "SPLITK_TILES", "fit_tiles"]
 
 #: launch configs at the LLaDA2.1-mini shape (K = 2048): QKV 24 head tiles x 8 splits = 192 programs, O 32 x 8 = 256
 DEFAULT_SPLITK = {
@@ -111,13 +112,16 @@ if HAS_TRITON:
     @triton.jit
     def _splitk_rows_kernel(
         x_ptr, w_ptr, part_ptr, cnt_ptr, out_ptr, T, stride_xt, stride_ot,
-        qw_ptr, kw_ptr, cos_ptr, sin_ptr, len_ptr, kc_ptr, vc_ptr, eps,
+        qw_ptr, kw_ptr, cos_ptr, sin_ptr, len_ptr, kc_ptr, vc_ptr, eps, rw_ptr, nw_ptr, rpart_ptr,
         N: tl.constexpr, K: tl.constexpr, T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SPLIT: tl.constexpr, EPI: tl.constexpr, NQ: tl.constexpr = 1, NKV: tl.constexpr = 1, ROT: tl.constexpr = 2,
-        MAXLEN: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
+        MAXLEN: tl.constexpr = 1, ROUTER: tl.constexpr = False, E: tl.constexpr = 16, BLOCK_E: tl.constexpr = 16,
+        PREC: tl.constexpr = "ieee", USE_PDL: tl.constexpr = False,
     ):
         """Program (column tile n, split s): partial y[:, n-tile] over K range s; the last of the tile's SPLIT
-        programs sums them in split order and runs epilogue EPI (module doc). EPI 2: out_ptr is q_out [T, NQ, D]."""
+        programs sums them in split order and runs epilogue EPI (module doc). EPI 2: out_ptr is q_out [T, NQ, D].
+        ROUTER (EPI 1): also the router's partial logits of this column tile, rpart[n] = (out_new · nw[cols]) ·
+        rw[:, cols]ᵀ in fp32 (PREC dots), for ``route.moe_route_select``."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -184,7 +188,15 @@ if HAS_TRITON:
                 optr = out_ptr + rows[:, None] * stride_ot + cols[None, :]
                 if EPI == 1:
                     y += tl.load(optr, mask=rmask[:, None], other=0.0).to(tl.float32)
-                tl.store(optr, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+                yo = y.to(out_ptr.dtype.element_ty)
+                tl.store(optr, yo, mask=rmask[:, None])
+                if ROUTER:  # rows >= T are zeros (masked loads above): their logits are 0
+                    xs = tl.where(rmask[:, None], yo.to(tl.float32), 0.0) * tl.load(nw_ptr + cols).to(tl.float32)[None, :]
+                    for e0 in tl.static_range(0, E, BLOCK_E):
+                        offs_e = e0 + tl.arange(0, BLOCK_E)
+                        wv = tl.load(rw_ptr + offs_e[None, :] * N + cols[:, None]).to(tl.float32)
+                        lg = tl.dot(xs, wv, input_precision=PREC)
+                        tl.store(rpart_ptr + pid_n * (T_PAD * E) + rows[:, None] * E + offs_e[None, :], lg)
 
 
 def _check(x, w, ws: SplitKWorkspace, cfg: dict, block_n: int, what: str) -> tuple[int, int, int]:
@@ -205,11 +217,18 @@ def _check(x, w, ws: SplitKWorkspace, cfg: dict, block_n: int, what: str) -> tup
 
 
 def splitk_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, ws: SplitKWorkspace, cfg: dict | None = None,
-                  mode: str = "store") -> torch.Tensor:
+                  mode: str = "store", router: tuple | None = None) -> torch.Tensor:
     """``out`` [T, N] = x [T, K] · w [N, K]ᵀ (mode "store"), or ``out += x · wᵀ`` with one rounding (mode "add"),
     fp32 accumulation; x and w in the model dtype (fp32 under the interpreter), out any float dtype with unit stride
     along N. ``cfg``: SPLIT, BLOCK_N, BLOCK_K, num_warps, num_stages (default :data:`DEFAULT_SPLITK` ``"o"``).
-    Deterministic (fixed split order). Raises ValueError for misfitting shapes, tiles, workspace or mode."""
+    Deterministic (fixed split order).
+
+    ``router`` (mode "add" only): ``(rw [E, N] fp32, nw [N], rpart [N / BLOCK_N, T_PAD, E] fp32, prec)``: the new
+    ``out`` (the residual h) also goes through the MoE router as a K-split GEMM, one split per column tile:
+    ``rpart[n] = (out · nw)[:, tile n] · rw[:, tile n]ᵀ`` (fp32, dots of precision ``prec``: "ieee" or "tf32x3";
+    :func:`router_partials_reference`), the partial logits that ``route.moe_route_select(norm_w=nw, norm_out=...)``
+    sums and scales by the RMSNorm factor — the router GEMM's launch saved. Raises ValueError for misfitting shapes,
+    tiles, workspace, mode or router buffers."""
     cfg = {**DEFAULT_SPLITK["o"], **(cfg or {})}
     if mode not in ("store", "add"):
         raise ValueError(f"splitk_linear: mode {mode!r} is not 'store' or 'add'")
@@ -217,13 +236,34 @@ def splitk_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, ws: Split
     if tuple(out.shape) != (T, N) or out.stride(1) != 1:
         raise ValueError(f"splitk_linear: out {tuple(out.shape)} is not [{T}, {N}] with unit stride along N")
     bn, split = int(cfg["BLOCK_N"]), int(cfg["SPLIT"])
+    rkw, rw, nw, rpart = {}, x, x, ws.part
+    if router is not None:
+        rw, nw, rpart, prec = router
+        E = rw.shape[0]
+        if (mode != "add" or tuple(rw.shape) != (E, N) or not rw.is_contiguous() or rw.dtype != torch.float32
+                or tuple(nw.shape) != (N,) or tuple(rpart.shape) != (N // bn, ws.T_PAD, E)
+                or rpart.dtype != torch.float32 or not rpart.is_contiguous() or E & (E - 1) or E < 16
+                or prec not in ("ieee", "tf32x3", "tf32")):
+            raise ValueError(f"splitk_linear: router needs mode 'add', rw fp32 [E, {N}] (E a power of two >= 16), "
+                             f"nw [{N}], rpart fp32 [{N // bn}, {ws.T_PAD}, E], prec ieee/tf32/tf32x3; got rw "
+                             f"{tuple(rw.shape)} {rw.dtype}, rpart {tuple(rpart.shape)}, prec {prec!r}")
+        rkw = dict(ROUTER=True, E=E, BLOCK_E=min(64, E), PREC=prec)
     _splitk_rows_kernel[(N // bn, split)](
         x, w, ws.part, ws.tickets, out, T, x.stride(0), out.stride(0),
-        x, x, x, x, ws.tickets, x, x, 0.0,
+        x, x, x, x, ws.tickets, x, x, 0.0, rw, nw, rpart,
         N=N, K=K, T_PAD=ws.T_PAD, BLOCK_N=bn, BLOCK_K=int(cfg["BLOCK_K"]), SPLIT=split, EPI=_EPI[mode],
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **pdl(),
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **rkw, **pdl(),
     )
     return out
+
+
+def router_partials_reference(h: torch.Tensor, nw: torch.Tensor, rw: torch.Tensor, block_n: int) -> torch.Tensor:
+    """Partial router logits [N / block_n, T, E] fp32 of ``splitk_linear(router=...)``: column tile n of
+    (h.float() · nw) times rw[:, tile n]ᵀ, in fp32. Their sum over n, times rsqrt(mean h² + eps), are the router
+    logits of RMSNorm(h)·nw (``route.route_reference``)."""
+    xs = h.float() * nw.float()
+    T, N = xs.shape
+    return torch.einsum("tnb,enb->nte", xs.view(T, N // block_n, block_n), rw.float().view(-1, N // block_n, block_n))
 
 
 def splitk_qkv_rope_kv(x, wqkv, ws: SplitKWorkspace, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache,
@@ -250,7 +290,7 @@ def splitk_qkv_rope_kv(x, wqkv, ws: SplitKWorkspace, q_w, k_w, cos, sin, cache_l
                          f"(contiguous q_out [T, nq, D], caches [nkv, MAXLEN, D], int32 cache_len)")
     _splitk_rows_kernel[(N // D, int(cfg["SPLIT"]))](
         x, wqkv, ws.part, ws.tickets, q_out, T, x.stride(0), 0,
-        q_w, k_w, cos, sin, cache_len, k_cache, v_cache, eps,
+        q_w, k_w, cos, sin, cache_len, k_cache, v_cache, eps, x, x, x,
         N=N, K=K, T_PAD=ws.T_PAD, BLOCK_N=D, BLOCK_K=int(cfg["BLOCK_K"]), SPLIT=int(cfg["SPLIT"]), EPI=2,
         NQ=nq, NKV=nkv, ROT=rot, MAXLEN=k_cache.shape[1], num_warps=int(cfg["num_warps"]),
         num_stages=int(cfg["num_stages"]), **pdl(),
