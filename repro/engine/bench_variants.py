@@ -17,7 +17,7 @@ from __future__ import annotations
 # Unnamed settings keep BlockForward's defaults (``BASE``).
 BASE = {"pdl": False, "prefetch": False, "fuse_norm": False, "triton_linear": False, "compact": False,
         "norm_in_route": False, "fused_attn": False, "splitk_qkv": False, "splitk_o": False, "splitk_tiles": "default",
-        "router_in_o": False}
+        "router_in_o": False, "router_prefetch": True}
 VARIANTS = {
     "base": {},
     "pdl": {"pdl": True},
@@ -42,6 +42,10 @@ VARIANTS = {
     "norm_in_route+splitk+router": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True, "router_in_o": True},
     "norm_in_route+splitk+router+pdl": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
                                         "router_in_o": True, "pdl": True},
+    "norm_in_route+splitk+router+o128": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
+                                         "router_in_o": True, "splitk_tiles": "o128"},
+    "norm_in_route+splitk+router+nopf": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
+                                         "router_in_o": True, "router_prefetch": False},
 }
 
 #: the variants ``bench round`` times by default (``--variants`` picks others)
@@ -49,7 +53,8 @@ ROUND_VARIANTS = ("base", "pdl", "compact", "norm_in_route", "fused_attn", "norm
                   "norm_in_route+fused_attn", "norm_in_route+fused_attn+pdl", "norm_in_route+splitk",
                   "norm_in_route+splitk_qkv", "norm_in_route+splitk_o", "norm_in_route+splitk+s16",
                   "norm_in_route+splitk+s4", "norm_in_route+splitk+pdl", "norm_in_route+splitk+router",
-                  "norm_in_route+splitk+router+pdl")
+                  "norm_in_route+splitk+router+pdl", "norm_in_route+splitk+router+o128",
+                  "norm_in_route+splitk+router+nopf")
 
 
 def set_variant(fw, name):

@@ -119,8 +119,8 @@ def test_splitk_bf16_model_shape(cfg_q, cfg_o):
     assert torch.equal(out, out2) and not ws.tickets.any()
 
 
-@pytest.mark.parametrize("T", [8, 3])
-def test_router_in_o_epilogue(dev, T):
+@pytest.mark.parametrize("T,prefetch", [(8, True), (3, False)])
+def test_router_in_o_epilogue(dev, T, prefetch):
     """splitk_linear(router=...): h += o·Woᵀ, the router partials of the new h = the reference's, and the route-select
     kernel on them routes as route_reference on RMSNorm(h)·nw and writes that RMSNorm (norm_out)."""
     from repro.engine.kernels import norm as Nm
@@ -138,7 +138,7 @@ def test_router_in_o_epilogue(dev, T):
     rpart = torch.full((H // bn, mws.T_PAD, E), float("nan"), device=dev)
     hk = h.clone()
     SK.splitk_linear(o, wo, hk, ws, dict(SPLIT=2, BLOCK_N=bn, BLOCK_K=16, num_warps=4, num_stages=2), "add",
-                     router=(rw, nw, rpart, "ieee"))
+                     router=(rw, nw, rpart, "ieee"), router_prefetch=prefetch)
     h_ref = SK.splitk_linear_reference(o, wo, h, "add")
     assert rel_err(hk, h_ref) < (1e-6 if dtype == torch.float32 else 1e-2)
     ref_part = SK.router_partials_reference(hk, nw, rw, bn)

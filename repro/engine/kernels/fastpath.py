@@ -292,6 +292,7 @@ class BlockForward(GraphCapture):
         # MoE layers with splitk_o and norm_in_route: the router's partial logits from the O projection's epilogue,
         # then the route-select kernel alone (route.moe_route_select): one launch less per MoE layer
         self.router_in_o = False
+        self.router_prefetch = True  # router_in_o: the O programs pull the router tile into L2 first
         self.router_prec = M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T).get("PREC", "ieee")
         self._rparts = {}  # column tiles of the O projection -> router partials [tiles, T_PAD, E] fp32
         self.skws = SK.SplitKWorkspace(T, max(shape.qkv_out, H), 16, device)
@@ -353,7 +354,8 @@ class BlockForward(GraphCapture):
                                                        device=self.device)
                     rpart = self._rparts[nt]
                     SK.splitk_linear(self.o, L["wo"], self.h, self.skws, oc, "add",
-                                     router=(L["router"], L["mlp_norm"], rpart, self.router_prec))
+                                     router=(L["router"], L["mlp_norm"], rpart, self.router_prec),
+                                     router_prefetch=self.router_prefetch)
                 elif self.splitk_o:
                     SK.splitk_linear(self.o, L["wo"], self.h, self.skws, self._sk_cfg("o", L["wo"]), "add")
                 else:

@@ -48,6 +48,8 @@ SPLITK_TILES = {
             "o": dict(SPLIT=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2)},
     "s4": {"qkv": dict(SPLIT=4, BLOCK_K=64, num_warps=4, num_stages=4),
            "o": dict(SPLIT=4, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=4)},
+    # O in 16 column tiles (128 programs): 16 router partials with router_in_o, as many as the router GEMM's SPLIT_K
+    "o128": {"qkv": DEFAULT_SPLITK["qkv"], "o": dict(SPLIT=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)},
 }
 
 _EPI = {"store": 0, "add": 1, "qk_rope_kv": 2}
@@ -88,14 +90,15 @@ def splitk_qkv_reference(x, wqkv, q_w, k_w, pos0, cos, sin, nq, nkv, rot, eps):
 
 
 class SplitKWorkspace:
-    """fp32 partials ``part`` [max_split, T_PAD, n_max] and int32 tile tickets ``tickets`` [n_max] (zeros; each
-    launch leaves them at zero) for skinny GEMMs of up to ``T`` rows and ``n_max`` output columns. Launches that use
+    """fp32 partials ``part`` [max_split, T_PAD, n_max], int32 tile tickets ``tickets`` [n_max] (zeros; each
+    launch leaves them at zero) and a scratch ``dummy`` (the router prefetch's sums) for skinny GEMMs of up to ``T`` rows and ``n_max`` output columns. Launches that use
     one workspace must run one after another on a stream (they share the buffers)."""
 
     def __init__(self, T: int, n_max: int, max_split: int, device):
         self.T, self.T_PAD, self.n_max, self.max_split = T, max(16, next_pow2(T)), n_max, max_split
         self.part = torch.zeros(max_split, self.T_PAD, n_max, dtype=torch.float32, device=device)
         self.tickets = torch.zeros(n_max, dtype=torch.int32, device=device)
+        self.dummy = torch.zeros(n_max * max_split, dtype=torch.float32, device=device)  # router prefetch sums
 
 
 if HAS_TRITON:
@@ -116,12 +119,14 @@ if HAS_TRITON:
         N: tl.constexpr, K: tl.constexpr, T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SPLIT: tl.constexpr, EPI: tl.constexpr, NQ: tl.constexpr = 1, NKV: tl.constexpr = 1, ROT: tl.constexpr = 2,
         MAXLEN: tl.constexpr = 1, ROUTER: tl.constexpr = False, E: tl.constexpr = 16, BLOCK_E: tl.constexpr = 16,
-        PREC: tl.constexpr = "ieee", USE_PDL: tl.constexpr = False,
+        PREC: tl.constexpr = "ieee", RPF: tl.constexpr = False, dummy_ptr=None, USE_PDL: tl.constexpr = False,
     ):
         """Program (column tile n, split s): partial y[:, n-tile] over K range s; the last of the tile's SPLIT
         programs sums them in split order and runs epilogue EPI (module doc). EPI 2: out_ptr is q_out [T, NQ, D].
         ROUTER (EPI 1): also the router's partial logits of this column tile, rpart[n] = (out_new · nw[cols]) ·
-        rw[:, cols]ᵀ in fp32 (PREC dots), for ``route.moe_route_select``."""
+        rw[:, cols]ᵀ in fp32 (PREC dots), for ``route.moe_route_select``; with RPF every split program first reads
+        its E/SPLIT rows of that router tile (evict_last, a sum stored to ``dummy``), so that the last one finds the
+        tile in L2."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -133,12 +138,18 @@ if HAS_TRITON:
         offs_k = tl.arange(0, BLOCK_K)
         K_PER: tl.constexpr = K // SPLIT
         acc = tl.zeros((T_PAD, BLOCK_N), dtype=tl.float32)
+        if ROUTER and RPF:  # issued before the K loop, consumed after it
+            EP: tl.constexpr = E // SPLIT
+            pe = pid_k * EP + tl.arange(0, EP)
+            pw = tl.load(rw_ptr + pe[:, None] * N + cols[None, :], eviction_policy="evict_last")
         for k0 in range(0, K_PER, BLOCK_K):
             kk = pid_k * K_PER + k0 + offs_k
             a = tl.load(x_ptr + rows[:, None] * stride_xt + kk[None, :], mask=rmask[:, None], other=0.0)
             b = tl.load(w_ptr + cols[None, :] * K + kk[:, None])
             acc = tl.dot(a, b.to(a.dtype), acc)
         tl.store(part_ptr + pid_k * (T_PAD * N) + rows[:, None] * N + cols[None, :], acc)
+        if ROUTER and RPF:
+            tl.store(dummy_ptr + pid_n * SPLIT + pid_k, tl.sum(tl.sum(pw, axis=1), axis=0))
         tl.debug_barrier()  # every thread's partial stores precede the (release) ticket
         ticket = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel")
         if ticket == SPLIT - 1:  # the other splits of this tile have stored theirs
@@ -217,7 +228,7 @@ def _check(x, w, ws: SplitKWorkspace, cfg: dict, block_n: int, what: str) -> tup
 
 
 def splitk_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, ws: SplitKWorkspace, cfg: dict | None = None,
-                  mode: str = "store", router: tuple | None = None) -> torch.Tensor:
+                  mode: str = "store", router: tuple | None = None, router_prefetch: bool = True) -> torch.Tensor:
     """``out`` [T, N] = x [T, K] · w [N, K]ᵀ (mode "store"), or ``out += x · wᵀ`` with one rounding (mode "add"),
     fp32 accumulation; x and w in the model dtype (fp32 under the interpreter), out any float dtype with unit stride
     along N. ``cfg``: SPLIT, BLOCK_N, BLOCK_K, num_warps, num_stages (default :data:`DEFAULT_SPLITK` ``"o"``).
@@ -227,7 +238,8 @@ def splitk_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, ws: Split
     ``out`` (the residual h) also goes through the MoE router as a K-split GEMM, one split per column tile:
     ``rpart[n] = (out · nw)[:, tile n] · rw[:, tile n]ᵀ`` (fp32, dots of precision ``prec``: "ieee" or "tf32x3";
     :func:`router_partials_reference`), the partial logits that ``route.moe_route_select(norm_w=nw, norm_out=...)``
-    sums and scales by the RMSNorm factor — the router GEMM's launch saved. Raises ValueError for misfitting shapes,
+    sums and scales by the RMSNorm factor — the router GEMM's launch saved. ``router_prefetch``: the split programs
+    pull the router tile into L2 while they stream w (when E >= SPLIT). Raises ValueError for misfitting shapes,
     tiles, workspace, mode or router buffers."""
     cfg = {**DEFAULT_SPLITK["o"], **(cfg or {})}
     if mode not in ("store", "add"):
@@ -247,7 +259,8 @@ def splitk_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, ws: Split
             raise ValueError(f"splitk_linear: router needs mode 'add', rw fp32 [E, {N}] (E a power of two >= 16), "
                              f"nw [{N}], rpart fp32 [{N // bn}, {ws.T_PAD}, E], prec ieee/tf32/tf32x3; got rw "
                              f"{tuple(rw.shape)} {rw.dtype}, rpart {tuple(rpart.shape)}, prec {prec!r}")
-        rkw = dict(ROUTER=True, E=E, BLOCK_E=min(64, E), PREC=prec)
+        rkw = dict(ROUTER=True, E=E, BLOCK_E=min(64, E), PREC=prec, RPF=bool(router_prefetch) and E >= split,
+                   dummy_ptr=ws.dummy)
     _splitk_rows_kernel[(N // bn, split)](
         x, w, ws.part, ws.tickets, out, T, x.stride(0), out.stride(0),
         x, x, x, x, ws.tickets, x, x, 0.0, rw, nw, rpart,
