@@ -15,6 +15,11 @@ then the final norm, the lm_head over the T block positions only (cuBLAS, bf16 l
 decode statistics in fp32 on device (argmax, max probability, entropy). The layer-0 dense FFN runs
 through the same grouped-GEMM kernels as one "expert" that all tokens select with weight 1.
 
+Options (attributes, measured in docs/perf.md): ``splitk_qkv`` runs the QKV GEMM with QK-norm + RoPE + KV write as
+its epilogue and ``splitk_o`` the O GEMM (adding into h) through the split-K kernels of :mod:`.splitk`;
+``router_in_o`` also computes the router's partial logits in the O GEMM's epilogue, so that the route-select kernel
+runs alone (:func:`.route.moe_route_select`).
+
 The cache length is a device int32 tensor, so :meth:`BlockForward.capture` records one CUDA graph that is
 valid for every prefix length P (P + T <= max_len). No host sync inside :meth:`forward`.
 """
@@ -284,7 +289,8 @@ class BlockForward(GraphCapture):
         # On by default: the fastest measured variant (H200, docs/perf.md v8/v9: 5.54 vs 5.61 ms at P=1k)
         self.norm_in_route = True
         # QKV projection with QK-norm + RoPE + KV write as its epilogue, and the O projection (adding into h), through
-        # the split-K kernels of kernels/splitk.py instead of cuBLAS + qk_norm_rope_kv (docs/perf.md "Session 6")
+        # the split-K kernels of kernels/splitk.py instead of cuBLAS + qk_norm_rope_kv (docs/perf.md "Session 6: the
+        # per-layer small kernels at batch 1")
         self.splitk_qkv = False
         self.splitk_o = False
         self.splitk_tiles = "default"  # a key of splitk.SPLITK_TILES (unless configs["splitk"] gives the tiles)
