@@ -46,6 +46,10 @@ VARIANTS = {
                                          "router_in_o": True, "splitk_tiles": "o128"},
     "norm_in_route+splitk+router+nopf": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
                                          "router_in_o": True, "router_prefetch": False},
+    "norm_in_route+splitk+router+pre": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
+                                        "router_in_o": True, "splitk_tiles": "pre"},
+    "norm_in_route+splitk+router+pre+pdl": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
+                                            "router_in_o": True, "splitk_tiles": "pre", "pdl": True},
 }
 
 #: the variants ``bench round`` times by default (``--variants`` picks others)
@@ -54,7 +58,8 @@ ROUND_VARIANTS = ("base", "pdl", "compact", "norm_in_route", "fused_attn", "norm
                   "norm_in_route+splitk_qkv", "norm_in_route+splitk_o", "norm_in_route+splitk+s16",
                   "norm_in_route+splitk+s4", "norm_in_route+splitk+pdl", "norm_in_route+splitk+router",
                   "norm_in_route+splitk+router+pdl", "norm_in_route+splitk+router+o128",
-                  "norm_in_route+splitk+router+nopf")
+                  "norm_in_route+splitk+router+nopf", "norm_in_route+splitk+router+pre",
+                  "norm_in_route+splitk+router+pre+pdl")
 
 
 def set_variant(fw, name):

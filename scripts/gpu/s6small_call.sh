@@ -12,7 +12,7 @@ nvidia-smi -L > $OUT/summary.txt
 step() { local name=$1 lim=$2; shift 2; local t0=$(date +%s)
   timeout $lim "$@" > $OUT/$name.log 2>&1; local rc=$?
   echo "[$name] rc=$rc $(( $(date +%s)-t0 ))s :: $(grep -v '^\s*$' $OUT/$name.log | tail -n 2 | tr '\n' ' ' | cut -c1-300)" | tee -a $OUT/summary.txt; }
-V=${S6_VARIANTS:-norm_in_route,norm_in_route+pdl,norm_in_route+splitk,norm_in_route+splitk_qkv,norm_in_route+splitk_o,norm_in_route+splitk+s16,norm_in_route+splitk+router,norm_in_route+splitk+router+pdl,norm_in_route+splitk+router+o128,norm_in_route+splitk+router+nopf}
+V=${S6_VARIANTS:-norm_in_route,norm_in_route+pdl,norm_in_route+splitk,norm_in_route+splitk_qkv,norm_in_route+splitk_o,norm_in_route+splitk+s16,norm_in_route+splitk+router,norm_in_route+splitk+router+pdl,norm_in_route+splitk+router+o128,norm_in_route+splitk+router+nopf,norm_in_route+splitk+router+pre,norm_in_route+splitk+router+pre+pdl}
 V4=${S6_W4_VARIANTS:-norm_in_route,norm_in_route+splitk,norm_in_route+splitk+router}
 step new_tests ${S6_NEW_S:-60} python3 -m pytest -q --tb=short -p no:cacheprovider tests/kernels/test_splitk.py tests/kernels/test_bench_profile.py
 step after ${S6_AFTER_S:-210} python3 -m repro.engine.bench round --naive-iters 0 --iters 30 --variants $V --w4-variants $V4 --breakdown --json $OUT/after.json

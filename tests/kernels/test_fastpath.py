@@ -53,7 +53,8 @@ def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear, com
     (False, False, True, False, False, False, False), (True, False, False, True, False, False, False),
     (False, False, False, False, True, False, False), (True, False, False, False, True, False, False),
     (False, False, False, False, False, True, False), (True, False, False, False, False, True, False),
-    (False, False, False, False, False, True, True), (True, False, False, False, False, True, "router")])
+    (False, False, False, False, False, True, True), (True, False, False, False, False, True, "router"),
+    (True, False, False, False, False, True, "pre")])
 def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact, norm_in_route, splitk):
     """Model-width layers (fewer layers/experts/vocab) in bf16 under a CUDA graph vs the bf16 reference."""
     from repro.engine.kernels import _triton
@@ -69,7 +70,8 @@ def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact, norm_i
     fw.ws.compact = compact
     fw.norm_in_route = norm_in_route  # the default; off in the other cases so that their option is what runs
     fw.splitk_qkv = fw.splitk_o = bool(splitk)
-    fw.router_in_o = splitk == "router"
+    fw.router_in_o = splitk in ("router", "pre")
+    fw.splitk_tiles = "pre" if splitk == "pre" else "default"
     fw.kv.normal_()
     ids = torch.randint(0, shape.vocab, (32,), device="cuda")
     fw.ids.copy_(ids)

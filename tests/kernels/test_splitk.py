@@ -19,14 +19,14 @@ def _data(dev, dtype, T, N, K, seed):
     return x, w, h
 
 
-@pytest.mark.parametrize("T,N,K,split,bn,bk", [(8, 32, 64, 1, 16, 16), (5, 64, 128, 4, 32, 16),
-                                               (16, 32, 64, 2, 16, 32)])
+@pytest.mark.parametrize("T,N,K,split,bn,bk,pre", [(8, 32, 64, 1, 16, 16, False), (5, 64, 128, 4, 32, 16, False),
+                                                   (16, 32, 64, 2, 16, 32, True)])
 @pytest.mark.parametrize("mode", ["store", "add"])
-def test_splitk_linear_matches_reference(dev, T, N, K, split, bn, bk, mode):
+def test_splitk_linear_matches_reference(dev, T, N, K, split, bn, bk, pre, mode):
     dtype = torch.float32 if dev == "cpu" else torch.bfloat16
     x, w, h = _data(dev, dtype, T, N, K, seed=T + N + split)
     ws = SK.SplitKWorkspace(T, N, 4, dev)
-    cfg = dict(SPLIT=split, BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=2)
+    cfg = dict(SPLIT=split, BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=2, PRELOAD=pre)
     out = h.clone() if mode == "add" else torch.full_like(h, float("nan"))
     ref = SK.splitk_linear_reference(x, w, h, mode)
     SK.splitk_linear(x, w, out, ws, cfg, mode)
@@ -83,12 +83,17 @@ def test_splitk_bad_arguments(dev):
         SK.splitk_linear(x, w, h, ws, dict(SPLIT=4, BLOCK_N=16, BLOCK_K=16))
     with pytest.raises(ValueError, match="mode"):
         SK.splitk_linear(x, w, h, ws, dict(SPLIT=2, BLOCK_N=16, BLOCK_K=16), mode="sub")
+    with pytest.raises(ValueError, match="PRELOAD"):
+        SK.splitk_linear(x, w, h, ws, dict(SPLIT=2, BLOCK_N=16, BLOCK_K=16, PRELOAD=True))
+    assert SK.fit_tiles(SK.SPLITK_TILES["pre"]["o"], 64, 32)["BLOCK_K"] * SK.fit_tiles(
+        SK.SPLITK_TILES["pre"]["o"], 64, 32)["SPLIT"] == 64
     with pytest.raises(ValueError, match="out"):
         SK.splitk_linear(x, w, h[:, :16], ws, dict(SPLIT=2, BLOCK_N=16, BLOCK_K=16))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg_q,cfg_o", [({}, {}), (dict(SPLIT=16), dict(SPLIT=16, BLOCK_N=128))])
+@pytest.mark.parametrize("cfg_q,cfg_o", [({}, {}), (dict(SPLIT=16), dict(SPLIT=16, BLOCK_N=128)),
+                                         (SK.SPLITK_TILES["pre"]["qkv"], SK.SPLITK_TILES["pre"]["o"])])
 def test_splitk_bf16_model_shape(cfg_q, cfg_o):
     """LLaDA2.1-mini QKV (3072 x 2048, with the fused epilogue) and O (2048 x 2048, add into h) at T = 32 in bf16."""
     dev, dt = "cuda", torch.bfloat16

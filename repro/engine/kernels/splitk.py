@@ -48,6 +48,9 @@ SPLITK_TILES = {
             "o": dict(SPLIT=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2)},
     "s4": {"qkv": dict(SPLIT=4, BLOCK_K=64, num_warps=4, num_stages=4),
            "o": dict(SPLIT=4, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=4)},
+    # the whole K slice of a program in one load, issued before the PDL wait (pays with PDL on)
+    "pre": {"qkv": dict(SPLIT=8, BLOCK_K=256, PRELOAD=True, num_warps=8, num_stages=1),
+            "o": dict(SPLIT=8, BLOCK_N=64, BLOCK_K=256, PRELOAD=True, num_warps=4, num_stages=1)},
     # O in 16 column tiles (128 programs): 16 router partials with router_in_o, as many as the router GEMM's SPLIT_K
     "o128": {"qkv": DEFAULT_SPLITK["qkv"], "o": dict(SPLIT=8, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)},
 }
@@ -57,7 +60,8 @@ _EPI = {"store": 0, "add": 1, "qk_rope_kv": 2}
 
 def fit_tiles(cfg: dict, K: int, N: int) -> dict:
     """``cfg`` made to fit a (K, N) GEMM: BLOCK_N at most N, BLOCK_K halved (down to 16), then SPLIT halved, until
-    SPLIT·BLOCK_K divides K (small test shapes reuse the full-size tiles this way). Returns a new dict."""
+    SPLIT·BLOCK_K divides K (small test shapes reuse the full-size tiles this way); with PRELOAD, BLOCK_K = K / SPLIT.
+    Returns a new dict."""
     c = dict(cfg)
     if "BLOCK_N" in c:
         c["BLOCK_N"] = min(int(c["BLOCK_N"]), next_pow2(N))
@@ -66,6 +70,10 @@ def fit_tiles(cfg: dict, K: int, N: int) -> dict:
             c["BLOCK_K"] //= 2
         else:
             c["SPLIT"] //= 2
+    if c.get("PRELOAD"):  # one K step per program: BLOCK_K = K / SPLIT, at least 16 (fewer splits if needed)
+        while c["SPLIT"] > 1 and K // c["SPLIT"] < 16:
+            c["SPLIT"] //= 2
+        c["BLOCK_K"] = K // c["SPLIT"]
     return c
 
 
@@ -119,17 +127,19 @@ if HAS_TRITON:
         N: tl.constexpr, K: tl.constexpr, T_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SPLIT: tl.constexpr, EPI: tl.constexpr, NQ: tl.constexpr = 1, NKV: tl.constexpr = 1, ROT: tl.constexpr = 2,
         MAXLEN: tl.constexpr = 1, ROUTER: tl.constexpr = False, E: tl.constexpr = 16, BLOCK_E: tl.constexpr = 16,
-        PREC: tl.constexpr = "ieee", RPF: tl.constexpr = False, dummy_ptr=None, USE_PDL: tl.constexpr = False,
+        PREC: tl.constexpr = "ieee", RPF: tl.constexpr = False, dummy_ptr=None, PRELOAD: tl.constexpr = False,
+        USE_PDL: tl.constexpr = False,
     ):
         """Program (column tile n, split s): partial y[:, n-tile] over K range s; the last of the tile's SPLIT
         programs sums them in split order and runs epilogue EPI (module doc). EPI 2: out_ptr is q_out [T, NQ, D].
         ROUTER (EPI 1): also the router's partial logits of this column tile, rpart[n] = (out_new · nw[cols]) ·
         rw[:, cols]ᵀ in fp32 (PREC dots), for ``route.moe_route_select``; with RPF every split program first reads
         its E/SPLIT rows of that router tile (evict_last, a sum stored to ``dummy``), so that the last one finds the
-        tile in L2."""
+        tile in L2. PRELOAD (BLOCK_K = K / SPLIT): the program's whole W slice is loaded in one piece before the
+        PDL wait (weights are never written by an earlier launch), so with PDL its stream overlaps the previous
+        kernel's tail; then one dot."""
         if USE_PDL:
             gdc_launch_dependents()
-            gdc_wait()
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rows = tl.arange(0, T_PAD)
@@ -142,11 +152,21 @@ if HAS_TRITON:
             EP: tl.constexpr = E // SPLIT
             pe = pid_k * EP + tl.arange(0, EP)
             pw = tl.load(rw_ptr + pe[:, None] * N + cols[None, :], eviction_policy="evict_last")
-        for k0 in range(0, K_PER, BLOCK_K):
-            kk = pid_k * K_PER + k0 + offs_k
-            a = tl.load(x_ptr + rows[:, None] * stride_xt + kk[None, :], mask=rmask[:, None], other=0.0)
+        if PRELOAD:
+            kk = pid_k * K_PER + offs_k
             b = tl.load(w_ptr + cols[None, :] * K + kk[:, None])
+            if USE_PDL:
+                gdc_wait()
+            a = tl.load(x_ptr + rows[:, None] * stride_xt + kk[None, :], mask=rmask[:, None], other=0.0)
             acc = tl.dot(a, b.to(a.dtype), acc)
+        else:
+            if USE_PDL:
+                gdc_wait()
+            for k0 in range(0, K_PER, BLOCK_K):
+                kk = pid_k * K_PER + k0 + offs_k
+                a = tl.load(x_ptr + rows[:, None] * stride_xt + kk[None, :], mask=rmask[:, None], other=0.0)
+                b = tl.load(w_ptr + cols[None, :] * K + kk[:, None])
+                acc = tl.dot(a, b.to(a.dtype), acc)
         tl.store(part_ptr + pid_k * (T_PAD * N) + rows[:, None] * N + cols[None, :], acc)
         if ROUTER and RPF:
             tl.store(dummy_ptr + pid_n * SPLIT + pid_k, tl.sum(tl.sum(pw, axis=1), axis=0))
@@ -221,6 +241,9 @@ def _check(x, w, ws: SplitKWorkspace, cfg: dict, block_n: int, what: str) -> tup
     if split < 1 or K % (split * bk) or N % block_n or block_n & (block_n - 1) or bk & (bk - 1):
         raise ValueError(f"{what}: tiles SPLIT={split}, BLOCK_K={bk}, BLOCK_N={block_n} do not divide K={K}, N={N} "
                          f"(K must be a multiple of SPLIT·BLOCK_K and N of BLOCK_N, both tiles powers of two)")
+    if cfg.get("PRELOAD") and bk * split != K:
+        raise ValueError(f"{what}: PRELOAD loads the whole K slice at once: BLOCK_K must be K / SPLIT = {K // split}, "
+                         f"not {bk}")
     if T > ws.T_PAD or N > ws.n_max or split > ws.max_split:
         raise ValueError(f"{what}: workspace for T<={ws.T_PAD}, N<={ws.n_max}, SPLIT<={ws.max_split}; got T={T}, "
                          f"N={N}, SPLIT={split} (build a larger SplitKWorkspace)")
@@ -265,7 +288,8 @@ def splitk_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, ws: Split
         x, w, ws.part, ws.tickets, out, T, x.stride(0), out.stride(0),
         x, x, x, x, ws.tickets, x, x, 0.0, rw, nw, rpart,
         N=N, K=K, T_PAD=ws.T_PAD, BLOCK_N=bn, BLOCK_K=int(cfg["BLOCK_K"]), SPLIT=split, EPI=_EPI[mode],
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **rkw, **pdl(),
+        PRELOAD=bool(cfg.get("PRELOAD", False)), num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+        **rkw, **pdl(),
     )
     return out
 
@@ -305,7 +329,8 @@ def splitk_qkv_rope_kv(x, wqkv, ws: SplitKWorkspace, q_w, k_w, cos, sin, cache_l
         x, wqkv, ws.part, ws.tickets, q_out, T, x.stride(0), 0,
         q_w, k_w, cos, sin, cache_len, k_cache, v_cache, eps, x, x, x,
         N=N, K=K, T_PAD=ws.T_PAD, BLOCK_N=D, BLOCK_K=int(cfg["BLOCK_K"]), SPLIT=int(cfg["SPLIT"]), EPI=2,
-        NQ=nq, NKV=nkv, ROT=rot, MAXLEN=k_cache.shape[1], num_warps=int(cfg["num_warps"]),
+        NQ=nq, NKV=nkv, ROT=rot, MAXLEN=k_cache.shape[1], PRELOAD=bool(cfg.get("PRELOAD", False)),
+        num_warps=int(cfg["num_warps"]),
         num_stages=int(cfg["num_stages"]), **pdl(),
     )
     return q_out
