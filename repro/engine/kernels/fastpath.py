@@ -233,7 +233,8 @@ class BlockForward(GraphCapture):
     ``from_embeds`` set, ``self.embeds_in`` [T, H] (model dtype) replaces ``E[ids]`` as the layer-0 input.
     Outputs after :meth:`forward` (or a graph replay): ``self.logits`` [T, V] bf16, ``self.pred`` [T]
     int64 argmax, ``self.conf`` [T] fp32 max probability, ``self.entropy`` [T] fp32 (nats);
-    the block's K/V are in ``self.kv[l, 0/1, :, P:P+T]``.
+    the block's K/V are in ``self.kv[l, 0/1, :, P:P+T]``. ``configs["splitk"]`` (``{"qkv": tiles, "o": tiles}``)
+    overrides the split-K tiles of the ``splitk_*`` options (else ``splitk.SPLITK_TILES[self.splitk_tiles]``).
     """
 
     def __init__(self, W, shape: ModelShape, max_len: int, T: int = 32, device="cuda",
