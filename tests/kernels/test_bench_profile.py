@@ -63,3 +63,26 @@ def test_round_breakdown_small_model():
         assert r["router"]["launches"] == shape.layers - shape.first_dense
         assert ("qk_norm_rope_kv" in r) != splitk
         assert 0 < b["kernels_ms"] <= 1.2 * b["graph_ms"]
+
+
+def test_every_round_variant_sets_real_options(dev):
+    """bench_variants: every BASE key is a BlockForward option (a typo would be skipped silently when False), and
+    each variant of ROUND_VARIANTS sets its options on a real forward (PDL aside: off without GPU support)."""
+    from repro.engine import bench_variants as BV
+    from repro.engine.kernels import _triton
+    from repro.engine.kernels import fastpath as F
+
+    from .test_fastpath import TINY, TINY_CFG
+
+    W = F.random_weights(TINY, dev, torch.float32, seed=1)
+    fw = F.BlockForward(W, TINY, 64, T=8, device=dev, configs=TINY_CFG)
+    for key in BV.BASE:
+        assert key in ("pdl", "compact") or hasattr(fw, key), key
+    for name in BV.ROUND_VARIANTS:
+        BV.set_variant(fw, name)
+        want = {**BV.BASE, **BV.VARIANTS[name]}
+        assert fw.ws.compact == want["compact"]
+        for key, val in want.items():
+            if key not in ("pdl", "compact"):
+                assert getattr(fw, key) == val, (name, key)
+    _triton.set_pdl(False)
