@@ -223,7 +223,7 @@ if HAS_TRITON:
                 tl.store(optr, yo, mask=rmask[:, None])
                 if ROUTER:  # rows >= T are zeros (masked loads above): their logits are 0
                     xs = tl.where(rmask[:, None], yo.to(tl.float32), 0.0) * tl.load(nw_ptr + cols).to(tl.float32)[None, :]
-                    for e0 in tl.static_range(0, E, BLOCK_E):
+                    for e0 in tl.range(0, E, BLOCK_E, num_stages=1):  # not unrolled: that took 255 registers
                         offs_e = e0 + tl.arange(0, BLOCK_E)
                         wv = tl.load(rw_ptr + offs_e[None, :] * N + cols[:, None]).to(tl.float32)
                         lg = tl.dot(xs, wv, input_precision=PREC)
