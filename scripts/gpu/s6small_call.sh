@@ -14,12 +14,12 @@ step() { local name=$1 lim=$2; shift 2; local t0=$(date +%s)
   echo "[$name] rc=$rc $(( $(date +%s)-t0 ))s :: $(grep -v '^\s*$' $OUT/$name.log | tail -n 2 | tr '\n' ' ' | cut -c1-300)" | tee -a $OUT/summary.txt; }
 V=${S6_VARIANTS:-norm_in_route,norm_in_route+pdl,norm_in_route+splitk,norm_in_route+splitk_qkv,norm_in_route+splitk_o,norm_in_route+splitk+s16,norm_in_route+splitk+router,norm_in_route+splitk+router+pdl,norm_in_route+splitk+router+o128,norm_in_route+splitk+router+nopf,norm_in_route+splitk+router+pre,norm_in_route+splitk+router+pre+pdl}
 V4=${S6_W4_VARIANTS:-norm_in_route,norm_in_route+splitk,norm_in_route+splitk+router}
-step new_tests ${S6_NEW_S:-60} python3 -m pytest -q --tb=short -p no:cacheprovider tests/kernels/test_splitk.py tests/kernels/test_bench_profile.py
-step after ${S6_AFTER_S:-210} python3 -m repro.engine.bench round --naive-iters 0 --iters 30 --variants $V --w4-variants $V4 --breakdown --json $OUT/after.json
+step new_tests ${S6_NEW_S:-90} python3 -m pytest -q --tb=short -p no:cacheprovider tests/kernels/test_splitk.py tests/kernels/test_bench_profile.py tests/kernels/test_fastpath.py
+step after ${S6_AFTER_S:-180} python3 -m repro.engine.bench round --naive-iters 0 --iters 30 --variants $V --w4-variants $V4 --breakdown --json $OUT/after.json
 if [ -d main ] && [ -z "$S6_NO_BEFORE" ]; then
-  (cd main && step before ${S6_BEFORE_S:-120} python3 -m repro.engine.bench round --naive-iters 0 --iters 30 --json $OUT/before.json)
+  (cd main && step before ${S6_BEFORE_S:-90} python3 -m repro.engine.bench round --naive-iters 0 --iters 30 --json $OUT/before.json)
 fi
-step tests ${S6_TESTS_S:-150} python3 -m pytest -q --tb=short -p no:cacheprovider ${S6_TESTS:-tests/kernels/test_attention.py tests/kernels/test_norm.py tests/kernels/test_fastpath.py tests/kernels/test_graph_w4.py tests/kernels/test_route_norm.py tests/kernels/test_route_select.py}
+step tests ${S6_TESTS_S:-70} python3 -m pytest -q --tb=short -p no:cacheprovider ${S6_TESTS:-tests/kernels/test_attention.py tests/kernels/test_norm.py tests/kernels/test_graph_w4.py tests/kernels/test_route_norm.py tests/kernels/test_route_select.py}
 echo "== summary"; cat $OUT/summary.txt
 grep -h "variant\|\[w4 round\|engine (\|^|" $OUT/after.log | cut -c1-220
 grep -h "engine (\|\[w4 round issue\|\[w4 round half" $OUT/before.log 2>/dev/null | cut -c1-200
