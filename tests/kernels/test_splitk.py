@@ -154,7 +154,10 @@ def test_router_in_o_epilogue(dev, T, prefetch):
                        eps=1e-6, norm_out=normed)
     x_ref = Nm.rmsnorm_reference(hk, nw, 1e-6)
     assert rel_err(normed, x_ref) < (1e-6 if dtype == torch.float32 else 1e-2)
-    ids, wts = R.route_reference(x_ref, rw, bias, top_k, 4, 2, 2.5)
+    # the router's NORM mode: logits of h·nw in fp32, scaled by r (not of the normed row rounded to the dtype)
+    hf = hk.float()
+    x32 = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.float()
+    ids, wts = R.route_reference(x32, rw, bias, top_k, 4, 2, 2.5)
     assert torch.equal(mws.topk_ids.long().sort(-1).values, ids.sort(-1).values)
     torch.testing.assert_close(mws.topk_w.sort(-1).values, wts.sort(-1).values, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="router"):
