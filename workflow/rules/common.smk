@@ -86,6 +86,38 @@ if _missing:
           "benchmarks from the suite", file=sys.stderr)
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
+
+# Snakemake's job records (params, code, input lists: what makes it re-run a job whose settings changed) are
+# also kept inside the work and results directories, so a copied or moved directory keeps them and a config
+# change after the copy re-runs exactly what it affects (workflow/workdir_records.py; docs/workflow.md 7.2a).
+# A directory made before gets the records Snakemake already holds for it on its first real run.
+sys.path.insert(0, os.path.join(workflow.basedir, "workflow"))
+import workdir_records
+
+_ROOTS = workdir_records.install({"<work>": WORK, "<results>": str(results_dir(config))})
+if getattr(getattr(workflow.workflow_settings, "persistence_backend", None), "name", "FILE") != "FILE" \
+        and workflow.is_main_process:
+    print("note: --persistence-backend other than file: Snakemake's job records stay in its database only, so a "
+          "copied or moved work directory does not see config changes made after the copy", file=sys.stderr)
+
+
+def _export_records():
+    """Real runs: copy Snakemake's existing records into the directories once (a dry run counts them). A work directory
+    holding generations but no record at all (copied or moved before the records existed) is named, with
+    the one command that makes sure it is current."""
+    n = workdir_records.export_existing(_ROOTS, Path(".snakemake") / "metadata", write=not DRY_RUN)
+    if n:
+        print(f"note: {NO_RUN}: a real run copies " if DRY_RUN else "note: copied ", end="", file=sys.stderr)
+        print(f"Snakemake's records of {n} outputs into {WORK}/{workdir_records.RECORDS_DIR} (and the results "
+              "directory's): a copy or move of these directories keeps them", file=sys.stderr)
+    records = Path(WORK, workdir_records.RECORDS_DIR)
+    if not n and Path(WORK, SUITE, "generations").is_dir() and not any(records.rglob("*.json")):
+        print(f"note: {WORK} holds generations but no record of the jobs that made them (a copy or move of a work "
+              "directory made before such records were kept), so a config change since cannot be seen; run once with "
+              "--forcerun render_decoder prepare_problems prepare_generation_problems to make sure it is current "
+              "(docs/workflow.md 7.2a)", file=sys.stderr)
+
+
 # Rules run on the host with the interpreter running Snakemake (PY); rules with a `container:` run the
 # image's python (PY_IMAGE) when containers are enabled. Rules use {PY} directly, not as a param: it decides no
 # result, and as a param moving the venv would re-run every job (the one `snakemake --lint` finding kept for
@@ -153,6 +185,7 @@ def _claim_run_and_clear_stale_locks():
 
 if workflow.is_main_process:
     _claim_run_and_clear_stale_locks()
+    _export_records()
 os.environ.update(REPRO_SNAKEMAKE_PID=str(os.getpid()))  # read by repro.backends.lifeline in every job
 
 

@@ -1,0 +1,113 @@
+"""A copied or moved work directory sees config and data changes made after the copy (workflow/workdir_records.py).
+
+Snakemake keeps its job records (params, code, input lists) by absolute output path; the records kept inside
+the work directory travel with it. Unit tests of the record store on Snakemake's own FilePersistence, then one
+end-to-end run (the tiny model, one real GSM8K and one HumanEval problem): in a `cp -a` copy an unchanged config
+re-runs no job of the work directory, a decoder setting changed after the copy regenerates every cell's decoder
+config and shard, a data file edited after the copy re-prepares and regenerates that benchmark only, and a moved
+directory regenerates with the new setting."""
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from snakemake.persistence import MetadataRecord
+from snakemake.persistence.file import FilePersistence
+
+from _e2e import Workflow, job_counts
+from repro.config import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "workflow"))
+import workdir_records  # noqa: E402
+
+
+def _store(root: Path, work: Path):
+    cls = workdir_records.persistence_class(FilePersistence, workdir_records.Roots({"<work>": str(work)}))
+    return cls(nolock=True, path=root / ".snakemake")
+
+
+def test_records_travel_with_the_directory(tmp_path):
+    work = tmp_path / "work"
+    (work / "a").mkdir(parents=True)
+    out = str(work / "a" / "shard.jsonl")
+    rec = MetadataRecord(rule="generate_shard", params=["fp32", "--set max_new_tokens=16"],
+                         input=[str(work / "decoder.yaml"), "/elsewhere/data.jsonl"], record_format_version=6,
+                         input_checksums={str(work / "decoder.yaml"): "sha256:00"})
+    _store(tmp_path / "run1", work)._write_record(out, rec)
+    local = work / workdir_records.RECORDS_DIR / "a" / "shard.jsonl.json"
+    stored = json.loads(local.read_text())
+    assert stored["input"] == ["<work>/decoder.yaml", "/elsewhere/data.jsonl"]  # no absolute work path kept
+    # moved, and read by another Snakemake directory (no record of the new path in its own store)
+    moved = tmp_path / "moved"
+    work.rename(moved)
+    got = _store(tmp_path / "run2", moved)._read_record(str(moved / "a" / "shard.jsonl"))
+    assert got.params == rec.params and got.rule == "generate_shard"
+    assert got.input == [str(moved / "decoder.yaml"), "/elsewhere/data.jsonl"]
+    assert got.input_checksums == {str(moved / "decoder.yaml"): "sha256:00"}
+    # outside the root: Snakemake's own store only
+    store = _store(tmp_path / "run2", moved)
+    store._write_record(str(tmp_path / "results.md"), rec)
+    assert not list((moved / workdir_records.RECORDS_DIR).glob("*results*"))
+    assert store._read_record(str(tmp_path / "results.md")).params == rec.params
+    # deleted from both (--cleanup-metadata)
+    assert store._delete_record(str(moved / "a" / "shard.jsonl"))
+    assert store._read_record(str(moved / "a" / "shard.jsonl")) is None
+
+
+def test_existing_records_are_exported_once(tmp_path):
+    work = tmp_path / "work"
+    (work / "x").mkdir(parents=True)
+    (work / "x" / "f.json").write_text("{}")
+    plain = FilePersistence(nolock=True, path=tmp_path / ".snakemake")  # records of a run before the store existed
+    long_name = work / ("d" * 200) / "f.json"  # a record name Snakemake cuts into parts
+    long_name.parent.mkdir()
+    long_name.write_text("{}")
+    for f in (work / "x" / "f.json", long_name, tmp_path / "other.json"):
+        plain._write_record(str(f), MetadataRecord(rule="r", params=[str(f)], record_format_version=6))
+    roots = workdir_records.Roots({"<work>": str(work)})
+    assert workdir_records.export_existing(roots, tmp_path / ".snakemake" / "metadata") == 2
+    assert json.loads((work / workdir_records.RECORDS_DIR / "x" / "f.json.json").read_text())["params"] == \
+        ["<work>/x/f.json"]
+    assert workdir_records.export_existing(roots, tmp_path / ".snakemake" / "metadata") == 0  # once
+
+
+@pytest.mark.slow
+def test_config_and_data_changes_after_a_copy_or_move(tmp_path, data_dir):
+    suite = {"models": ["tiny"], "benchmarks": ["gsm8k", "humaneval"], "limit": 1, "max_new_tokens": 8}
+    wf = Workflow(tmp_path, data_dir, suite, target="main_table")
+    wf.run()
+    copy = tmp_path / "work-copy"
+    shutil.copytree(wf.work, copy, symlinks=True)  # `cp -a`: mtimes kept
+    wf.work = copy
+    wf.configure(suite)
+    work_jobs = {"render_decoder", "prepare_problems", "prepare_generation_problems", "generate_shard",
+                 "merge_shards", "score"}
+    assert not work_jobs & set(job_counts(wf.run("-n")))  # an unchanged config: nothing of the copy re-runs
+    # a decoder setting changed after the copy: every decoder config re-rendered, every shard regenerated
+    wf.configure(dict(suite, max_new_tokens=6))
+    dry = job_counts(wf.run("-n"))
+    assert {k: dry.get(k) for k in work_jobs} == {"render_decoder": 2, "generate_shard": 2, "merge_shards": 2,
+                                                  "score": 2, "prepare_problems": None,
+                                                  "prepare_generation_problems": None}, dry
+    # a question edited after the copy: that benchmark only
+    wf.configure(suite)
+    gsm = wf.data / "gsm8k.jsonl"
+    first, rest = gsm.read_text().split("\n", 1)
+    gsm.write_text(json.dumps(dict(json.loads(first), question="What is 2 + 3?")) + "\n" + rest)
+    dry = job_counts(wf.run("-n"))
+    assert {k: dry.get(k) for k in work_jobs} == {"prepare_problems": 1, "prepare_generation_problems": 1,
+                                                  "generate_shard": 1, "merge_shards": 1, "score": 1,
+                                                  "render_decoder": None}, dry
+    # moved: the new setting is generated (shard meta) and the copy is then up to date
+    moved = tmp_path / "work-moved"
+    os.rename(copy, moved)
+    wf.work = moved
+    wf.configure(dict(suite, max_new_tokens=6))
+    out = wf.run()
+    assert job_counts(out).get("generate_shard") == 2, out[-3000:]
+    meta = json.loads((moved / "smoke/generations/tiny/humaneval/seed12345/shard0of1.jsonl.meta.json").read_text())
+    assert meta["decoder"]["max_new_tokens"] == 6
+    assert "Nothing to be done" in wf.run("-n")

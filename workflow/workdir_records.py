@@ -1,0 +1,183 @@
+"""Snakemake's job records kept inside the work and results directories, so a copied or moved directory keeps them.
+
+Snakemake decides that a job must run again from what it recorded when the job last ran: its params (decoder
+settings, rendered prompts' sha256, data sha256, code versions, checkpoint source, backend, precision ...), its
+rule's code and its list of input files. It keeps these records in ``.snakemake/metadata`` of the working
+directory, one per output file, named by the output's absolute path (FilePersistence; the rules' outputs are
+absolute paths under the work directory). A work directory copied (``cp -a``, ``cp -r``, ``rsync``) or moved
+has new absolute paths, hence no records: Snakemake then sees no params change at all, and a config change made
+after the copy re-ran nothing (the old shards were reused, the table silently stale).
+
+:func:`install` replaces Snakemake's file persistence with :class:`RootedPersistence`: every record of an
+output under one of the given roots (the work directory, the results directory) is also written inside that
+root, at ``<root>/.snakemake-records/<path relative to the root>.json``, with the root's absolute path written
+as a token (``<work>``, ``<results>``) wherever it occurs (input list, input checksums, log, shell command,
+params). A record is read from there first (the tokens replaced by the root's current path), then from
+Snakemake's own store. So the records travel with the directory: in a copy or at a new place Snakemake compares
+params, code and input lists exactly as it would have at the old place, and re-runs exactly the jobs a config
+change affects (what they feed follows by date, as always). Snakemake's own store is still written, so its
+commands (``--summary``, ``--list-changes``, ``--cleanup-metadata``) work as before.
+
+:func:`export_existing` copies, once per directory, the records Snakemake's store already holds for outputs
+under a root into that root (a work directory made before these records existed gets them on its next real run).
+
+Relies on Snakemake's ``PersistenceBase`` interface (``_read_record`` / ``_write_record`` / ``_delete_record`` /
+``_clear_cache``, snakemake/persistence/__init__.py, Snakemake 9) and on ``snakemake.workflow`` looking up
+``FilePersistence`` by name when it builds the persistence (snakemake/workflow.py, ``match
+persistence_backend``). With ``--persistence-backend db`` nothing is replaced (a note says so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from base64 import urlsafe_b64decode
+from pathlib import Path
+
+RECORDS_DIR = ".snakemake-records"
+
+
+def _swap(value, pairs):
+    """``value`` (a str, list or dict, nested) with every path prefix ``old`` replaced by ``new`` for each
+    ``(old, new)`` of ``pairs`` (a whole string equal to ``old``, or ``old/`` anywhere in it)."""
+    if isinstance(value, str):
+        for old, new in pairs:
+            value = new if value == old else value.replace(old + "/", new + "/")
+        return value
+    if isinstance(value, list):
+        return [_swap(v, pairs) for v in value]
+    if isinstance(value, dict):
+        return {_swap(k, pairs): _swap(v, pairs) for k, v in value.items()}
+    return value
+
+
+class Roots:
+    """The directories whose outputs' records live inside them: ``{token: absolute path}``."""
+
+    def __init__(self, roots: dict[str, str]):
+        # longest first: a root inside another (results under the work directory) is matched before it
+        self.roots = sorted(((t, os.path.abspath(p)) for t, p in roots.items()), key=lambda r: -len(r[1]))
+
+    def local(self, key: str) -> Path | None:
+        """Where the record of output ``key`` (an absolute path) lives inside its root; None outside every root."""
+        for _, root in self.roots:
+            if key.startswith(root + os.sep):
+                return Path(root, RECORDS_DIR, os.path.relpath(key, root) + ".json")
+        return None
+
+    def to_tokens(self, rec: dict) -> dict:
+        return _swap(rec, [(root, token) for token, root in self.roots])
+
+    def from_tokens(self, rec: dict) -> dict:
+        return _swap(rec, [(token, root) for token, root in self.roots])
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):  # missing, or torn by a kill mid-write (written atomically, so rare)
+        return None
+    return rec if isinstance(rec, dict) and rec else None
+
+
+def _write_json(path: Path, rec: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(rec, f)
+    os.replace(tmp, path)
+
+
+def persistence_class(base: type, roots: Roots) -> type:
+    """A subclass of Snakemake's ``FilePersistence`` (``base``) keeping the records of outputs under ``roots``
+    inside them as well (module docstring)."""
+    from snakemake.persistence import MetadataRecord
+
+    class RootedPersistence(base):
+        def __init__(self, *args, **kwargs):
+            self._rooted_cache = {}  # key -> MetadataRecord or None, read from the roots
+            super().__init__(*args, **kwargs)
+
+        def _clear_cache(self) -> None:
+            super()._clear_cache()
+            self._rooted_cache = {}
+
+        def _read_record(self, key: str):
+            local = roots.local(key)
+            if local is not None:
+                if key not in self._rooted_cache:
+                    rec = _read_json(local)
+                    self._rooted_cache[key] = MetadataRecord.model_validate(roots.from_tokens(rec)) if rec else None
+                if self._rooted_cache[key] is not None:
+                    return self._rooted_cache[key]
+            return super()._read_record(key)
+
+        def _write_record(self, key: str, record) -> None:
+            super()._write_record(key, record)
+            local = roots.local(key)
+            if local is not None:
+                _write_json(local, roots.to_tokens(dict(record.items())))
+                self._rooted_cache.pop(key, None)
+
+        def _delete_record(self, key: str) -> bool:
+            deleted = super()._delete_record(key)
+            local = roots.local(key)
+            if local is not None and local.is_file():
+                local.unlink()
+                deleted = True
+            self._rooted_cache.pop(key, None)
+            return deleted
+
+    return RootedPersistence
+
+
+def install(roots: dict[str, str]) -> Roots:
+    """Make the Snakemake of this process keep the records of outputs under ``roots`` (``{token: path}``)
+    inside them (module docstring). Call before Snakemake builds its persistence (from the Snakefile)."""
+    import snakemake.workflow as smw
+
+    r = Roots(roots)
+    if not getattr(smw.FilePersistence, "_repro_rooted", False):
+        smw.FilePersistence = persistence_class(smw.FilePersistence, r)
+        smw.FilePersistence._repro_rooted = True
+    return r
+
+
+def _decode_record_name(rel: Path) -> str | None:
+    """The key (output path) of a record of Snakemake's file store from its path under ``metadata/``: the
+    urlsafe base64 of the key, cut into parts of which all but the last start with ``@``
+    (snakemake/persistence/file.py ``_record_path``)."""
+    parts = rel.parts
+    if not all(p.startswith("@") for p in parts[:-1]):
+        return None
+    try:
+        return urlsafe_b64decode("".join(p[1:] for p in parts[:-1]) + parts[-1]).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def export_existing(roots: Roots, metadata_dir: Path, write: bool = True) -> int:
+    """Copy the records of Snakemake's store ``metadata_dir`` (``.snakemake/metadata``) for outputs under a root
+    into that root, for each root without a records folder yet (once: later records are written by
+    :class:`RootedPersistence` as jobs finish). Returns how many were (``write=False``: would be) copied."""
+    todo = [(token, root) for token, root in roots.roots if not Path(root, RECORDS_DIR).exists() and Path(root).is_dir()]
+    if not todo or not metadata_dir.is_dir():
+        for _, root in todo if write else ():
+            Path(root, RECORDS_DIR).mkdir(exist_ok=True)
+        return 0
+    n = 0
+    for dirpath, _, files in os.walk(metadata_dir):
+        for name in files:
+            key = _decode_record_name(Path(dirpath, name).relative_to(metadata_dir))
+            local = roots.local(key) if key else None
+            if local is None or not any(key.startswith(root + os.sep) for _, root in todo) or not os.path.exists(key):
+                continue
+            rec = _read_json(Path(dirpath, name))
+            if rec and not rec.get("incomplete"):
+                if write:
+                    _write_json(local, roots.to_tokens(rec))
+                n += 1
+    for _, root in todo if write else ():
+        Path(root, RECORDS_DIR).mkdir(exist_ok=True)
+    return n
