@@ -15,6 +15,7 @@ sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also wit
 
 from repro import benchmarks, paths as P
 from repro.checkpoint.dequantize import declared_quantization
+from repro.checkpoint.suspect import remove_generated_under
 from repro.checkpoint.verify import failed_marker, refresh_stale_stamp, rerun_trigger
 from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
@@ -280,8 +281,9 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
     of) no longer vouches for them: generation would refuse it. Verify such a folder again by content here,
     before the DAG is built (repro.checkpoint.verify.refresh_stale_stamp): it passes -> a fresh stamp (the rules
     reading the folder take the stamp as ancient(), so nothing regenerates); it fails -> the stamp is removed,
-    a ``.FAILED`` marker beside it keeps the report, and the run stops here naming the folder, the files and the
-    fix (exit 1). (Not a re-run of the verify job: Snakemake would not run it -- the jobs reading the folder are
+    a ``.FAILED`` marker beside it keeps the report, what was generated under the removed stamp is removed
+    (repro.checkpoint.suspect: shards, partial and merged files, a note per model x benchmark), and the run stops
+    here naming the folder, the files and the fix (exit 1). (Not a re-run of the verify job: Snakemake would not run it -- the jobs reading the folder are
     up to date and take the stamp as ancient() -- nor examine any job below it.) Later runs check that folder
     again while the marker is there: they stop the same way until the files are restored (a fresh stamp) or the
     folder is deleted (the next job that needs it fetches and verifies it again). A dry run verifies and removes
@@ -306,8 +308,17 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
             refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin)  # drops the marker
             continue
         print(f"note: {folder} {why}; verifying it again by content", file=sys.stderr)
+        try:
+            old_stamp = json.loads(Path(stamp).read_text()) if os.path.isfile(stamp) else None
+        except (OSError, ValueError):
+            old_stamp = None
         if refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin) == "failed":
             failed.append((folder, stamp, marker))
+            # what was generated under the stamp that no longer holds may have read the damaged bytes: removed
+            # now (shards, partial files, merged files), so after the repair exactly those cells are made again
+            if old_stamp is not None:
+                for line in remove_generated_under(WORK, old_stamp, Path(stamp).stem):
+                    print(f"note: {line}", file=sys.stderr)
     for folder, stamp, marker in failed:
         lines = "\n".join(f"  {line}" for line in marker.read_text().splitlines())
         print(f"Error: {what} {folder} failed verification against its manifest, so no job may read it (its stamp "
@@ -316,9 +327,9 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
               "target); or restore the named files. A checkpoint fetched from the hub or a local folder is hard-linked "
               "to its source (the hub cache's blob, or your folder's file), which a file changed in place has changed "
               "too: delete that source copy as well (for the hub: `huggingface-cli delete-cache`, or its blobs under "
-              "HF_HUB_CACHE), else it is linked again as it is. Generations written since it was last verified may have read "
-              "the damaged bytes (a generation job checks size and mtime only): after the repair, delete that model's "
-              "folders under <work>/<suite>/generations/ to make them again. Until then every real run stops here.",
+              "HF_HUB_CACHE), else it is linked again as it is. The generations written since it was last verified (they may "
+              "have read the damaged bytes) were removed when this failure was found (the notes above name them): they are "
+              "generated again after the repair. Until then every real run stops here.",
               file=sys.stderr)
     if failed:
         sys.exit(1)
