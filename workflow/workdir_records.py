@@ -18,6 +18,13 @@ params, code and input lists exactly as it would have at the old place, and re-r
 change affects (what they feed follows by date, as always). Snakemake's own store is still written, so its
 commands (``--summary``, ``--list-changes``, ``--cleanup-metadata``) work as before.
 
+A failed job whose outputs are all ``update()``-flagged (the problems copies and decoder configs: Snakemake
+does not delete them before the job runs and puts the previous version back when it fails) keeps the records
+of the run that made that version, and the version put back keeps its mtime (Snakemake records the failed run's
+params and copies the backup back with a new date, snakemake/jobs.py ``postprocess``, FileBackupMixin): so a
+failed re-run followed by a good one with the same inputs re-runs nothing below it. :func:`install` tags each
+job's ``postprocess`` call with its ``error`` flag for this.
+
 :func:`export_existing` copies, once per directory, the records Snakemake's store already holds for outputs
 under a root into that root (a work directory made before these records existed gets them on its next real run).
 
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from base64 import urlsafe_b64decode
 from pathlib import Path
@@ -92,12 +100,42 @@ def _write_json(path: Path, rec: dict) -> None:
 def persistence_class(base: type, roots: Roots) -> type:
     """A subclass of Snakemake's ``FilePersistence`` (``base``) keeping the records of outputs under ``roots``
     inside them as well (module docstring)."""
+    from snakemake.io import is_flagged
     from snakemake.persistence import MetadataRecord
 
     class RootedPersistence(base):
         def __init__(self, *args, **kwargs):
             self._rooted_cache = {}  # key -> MetadataRecord or None, read from the roots
             super().__init__(*args, **kwargs)
+
+        async def finished(self, job) -> None:
+            # A failed job whose outputs are all update()-flagged: Snakemake has put their previous versions back
+            # (snakemake/jobs.py postprocess); keep the records of the run that made them, instead of recording
+            # the failed run's params, which would re-run the job -- and, planned before it runs, everything
+            # below it -- on the next run although nothing changed since the last success.
+            if getattr(job, "_repro_failed", False) and all(is_flagged(f, "update") for f in job.output):
+                self._clear_cache()
+                for f in job.output:
+                    self._unmark_incomplete(self._get_key(f))
+                return
+            await super().finished(job)
+
+        def backup_output(self, path: Path) -> None:
+            # as Snakemake's (update() outputs, before the job runs), with the file's mtime kept, so a version put
+            # back after a failure is as old as it was, and nothing below it re-runs by date
+            if path.is_dir():
+                return super().backup_output(path)
+            backup = self._get_backup_path(path)
+            backup.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, backup)
+
+        def restore_output(self, path: Path) -> bool:
+            backup = self._get_backup_path(path)
+            if path.is_dir() or not backup.is_file():
+                return super().restore_output(path)
+            shutil.copy2(backup, path)
+            backup.unlink()
+            return True
 
         def _clear_cache(self) -> None:
             super()._clear_cache()
@@ -135,12 +173,22 @@ def persistence_class(base: type, roots: Roots) -> type:
 def install(roots: dict[str, str]) -> Roots:
     """Make the Snakemake of this process keep the records of outputs under ``roots`` (``{token: path}``)
     inside them (module docstring). Call before Snakemake builds its persistence (from the Snakefile)."""
+    import snakemake.jobs as smj
     import snakemake.workflow as smw
 
     r = Roots(roots)
     if not getattr(smw.FilePersistence, "_repro_rooted", False):
         smw.FilePersistence = persistence_class(smw.FilePersistence, r)
         smw.FilePersistence._repro_rooted = True
+    if not getattr(smj.Job.postprocess, "_repro_tags_failure", False):
+        original = smj.Job.postprocess
+
+        async def postprocess(self, *args, error: bool = False, **kwargs):
+            self._repro_failed = error  # read by RootedPersistence.finished
+            return await original(self, *args, error=error, **kwargs)
+
+        postprocess._repro_tags_failure = True
+        smj.Job.postprocess = postprocess
     return r
 
 
