@@ -145,3 +145,21 @@ def test_speed_benchmarks_outside_a_batched_suites_benchmarks_are_said_at_start_
                   "speed_benchmarks": ["gsm8k", "math500"]})
     out = wf.run("-n")
     assert "speed_benchmarks gsm8k not among its benchmarks: no speed probe for it" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_relative_target_paths_stop_with_the_absolute_path_to_give(checkout):
+    """The outputs are absolute paths: a relative target or --forcerun / --until file (Snakemake alone: "No rule
+    to produce") stops at start-up naming the absolute path to give; rule names and absolute paths run."""
+    work = checkout / "w"
+    env = {"ORL_EVAL_WORK": str(work)}
+    problems, decoder = "w/smoke/problems/gsm8k.jsonl", "w/smoke/decoders/tiny/gsm8k/seed12345.yaml"
+    r = snakemake(checkout, "-n", "main_table", "--forcerun", problems, "prepare_problems", "--until", decoder, env=env)
+    assert r.returncode != 0 and "No rule to produce" not in r.stderr
+    for flag, rel in (("--forcerun", problems), ("--until", decoder)):
+        assert f"Error: {flag} {rel}: the workflow's outputs are absolute paths; give {checkout / rel}" in r.stderr, \
+            r.stderr[-2000:]
+    r = snakemake(checkout, "-n", "nowhere/x.json", env=env)
+    assert r.returncode != 0 and "Error: target nowhere/x.json: no output of the workflow is there" in r.stderr
+    r = snakemake(checkout, "-n", "main_table", "--forcerun", str(checkout / problems), env=env)
+    assert r.returncode == 0 and "prepare_problems" in r.stdout, r.stderr[-2000:]

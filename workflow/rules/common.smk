@@ -5,6 +5,7 @@
 # re-verify at start-up is only reported (DRY_RUN).
 import atexit
 import fcntl
+import fnmatch
 import json
 import os
 import shutil
@@ -43,16 +44,25 @@ _NO_JOB_ARGS = ("unlock", "summary", "detailed_summary", "list_rules", "list_tar
                 "export_cwl", "generate_unit_tests", "print_compilation", "delete_all_output", "delete_temp_output")
 
 
-def _no_job_flag():
-    """The first option of the command line (Snakemake's parser) that makes it run no job, as ``--name``;
-    None for a run (or a command line Snakemake's parser does not take: then the run is treated as a run)."""
+def _cli_args():
+    """Snakemake's command line read with its own parser; None when it is not Snakemake's (an API call)."""
     try:
         from snakemake.cli import get_argument_parser
 
-        args, _ = get_argument_parser().parse_known_args(sys.argv[1:])
-    except (Exception, SystemExit):  # noqa: BLE001 - not Snakemake's command line (an API call): a run
+        return get_argument_parser().parse_known_args(sys.argv[1:])[0]
+    except (Exception, SystemExit):  # noqa: BLE001 - not Snakemake's command line
         return None
-    return next((f"--{name.replace('_', '-')}" for name in _NO_JOB_ARGS if getattr(args, name, None)), None)
+
+
+_CLI_ARGS = _cli_args()
+
+
+def _no_job_flag():
+    """The first option of the command line (Snakemake's parser) that makes it run no job, as ``--name``;
+    None for a run (or a command line Snakemake's parser does not take: then the run is treated as a run)."""
+    if _CLI_ARGS is None:
+        return None
+    return next((f"--{name.replace('_', '-')}" for name in _NO_JOB_ARGS if getattr(_CLI_ARGS, name, None)), None)
 
 
 _DRY = bool(getattr(workflow.output_settings, "dryrun", False))
@@ -79,7 +89,7 @@ if DATA is not None and not DATA.is_dir():
 # Snakemake's error blocks
 _needed = dict.fromkeys(config["suites"][SUITE]["benchmarks"] + list(
     (config["suites"][SUITE].get("sweep") or {}).get("benchmarks") or []
-    if "sweep" in getattr(workflow.dag_settings, "targets", ()) else []))
+    if "sweep" in (getattr(_CLI_ARGS, "targets", None) or ()) else []))  # (workflow.dag_settings: None here)
 _missing = [benchmarks.get(b).file for b in _needed if DATA is not None and not (DATA / benchmarks.get(b).file).is_file()]
 if _missing:
     print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) lacks {', '.join(_missing)}, which suite "
@@ -117,6 +127,53 @@ def _export_records():
               "directory made before such records were kept), so a config change since cannot be seen; run once with "
               "--forcerun render_decoder prepare_problems prepare_generation_problems to make sure it is current "
               "(docs/workflow.md 7.2a)", file=sys.stderr)
+
+
+# --- Relative paths on the command line ---------------------------------------------------------------------
+# The rules' outputs are absolute paths (under the work and results directories), so Snakemake finds no rule for
+# a relative target or a relative --forcerun / --until / --omit-from / --prioritize file and stops with "No rule
+# to produce ...". Snakemake hands the Snakefile no way to map them (its DAG settings are set after the Snakefile
+# is read: snakemake/api.py DAGApi), so each relative path (anything that is not a rule name) is read from the
+# command line with Snakemake's own parser and stops the run with one line naming the absolute path to give:
+# the path taken relative to where the command was typed, else to the checkout, that lies under the work or
+# results directory.
+_TARGET_ARGS = (("targets", "target"), ("forcerun", "--forcerun"), ("until", "--until"),
+                ("omit_from", "--omit-from"), ("prioritize", "--prioritize"))
+
+
+def relative_target_errors(args, bases, roots, relative_ok=()):
+    """One line per relative file path among the command line's targets and target options (``args``: Snakemake's
+    parsed command line), naming the absolute path to give instead. Rule names (Python identifiers), absolute
+    paths, URLs and paths matching a glob of ``relative_ok`` (outputs declared relative: the compare files,
+    analysis_common.smk) are fine."""
+    errors = []
+    for field, flag in _TARGET_ARGS:
+        for item in sorted(getattr(args, field, None) or ()):
+            if not isinstance(item, str) or item.isidentifier() or os.path.isabs(item) or "://" in item or \
+                    any(fnmatch.fnmatch(os.path.normpath(item), g) for g in relative_ok):
+                continue
+            cands = list(dict.fromkeys(os.path.normpath(os.path.join(b, item)) for b in bases))
+            hit = next((c for c in cands for r in roots if c.startswith(r + os.sep)), None)
+            if hit is not None:
+                errors.append(f"{flag} {item}: the workflow's outputs are absolute paths; give {hit}")
+            else:
+                errors.append(f"{flag} {item}: no output of the workflow is there ({' or '.join(cands)}): its outputs "
+                              f"are absolute paths under the work directory {roots[0]} or the results directory "
+                              f"{roots[1]}; give the output's absolute path (e.g. {roots[0]}/{SUITE}/problems/gsm8k.jsonl) "
+                              "or a rule name")
+    return errors
+
+
+if workflow.is_main_process and _CLI_ARGS is not None:
+    # the compare files are declared relative to the working directory when the results directory lies in it
+    _rel_results = os.path.relpath(results_dir(config))
+    _rel_errors = relative_target_errors(_CLI_ARGS, [INVOKED_IN if "INVOKED_IN" in globals() else os.getcwd(),
+                                                     workflow.basedir], [WORK, str(results_dir(config))],
+                                         [] if _rel_results.startswith("..") else [f"{_rel_results}/*/compare/*"])
+    for _e in _rel_errors:
+        print(f"Error: {_e}", file=sys.stderr)
+    if _rel_errors:
+        sys.exit(1)
 
 
 # Rules run on the host with the interpreter running Snakemake (PY); rules with a `container:` run the
