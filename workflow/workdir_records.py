@@ -177,9 +177,13 @@ def install(roots: dict[str, str]) -> Roots:
     import snakemake.workflow as smw
 
     r = Roots(roots)
-    if not getattr(smw.FilePersistence, "_repro_rooted", False):
+    installed = getattr(smw.FilePersistence, "_repro_roots", None)
+    if installed is not None:  # a second workflow in this process: the same class, this workflow's roots
+        installed.roots = r.roots
+        r = installed
+    else:
         smw.FilePersistence = persistence_class(smw.FilePersistence, r)
-        smw.FilePersistence._repro_rooted = True
+        smw.FilePersistence._repro_roots = r
     if not getattr(smj.Job.postprocess, "_repro_tags_failure", False):
         original = smj.Job.postprocess
 
