@@ -213,7 +213,8 @@ def export_existing(roots: Roots, metadata_dir: Path, write: bool = True) -> int
     """Copy the records of Snakemake's store ``metadata_dir`` (``.snakemake/metadata``) for outputs under a root
     into that root, for each root without a records folder yet (once: later records are written by
     :class:`RootedPersistence` as jobs finish). Returns how many were (``write=False``: would be) copied."""
-    todo = [(token, root) for token, root in roots.roots if not Path(root, RECORDS_DIR).exists() and Path(root).is_dir()]
+    todo = [(token, root) for token, root in roots.roots
+            if not Path(root, RECORDS_DIR).exists() and Path(root).is_dir()]
     if not todo or not metadata_dir.is_dir():
         for _, root in todo if write else ():
             Path(root, RECORDS_DIR).mkdir(exist_ok=True)

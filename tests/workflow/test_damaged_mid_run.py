@@ -44,7 +44,8 @@ class DamagingBackend:
             if self.calls == 2:
                 self.victim.write_bytes(b"\1" * 64)  # same size, a new mtime
             yield {"prompt_text": "q", "completion": "a", "prompt_tokens": 1, "generated_tokens": 1,
-                   "forwards": {"prefill": 1, "denoise": 1, "commit": 1}, "tpf": 1.0, "wall_s": 0.01, "tokens_per_s": 1.0,
+                   "forwards": {"prefill": 1, "denoise": 1, "commit": 1}, "tpf": 1.0, "wall_s": 0.01,
+                   "tokens_per_s": 1.0,
                    "finish_reason": "eos", "device": "cpu"}
 
     def describe(self):
@@ -107,7 +108,8 @@ def test_a_failed_check_removes_what_was_made_under_its_stamp(tmp_path):
     assert len(lines) == 3 and bad.exists() and partial.exists()  # a dry run removes nothing
     lines = remove_generated_under(work, failed, "orl")
     assert [ln.split(" generated")[0] for ln in lines] == [
-        "removed the shards (seed 1) of orl/gsm8k (suite smoke)", "removed the shards (seed 1) of orl/math500 (suite smoke)",
+        "removed the shards (seed 1) of orl/gsm8k (suite smoke)",
+        "removed the shards (seed 1) of orl/math500 (suite smoke)",
         "removed the shards (seed 1) of orl/mbpp (suite smoke)"]
     assert not bad.exists() and not Path(str(bad) + ".meta.json").exists() and not bad_merged.exists()
     assert not bad_g.exists() and not bad_g.parent.with_suffix(".json").exists()  # the grouped job's index

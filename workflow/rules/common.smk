@@ -159,8 +159,8 @@ def relative_target_errors(args, bases, roots, relative_ok=()):
             else:
                 errors.append(f"{flag} {item}: no output of the workflow is there ({' or '.join(cands)}): its outputs "
                               f"are absolute paths under the work directory {roots[0]} or the results directory "
-                              f"{roots[1]}; give the output's absolute path (e.g. {roots[0]}/{SUITE}/problems/gsm8k.jsonl) "
-                              "or a rule name")
+                              f"{roots[1]}; give the output's absolute path (e.g. "
+                              f"{roots[0]}/{SUITE}/problems/gsm8k.jsonl) or a rule name")
     return errors
 
 
