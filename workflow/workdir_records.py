@@ -10,9 +10,9 @@ after the copy re-ran nothing (the old shards were reused, the table silently st
 
 :func:`install` replaces Snakemake's file persistence with :class:`RootedPersistence`: every record of an
 output under one of the given roots (the work directory, the results directory) is also written inside that
-root, at ``<root>/.snakemake-records/<path relative to the root>.json``, with the root's absolute path written
+root, at ``<root>/.snakemake-records/<path relative to the root>.json``, with that root's absolute path written
 as a token (``<work>``, ``<results>``) wherever it occurs (input list, input checksums, log, shell command,
-params). A record is read from there first (the tokens replaced by the root's current path), then from
+params; the other root's paths stay absolute: a table made from another work directory is made again). A record is read from there first (the tokens replaced by the root's current path), then from
 Snakemake's own store. So the records travel with the directory: in a copy or at a new place Snakemake compares
 params, code and input lists exactly as it would have at the old place, and re-runs exactly the jobs a config
 change affects (what they feed follows by date, as always). Snakemake's own store is still written, so its
@@ -67,18 +67,24 @@ class Roots:
         # longest first: a root inside another (results under the work directory) is matched before it
         self.roots = sorted(((t, os.path.abspath(p)) for t, p in roots.items()), key=lambda r: -len(r[1]))
 
+    def root_of(self, key: str) -> tuple[str, str] | None:
+        """``(token, root)`` of the root holding output ``key`` (an absolute path); None outside every root."""
+        return next(((t, r) for t, r in self.roots if key.startswith(r + os.sep)), None)
+
     def local(self, key: str) -> Path | None:
-        """Where the record of output ``key`` (an absolute path) lives inside its root; None outside every root."""
-        for _, root in self.roots:
-            if key.startswith(root + os.sep):
-                return Path(root, RECORDS_DIR, os.path.relpath(key, root) + ".json")
-        return None
+        """Where the record of output ``key`` lives inside its root; None outside every root."""
+        tr = self.root_of(key)
+        return Path(tr[1], RECORDS_DIR, os.path.relpath(key, tr[1]) + ".json") if tr else None
 
-    def to_tokens(self, rec: dict) -> dict:
-        return _swap(rec, [(root, token) for token, root in self.roots])
+    # Only the record's own root becomes a token: a table's record (results directory) keeps the absolute paths
+    # of the work directory it read, so a table made from another work directory is made again (input list).
+    def to_tokens(self, key: str, rec: dict) -> dict:
+        token, root = self.root_of(key)
+        return _swap(rec, [(root, token)])
 
-    def from_tokens(self, rec: dict) -> dict:
-        return _swap(rec, [(token, root) for token, root in self.roots])
+    def from_tokens(self, key: str, rec: dict) -> dict:
+        token, root = self.root_of(key)
+        return _swap(rec, [(token, root)])
 
 
 def _read_json(path: Path) -> dict | None:
@@ -146,7 +152,7 @@ def persistence_class(base: type, roots: Roots) -> type:
             if local is not None:
                 if key not in self._rooted_cache:
                     rec = _read_json(local)
-                    self._rooted_cache[key] = MetadataRecord.model_validate(roots.from_tokens(rec)) if rec else None
+                    self._rooted_cache[key] = MetadataRecord.model_validate(roots.from_tokens(key, rec)) if rec else None
                 if self._rooted_cache[key] is not None:
                     return self._rooted_cache[key]
             return super()._read_record(key)
@@ -155,7 +161,7 @@ def persistence_class(base: type, roots: Roots) -> type:
             super()._write_record(key, record)
             local = roots.local(key)
             if local is not None:
-                _write_json(local, roots.to_tokens(dict(record.items())))
+                _write_json(local, roots.to_tokens(key, dict(record.items())))
                 self._rooted_cache.pop(key, None)
 
         def _delete_record(self, key: str) -> bool:
@@ -229,7 +235,7 @@ def export_existing(roots: Roots, metadata_dir: Path, write: bool = True) -> int
             rec = _read_json(Path(dirpath, name))
             if rec and not rec.get("incomplete"):
                 if write:
-                    _write_json(local, roots.to_tokens(rec))
+                    _write_json(local, roots.to_tokens(key, rec))
                 n += 1
     for _, root in todo if write else ():
         Path(root, RECORDS_DIR).mkdir(exist_ok=True)

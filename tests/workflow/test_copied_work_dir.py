@@ -57,6 +57,19 @@ def test_records_travel_with_the_directory(tmp_path):
     assert store._read_record(str(moved / "a" / "shard.jsonl")) is None
 
 
+def test_a_table_record_keeps_the_work_directory_it_read(tmp_path):
+    """Only a record's own root is written as a token: a table (results directory) made from one work directory
+    has another input list for a second one, so Snakemake makes it again when the work directory changes."""
+    work, results = tmp_path / "work", tmp_path / "results"
+    roots = workdir_records.Roots({"<work>": str(work), "<results>": str(results)})
+    store = workdir_records.persistence_class(FilePersistence, roots)(nolock=True, path=tmp_path / ".snakemake")
+    table = str(results / "smoke" / "main_table.md")
+    store._write_record(table, MetadataRecord(rule="write_table", input=[str(work / "s.json"), str(results / "x")],
+                                              record_format_version=6))
+    stored = json.loads((results / workdir_records.RECORDS_DIR / "smoke" / "main_table.md.json").read_text())
+    assert stored["input"] == [str(work / "s.json"), "<results>/x"]
+
+
 def test_existing_records_are_exported_once(tmp_path):
     work = tmp_path / "work"
     (work / "x").mkdir(parents=True)
