@@ -113,9 +113,9 @@ if getattr(getattr(workflow.workflow_settings, "persistence_backend", None), "na
 
 
 def _export_records():
-    """Real runs: copy Snakemake's existing records into the directories once (a dry run counts them). A work directory
-    holding generations but no record at all (copied or moved before the records existed) is named, with
-    the one command that makes sure it is current."""
+    """Real runs: copy Snakemake's existing records into the directories once (a dry run counts them). A work
+    directory holding generations but no record at all (copied or moved before the records existed) is named,
+    with the one command that makes sure it is current."""
     n = workdir_records.export_existing(_ROOTS, Path(".snakemake") / "metadata", write=not DRY_RUN)
     if n:
         print(f"note: {NO_RUN}: a real run copies " if DRY_RUN else "note: copied ", end="", file=sys.stderr)
@@ -340,7 +340,8 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
     reading the folder take the stamp as ancient(), so nothing regenerates); it fails -> the stamp is removed,
     a ``.FAILED`` marker beside it keeps the report, what was generated under the removed stamp is removed
     (repro.checkpoint.suspect: shards, partial and merged files, a note per model x benchmark), and the run stops
-    here naming the folder, the files and the fix (exit 1). (Not a re-run of the verify job: Snakemake would not run it -- the jobs reading the folder are
+    here naming the folder, the files and the fix (exit 1). (Not a re-run of the verify job: Snakemake would not
+    run it -- the jobs reading the folder are
     up to date and take the stamp as ancient() -- nor examine any job below it.) Later runs check that folder
     again while the marker is there: they stop the same way until the files are restored (a fresh stamp) or the
     folder is deleted (the next job that needs it fetches and verifies it again). A dry run verifies and removes
@@ -385,8 +386,8 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
               "to its source (the hub cache's blob, or your folder's file), which a file changed in place has changed "
               "too: delete that source copy as well (for the hub: `huggingface-cli delete-cache`, or its blobs under "
               "HF_HUB_CACHE), else it is linked again as it is. The generations written since it was last verified (they may "
-              "have read the damaged bytes) were removed when this failure was found (the notes above name them): they are "
-              "generated again after the repair. Until then every real run stops here.",
+              "have read the damaged bytes) were removed when this failure was first found (that run's notes name them): "
+              "they are generated again after the repair. Until then every real run stops here.",
               file=sys.stderr)
     if failed:
         sys.exit(1)
