@@ -7,6 +7,7 @@ checkpoint's chat template); ids from :mod:`repro.data`.
 
 Outputs in ``--out``: ``records.jsonl`` — one generation record per problem (docs/interfaces.md
 "Generation record" fields plus ``decoder``, ``block_forwards``, ``token_ids``) — and ``summary.json``:
+``threads`` (torch's threads per operation: on the CPU the CLI's ``--threads``, default 1) and
 per benchmark and overall ``n``, ``generated_tokens``, ``forwards`` (summed by kind), ``wall_s``,
 ``tokens_per_s = Σ generated / Σ wall_s`` and ``tpf = Σ generated / Σ (denoise + commit)`` (aggregate TPF,
 same convention as repro.tables). Not here: scoring (``repro.scoring``).
@@ -26,6 +27,8 @@ from __future__ import annotations
 import json
 import platform
 from pathlib import Path
+
+import torch
 
 from repro.engine.llm import LLM
 from repro.provenance import code_revision
@@ -101,7 +104,7 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
         s["tpf"] = s["generated_tokens"] / d if d else None
         s["tokens_per_s"] = s["generated_tokens"] / s["wall_s"] if s["wall_s"] > 0 else None
     summary = {"model": str(model), "role": role, "precision": precision, "device": str(llm.model.device),
-               "host": platform.node(), "decoder": dec, "engine_path": llm.engine_path,
+               "threads": torch.get_num_threads(), "host": platform.node(), "decoder": dec, "engine_path": llm.engine_path,
                "code_revision": code_revision(),
                "tpf_convention": "generated tokens up to first EOS (excluded) / (denoise + commit forwards)",
                "benchmarks": {k: v for k, v in per.items() if k != "all"}, "overall": per.get("all"),
