@@ -14,8 +14,8 @@ prints the summary JSON as the last line.
 Decoder flags (override the role's default decoder from paper_decoding.json): ``--algorithm``,
 ``--threshold``, ``--edit-threshold``, ``--no-editing``, ``--max-post-steps``, ``--max-new-tokens``,
 ``--temperature``, ``--no-self-conditioning``, ``--residual-temperature``, ``--exclude-mask-token``,
-``--block-size``, ``--seed``. ``--threads N``: torch threads per operation on the CPU (default ``$OMP_NUM_THREADS``
-if set, else 1; repro/engine/README.md says why).
+``--block-size``, ``--seed``. ``--threads N`` (all three commands): torch threads per operation on the CPU (default
+``$OMP_NUM_THREADS`` if set, else 1; repro/engine/README.md says why).
 """
 
 from __future__ import annotations
@@ -121,6 +121,9 @@ def main(argv=None) -> int:
     v.add_argument("--role", default="orl", choices=["orl", "base"])
     v.add_argument("--precision", default=None, choices=["fp32", "bf16"], help="default: bf16 on cuda, fp32 on cpu")
     v.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available)")
+    v.add_argument("--threads", type=int, default=None,
+                   help="CPU: torch threads per operation (default: $OMP_NUM_THREADS if set, else 1; see "
+                        "bench suite --help)")
     from repro.engine.serve import add_serve_args
 
     add_serve_args(v)
@@ -133,11 +136,11 @@ def main(argv=None) -> int:
     from repro.engine.llm import LLM
 
     try:
+        _cpu_threads(a)
         if a.cmd == "serve":
             from repro.engine.serve import serve_main
 
             return serve_main(a, _precision(a))
-        _cpu_threads(a)
         if a.cmd == "generate":
             llm = LLM(a.model, role=a.role, precision=_precision(a), device=a.device)
             dec = {**llm.default_decoder().to_dict(), **_decoder_overrides(a)}

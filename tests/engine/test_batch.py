@@ -148,8 +148,8 @@ def test_bench_suite_batch_size_8_records_equal_batch_1(tiny_dir, tmp_path):
 
 
 def test_bench_suite_cpu_threads(tiny_dir, tmp_path, monkeypatch, capsys):
-    """On the CPU `bench suite` runs torch with 1 thread per operation unless `--threads` or $OMP_NUM_THREADS
-    says otherwise (more threads slowed the tiny model's batched rounds several-fold). The suite itself is
+    """On the CPU `bench suite` (and `serve`) runs torch with 1 thread per operation unless `--threads` or
+    $OMP_NUM_THREADS says otherwise (more threads slowed the tiny model's batched rounds several-fold). The suite itself is
     replaced (summary.json's `threads` is checked above)."""
     import repro.engine.suite as S
     from repro.engine.__main__ import main
@@ -172,6 +172,15 @@ def test_bench_suite_cpu_threads(tiny_dir, tmp_path, monkeypatch, capsys):
         with pytest.raises(SystemExit):
             threads("--threads", "0")
         assert "--threads 0: give N >= 1" in capsys.readouterr().err
+        import repro.engine.serve as SV  # `serve` takes the same default
+
+        seen = []
+        monkeypatch.setattr(SV, "serve_main", lambda a, precision: seen.append(torch.get_num_threads()) or 0)
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        torch.set_num_threads(2)
+        assert main(["serve", "--model", str(tiny_dir), "--device", "cpu"]) == 0
+        assert main(["serve", "--model", str(tiny_dir), "--device", "cpu", "--threads", "2"]) == 0
+        assert seen == [1, 2]
     finally:
         torch.set_num_threads(1)
 
