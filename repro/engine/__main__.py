@@ -130,6 +130,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "bench" and a.limit is not None and a.limit < 1:  # as the config's `limit` (>= 1 or absent)
         ap.error(f"--limit {a.limit}: give N >= 1 (the first N problems of each file), or leave it out for all")
+    if a.cmd == "bench" and a.batch_size < 1:
+        ap.error(f"--batch-size {a.batch_size}: give N >= 1 (requests decoded together; 1 = one at a time)")
     if getattr(a, "threads", None) is not None and a.threads < 1:
         ap.error(f"--threads {a.threads}: give N >= 1 (torch threads per operation on the CPU), or leave it out")
 

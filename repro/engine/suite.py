@@ -37,10 +37,14 @@ from repro.provenance import code_revision
 def _problems(path: Path, limit: int | None):
     """Yield ``(id, benchmark, source)`` for the first ``limit`` records of ``path``."""
     from repro import benchmarks, data
+    from repro.io import read_jsonl
 
     stem = path.name.split(".")[0]
-    with path.open() as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    try:
+        rows = read_jsonl(path)
+    except ValueError as exc:  # names the file and line of a record that is not a JSON object
+        raise ValueError(f"{exc}; give benchmark JSONL files (one JSON object per line, e.g. gsm8k.jsonl) "
+                         "or normalized problem records") from None
     if limit is not None:
         rows = rows[:limit]
     for i, r in enumerate(rows):
@@ -59,7 +63,8 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
 
     ``decoder``: engine decoder keys overriding the role's default decoder; ``batch_size``: requests decoded
     together (module docstring). Raises FileNotFoundError for a missing problem file, ValueError for a
-    batch size < 1, and the loaders' errors for a bad checkpoint.
+    batch size < 1 or a problem file that is not JSONL of one benchmark (naming the file and line), and the
+    loaders' errors for a bad checkpoint.
     """
     from repro.engine.batch import BatchStats
     from repro.prompts import build_prompt
@@ -70,12 +75,13 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"problem files not found: {missing}")
+    # the problems first: a bad file is reported before a model load (seconds to minutes)
+    items = [(pid, bench, build_prompt(bench, src)) for f in files for pid, bench, src in _problems(f, limit)]
     llm = LLM(model, role=role, precision=precision, device=device)
     dec = {**llm.default_decoder().to_dict(), **decoder, "seed": seed}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     per: dict[str, dict] = {}
-    items = [(pid, bench, build_prompt(bench, src)) for f in files for pid, bench, src in _problems(f, limit)]
     stats = BatchStats()
     if batch_size > 1:
         outs = llm.generate_batch([p.messages for _, _, p in items], decoder=dec, batch_size=batch_size,
