@@ -110,8 +110,8 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
         s["tpf"] = s["generated_tokens"] / d if d else None
         s["tokens_per_s"] = s["generated_tokens"] / s["wall_s"] if s["wall_s"] > 0 else None
     summary = {"model": str(model), "role": role, "precision": precision, "device": str(llm.model.device),
-               "threads": torch.get_num_threads(), "host": platform.node(), "decoder": dec, "engine_path": llm.engine_path,
-               "code_revision": code_revision(),
+               "threads": torch.get_num_threads(), "host": platform.node(), "decoder": dec,
+               "engine_path": llm.engine_path, "code_revision": code_revision(),
                "tpf_convention": "generated tokens up to first EOS (excluded) / (denoise + commit forwards)",
                "benchmarks": {k: v for k, v in per.items() if k != "all"}, "overall": per.get("all"),
                "batch": _batch_summary(batch_size, stats, per.get("all"))}
