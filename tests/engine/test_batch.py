@@ -149,8 +149,8 @@ def test_bench_suite_batch_size_8_records_equal_batch_1(tiny_dir, tmp_path):
 
 def test_bench_suite_cpu_threads(tiny_dir, tmp_path, monkeypatch, capsys):
     """On the CPU `bench suite` (and `serve`) runs torch with 1 thread per operation unless `--threads` or
-    $OMP_NUM_THREADS says otherwise (more threads slowed the tiny model's batched rounds several-fold). The suite itself is
-    replaced (summary.json's `threads` is checked above)."""
+    $OMP_NUM_THREADS says otherwise (more threads slowed the tiny model's batched rounds several-fold). The
+    suite itself is replaced (summary.json's `threads` is checked above)."""
     import repro.engine.suite as S
     from repro.engine.__main__ import main
 
