@@ -294,23 +294,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--breakdown", action="store_true", help="per S, device time by kernel family (torch.profiler)")
     ap.add_argument("--sweep", default=None, help="JSON file {name: configs} of candidate tile sets to compare")
-    ap.add_argument("--json", default=None, help="also write the JSON document to this file")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "CUDA not available"}))
-        return 2
-    from repro.engine.bench import int_list
+    from repro.engine.bench_cli import gpu_args, log, read_json_object
 
-    slots = int_list(ap, "--slots", args.slots)
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    args, slots = gpu_args(ap, argv, "--slots")
     if args.sweep:
-        try:
-            with open(args.sweep) as fh:
-                sets = json.load(fh)
-        except (OSError, ValueError) as exc:
-            ap.error(f"--sweep {args.sweep}: {exc} (want a JSON object {{name: configs}})")
-        if not isinstance(sets, dict):
-            ap.error(f"--sweep {args.sweep}: want a JSON object {{name: configs}}, got {type(sets).__name__}")
+        sets = read_json_object(ap, "--sweep", args.sweep, "{name: configs}")
         doc = sweep(sets, slots, args.prefix, args.iters, args.layers, args.seed, log, json_path=args.json,
                     precision=args.precision)
         print(doc["table"], file=sys.stderr)
