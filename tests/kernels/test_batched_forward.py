@@ -46,6 +46,13 @@ def _h200_tiles_small():
     return {**SMALL_TILES, "moe": moe, "dense": dense, "linear": linear}
 
 
+def _tma_tiles_small():
+    """:func:`_h200_tiles_small` with the ``TMA`` key on every GEMM (weight tiles by tensor descriptor)."""
+    t = _h200_tiles_small()
+    return {**t, **{fam: {k: (dict(v, TMA=1) if k in ("gate_up", "down", "qkv", "o", "lm_head") else v)
+                          for k, v in t[fam].items()} for fam in ("moe", "dense", "linear")}}
+
+
 TILE_SETS = {"small": SMALL_TILES, "h200_rows": _h200_tiles_small()}
 
 
@@ -58,7 +65,9 @@ def mma_model(monkeypatch):
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         dt = d.data.dtype
-        prod = a.data.astype(dt)[:, :, None] * b.data.astype(dt)[None, :, :]  # [M, K, N]
+        # [M, K, N] in C order whatever the operands' strides (a transposed operand, e.g. a TMA tile used as .T,
+        # would otherwise give numpy another layout and so another summation order)
+        prod = np.ascontiguousarray(a.data.astype(dt)[:, :, None] * b.data.astype(dt)[None, :, :])
         return I.TensorHandle(np.add.reduce(prod, axis=1) + d.data, d.dtype.scalar)
 
     monkeypatch.setattr(I.InterpreterBuilder, "create_dot", create_dot)
@@ -137,6 +146,31 @@ def test_slots_bit_identical_to_alone(dev, mma_model, tiles):
             ref = F.reference_forward(W, TINY, kv0[:, :, s], P, fw.ids[s])
             assert rel_err(fw.logits[s], ref) < 1e-5
             assert torch.equal(fw.pred[s], ref.argmax(-1))
+
+
+def test_tma_weight_tiles_change_nothing(dev, mma_model):
+    """The ``TMA`` tile key (weights of the expert GEMMs and of rows_linear loaded by tensor descriptor) gives the
+    same outputs and K/V bit for bit as the same tiles with pointer loads (S = 2, slot prefixes 13 / 30)."""
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test runs the tile file's settings")
+    W = F.random_weights(TINY, dev, torch.float32, seed=4, std=0.1)
+    runs = []
+    for cfg in (TILE_SETS["h200_rows"], _tma_tiles_small()):
+        fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=2, T=T, device=dev, configs=cfg)
+        g = torch.Generator().manual_seed(7)
+        fw.kv.normal_(generator=g)
+        fw.ids.copy_(torch.randint(0, TINY.vocab, (2, T), generator=g))
+        fw.cache_len.copy_(torch.tensor([13, 30], dtype=torch.int32))
+        fw.forward()
+        runs.append(fw)
+    assert runs[1].lin_cfg["lm_head"].get("TMA") and runs[1].moe_cfg["down"].get("TMA")
+    for name in OUTS:
+        assert torch.equal(getattr(runs[0], name), getattr(runs[1], name)), name
+    assert torch.equal(runs[0].kv, runs[1].kv)
+    misaligned = torch.zeros(16 * 32 + 1)[1:].view(16, 32)  # contiguous, 4 bytes past a 16-byte boundary
+    with pytest.raises(ValueError, match="TMA needs"):
+        rows_linear(torch.zeros(4, 32), misaligned, torch.zeros(4, 16),
+                    dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2, TMA=1))
 
 
 def test_whole_attention_bit_identical_to_split_alone(dev, mma_model):

@@ -45,6 +45,7 @@ from . import norm as Nm
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton
 from .configs import load_config
 from .fastpath import GraphCapture, ModelShape, _Stats, kernel_configs, round_bytes
+from .moe_gemm import _weight_descriptor
 
 __all__ = ["BatchedBlockForward", "rows_linear", "rows_linear_reference", "batched_round_bytes", "LM_HEAD_TILES",
            "batched_tiles"]
@@ -64,9 +65,10 @@ if HAS_TRITON:
     @triton.jit
     def _rows_linear_kernel(x_ptr, w_ptr, out_ptr, R, stride_x, K: tl.constexpr, N: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            ADD: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                            ADD: tl.constexpr = False, USE_PDL: tl.constexpr = False, TMA: tl.constexpr = False):
         """Program (m-block, n-tile): out[rows, cols] = x[rows]·w[cols]ᵀ (ADD: out + x·wᵀ, the sum in fp32), fp32
-        accumulation over K in BLOCK_K steps, stored in out's dtype; rows >= R masked (never read or written)."""
+        accumulation over K in BLOCK_K steps, stored in out's dtype; rows >= R masked (never read or written).
+        TMA: ``w_ptr`` is a tensor descriptor over w [N, K] with block [BLOCK_N, BLOCK_K] (same tiles and dots)."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -75,11 +77,15 @@ if HAS_TRITON:
         offs_k = tl.arange(0, BLOCK_K)
         mm = offs_m < R
         a_ptrs = x_ptr + offs_m[:, None] * stride_x + offs_k[None, :]
-        w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
+        if not TMA:
+            w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             a = tl.load(a_ptrs + k0, mask=mm[:, None], other=0.0)
-            w = tl.load(w_ptrs + k0)
+            if TMA:
+                w = w_ptr.load([tl.program_id(1) * BLOCK_N, k0]).T
+            else:
+                w = tl.load(w_ptrs + k0)
             acc = tl.dot(a, w, acc)
         o_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         if ADD:
@@ -93,7 +99,8 @@ def rows_linear(x, w, out, cfg, add: bool = False):
     accumulation in fp32, the addend added in fp32, one rounding at the store).
 
     Grid (cdiv(R, BLOCK_M), N / BLOCK_N), m fastest; no split-K, so row r's result depends on x[r] and w only,
-    not on R (row invariance). ``cfg``: BLOCK_M/N/K, num_warps, num_stages (BLOCK_N, BLOCK_K capped at N, K).
+    not on R (row invariance). ``cfg``: BLOCK_M/N/K, num_warps, num_stages (BLOCK_N, BLOCK_K capped at N, K), and
+    optionally ``TMA`` (true: the weight tiles loaded by tensor descriptor; the same arithmetic).
     Raises ValueError when N or K is not a multiple of its tile or the strides do not fit. Reference:
     :func:`rows_linear_reference`.
     """
@@ -104,9 +111,11 @@ def rows_linear(x, w, out, cfg, add: bool = False):
             or not w.is_contiguous() or not out.is_contiguous()):
         raise ValueError(f"rows_linear: x {tuple(x.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} with tiles "
                          f"{bn}x{bk} (N, K must be multiples of the tiles; w, out contiguous)")
+    tma = bool(cfg.get("TMA"))
+    w_arg = _weight_descriptor(w, (bn, bk), "rows_linear") if tma else w
     _rows_linear_kernel[(triton.cdiv(R, cfg["BLOCK_M"]), N // bn)](
-        x, w, out, R, x.stride(0), K=K, N=N, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ADD=bool(add),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl())
+        x, w_arg, out, R, x.stride(0), K=K, N=N, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ADD=bool(add),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], TMA=tma, **pdl())
     return out
 
 

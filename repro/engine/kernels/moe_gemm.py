@@ -98,10 +98,13 @@ if HAS_TRITON:
     @triton.jit
     def _gate_up_acc(x_ptr, tok, stride_xt, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr,
                      H: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr, DECODE: tl.constexpr = 1):
+                     BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr, DECODE: tl.constexpr = 1,
+                     TMA: tl.constexpr = False, w_row=0):
         """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of the token rows ``tok`` against output rows
         ``offs_n`` of one expert, and Σx² per row (NORM). W4: expert e of the packed (q, s, g) stacks
-        (:mod:`.moe_w4`); else the weight rows at ``w_ptr`` ([2N, H], gate rows then up rows)."""
+        (:mod:`.moe_w4`); TMA: ``w_ptr`` is a tensor descriptor over all experts' rows ([E1·2N, H], block
+        [BLOCK_N, BLOCK_K]) and the gate rows start at ``w_row`` (the up rows N further); else the weight rows at
+        ``w_ptr`` ([2N, H], gate rows then up rows). TMA or not, the same tiles, dots and K order."""
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         ssv = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -111,16 +114,21 @@ if HAS_TRITON:
         else:
             offs_k = tl.arange(0, BLOCK_K)
             x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
-            wg_ptrs = w_ptr + offs_n[None, :] * H + offs_k[:, None]
-            wu_ptrs = wg_ptrs + N * H
+            if not TMA:
+                wg_ptrs = w_ptr + offs_n[None, :] * H + offs_k[:, None]
+                wu_ptrs = wg_ptrs + N * H
             for k0 in range(0, H, BLOCK_K):
                 a = tl.load(x_ptrs + k0, mask=mmask[:, None], other=0.0)
                 if NORM:  # RMSNorm folded in: dot with h·nw, rows scaled by rsqrt(mean h² + eps) after the loop
                     af = a.to(tl.float32)
                     ssv += tl.sum(af * af, axis=1)
                     a = (af * tl.load(nw_ptr + k0 + offs_k).to(tl.float32)[None, :]).to(a.dtype)
-                wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")  # streamed once: keep L2 for others
-                wu = tl.load(wu_ptrs + k0, eviction_policy="evict_first")
+                if TMA:  # [BLOCK_N, BLOCK_K] tiles by the copy engine, used transposed
+                    wg = w_ptr.load([w_row, k0]).T
+                    wu = w_ptr.load([w_row + N, k0]).T
+                else:
+                    wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")  # streamed once: keep L2 for others
+                    wu = tl.load(wu_ptrs + k0, eviction_policy="evict_first")
                 acc_g = tl.dot(a, wg, acc_g)
                 acc_u = tl.dot(a, wu, acc_u)
         return acc_g, acc_u, ssv
@@ -128,9 +136,10 @@ if HAS_TRITON:
     @triton.jit
     def _down_acc(inter_ptr, p, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W4: tl.constexpr,
-                  DECODE: tl.constexpr = 1):
-        """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for one expert; W4: packed expert e, else rows at
-        ``w_ptr`` ([H, N])."""
+                  DECODE: tl.constexpr = 1, TMA: tl.constexpr = False, w_row=0):
+        """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for one expert; W4: packed expert e; TMA: ``w_ptr`` a
+        tensor descriptor over all experts' rows ([E1·H, N], block [BLOCK_N, BLOCK_K]), this tile's rows from
+        ``w_row``; else rows at ``w_ptr`` ([H, N])."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if W4:
             acc = _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -138,10 +147,14 @@ if HAS_TRITON:
         else:
             offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
-            w_ptrs = w_ptr + offs_n[None, :] * N + offs_k[:, None]
+            if not TMA:
+                w_ptrs = w_ptr + offs_n[None, :] * N + offs_k[:, None]
             for k0 in range(0, N, BLOCK_K):
                 a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-                w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
+                if TMA:
+                    w = w_ptr.load([w_row, k0]).T
+                else:
+                    w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
                 acc = tl.dot(a, w, acc)
         return acc
 
@@ -153,12 +166,12 @@ if HAS_TRITON:
         ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None,
+        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
     ):
         """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e).
 
         W4: routed experts from the packed NVFP4 stacks (q, s, g), the shared expert E_SH from ``w13_ptr``
-        ([2N, H], activation dtype)."""
+        ([2N, H], activation dtype). TMA (BF16 experts): ``w13_ptr`` is a tensor descriptor over [E1·2N, H]."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -175,6 +188,10 @@ if HAS_TRITON:
             else:
                 acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e,
                                                  offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, True, W4_DECODE)
+        elif TMA:
+            acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e, offs_n,
+                                             nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, False, 1, True,
+                                             e * (2 * N) + pid_n * BLOCK_N)
         else:
             acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr + e.to(tl.int64) * (2 * N * H),
                                              q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -195,9 +212,10 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None,
+        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
     ):
-        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up)."""
+        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up;
+        TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N])."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -213,6 +231,9 @@ if HAS_TRITON:
             else:
                 acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
                                 BLOCK_K, True, W4_DECODE)
+        elif TMA:
+            acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
+                            BLOCK_K, False, 1, True, e * H + pid_n * BLOCK_N)
         else:
             acc = _down_acc(inter_ptr, p, mmask, w2_ptr + e.to(tl.int64) * (H * N), q_ptr, s_ptr, g_ptr, e, offs_n,
                             H, N, BLOCK_M, BLOCK_N, BLOCK_K, False)
@@ -278,6 +299,8 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=
     bn, bk = min(gc["BLOCK_N"], N), min(gc["BLOCK_K"], H)
     sh = int(ws.E1 == ws.E + 1)
     grid, tiles = _launch_grid(ws, E1, gc["BLOCK_M"], N // bn, "moe_gate_up")
+    if gc.get("TMA") and not w4:
+        w_arg, tiles = _weight_descriptor(w_arg, (bn, bk), "moe_gate_up"), dict(tiles, TMA=True)
     _moe_gate_up_kernel[grid](
         x, w_arg, ws.counts, ws.pairs, ws.pair_w, ws.inter, norm_w if norm_w is not None else x, eps, T,
         x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
@@ -297,12 +320,28 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
     sh = int(ws.E1 == ws.E + 1)
     grid, tiles = _launch_grid(ws, E1, dc["BLOCK_M"], H // bn, "moe_down")
+    if dc.get("TMA") and not w4:
+        w_arg, tiles = _weight_descriptor(w_arg, (bn, bk), "moe_down"), dict(tiles, TMA=True)
     _moe_down_kernel[grid](
         ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD,
         BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
         NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
         num_warps=dc["num_warps"], num_stages=dc["num_stages"], **w4, **tiles, **pdl(),
     )
+
+
+def _weight_descriptor(w, block: tuple[int, int], kernel: str):
+    """Host tensor descriptor (TMA) over stacked weights ``w`` [E1, out, in] viewed as [E1·out, in], block
+    ``block`` = (BLOCK_N, BLOCK_K): the ``TMA`` tile key of the expert GEMMs (and of ``fastpath_batch.rows_linear``
+    for a 2-D weight). Raises ValueError when ``w`` is not contiguous, not 16-byte aligned or ``in`` is not a
+    multiple of BLOCK_K (a TMA tile never crosses a row of ``w``)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    w2d = w.reshape(-1, w.shape[-1]) if w.dim() == 3 else w
+    if not w.is_contiguous() or w.data_ptr() % 16 or w.shape[-1] % block[1] or (w.shape[-1] * w.element_size()) % 16:
+        raise ValueError(f"{kernel}: TMA needs contiguous, 16-byte aligned weights with rows a multiple of "
+                         f"BLOCK_K={block[1]} (got {tuple(w.shape)}, {w.dtype}); drop the TMA tile key")
+    return TensorDescriptor.from_tensor(w2d, list(block))
 
 
 def _launch_grid(ws: MoEWorkspace, E1: int, block_m: int, n_tiles: int, kernel: str) -> tuple[tuple, dict]:
