@@ -62,8 +62,9 @@ if HAS_TRITON:
     @triton.jit
     def _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M: tl.constexpr, MAXC: tl.constexpr,
                      ACTIVE: tl.constexpr, NACT_IDX: tl.constexpr, SH: tl.constexpr, E_SH: tl.constexpr,
-                     TILES: tl.constexpr = False, tiles_ptr=None):
-        """Prologue shared by the grouped expert GEMMs: which expert, output tile and token rows this program owns.
+                     TILES: tl.constexpr = False, tiles_ptr=None, USE_PDL: tl.constexpr = False):
+        """Prologue shared by the grouped expert GEMMs: which expert, output tile and token rows this program owns
+        (first, with USE_PDL, the programmatic-dependent-launch handshake: nothing before it reads a tensor).
 
         Grid (E1, n-tiles, m-blocks), or with ACTIVE (n-tiles, SH + E, m-blocks) over the active list
         (slot 0 = the shared expert E_SH when SH = 1, then ``active[:counts[NACT_IDX]]``), or with TILES
@@ -72,6 +73,9 @@ if HAS_TRITON:
         True for a program with no rows (an untouched expert, an m-block past its count, a slot past the
         active list); the caller returns at once then. Pair rows past the count are masked (p = 0).
         """
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         if TILES:
             pid_n = tl.program_id(1)
             e_raw = tl.load(tiles_ptr + 2 * tl.program_id(0))
@@ -172,11 +176,8 @@ if HAS_TRITON:
 
         W4: routed experts from the packed NVFP4 stacks (q, s, g), the shared expert E_SH from ``w13_ptr``
         ([2N, H], activation dtype). TMA (BF16 experts): ``w13_ptr`` is a tensor descriptor over [E1·2N, H]."""
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
         e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
-                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr)
+                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr, USE_PDL)
         if idle:
             return
         tok = tl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
@@ -216,11 +217,8 @@ if HAS_TRITON:
     ):
         """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up;
         TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N])."""
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
         e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
-                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr)
+                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr, USE_PDL)
         if idle:
             return
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -296,17 +294,10 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=
     if w4 and norm_w is not None:
         raise ValueError("moe_gate_up: the RMSNorm fold (norm_w) is not implemented for 4-bit experts")
     assert x.stride(1) == 1
-    bn, bk = min(gc["BLOCK_N"], N), min(gc["BLOCK_K"], H)
-    sh = int(ws.E1 == ws.E + 1)
-    grid, tiles = _launch_grid(ws, E1, gc["BLOCK_M"], N // bn, "moe_gate_up")
-    if gc.get("TMA") and not w4:
-        w_arg, tiles = _weight_descriptor(w_arg, (bn, bk), "moe_gate_up"), dict(tiles, TMA=True)
+    grid, w_arg, kw = _launch(ws, E1, gc, N, H, w_arg, w4, "moe_gate_up")
     _moe_gate_up_kernel[grid](
         x, w_arg, ws.counts, ws.pairs, ws.pair_w, ws.inter, norm_w if norm_w is not None else x, eps, T,
-        x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
-        NORM=norm_w is not None, ACTIVE=ws.compact, active_ptr=ws.active, NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
-        num_warps=gc["num_warps"], num_stages=gc["num_stages"], **w4, **tiles, **pdl(),
-    )
+        x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, NORM=norm_w is not None, **kw)
 
 
 def moe_down(w2, ws: MoEWorkspace, configs=None):
@@ -317,17 +308,8 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"], dc.get("W4_DECODE"),
                                           (dc["BLOCK_N"], dc.get("num_warps", 4)))
     assert ws.inter.shape[1] == N
-    bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
-    sh = int(ws.E1 == ws.E + 1)
-    grid, tiles = _launch_grid(ws, E1, dc["BLOCK_M"], H // bn, "moe_down")
-    if dc.get("TMA") and not w4:
-        w_arg, tiles = _weight_descriptor(w_arg, (bn, bk), "moe_down"), dict(tiles, TMA=True)
-    _moe_down_kernel[grid](
-        ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD,
-        BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
-        NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
-        num_warps=dc["num_warps"], num_stages=dc["num_stages"], **w4, **tiles, **pdl(),
-    )
+    grid, w_arg, kw = _launch(ws, E1, dc, H, N, w_arg, w4, "moe_down")
+    _moe_down_kernel[grid](ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD, **kw)
 
 
 def _weight_descriptor(w, block: tuple[int, int], kernel: str):
@@ -342,6 +324,20 @@ def _weight_descriptor(w, block: tuple[int, int], kernel: str):
         raise ValueError(f"{kernel}: TMA needs contiguous, 16-byte aligned weights with rows a multiple of "
                          f"BLOCK_K={block[1]} (got {tuple(w.shape)}, {w.dtype}); drop the TMA tile key")
     return TensorDescriptor.from_tensor(w2d, list(block))
+
+
+def _launch(ws: MoEWorkspace, E1: int, cfg: dict, n_out: int, k_in: int, w_arg, w4: dict, kernel: str):
+    """``(grid, weight argument, launch kwargs)`` of a grouped expert GEMM with tiles ``cfg`` over ``n_out``
+    output columns and ``k_in`` reduction length: BLOCK_N / BLOCK_K capped at them, the grid of
+    :func:`_launch_grid`, the active-list / shared-expert / 4-bit (``w4``) / PDL arguments, and with the tile key
+    ``TMA`` (BF16 experts) the weights as a tensor descriptor (:func:`_weight_descriptor`)."""
+    bn, bk = min(cfg["BLOCK_N"], n_out), min(cfg["BLOCK_K"], k_in)
+    grid, tiles = _launch_grid(ws, E1, cfg["BLOCK_M"], n_out // bn, kernel)
+    if cfg.get("TMA") and not w4:
+        w_arg, tiles = _weight_descriptor(w_arg, (bn, bk), kernel), dict(tiles, TMA=True)
+    return grid, w_arg, dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
+                             NACT_IDX=ws.E1, SH=int(ws.E1 == ws.E + 1), E_SH=ws.E, num_warps=cfg["num_warps"],
+                             num_stages=cfg["num_stages"], **w4, **tiles, **pdl())
 
 
 def _launch_grid(ws: MoEWorkspace, E1: int, block_m: int, n_tiles: int, kernel: str) -> tuple[tuple, dict]:
