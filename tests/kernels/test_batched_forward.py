@@ -47,9 +47,11 @@ def _h200_tiles_small():
 
 
 def _tma_tiles_small():
-    """:func:`_h200_tiles_small` with the ``TMA`` key on every GEMM (weight tiles by tensor descriptor)."""
+    """:func:`_h200_tiles_small` with the ``TMA`` key on every GEMM (weight tiles by tensor descriptor; for
+    rows_linear the x tiles too, whose 64 / 128-row blocks run past the round's rows)."""
     t = _h200_tiles_small()
-    return {**t, **{fam: {k: (dict(v, TMA=1) if k in ("gate_up", "down", "qkv", "o", "lm_head") else v)
+    tma = dict(gate_up=1, down=1, qkv=2, o=2, lm_head=2)
+    return {**t, **{fam: {k: (dict(v, TMA=tma[k]) if k in tma else v)
                           for k, v in t[fam].items()} for fam in ("moe", "dense", "linear")}}
 
 

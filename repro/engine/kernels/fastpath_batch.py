@@ -65,10 +65,11 @@ if HAS_TRITON:
     @triton.jit
     def _rows_linear_kernel(x_ptr, w_ptr, out_ptr, R, stride_x, K: tl.constexpr, N: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            ADD: tl.constexpr = False, USE_PDL: tl.constexpr = False, TMA: tl.constexpr = False):
+                            ADD: tl.constexpr = False, USE_PDL: tl.constexpr = False, TMA: tl.constexpr = 0):
         """Program (m-block, n-tile): out[rows, cols] = x[rows]·w[cols]ᵀ (ADD: out + x·wᵀ, the sum in fp32), fp32
         accumulation over K in BLOCK_K steps, stored in out's dtype; rows >= R masked (never read or written).
-        TMA: ``w_ptr`` is a tensor descriptor over w [N, K] with block [BLOCK_N, BLOCK_K] (same tiles and dots)."""
+        TMA >= 1: ``w_ptr`` is a tensor descriptor over w [N, K] with block [BLOCK_N, BLOCK_K]; TMA 2: ``x_ptr`` too,
+        over x [R, K] with block [BLOCK_M, BLOCK_K] (rows >= R read as zeros, as the masked load); same tiles and dots."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -76,13 +77,17 @@ if HAS_TRITON:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         mm = offs_m < R
-        a_ptrs = x_ptr + offs_m[:, None] * stride_x + offs_k[None, :]
-        if not TMA:
+        if TMA < 2:
+            a_ptrs = x_ptr + offs_m[:, None] * stride_x + offs_k[None, :]
+        if TMA == 0:
             w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            a = tl.load(a_ptrs + k0, mask=mm[:, None], other=0.0)
-            if TMA:
+            if TMA == 2:
+                a = x_ptr.load([tl.program_id(0) * BLOCK_M, k0])
+            else:
+                a = tl.load(a_ptrs + k0, mask=mm[:, None], other=0.0)
+            if TMA > 0:
                 w = w_ptr.load([tl.program_id(1) * BLOCK_N, k0]).T
             else:
                 w = tl.load(w_ptrs + k0)
@@ -100,7 +105,7 @@ def rows_linear(x, w, out, cfg, add: bool = False):
 
     Grid (cdiv(R, BLOCK_M), N / BLOCK_N), m fastest; no split-K, so row r's result depends on x[r] and w only,
     not on R (row invariance). ``cfg``: BLOCK_M/N/K, num_warps, num_stages (BLOCK_N, BLOCK_K capped at N, K), and
-    optionally ``TMA`` (true: the weight tiles loaded by tensor descriptor; the same arithmetic).
+    optionally ``TMA`` (1: the weight tiles loaded by tensor descriptor; 2: the x tiles too; the same arithmetic).
     Raises ValueError when N or K is not a multiple of its tile or the strides do not fit. Reference:
     :func:`rows_linear_reference`.
     """
@@ -111,10 +116,14 @@ def rows_linear(x, w, out, cfg, add: bool = False):
             or not w.is_contiguous() or not out.is_contiguous()):
         raise ValueError(f"rows_linear: x {tuple(x.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} with tiles "
                          f"{bn}x{bk} (N, K must be multiples of the tiles; w, out contiguous)")
-    tma = bool(cfg.get("TMA"))
+    tma = int(cfg.get("TMA") or 0)
+    if tma not in (0, 1, 2):
+        raise ValueError(f"rows_linear: tile key TMA={cfg['TMA']!r}; want 0 (pointer loads), 1 (weights by tensor "
+                         f"descriptor) or 2 (weights and x)")
     w_arg = _weight_descriptor(w, (bn, bk), "rows_linear") if tma else w
+    x_arg = _weight_descriptor(x, (cfg["BLOCK_M"], bk), "rows_linear") if tma == 2 else x
     _rows_linear_kernel[(triton.cdiv(R, cfg["BLOCK_M"]), N // bn)](
-        x, w_arg, out, R, x.stride(0), K=K, N=N, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ADD=bool(add),
+        x_arg, w_arg, out, R, x.stride(0), K=K, N=N, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ADD=bool(add),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], TMA=tma, **pdl())
     return out
 

@@ -313,16 +313,19 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
 
 
 def _weight_descriptor(w, block: tuple[int, int], kernel: str):
-    """Host tensor descriptor (TMA) over stacked weights ``w`` [E1, out, in] viewed as [E1·out, in], block
-    ``block`` = (BLOCK_N, BLOCK_K): the ``TMA`` tile key of the expert GEMMs (and of ``fastpath_batch.rows_linear``
-    for a 2-D weight). Raises ValueError when ``w`` is not contiguous, not 16-byte aligned or ``in`` is not a
-    multiple of BLOCK_K (a TMA tile never crosses a row of ``w``)."""
+    """Host tensor descriptor (TMA) over stacked weights ``w`` [E1, out, in] (contiguous) viewed as [E1·out, in], or a
+    2-D operand [rows, in] with unit stride along ``in`` (``fastpath_batch.rows_linear``'s weights and x), block
+    ``block`` (rows, BLOCK_K): the ``TMA`` tile key of the GEMMs. Rows past the end read as zeros. Raises ValueError
+    when the start or the row stride is not 16-byte aligned or ``in`` is not a multiple of BLOCK_K (a TMA tile never
+    crosses a row)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     w2d = w.reshape(-1, w.shape[-1]) if w.dim() == 3 else w
-    if not w.is_contiguous() or w.data_ptr() % 16 or w.shape[-1] % block[1] or (w.shape[-1] * w.element_size()) % 16:
-        raise ValueError(f"{kernel}: TMA needs contiguous, 16-byte aligned weights with rows a multiple of "
-                         f"BLOCK_K={block[1]} (got {tuple(w.shape)}, {w.dtype}); drop the TMA tile key")
+    if (w.stride(-1) != 1 or (w.dim() == 3 and not w.is_contiguous()) or w.data_ptr() % 16 or w.shape[-1] % block[1]
+            or any((st * w.element_size()) % 16 for st in w2d.stride()[:-1])):
+        raise ValueError(f"{kernel}: TMA needs contiguous rows, 16-byte aligned (start and row stride), a multiple "
+                         f"of BLOCK_K={block[1]} long (got {tuple(w.shape)}, strides {tuple(w.stride())}, {w.dtype}); "
+                         f"drop the TMA tile key")
     return TensorDescriptor.from_tensor(w2d, list(block))
 
 
