@@ -337,6 +337,10 @@ def test_batched_tile_file(monkeypatch):
     assert batched_tiles(W4, shape, 32, None)["moe"] == {"gate_up": mine64, "down": W4_TILES_DEFAULT["down"]}
     assert batched_tiles(W, shape, 32, None)["moe"] == {"gate_up": mine, "down": mine}
     assert batched_tiles(W4, shape, 32, {"moe": {"gate_up": mine}})["moe"] == {"gate_up": mine}
+    # the file's attention keys (batched path only), under the caller's own
+    fake["attn"] = {"BLOCK_M": 32, "num_warps": 8}
+    assert batched_tiles(W, shape, 32, None)["attn"] == {"BLOCK_M": 32, "num_warps": 8}
+    assert batched_tiles(W, shape, 32, {"attn": {"num_warps": 4}})["attn"] == {"BLOCK_M": 32, "num_warps": 4}
 
 
 def test_breakdown_families():

@@ -149,7 +149,9 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
     (written from the sweep of docs/perf.md "Batched graph round: where the time goes and tiles"), if the file has
     one for this device. Packed NVFP4 experts take the file's 4-bit entries instead of the BF16 ones
     (:data:`BATCHED_W4_KERNELS`; the other 4-bit kernel, if the file has one only, keeps
-    ``moe_w4.W4_TILES_DEFAULT``). Returns a new dict in
+    ``moe_w4.W4_TILES_DEFAULT``). The file's ``attn`` entry (keys of the split-attention config, e.g. BLOCK_M,
+    num_warps; merged under the caller's ``configs["attn"]`` keys) applies to the batched path only. Returns a new
+    dict in
     :func:`~repro.engine.kernels.fastpath.kernel_configs`' ``configs`` form; with
     no file or no entry, ``configs`` unchanged (e.g. on the CPU)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (configs or {}).items()}
@@ -173,6 +175,9 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
         out["moe"] = {**W4_TILES_DEFAULT, **out["moe"]}
     if "dense" in out and set(out["dense"]) != {"gate_up", "down"}:
         out.pop("dense")  # kernel_configs wants both dense kernels or none
+    attn = load_config("batched", "attn", {}, device=device, **key)  # attention launch keys of the batched path
+    if attn:
+        out["attn"] = {**attn, **(out.get("attn") or {})}  # the caller's keys win
     return out
 
 
