@@ -262,7 +262,20 @@ def sweep(sets: dict, slots, prefix=1024, iters=30, layers=None, seed=0, log=pri
         lines.append(f"| {name} | " + " | ".join(f"{r['ms']:.3f}" for r in d["rounds"]) + " | "
                      + str(all(r["invariant"] for r in d["rounds"])) + " |")
     out["table"] = "\n".join(lines)
+    out["family_tables"] = {S: family_table(out, S) for S in slots}
     return out
+
+
+def family_table(doc, S) -> str:
+    """Markdown table of a sweep document at slot count ``S``: one row per kernel family (ms, from each set's
+    breakdown), one column per tile set (sets that failed are left out), the round (graph replay) last."""
+    sets = [(n, r) for n, d in doc["sets"].items() if "error" not in d for r in d["rounds"]
+            if r["slots"] == S and "breakdown_ms" in r]
+    lines = [f"| S={S} | " + " | ".join(n for n, _ in sets) + " |", "|---|" + "---|" * len(sets)]
+    for f in FAMILIES:
+        lines.append(f"| {f} | " + " | ".join(f"{r['breakdown_ms'].get(f, 0.0):.3f}" for _, r in sets) + " |")
+    lines.append("| round (replay) | " + " | ".join(f"{r['ms']:.3f}" for _, r in sets) + " |")
+    return "\n".join(lines)
 
 
 def _single_ids(shape, seed):
@@ -313,6 +326,8 @@ def main(argv=None) -> int:
             ap.error(f"--sweep {args.sweep}: want a JSON object {{name: configs}}, got {type(sets).__name__}")
         doc = sweep(sets, slots, args.prefix, args.iters, args.layers, args.seed, log, json_path=args.json,
                     precision=args.precision)
+        for S in slots:
+            print(doc["family_tables"][S], file=sys.stderr)
         print(doc["table"], file=sys.stderr)
     else:
         doc = bench_slots(slots, args.prefix, args.iters, args.layers, args.precision, args.seed, log,

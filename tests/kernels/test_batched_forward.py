@@ -380,7 +380,8 @@ def test_sweep_uses_the_precision(monkeypatch):
         if configs and configs.get("bad"):
             raise RuntimeError("out of resources")
         timed.append((precision, configs, model))
-        return {"rounds": [{"slots": S, "ms": 1.0 + S, "invariant": True} for S in slots]}
+        return {"rounds": [{"slots": S, "ms": 1.0 + S, "invariant": True,
+                            "breakdown_ms": {"gate_up": S * (2.0 if configs else 0.5)}} for S in slots]}
 
     monkeypatch.setattr(G, "bench_slots", fake_bench)
     moe = {"moe": {"gate_up": dict(BLOCK_M=64), "down": dict(BLOCK_M=64)}}
@@ -388,6 +389,10 @@ def test_sweep_uses_the_precision(monkeypatch):
     assert built == ["nvfp4-w4a16"] and out["precision"] == "nvfp4-w4a16"
     assert timed == [("nvfp4-w4a16", moe, ("model",)), ("nvfp4-w4a16", None, ("model",))]
     assert "out of resources" in out["sets"]["broken"]["error"] and "| m64 | 2.000 | 9.000 | True |" in out["table"]
+    # per S, the families of every set that ran, side by side (the failed one left out)
+    fam8 = out["family_tables"][8].splitlines()
+    assert fam8[0] == "| S=8 | m64 | base |" and "| gate_up | 16.000 | 4.000 |" in fam8
+    assert fam8[-1] == "| round (replay) | 9.000 | 9.000 |"
 
 
 def test_breakdown_families_slot_attention():
