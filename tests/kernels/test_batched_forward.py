@@ -175,6 +175,26 @@ def test_tma_weight_tiles_change_nothing(dev, mma_model):
                     dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2, TMA=1))
 
 
+def test_launch_keys_by_slots(dev):
+    """``"by_slots"`` in a GEMM's tiles: its pipeline stages follow S (from the listed slot counts on), nothing else
+    may (a tile shape there is refused, naming the key)."""
+    from repro.engine.kernels.fastpath_batch import for_slots
+
+    cfg = dict(BLOCK_M=64, num_stages=4, by_slots={"32": {"num_stages": 3}, "8": {"num_stages": 5}})
+    assert [for_slots(cfg, S)["num_stages"] for S in (1, 7, 8, 31, 32, 64)] == [4, 4, 5, 5, 3, 3]
+    assert "by_slots" not in for_slots(cfg, 32) and for_slots(cfg, 32)["BLOCK_M"] == 64
+    with pytest.raises(ValueError, match="BLOCK_N"):
+        for_slots(dict(cfg, by_slots={"8": {"BLOCK_N": 128}}), 8)
+    with pytest.raises(ValueError, match="by_slots"):
+        for_slots(dict(cfg, by_slots=[3]), 8)
+    W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
+    tiles = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], "gate_up": dict(SMALL_TILES["moe"]["gate_up"], by_slots={
+        "2": {"num_stages": 3}})}}
+    for S, want in ((1, 2), (2, 3)):
+        fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=S, T=T, device=dev, configs=tiles)
+        assert fw.moe_cfg["gate_up"]["num_stages"] == want and "by_slots" not in fw.moe_cfg["gate_up"]
+
+
 def test_whole_attention_bit_identical_to_split_alone(dev, mma_model):
     """The attention's two launches in the whole forward: S = 3 with ``WHOLE_MIN_SLOTS`` 2 (the "whole" launch,
     one program per (slot, KV head, row block)) vs each slot alone (S = 1: the "split" launch + fold), with chunks of

@@ -29,7 +29,8 @@ Every kernel here computes a row with a launch configuration that does not depen
 All tile configs are looked up once for T-token blocks (``fastpath.kernel_configs(..., T)``, the MoE ones
 pinned through ``moe._cfg(..., T)``), never for S·T rows; where the device has a batched tile file
 (``configs/batched_*.json``, :func:`batched_tiles`: tiles chosen for S = 8-32 rounds, docs/perf.md "Batched graph
-round: where the time goes and tiles") its entries replace the single-request ones, still one set for every S.
+round: where the time goes and tiles") its entries replace the single-request ones, still one set for every S
+except the launch-only keys of :data:`SLOT_KEYS` (a GEMM's ``"by_slots"``, :func:`for_slots`: pipeline stages).
 S = 1 differs from ``BlockForward`` only in the GEMMs (Triton tiles here, cuBLAS there): same math, other
 rounding order.
 """
@@ -48,7 +49,7 @@ from .fastpath import GraphCapture, ModelShape, _Stats, kernel_configs, round_by
 from .moe_gemm import _weight_descriptor
 
 __all__ = ["BatchedBlockForward", "rows_linear", "rows_linear_reference", "batched_round_bytes", "LM_HEAD_TILES",
-           "batched_tiles"]
+           "batched_tiles", "for_slots"]
 
 #: lm_head tiles where the device has no batched tile file (:func:`batched_tiles`; the QKV/O ones then come from
 #: the tuned single-request "linear" configs): BLOCK_M = 32 rows = one block, so a
@@ -125,6 +126,33 @@ def rows_linear(x, w, out, cfg, add: bool = False):
     _rows_linear_kernel[(triton.cdiv(R, cfg["BLOCK_M"]), N // bn)](
         x_arg, w_arg, out, R, x.stride(0), K=K, N=N, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ADD=bool(add),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], TMA=tma, **pdl())
+    return out
+
+
+#: tile keys that may follow the slot count S (``"by_slots"`` of a GEMM's tiles, :func:`for_slots`): they change when
+#: the loads are issued (software-pipeline depth), never the tile shapes, the MMA instruction or the K order, so never a
+#: row's numbers; anything else must be one setting for every S (row invariance)
+SLOT_KEYS = ("num_stages",)
+
+
+def for_slots(cfg: dict, slots: int) -> dict:
+    """``cfg`` (one GEMM's tiles) for a round of ``slots`` slots: its ``"by_slots"`` entry ``{min_slots: {key: value}}``
+    applied in ascending order of ``min_slots`` for every ``min_slots <= slots``, the entry itself dropped, e.g.
+    ``{"num_stages": 4, "by_slots": {"32": {"num_stages": 3}}}`` -> 3 stages from 32 slots on. Raises ValueError for
+    a key outside :data:`SLOT_KEYS` or a ``min_slots`` that is not a positive integer."""
+    out = {k: v for k, v in cfg.items() if k != "by_slots"}
+    try:
+        steps = sorted((int(lo), over) for lo, over in cfg["by_slots"].items())
+    except (TypeError, ValueError, AttributeError):
+        raise ValueError(f"tiles {cfg}: 'by_slots' must map a slot count to launch keys, e.g. "
+                         f"{{'32': {{'num_stages': 3}}}}") from None
+    for lo, over in steps:
+        bad = sorted(set(over) - set(SLOT_KEYS))
+        if lo < 1 or bad:
+            raise ValueError(f"tiles {cfg}: 'by_slots' may set only {list(SLOT_KEYS)} from a slot count >= 1 "
+                             f"(got {lo}: {bad or over}); tile shapes must be one setting for every S (row invariance)")
+        if slots >= lo:
+            out.update(over)
     return out
 
 
@@ -284,6 +312,10 @@ class BatchedBlockForward(GraphCapture):
         self.tiles_in_select = False
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
+        for fam in (self.moe_cfg, self.dense_cfg, self.lin_cfg):  # a GEMM's launch-only keys for this S
+            for k, v in list(fam.items()):
+                if isinstance(v, dict) and "by_slots" in v:
+                    fam[k] = for_slots(v, S)
         self.logits = torch.zeros(S, T, shape.vocab, dtype=dt, device=device)
         self.pred = torch.zeros(S, T, dtype=torch.long, device=device)
         self.conf = torch.zeros(S, T, dtype=torch.float32, device=device)
