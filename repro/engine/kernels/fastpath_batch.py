@@ -10,7 +10,8 @@ s's logits / pred / conf / entropy and the K/V it writes are bit-identical to ru
 Every kernel here computes a row with a launch configuration that does not depend on S:
 
 * QKV, O and lm_head: :func:`rows_linear`, a fixed-tile Triton GEMM (no cuBLAS, whose kernel choice depends on
-  the row count M; no split-K): a row's output element is one K loop of fixed BLOCK_K dots.
+  the row count M; no split-K): a row's output element is one K loop of fixed BLOCK_K dots (tiles loaded by
+  pointer or, with the tile key ``TMA``, by tensor descriptor: the same dots).
 * QK-norm + RoPE + KV write and attention: :mod:`.attention_slots` (a program works inside one slot; a slot's key
   chunks depend only on its own P_s and are folded in a fixed order, so its "split" launch, used below
   ``WHOLE_MIN_SLOTS`` slots, and its "whole" launch, one program per (slot, KV head, row block) from there on,
@@ -69,8 +70,9 @@ if HAS_TRITON:
                             ADD: tl.constexpr = False, USE_PDL: tl.constexpr = False, TMA: tl.constexpr = 0):
         """Program (m-block, n-tile): out[rows, cols] = x[rows]·w[cols]ᵀ (ADD: out + x·wᵀ, the sum in fp32), fp32
         accumulation over K in BLOCK_K steps, stored in out's dtype; rows >= R masked (never read or written).
-        TMA >= 1: ``w_ptr`` is a tensor descriptor over w [N, K] with block [BLOCK_N, BLOCK_K]; TMA 2: ``x_ptr`` too,
-        over x [R, K] with block [BLOCK_M, BLOCK_K] (rows >= R read as zeros, as the masked load); same tiles and dots."""
+        TMA >= 1: ``w_ptr`` is a tensor descriptor over w [N, K] with block [BLOCK_N, BLOCK_K]; TMA 2: ``x_ptr``
+        too, over x [R, K] with block [BLOCK_M, BLOCK_K] (rows >= R read as zeros, as the masked load); the same
+        tiles and dots."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()

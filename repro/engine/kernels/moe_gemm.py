@@ -14,7 +14,9 @@ a :class:`~.route.MoEWorkspace` ``ws``: ``counts`` [E1 (+1)], ``pairs`` [E1, T_P
 Both kernels start with one shared prologue, ``_expert_slot`` (which expert, output tile and token rows a program
 owns, over the grid (E1, n-tiles, m-blocks), the compact active-expert list or a tile table; idle programs exit after
 one or two scalar loads), and run one K loop per program: BF16 tiles, or the packed 4-bit tiles of
-:mod:`.moe_w4` (``W4``; the shared expert's 16-bit branch taken per program). All on device, no host sync, static
+:mod:`.moe_w4` (``W4``; the shared expert's 16-bit branch taken per program). BF16 weight tiles come in by
+pointer loads, or with the tile key ``TMA`` by tensor descriptor (:func:`_weight_descriptor`; the same tiles,
+dots and K order, so the same results). All on device, no host sync, static
 shapes: CUDA-graph capturable. Errors: ValueError for 4-bit experts that do not fit the workspace, the tiles or
 the decode, for the RMSNorm fold with 4-bit experts, and for a BLOCK_M other than the tile table's.
 
