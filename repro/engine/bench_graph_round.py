@@ -21,7 +21,8 @@ a JSON object ``{name: configs}`` of candidate tile sets (``configs`` as :class:
 e.g. ``{"moe": {"gate_up": {...}, "down": {...}}, "dense": {...}, "linear": {"qkv": ..., "o": ..., "lm_head":
 ...}}``; ``{}`` = the defaults; with ``--precision nvfp4-w4a16`` the ``moe`` tiles are the 4-bit kernels'): every
 set is timed at every S over the same weights (of ``--precision``), with its breakdown and its
-own slot-0 check (slot 0 at every S bit-identical to the set's first S), and a table compares the sets.
+own slot-0 check (slot 0 at every S bit-identical to the set's first S), and tables compare the sets (rounds;
+per S, the kernel families side by side: :func:`family_table`).
 
 Prints one line per measurement on stderr, a table, and as the last stdout line one JSON document (also written to
 ``--json``).
