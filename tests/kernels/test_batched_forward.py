@@ -357,6 +357,11 @@ def test_batched_tile_file(monkeypatch):
     assert batched_tiles(W4, shape, 32, None)["moe"] == {"gate_up": mine64, "down": W4_TILES_DEFAULT["down"]}
     assert batched_tiles(W, shape, 32, None)["moe"] == {"gate_up": mine, "down": mine}
     assert batched_tiles(W4, shape, 32, {"moe": {"gate_up": mine}})["moe"] == {"gate_up": mine}
+    # a Triton without tensor descriptors: the file's tiles without their TMA key
+    fake["qkv"] = dict(mine, TMA=2)
+    assert batched_tiles(W, shape, 32, None)["linear"]["qkv"] == fake["qkv"]
+    monkeypatch.setattr(FB, "tma_available", lambda: False)
+    assert batched_tiles(W, shape, 32, None)["linear"]["qkv"] == mine
     # the file's attention keys (batched path only), under the caller's own
     fake["attn"] = {"BLOCK_M": 32, "num_warps": 8}
     assert batched_tiles(W, shape, 32, None)["attn"] == {"BLOCK_M": 32, "num_warps": 8}

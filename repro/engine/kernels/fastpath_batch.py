@@ -47,7 +47,7 @@ from . import norm as Nm
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton
 from .configs import load_config
 from .fastpath import GraphCapture, ModelShape, _Stats, kernel_configs, round_bytes
-from .moe_gemm import _weight_descriptor
+from .moe_gemm import _weight_descriptor, tma_available
 
 __all__ = ["BatchedBlockForward", "rows_linear", "rows_linear_reference", "batched_round_bytes", "LM_HEAD_TILES",
            "batched_tiles", "for_slots"]
@@ -179,7 +179,8 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
     (written from the sweep of docs/perf.md "Batched graph round: where the time goes and tiles"), if the file has
     one for this device. Packed NVFP4 experts take the file's 4-bit entries instead of the BF16 ones
     (:data:`BATCHED_W4_KERNELS`; the other 4-bit kernel, if the file has one only, keeps
-    ``moe_w4.W4_TILES_DEFAULT``). The file's ``attn`` entry (keys of the split-attention config, e.g. BLOCK_M,
+    ``moe_w4.W4_TILES_DEFAULT``). The file's ``TMA`` keys are dropped on a Triton without tensor descriptors
+    (:func:`~.moe_gemm.tma_available`). The file's ``attn`` entry (keys of the split-attention config, e.g. BLOCK_M,
     num_warps; merged under the caller's ``configs["attn"]`` keys) applies to the batched path only. Returns a new
     dict in
     :func:`~repro.engine.kernels.fastpath.kernel_configs`' ``configs`` form; with
@@ -195,6 +196,8 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
         if fam == "dense" and (configs or {}).get("dense"):
             continue  # a caller's dense dict is taken whole (kernel_configs does not merge it with others)
         cfg = load_config("batched", name, {}, device=device, **key)
+        if not tma_available():
+            cfg.pop("TMA", None)  # the file's tiles on a Triton without tensor descriptors: pointer loads, same bits
         if cfg:
             if out.get(fam) is None:
                 out[fam] = {}

@@ -314,12 +314,25 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     _moe_down_kernel[grid](ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD, **kw)
 
 
+def tma_available() -> bool:
+    """True when this Triton has host tensor descriptors (``triton.tools.tensor_descriptor``, triton >= 3.4), which
+    the ``TMA`` tile key needs."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except Exception:  # noqa: BLE001 - older triton, or none
+        return False
+    return True
+
+
 def _weight_descriptor(w, block: tuple[int, int], kernel: str):
     """Host tensor descriptor (TMA) over stacked weights ``w`` [E1, out, in] (contiguous) viewed as [E1·out, in], or a
     2-D operand [rows, in] with unit stride along ``in`` (``fastpath_batch.rows_linear``'s weights and x), block
     ``block`` (rows, BLOCK_K): the ``TMA`` tile key of the GEMMs. Rows past the end read as zeros. Raises ValueError
     when the start or the row stride is not 16-byte aligned or ``in`` is not a multiple of BLOCK_K (a TMA tile never
     crosses a row)."""
+    if not tma_available():
+        raise RuntimeError(f"{kernel}: the TMA tile key needs triton >= 3.4 (triton.tools.tensor_descriptor); "
+                           f"upgrade triton or drop the key")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     w2d = w.reshape(-1, w.shape[-1]) if w.dim() == 3 else w
