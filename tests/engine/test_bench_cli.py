@@ -110,7 +110,9 @@ def test_graph_round_sweep_file_checked(tmp_path, monkeypatch, capsys):
     assert "--sweep" in (err := capsys.readouterr().err) and "got str" in err
     called = []
     monkeypatch.setattr(G, "sweep", lambda sets, slots, *a, **kw: called.append((sets, slots)) or
-                        {"table": "T", "sets": {}})
+                        {"table": "T", "sets": {}, "family_tables": {1: "F1", 8: "F8"}})
     f.write_text('{"m64": {}}')
     assert G.main(["--sweep", str(f), "--slots", "1,8"]) == 0
-    assert called == [({"m64": {}}, [1, 8])] and json.loads(capsys.readouterr().out.splitlines()[-1])["table"] == "T"
+    out, err = capsys.readouterr()
+    assert called == [({"m64": {}}, [1, 8])] and json.loads(out.splitlines()[-1])["table"] == "T"
+    assert "F1" in err and "F8" in err  # the per-S family tables, then the sets' table
