@@ -16,7 +16,10 @@ params; the other root's paths stay absolute: a table made from another work dir
 Snakemake's own store. So the records travel with the directory: in a copy or at a new place Snakemake compares
 params, code and input lists exactly as it would have at the old place, and re-runs exactly the jobs a config
 change affects (what they feed follows by date, as always). Snakemake's own store is still written, so its
-commands (``--summary``, ``--list-changes``, ``--cleanup-metadata``) work as before.
+commands (``--summary``, ``--list-changes``, ``--cleanup-metadata``) work as before. A record file that exists
+but cannot be read (truncated, not JSON, a field of the wrong type: a disk filled up, a hand edit) is never taken
+for "no record" when Snakemake's store has none either (a copied directory): that would make Snakemake see no
+change and reuse the output whatever changed since; its job runs again instead (a note names the file).
 
 A failed job whose outputs are all ``update()``-flagged (the problems copies and decoder configs: Snakemake
 does not delete them before the job runs and puts the previous version back when it fails) keeps the records
@@ -39,11 +42,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from base64 import urlsafe_b64decode
 from pathlib import Path
 
 RECORDS_DIR = ".snakemake-records"
+_REPORTED: set[str] = set()  # keys whose unreadable record was named (once per process)
 
 
 def _swap(value, pairs):
@@ -93,6 +98,19 @@ def _read_json(path: Path) -> dict | None:
     except (OSError, ValueError):  # missing, or torn by a kill mid-write (written atomically, so rare)
         return None
     return rec if isinstance(rec, dict) and rec else None
+
+
+UNREADABLE = "unreadable record"  # the params and code of the stand-in record of a damaged record file
+
+
+def _unreadable_record(record_cls, path: Path):
+    """The stand-in for a record file that exists but cannot be read (truncated, not JSON, fields of the wrong
+    type): a record whose params and code differ from any job's, so Snakemake runs the job again (reason:
+    "Params have changed", naming the file) instead of taking an output of unknown settings as up to date."""
+    from snakemake.persistence import RECORD_FORMAT_VERSION
+
+    what = f"{UNREADABLE} {path} (torn or edited): the job runs again"
+    return record_cls(rule=None, params=[what], code=what, input=None, record_format_version=RECORD_FORMAT_VERSION)
 
 
 def _write_json(path: Path, rec: dict) -> None:
@@ -147,15 +165,39 @@ def persistence_class(base: type, roots: Roots) -> type:
             super()._clear_cache()
             self._rooted_cache = {}
 
+        def _read_local(self, key: str, local: Path):
+            """The record kept in the root (tokens replaced), None when there is none, or the string
+            :data:`UNREADABLE` when the file exists but is torn, not JSON or not a valid record."""
+            if not local.exists():
+                return None
+            rec = _read_json(local)
+            try:
+                return MetadataRecord.model_validate(roots.from_tokens(key, rec)) if rec else UNREADABLE
+            except ValueError:  # pydantic's ValidationError: a field of the wrong type
+                return UNREADABLE
+
         def _read_record(self, key: str):
             local = roots.local(key)
-            if local is not None:
-                if key not in self._rooted_cache:
-                    rec = _read_json(local)
-                    self._rooted_cache[key] = MetadataRecord.model_validate(roots.from_tokens(key, rec)) if rec else None
-                if self._rooted_cache[key] is not None:
-                    return self._rooted_cache[key]
-            return super()._read_record(key)
+            if local is None:
+                return super()._read_record(key)
+            if key not in self._rooted_cache:
+                self._rooted_cache[key] = self._read_local(key, local)
+            rec = self._rooted_cache[key]
+            if rec is not None and rec is not UNREADABLE:
+                return rec
+            try:
+                stored = super()._read_record(key)
+            except ValueError:  # Snakemake's own record damaged too
+                stored = None
+            if stored is not None or rec is None:
+                return stored
+            # the root's record is damaged and Snakemake's store has none (a copied or moved directory): the
+            # output's settings are unknown, so its job runs again rather than the output being reused
+            if key not in _REPORTED:
+                _REPORTED.add(key)
+                print(f"note: the job record {local} cannot be read (torn or edited): the job that made {key} "
+                      "runs again", file=sys.stderr)
+            return _unreadable_record(MetadataRecord, local)
 
         def _write_record(self, key: str, record) -> None:
             super()._write_record(key, record)

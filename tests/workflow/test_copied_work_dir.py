@@ -124,3 +124,31 @@ def test_config_and_data_changes_after_a_copy_or_move(tmp_path, data_dir):
     meta = json.loads((moved / "smoke/generations/tiny/humaneval/seed12345/shard0of1.jsonl.meta.json").read_text())
     assert meta["decoder"]["max_new_tokens"] == 6
     assert "Nothing to be done" in wf.run("-n")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong types"])
+def test_a_damaged_record_reruns_its_job_in_a_copy(tmp_path, damage, capsys):
+    """A record file that cannot be read is not "no record" (Snakemake would then see no change and reuse the output
+    whatever changed since the copy): its job runs again, with a note naming the file; never a traceback. Where
+    Snakemake's own store still holds the record (the directory was not moved), that one is used."""
+    work = tmp_path / "work"
+    out = str(work / "smoke" / "decoders" / "tiny.yaml")
+    rec = MetadataRecord(rule="render_decoder", params=["--set max_new_tokens=64"], record_format_version=6)
+    _store(tmp_path / "run1", work)._write_record(out, rec)
+    local = work / workdir_records.RECORDS_DIR / "smoke" / "decoders" / "tiny.yaml.json"
+    if damage == "truncated":
+        local.write_text(local.read_text()[:40])
+    else:
+        local.write_text(json.dumps({"rule": "render_decoder", "params": 3, "record_format_version": "x"}))
+    # the same place: Snakemake's own record is used
+    assert _store(tmp_path / "run1", work)._read_record(out).params == rec.params
+    # a copy (no record in this Snakemake directory's store): a record that differs from any job's settings
+    copy = tmp_path / "copy"
+    shutil.copytree(work, copy)
+    store = _store(tmp_path / "run2", copy)
+    got = store._read_record(str(copy / "smoke" / "decoders" / "tiny.yaml"))
+    assert got.record_format_version >= 6 and got.params and workdir_records.UNREADABLE in got.params[0]
+    assert got.code and got.code != rec.code
+    assert f"the job record {copy / local.relative_to(work)} cannot be read" in capsys.readouterr().err
+    # a missing record file is still "no record" (a directory made before the records existed)
+    assert store._read_record(str(copy / "smoke" / "other.yaml")) is None
