@@ -8,6 +8,7 @@ import fcntl
 import fnmatch
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -97,6 +98,37 @@ if _missing:
           "benchmarks from the suite", file=sys.stderr)
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
+
+# The jobs' shell commands carry these paths unquoted (`--out {output}`, `{PY} -m ...`): a space or a shell
+# special character splits or rewrites the command, so every job would fail mid-run ("unrecognized arguments")
+# after the DAG was planned. Checked at start-up instead, one line per path.
+_SHELL_SPECIAL = re.compile(r"[\s'\"\\$`!*?\[\]{}()<>|&;]")
+
+
+def shell_unsafe_paths(named):
+    """One error line per ``(what, path)`` of ``named`` whose path holds whitespace or a shell special character
+    (``'"\\$`!*?[]{}()<>|&;``), naming the characters and the fix; [] when all are safe."""
+    errors = []
+    for what, path in named:
+        found = sorted(set(_SHELL_SPECIAL.findall(str(path)))) if path else []
+        if found:
+            chars = ", ".join("a space" if c == " " else repr(c) for c in found)
+            errors.append(f"Config error: {what} {str(path)!r} holds {chars}: the jobs' shell commands carry it "
+                          "unquoted, so every job would fail; move or rename it to a path without whitespace or "
+                          "any of '\"\\$`!*?[]{}()<>|&; (a symlink does not help: the path is resolved)")
+    return errors
+
+
+_unsafe = shell_unsafe_paths(
+    [("the work directory (work_dir / ORL_EVAL_WORK)", WORK),
+     ("the results directory (results_dir)", results_dir(config)),
+     ("the data directory (data_dir / ORL_EVAL_DATA)", DATA),
+     ("the checkout", workflow.basedir), ("the Python running Snakemake", sys.executable)]
+    + [(f"models.{m}.source.path", config["models"][m]["source"].get("path"))
+       for m in config["suites"][SUITE]["models"] if config["models"][m]["source"]["type"] == "local"])
+if _unsafe:
+    print("\n".join(_unsafe), file=sys.stderr)
+    sys.exit(1)
 
 # Snakemake's job records (params, code, input lists: what makes it re-run a job whose settings changed) are
 # also kept inside the work and results directories, so a copied or moved directory keeps them and a config
