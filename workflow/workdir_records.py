@@ -182,22 +182,22 @@ def persistence_class(base: type, roots: Roots) -> type:
                 return super()._read_record(key)
             if key not in self._rooted_cache:
                 self._rooted_cache[key] = self._read_local(key, local)
-            rec = self._rooted_cache[key]
+            rec, bad = self._rooted_cache[key], local
             if rec is not None and rec is not UNREADABLE:
                 return rec
             try:
                 stored = super()._read_record(key)
-            except ValueError:  # Snakemake's own record damaged too
-                stored = None
+            except ValueError:  # Snakemake's own record has fields of the wrong type (a torn one it skips itself)
+                stored, rec, bad = None, UNREADABLE, Path(self._record_path(self._metadata_path, key))
             if stored is not None or rec is None:
                 return stored
             # the root's record is damaged and Snakemake's store has none (a copied or moved directory): the
             # output's settings are unknown, so its job runs again rather than the output being reused
             if key not in _REPORTED:
                 _REPORTED.add(key)
-                print(f"note: the job record {local} cannot be read (torn or edited): the job that made {key} "
+                print(f"note: the job record {bad} cannot be read (torn or edited): the job that made {key} "
                       "runs again", file=sys.stderr)
-            return _unreadable_record(MetadataRecord, local)
+            return _unreadable_record(MetadataRecord, bad)
 
         def _write_record(self, key: str, record) -> None:
             super()._write_record(key, record)

@@ -152,3 +152,17 @@ def test_a_damaged_record_reruns_its_job_in_a_copy(tmp_path, damage, capsys):
     assert f"the job record {copy / local.relative_to(work)} cannot be read" in capsys.readouterr().err
     # a missing record file is still "no record" (a directory made before the records existed)
     assert store._read_record(str(copy / "smoke" / "other.yaml")) is None
+
+
+def test_snakemakes_own_record_with_wrong_types_reruns_its_job(tmp_path, capsys):
+    """No record in the directory (made before they were kept) and Snakemake's own record of the output has a field of
+    the wrong type: its job runs again, a note naming the file, instead of pydantic's traceback."""
+    work = tmp_path / "work"
+    out = str(work / "smoke" / "problems" / "gsm8k.jsonl")
+    plain = FilePersistence(nolock=True, path=tmp_path / ".snakemake")
+    plain._write_record(out, MetadataRecord(rule="prepare_problems", params=["x"], record_format_version=6))
+    path = Path(plain._record_path(plain._metadata_path, out))
+    path.write_text(json.dumps({"rule": "prepare_problems", "params": "x", "record_format_version": 6}))
+    got = _store(tmp_path, work)._read_record(out)
+    assert workdir_records.UNREADABLE in got.params[0]
+    assert f"the job record {path} cannot be read" in capsys.readouterr().err
