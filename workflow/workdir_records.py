@@ -19,7 +19,10 @@ change affects (what they feed follows by date, as always). Snakemake's own stor
 commands (``--summary``, ``--list-changes``, ``--cleanup-metadata``) work as before. A record file that exists
 but cannot be read (truncated, not JSON, a field of the wrong type: a disk filled up, a hand edit) is never taken
 for "no record" when Snakemake's store has none either (a copied directory): that would make Snakemake see no
-change and reuse the output whatever changed since; its job runs again instead (a note names the file).
+change and reuse the output whatever changed since; its job runs again instead (a note names the file). So does
+the job of an existing output with no record at all while the DAG is planned (a directory copied without its
+records folder, e.g. ``cp -r work/* dest``, or that folder deleted; one note per directory): ``--touch`` adopts
+such outputs as they are by recording the current settings.
 
 A failed job whose outputs are all ``update()``-flagged (the problems copies and decoder configs: Snakemake
 does not delete them before the job runs and puts the previous version back when it fails) keeps the records
@@ -101,16 +104,21 @@ def _read_json(path: Path) -> dict | None:
 
 
 UNREADABLE = "unreadable record"  # the params and code of the stand-in record of a damaged record file
+NO_RECORD = "no job record"  # ... of an existing output that has no record at all
+
+
+def _stand_in_record(record_cls, what: str):
+    """A record whose params and code (``what``) differ from any job's, so Snakemake runs the job again (reason:
+    "Params have changed", quoting ``what``) instead of taking an output of unknown settings as up to date."""
+    from snakemake.persistence import RECORD_FORMAT_VERSION
+
+    return record_cls(rule=None, params=[what], code=what, input=None, record_format_version=RECORD_FORMAT_VERSION)
 
 
 def _unreadable_record(record_cls, path: Path):
     """The stand-in for a record file that exists but cannot be read (truncated, not JSON, fields of the wrong
-    type): a record whose params and code differ from any job's, so Snakemake runs the job again (reason:
-    "Params have changed", naming the file) instead of taking an output of unknown settings as up to date."""
-    from snakemake.persistence import RECORD_FORMAT_VERSION
-
-    what = f"{UNREADABLE} {path} (torn or edited): the job runs again"
-    return record_cls(rule=None, params=[what], code=what, input=None, record_format_version=RECORD_FORMAT_VERSION)
+    type): see :func:`_stand_in_record`."""
+    return _stand_in_record(record_cls, f"{UNREADABLE} {path} (torn or edited): the job runs again")
 
 
 def _write_json(path: Path, rec: dict) -> None:
@@ -130,7 +138,12 @@ def persistence_class(base: type, roots: Roots) -> type:
     class RootedPersistence(base):
         def __init__(self, *args, **kwargs):
             self._rooted_cache = {}  # key -> MetadataRecord or None, read from the roots
+            self._planning = True  # no job started yet: the records read are those the DAG is planned on
             super().__init__(*args, **kwargs)
+
+        def started(self, job, external_jobid=None) -> None:
+            self._planning = False  # from now on an output may exist before its record is written
+            super().started(job, external_jobid)
 
         async def finished(self, job) -> None:
             # A failed job whose outputs are all update()-flagged: Snakemake has put their previous versions back
@@ -189,6 +202,8 @@ def persistence_class(base: type, roots: Roots) -> type:
                 stored = super()._read_record(key)
             except ValueError:  # Snakemake's own record has fields of the wrong type (a torn one it skips itself)
                 stored, rec, bad = None, UNREADABLE, Path(self._record_path(self._metadata_path, key))
+            if stored is None and rec is None and self._planning and os.path.lexists(key):
+                return self._no_record(key)
             if stored is not None or rec is None:
                 return stored
             # the root's record is damaged and Snakemake's store has none (a copied or moved directory): the
@@ -198,6 +213,22 @@ def persistence_class(base: type, roots: Roots) -> type:
                 print(f"note: the job record {bad} cannot be read (torn or edited): the job that made {key} "
                       "runs again", file=sys.stderr)
             return _unreadable_record(MetadataRecord, bad)
+
+        def _no_record(self, key: str):
+            # An existing output under a root with no record anywhere: its directory was copied without its
+            # records folder (`cp -r work/* dest`: the glob skips hidden folders), the folder was deleted, or the
+            # directory was copied before records were kept. Snakemake would read "no record" as "nothing
+            # changed" and reuse the output whatever changed since; its job runs again instead.
+            token, root = roots.root_of(key)
+            if root not in _REPORTED:
+                _REPORTED.add(root)
+                print(f"note: outputs under {root} have no job record in {root}/{RECORDS_DIR} (copied without that "
+                      "hidden folder, e.g. `cp -r dir/* dest`, or it was deleted), so the settings they were made "
+                      "with are unknown: their jobs run again. To keep the records, copy the folder as a whole "
+                      "(`cp -a dir dest`, `rsync -a dir/ dest/`); to adopt outputs you know are current instead, "
+                      "run the same command once with --touch (docs/workflow.md 7.2a)", file=sys.stderr)
+            return _stand_in_record(MetadataRecord, f"{NO_RECORD} of this output in {root}/{RECORDS_DIR}: "
+                                                    "the job runs again")
 
         def _write_record(self, key: str, record) -> None:
             super()._write_record(key, record)

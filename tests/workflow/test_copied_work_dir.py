@@ -4,8 +4,9 @@ Snakemake keeps its job records (params, code, input lists) by absolute output p
 the work directory travel with it. Unit tests of the record store on Snakemake's own FilePersistence, then one
 end-to-end run (the tiny model, one real GSM8K and one HumanEval problem): in a `cp -a` copy an unchanged config
 re-runs no job of the work directory, a decoder setting changed after the copy regenerates every cell's decoder
-config and shard, a data file edited after the copy re-prepares and regenerates that benchmark only, and a moved
-directory regenerates with the new setting."""
+config and shard, a data file edited after the copy re-prepares and regenerates that benchmark only, a moved
+directory regenerates with the new setting, and a copy made without the hidden records folder re-runs its jobs
+(their settings are unknown) unless --touch adopts its outputs. A record file that cannot be read re-runs its job."""
 
 import json
 import os
@@ -124,6 +125,27 @@ def test_config_and_data_changes_after_a_copy_or_move(tmp_path, data_dir):
     meta = json.loads((moved / "smoke/generations/tiny/humaneval/seed12345/shard0of1.jsonl.meta.json").read_text())
     assert meta["decoder"]["max_new_tokens"] == 6
     assert "Nothing to be done" in wf.run("-n")
+    # copied without the hidden records folder (`cp -r work/* dest`): the settings of its outputs are unknown, so
+    # every job runs again (before: nothing did, whatever had changed); --touch adopts them as they are, and a
+    # setting changed after that is seen
+    glob = tmp_path / "work-glob"
+    glob.mkdir()
+    for entry in moved.iterdir():
+        if not entry.name.startswith("."):
+            (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, glob / entry.name, symlinks=True)
+    wf.work = glob
+    wf.configure(dict(suite, max_new_tokens=6))
+    out = wf.run("-n")
+    dry = job_counts(out)
+    assert {k: dry.get(k) for k in work_jobs} == {"render_decoder": 2, "generate_shard": 2, "merge_shards": 2,
+                                                  "score": 2, "prepare_problems": 2,
+                                                  "prepare_generation_problems": 2}, dry
+    assert f"note: outputs under {glob} have no job record" in out
+    wf.run("--touch")
+    assert "Nothing to be done" in wf.run("-n")
+    wf.configure(dict(suite, max_new_tokens=5))
+    dry = job_counts(wf.run("-n"))
+    assert (dry.get("render_decoder"), dry.get("generate_shard"), dry.get("prepare_problems")) == (2, 2, None), dry
 
 
 @pytest.mark.parametrize("damage", ["truncated", "wrong types"])
@@ -166,3 +188,26 @@ def test_snakemakes_own_record_with_wrong_types_reruns_its_job(tmp_path, capsys)
     got = _store(tmp_path, work)._read_record(out)
     assert workdir_records.UNREADABLE in got.params[0]
     assert f"the job record {path} cannot be read" in capsys.readouterr().err
+
+
+def test_an_output_without_any_record_reruns_its_job(tmp_path, capsys):
+    """An output under a root that exists with no record anywhere (copied without the hidden records folder, or it
+    was deleted): Snakemake would read "no record" as "nothing changed"; while the DAG is planned a stand-in record
+    makes its job run again, one note per directory. Once a job has started, an output may exist before its record
+    is written: then "no record" is as Snakemake's."""
+    work = tmp_path / "work"
+    outs = [work / "smoke" / "decoders" / f"{m}.yaml" for m in ("tiny", "tiny-orl")]
+    for out in outs:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("threshold: 0.5\n")
+    workdir_records._REPORTED.discard(str(work))
+    store = _store(tmp_path, work)
+    got = [store._read_record(str(out)) for out in outs]
+    assert all(g.record_format_version >= 6 and workdir_records.NO_RECORD in g.params[0] and g.code for g in got)
+    err = capsys.readouterr().err
+    assert err.count("note: outputs under") == 1 and f"have no job record in {work}/.snakemake-records" in err, err
+    assert "--touch" in err
+    assert store._read_record(str(work / "smoke" / "absent.yaml")) is None  # no output: nothing to re-run
+    store.started(type("Job", (), {"output": []})())
+    store._clear_cache()
+    assert store._read_record(str(outs[0])) is None

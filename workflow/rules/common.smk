@@ -145,20 +145,14 @@ if getattr(getattr(workflow.workflow_settings, "persistence_backend", None), "na
 
 
 def _export_records():
-    """Real runs: copy Snakemake's existing records into the directories once (a dry run counts them). A work
-    directory holding generations but no record at all (copied or moved before the records existed) is named,
-    with the one command that makes sure it is current."""
+    """Real runs: copy Snakemake's existing records into the directories once (a dry run counts them). (An output
+    that then has no record at all -- a directory copied without its records folder, or before records were kept --
+    has its job run again, with a note: workdir_records.RootedPersistence.)"""
     n = workdir_records.export_existing(_ROOTS, Path(".snakemake") / "metadata", write=not DRY_RUN)
     if n:
         print(f"note: {NO_RUN}: a real run copies " if DRY_RUN else "note: copied ", end="", file=sys.stderr)
         print(f"Snakemake's records of {n} outputs into {WORK}/{workdir_records.RECORDS_DIR} (and the results "
               "directory's): a copy or move of these directories keeps them", file=sys.stderr)
-    records = Path(WORK, workdir_records.RECORDS_DIR)
-    if not n and Path(WORK, SUITE, "generations").is_dir() and not any(records.rglob("*.json")):
-        print(f"note: {WORK} holds generations but no record of the jobs that made them (a copy or move of a work "
-              "directory made before such records were kept), so a config change since cannot be seen; run once with "
-              "--forcerun render_decoder prepare_problems prepare_generation_problems to make sure it is current "
-              "(docs/workflow.md 7.2a)", file=sys.stderr)
 
 
 # --- Relative paths on the command line ---------------------------------------------------------------------
