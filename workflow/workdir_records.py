@@ -12,7 +12,8 @@ after the copy re-ran nothing (the old shards were reused, the table silently st
 output under one of the given roots (the work directory, the results directory) is also written inside that
 root, at ``<root>/.snakemake-records/<path relative to the root>.json``, with that root's absolute path written
 as a token (``<work>``, ``<results>``) wherever it occurs (input list, input checksums, log, shell command,
-params; the other root's paths stay absolute: a table made from another work directory is made again). A record is read from there first (the tokens replaced by the root's current path), then from
+params; the other root's paths stay absolute: a table made from another work directory is made again). A record
+is read from there first (the tokens replaced by the root's current path), then from
 Snakemake's own store. So the records travel with the directory: in a copy or at a new place Snakemake compares
 params, code and input lists exactly as it would have at the old place, and re-runs exactly the jobs a config
 change affects (what they feed follows by date, as always). Snakemake's own store is still written, so its
@@ -22,7 +23,8 @@ for "no record" when Snakemake's store has none either (a copied directory): tha
 change and reuse the output whatever changed since; its job runs again instead (a note names the file). So does
 the job of an existing output with no record at all while the DAG is planned (a directory copied without its
 records folder, e.g. ``cp -r work/* dest``, or that folder deleted; one note per directory): ``--touch`` adopts
-such outputs as they are by recording the current settings.
+such outputs as they are by recording the current settings. ``--cleanup-metadata FILE`` (Snakemake's advice for
+skipping a trigger) replaces FILE's record by one that records nothing, so FILE is kept as it is, as before.
 
 A failed job whose outputs are all ``update()``-flagged (the problems copies and decoder configs: Snakemake
 does not delete them before the job runs and puts the previous version back when it fails) keeps the records
@@ -70,6 +72,8 @@ def _swap(value, pairs):
 
 class Roots:
     """The directories whose outputs' records live inside them: ``{token: absolute path}``."""
+
+    adopt_on_delete = False  # `--cleanup-metadata`: a deleted record of an existing output records nothing instead
 
     def __init__(self, roots: dict[str, str]):
         # longest first: a root inside another (results under the work directory) is matched before it
@@ -238,8 +242,18 @@ def persistence_class(base: type, roots: Roots) -> type:
                 self._rooted_cache.pop(key, None)
 
         def _delete_record(self, key: str) -> bool:
-            deleted = super()._delete_record(key)
             local = roots.local(key)
+            if roots.adopt_on_delete and local is not None and os.path.lexists(key):
+                # `--cleanup-metadata FILE` (Snakemake's advice for skipping a trigger): an output without any
+                # record would now run again (_no_record), so the record is replaced by one that records nothing
+                # -- no params, code or input list to compare, as Snakemake's "no record" -- and the output stays
+                super()._delete_record(key)
+                from snakemake.persistence import RECORD_FORMAT_VERSION
+
+                _write_json(local, {"rule": None, "record_format_version": RECORD_FORMAT_VERSION})
+                self._rooted_cache.pop(key, None)
+                return True
+            deleted = super()._delete_record(key)
             if local is not None and local.is_file():
                 local.unlink()
                 deleted = True
@@ -249,9 +263,11 @@ def persistence_class(base: type, roots: Roots) -> type:
     return RootedPersistence
 
 
-def install(roots: dict[str, str]) -> Roots:
+def install(roots: dict[str, str], cleanup_metadata: bool = False) -> Roots:
     """Make the Snakemake of this process keep the records of outputs under ``roots`` (``{token: path}``)
-    inside them (module docstring). Call before Snakemake builds its persistence (from the Snakefile)."""
+    inside them (module docstring). Call before Snakemake builds its persistence (from the Snakefile).
+    ``cleanup_metadata``: the command is ``--cleanup-metadata``, whose records of existing outputs are replaced by
+    records of nothing (Snakemake's way to skip a trigger keeps working: an output without a record would run)."""
     import snakemake.jobs as smj
     import snakemake.workflow as smw
 
@@ -263,6 +279,7 @@ def install(roots: dict[str, str]) -> Roots:
     else:
         smw.FilePersistence = persistence_class(smw.FilePersistence, r)
         smw.FilePersistence._repro_roots = r
+    r.adopt_on_delete = cleanup_metadata
     if not getattr(smj.Job.postprocess, "_repro_tags_failure", False):
         original = smj.Job.postprocess
 

@@ -146,6 +146,10 @@ def test_config_and_data_changes_after_a_copy_or_move(tmp_path, data_dir):
     wf.configure(dict(suite, max_new_tokens=5))
     dry = job_counts(wf.run("-n"))
     assert (dry.get("render_decoder"), dry.get("generate_shard"), dry.get("prepare_problems")) == (2, 2, None), dry
+    # Snakemake's advice for skipping a trigger still works: `--cleanup-metadata FILE` keeps FILE as it is
+    wf.run("--cleanup-metadata", str(glob / "smoke/decoders/tiny/gsm8k/seed12345.yaml"))
+    dry = job_counts(wf.run("-n"))
+    assert (dry.get("render_decoder"), dry.get("generate_shard")) == (1, 1), dry
 
 
 @pytest.mark.parametrize("damage", ["truncated", "wrong types"])
@@ -211,3 +215,22 @@ def test_an_output_without_any_record_reruns_its_job(tmp_path, capsys):
     store.started(type("Job", (), {"output": []})())
     store._clear_cache()
     assert store._read_record(str(outs[0])) is None
+
+
+def test_cleanup_metadata_keeps_skipping_a_trigger(tmp_path):
+    """`--cleanup-metadata FILE` is Snakemake's advice for skipping a trigger ("won't change the result"): the record
+    is replaced by one that records nothing (no params, code or input list to compare), so FILE is kept rather than
+    re-made as an output without any record would be."""
+    work = tmp_path / "work"
+    out = work / "smoke" / "decoders" / "tiny.yaml"
+    out.parent.mkdir(parents=True)
+    out.write_text("threshold: 0.5\n")
+    roots = workdir_records.Roots({"<work>": str(work)})
+    roots.adopt_on_delete = True
+    store = workdir_records.persistence_class(FilePersistence, roots)(nolock=True, path=tmp_path / ".snakemake")
+    store._write_record(str(out), MetadataRecord(rule="render_decoder", params=["--set max_new_tokens=64"],
+                                                 code="render", record_format_version=6))
+    assert store._delete_record(str(out))
+    got = store._read_record(str(out))
+    assert got is not None and (got.params, got.code, got.input) == (None, None, None)
+    assert got.record_format_version >= 6  # not "outdated" either: Snakemake compares nothing, as without a record

@@ -137,7 +137,8 @@ if _unsafe:
 sys.path.insert(0, os.path.join(workflow.basedir, "workflow"))
 import workdir_records
 
-_ROOTS = workdir_records.install({"<work>": WORK, "<results>": str(results_dir(config))})
+_ROOTS = workdir_records.install({"<work>": WORK, "<results>": str(results_dir(config))},
+                                cleanup_metadata=bool(getattr(_CLI_ARGS, "cleanup_metadata", None)))
 if getattr(getattr(workflow.workflow_settings, "persistence_backend", None), "name", "FILE") != "FILE" \
         and workflow.is_main_process:
     print("note: --persistence-backend other than file: Snakemake's job records stay in its database only, so a "
