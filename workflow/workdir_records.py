@@ -36,6 +36,9 @@ job's ``postprocess`` call with its ``error`` flag for this.
 :func:`export_existing` copies, once per directory, the records Snakemake's store already holds for outputs
 under a root into that root (a work directory made before these records existed gets them on its next real run).
 
+When a run ends it removes its own lock files only (Snakemake removes the whole locks folder, another live run's
+locks included, so a third run could start on that run's outputs); ``--unlock`` still removes every lock.
+
 Relies on Snakemake's ``PersistenceBase`` interface (``_read_record`` / ``_write_record`` / ``_delete_record`` /
 ``_clear_cache``, snakemake/persistence/__init__.py, Snakemake 9) and on ``snakemake.workflow`` looking up
 ``FilePersistence`` by name when it builds the persistence (snakemake/workflow.py, ``match
@@ -177,6 +180,25 @@ def persistence_class(base: type, roots: Roots) -> type:
             shutil.copy2(backup, path)
             backup.unlink()
             return True
+
+        def _delete_locks(self) -> None:
+            # A run's end: its own lock files only. Snakemake's removes the whole locks folder
+            # (snakemake/persistence/file.py ``_delete_locks``: shutil.rmtree), the locks of another run still
+            # alive on other outputs of this checkout included; a third run could then start on that run's outputs
+            # (two generation jobs writing one shard). The folder goes once it is empty.
+            for lockfile in self._lockfile.values():
+                try:
+                    os.remove(lockfile)
+                except FileNotFoundError:
+                    pass
+            self._lockfile.clear()
+            try:
+                os.rmdir(self._lockdir)
+            except OSError:  # another run's locks are left, or the folder is gone
+                pass
+
+        def cleanup_locks(self) -> None:
+            super()._delete_locks()  # --unlock: every lock, as Snakemake's
 
         def _clear_cache(self) -> None:
             super()._clear_cache()

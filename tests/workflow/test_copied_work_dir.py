@@ -234,3 +234,24 @@ def test_cleanup_metadata_keeps_skipping_a_trigger(tmp_path):
     got = store._read_record(str(out))
     assert got is not None and (got.params, got.code, got.input) == (None, None, None)
     assert got.record_format_version >= 6  # not "outdated" either: Snakemake compares nothing, as without a record
+
+
+def test_a_run_that_ends_leaves_the_locks_of_another_live_run(tmp_path):
+    """Snakemake removes the whole locks folder when a run ends, the locks of another run still alive on other outputs
+    included (a third run could then start on that run's outputs: two generation jobs wrote one shard). A run's end
+    removes its own lock files; --unlock still removes every lock."""
+    work = tmp_path / "work"
+    first, second = (_store(tmp_path, work) for _ in range(2))
+    first._write_locks("output", [str(work / "smoke/generations/tiny/gsm8k/seed12345/shard0of1.jsonl")])
+    second._write_locks("output", [str(work / "smoke/generations/tiny-orl/gsm8k/seed12345/shard0of1.jsonl")])
+    locks = tmp_path / ".snakemake" / "locks"
+    assert sorted(p.name for p in locks.iterdir()) == ["0.output.lock", "1.output.lock"]
+    second._delete_locks()  # what unlock() does at a run's end (these stores are nolock: their unlock is a no-op)
+    assert [p.name for p in locks.iterdir()] == ["0.output.lock"]
+    assert [k for t, k in second._read_locks()] == [str(work / "smoke/generations/tiny/gsm8k/seed12345/shard0of1.jsonl")]
+    first._delete_locks()
+    assert not locks.exists()
+    third = _store(tmp_path, work)  # (a store makes the folder)
+    third._write_locks("output", ["x"])
+    _store(tmp_path, work).cleanup_locks()  # --unlock
+    assert not locks.exists()
