@@ -40,9 +40,10 @@ When a run ends it removes its own lock files only (Snakemake removes the whole 
 locks included, so a third run could start on that run's outputs); ``--unlock`` still removes every lock.
 
 Relies on Snakemake's ``PersistenceBase`` interface (``_read_record`` / ``_write_record`` / ``_delete_record`` /
-``_clear_cache``, snakemake/persistence/__init__.py, Snakemake 9) and on ``snakemake.workflow`` looking up
-``FilePersistence`` by name when it builds the persistence (snakemake/workflow.py, ``match
-persistence_backend``). With ``--persistence-backend db`` nothing is replaced (a note says so).
+``_clear_cache`` / ``started``, snakemake/persistence/__init__.py, Snakemake 9), on its ``FilePersistence``'s
+``_delete_locks`` / ``cleanup_locks`` / ``_lockfile`` / ``_lockdir`` (snakemake/persistence/file.py) and on
+``snakemake.workflow`` looking up ``FilePersistence`` by name when it builds the persistence (snakemake/workflow.py,
+``match persistence_backend``). With ``--persistence-backend db`` nothing is replaced (a note says so).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from base64 import urlsafe_b64decode
 from pathlib import Path
 
 RECORDS_DIR = ".snakemake-records"
-_REPORTED: set[str] = set()  # keys whose unreadable record was named (once per process)
+_REPORTED: set[str] = set()  # outputs whose unreadable record, and roots whose record-less outputs, were named
 
 
 def _swap(value, pairs):
@@ -245,7 +246,7 @@ def persistence_class(base: type, roots: Roots) -> type:
             # records folder (`cp -r work/* dest`: the glob skips hidden folders), the folder was deleted, or the
             # directory was copied before records were kept. Snakemake would read "no record" as "nothing
             # changed" and reuse the output whatever changed since; its job runs again instead.
-            token, root = roots.root_of(key)
+            _, root = roots.root_of(key)
             if root not in _REPORTED:
                 _REPORTED.add(root)
                 print(f"note: outputs under {root} have no job record in {root}/{RECORDS_DIR} (copied without that "
