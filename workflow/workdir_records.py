@@ -12,11 +12,19 @@ after the copy re-ran nothing (the old shards were reused, the table silently st
 output under one of the given roots (the work directory, the results directory) is also written inside that
 root, at ``<root>/.snakemake-records/<path relative to the root>.json``, with that root's absolute path written
 as a token (``<work>``, ``<results>``) wherever it occurs (input list, input checksums, log, shell command,
-params; the other root's paths stay absolute: a table made from another work directory is made again). A record is read from there first (the tokens replaced by the root's current path), then from
+params; the other root's paths stay absolute: a table made from another work directory is made again). A record
+is read from there first (the tokens replaced by the root's current path), then from
 Snakemake's own store. So the records travel with the directory: in a copy or at a new place Snakemake compares
 params, code and input lists exactly as it would have at the old place, and re-runs exactly the jobs a config
 change affects (what they feed follows by date, as always). Snakemake's own store is still written, so its
-commands (``--summary``, ``--list-changes``, ``--cleanup-metadata``) work as before.
+commands (``--summary``, ``--list-changes``, ``--cleanup-metadata``) work as before. A record file that exists
+but cannot be read (truncated, not JSON, a field of the wrong type: a disk filled up, a hand edit) is never taken
+for "no record" when Snakemake's store has none either (a copied directory): that would make Snakemake see no
+change and reuse the output whatever changed since; its job runs again instead (a note names the file). So does
+the job of an existing output with no record at all while the DAG is planned (a directory copied without its
+records folder, e.g. ``cp -r work/* dest``, or that folder deleted; one note per directory): ``--touch`` adopts
+such outputs as they are by recording the current settings. ``--cleanup-metadata FILE`` (Snakemake's advice for
+skipping a trigger) replaces FILE's record by one that records nothing, so FILE is kept as it is, as before.
 
 A failed job whose outputs are all ``update()``-flagged (the problems copies and decoder configs: Snakemake
 does not delete them before the job runs and puts the previous version back when it fails) keeps the records
@@ -28,10 +36,14 @@ job's ``postprocess`` call with its ``error`` flag for this.
 :func:`export_existing` copies, once per directory, the records Snakemake's store already holds for outputs
 under a root into that root (a work directory made before these records existed gets them on its next real run).
 
+When a run ends it removes its own lock files only (Snakemake removes the whole locks folder, another live run's
+locks included, so a third run could start on that run's outputs); ``--unlock`` still removes every lock.
+
 Relies on Snakemake's ``PersistenceBase`` interface (``_read_record`` / ``_write_record`` / ``_delete_record`` /
-``_clear_cache``, snakemake/persistence/__init__.py, Snakemake 9) and on ``snakemake.workflow`` looking up
-``FilePersistence`` by name when it builds the persistence (snakemake/workflow.py, ``match
-persistence_backend``). With ``--persistence-backend db`` nothing is replaced (a note says so).
+``_clear_cache`` / ``started``, snakemake/persistence/__init__.py, Snakemake 9), on its ``FilePersistence``'s
+``_delete_locks`` / ``cleanup_locks`` / ``_lockfile`` / ``_lockdir`` (snakemake/persistence/file.py) and on
+``snakemake.workflow`` looking up ``FilePersistence`` by name when it builds the persistence (snakemake/workflow.py,
+``match persistence_backend``). With ``--persistence-backend db`` nothing is replaced (a note says so).
 """
 
 from __future__ import annotations
@@ -39,11 +51,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from base64 import urlsafe_b64decode
 from pathlib import Path
 
 RECORDS_DIR = ".snakemake-records"
+_REPORTED: set[str] = set()  # outputs whose unreadable record, and roots whose record-less outputs, were named
 
 
 def _swap(value, pairs):
@@ -62,6 +76,8 @@ def _swap(value, pairs):
 
 class Roots:
     """The directories whose outputs' records live inside them: ``{token: absolute path}``."""
+
+    adopt_on_delete = False  # `--cleanup-metadata`: a deleted record of an existing output records nothing instead
 
     def __init__(self, roots: dict[str, str]):
         # longest first: a root inside another (results under the work directory) is matched before it
@@ -95,6 +111,24 @@ def _read_json(path: Path) -> dict | None:
     return rec if isinstance(rec, dict) and rec else None
 
 
+UNREADABLE = "unreadable record"  # the params and code of the stand-in record of a damaged record file
+NO_RECORD = "no job record"  # ... of an existing output that has no record at all
+
+
+def _stand_in_record(record_cls, what: str):
+    """A record whose params and code (``what``) differ from any job's, so Snakemake runs the job again (reason:
+    "Params have changed", quoting ``what``) instead of taking an output of unknown settings as up to date."""
+    from snakemake.persistence import RECORD_FORMAT_VERSION
+
+    return record_cls(rule=None, params=[what], code=what, input=None, record_format_version=RECORD_FORMAT_VERSION)
+
+
+def _unreadable_record(record_cls, path: Path):
+    """The stand-in for a record file that exists but cannot be read (truncated, not JSON, fields of the wrong
+    type): see :func:`_stand_in_record`."""
+    return _stand_in_record(record_cls, f"{UNREADABLE} {path} (torn or edited): the job runs again")
+
+
 def _write_json(path: Path, rec: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -112,7 +146,12 @@ def persistence_class(base: type, roots: Roots) -> type:
     class RootedPersistence(base):
         def __init__(self, *args, **kwargs):
             self._rooted_cache = {}  # key -> MetadataRecord or None, read from the roots
+            self._planning = True  # no job started yet: the records read are those the DAG is planned on
             super().__init__(*args, **kwargs)
+
+        def started(self, job, external_jobid=None) -> None:
+            self._planning = False  # from now on an output may exist before its record is written
+            super().started(job, external_jobid)
 
         async def finished(self, job) -> None:
             # A failed job whose outputs are all update()-flagged: Snakemake has put their previous versions back
@@ -143,19 +182,80 @@ def persistence_class(base: type, roots: Roots) -> type:
             backup.unlink()
             return True
 
+        def _delete_locks(self) -> None:
+            # A run's end: its own lock files only. Snakemake's removes the whole locks folder
+            # (snakemake/persistence/file.py ``_delete_locks``: shutil.rmtree), the locks of another run still
+            # alive on other outputs of this checkout included; a third run could then start on that run's outputs
+            # (two generation jobs writing one shard). The folder goes once it is empty.
+            for lockfile in self._lockfile.values():
+                try:
+                    os.remove(lockfile)
+                except FileNotFoundError:
+                    pass
+            self._lockfile.clear()
+            try:
+                os.rmdir(self._lockdir)
+            except OSError:  # another run's locks are left, or the folder is gone
+                pass
+
+        def cleanup_locks(self) -> None:
+            super()._delete_locks()  # --unlock: every lock, as Snakemake's
+
         def _clear_cache(self) -> None:
             super()._clear_cache()
             self._rooted_cache = {}
 
+        def _read_local(self, key: str, local: Path):
+            """The record kept in the root (tokens replaced), None when there is none, or the string
+            :data:`UNREADABLE` when the file exists but is torn, not JSON or not a valid record."""
+            if not local.exists():
+                return None
+            rec = _read_json(local)
+            try:
+                return MetadataRecord.model_validate(roots.from_tokens(key, rec)) if rec else UNREADABLE
+            except ValueError:  # pydantic's ValidationError: a field of the wrong type
+                return UNREADABLE
+
         def _read_record(self, key: str):
             local = roots.local(key)
-            if local is not None:
-                if key not in self._rooted_cache:
-                    rec = _read_json(local)
-                    self._rooted_cache[key] = MetadataRecord.model_validate(roots.from_tokens(key, rec)) if rec else None
-                if self._rooted_cache[key] is not None:
-                    return self._rooted_cache[key]
-            return super()._read_record(key)
+            if local is None:
+                return super()._read_record(key)
+            if key not in self._rooted_cache:
+                self._rooted_cache[key] = self._read_local(key, local)
+            rec, bad = self._rooted_cache[key], local
+            if rec is not None and rec is not UNREADABLE:
+                return rec
+            try:
+                stored = super()._read_record(key)
+            except ValueError:  # Snakemake's own record has fields of the wrong type (a torn one it skips itself)
+                stored, rec, bad = None, UNREADABLE, Path(self._record_path(self._metadata_path, key))
+            if stored is None and rec is None and self._planning and os.path.lexists(key):
+                return self._no_record(key)
+            if stored is not None or rec is None:
+                return stored
+            # the root's record is damaged and Snakemake's store has none (a copied or moved directory): the
+            # output's settings are unknown, so its job runs again rather than the output being reused
+            if key not in _REPORTED:
+                _REPORTED.add(key)
+                print(f"note: the job record {bad} cannot be read (torn or edited): the job that made {key} "
+                      "runs again", file=sys.stderr)
+            return _unreadable_record(MetadataRecord, bad)
+
+        def _no_record(self, key: str):
+            # An existing output under a root with no record anywhere: its directory was copied without its
+            # records folder (`cp -r work/* dest`: the glob skips hidden folders), the folder was deleted, or the
+            # directory was copied before records were kept. Snakemake would read "no record" as "nothing
+            # changed" and reuse the output whatever changed since; its job runs again instead.
+            _, root = roots.root_of(key)
+            if root not in _REPORTED:
+                _REPORTED.add(root)
+                print(f"note: outputs under {root} have no job record in {root}/{RECORDS_DIR} (copied without that "
+                      "hidden folder, e.g. `cp -r dir/* dest`, or it was deleted), so the settings they were made "
+                      "with are unknown: their jobs run again. To keep the records, copy the folder as a whole "
+                      "(`cp -a dir dest`, `rsync -a dir/ dest/`); to adopt outputs you know are current instead, "
+                      "run the same command once with --touch (docs/workflow.md 7.2a)", file=sys.stderr)
+            return _stand_in_record(MetadataRecord, f"{NO_RECORD} of this output in {root}/{RECORDS_DIR}: "
+                                                    "the job runs again")
 
         def _write_record(self, key: str, record) -> None:
             super()._write_record(key, record)
@@ -165,8 +265,18 @@ def persistence_class(base: type, roots: Roots) -> type:
                 self._rooted_cache.pop(key, None)
 
         def _delete_record(self, key: str) -> bool:
-            deleted = super()._delete_record(key)
             local = roots.local(key)
+            if roots.adopt_on_delete and local is not None and os.path.lexists(key):
+                # `--cleanup-metadata FILE` (Snakemake's advice for skipping a trigger): an output without any
+                # record would now run again (_no_record), so the record is replaced by one that records nothing
+                # -- no params, code or input list to compare, as Snakemake's "no record" -- and the output stays
+                super()._delete_record(key)
+                from snakemake.persistence import RECORD_FORMAT_VERSION
+
+                _write_json(local, {"rule": None, "record_format_version": RECORD_FORMAT_VERSION})
+                self._rooted_cache.pop(key, None)
+                return True
+            deleted = super()._delete_record(key)
             if local is not None and local.is_file():
                 local.unlink()
                 deleted = True
@@ -176,9 +286,11 @@ def persistence_class(base: type, roots: Roots) -> type:
     return RootedPersistence
 
 
-def install(roots: dict[str, str]) -> Roots:
+def install(roots: dict[str, str], cleanup_metadata: bool = False) -> Roots:
     """Make the Snakemake of this process keep the records of outputs under ``roots`` (``{token: path}``)
-    inside them (module docstring). Call before Snakemake builds its persistence (from the Snakefile)."""
+    inside them (module docstring). Call before Snakemake builds its persistence (from the Snakefile).
+    ``cleanup_metadata``: the command is ``--cleanup-metadata``, whose records of existing outputs are replaced by
+    records of nothing (Snakemake's way to skip a trigger keeps working: an output without a record would run)."""
     import snakemake.jobs as smj
     import snakemake.workflow as smw
 
@@ -190,6 +302,7 @@ def install(roots: dict[str, str]) -> Roots:
     else:
         smw.FilePersistence = persistence_class(smw.FilePersistence, r)
         smw.FilePersistence._repro_roots = r
+    r.adopt_on_delete = cleanup_metadata
     if not getattr(smj.Job.postprocess, "_repro_tags_failure", False):
         original = smj.Job.postprocess
 

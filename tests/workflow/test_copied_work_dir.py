@@ -4,8 +4,9 @@ Snakemake keeps its job records (params, code, input lists) by absolute output p
 the work directory travel with it. Unit tests of the record store on Snakemake's own FilePersistence, then one
 end-to-end run (the tiny model, one real GSM8K and one HumanEval problem): in a `cp -a` copy an unchanged config
 re-runs no job of the work directory, a decoder setting changed after the copy regenerates every cell's decoder
-config and shard, a data file edited after the copy re-prepares and regenerates that benchmark only, and a moved
-directory regenerates with the new setting."""
+config and shard, a data file edited after the copy re-prepares and regenerates that benchmark only, a moved
+directory regenerates with the new setting, and a copy made without the hidden records folder re-runs its jobs
+(their settings are unknown) unless --touch adopts its outputs. A record file that cannot be read re-runs its job."""
 
 import json
 import os
@@ -124,3 +125,133 @@ def test_config_and_data_changes_after_a_copy_or_move(tmp_path, data_dir):
     meta = json.loads((moved / "smoke/generations/tiny/humaneval/seed12345/shard0of1.jsonl.meta.json").read_text())
     assert meta["decoder"]["max_new_tokens"] == 6
     assert "Nothing to be done" in wf.run("-n")
+    # copied without the hidden records folder (`cp -r work/* dest`): the settings of its outputs are unknown, so
+    # every job runs again (before: nothing did, whatever had changed); --touch adopts them as they are, and a
+    # setting changed after that is seen
+    glob = tmp_path / "work-glob"
+    glob.mkdir()
+    for entry in moved.iterdir():
+        if not entry.name.startswith("."):
+            (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, glob / entry.name, symlinks=True)
+    wf.work = glob
+    wf.configure(dict(suite, max_new_tokens=6))
+    out = wf.run("-n")
+    dry = job_counts(out)
+    assert {k: dry.get(k) for k in work_jobs} == {"render_decoder": 2, "generate_shard": 2, "merge_shards": 2,
+                                                  "score": 2, "prepare_problems": 2,
+                                                  "prepare_generation_problems": 2}, dry
+    assert f"note: outputs under {glob} have no job record" in out
+    wf.run("--touch")
+    assert "Nothing to be done" in wf.run("-n")
+    wf.configure(dict(suite, max_new_tokens=5))
+    dry = job_counts(wf.run("-n"))
+    assert (dry.get("render_decoder"), dry.get("generate_shard"), dry.get("prepare_problems")) == (2, 2, None), dry
+    # Snakemake's advice for skipping a trigger still works: `--cleanup-metadata FILE` keeps FILE as it is
+    wf.run("--cleanup-metadata", str(glob / "smoke/decoders/tiny/gsm8k/seed12345.yaml"))
+    dry = job_counts(wf.run("-n"))
+    assert (dry.get("render_decoder"), dry.get("generate_shard")) == (1, 1), dry
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong types"])
+def test_a_damaged_record_reruns_its_job_in_a_copy(tmp_path, damage, capsys):
+    """A record file that cannot be read is not "no record" (Snakemake would then see no change and reuse the output
+    whatever changed since the copy): its job runs again, with a note naming the file; never a traceback. Where
+    Snakemake's own store still holds the record (the directory was not moved), that one is used."""
+    work = tmp_path / "work"
+    out = str(work / "smoke" / "decoders" / "tiny.yaml")
+    rec = MetadataRecord(rule="render_decoder", params=["--set max_new_tokens=64"], record_format_version=6)
+    _store(tmp_path / "run1", work)._write_record(out, rec)
+    local = work / workdir_records.RECORDS_DIR / "smoke" / "decoders" / "tiny.yaml.json"
+    if damage == "truncated":
+        local.write_text(local.read_text()[:40])
+    else:
+        local.write_text(json.dumps({"rule": "render_decoder", "params": 3, "record_format_version": "x"}))
+    # the same place: Snakemake's own record is used
+    assert _store(tmp_path / "run1", work)._read_record(out).params == rec.params
+    # a copy (no record in this Snakemake directory's store): a record that differs from any job's settings
+    copy = tmp_path / "copy"
+    shutil.copytree(work, copy)
+    store = _store(tmp_path / "run2", copy)
+    got = store._read_record(str(copy / "smoke" / "decoders" / "tiny.yaml"))
+    assert got.record_format_version >= 6 and got.params and workdir_records.UNREADABLE in got.params[0]
+    assert got.code and got.code != rec.code
+    assert f"the job record {copy / local.relative_to(work)} cannot be read" in capsys.readouterr().err
+    # a missing record file is still "no record" (a directory made before the records existed)
+    assert store._read_record(str(copy / "smoke" / "other.yaml")) is None
+
+
+def test_snakemakes_own_record_with_wrong_types_reruns_its_job(tmp_path, capsys):
+    """No record in the directory (made before they were kept) and Snakemake's own record of the output has a field of
+    the wrong type: its job runs again, a note naming the file, instead of pydantic's traceback."""
+    work = tmp_path / "work"
+    out = str(work / "smoke" / "problems" / "gsm8k.jsonl")
+    plain = FilePersistence(nolock=True, path=tmp_path / ".snakemake")
+    plain._write_record(out, MetadataRecord(rule="prepare_problems", params=["x"], record_format_version=6))
+    path = Path(plain._record_path(plain._metadata_path, out))
+    path.write_text(json.dumps({"rule": "prepare_problems", "params": "x", "record_format_version": 6}))
+    got = _store(tmp_path, work)._read_record(out)
+    assert workdir_records.UNREADABLE in got.params[0]
+    assert f"the job record {path} cannot be read" in capsys.readouterr().err
+
+
+def test_an_output_without_any_record_reruns_its_job(tmp_path, capsys):
+    """An output under a root that exists with no record anywhere (copied without the hidden records folder, or it
+    was deleted): Snakemake would read "no record" as "nothing changed"; while the DAG is planned a stand-in record
+    makes its job run again, one note per directory. Once a job has started, an output may exist before its record
+    is written: then "no record" is as Snakemake's."""
+    work = tmp_path / "work"
+    outs = [work / "smoke" / "decoders" / f"{m}.yaml" for m in ("tiny", "tiny-orl")]
+    for out in outs:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("threshold: 0.5\n")
+    workdir_records._REPORTED.discard(str(work))
+    store = _store(tmp_path, work)
+    got = [store._read_record(str(out)) for out in outs]
+    assert all(g.record_format_version >= 6 and workdir_records.NO_RECORD in g.params[0] and g.code for g in got)
+    err = capsys.readouterr().err
+    assert err.count("note: outputs under") == 1 and f"have no job record in {work}/.snakemake-records" in err, err
+    assert "--touch" in err
+    assert store._read_record(str(work / "smoke" / "absent.yaml")) is None  # no output: nothing to re-run
+    store.started(type("Job", (), {"output": []})())
+    store._clear_cache()
+    assert store._read_record(str(outs[0])) is None
+
+
+def test_cleanup_metadata_keeps_skipping_a_trigger(tmp_path):
+    """`--cleanup-metadata FILE` is Snakemake's advice for skipping a trigger ("won't change the result"): the record
+    is replaced by one that records nothing (no params, code or input list to compare), so FILE is kept rather than
+    re-made as an output without any record would be."""
+    work = tmp_path / "work"
+    out = work / "smoke" / "decoders" / "tiny.yaml"
+    out.parent.mkdir(parents=True)
+    out.write_text("threshold: 0.5\n")
+    roots = workdir_records.Roots({"<work>": str(work)})
+    roots.adopt_on_delete = True
+    store = workdir_records.persistence_class(FilePersistence, roots)(nolock=True, path=tmp_path / ".snakemake")
+    store._write_record(str(out), MetadataRecord(rule="render_decoder", params=["--set max_new_tokens=64"],
+                                                 code="render", record_format_version=6))
+    assert store._delete_record(str(out))
+    got = store._read_record(str(out))
+    assert got is not None and (got.params, got.code, got.input) == (None, None, None)
+    assert got.record_format_version >= 6  # not "outdated" either: Snakemake compares nothing, as without a record
+
+
+def test_a_run_that_ends_leaves_the_locks_of_another_live_run(tmp_path):
+    """Snakemake removes the whole locks folder when a run ends, the locks of another run still alive on other outputs
+    included (a third run could then start on that run's outputs: two generation jobs wrote one shard). A run's end
+    removes its own lock files; --unlock still removes every lock."""
+    work = tmp_path / "work"
+    first, second = (_store(tmp_path, work) for _ in range(2))
+    first._write_locks("output", [str(work / "smoke/generations/tiny/gsm8k/seed12345/shard0of1.jsonl")])
+    second._write_locks("output", [str(work / "smoke/generations/tiny-orl/gsm8k/seed12345/shard0of1.jsonl")])
+    locks = tmp_path / ".snakemake" / "locks"
+    assert sorted(p.name for p in locks.iterdir()) == ["0.output.lock", "1.output.lock"]
+    second._delete_locks()  # what unlock() does at a run's end (these stores are nolock: their unlock is a no-op)
+    assert [p.name for p in locks.iterdir()] == ["0.output.lock"]
+    assert [k for t, k in second._read_locks()] == [str(work / "smoke/generations/tiny/gsm8k/seed12345/shard0of1.jsonl")]
+    first._delete_locks()
+    assert not locks.exists()
+    third = _store(tmp_path, work)  # (a store makes the folder)
+    third._write_locks("output", ["x"])
+    _store(tmp_path, work).cleanup_locks()  # --unlock
+    assert not locks.exists()

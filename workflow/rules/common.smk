@@ -8,6 +8,7 @@ import fcntl
 import fnmatch
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -98,6 +99,37 @@ if _missing:
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
 
+# The jobs' shell commands carry these paths unquoted (`--out {output}`, `{PY} -m ...`): a space or a shell
+# special character splits or rewrites the command, so every job would fail mid-run ("unrecognized arguments")
+# after the DAG was planned. Checked at start-up instead, one line per path.
+_SHELL_SPECIAL = re.compile(r"[\s'\"\\$`!*?\[\]{}()<>|&;]")
+
+
+def shell_unsafe_paths(named):
+    """One error line per ``(what, path)`` of ``named`` whose path holds whitespace or a shell special character
+    (``'"\\$`!*?[]{}()<>|&;``), naming the characters and the fix; [] when all are safe."""
+    errors = []
+    for what, path in named:
+        found = sorted(set(_SHELL_SPECIAL.findall(str(path)))) if path else []
+        if found:
+            chars = ", ".join("a space" if c == " " else repr(c) for c in found)
+            errors.append(f"Config error: {what} {str(path)!r} holds {chars}: the jobs' shell commands carry it "
+                          "unquoted, so every job would fail; move or rename it to a path without whitespace or "
+                          "any of '\"\\$`!*?[]{}()<>|&; (a symlink does not help: the path is resolved)")
+    return errors
+
+
+_unsafe = shell_unsafe_paths(
+    [("the work directory (work_dir / ORL_EVAL_WORK)", WORK),
+     ("the results directory (results_dir)", results_dir(config)),
+     ("the data directory (data_dir / ORL_EVAL_DATA)", DATA),
+     ("the checkout", workflow.basedir), ("the Python running Snakemake", sys.executable)]
+    + [(f"models.{m}.source.path", config["models"][m]["source"].get("path"))
+       for m in config["suites"][SUITE]["models"] if config["models"][m]["source"]["type"] == "local"])
+if _unsafe:
+    print("\n".join(_unsafe), file=sys.stderr)
+    sys.exit(1)
+
 # Snakemake's job records (params, code, input lists: what makes it re-run a job whose settings changed) are
 # also kept inside the work and results directories, so a copied or moved directory keeps them and a config
 # change after the copy re-runs exactly what it affects (workflow/workdir_records.py; docs/workflow.md 7.2a).
@@ -105,7 +137,8 @@ RESULTS = os.path.join(str(results_dir(config)), SUITE)
 sys.path.insert(0, os.path.join(workflow.basedir, "workflow"))
 import workdir_records
 
-_ROOTS = workdir_records.install({"<work>": WORK, "<results>": str(results_dir(config))})
+_ROOTS = workdir_records.install({"<work>": WORK, "<results>": str(results_dir(config))},
+                                cleanup_metadata=bool(getattr(_CLI_ARGS, "cleanup_metadata", None)))
 if getattr(getattr(workflow.workflow_settings, "persistence_backend", None), "name", "FILE") != "FILE" \
         and workflow.is_main_process:
     print("note: --persistence-backend other than file: Snakemake's job records stay in its database only, so a "
@@ -113,20 +146,14 @@ if getattr(getattr(workflow.workflow_settings, "persistence_backend", None), "na
 
 
 def _export_records():
-    """Real runs: copy Snakemake's existing records into the directories once (a dry run counts them). A work
-    directory holding generations but no record at all (copied or moved before the records existed) is named,
-    with the one command that makes sure it is current."""
+    """Real runs: copy Snakemake's existing records into the directories once (a dry run counts them). (An output
+    that then has no record at all -- a directory copied without its records folder, or before records were kept --
+    has its job run again, with a note: workdir_records.RootedPersistence.)"""
     n = workdir_records.export_existing(_ROOTS, Path(".snakemake") / "metadata", write=not DRY_RUN)
     if n:
         print(f"note: {NO_RUN}: a real run copies " if DRY_RUN else "note: copied ", end="", file=sys.stderr)
         print(f"Snakemake's records of {n} outputs into {WORK}/{workdir_records.RECORDS_DIR} (and the results "
               "directory's): a copy or move of these directories keeps them", file=sys.stderr)
-    records = Path(WORK, workdir_records.RECORDS_DIR)
-    if not n and Path(WORK, SUITE, "generations").is_dir() and not any(records.rglob("*.json")):
-        print(f"note: {WORK} holds generations but no record of the jobs that made them (a copy or move of a work "
-              "directory made before such records were kept), so a config change since cannot be seen; run once with "
-              "--forcerun render_decoder prepare_problems prepare_generation_problems to make sure it is current "
-              "(docs/workflow.md 7.2a)", file=sys.stderr)
 
 
 # --- Relative paths on the command line ---------------------------------------------------------------------
