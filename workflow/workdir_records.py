@@ -13,8 +13,10 @@ output under one of the given roots (the work directory, the results directory) 
 root, at ``<root>/.snakemake-records/<path relative to the root>.json``, with that root's absolute path written
 as a token (``<work>``, ``<results>``) wherever it occurs (input list, input checksums, log, shell command,
 params; the other root's paths stay absolute: a table made from another work directory is made again). A record
-is read from there first (the tokens replaced by the root's current path), then from
-Snakemake's own store. So the records travel with the directory: in a copy or at a new place Snakemake compares
+is read from there (the tokens replaced by the root's current path) and from Snakemake's own store; when both
+hold one and they differ (another writer -- a checkout without these records, another worktree sharing the work
+directory -- updated the store only, or a kill fell between the two writes), the one whose ``endtime`` equals the
+output's current mtime is taken (Snakemake sets it from that mtime), else the later one. So the records travel with the directory: in a copy or at a new place Snakemake compares
 params, code and input lists exactly as it would have at the old place, and re-runs exactly the jobs a config
 change affects (what they feed follows by date, as always). Snakemake's own store is still written, so its
 commands (``--summary``, ``--list-changes``, ``--cleanup-metadata``) work as before. A record file that exists
@@ -129,6 +131,39 @@ def _unreadable_record(record_cls, path: Path):
     return _stand_in_record(record_cls, f"{UNREADABLE} {path} (torn or edited): the job runs again")
 
 
+def _output_mtime(key: str) -> float | None:
+    """The mtime (seconds since the epoch) Snakemake records as a job's ``endtime`` for output ``key``: the
+    file's own (a symlink's, not its target's), a directory's ``.snakemake_timestamp`` where it has one
+    (snakemake/io ``_IOFile.mtime``, ``Mtime.local_or_storage``); None when the output does not exist."""
+    try:
+        st = os.lstat(key)
+    except OSError:
+        return None
+    if os.path.isdir(key) and not os.path.islink(key):
+        try:
+            return os.stat(os.path.join(key, ".snakemake_timestamp")).st_mtime
+        except OSError:
+            pass
+    return st.st_mtime
+
+
+def _current(key: str, local, stored):
+    """Of two readable records of output ``key`` -- the one kept in its root (``local``) and Snakemake's own
+    (``stored``) -- the one written when the output as it is now was made. They differ when another writer
+    updated Snakemake's store only (a checkout without these records, another worktree sharing the work
+    directory) or a kill fell between the two writes (the store is written first). Snakemake sets a record's
+    ``endtime`` from the output's mtime (snakemake/persistence ``finished``), so the record whose ``endtime``
+    equals the output's current mtime is taken; when neither or both do, the later ``endtime`` (``local`` on a
+    tie or when neither has one)."""
+    def matches(rec) -> bool:
+        return mtime is not None and rec.endtime is not None and abs(rec.endtime - mtime) < 1e-3
+
+    mtime = _output_mtime(key)
+    if matches(local) != matches(stored):
+        return local if matches(local) else stored
+    return stored if (stored.endtime or float("-inf")) > (local.endtime or float("-inf")) else local
+
+
 def _write_json(path: Path, rec: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -223,12 +258,14 @@ def persistence_class(base: type, roots: Roots) -> type:
             if key not in self._rooted_cache:
                 self._rooted_cache[key] = self._read_local(key, local)
             rec, bad = self._rooted_cache[key], local
-            if rec is not None and rec is not UNREADABLE:
-                return rec
             try:
                 stored = super()._read_record(key)
             except ValueError:  # Snakemake's own record has fields of the wrong type (a torn one it skips itself)
-                stored, rec, bad = None, UNREADABLE, Path(self._record_path(self._metadata_path, key))
+                stored = None
+                if rec is None or rec is UNREADABLE:
+                    rec, bad = UNREADABLE, Path(self._record_path(self._metadata_path, key))
+            if rec is not None and rec is not UNREADABLE:
+                return rec if stored is None else _current(key, rec, stored)
             if stored is None and rec is None and self._planning and os.path.lexists(key):
                 return self._no_record(key)
             if stored is not None or rec is None:

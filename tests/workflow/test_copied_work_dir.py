@@ -58,6 +58,43 @@ def test_records_travel_with_the_directory(tmp_path):
     assert store._read_record(str(moved / "a" / "shard.jsonl")) is None
 
 
+def test_a_newer_record_in_snakemakes_store_wins(tmp_path):
+    """Two writers make the records diverge: a checkout without these records (plain FilePersistence) or another
+    worktree sharing the work directory writes Snakemake's store only, and a kill can fall between the store write
+    and the directory's. The record whose endtime is the output's mtime is the one read, else the later one: never
+    the stale directory record with the store's output (with config A again nothing would re-run and the table would
+    show B's cells labelled A)."""
+    work = tmp_path / "work"
+    out = work / "smoke" / "decoders" / "tiny.yaml"
+    out.parent.mkdir(parents=True)
+    out.write_text("threshold: 0.9\n")
+    os.utime(out, (1_000_000, 1_000_000))
+
+    def record(params):
+        return MetadataRecord(rule="render_decoder", params=params, record_format_version=6,
+                              endtime=os.stat(out).st_mtime)
+
+    _store(tmp_path, work)._write_record(str(out), record(["A"]))
+    out.write_text("threshold: 0.5\n")  # B made by a writer that updates Snakemake's store only
+    os.utime(out, (2_000_000, 2_000_000))
+    FilePersistence(nolock=True, path=tmp_path / ".snakemake")._write_record(str(out), record(["B"]))
+    assert json.loads((work / workdir_records.RECORDS_DIR / "smoke/decoders/tiny.yaml.json").read_text())["params"] \
+        == ["A"]
+    assert _store(tmp_path, work)._read_record(str(out)).params == ["B"]
+    # the directory's record is the current one (the store's is older): it is read
+    out.write_text("threshold: 0.7\n")
+    os.utime(out, (3_000_000, 3_000_000))
+    _store(tmp_path / "other", work)._write_record(str(out), record(["C"]))
+    assert _store(tmp_path, work)._read_record(str(out)).params == ["C"]
+    # neither matches the output's mtime (touched by hand): the later endtime
+    os.utime(out, (4_000_000, 4_000_000))
+    assert _store(tmp_path, work)._read_record(str(out)).params == ["C"]
+    # a copy: no record of its paths in the store, so the directory's record alone
+    copy = tmp_path / "copy"
+    shutil.copytree(work, copy)
+    assert _store(tmp_path, copy)._read_record(str(copy / "smoke/decoders/tiny.yaml")).params == ["C"]
+
+
 def test_a_table_record_keeps_the_work_directory_it_read(tmp_path):
     """Only a record's own root is written as a token: a table (results directory) made from one work directory
     has another input list for a second one, so Snakemake makes it again when the work directory changes."""
