@@ -25,7 +25,8 @@ for "no record" when Snakemake's store has none either (a copied directory): tha
 change and reuse the output whatever changed since; its job runs again instead (a note names the file). So does
 the job of an existing output with no record at all while the DAG is planned (a directory copied without its
 records folder, e.g. ``cp -r work/* dest``, or that folder deleted; one note per directory): ``--touch`` adopts
-such outputs as they are by recording the current settings. ``--cleanup-metadata FILE`` (Snakemake's advice for
+such outputs as they are by recording the current settings. Under ``--drop-metadata`` no record is written, so
+neither stand-in is used (the job would run on every run): such an output is reused, as by Snakemake alone. ``--cleanup-metadata FILE`` (Snakemake's advice for
 skipping a trigger) replaces FILE's record by one that records nothing, so FILE is kept as it is, as before.
 
 A failed job whose outputs are all ``update()``-flagged (the problems copies and decoder configs: Snakemake
@@ -266,10 +267,13 @@ def persistence_class(base: type, roots: Roots) -> type:
                     rec, bad = UNREADABLE, Path(self._record_path(self._metadata_path, key))
             if rec is not None and rec is not UNREADABLE:
                 return rec if stored is None else _current(key, rec, stored)
-            if stored is None and rec is None and self._planning and os.path.lexists(key):
-                return self._no_record(key)
             if stored is not None or rec is None:
+                if stored is None and self._planning and os.path.lexists(key) and self._keeps_records():
+                    return self._no_record(key)
                 return stored
+            if not self._keeps_records():
+                # --drop-metadata: no record is written, so a stand-in would re-run the job on every run
+                return None
             # the root's record is damaged and Snakemake's store has none (a copied or moved directory): the
             # output's settings are unknown, so its job runs again rather than the output being reused
             if key not in _REPORTED:
@@ -277,6 +281,14 @@ def persistence_class(base: type, roots: Roots) -> type:
                 print(f"note: the job record {bad} cannot be read (torn or edited): the job that made {key} "
                       "runs again", file=sys.stderr)
             return _unreadable_record(MetadataRecord, bad)
+
+        def _keeps_records(self) -> bool:
+            """False under ``--drop-metadata`` (Snakemake's ``execution_settings.keep_metadata``): no job record
+            is written, so an output's missing or damaged record stays so and is read as "no record", as by
+            Snakemake alone; a stand-in would make its job (GPU generation, a checkpoint fetch) run on every run.
+            The Snakefile says so once at start-up (workflow/rules/common.smk)."""
+            dag = getattr(self, "dag", None)
+            return dag is None or dag.workflow.execution_settings.keep_metadata
 
         def _no_record(self, key: str):
             # An existing output under a root with no record anywhere: its directory was copied without its

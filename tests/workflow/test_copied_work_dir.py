@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from snakemake.persistence import MetadataRecord
@@ -252,6 +253,34 @@ def test_an_output_without_any_record_reruns_its_job(tmp_path, capsys):
     store.started(type("Job", (), {"output": []})())
     store._clear_cache()
     assert store._read_record(str(outs[0])) is None
+
+
+def test_drop_metadata_reuses_an_output_without_a_record(tmp_path, data_dir):
+    """--drop-metadata writes no job record, so an output's missing (or damaged) record stays so: a stand-in
+    record would re-run its job on every run, for ever. Under it "no record" is Snakemake's (the output is reused),
+    and start-up says that config changes are then not seen."""
+    work = tmp_path / "work"
+    out = work / "smoke" / "decoders" / "tiny.yaml"
+    out.parent.mkdir(parents=True)
+    out.write_text("threshold: 0.5\n")
+    store = _store(tmp_path, work)
+    store.dag = SimpleNamespace(workflow=SimpleNamespace(execution_settings=SimpleNamespace(keep_metadata=False)))
+    assert store._read_record(str(out)) is None
+    local = work / workdir_records.RECORDS_DIR / "smoke" / "decoders" / "tiny.yaml.json"
+    local.parent.mkdir(parents=True)
+    local.write_text("{\"rule\": ")  # torn
+    store._clear_cache()
+    assert store._read_record(str(out)) is None
+    # the whole workflow: a second run re-runs nothing
+    (tmp_path / "wf").mkdir()
+    wf = Workflow(tmp_path / "wf", data_dir, {"models": ["tiny"], "benchmarks": ["gsm8k"], "limit": 1},
+                  target=str(tmp_path / "wf" / "work" / "smoke" / "problems" / "gsm8k.jsonl"))
+    first = wf.run("--drop-metadata")
+    assert "prepare_problems" in job_counts(first)
+    assert "note: --drop-metadata: no job records are written" in first
+    assert not list((wf.work / workdir_records.RECORDS_DIR).rglob("*.json"))
+    again = wf.run("--drop-metadata", "-n")
+    assert "Nothing to be done" in again and "have no job record" not in again, again[-2000:]
 
 
 def test_cleanup_metadata_keeps_skipping_a_trigger(tmp_path):

@@ -143,6 +143,12 @@ if getattr(getattr(workflow.workflow_settings, "persistence_backend", None), "na
         and workflow.is_main_process:
     print("note: --persistence-backend other than file: Snakemake's job records stay in its database only, so a "
           "copied or moved work directory does not see config changes made after the copy", file=sys.stderr)
+# --drop-metadata: no job record is written (Snakemake's keep_metadata), so an output without one is reused as it
+# is rather than re-made on every run (RootedPersistence._keeps_records); say what that costs, once.
+if getattr(_CLI_ARGS, "drop_metadata", False) and workflow.is_main_process:
+    print("note: --drop-metadata: no job records are written, so an output without one (made under "
+          "--drop-metadata, or in a work directory copied without its .snakemake-records folder) is reused as it "
+          "is: a config change made since is not seen (docs/workflow.md 7.2a)", file=sys.stderr)
 
 
 def _export_records():
