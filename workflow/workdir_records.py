@@ -11,7 +11,7 @@ after the copy re-ran nothing (the old shards were reused, the table silently st
 :func:`install` replaces Snakemake's file persistence with :class:`RootedPersistence`: every record of an
 output under one of the given roots (the work directory, the results directory) is also written inside that
 root, at ``<root>/.snakemake-records/<path relative to the root>.json``, with that root's absolute path written
-as a token (``<work>``, ``<results>``) wherever it occurs (input list, input checksums, log, shell command,
+as a token (``<work>``, ``<results>``) wherever a path starts with it (input list, input checksums, log, shell command,
 params; the other root's paths stay absolute: a table made from another work directory is made again). A record
 is read from there (the tokens replaced by the root's current path) and from Snakemake's own store; when both
 hold one and they differ (another writer -- a checkout without these records, another worktree sharing the work
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -63,12 +64,19 @@ RECORDS_DIR = ".snakemake-records"
 _REPORTED: set[str] = set()  # outputs whose unreadable record, and roots whose record-less outputs, were named
 
 
+# where a path can start in a record's string (its start, or after whitespace, '=', ':', a quote, '[' or ',': a
+# shell command, ``--opt=PATH``, a list's repr) and where it can end (the end, '/', or one of those delimiters)
+_PATH_START, _PATH_END = r"(?:^|(?<=[\s=:'\"\[,]))", r"(?=$|/|[\s'\",\]:;])"
+
+
 def _swap(value, pairs):
-    """``value`` (a str, list or dict, nested) with every path prefix ``old`` replaced by ``new`` for each
-    ``(old, new)`` of ``pairs`` (a whole string equal to ``old``, or ``old/`` anywhere in it)."""
+    """``value`` (a str, list or dict, nested) with path ``old`` replaced by ``new`` for each ``(old, new)`` of
+    ``pairs`` wherever a path starts with it (the whole path ``old``, or ``old/...``): ``/nfs/scratch/work`` and
+    ``/scratch/workshop`` are left as they are when ``old`` is ``/scratch/work``."""
     if isinstance(value, str):
         for old, new in pairs:
-            value = new if value == old else value.replace(old + "/", new + "/")
+            if old in value:
+                value = re.sub(_PATH_START + re.escape(old) + _PATH_END, lambda _: new, value)
         return value
     if isinstance(value, list):
         return [_swap(v, pairs) for v in value]

@@ -96,6 +96,23 @@ def test_a_newer_record_in_snakemakes_store_wins(tmp_path):
     assert _store(tmp_path, copy)._read_record(str(copy / "smoke/decoders/tiny.yaml")).params == ["C"]
 
 
+def test_only_paths_that_start_with_the_root_become_tokens(tmp_path):
+    """The root is replaced where a path starts with it, not inside another path (``/nfs<root>/...`` would read back
+    as another path at a new place: a spurious re-run in a copy) nor in a longer name (``<root>shop``)."""
+    work = tmp_path / "work"
+    out = str(work / "smoke" / "decoders" / "tiny.yaml")
+    params = [f"--local-path /nfs{work}/models/llada", f"--work={work}/x {work}shop/y", f"'{work}'", str(work)]
+    _store(tmp_path / "run1", work)._write_record(out, MetadataRecord(rule="r", params=params, record_format_version=6))
+    stored = json.loads((work / workdir_records.RECORDS_DIR / "smoke/decoders/tiny.yaml.json").read_text())
+    assert stored["params"] == [f"--local-path /nfs{work}/models/llada", f"--work=<work>/x {work}shop/y", "'<work>'",
+                                "<work>"]
+    moved = tmp_path / "moved"
+    work.rename(moved)
+    got = _store(tmp_path / "run2", moved)._read_record(str(moved / "smoke" / "decoders" / "tiny.yaml"))
+    assert got.params == [f"--local-path /nfs{work}/models/llada", f"--work={moved}/x {work}shop/y", f"'{moved}'",
+                          str(moved)]
+
+
 def test_a_table_record_keeps_the_work_directory_it_read(tmp_path):
     """Only a record's own root is written as a token: a table (results directory) made from one work directory
     has another input list for a second one, so Snakemake makes it again when the work directory changes."""
