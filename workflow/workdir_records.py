@@ -8,26 +8,27 @@ absolute paths under the work directory). A work directory copied (``cp -a``, ``
 has new absolute paths, hence no records: Snakemake then sees no params change at all, and a config change made
 after the copy re-ran nothing (the old shards were reused, the table silently stale).
 
-:func:`install` replaces Snakemake's file persistence with :class:`RootedPersistence`: every record of an
-output under one of the given roots (the work directory, the results directory) is also written inside that
-root, at ``<root>/.snakemake-records/<path relative to the root>.json``, with that root's absolute path written
-as a token (``<work>``, ``<results>``) wherever a path starts with it (input list, input checksums, log, shell command,
-params; the other root's paths stay absolute: a table made from another work directory is made again). A record
-is read from there (the tokens replaced by the root's current path) and from Snakemake's own store; when both
-hold one and they differ (another writer -- a checkout without these records, another worktree sharing the work
-directory -- updated the store only, or a kill fell between the two writes), the one whose ``endtime`` equals the
-output's current mtime is taken (Snakemake sets it from that mtime), else the later one. So the records travel with the directory: in a copy or at a new place Snakemake compares
-params, code and input lists exactly as it would have at the old place, and re-runs exactly the jobs a config
-change affects (what they feed follows by date, as always). Snakemake's own store is still written, so its
-commands (``--summary``, ``--list-changes``, ``--cleanup-metadata``) work as before. A record file that exists
-but cannot be read (truncated, not JSON, a field of the wrong type: a disk filled up, a hand edit) is never taken
-for "no record" when Snakemake's store has none either (a copied directory): that would make Snakemake see no
-change and reuse the output whatever changed since; its job runs again instead (a note names the file). So does
-the job of an existing output with no record at all while the DAG is planned (a directory copied without its
-records folder, e.g. ``cp -r work/* dest``, or that folder deleted; one note per directory): ``--touch`` adopts
-such outputs as they are by recording the current settings. Under ``--drop-metadata`` no record is written, so
-neither stand-in is used (the job would run on every run): such an output is reused, as by Snakemake alone. ``--cleanup-metadata FILE`` (Snakemake's advice for
-skipping a trigger) replaces FILE's record by one that records nothing, so FILE is kept as it is, as before.
+:func:`install` replaces Snakemake's file persistence with :class:`RootedPersistence`: every record of an output
+under one of the given roots (the work directory, the results directory) is also written inside that root, at
+``<root>/.snakemake-records/<path relative to the root>.json``, with that root's absolute path written as a token
+(``<work>``, ``<results>``) wherever a path starts with it (input list, input checksums, log, shell command, params;
+the other root's paths stay absolute: a table made from another work directory is made again). A record is read from
+there (the tokens replaced by the root's current path) and from Snakemake's own store; when both hold one and they
+differ (another writer -- a checkout without these records, another worktree sharing the work directory -- updated
+the store only, or a kill fell between the two writes), the one whose ``endtime`` equals the output's current mtime
+is taken (Snakemake sets it from that mtime), else the later one. So the records travel with the directory: in a
+copy or at a new place Snakemake compares params, code and input lists exactly as it would have at the old place,
+and re-runs exactly the jobs a config change affects (what they feed follows by date, as always). Snakemake's own
+store is still written, so its commands (``--summary``, ``--list-changes``, ``--cleanup-metadata``) work as before.
+A record file that exists but cannot be read (truncated, not JSON, a field of the wrong type: a disk filled up, a
+hand edit) is never taken for "no record" when Snakemake's store has none either (a copied directory): that would
+make Snakemake see no change and reuse the output whatever changed since; its job runs again instead (a note names
+the file). So does the job of an existing output with no record at all while the DAG is planned (a directory copied
+without its records folder, e.g. ``cp -r work/* dest``, or that folder deleted; one note per directory): ``--touch``
+adopts such outputs as they are by recording the current settings. Under ``--drop-metadata`` no record is written,
+so neither stand-in is used (the job would run on every run): such an output is reused, as by Snakemake alone.
+``--cleanup-metadata FILE`` (Snakemake's advice for skipping a trigger) replaces FILE's record by one that records
+nothing, so FILE is kept as it is, as before.
 
 A failed job whose outputs are all ``update()``-flagged (the problems copies and decoder configs: Snakemake
 does not delete them before the job runs and puts the previous version back when it fails) keeps the records
