@@ -66,7 +66,9 @@ def remove_generated_under(work: str | Path, stamp: dict, model: str, dry_run: b
         except (OSError, ValueError):
             continue
         records = meta_file.with_name(meta_file.name[: -len(".meta.json")])
-        suite = records.relative_to(work).parts[0]
+        # told by the layout inside the work directory, not the absolute path (a WORK under /x/speed/ has shards)
+        suite, kind = records.relative_to(work).parts[:2]
+        speed = kind == "speed"
         bench, seed = meta.get("benchmark"), meta.get("seed")
         merged = work / P.GENERATIONS.format(suite=suite, model=model, bench=bench, seed=seed)
         if records == merged:
@@ -76,11 +78,11 @@ def remove_generated_under(work: str | Path, stamp: dict, model: str, dry_run: b
         doomed = [records, meta_file]
         if re.fullmatch(r"shard\d+of\d+", records.parent.name):  # grouped: the job's index is the output
             doomed.append(records.parent.with_suffix(".json"))
-        if "/speed/" not in str(records):
+        if not speed:
             doomed += [merged, merged.with_name(merged.name + ".meta.json")]
         for f in doomed if not dry_run else ():
             f.unlink(missing_ok=True)
-        what = "speed-probe records" if "/speed/" in str(records) else f"shards (seed {seed})"
+        what = "speed-probe records" if speed else f"shards (seed {seed})"
         removed.setdefault((suite, bench), set()).add(what)
     if not dry_run:
         for partial in list(work.glob(f"*/generations/{model}/**/*.partial.*")) + \

@@ -115,3 +115,21 @@ def test_a_failed_check_removes_what_was_made_under_its_stamp(tmp_path):
     assert not bad_g.exists() and not bad_g.parent.with_suffix(".json").exists()  # the grouped job's index
     assert not legacy_new.exists() and not partial.exists()
     assert ok.exists() and ok_merged.exists() and other.exists()
+
+
+def test_a_work_directory_under_a_speed_folder_removes_merged_files_too(tmp_path):
+    """Speed probes are told by the layout inside the work directory, not by its absolute path: under
+    ``/x/speed/work`` a shard is still a shard, whose merged file goes with it."""
+    work = tmp_path / "speed" / "work"
+    failed = {"verified_at": "2026-01-02T00:00:00+00:00", "stat_fingerprint": "f2", "manifest_sha256": "m"}
+    bad, bad_merged = _shard(work, "orl", "gsm8k", failed)
+    probe = work / "smoke" / "speed" / "orl" / "gsm8k.jsonl"
+    probe.parent.mkdir(parents=True)
+    probe.write_text("{}\n")
+    Path(str(probe) + ".meta.json").write_text(json.dumps({"model": "orl", "benchmark": "gsm8k",
+                                                           "checkpoint_stamp": stamp_identity(failed)}))
+    lines = remove_generated_under(work, failed, "orl")
+    assert [ln.split(" generated")[0] for ln in lines] == [
+        "removed the shards (seed 1), speed-probe records of orl/gsm8k (suite smoke)"]
+    assert not bad.exists() and not bad_merged.exists() and not Path(str(bad_merged) + ".meta.json").exists()
+    assert not probe.exists()
