@@ -249,11 +249,22 @@ class Job:
         stamp the job started on (repro.checkpoint.verify.require_verified), else GenerationError naming the
         files and the fix, and no shard is written: records generated while a file changed may have read other
         bytes. (A byte changed with its mtime put back passes here; the next run's start-up check sees it and
-        removes the shards made under this stamp: repro.checkpoint.suspect.)"""
+        removes the shards made under this stamp: repro.checkpoint.suspect.) A stamp rewritten meanwhile by
+        another run's start-up check (it verified the folder again by content, e.g. after a hard link moved the
+        inode change times) is accepted when it names the same manifest_sha256 and every file has the size and
+        mtime the job started on; it becomes the job's stamp, so the shard records the later verification (the
+        one a later failed check names)."""
         try:
             now = check_verified(self.model_dir, Path(self.a.verified))
             if now.get("stat_fingerprint") != self.stamp.get("stat_fingerprint"):
-                raise GenerationError(f"{self.a.verified} was rewritten while this job ran")
+                def size_mtime(stamp: dict) -> dict | None:
+                    table = stamp.get("stat")
+                    return {k: list(v)[:2] for k, v in table.items()} if isinstance(table, dict) else None
+
+                if now.get("manifest_sha256") != self.stamp.get("manifest_sha256") \
+                        or size_mtime(now) is None or size_mtime(now) != size_mtime(self.stamp):
+                    raise GenerationError(f"{self.a.verified} was rewritten while this job ran")
+                self.stamp = now  # the same files, verified again by content
         except GenerationError as e:
             raise GenerationError(
                 f"the checkpoint {self.model_dir} changed while this job generated {out.name}, so the shard is not "
@@ -447,6 +458,7 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
         c1 = job.capture_s()
         capture = c1 - c0 if c0 is not None and c1 is not None else None  # what this benchmark captured
         mine.update(done_now, graph_capture_s=capture, finished=True)
+    job.recheck_checkpoint(plan.out)  # before the meta: it names the stamp the check accepted
     meta = {
         "model": a.model, "benchmark": task.benchmark, "seed": a.seed, "shard": a.shard,
         "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,
@@ -472,7 +484,6 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
         "job": job.facts(graph_capture_s=capture, ended_at=time.time()) if done_now else
         job.facts(graph_capture_s=None, model_load_s=None, benchmarks_sharing_load=0, ended_at=time.time()),
     }
-    job.recheck_checkpoint(plan.out)
     recs = complete_shard(plan.out, plan.partial, plan.todo, meta)
     plan.sessions_file.unlink(missing_ok=True)
     plan.gen_sessions_file.unlink(missing_ok=True)

@@ -133,3 +133,26 @@ def test_a_work_directory_under_a_speed_folder_removes_merged_files_too(tmp_path
         "removed the shards (seed 1), speed-probe records of orl/gsm8k (suite smoke)"]
     assert not bad.exists() and not bad_merged.exists() and not Path(str(bad_merged) + ".meta.json").exists()
     assert not probe.exists()
+
+
+def test_a_stamp_refreshed_for_the_same_files_is_accepted(ckpt, monkeypatch):
+    """Another run's start-up check verifies the folder again by content when an inode change time moved (a hard
+    link, a chmod) and rewrites the stamp (a new fingerprint): the job goes on, its shard naming the new stamp.
+    A stamp rewritten for files of another size or mtime still stops the shard."""
+    import argparse
+    import os
+
+    monkeypatch.delenv("ORL_EVAL_GPU_CLAIM", raising=False)
+    d, stamp = ckpt
+    job = gen.Job(argparse.Namespace(model_dir=str(d), verified=str(stamp), device="cpu", precision="fp32",
+                                     decoder=[]))
+    started = job.stamp
+    os.chmod(d / "model.safetensors", 0o600)  # the inode change time moves; size and mtime do not
+    refreshed = write_stamp(verify(d), stamp)
+    assert refreshed["stat_fingerprint"] != started["stat_fingerprint"]
+    job.recheck_checkpoint(Path("shard0of1.jsonl"))
+    assert job.stamp["stat_fingerprint"] == refreshed["stat_fingerprint"]
+    os.utime(d / "model.safetensors", ns=(10**18, 10**18))  # touched: re-stamped for another mtime
+    write_stamp(verify(d), stamp)
+    with pytest.raises(gen.GenerationError, match="was rewritten while this job ran"):
+        job.recheck_checkpoint(Path("shard0of1.jsonl"))
