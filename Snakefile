@@ -18,6 +18,7 @@ from repro.config import yaml_syntax_error
 # directory): Snakemake's state (.snakemake: recorded params, locks) and the default work/ and results/ live
 # there. `--directory DIR` still picks another working directory (Snakemake then ignores `workdir:`).
 # Relative paths in ORL_EVAL_DATA / ORL_EVAL_WORK are taken relative to where the command was typed.
+INVOKED_IN = os.getcwd()  # where the command was typed (before `workdir:`): relative targets are taken from here
 for _var in ("ORL_EVAL_DATA", "ORL_EVAL_WORK"):
     if os.environ.get(_var):
         os.environ[_var] = os.path.abspath(os.environ[_var])

@@ -214,10 +214,11 @@ def test_caption_names_each_models_precision_as_the_cards_do():
 
     assert precision_label("bf16") == "bf16" and precision_label(None) == "precision not recorded"
     assert precision_label("bf16", "nvfp4") == "bf16 (NVFP4 weights dequantized at load)"
-    assert precision_label("nvfp4-w4a16", "nvfp4") == "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
+    assert precision_label("nvfp4-w4a16", "nvfp4", kernels="triton", device="cuda (NVIDIA H200)") == \
+        "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
     assert precision_label("bf16", "nvfp4", "sglang") == "bf16 (NVFP4 weights dequantized to BF16 before loading)"
     long = measured()
-    four_bit = precision_label("nvfp4-w4a16", "nvfp4")
+    four_bit = precision_label("nvfp4-w4a16", "nvfp4", kernels="triton")
     long["precision"] = ["bf16", "bf16", four_bit, four_bit]  # rows: model a_b x 2 benchmarks, then orl
     text = caption(long, **CAP)
     assert ("Precision: bf16 for LLaDA_2.1 & co; nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels) for "
@@ -234,12 +235,38 @@ def test_precision_label_follows_the_checkpoint_the_job_read():
     declaration is missing still is."""
     from repro.tables.aggregate import cell_precision
 
+    gpu = {"kernels": "triton", "device": "cuda (NVIDIA H200)"}
     plain = {"shards": [{"precision": "fp32", "backend": "engine", "checkpoint_quantization": None}]}
-    nvfp4 = {"shards": [{"precision": "nvfp4-w4a16", "backend": "engine", "checkpoint_quantization": "nvfp4"}]}
+    nvfp4 = {"shards": [{"precision": "nvfp4-w4a16", "backend": "engine", "checkpoint_quantization": "nvfp4",
+                         "backend_info": gpu}]}
     old = {"shards": [{"precision": "bf16", "backend": "engine"}]}  # a meta from before the field existed
     assert cell_precision(plain, "nvfp4") == "fp32"
     assert cell_precision(nvfp4, None) == "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
     assert cell_precision(old, "nvfp4") == "bf16 (NVFP4 weights dequantized at load)"
+
+
+def test_w4a16_label_says_what_ran_on_that_device():
+    """nvfp4-w4a16 on the CPU runs the torch MoE, which dequantizes each expert it uses at every forward: the
+    label says so (not "in the kernels", which only the GPU's Triton MoE does); a mixed cell names both; a
+    shard recording neither kernels nor device claims only the 4 bits."""
+    from repro.tables.aggregate import cell_precision
+    from repro.tables.render import precision_label
+
+    def shard(**info):
+        return {"precision": "nvfp4-w4a16", "backend": "engine", "checkpoint_quantization": "nvfp4",
+                **({"backend_info": info} if info else {})}
+
+    cpu = shard(kernels="torch", device="cpu (x86_64, 1 threads)")
+    cpu_label = "nvfp4-w4a16 (NVFP4 weights kept in 4 bits, each expert dequantized per forward in torch on the CPU)"
+    assert cell_precision({"shards": [cpu]}, "nvfp4") == cpu_label
+    assert cell_precision({"shards": [dict(shard(), device="cpu")]}, "nvfp4") == cpu_label  # older meta: device only
+    gpu_torch = shard(kernels="torch", device="cuda (NVIDIA H200)")
+    assert cell_precision({"shards": [gpu_torch]}, "nvfp4").endswith("in torch on the GPU)")
+    both = cell_precision({"shards": [cpu, shard(kernels="triton", device="cuda (NVIDIA H200)")]}, "nvfp4")
+    assert both == "nvfp4-w4a16 (NVFP4 weights kept in 4 bits, each expert dequantized per forward in torch on the " \
+        "CPU) / nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
+    assert cell_precision({"shards": [shard()]}, "nvfp4") == "nvfp4-w4a16 (NVFP4 weights kept in 4 bits)"
+    assert "in the kernels" not in precision_label("nvfp4-w4a16", "nvfp4", device="cpu")
 
 
 def test_row_label_of_a_quantized_checkpoint_names_how_it_ran():

@@ -50,7 +50,11 @@ job facts of its job (its ``model_load_s`` was paid even when it was killed). ``
 (only when given, so the key of a job without it is as before).
 
 Refuses to start when the checkpoint's verification stamp is missing or does not match the
-checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU. Dies with the
+checkpoint's manifest, and when ``--device cuda`` is asked on a machine without a usable GPU; refuses to
+write a shard when a checkpoint file's size or mtime changed while the job ran (the error names the files and
+the fix). Every meta records ``checkpoint_stamp``, the stamp the records were generated under
+(``verified_at``, ``stat_fingerprint``): a later failed check of the checkpoint removes those shards
+(``repro.checkpoint.suspect``). Dies with the
 Snakemake that started it (``repro.backends.lifeline``), so a killed Snakemake leaves no orphans. A local
 GPU job pins itself to one free device (``repro.backends.gpu_slot``) unless ``CUDA_VISIBLE_DEVICES`` is
 already names one device (as Slurm does), and logs ``gpu-job start|end ...`` lines with the device and the
@@ -74,6 +78,7 @@ from pathlib import Path
 import yaml
 
 from repro.backends import get_backend
+from repro.checkpoint.suspect import stamp_identity
 from repro.io import append_jsonl, atomic_write_text, read_jsonl_tolerant
 from repro.provenance import code_revision, file_key, sha256_path, stage_code_version
 
@@ -238,6 +243,35 @@ class Job:
                 "benchmarks_sharing_load": self.sharing,
                 "gpu": self.gpu, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "started_at": self.started_at, **kw}
+
+    def recheck_checkpoint(self, out: Path) -> None:
+        """Before ``out`` (a shard) is written: the checkpoint's files still have the sizes and mtimes of the
+        stamp the job started on (repro.checkpoint.verify.require_verified), else GenerationError naming the
+        files and the fix, and no shard is written: records generated while a file changed may have read other
+        bytes. (A byte changed with its mtime put back passes here; the next run's start-up check sees it and
+        removes the shards made under this stamp: repro.checkpoint.suspect.) A stamp rewritten meanwhile by
+        another run's start-up check (it verified the folder again by content, e.g. after a hard link moved the
+        inode change times) is accepted when it names the same manifest_sha256 and every file has the size and
+        mtime the job started on; it becomes the job's stamp, so the shard records the later verification (the
+        one a later failed check names)."""
+        try:
+            now = check_verified(self.model_dir, Path(self.a.verified))
+            if now.get("stat_fingerprint") != self.stamp.get("stat_fingerprint"):
+                def size_mtime(stamp: dict) -> dict | None:
+                    table = stamp.get("stat")
+                    return {k: list(v)[:2] for k, v in table.items()} if isinstance(table, dict) else None
+
+                if now.get("manifest_sha256") != self.stamp.get("manifest_sha256") \
+                        or size_mtime(now) is None or size_mtime(now) != size_mtime(self.stamp):
+                    raise GenerationError(f"{self.a.verified} was rewritten while this job ran")
+                self.stamp = now  # the same files, verified again by content
+        except GenerationError as e:
+            raise GenerationError(
+                f"the checkpoint {self.model_dir} changed while this job generated {out.name}, so the shard is not "
+                f"written ({e}). Fix: run the workflow again: its start-up check verifies the folder again by "
+                "content; the same bytes (a touched file) give a fresh stamp and this shard resumes from its partial "
+                "file; damaged bytes stop the run naming the files and the fix, and the shards and partial files "
+                "generated since the last verification are removed") from None
 
     def close(self) -> None:
         if self._backend is not None:
@@ -424,6 +458,7 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
         c1 = job.capture_s()
         capture = c1 - c0 if c0 is not None and c1 is not None else None  # what this benchmark captured
         mine.update(done_now, graph_capture_s=capture, finished=True)
+    job.recheck_checkpoint(plan.out)  # before the meta: it names the stamp the check accepted
     meta = {
         "model": a.model, "benchmark": task.benchmark, "seed": a.seed, "shard": a.shard,
         "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,
@@ -432,6 +467,9 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
         "checkpoint_quantization": checkpoint_quantization(job.model_dir),
         "generated_last_session": done_now,  # problems, tokens, seconds of the session that finished the shard
         "checkpoint_manifest_sha256": job.stamp.get("manifest_sha256"),
+        # the verification stamp the records were generated under: a later failed check of the checkpoint
+        # removes the shards made under it (repro.checkpoint.suspect)
+        "checkpoint_stamp": stamp_identity(job.stamp),
         "decoder_sha256": plan.inputs["decoder_sha256"], "decoder": decoder,
         "problems_sha256": plan.inputs["problems_sha256"], "code_revision": code_revision(),
         "code_version": plan.code_version,  # sha256 of the generation code (repro.provenance.stage_code_version)

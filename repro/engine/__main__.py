@@ -14,13 +14,15 @@ prints the summary JSON as the last line.
 Decoder flags (override the role's default decoder from paper_decoding.json): ``--algorithm``,
 ``--threshold``, ``--edit-threshold``, ``--no-editing``, ``--max-post-steps``, ``--max-new-tokens``,
 ``--temperature``, ``--no-self-conditioning``, ``--residual-temperature``, ``--exclude-mask-token``,
-``--block-size``, ``--seed``.
+``--block-size``, ``--seed``. ``--threads N`` (all three commands): torch threads per operation on the CPU (default
+``$OMP_NUM_THREADS`` if set, else 1; repro/engine/README.md says why).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -30,6 +32,11 @@ def _decoder_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--precision", default=None, choices=["fp32", "bf16", "nvfp4-w4a16", "nvfp4"],
                     help="default: bf16 on cuda, fp32 on cpu")
     ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU: torch threads per operation (default: $OMP_NUM_THREADS if set, else 1, as in the "
+                         "pipeline's generation jobs). More threads pay only on large matrices; the tiny model's "
+                         "are small, so each operation then waits for the other threads (measured on a busy "
+                         "2-core machine: --batch-size 8 took 1.9 s at 1 thread, 7.6 s at 2)")
     ap.add_argument("--decoder", help="a decoder YAML rendered by repro.paper.render_config (flags below override it)")
     ap.add_argument("--algorithm", choices=["low_confidence", "joint_threshold", "orl"])
     ap.add_argument("--threshold", type=float)
@@ -67,12 +74,28 @@ def _decoder_overrides(a) -> dict:
     return d
 
 
+def _device(a) -> str:
+    import torch
+
+    return a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def _precision(a) -> str:
     if a.precision:
         return a.precision
+    return "bf16" if _device(a).startswith("cuda") else "fp32"
+
+
+def _cpu_threads(a) -> None:
+    """On the CPU, torch's intra-op threads: ``--threads``, else ``$OMP_NUM_THREADS`` (torch reads it itself),
+    else 1 (the ``--threads`` help says why). A CUDA run keeps torch's default."""
     import torch
-    dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return "bf16" if dev.startswith("cuda") else "fp32"
+
+    if _device(a).startswith("cpu"):
+        if a.threads is not None:
+            torch.set_num_threads(a.threads)
+        elif not os.environ.get("OMP_NUM_THREADS"):
+            torch.set_num_threads(1)
 
 
 def main(argv=None) -> int:
@@ -91,22 +114,31 @@ def main(argv=None) -> int:
     s.add_argument("--out", required=True, help="output directory")
     s.add_argument("--limit", type=int, default=None, help="first N problems of each file")
     s.add_argument("--batch-size", type=int, default=1,
-                   help="requests decoded together (continuous batching; greedy ids equal those of 1)")
+                   help="requests decoded together (continuous batching; greedy ids equal those of 1; on "
+                        "the CPU it beats 1 at --threads 1, the default, not at more threads: see --threads)")
     v = sub.add_parser("serve", help="HTTP server: /generate (streamed per block) and an OpenAI-compatible API")
     v.add_argument("--model", required=True, help="checkpoint directory or hub id (owner/name)")
     v.add_argument("--role", default="orl", choices=["orl", "base"])
     v.add_argument("--precision", default=None, choices=["fp32", "bf16"], help="default: bf16 on cuda, fp32 on cpu")
     v.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available)")
+    v.add_argument("--threads", type=int, default=None,
+                   help="CPU: torch threads per operation (default: $OMP_NUM_THREADS if set, else 1; see "
+                        "bench suite --help)")
     from repro.engine.serve import add_serve_args
 
     add_serve_args(v)
     a = ap.parse_args(argv)
     if a.cmd == "bench" and a.limit is not None and a.limit < 1:  # as the config's `limit` (>= 1 or absent)
         ap.error(f"--limit {a.limit}: give N >= 1 (the first N problems of each file), or leave it out for all")
+    if a.cmd == "bench" and a.batch_size < 1:
+        ap.error(f"--batch-size {a.batch_size}: give N >= 1 (requests decoded together; 1 = one at a time)")
+    if getattr(a, "threads", None) is not None and a.threads < 1:
+        ap.error(f"--threads {a.threads}: give N >= 1 (torch threads per operation on the CPU), or leave it out")
 
     from repro.engine.llm import LLM
 
     try:
+        _cpu_threads(a)
         if a.cmd == "serve":
             from repro.engine.serve import serve_main
 

@@ -21,7 +21,8 @@ a JSON object ``{name: configs}`` of candidate tile sets (``configs`` as :class:
 e.g. ``{"moe": {"gate_up": {...}, "down": {...}}, "dense": {...}, "linear": {"qkv": ..., "o": ..., "lm_head":
 ...}}``; ``{}`` = the defaults; with ``--precision nvfp4-w4a16`` the ``moe`` tiles are the 4-bit kernels'): every
 set is timed at every S over the same weights (of ``--precision``), with its breakdown and its
-own slot-0 check (slot 0 at every S bit-identical to the set's first S), and a table compares the sets.
+own slot-0 check (slot 0 at every S bit-identical to the set's first S), and tables compare the sets (rounds;
+per S, the kernel families side by side: :func:`family_table`).
 
 Prints one line per measurement on stderr, a table, and as the last stdout line one JSON document (also written to
 ``--json``).
@@ -247,7 +248,20 @@ def sweep(sets: dict, slots, prefix=1024, iters=30, layers=None, seed=0, log=pri
         lines.append(f"| {name} | " + " | ".join(f"{r['ms']:.3f}" for r in d["rounds"]) + " | "
                      + str(all(r["invariant"] for r in d["rounds"])) + " |")
     out["table"] = "\n".join(lines)
+    out["family_tables"] = {S: family_table(out, S) for S in slots}
     return out
+
+
+def family_table(doc, S) -> str:
+    """Markdown table of a sweep document at slot count ``S``: one row per kernel family (ms, from each set's
+    breakdown), one column per tile set (sets that failed are left out), the round (graph replay) last."""
+    sets = [(n, r) for n, d in doc["sets"].items() if "error" not in d for r in d["rounds"]
+            if r["slots"] == S and "breakdown_ms" in r]
+    lines = [f"| S={S} | " + " | ".join(n for n, _ in sets) + " |", "|---|" + "---|" * len(sets)]
+    for f in FAMILIES:
+        lines.append(f"| {f} | " + " | ".join(f"{r['breakdown_ms'].get(f, 0.0):.3f}" for _, r in sets) + " |")
+    lines.append("| round (replay) | " + " | ".join(f"{r['ms']:.3f}" for _, r in sets) + " |")
+    return "\n".join(lines)
 
 
 def _single_ids(shape, seed):
@@ -279,25 +293,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--breakdown", action="store_true", help="per S, device time by kernel family (torch.profiler)")
     ap.add_argument("--sweep", default=None, help="JSON file {name: configs} of candidate tile sets to compare")
-    ap.add_argument("--json", default=None, help="also write the JSON document to this file")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "CUDA not available"}))
-        return 2
-    from repro.engine.bench import int_list
+    from repro.engine.bench_cli import gpu_args, log, read_json_object
 
-    slots = int_list(ap, "--slots", args.slots)
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    args, slots = gpu_args(ap, argv, "--slots")
     if args.sweep:
-        try:
-            with open(args.sweep) as fh:
-                sets = json.load(fh)
-        except (OSError, ValueError) as exc:
-            ap.error(f"--sweep {args.sweep}: {exc} (want a JSON object {{name: configs}})")
-        if not isinstance(sets, dict):
-            ap.error(f"--sweep {args.sweep}: want a JSON object {{name: configs}}, got {type(sets).__name__}")
+        sets = read_json_object(ap, "--sweep", args.sweep, "{name: configs}")
         doc = sweep(sets, slots, args.prefix, args.iters, args.layers, args.seed, log, json_path=args.json,
                     precision=args.precision)
+        for S in slots:
+            print(doc["family_tables"][S], file=sys.stderr)
         print(doc["table"], file=sys.stderr)
     else:
         doc = bench_slots(slots, args.prefix, args.iters, args.layers, args.precision, args.seed, log,

@@ -256,30 +256,15 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--before", default=None, help="another version's route.py for the 'before' sets")
     ap.add_argument("--sets", default=None, help="JSON file {name: variant} (module doc); default DEFAULT_SETS")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "CUDA not available"}))
-        return 2
-    from repro.engine.bench import int_list
+    from repro.engine.bench_cli import emit_json, gpu_args, log, read_json_object
 
-    rows = int_list(ap, "--rows", args.rows, "32,256,1024")
-    if any(R % 32 for R in rows):
-        ap.error(f"--rows {args.rows!r}: every R must be a multiple of 32 (whole request blocks)")
-    sets = DEFAULT_SETS
-    if args.sets:
-        try:
-            with open(args.sets) as fh:
-                sets = json.load(fh)
-        except (OSError, ValueError) as exc:
-            ap.error(f"--sets {args.sets}: {exc}")
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    args, rows = gpu_args(ap, argv, "--rows", "32,256,1024", check=lambda rows: (
+        "every R must be a multiple of 32 (whole request blocks)" if any(R % 32 for R in rows) else None))
+    sets = read_json_object(ap, "--sets", args.sets, "{name: variant}") if args.sets else DEFAULT_SETS
     before = load_before(args.before) if args.before else None
     doc = bench(sets, rows, args.layers, args.iters, before, log, json_path=args.json)
     doc["table"] = table(doc)
     print(doc["table"], file=sys.stderr)
-    from repro.engine.bench import emit_json
-
     return emit_json(doc, args.json)
 
 

@@ -24,7 +24,6 @@ document (also written to ``--json``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -159,18 +158,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix", type=int, default=1024, help="prefix length of every slot (tokens)")
     ap.add_argument("--layers", type=int, default=20, help="separate KV caches (calls per graph)")
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--json", default=None, help="also write the JSON document to this file")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "CUDA not available"}))
-        return 2
-    from repro.engine.bench import int_list
+    from repro.engine.bench_cli import emit_json, gpu_args, log
 
-    slots = int_list(ap, "--slots", args.slots)
-    doc = bench(slots, args.prefix, args.layers, args.iters, log=lambda m: print(m, file=sys.stderr, flush=True))
+    args, slots = gpu_args(ap, argv, "--slots")
+    doc = bench(slots, args.prefix, args.layers, args.iters, log=log)
     print(_table(doc), file=sys.stderr)
-    from repro.engine.bench import emit_json
-
     return emit_json(doc, args.json)
 
 

@@ -117,7 +117,7 @@ class LLM:
     ``"base"``. ``precision``: ``"fp32"`` | ``"bf16"`` | ``"nvfp4-w4a16"`` (router always fp32; None = bf16 on
     CUDA, fp32 on the CPU; :data:`repro.engine.model.PRECISIONS`): on an NVFP4 checkpoint ``fp32``/``bf16``
     dequantize the experts once at load, ``nvfp4-w4a16`` keeps them packed (4 bits) and dequantizes them
-    inside the MoE kernels to the same values; ``"nvfp4"`` (native FP4, Blackwell) raises ValueError saying
+    to the same values (on a GPU inside the MoE kernels, on the CPU per forward in torch); ``"nvfp4"`` (native FP4, Blackwell) raises ValueError saying
     so. ``device``: ``"cpu"`` |
     ``"cuda"`` | ``"cuda:N"`` (default: cuda when available). ``backend``: ``"engine"`` (cached) or
     ``"reference"`` (the naive oracle, for tests). ``graphs``: ``"auto"`` (every forward a CUDA-graph replay of

@@ -39,14 +39,14 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "float32": torch.float3
 
 #: Precision modes (names of the LLaDA2.1-mini-ORL-NVFP4 model card): ``fp32`` / ``bf16`` (an NVFP4 checkpoint
 #: is dequantized once at load), ``nvfp4-w4a16`` (weights-only 4-bit: routed experts stay packed in NVFP4 and
-#: the MoE kernels dequantize them in registers to the same values; activations bf16 on a GPU, fp32 on the
-#: CPU), ``nvfp4`` (native FP4 tensor-core GEMMs: refused, see :data:`NVFP4_NATIVE`).
+#: on a GPU the MoE kernels dequantize them in registers to the same values; on the CPU each expert is
+#: dequantized per forward in torch; activations bf16 on a GPU, fp32 on the CPU), ``nvfp4`` (native FP4 tensor-core GEMMs: refused, see :data:`NVFP4_NATIVE`).
 PRECISIONS = ("fp32", "bf16", "nvfp4-w4a16", "nvfp4")
 
 #: Why ``precision="nvfp4"`` is refused, rather than silently run in another mode whose numbers differ.
 NVFP4_NATIVE = ("precision 'nvfp4' means FP4 weights and FP4 activations on FP4 tensor cores (NVIDIA Blackwell, "
                 "compute capability 10.x), which this engine does not implement; use 'nvfp4-w4a16' (the "
-                "checkpoint's 4-bit experts kept packed and dequantized inside the MoE kernels: the exact values "
+                "checkpoint's 4-bit experts kept packed and dequantized inside the MoE kernels on a GPU: the exact values "
                 "of the dequantized checkpoint, fp32 accumulation, ~3x fewer bytes per round) or 'bf16' (the "
                 "experts dequantized once at load)")
 

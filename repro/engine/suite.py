@@ -7,6 +7,7 @@ checkpoint's chat template); ids from :mod:`repro.data`.
 
 Outputs in ``--out``: ``records.jsonl`` — one generation record per problem (docs/interfaces.md
 "Generation record" fields plus ``decoder``, ``block_forwards``, ``token_ids``) — and ``summary.json``:
+``threads`` (torch's threads per operation: on the CPU the CLI's ``--threads``, default 1) and
 per benchmark and overall ``n``, ``generated_tokens``, ``forwards`` (summed by kind), ``wall_s``,
 ``tokens_per_s = Σ generated / Σ wall_s`` and ``tpf = Σ generated / Σ (denoise + commit)`` (aggregate TPF,
 same convention as repro.tables). Not here: scoring (``repro.scoring``).
@@ -27,6 +28,8 @@ import json
 import platform
 from pathlib import Path
 
+import torch
+
 from repro.engine.llm import LLM
 from repro.provenance import code_revision
 
@@ -34,10 +37,14 @@ from repro.provenance import code_revision
 def _problems(path: Path, limit: int | None):
     """Yield ``(id, benchmark, source)`` for the first ``limit`` records of ``path``."""
     from repro import benchmarks, data
+    from repro.io import read_jsonl
 
     stem = path.name.split(".")[0]
-    with path.open() as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    try:
+        rows = read_jsonl(path)
+    except ValueError as exc:  # names the file and line of a record that is not a JSON object
+        raise ValueError(f"{exc}; give benchmark JSONL files (one JSON object per line, e.g. gsm8k.jsonl) "
+                         "or normalized problem records") from None
     if limit is not None:
         rows = rows[:limit]
     for i, r in enumerate(rows):
@@ -56,7 +63,8 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
 
     ``decoder``: engine decoder keys overriding the role's default decoder; ``batch_size``: requests decoded
     together (module docstring). Raises FileNotFoundError for a missing problem file, ValueError for a
-    batch size < 1, and the loaders' errors for a bad checkpoint.
+    batch size < 1 or a problem file that is not JSONL of one benchmark (naming the file and line), and the
+    loaders' errors for a bad checkpoint.
     """
     from repro.engine.batch import BatchStats
     from repro.prompts import build_prompt
@@ -67,12 +75,13 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"problem files not found: {missing}")
+    # the problems first: a bad file is reported before a model load (seconds to minutes)
+    items = [(pid, bench, build_prompt(bench, src)) for f in files for pid, bench, src in _problems(f, limit)]
     llm = LLM(model, role=role, precision=precision, device=device)
     dec = {**llm.default_decoder().to_dict(), **decoder, "seed": seed}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     per: dict[str, dict] = {}
-    items = [(pid, bench, build_prompt(bench, src)) for f in files for pid, bench, src in _problems(f, limit)]
     stats = BatchStats()
     if batch_size > 1:
         outs = llm.generate_batch([p.messages for _, _, p in items], decoder=dec, batch_size=batch_size,
@@ -101,8 +110,8 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
         s["tpf"] = s["generated_tokens"] / d if d else None
         s["tokens_per_s"] = s["generated_tokens"] / s["wall_s"] if s["wall_s"] > 0 else None
     summary = {"model": str(model), "role": role, "precision": precision, "device": str(llm.model.device),
-               "host": platform.node(), "decoder": dec, "engine_path": llm.engine_path,
-               "code_revision": code_revision(),
+               "threads": torch.get_num_threads(), "host": platform.node(), "decoder": dec,
+               "engine_path": llm.engine_path, "code_revision": code_revision(),
                "tpf_convention": "generated tokens up to first EOS (excluded) / (denoise + commit forwards)",
                "benchmarks": {k: v for k, v in per.items() if k != "all"}, "overall": per.get("all"),
                "batch": _batch_summary(batch_size, stats, per.get("all"))}

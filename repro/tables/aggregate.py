@@ -66,15 +66,18 @@ def decoder_temperature(gen_meta: dict) -> float | None:
 
 def cell_precision(gen_meta: dict, quantization: str | None) -> str | None:
     """The precision a generation file was made at, as the model cards name it
-    (:func:`repro.tables.render.precision_label` of the shards' ``precision`` and ``backend``, and the
-    quantization of the checkpoint each shard read: its recorded ``checkpoint_quantization``, else the model's
-    declared ``quantization``); None for a replayed cell (no precision recorded)."""
+    (:func:`repro.tables.render.precision_label` of the shards' ``precision`` and ``backend``, the MoE
+    ``kernels`` and ``device`` their jobs recorded in ``backend_info``, and the quantization of the checkpoint
+    each shard read: its recorded ``checkpoint_quantization``, else the model's declared ``quantization``);
+    None for a replayed cell (no precision recorded)."""
     from repro.tables.render import precision_label
 
     shards = gen_meta.get("shards", [gen_meta])
     # the checkpoint each shard read, as its job recorded it (config.yaml's declaration for older metas)
     labels = sorted({precision_label(sh["precision"], sh.get("checkpoint_quantization", quantization),
-                                     sh.get("backend")) for sh in shards if sh.get("precision")})
+                                     sh.get("backend"), (sh.get("backend_info") or {}).get("kernels"),
+                                     (sh.get("backend_info") or {}).get("device", sh.get("device")))
+                     for sh in shards if sh.get("precision")})
     return " / ".join(labels) or None
 
 

@@ -20,8 +20,10 @@ size>`` and a "subsets, not full-benchmark results" note when a benchmark was cu
 ``limit``. The CSV carries the same facts as columns (``<bench>_n``, ``decoding``).
 
 Precision: the caption names each model's precision as the model cards name it (:func:`precision_label`: ``bf16``,
-``nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)``, ``bf16 (NVFP4 weights dequantized at load)``, and
-for SGLang ``bf16 (NVFP4 weights dequantized to BF16 before loading)``), one phrase when every model ran
+``nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)`` on a GPU's Triton kernels, ``nvfp4-w4a16 (NVFP4
+weights kept in 4 bits, each expert dequantized per forward in torch on the CPU)``, ``bf16 (NVFP4 weights
+dequantized at load)``, and for SGLang ``bf16 (NVFP4 weights dequantized to BF16 before loading)``), one phrase
+when every model ran
 alike; the CSV has it as the ``precision`` column. A model whose checkpoint is quantized also says in its row
 label how its jobs ran it (:func:`run_note`, e.g. ``+ ORL (NVFP4 checkpoint, 4-bit experts)``), from the
 generation metas, not from config.yaml (repro.tables.aggregate.labels_as_run).
@@ -89,32 +91,55 @@ def decoding(temperatures, latex: bool = False) -> str:
     return math("T = " + ", ".join(f"{t:g}" for t in ts)) + " (by benchmark)"
 
 
-def _nvfp4_run(precision: str, backend: str | None) -> tuple[str, str]:
-    """(caption phrase, row-label note) for an NVFP4 checkpoint run at ``precision`` by ``backend``."""
+def _w4a16_phrase(kernels: str | None, device: str | None) -> str:
+    """How the engine ran ``nvfp4-w4a16``, from the job's recorded MoE ``kernels`` (``"triton"`` | ``"torch"``,
+    ``repro.engine.llm.LLM.kernels``) and ``device`` (``"cuda (H200)"``, ``"cpu (x86_64, 1 threads)"``, ``"cpu"``):
+    the Triton MoE kernels dequantize the 4-bit tiles in registers; the torch MoE (the CPU's, or ``kernels:
+    torch`` on a GPU) dequantizes each expert it uses at every forward (``repro.checkpoint.nvfp4.NVFP4Experts``).
+    Neither recorded: only that the weights stayed in 4 bits."""
+    on = "GPU" if str(device or "").startswith("cuda") else "CPU" if str(device or "").startswith("cpu") else None
+    if kernels is None and on == "CPU":  # the Triton kernels need CUDA: a CPU job ran the torch MoE
+        kernels = "torch"
+    if kernels == "triton":
+        return "NVFP4 weights, dequantized in the kernels"
+    if kernels == "torch":
+        return "NVFP4 weights kept in 4 bits, each expert dequantized per forward in torch" + (f" on the {on}"
+                                                                                             if on else "")
+    return "NVFP4 weights kept in 4 bits"
+
+
+def _nvfp4_run(precision: str, backend: str | None, kernels: str | None = None,
+               device: str | None = None) -> tuple[str, str]:
+    """(caption phrase, row-label note) for an NVFP4 checkpoint run at ``precision`` by ``backend`` with the MoE
+    ``kernels`` on ``device`` (:func:`_w4a16_phrase`)."""
     if backend == "sglang":
         return (f"{precision} (NVFP4 weights dequantized to BF16 before loading)",
                 f"dequantized to {precision} before loading")
     if precision == "nvfp4-w4a16":
-        return "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)", "4-bit experts"
+        return f"nvfp4-w4a16 ({_w4a16_phrase(kernels, device)})", "4-bit experts"
     if precision == "nvfp4":
         return "nvfp4 (native FP4)", "native FP4"
     return f"{precision} (NVFP4 weights dequantized at load)", f"experts dequantized to {precision} at load"
 
 
-def precision_label(precision: str | None, quantization: str | None = None, backend: str | None = "engine") -> str:
+def precision_label(precision: str | None, quantization: str | None = None, backend: str | None = "engine",
+                    kernels: str | None = None, device: str | None = None) -> str:
     """A model's precision as the model cards name it, from the run's ``precision`` (``repro.engine.model.PRECISIONS``),
-    the checkpoint's ``quantization`` (config.yaml; ``"nvfp4"`` or None) and the backend that ran it:
+    the checkpoint's ``quantization`` (config.yaml; ``"nvfp4"`` or None), the backend that ran it and, for the
+    engine, the MoE ``kernels`` and ``device`` its job recorded (what ran there):
 
     * unquantized checkpoint: the precision itself (``bf16``, ``fp32``);
     * NVFP4 checkpoint, engine: ``nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)`` (experts kept in 4
-      bits), ``<precision> (NVFP4 weights dequantized at load)`` (bf16 / fp32), ``nvfp4 (native FP4)``;
+      bits, the Triton MoE kernels on a GPU) or ``nvfp4-w4a16 (NVFP4 weights kept in 4 bits, each expert
+      dequantized per forward in torch on the CPU)`` (the torch MoE; ``on the GPU`` with ``kernels: torch``),
+      ``<precision> (NVFP4 weights dequantized at load)`` (bf16 / fp32), ``nvfp4 (native FP4)``;
     * NVFP4 checkpoint, SGLang: ``bf16 (NVFP4 weights dequantized to BF16 before loading)`` (the workflow's
       dequantized copy, ``repro.checkpoint.dequantize``).
 
     ``"precision not recorded"`` when ``precision`` is None."""
     if not precision:
         return "precision not recorded"
-    return _nvfp4_run(precision, backend)[0] if quantization == "nvfp4" else precision
+    return _nvfp4_run(precision, backend, kernels, device)[0] if quantization == "nvfp4" else precision
 
 
 def run_note(precision: str | None, quantization: str | None = None, backend: str | None = "engine") -> str | None:

@@ -144,6 +144,45 @@ def test_bench_suite_batch_size_8_records_equal_batch_1(tiny_dir, tmp_path):
     assert [(r["id"], r["token_ids"], r["forwards"]) for r in recs[8]] == \
         [(r["id"], r["token_ids"], r["forwards"]) for r in recs[1]]
     assert summary["batch"]["rounds"] > 0 and summary["batch"]["throughput_tokens_per_s"] > 0
+    assert summary["threads"] == torch.get_num_threads()
+
+
+def test_bench_suite_cpu_threads(tiny_dir, tmp_path, monkeypatch, capsys):
+    """On the CPU `bench suite` (and `serve`) runs torch with 1 thread per operation unless `--threads` or
+    $OMP_NUM_THREADS says otherwise (more threads slowed the tiny model's batched rounds several-fold). The
+    suite itself is replaced (summary.json's `threads` is checked above)."""
+    import repro.engine.suite as S
+    from repro.engine.__main__ import main
+
+    monkeypatch.setattr(S, "run_suite", lambda *a, **kw: {"threads": torch.get_num_threads()})
+
+    def threads(*extra):
+        assert main(["bench", "suite", "--model", str(tiny_dir), "--problems", "x.jsonl", "--out", str(tmp_path),
+                     "--device", "cpu", *extra]) == 0
+        return json.loads(capsys.readouterr().out.splitlines()[-1])["threads"]
+
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        torch.set_num_threads(2)
+        assert threads() == 1
+        assert threads("--threads", "2") == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own setting is kept
+        torch.set_num_threads(2)
+        assert threads() == 2
+        with pytest.raises(SystemExit):
+            threads("--threads", "0")
+        assert "--threads 0: give N >= 1" in capsys.readouterr().err
+        import repro.engine.serve as SV  # `serve` takes the same default
+
+        seen = []
+        monkeypatch.setattr(SV, "serve_main", lambda a, precision: seen.append(torch.get_num_threads()) or 0)
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        torch.set_num_threads(2)
+        assert main(["serve", "--model", str(tiny_dir), "--device", "cpu"]) == 0
+        assert main(["serve", "--model", str(tiny_dir), "--device", "cpu", "--threads", "2"]) == 0
+        assert seen == [1, 2]
+    finally:
+        torch.set_num_threads(1)
 
 
 def test_row_grouped_moe_impl_sees_one_shape_and_pads_without_new_experts(tiny_model):

@@ -122,3 +122,20 @@ def test_empty_prompt_list_and_limit_0_are_refused_naming_the_fix(tiny_dir, llm)
     r = _run("bench", "suite", "--model", str(tiny_dir), "--problems", str(DATA / "gsm8k.jsonl"), "--out", "x",
              "--limit", "0")
     assert r.returncode == 2 and "--limit 0: give N >= 1" in r.stderr, r.stderr
+
+
+def test_bench_suite_names_a_bad_problem_file_and_batch_size(tmp_path, monkeypatch, capsys):
+    """A problem file that is not JSONL is named with its line (before any model load: the checkpoint here
+    does not exist); --batch-size 0 is an argument error naming the flag."""
+    from repro.engine.__main__ import main
+
+    bad = tmp_path / "notes.md"
+    bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n# a heading\n')
+    args = ["bench", "suite", "--model", str(tmp_path / "no-checkpoint"), "--out", str(tmp_path / "o"), "--device",
+            "cpu", "--threads", "1"]
+    assert main(args + ["--problems", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2: not valid JSON" in err and "benchmark JSONL files" in err and "checkpoint" not in err, err
+    with pytest.raises(SystemExit):
+        main(args + ["--problems", str(DATA / "gsm8k.jsonl"), "--batch-size", "0"])
+    assert "--batch-size 0: give N >= 1" in capsys.readouterr().err

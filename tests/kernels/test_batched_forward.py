@@ -46,6 +46,15 @@ def _h200_tiles_small():
     return {**SMALL_TILES, "moe": moe, "dense": dense, "linear": linear}
 
 
+def _tma_tiles_small():
+    """:func:`_h200_tiles_small` with the ``TMA`` key on every GEMM (weight tiles by tensor descriptor; for
+    rows_linear the x tiles too, whose 64 / 128-row blocks run past the round's rows)."""
+    t = _h200_tiles_small()
+    tma = dict(gate_up=1, down=1, qkv=2, o=2, lm_head=2)
+    return {**t, **{fam: {k: (dict(v, TMA=tma[k]) if k in tma else v)
+                          for k, v in t[fam].items()} for fam in ("moe", "dense", "linear")}}
+
+
 TILE_SETS = {"small": SMALL_TILES, "h200_rows": _h200_tiles_small()}
 
 
@@ -58,7 +67,9 @@ def mma_model(monkeypatch):
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         dt = d.data.dtype
-        prod = a.data.astype(dt)[:, :, None] * b.data.astype(dt)[None, :, :]  # [M, K, N]
+        # [M, K, N] in C order whatever the operands' strides (a transposed operand, e.g. a TMA tile used as .T,
+        # would otherwise give numpy another layout and so another summation order)
+        prod = np.ascontiguousarray(a.data.astype(dt)[:, :, None] * b.data.astype(dt)[None, :, :])
         return I.TensorHandle(np.add.reduce(prod, axis=1) + d.data, d.dtype.scalar)
 
     monkeypatch.setattr(I.InterpreterBuilder, "create_dot", create_dot)
@@ -137,6 +148,51 @@ def test_slots_bit_identical_to_alone(dev, mma_model, tiles):
             ref = F.reference_forward(W, TINY, kv0[:, :, s], P, fw.ids[s])
             assert rel_err(fw.logits[s], ref) < 1e-5
             assert torch.equal(fw.pred[s], ref.argmax(-1))
+
+
+def test_tma_weight_tiles_change_nothing(dev, mma_model):
+    """The ``TMA`` tile key (weights of the expert GEMMs and of rows_linear loaded by tensor descriptor) gives the
+    same outputs and K/V bit for bit as the same tiles with pointer loads (S = 2, slot prefixes 13 / 30)."""
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test runs the tile file's settings")
+    W = F.random_weights(TINY, dev, torch.float32, seed=4, std=0.1)
+    runs = []
+    for cfg in (TILE_SETS["h200_rows"], _tma_tiles_small()):
+        fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=2, T=T, device=dev, configs=cfg)
+        g = torch.Generator().manual_seed(7)
+        fw.kv.normal_(generator=g)
+        fw.ids.copy_(torch.randint(0, TINY.vocab, (2, T), generator=g))
+        fw.cache_len.copy_(torch.tensor([13, 30], dtype=torch.int32))
+        fw.forward()
+        runs.append(fw)
+    assert runs[1].lin_cfg["lm_head"].get("TMA") and runs[1].moe_cfg["down"].get("TMA")
+    for name in OUTS:
+        assert torch.equal(getattr(runs[0], name), getattr(runs[1], name)), name
+    assert torch.equal(runs[0].kv, runs[1].kv)
+    misaligned = torch.zeros(16 * 32 + 1)[1:].view(16, 32)  # contiguous, 4 bytes past a 16-byte boundary
+    with pytest.raises(ValueError, match="TMA needs"):
+        rows_linear(torch.zeros(4, 32), misaligned, torch.zeros(4, 16),
+                    dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2, TMA=1))
+
+
+def test_launch_keys_by_slots(dev):
+    """``"by_slots"`` in a GEMM's tiles: its pipeline stages follow S (from the listed slot counts on), nothing else
+    may (a tile shape there is refused, naming the key)."""
+    from repro.engine.kernels.fastpath_batch import for_slots
+
+    cfg = dict(BLOCK_M=64, num_stages=4, by_slots={"32": {"num_stages": 3}, "8": {"num_stages": 5}})
+    assert [for_slots(cfg, S)["num_stages"] for S in (1, 7, 8, 31, 32, 64)] == [4, 4, 5, 5, 3, 3]
+    assert "by_slots" not in for_slots(cfg, 32) and for_slots(cfg, 32)["BLOCK_M"] == 64
+    with pytest.raises(ValueError, match="BLOCK_N"):
+        for_slots(dict(cfg, by_slots={"8": {"BLOCK_N": 128}}), 8)
+    with pytest.raises(ValueError, match="by_slots"):
+        for_slots(dict(cfg, by_slots=[3]), 8)
+    W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
+    tiles = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], "gate_up": dict(SMALL_TILES["moe"]["gate_up"], by_slots={
+        "2": {"num_stages": 3}})}}
+    for S, want in ((1, 2), (2, 3)):
+        fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=S, T=T, device=dev, configs=tiles)
+        assert fw.moe_cfg["gate_up"]["num_stages"] == want and "by_slots" not in fw.moe_cfg["gate_up"]
 
 
 def test_whole_attention_bit_identical_to_split_alone(dev, mma_model):
@@ -301,6 +357,15 @@ def test_batched_tile_file(monkeypatch):
     assert batched_tiles(W4, shape, 32, None)["moe"] == {"gate_up": mine64, "down": W4_TILES_DEFAULT["down"]}
     assert batched_tiles(W, shape, 32, None)["moe"] == {"gate_up": mine, "down": mine}
     assert batched_tiles(W4, shape, 32, {"moe": {"gate_up": mine}})["moe"] == {"gate_up": mine}
+    # a Triton without tensor descriptors: the file's tiles without their TMA key
+    fake["qkv"] = dict(mine, TMA=2)
+    assert batched_tiles(W, shape, 32, None)["linear"]["qkv"] == fake["qkv"]
+    monkeypatch.setattr(FB, "tma_available", lambda: False)
+    assert batched_tiles(W, shape, 32, None)["linear"]["qkv"] == mine
+    # the file's attention keys (batched path only), under the caller's own
+    fake["attn"] = {"BLOCK_M": 32, "num_warps": 8}
+    assert batched_tiles(W, shape, 32, None)["attn"] == {"BLOCK_M": 32, "num_warps": 8}
+    assert batched_tiles(W, shape, 32, {"attn": {"num_warps": 4}})["attn"] == {"BLOCK_M": 32, "num_warps": 4}
 
 
 def test_breakdown_families():
@@ -340,7 +405,8 @@ def test_sweep_uses_the_precision(monkeypatch):
         if configs and configs.get("bad"):
             raise RuntimeError("out of resources")
         timed.append((precision, configs, model))
-        return {"rounds": [{"slots": S, "ms": 1.0 + S, "invariant": True} for S in slots]}
+        return {"rounds": [{"slots": S, "ms": 1.0 + S, "invariant": True,
+                            "breakdown_ms": {"gate_up": S * (2.0 if configs else 0.5)}} for S in slots]}
 
     monkeypatch.setattr(G, "bench_slots", fake_bench)
     moe = {"moe": {"gate_up": dict(BLOCK_M=64), "down": dict(BLOCK_M=64)}}
@@ -348,6 +414,10 @@ def test_sweep_uses_the_precision(monkeypatch):
     assert built == ["nvfp4-w4a16"] and out["precision"] == "nvfp4-w4a16"
     assert timed == [("nvfp4-w4a16", moe, ("model",)), ("nvfp4-w4a16", None, ("model",))]
     assert "out of resources" in out["sets"]["broken"]["error"] and "| m64 | 2.000 | 9.000 | True |" in out["table"]
+    # per S, the families of every set that ran, side by side (the failed one left out)
+    fam8 = out["family_tables"][8].splitlines()
+    assert fam8[0] == "| S=8 | m64 | base |" and "| gate_up | 16.000 | 4.000 |" in fam8
+    assert fam8[-1] == "| round (replay) | 9.000 | 9.000 |"
 
 
 def test_breakdown_families_slot_attention():

@@ -30,7 +30,7 @@ from plumbing_util import ROOT
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-orl-nvfp4"
-PREC_4BIT = "nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)"
+PREC_4BIT = "nvfp4-w4a16 (NVFP4 weights kept in 4 bits, each expert dequantized per forward in torch on the CPU)"
 
 
 def job_counts(out: str) -> dict:

@@ -7,7 +7,9 @@
 * an empty data file stops prepare naming the file, and leaves no problems file behind;
 * a dry run (``-n``) changes nothing: a stamp whose checkpoint changed since it was written and locks left by
   a killed Snakemake stay as they are, and the dry run says what a real run would re-verify and remove;
-* a batched suite's speed_benchmarks that are not among its benchmarks (no speed probe for them) are said."""
+* a batched suite's speed_benchmarks that are not among its benchmarks (no speed probe for them) are said;
+* a work, results or data directory whose path holds a space or a shell special character (the jobs' commands
+  carry it unquoted) stops at start-up with one line per path, before anything is written."""
 
 import os
 import subprocess
@@ -145,3 +147,40 @@ def test_speed_benchmarks_outside_a_batched_suites_benchmarks_are_said_at_start_
                   "speed_benchmarks": ["gsm8k", "math500"]})
     out = wf.run("-n")
     assert "speed_benchmarks gsm8k not among its benchmarks: no speed probe for it" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_relative_target_paths_stop_with_the_absolute_path_to_give(checkout):
+    """The outputs are absolute paths: a relative target or --forcerun / --until file (Snakemake alone: "No rule
+    to produce") stops at start-up naming the absolute path to give; rule names and absolute paths run."""
+    work = checkout / "w"
+    env = {"ORL_EVAL_WORK": str(work)}
+    problems, decoder = "w/smoke/problems/gsm8k.jsonl", "w/smoke/decoders/tiny/gsm8k/seed12345.yaml"
+    r = snakemake(checkout, "-n", "main_table", "--forcerun", problems, "prepare_problems", "--until", decoder, env=env)
+    assert r.returncode != 0 and "No rule to produce" not in r.stderr
+    for flag, rel in (("--forcerun", problems), ("--until", decoder)):
+        assert f"Error: {flag} {rel}: the workflow's outputs are absolute paths; give {checkout / rel}" in r.stderr, \
+            r.stderr[-2000:]
+    r = snakemake(checkout, "-n", "nowhere/x.json", env=env)
+    assert r.returncode != 0 and "Error: target nowhere/x.json: no output of the workflow is there" in r.stderr
+    r = snakemake(checkout, "-n", "main_table", "--forcerun", str(checkout / problems), env=env)
+    assert r.returncode == 0 and "prepare_problems" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_path_with_a_space_or_shell_character_stops_at_start_up(tmp_path, data_dir):
+    """Before: every job failed mid-run with "unrecognized arguments" (the path split by the shell)."""
+    wf = Workflow(tmp_path, data_dir, {"models": ["tiny"], "benchmarks": ["gsm8k"], "limit": 1}, target="main_table")
+    wf.work, wf.results = tmp_path / "my work", tmp_path / "results$1"
+    wf.configure({"models": ["tiny"], "benchmarks": ["gsm8k"], "limit": 1})
+    out = wf.run(check=False)
+    assert wf.returncode == 1, out[-3000:]
+    lines = [ln for ln in out.splitlines() if ln.startswith("Config error:")]
+    assert lines == [
+        f"Config error: the work directory (work_dir / ORL_EVAL_WORK) '{tmp_path}/my work' holds a space: the jobs' "
+        "shell commands carry it unquoted, so every job would fail; move or rename it to a path without whitespace "
+        "or any of '\"\\$`!*?[]{}()<>|&; (a symlink does not help: the path is resolved)",
+        f"Config error: the results directory (results_dir) '{tmp_path}/results$1' holds '$': the jobs' shell "
+        "commands carry it unquoted, so every job would fail; move or rename it to a path without whitespace or any "
+        "of '\"\\$`!*?[]{}()<>|&; (a symlink does not help: the path is resolved)"], out[-3000:]
+    assert "Traceback" not in out and not wf.work.exists() and not wf.results.exists()

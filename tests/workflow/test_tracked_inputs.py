@@ -187,10 +187,19 @@ def failed_marker_exists(stamp):
 def test_damaged_checkpoint_stops_every_real_run_until_repaired(run, mtime_kept):
     """A byte flipped in a checkpoint file after a complete run (size kept; with its mtime put back too): the
     real run stops non-zero naming the checkpoint, the file and the fix, and so does every later run (none goes
-    silent on the removed stamp); a dry run only reports (rc 0, the stamp kept); the restored file verifies
-    again and the tree is up to date."""
+    silent on the removed stamp); the first removes the shards generated under the stamp that no longer holds
+    (they may have read the damaged bytes); a dry run only reports (rc 0, the stamp kept); the restored file
+    verifies again, that model's cell is generated again, and the tree is up to date."""
     run.snakemake()
     stamp = run.work / "verified" / "tiny-orl.json"
+    # tiny-orl's cell made again under the current stamp (an earlier test may have verified the folder again since
+    # the cell was made: a shard made under an earlier stamp is vouched for by that later check, and kept)
+    shard = run.work / "smoke/generations/tiny-orl/gsm8k/seed12345/shard0of1.jsonl"
+    others = [run.work / f"smoke/generations/{m}/gsm8k/seed12345/shard0of1.jsonl" for m in ("loc", "hub")]
+    shard.unlink()
+    run.snakemake()
+    assert json.loads(Path(f"{shard}.meta.json").read_text())["checkpoint_stamp"]["stat_fingerprint"] == \
+        json.loads(stamp.read_text())["stat_fingerprint"]
     weights = run.work / "hf" / "tiny-orl" / "model-00002-of-00002.safetensors"  # written by the tiny model's rule
     original, st = weights.read_bytes(), weights.stat()
     try:
@@ -207,6 +216,12 @@ def test_damaged_checkpoint_stops_every_real_run_until_repaired(run, mtime_kept)
             assert f"checkpoint {run.work / 'hf' / 'tiny-orl'} failed verification" in out, out[-3000:]
             assert f"altered: {weights.name}" in out and "fix: delete the folder" in out, out[-3000:]
             assert not stamp.exists() and "Nothing to be done" not in out
+            # the first failure removes what was generated under the stamp that no longer holds (it may have read
+            # the damaged bytes): that model's shard and merged file, nothing of the other models
+            removed = "note: removed the shards (seed 12345) of tiny-orl/gsm8k (suite smoke)" in out
+            assert removed == (attempt == 0), out[-3000:]
+            assert not shard.exists() and all(f.exists() for f in others)
+            assert not (run.work / "smoke/generations/tiny-orl/gsm8k/seed12345.jsonl").exists()
         out = run.snakemake("-n")
         assert "failed verification in an earlier run" in out, out[-3000:]
         # commands that run no job only report (rc 0), also abbreviated (--unl) or combined (-pS), as Snakemake's
@@ -217,8 +232,9 @@ def test_damaged_checkpoint_stops_every_real_run_until_repaired(run, mtime_kept)
         assert failed_marker_exists(stamp) and not stamp.exists()
     finally:
         weights.write_bytes(original)
-    out = run.snakemake()  # restored: verified again, a fresh stamp, nothing regenerated
-    assert "verifying it again by content" in out and "Nothing to be done" in out, out[-3000:]
+    out = run.snakemake()  # restored: verified again, a fresh stamp; the removed cell (only) generated again
+    assert "verifying it again by content" in out and job_counts(out).get("generate_shard") == 1, out[-3000:]
+    assert shard.exists()
     assert stamp.exists() and not (stamp.parent / "tiny-orl.json.FAILED").exists()
     assert "Nothing to be done" in run.snakemake("-n")
 

@@ -5,8 +5,10 @@
 # re-verify at start-up is only reported (DRY_RUN).
 import atexit
 import fcntl
+import fnmatch
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ sys.path.insert(0, workflow.basedir)  # the checkout's `repro` package, also wit
 
 from repro import benchmarks, paths as P
 from repro.checkpoint.dequantize import declared_quantization
+from repro.checkpoint.suspect import remove_generated_under
 from repro.checkpoint.verify import failed_marker, refresh_stale_stamp, rerun_trigger
 from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
@@ -42,16 +45,25 @@ _NO_JOB_ARGS = ("unlock", "summary", "detailed_summary", "list_rules", "list_tar
                 "export_cwl", "generate_unit_tests", "print_compilation", "delete_all_output", "delete_temp_output")
 
 
-def _no_job_flag():
-    """The first option of the command line (Snakemake's parser) that makes it run no job, as ``--name``;
-    None for a run (or a command line Snakemake's parser does not take: then the run is treated as a run)."""
+def _cli_args():
+    """Snakemake's command line read with its own parser; None when it is not Snakemake's (an API call)."""
     try:
         from snakemake.cli import get_argument_parser
 
-        args, _ = get_argument_parser().parse_known_args(sys.argv[1:])
-    except (Exception, SystemExit):  # noqa: BLE001 - not Snakemake's command line (an API call): a run
+        return get_argument_parser().parse_known_args(sys.argv[1:])[0]
+    except (Exception, SystemExit):  # noqa: BLE001 - not Snakemake's command line
         return None
-    return next((f"--{name.replace('_', '-')}" for name in _NO_JOB_ARGS if getattr(args, name, None)), None)
+
+
+_CLI_ARGS = _cli_args()
+
+
+def _no_job_flag():
+    """The first option of the command line (Snakemake's parser) that makes it run no job, as ``--name``;
+    None for a run (or a command line Snakemake's parser does not take: then the run is treated as a run)."""
+    if _CLI_ARGS is None:
+        return None
+    return next((f"--{name.replace('_', '-')}" for name in _NO_JOB_ARGS if getattr(_CLI_ARGS, name, None)), None)
 
 
 _DRY = bool(getattr(workflow.output_settings, "dryrun", False))
@@ -78,7 +90,7 @@ if DATA is not None and not DATA.is_dir():
 # Snakemake's error blocks
 _needed = dict.fromkeys(config["suites"][SUITE]["benchmarks"] + list(
     (config["suites"][SUITE].get("sweep") or {}).get("benchmarks") or []
-    if "sweep" in getattr(workflow.dag_settings, "targets", ()) else []))
+    if "sweep" in (getattr(_CLI_ARGS, "targets", None) or ()) else []))  # (workflow.dag_settings: None here)
 _missing = [benchmarks.get(b).file for b in _needed if DATA is not None and not (DATA / benchmarks.get(b).file).is_file()]
 if _missing:
     print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) lacks {', '.join(_missing)}, which suite "
@@ -86,6 +98,117 @@ if _missing:
           "benchmarks from the suite", file=sys.stderr)
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
+
+# The jobs' shell commands carry these paths unquoted (`--out {output}`, `{PY} -m ...`): a space or a shell
+# special character splits or rewrites the command, so every job would fail mid-run ("unrecognized arguments")
+# after the DAG was planned. Checked at start-up instead, one line per path.
+_SHELL_SPECIAL = re.compile(r"[\s'\"\\$`!*?\[\]{}()<>|&;]")
+
+
+def shell_unsafe_paths(named):
+    """One error line per ``(what, path)`` of ``named`` whose path holds whitespace or a shell special character
+    (``'"\\$`!*?[]{}()<>|&;``), naming the characters and the fix; [] when all are safe."""
+    errors = []
+    for what, path in named:
+        found = sorted(set(_SHELL_SPECIAL.findall(str(path)))) if path else []
+        if found:
+            chars = ", ".join("a space" if c == " " else repr(c) for c in found)
+            errors.append(f"Config error: {what} {str(path)!r} holds {chars}: the jobs' shell commands carry it "
+                          "unquoted, so every job would fail; move or rename it to a path without whitespace or "
+                          "any of '\"\\$`!*?[]{}()<>|&; (a symlink does not help: the path is resolved)")
+    return errors
+
+
+_unsafe = shell_unsafe_paths(
+    [("the work directory (work_dir / ORL_EVAL_WORK)", WORK),
+     ("the results directory (results_dir)", results_dir(config)),
+     ("the data directory (data_dir / ORL_EVAL_DATA)", DATA),
+     ("the checkout", workflow.basedir), ("the Python running Snakemake", sys.executable)]
+    + [(f"models.{m}.source.path", config["models"][m]["source"].get("path"))
+       for m in config["suites"][SUITE]["models"] if config["models"][m]["source"]["type"] == "local"])
+if _unsafe:
+    print("\n".join(_unsafe), file=sys.stderr)
+    sys.exit(1)
+
+# Snakemake's job records (params, code, input lists: what makes it re-run a job whose settings changed) are
+# also kept inside the work and results directories, so a copied or moved directory keeps them and a config
+# change after the copy re-runs exactly what it affects (workflow/workdir_records.py; docs/workflow.md 7.2a).
+# A directory made before gets the records Snakemake already holds for it on its first real run.
+sys.path.insert(0, os.path.join(workflow.basedir, "workflow"))
+import workdir_records
+
+_ROOTS = workdir_records.install({"<work>": WORK, "<results>": str(results_dir(config))},
+                                cleanup_metadata=bool(getattr(_CLI_ARGS, "cleanup_metadata", None)))
+if getattr(getattr(workflow.workflow_settings, "persistence_backend", None), "name", "FILE") != "FILE" \
+        and workflow.is_main_process:
+    print("note: --persistence-backend other than file: Snakemake's job records stay in its database only, so a "
+          "copied or moved work directory does not see config changes made after the copy", file=sys.stderr)
+# --drop-metadata: no job record is written (Snakemake's keep_metadata), so an output without one is reused as it
+# is rather than re-made on every run (RootedPersistence._keeps_records); say what that costs, once.
+if getattr(_CLI_ARGS, "drop_metadata", False) and workflow.is_main_process:
+    print("note: --drop-metadata: no job records are written, so an output without one (made under "
+          "--drop-metadata, or in a work directory copied without its .snakemake-records folder) is reused as it "
+          "is: a config change made since is not seen (docs/workflow.md 7.2a)", file=sys.stderr)
+
+
+def _export_records():
+    """Real runs: copy Snakemake's existing records into the directories once (a dry run counts them). (An output
+    that then has no record at all -- a directory copied without its records folder, or before records were kept --
+    has its job run again, with a note: workdir_records.RootedPersistence.)"""
+    n = workdir_records.export_existing(_ROOTS, Path(".snakemake") / "metadata", write=not DRY_RUN)
+    if n:
+        print(f"note: {NO_RUN}: a real run copies " if DRY_RUN else "note: copied ", end="", file=sys.stderr)
+        print(f"Snakemake's records of {n} outputs into {WORK}/{workdir_records.RECORDS_DIR} (and the results "
+              "directory's): a copy or move of these directories keeps them", file=sys.stderr)
+
+
+# --- Relative paths on the command line ---------------------------------------------------------------------
+# The rules' outputs are absolute paths (under the work and results directories), so Snakemake finds no rule for
+# a relative target or a relative --forcerun / --until / --omit-from / --prioritize file and stops with "No rule
+# to produce ...". Snakemake hands the Snakefile no way to map them (its DAG settings are set after the Snakefile
+# is read: snakemake/api.py DAGApi), so each relative path (anything that is not a rule name) is read from the
+# command line with Snakemake's own parser and stops the run with one line naming the absolute path to give:
+# the path taken relative to where the command was typed, else to the checkout, that lies under the work or
+# results directory.
+_TARGET_ARGS = (("targets", "target"), ("forcerun", "--forcerun"), ("until", "--until"),
+                ("omit_from", "--omit-from"), ("prioritize", "--prioritize"))
+
+
+def relative_target_errors(args, bases, roots, relative_ok=()):
+    """One line per relative file path among the command line's targets and target options (``args``: Snakemake's
+    parsed command line), naming the absolute path to give instead. Rule names (Python identifiers), absolute
+    paths, URLs and paths matching a glob of ``relative_ok`` (outputs declared relative: the compare files,
+    analysis_common.smk) are fine."""
+    errors = []
+    for field, flag in _TARGET_ARGS:
+        for item in sorted(getattr(args, field, None) or ()):
+            if not isinstance(item, str) or item.isidentifier() or os.path.isabs(item) or "://" in item or \
+                    any(fnmatch.fnmatch(os.path.normpath(item), g) for g in relative_ok):
+                continue
+            cands = list(dict.fromkeys(os.path.normpath(os.path.join(b, item)) for b in bases))
+            hit = next((c for c in cands for r in roots if c.startswith(r + os.sep)), None)
+            if hit is not None:
+                errors.append(f"{flag} {item}: the workflow's outputs are absolute paths; give {hit}")
+            else:
+                errors.append(f"{flag} {item}: no output of the workflow is there ({' or '.join(cands)}): its outputs "
+                              f"are absolute paths under the work directory {roots[0]} or the results directory "
+                              f"{roots[1]}; give the output's absolute path (e.g. "
+                              f"{roots[0]}/{SUITE}/problems/gsm8k.jsonl) or a rule name")
+    return errors
+
+
+if workflow.is_main_process and _CLI_ARGS is not None:
+    # the compare files are declared relative to the working directory when the results directory lies in it
+    _rel_results = os.path.relpath(results_dir(config))
+    _rel_errors = relative_target_errors(_CLI_ARGS, [INVOKED_IN if "INVOKED_IN" in globals() else os.getcwd(),
+                                                     workflow.basedir], [WORK, str(results_dir(config))],
+                                         [] if _rel_results.startswith("..") else [f"{_rel_results}/*/compare/*"])
+    for _e in _rel_errors:
+        print(f"Error: {_e}", file=sys.stderr)
+    if _rel_errors:
+        sys.exit(1)
+
+
 # Rules run on the host with the interpreter running Snakemake (PY); rules with a `container:` run the
 # image's python (PY_IMAGE) when containers are enabled. Rules use {PY} directly, not as a param: it decides no
 # result, and as a param moving the venv would re-run every job (the one `snakemake --lint` finding kept for
@@ -153,6 +276,7 @@ def _claim_run_and_clear_stale_locks():
 
 if workflow.is_main_process:
     _claim_run_and_clear_stale_locks()
+    _export_records()
 os.environ.update(REPRO_SNAKEMAKE_PID=str(os.getpid()))  # read by repro.backends.lifeline in every job
 
 
@@ -247,8 +371,10 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
     of) no longer vouches for them: generation would refuse it. Verify such a folder again by content here,
     before the DAG is built (repro.checkpoint.verify.refresh_stale_stamp): it passes -> a fresh stamp (the rules
     reading the folder take the stamp as ancient(), so nothing regenerates); it fails -> the stamp is removed,
-    a ``.FAILED`` marker beside it keeps the report, and the run stops here naming the folder, the files and the
-    fix (exit 1). (Not a re-run of the verify job: Snakemake would not run it -- the jobs reading the folder are
+    a ``.FAILED`` marker beside it keeps the report, what was generated under the removed stamp is removed
+    (repro.checkpoint.suspect: shards, partial and merged files, a note per model x benchmark), and the run stops
+    here naming the folder, the files and the fix (exit 1). (Not a re-run of the verify job: Snakemake would not
+    run it -- the jobs reading the folder are
     up to date and take the stamp as ancient() -- nor examine any job below it.) Later runs check that folder
     again while the marker is there: they stop the same way until the files are restored (a fresh stamp) or the
     folder is deleted (the next job that needs it fetches and verifies it again). A dry run verifies and removes
@@ -273,8 +399,17 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
             refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin)  # drops the marker
             continue
         print(f"note: {folder} {why}; verifying it again by content", file=sys.stderr)
+        try:
+            old_stamp = json.loads(Path(stamp).read_text()) if os.path.isfile(stamp) else None
+        except (OSError, ValueError):
+            old_stamp = None
         if refresh_stale_stamp(folder, stamp, expect_manifest_sha256=pin) == "failed":
             failed.append((folder, stamp, marker))
+            # what was generated under the stamp that no longer holds may have read the damaged bytes: removed
+            # now (shards, partial files, merged files), so after the repair exactly those cells are made again
+            if old_stamp is not None:
+                for line in remove_generated_under(WORK, old_stamp, Path(stamp).stem):
+                    print(f"note: {line}", file=sys.stderr)
     for folder, stamp, marker in failed:
         lines = "\n".join(f"  {line}" for line in marker.read_text().splitlines())
         print(f"Error: {what} {folder} failed verification against its manifest, so no job may read it (its stamp "
@@ -283,9 +418,9 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
               "target); or restore the named files. A checkpoint fetched from the hub or a local folder is hard-linked "
               "to its source (the hub cache's blob, or your folder's file), which a file changed in place has changed "
               "too: delete that source copy as well (for the hub: `huggingface-cli delete-cache`, or its blobs under "
-              "HF_HUB_CACHE), else it is linked again as it is. Generations written since it was last verified may have read "
-              "the damaged bytes (a generation job checks size and mtime only): after the repair, delete that model's "
-              "folders under <work>/<suite>/generations/ to make them again. Until then every real run stops here.",
+              "HF_HUB_CACHE), else it is linked again as it is. The generations written since it was last verified (they may "
+              "have read the damaged bytes) were removed when this failure was first found (that run's notes name them): "
+              "they are generated again after the repair. Until then every real run stops here.",
               file=sys.stderr)
     if failed:
         sys.exit(1)

@@ -9,7 +9,8 @@ rule render_decoder:
         verified=ancient(W(P.VERIFIED, model="{model}")),
         source=W(P.CHECKPOINT_SOURCE, model="{model}"),
     output:
-        W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
+        # update(): kept (the previous version put back) when a run fails, as the problems (prepare.smk)
+        update(W(P.DECODER, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}")),
     params:
         decoder=lambda wc: model_cfg(wc)["decoder"],
         dsuite=lambda wc: suite_cfg(wc)["decoder_suite"],

@@ -5,11 +5,17 @@
 #   problems/<bench>.for-generation.jsonl  keyed by the rendered prompts of the kept problems: generation
 #                                          reads it (only a changed prompt regenerates). Generation reads no
 #                                          gold, so this copy's gold may lag behind the other's.
+# Both are update() outputs: Snakemake does not delete them before the job runs, and puts the previous version
+# back if the job fails, keeping the records of the run that made it (workflow/workdir_records.py). So a failed
+# re-preparation (a data file broken for a while) followed by a good one with the same content re-runs nothing:
+# without it the file was gone, and re-making it re-ran every job below it (every model's shards of the
+# benchmark), planned before Snakemake could see that the new file is byte-identical. (The prepare module writes
+# the file atomically, so no half-written file is ever taken for the previous one.)
 
 
 rule prepare_problems:
     output:
-        W(P.PROBLEMS, suite="{suite}", bench="{bench}"),
+        update(W(P.PROBLEMS, suite="{suite}", bench="{bench}")),  # kept if a run fails (header)
     params:
         # where the data directory is decides nothing (the data file's content does, below): a function of
         # `output`, which Snakemake does not record, so moving the folder re-prepares and re-scores nothing
@@ -28,7 +34,7 @@ rule prepare_problems:
 
 rule prepare_generation_problems:
     output:
-        W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}"),
+        update(W(P.GENERATION_PROBLEMS, suite="{suite}", bench="{bench}")),  # kept if a run fails (header)
     params:
         # where the data directory is decides nothing generation sees (the prompts key below does): a
         # function of `output`, which Snakemake does not record, so moving the folder regenerates nothing

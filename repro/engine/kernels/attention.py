@@ -168,13 +168,7 @@ if HAS_TRITON:
         (GQA group g = row // T_PAD, token t = row % T_PAD). Returns (h, sp, rb, P, nsp, start, end, rows, g,
         t, slot); the caller returns at once when sp >= nsp.
         """
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
-        h = tl.program_id(0)
-        sp = tl.program_id(1)
-        slot = tl.program_id(2) // NRB
-        rb = tl.program_id(2) % NRB
+        h, sp, slot, rb = _split_program(NRB, USE_PDL)
         P = tl.load(len_ptr + slot)
         kv_len = P + T
         nsp = _num_splits(kv_len, NSPLIT, MIN_KEYS)
@@ -183,6 +177,30 @@ if HAS_TRITON:
         end = tl.minimum(start + per, kv_len)
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         return h, sp, rb, P, nsp, start, end, rows, rows // T_PAD, rows % T_PAD, slot
+
+    @triton.jit
+    def _split_program(NRB: tl.constexpr, USE_PDL: tl.constexpr):
+        """The PDL hand-off (USE_PDL), then (h, split, slot, row block) of a program over the grid (NKV, NSPLIT,
+        S·NRB); shared by the split kernels here and :mod:`.attention_slots`' chunk kernel."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        h = tl.program_id(0)
+        sp = tl.program_id(1)
+        slot = tl.program_id(2) // NRB
+        rb = tl.program_id(2) % NRB
+        return h, sp, slot, rb
+
+    @triton.jit
+    def _empty_state(BLOCK_M: tl.constexpr, D: tl.constexpr):
+        """(m, l, acc) of an online softmax before its first key: -inf [BLOCK_M], 0 [BLOCK_M], 0 [BLOCK_M, D], fp32."""
+        return (tl.full((BLOCK_M,), float("-inf"), tl.float32), tl.zeros((BLOCK_M,), dtype=tl.float32),
+                tl.zeros((BLOCK_M, D), dtype=tl.float32))
+
+    @triton.jit
+    def _kv_bases(kc_ptr, vc_ptr, slot, h, stride_cs, stride_kh):
+        """(K, V) base pointers of KV head h in one slot's caches."""
+        return kc_ptr + slot * stride_cs + h * stride_kh, vc_ptr + slot * stride_cs + h * stride_kh
 
     @triton.jit
     def _online_softmax(s, v, m_i, l_i, acc):
@@ -222,11 +240,8 @@ if HAS_TRITON:
         od = tl.arange(0, D)
         q = tl.load(q_ptr + ((slot * T + t[:, None]) * NQ + h * G + g[:, None]) * D + od[None, :],
                     mask=(t < T)[:, None], other=0.0)
-        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        kbase = kc_ptr + slot * stride_cs + h * stride_kh
-        vbase = vc_ptr + slot * stride_cs + h * stride_kh
+        m_i, l_i, acc = _empty_state(BLOCK_M, D)
+        kbase, vbase = _kv_bases(kc_ptr, vc_ptr, slot, h, stride_cs, stride_kh)
         for n0 in range(start, end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             nm = offs_n < end

@@ -112,6 +112,12 @@ if HAS_TRITON:
         return m_new, tl.exp2(M - m_new), tl.exp2(m - m_new)
 
     @triton.jit
+    def _fold_rows(M, L, ACC, m, l, acc):
+        """One left-fold step over BLOCK_M rows: (M, L, ACC [BLOCK_M, D]) ⊕ (m, l, acc) (module doc), explicit FMAs."""
+        M2, a, b = _fold_weights(M, m)
+        return M2, tl.fma(L, a, l * b), tl.fma(ACC, a[:, None], acc * b[:, None])
+
+    @triton.jit
     def _slot_chunk_kernel(
         q_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr, T, qk_scale, stride_kh, stride_ks, stride_cs,
         NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr, T_PAD: tl.constexpr,
@@ -120,22 +126,14 @@ if HAS_TRITON:
     ):
         """"split" mode, program (KV head h, chunk c, slot·NRB + row block): the chunk's (m, l, acc) of BLOCK_M
         query rows, stored at partial row ((slot·NKV + h)·NSPLIT + c)·G·T_PAD + row."""
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
-        h = tl.program_id(0)
-        c = tl.program_id(1)
-        slot = tl.program_id(2) // NRB
-        rows = (tl.program_id(2) % NRB) * BLOCK_M + tl.arange(0, BLOCK_M)
+        h, c, slot, rb = A._split_program(NRB, USE_PDL)
+        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         kv_len, per, n = _chunks(tl.load(len_ptr + slot), T, NSPLIT, MIN_KEYS, BLOCK_N)
         if c >= n:
             return
         q = _load_q(q_ptr, slot, h, rows, T, NQ, G, T_PAD, D)
-        kbase = kc_ptr + slot * stride_cs + h * stride_kh
-        vbase = vc_ptr + slot * stride_cs + h * stride_kh
-        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        kbase, vbase = A._kv_bases(kc_ptr, vc_ptr, slot, h, stride_cs, stride_kh)
+        m_i, l_i, acc = A._empty_state(BLOCK_M, D)
         start = c * per
         end = tl.minimum(start + per, kv_len)
         for n0 in range(start, end, BLOCK_N):
@@ -195,28 +193,16 @@ if HAS_TRITON:
         slot = pid // (NRB * NKV)
         kv_len, per, n = _chunks(tl.load(len_ptr + slot), T, NSPLIT, MIN_KEYS, BLOCK_N)
         q = _load_q(q_ptr, slot, h, rows, T, NQ, G, T_PAD, D)
-        kbase = kc_ptr + slot * stride_cs + h * stride_kh
-        vbase = vc_ptr + slot * stride_cs + h * stride_kh
-        M = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        L = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        ACC = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        kbase, vbase = A._kv_bases(kc_ptr, vc_ptr, slot, h, stride_cs, stride_kh)
+        M, L, ACC = A._empty_state(BLOCK_M, D)
+        m_i, l_i, acc = A._empty_state(BLOCK_M, D)
         # chunks are BLOCK_N-aligned, so a tile never straddles two of them and "keys < kv_len" is its mask
         for n0 in range(0, kv_len, BLOCK_N):
             if (n0 > 0) & (n0 % per == 0):  # chunk boundary: fold the finished chunk, start the next one empty
-                M2, a, b = _fold_weights(M, m_i)
-                L = tl.fma(L, a, l_i * b)
-                ACC = tl.fma(ACC, a[:, None], acc * b[:, None])
-                M = M2
-                m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-                l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-                acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+                M, L, ACC = _fold_rows(M, L, ACC, m_i, l_i, acc)
+                m_i, l_i, acc = A._empty_state(BLOCK_M, D)
             m_i, l_i, acc = _tile_step(q, kbase, vbase, n0, kv_len, stride_ks, qk_scale, m_i, l_i, acc, BLOCK_N, D)
-        M2, a, b = _fold_weights(M, m_i)
-        L = tl.fma(L, a, l_i * b)
-        ACC = tl.fma(ACC, a[:, None], acc * b[:, None])
+        M, L, ACC = _fold_rows(M, L, ACC, m_i, l_i, acc)
         t = rows % T_PAD
         od = tl.arange(0, D)
         o = ACC / L[:, None]

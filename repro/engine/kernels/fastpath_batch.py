@@ -10,7 +10,8 @@ s's logits / pred / conf / entropy and the K/V it writes are bit-identical to ru
 Every kernel here computes a row with a launch configuration that does not depend on S:
 
 * QKV, O and lm_head: :func:`rows_linear`, a fixed-tile Triton GEMM (no cuBLAS, whose kernel choice depends on
-  the row count M; no split-K): a row's output element is one K loop of fixed BLOCK_K dots.
+  the row count M; no split-K): a row's output element is one K loop of fixed BLOCK_K dots (tiles loaded by
+  pointer or, with the tile key ``TMA``, by tensor descriptor: the same dots).
 * QK-norm + RoPE + KV write and attention: :mod:`.attention_slots` (a program works inside one slot; a slot's key
   chunks depend only on its own P_s and are folded in a fixed order, so its "split" launch, used below
   ``WHOLE_MIN_SLOTS`` slots, and its "whole" launch, one program per (slot, KV head, row block) from there on,
@@ -29,7 +30,8 @@ Every kernel here computes a row with a launch configuration that does not depen
 All tile configs are looked up once for T-token blocks (``fastpath.kernel_configs(..., T)``, the MoE ones
 pinned through ``moe._cfg(..., T)``), never for S·T rows; where the device has a batched tile file
 (``configs/batched_*.json``, :func:`batched_tiles`: tiles chosen for S = 8-32 rounds, docs/perf.md "Batched graph
-round: where the time goes and tiles") its entries replace the single-request ones, still one set for every S.
+round: where the time goes and tiles") its entries replace the single-request ones, still one set for every S
+except the launch-only keys of :data:`SLOT_KEYS` (a GEMM's ``"by_slots"``, :func:`for_slots`: pipeline stages).
 S = 1 differs from ``BlockForward`` only in the GEMMs (Triton tiles here, cuBLAS there): same math, other
 rounding order.
 """
@@ -45,9 +47,10 @@ from . import norm as Nm
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton
 from .configs import load_config
 from .fastpath import GraphCapture, ModelShape, _Stats, kernel_configs, round_bytes
+from .moe_gemm import _weight_descriptor, tma_available
 
 __all__ = ["BatchedBlockForward", "rows_linear", "rows_linear_reference", "batched_round_bytes", "LM_HEAD_TILES",
-           "batched_tiles"]
+           "batched_tiles", "for_slots"]
 
 #: lm_head tiles where the device has no batched tile file (:func:`batched_tiles`; the QKV/O ones then come from
 #: the tuned single-request "linear" configs): BLOCK_M = 32 rows = one block, so a
@@ -64,9 +67,12 @@ if HAS_TRITON:
     @triton.jit
     def _rows_linear_kernel(x_ptr, w_ptr, out_ptr, R, stride_x, K: tl.constexpr, N: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            ADD: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                            ADD: tl.constexpr = False, USE_PDL: tl.constexpr = False, TMA: tl.constexpr = 0):
         """Program (m-block, n-tile): out[rows, cols] = x[rows]·w[cols]ᵀ (ADD: out + x·wᵀ, the sum in fp32), fp32
-        accumulation over K in BLOCK_K steps, stored in out's dtype; rows >= R masked (never read or written)."""
+        accumulation over K in BLOCK_K steps, stored in out's dtype; rows >= R masked (never read or written).
+        TMA >= 1: ``w_ptr`` is a tensor descriptor over w [N, K] with block [BLOCK_N, BLOCK_K]; TMA 2: ``x_ptr``
+        too, over x [R, K] with block [BLOCK_M, BLOCK_K] (rows >= R read as zeros, as the masked load); the same
+        tiles and dots."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -74,12 +80,20 @@ if HAS_TRITON:
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         mm = offs_m < R
-        a_ptrs = x_ptr + offs_m[:, None] * stride_x + offs_k[None, :]
-        w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
+        if TMA < 2:
+            a_ptrs = x_ptr + offs_m[:, None] * stride_x + offs_k[None, :]
+        if TMA == 0:
+            w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * K + offs_k[:, None]
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            a = tl.load(a_ptrs + k0, mask=mm[:, None], other=0.0)
-            w = tl.load(w_ptrs + k0)
+            if TMA == 2:
+                a = x_ptr.load([tl.program_id(0) * BLOCK_M, k0])
+            else:
+                a = tl.load(a_ptrs + k0, mask=mm[:, None], other=0.0)
+            if TMA > 0:
+                w = w_ptr.load([tl.program_id(1) * BLOCK_N, k0]).T
+            else:
+                w = tl.load(w_ptrs + k0)
             acc = tl.dot(a, w, acc)
         o_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         if ADD:
@@ -93,7 +107,8 @@ def rows_linear(x, w, out, cfg, add: bool = False):
     accumulation in fp32, the addend added in fp32, one rounding at the store).
 
     Grid (cdiv(R, BLOCK_M), N / BLOCK_N), m fastest; no split-K, so row r's result depends on x[r] and w only,
-    not on R (row invariance). ``cfg``: BLOCK_M/N/K, num_warps, num_stages (BLOCK_N, BLOCK_K capped at N, K).
+    not on R (row invariance). ``cfg``: BLOCK_M/N/K, num_warps, num_stages (BLOCK_N, BLOCK_K capped at N, K), and
+    optionally ``TMA`` (1: the weight tiles loaded by tensor descriptor; 2: the x tiles too; the same arithmetic).
     Raises ValueError when N or K is not a multiple of its tile or the strides do not fit. Reference:
     :func:`rows_linear_reference`.
     """
@@ -104,9 +119,42 @@ def rows_linear(x, w, out, cfg, add: bool = False):
             or not w.is_contiguous() or not out.is_contiguous()):
         raise ValueError(f"rows_linear: x {tuple(x.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} with tiles "
                          f"{bn}x{bk} (N, K must be multiples of the tiles; w, out contiguous)")
+    tma = int(cfg.get("TMA") or 0)
+    if tma not in (0, 1, 2):
+        raise ValueError(f"rows_linear: tile key TMA={cfg['TMA']!r}; want 0 (pointer loads), 1 (weights by tensor "
+                         f"descriptor) or 2 (weights and x)")
+    w_arg = _weight_descriptor(w, (bn, bk), "rows_linear") if tma else w
+    x_arg = _weight_descriptor(x, (cfg["BLOCK_M"], bk), "rows_linear") if tma == 2 else x
     _rows_linear_kernel[(triton.cdiv(R, cfg["BLOCK_M"]), N // bn)](
-        x, w, out, R, x.stride(0), K=K, N=N, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ADD=bool(add),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl())
+        x_arg, w_arg, out, R, x.stride(0), K=K, N=N, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ADD=bool(add),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], TMA=tma, **pdl())
+    return out
+
+
+#: tile keys that may follow the slot count S (``"by_slots"`` of a GEMM's tiles, :func:`for_slots`): they change when
+#: the loads are issued (software-pipeline depth), never the tile shapes, the MMA instruction or the K order, so never a
+#: row's numbers; anything else must be one setting for every S (row invariance)
+SLOT_KEYS = ("num_stages",)
+
+
+def for_slots(cfg: dict, slots: int) -> dict:
+    """``cfg`` (one GEMM's tiles) for a round of ``slots`` slots: its ``"by_slots"`` entry ``{min_slots: {key: value}}``
+    applied in ascending order of ``min_slots`` for every ``min_slots <= slots``, the entry itself dropped, e.g.
+    ``{"num_stages": 4, "by_slots": {"32": {"num_stages": 3}}}`` -> 3 stages from 32 slots on. Raises ValueError for
+    a key outside :data:`SLOT_KEYS` or a ``min_slots`` that is not a positive integer."""
+    out = {k: v for k, v in cfg.items() if k != "by_slots"}
+    try:
+        steps = sorted((int(lo), over) for lo, over in cfg["by_slots"].items())
+    except (TypeError, ValueError, AttributeError):
+        raise ValueError(f"tiles {cfg}: 'by_slots' must map a slot count to launch keys, e.g. "
+                         f"{{'32': {{'num_stages': 3}}}}") from None
+    for lo, over in steps:
+        bad = sorted(set(over) - set(SLOT_KEYS))
+        if lo < 1 or bad:
+            raise ValueError(f"tiles {cfg}: 'by_slots' may set only {list(SLOT_KEYS)} from a slot count >= 1 "
+                             f"(got {lo}: {bad or over}); tile shapes must be one setting for every S (row invariance)")
+        if slots >= lo:
+            out.update(over)
     return out
 
 
@@ -131,7 +179,10 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
     (written from the sweep of docs/perf.md "Batched graph round: where the time goes and tiles"), if the file has
     one for this device. Packed NVFP4 experts take the file's 4-bit entries instead of the BF16 ones
     (:data:`BATCHED_W4_KERNELS`; the other 4-bit kernel, if the file has one only, keeps
-    ``moe_w4.W4_TILES_DEFAULT``). Returns a new dict in
+    ``moe_w4.W4_TILES_DEFAULT``). The file's ``TMA`` keys are dropped on a Triton without tensor descriptors
+    (:func:`~.moe_gemm.tma_available`). The file's ``attn`` entry (keys of the split-attention config, e.g. BLOCK_M,
+    num_warps; merged under the caller's ``configs["attn"]`` keys) applies to the batched path only. Returns a new
+    dict in
     :func:`~repro.engine.kernels.fastpath.kernel_configs`' ``configs`` form; with
     no file or no entry, ``configs`` unchanged (e.g. on the CPU)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (configs or {}).items()}
@@ -145,6 +196,8 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
         if fam == "dense" and (configs or {}).get("dense"):
             continue  # a caller's dense dict is taken whole (kernel_configs does not merge it with others)
         cfg = load_config("batched", name, {}, device=device, **key)
+        if not tma_available():
+            cfg.pop("TMA", None)  # the file's tiles on a Triton without tensor descriptors: pointer loads, same bits
         if cfg:
             if out.get(fam) is None:
                 out[fam] = {}
@@ -155,6 +208,9 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
         out["moe"] = {**W4_TILES_DEFAULT, **out["moe"]}
     if "dense" in out and set(out["dense"]) != {"gate_up", "down"}:
         out.pop("dense")  # kernel_configs wants both dense kernels or none
+    attn = load_config("batched", "attn", {}, device=device, **key)  # attention launch keys of the batched path
+    if attn:
+        out["attn"] = {**attn, **(out.get("attn") or {})}  # the caller's keys win
     return out
 
 
@@ -261,6 +317,10 @@ class BatchedBlockForward(GraphCapture):
         self.tiles_in_select = False
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
+        for fam in (self.moe_cfg, self.dense_cfg, self.lin_cfg):  # a GEMM's launch-only keys for this S
+            for k, v in list(fam.items()):
+                if isinstance(v, dict) and "by_slots" in v:
+                    fam[k] = for_slots(v, S)
         self.logits = torch.zeros(S, T, shape.vocab, dtype=dt, device=device)
         self.pred = torch.zeros(S, T, dtype=torch.long, device=device)
         self.conf = torch.zeros(S, T, dtype=torch.float32, device=device)

@@ -14,7 +14,9 @@ a :class:`~.route.MoEWorkspace` ``ws``: ``counts`` [E1 (+1)], ``pairs`` [E1, T_P
 Both kernels start with one shared prologue, ``_expert_slot`` (which expert, output tile and token rows a program
 owns, over the grid (E1, n-tiles, m-blocks), the compact active-expert list or a tile table; idle programs exit after
 one or two scalar loads), and run one K loop per program: BF16 tiles, or the packed 4-bit tiles of
-:mod:`.moe_w4` (``W4``; the shared expert's 16-bit branch taken per program). All on device, no host sync, static
+:mod:`.moe_w4` (``W4``; the shared expert's 16-bit branch taken per program). BF16 weight tiles come in by
+pointer loads, or with the tile key ``TMA`` by tensor descriptor (:func:`_weight_descriptor`; the same tiles,
+dots and K order, so the same results). All on device, no host sync, static
 shapes: CUDA-graph capturable. Errors: ValueError for 4-bit experts that do not fit the workspace, the tiles or
 the decode, for the RMSNorm fold with 4-bit experts, and for a BLOCK_M other than the tile table's.
 
@@ -62,8 +64,9 @@ if HAS_TRITON:
     @triton.jit
     def _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M: tl.constexpr, MAXC: tl.constexpr,
                      ACTIVE: tl.constexpr, NACT_IDX: tl.constexpr, SH: tl.constexpr, E_SH: tl.constexpr,
-                     TILES: tl.constexpr = False, tiles_ptr=None):
-        """Prologue shared by the grouped expert GEMMs: which expert, output tile and token rows this program owns.
+                     TILES: tl.constexpr = False, tiles_ptr=None, USE_PDL: tl.constexpr = False):
+        """Prologue shared by the grouped expert GEMMs: which expert, output tile and token rows this program owns
+        (first, with USE_PDL, the programmatic-dependent-launch handshake: nothing before it reads a tensor).
 
         Grid (E1, n-tiles, m-blocks), or with ACTIVE (n-tiles, SH + E, m-blocks) over the active list
         (slot 0 = the shared expert E_SH when SH = 1, then ``active[:counts[NACT_IDX]]``), or with TILES
@@ -72,6 +75,9 @@ if HAS_TRITON:
         True for a program with no rows (an untouched expert, an m-block past its count, a slot past the
         active list); the caller returns at once then. Pair rows past the count are masked (p = 0).
         """
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         if TILES:
             pid_n = tl.program_id(1)
             e_raw = tl.load(tiles_ptr + 2 * tl.program_id(0))
@@ -98,10 +104,13 @@ if HAS_TRITON:
     @triton.jit
     def _gate_up_acc(x_ptr, tok, stride_xt, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr,
                      H: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr, DECODE: tl.constexpr = 1):
+                     BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr, DECODE: tl.constexpr = 1,
+                     TMA: tl.constexpr = False, w_row=0):
         """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of the token rows ``tok`` against output rows
         ``offs_n`` of one expert, and Σx² per row (NORM). W4: expert e of the packed (q, s, g) stacks
-        (:mod:`.moe_w4`); else the weight rows at ``w_ptr`` ([2N, H], gate rows then up rows)."""
+        (:mod:`.moe_w4`); TMA: ``w_ptr`` is a tensor descriptor over all experts' rows ([E1·2N, H], block
+        [BLOCK_N, BLOCK_K]) and the gate rows start at ``w_row`` (the up rows N further); else the weight rows at
+        ``w_ptr`` ([2N, H], gate rows then up rows). TMA or not, the same tiles, dots and K order."""
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         ssv = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -111,16 +120,21 @@ if HAS_TRITON:
         else:
             offs_k = tl.arange(0, BLOCK_K)
             x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
-            wg_ptrs = w_ptr + offs_n[None, :] * H + offs_k[:, None]
-            wu_ptrs = wg_ptrs + N * H
+            if not TMA:
+                wg_ptrs = w_ptr + offs_n[None, :] * H + offs_k[:, None]
+                wu_ptrs = wg_ptrs + N * H
             for k0 in range(0, H, BLOCK_K):
                 a = tl.load(x_ptrs + k0, mask=mmask[:, None], other=0.0)
                 if NORM:  # RMSNorm folded in: dot with h·nw, rows scaled by rsqrt(mean h² + eps) after the loop
                     af = a.to(tl.float32)
                     ssv += tl.sum(af * af, axis=1)
                     a = (af * tl.load(nw_ptr + k0 + offs_k).to(tl.float32)[None, :]).to(a.dtype)
-                wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")  # streamed once: keep L2 for others
-                wu = tl.load(wu_ptrs + k0, eviction_policy="evict_first")
+                if TMA:  # [BLOCK_N, BLOCK_K] tiles by the copy engine, used transposed
+                    wg = w_ptr.load([w_row, k0]).T
+                    wu = w_ptr.load([w_row + N, k0]).T
+                else:
+                    wg = tl.load(wg_ptrs + k0, eviction_policy="evict_first")  # streamed once: keep L2 for others
+                    wu = tl.load(wu_ptrs + k0, eviction_policy="evict_first")
                 acc_g = tl.dot(a, wg, acc_g)
                 acc_u = tl.dot(a, wu, acc_u)
         return acc_g, acc_u, ssv
@@ -128,9 +142,10 @@ if HAS_TRITON:
     @triton.jit
     def _down_acc(inter_ptr, p, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W4: tl.constexpr,
-                  DECODE: tl.constexpr = 1):
-        """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for one expert; W4: packed expert e, else rows at
-        ``w_ptr`` ([H, N])."""
+                  DECODE: tl.constexpr = 1, TMA: tl.constexpr = False, w_row=0):
+        """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for one expert; W4: packed expert e; TMA: ``w_ptr`` a
+        tensor descriptor over all experts' rows ([E1·H, N], block [BLOCK_N, BLOCK_K]), this tile's rows from
+        ``w_row``; else rows at ``w_ptr`` ([H, N])."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if W4:
             acc = _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -138,10 +153,14 @@ if HAS_TRITON:
         else:
             offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
-            w_ptrs = w_ptr + offs_n[None, :] * N + offs_k[:, None]
+            if not TMA:
+                w_ptrs = w_ptr + offs_n[None, :] * N + offs_k[:, None]
             for k0 in range(0, N, BLOCK_K):
                 a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-                w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
+                if TMA:
+                    w = w_ptr.load([w_row, k0]).T
+                else:
+                    w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
                 acc = tl.dot(a, w, acc)
         return acc
 
@@ -153,17 +172,14 @@ if HAS_TRITON:
         ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None,
+        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
     ):
         """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e).
 
         W4: routed experts from the packed NVFP4 stacks (q, s, g), the shared expert E_SH from ``w13_ptr``
-        ([2N, H], activation dtype)."""
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
+        ([2N, H], activation dtype). TMA (BF16 experts): ``w13_ptr`` is a tensor descriptor over [E1·2N, H]."""
         e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
-                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr)
+                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr, USE_PDL)
         if idle:
             return
         tok = tl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
@@ -175,6 +191,10 @@ if HAS_TRITON:
             else:
                 acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e,
                                                  offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, True, W4_DECODE)
+        elif TMA:
+            acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e, offs_n,
+                                             nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, False, 1, True,
+                                             e * (2 * N) + pid_n * BLOCK_N)
         else:
             acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr + e.to(tl.int64) * (2 * N * H),
                                              q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -195,14 +215,12 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None,
+        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
     ):
-        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up)."""
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
+        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up;
+        TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N])."""
         e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
-                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr)
+                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr, USE_PDL)
         if idle:
             return
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -213,6 +231,9 @@ if HAS_TRITON:
             else:
                 acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
                                 BLOCK_K, True, W4_DECODE)
+        elif TMA:
+            acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
+                            BLOCK_K, False, 1, True, e * H + pid_n * BLOCK_N)
         else:
             acc = _down_acc(inter_ptr, p, mmask, w2_ptr + e.to(tl.int64) * (H * N), q_ptr, s_ptr, g_ptr, e, offs_n,
                             H, N, BLOCK_M, BLOCK_N, BLOCK_K, False)
@@ -275,15 +296,10 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=
     if w4 and norm_w is not None:
         raise ValueError("moe_gate_up: the RMSNorm fold (norm_w) is not implemented for 4-bit experts")
     assert x.stride(1) == 1
-    bn, bk = min(gc["BLOCK_N"], N), min(gc["BLOCK_K"], H)
-    sh = int(ws.E1 == ws.E + 1)
-    grid, tiles = _launch_grid(ws, E1, gc["BLOCK_M"], N // bn, "moe_gate_up")
+    grid, w_arg, kw = _launch(ws, E1, gc, N, H, w_arg, w4, "moe_gate_up")
     _moe_gate_up_kernel[grid](
         x, w_arg, ws.counts, ws.pairs, ws.pair_w, ws.inter, norm_w if norm_w is not None else x, eps, T,
-        x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, BLOCK_M=gc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk,
-        NORM=norm_w is not None, ACTIVE=ws.compact, active_ptr=ws.active, NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
-        num_warps=gc["num_warps"], num_stages=gc["num_stages"], **w4, **tiles, **pdl(),
-    )
+        x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, NORM=norm_w is not None, **kw)
 
 
 def moe_down(w2, ws: MoEWorkspace, configs=None):
@@ -294,15 +310,52 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"], dc.get("W4_DECODE"),
                                           (dc["BLOCK_N"], dc.get("num_warps", 4)))
     assert ws.inter.shape[1] == N
-    bn, bk = min(dc["BLOCK_N"], H), min(dc["BLOCK_K"], N)
-    sh = int(ws.E1 == ws.E + 1)
-    grid, tiles = _launch_grid(ws, E1, dc["BLOCK_M"], H // bn, "moe_down")
-    _moe_down_kernel[grid](
-        ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD,
-        BLOCK_M=dc["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
-        NACT_IDX=ws.E1, SH=sh, E_SH=ws.E,
-        num_warps=dc["num_warps"], num_stages=dc["num_stages"], **w4, **tiles, **pdl(),
-    )
+    grid, w_arg, kw = _launch(ws, E1, dc, H, N, w_arg, w4, "moe_down")
+    _moe_down_kernel[grid](ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD, **kw)
+
+
+def tma_available() -> bool:
+    """True when this Triton has host tensor descriptors (``triton.tools.tensor_descriptor``, triton >= 3.4), which
+    the ``TMA`` tile key needs."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except Exception:  # noqa: BLE001 - older triton, or none
+        return False
+    return True
+
+
+def _weight_descriptor(w, block: tuple[int, int], kernel: str):
+    """Host tensor descriptor (TMA) over stacked weights ``w`` [E1, out, in] (contiguous) viewed as [E1·out, in], or a
+    2-D operand [rows, in] with unit stride along ``in`` (``fastpath_batch.rows_linear``'s weights and x), block
+    ``block`` (rows, BLOCK_K): the ``TMA`` tile key of the GEMMs. Rows past the end read as zeros. Raises ValueError
+    when the start or the row stride is not 16-byte aligned or ``in`` is not a multiple of BLOCK_K (a TMA tile never
+    crosses a row)."""
+    if not tma_available():
+        raise RuntimeError(f"{kernel}: the TMA tile key needs triton >= 3.4 (triton.tools.tensor_descriptor); "
+                           f"upgrade triton or drop the key")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    w2d = w.reshape(-1, w.shape[-1]) if w.dim() == 3 else w
+    if (w.stride(-1) != 1 or (w.dim() == 3 and not w.is_contiguous()) or w.data_ptr() % 16 or w.shape[-1] % block[1]
+            or any((st * w.element_size()) % 16 for st in w2d.stride()[:-1])):
+        raise ValueError(f"{kernel}: TMA needs contiguous rows, 16-byte aligned (start and row stride), a multiple "
+                         f"of BLOCK_K={block[1]} long (got {tuple(w.shape)}, strides {tuple(w.stride())}, {w.dtype}); "
+                         f"drop the TMA tile key")
+    return TensorDescriptor.from_tensor(w2d, list(block))
+
+
+def _launch(ws: MoEWorkspace, E1: int, cfg: dict, n_out: int, k_in: int, w_arg, w4: dict, kernel: str):
+    """``(grid, weight argument, launch kwargs)`` of a grouped expert GEMM with tiles ``cfg`` over ``n_out``
+    output columns and ``k_in`` reduction length: BLOCK_N / BLOCK_K capped at them, the grid of
+    :func:`_launch_grid`, the active-list / shared-expert / 4-bit (``w4``) / PDL arguments, and with the tile key
+    ``TMA`` (BF16 experts) the weights as a tensor descriptor (:func:`_weight_descriptor`)."""
+    bn, bk = min(cfg["BLOCK_N"], n_out), min(cfg["BLOCK_K"], k_in)
+    grid, tiles = _launch_grid(ws, E1, cfg["BLOCK_M"], n_out // bn, kernel)
+    if cfg.get("TMA") and not w4:
+        w_arg, tiles = _weight_descriptor(w_arg, (bn, bk), kernel), dict(tiles, TMA=True)
+    return grid, w_arg, dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
+                             NACT_IDX=ws.E1, SH=int(ws.E1 == ws.E + 1), E_SH=ws.E, num_warps=cfg["num_warps"],
+                             num_stages=cfg["num_stages"], **w4, **tiles, **pdl())
 
 
 def _launch_grid(ws: MoEWorkspace, E1: int, block_m: int, n_tiles: int, kernel: str) -> tuple[tuple, dict]:

@@ -1,0 +1,37 @@
+"""A failed re-preparation followed by a good one with the same content re-runs nothing (workflow/rules/prepare.smk:
+update() outputs; workflow/workdir_records.py keeps the records and mtime of the version put back).
+
+The tiny model on one real GSM8K problem: the data file broken for a while makes the re-preparation fail (the
+run stops, the previous problems files are put back as they were); with the file restored nothing re-runs
+-- before, both problems files were gone and re-making them regenerated every model's shards of the
+benchmark. A real edit after the failure is still seen."""
+
+import json
+
+import pytest
+
+from _e2e import Workflow, job_counts
+
+pytestmark = pytest.mark.slow
+
+
+def test_failed_then_good_preparation_regenerates_nothing(tmp_path, data_dir):
+    wf = Workflow(tmp_path, data_dir, {"models": ["tiny"], "benchmarks": ["gsm8k"], "limit": 1, "max_new_tokens": 8},
+                  target="main_table")
+    wf.run()
+    problems = [wf.work / "smoke/problems/gsm8k.jsonl", wf.work / "smoke/problems/gsm8k.for-generation.jsonl"]
+    before = [(p.read_bytes(), p.stat().st_mtime_ns) for p in problems]
+    gsm = wf.data / "gsm8k.jsonl"
+    original = gsm.read_text()
+    gsm.write_text('{"question": "a line cut short\n' + original)
+    out = wf.run(check=False)
+    assert wf.returncode != 0 and "Error in rule prepare_problems" in out, out[-3000:]
+    assert [(p.read_bytes(), p.stat().st_mtime_ns) for p in problems] == before  # put back as they were
+    gsm.write_text(original)
+    assert "Nothing to be done" in wf.run("-n")
+    # a real change after the failure is still seen: a gold answer re-prepares and re-scores, regenerates nothing
+    first, rest = original.split("\n", 1)
+    row = json.loads(first)
+    gsm.write_text(json.dumps(dict(row, answer=row["answer"].rsplit("####", 1)[0] + "#### 987654")) + "\n" + rest)
+    dry = job_counts(wf.run("-n"))
+    assert dry.get("prepare_problems") == 1 and dry.get("score") == 1 and "generate_shard" not in dry, dry
