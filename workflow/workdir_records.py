@@ -174,6 +174,21 @@ def _current(key: str, local, stored):
     return stored if (stored.endtime or float("-inf")) > (local.endtime or float("-inf")) else local
 
 
+#: top-level folders of the work directory whose outputs are kept without a job record: what they hold is
+#: checked by content, not by the settings a record keeps (checkpoints and their sha256 stamps and source keys,
+#: dequantized checkpoints), or made from versioned definitions (container images); re-making them would fetch
+#: or build again (tens of GB, a registry) for nothing
+KEPT_WITHOUT_RECORD = ("hf", "verified", "sources", "dequantized", "images")
+
+
+def _kept_without_record(key: str, roots) -> bool:
+    """Whether output ``key`` under the work directory lies in one of :data:`KEPT_WITHOUT_RECORD`."""
+    hit = roots.root_of(key)
+    if hit is None or hit[0] != "<work>":
+        return False
+    return Path(os.path.relpath(key, hit[1])).parts[0] in KEPT_WITHOUT_RECORD
+
+
 def _write_json(path: Path, rec: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -277,7 +292,8 @@ def persistence_class(base: type, roots: Roots) -> type:
             if rec is not None and rec is not UNREADABLE:
                 return rec if stored is None else _current(key, rec, stored)
             if stored is not None or rec is None:
-                if stored is None and self._planning and os.path.lexists(key) and self._keeps_records():
+                if stored is None and self._planning and os.path.lexists(key) and self._keeps_records() \
+                        and not _kept_without_record(key, roots):
                     return self._no_record(key)
                 return stored
             if not self._keeps_records():

@@ -272,6 +272,23 @@ def test_an_output_without_any_record_reruns_its_job(tmp_path, capsys):
     assert store._read_record(str(outs[0])) is None
 
 
+def test_checkpoints_and_images_without_a_record_are_kept(tmp_path, capsys):
+    """Outputs checked by content or built from versioned definitions (checkpoint folders, their stamps and source
+    keys, dequantized checkpoints, container images) are kept without a record: re-making them would download a
+    checkpoint or build an image again for nothing. A suite's outputs beside them still re-run."""
+    work = tmp_path / "work"
+    kept = [work / "hf" / "tiny" / "config.json", work / "verified" / "tiny.json", work / "sources" / "tiny.json",
+            work / "dequantized" / "tiny" / "config.json", work / "images" / "engine.sif"]
+    rerun = work / "smoke" / "decoders" / "tiny.yaml"
+    for out in kept + [rerun]:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("x\n")
+    workdir_records._REPORTED.discard(str(work))
+    store = _store(tmp_path, work)
+    assert [store._read_record(str(out)) for out in kept] == [None] * len(kept)
+    assert workdir_records.NO_RECORD in store._read_record(str(rerun)).params[0]
+
+
 def test_drop_metadata_reuses_an_output_without_a_record(tmp_path, data_dir):
     """--drop-metadata writes no job record, so an output's missing (or damaged) record stays so: a stand-in
     record would re-run its job on every run, for ever. Under it "no record" is Snakemake's (the output is reused),
