@@ -26,3 +26,14 @@ def dev():
 def rel_err(a, b):
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def small_block_forward(seed: int = 5, max_len: int = 2048):
+    """``(shape, W, fw)``: a 3-layer, 64-expert, 8192-token-vocabulary model in the real layer widths, bf16 random
+    weights (``seed``) and its single-request :class:`~repro.engine.kernels.fastpath.BlockForward` (32-token
+    block, ``max_len`` cache rows, cache not filled) on the GPU: the model-width GPU tests' model."""
+    from repro.engine.kernels import fastpath as F
+
+    shape = F.preset_shape(vocab_size=8192, num_hidden_layers=3, num_experts=64)
+    W = F.random_weights(shape, "cuda", torch.bfloat16, seed=seed)
+    return shape, W, F.BlockForward(W, shape, max_len, T=32, device="cuda")

@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 from repro.engine.kernels import attention as A  # noqa: E402
 from repro.engine.kernels import fastpath as F  # noqa: E402
 
-from .conftest import rel_err  # noqa: E402
+from .conftest import rel_err, small_block_forward  # noqa: E402
 from .test_fastpath import TINY, TINY_CFG  # noqa: E402
 
 
@@ -159,9 +159,7 @@ def test_fused_bf16_model_shape_graph(block_m, min_keys, combine):
 @pytest.mark.gpu
 def test_block_forward_fused_attn_bf16_graph():
     """Model-width layers in bf16 under a CUDA graph: fused_attn logits vs the unfused graph's."""
-    shape = F.preset_shape(vocab_size=8192, num_hidden_layers=3, num_experts=64)
-    W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
-    fw = F.BlockForward(W, shape, 2048, T=32, device="cuda")
+    shape, W, fw = small_block_forward()
     fw.kv.normal_()
     fw.ids.copy_(torch.randint(0, shape.vocab, (32,), device="cuda",
                                generator=torch.Generator(device="cuda").manual_seed(1)))

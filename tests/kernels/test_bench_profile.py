@@ -47,11 +47,10 @@ def test_breakdown_table_lists_every_role_and_the_gaps():
 def test_round_breakdown_small_model():
     """Every per-layer kernel found once per layer in a profiled graph replay; Σ kernels <= the replay time."""
     from repro.engine.bench_profile import round_breakdown
-    from repro.engine.kernels import fastpath as F
 
-    shape = F.preset_shape(vocab_size=8192, num_hidden_layers=3, num_experts=64)
-    W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
-    fw = F.BlockForward(W, shape, 2048, T=32, device="cuda")
+    from .conftest import small_block_forward
+
+    shape, _, fw = small_block_forward()
     fw.kv.normal_()
     fw.ids.copy_(torch.randint(0, shape.vocab, (32,), device="cuda"))
     fw.cache_len.fill_(1000)

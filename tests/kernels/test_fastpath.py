@@ -7,7 +7,7 @@ pytest.importorskip("triton")
 from repro.engine.graph import SMALL_TILES  # noqa: E402
 from repro.engine.kernels import fastpath as F  # noqa: E402
 
-from .conftest import rel_err  # noqa: E402
+from .conftest import rel_err, small_block_forward  # noqa: E402
 
 TINY = F.preset_shape(vocab_size=64, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                       head_dim=16, intermediate_size=64, moe_intermediate_size=32, num_experts=16,
@@ -61,9 +61,7 @@ def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact, norm_i
 
     if _triton.set_pdl(pdl) != pdl:
         pytest.skip("PDL not supported by this triton")
-    shape = F.preset_shape(vocab_size=8192, num_hidden_layers=3, num_experts=64)
-    W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
-    fw = F.BlockForward(W, shape, 2048, T=32, device="cuda")
+    shape, W, fw = small_block_forward()
     fw.prefetch = prefetch
     fw.fuse_norm = fuse_norm
     fw.triton_linear = lin
