@@ -20,7 +20,6 @@ valid for every prefix length P (P + T <= max_len). No host sync inside :meth:`f
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -296,7 +295,7 @@ class BlockForward(GraphCapture):
 
     # ------------------------------------------------------------------------------------------
     def forward(self, head: bool = True, stats: _Stats | None = None):
-        s, W, T = self.s, self.W, self.T
+        s, W = self.s, self.W
         if self.from_embeds:
             self.h.copy_(self.embeds_in)
         else:
