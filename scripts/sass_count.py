@@ -20,9 +20,7 @@ Predicted time per weight: max(int ops / 16.7 T/s, fp ops / 33 T/s, issue slots 
 Usage (any Python with triton 3.6 and torch importable; e.g. a venv with ``pip install triton==3.6.0``, torch
 from another environment appended with ``--torch-site``)::
 
-    python scripts/sass_count.py [--torch-site DIR] [--dump DIR] [--only NAME] [--set single|batched|splitk]
-
-``--set splitk``: registers, spills and shared memory of the split-K QKV / O kernel (``kernels/splitk.py``) instead.
+    python scripts/sass_count.py [--torch-site DIR] [--dump DIR] [--only NAME] [--set single|batched]
 """
 from __future__ import annotations
 
@@ -194,53 +192,13 @@ def count(name, kernel, tiles, w4, decode, dump=None):
     return row
 
 
-def splitk_resources():
-    """Registers, spills and shared memory of ``kernels/splitk.py``'s kernel in the round's variants (the tile sets of
-    ``splitk.SPLITK_TILES`` at the LLaDA2.1-mini shapes: QKV with its QK-norm/RoPE/KV epilogue, O adding into h, O with
-    the router epilogue), compiled for sm_90 with the launch's divisibility hints: one line per variant."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from repro.engine.kernels import splitk as SK
-
-    fn = SK._splitk_rows_kernel
-    names = fn.arg_names
-    types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16",
-             "qw_ptr": "*bf16", "kw_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "len_ptr": "*i32",
-             "kc_ptr": "*bf16", "vc_ptr": "*bf16", "rw_ptr": "*fp32", "nw_ptr": "*bf16", "rpart_ptr": "*fp32",
-             "dummy_ptr": "*fp32", "T": "i32", "stride_xt": "i32", "stride_ot": "i32", "eps": "fp32"}
-    base = dict(K=2048, T_PAD=32, NQ=1, NKV=1, ROT=2, MAXLEN=1, ROUTER=False, E=16, BLOCK_E=16, PREC="ieee", RPF=False,
-                USE_PDL=False)
-    qkv = dict(N=3072, EPI=2, NQ=16, NKV=4, ROT=64, MAXLEN=4224)
-    router = dict(ROUTER=True, E=256, BLOCK_E=64, PREC="tf32x3", RPF=True)
-    for set_name, tiles in SK.SPLITK_TILES.items():
-        for label, extra, cfg in (("qkv", qkv, tiles["qkv"]), ("o", dict(N=2048, EPI=1), tiles["o"]),
-                                  ("o+router", dict(N=2048, EPI=1, **router), tiles["o"])):
-            const = dict(base, **extra, SPLIT=cfg["SPLIT"], BLOCK_K=cfg["BLOCK_K"],
-                         BLOCK_N=128 if label == "qkv" else cfg["BLOCK_N"], PRELOAD=bool(cfg.get("PRELOAD")))
-            full = {n: types.get(n, "constexpr") for n in names}
-            if not const["RPF"]:
-                full["dummy_ptr"] = "constexpr"
-                const["dummy_ptr"] = None
-            attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in full.items() if t.startswith("*")}
-            k = triton.compile(ASTSource(fn, full, constexprs=const, attrs=attrs), target=GPUTarget("cuda", 90, 128),
-                               options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
-            sass, usage = _sass(k.asm["cubin"])
-            ops = Counter(_opcode(i).split(".")[0] for _, i in sass)
-            print(f"splitk {set_name:8s} {label:9s} regs {usage.get('REG', -1):4d} spill "
-                  f"{usage.get('LOCAL', 0) + usage.get('STACK', 0):5d} B  shared {k.metadata.shared / 1024:6.1f} KB  "
-                  f"HMMA {ops['HMMA']:4d}  LDGSTS {ops['LDGSTS']:3d}  LDG {ops['LDG']:3d}  LDL/STL {ops['LDL']}/{ops['STL']}")
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--torch-site", help="a site-packages directory to append to sys.path (for torch)")
     ap.add_argument("--dump", help="write each variant's SASS and PTX here")
     ap.add_argument("--only", help="variants whose name contains this")
-    ap.add_argument("--set", choices=["single", "batched", "splitk"], default="single",
-                    help="variant list: the single-request tiles (default) or the batched round's BLOCK_M 32/64; "
-                         "splitk: resources of kernels/splitk.py's kernel in the round's tile sets")
+    ap.add_argument("--set", choices=["single", "batched"], default="single",
+                    help="variant list: the single-request tiles (default) or the batched round's BLOCK_M 32/64")
     a = ap.parse_args(argv)
     if a.torch_site:
         sys.path.append(a.torch_site)
@@ -249,8 +207,6 @@ def main(argv=None):
 
     import triton
 
-    if a.set == "splitk":
-        return splitk_resources()
     print(f"triton {triton.__version__}, target sm_90a; floor 0.117 ps/weight at 4.8 TB/s (0.5625 B/weight)")
     rows = []
     for v in (_batched_variants() if a.set == "batched" else _variants()):

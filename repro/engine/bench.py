@@ -449,7 +449,7 @@ def main(argv=None):
     ap.add_argument("--variants", default=None, help="round: comma-separated BlockForward variants to time (names "
                     "of bench.VARIANTS; default bench.ROUND_VARIANTS); the fastest is the round's engine")
     ap.add_argument("--w4-variants", default=None, help="round: also time these variants on the 4-bit round (default "
-                    "tiles), e.g. norm_in_route,norm_in_route+splitk")
+                    "tiles), e.g. norm_in_route,norm_in_route+pdl")
     ap.add_argument("--breakdown", action="store_true", help="round: per-kernel table of one round (torch.profiler "
                     "over graph replays) for the BF16 and 4-bit rounds, P = first prefix, default and best variants")
     ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "

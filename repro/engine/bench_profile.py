@@ -53,14 +53,13 @@ ROLES = ("embed", "add_rmsnorm", "qkv_gemm", "qk_norm_rope_kv", "attn_split", "a
 _BY_NAME = (("_add_rmsnorm", "add_rmsnorm"), ("_qk_norm_rope_kv", "qk_norm_rope_kv"), ("_attn_split", "attn_split"),
             ("_attn_combine", "attn_combine"), ("_attn_fused", "attn_fused"), ("_router_logits", "router"),
             ("_route_select", "router_select"), ("_moe_gate_up", "gate_up"), ("_moe_down", "down"),
-            ("_logits_", "logits_stats"), ("index", "embed"), ("_splitk_rows", "linear"),
-            ("_rows_linear", "linear"))
+            ("_logits_", "logits_stats"), ("index", "embed"), ("_rows_linear", "linear"))
 _GEMM_WORDS = ("gemm", "nvjet", "xmma", "cutlass", "gemv", "sm90_", "sm80_")
 
 
 def classify_round(names: list[str], first_dense: int, head: bool = True) -> list[str]:
     """Role (:data:`ROLES`) of each kernel of one round, ``names`` in launch order: Triton kernels by name; GEMMs
-    (cuBLAS, the split-K and rows kernels) by order — per layer the first is the QKV projection and the second the
+    (cuBLAS and the rows kernel) by order — per layer the first is the QKV projection and the second the
     O projection, the last of the round lm_head (``head``); a cuBLAS split-K reduction kernel takes the role of
     the GEMM before it; the expert GEMMs of the first ``first_dense`` layers are the dense FFN."""
     roles = []

@@ -12,12 +12,10 @@ from __future__ import annotations
 # ``prefetch`` (L2 prefetch of the next layer's weights), ``fuse_norm`` (post-attention RMSNorm folded into the
 # FFN GEMMs), ``triton_linear`` (QKV/O through the Triton skinny GEMM), ``compact`` (expert GEMM grids over the
 # active-expert list; a MoE-workspace attribute), ``norm_in_route`` (MoE layers: post-attention RMSNorm written
-# by the route-select kernel), ``fused_attn`` (QK-norm + RoPE + KV write + attention + combine in one launch),
-# ``splitk_qkv`` / ``splitk_o`` / ``splitk_tiles`` / ``router_in_o`` (kernels/splitk.py, fastpath.BlockForward).
+# by the route-select kernel), ``fused_attn`` (QK-norm + RoPE + KV write + attention + combine in one launch).
 # Unnamed settings keep BlockForward's defaults (``BASE``).
 BASE = {"pdl": False, "prefetch": False, "fuse_norm": False, "triton_linear": False, "compact": False,
-        "norm_in_route": False, "fused_attn": False, "splitk_qkv": False, "splitk_o": False, "splitk_tiles": "default",
-        "router_in_o": False, "router_prefetch": True}
+        "norm_in_route": False, "fused_attn": False}
 VARIANTS = {
     "base": {},
     "pdl": {"pdl": True},
@@ -31,35 +29,11 @@ VARIANTS = {
     "norm_in_route+pdl": {"norm_in_route": True, "pdl": True},
     "norm_in_route+fused_attn": {"norm_in_route": True, "fused_attn": True},
     "norm_in_route+fused_attn+pdl": {"norm_in_route": True, "fused_attn": True, "pdl": True},
-    # session 6 (kernels/splitk.py): QKV + QK-norm/RoPE/KV write in one split-K launch, O adding into h; tile sets
-    "norm_in_route+splitk": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True},
-    "norm_in_route+splitk_qkv": {"norm_in_route": True, "splitk_qkv": True},
-    "norm_in_route+splitk_o": {"norm_in_route": True, "splitk_o": True},
-    "norm_in_route+splitk+s16": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True, "splitk_tiles": "s16"},
-    "norm_in_route+splitk+s4": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True, "splitk_tiles": "s4"},
-    "norm_in_route+splitk+pdl": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True, "pdl": True},
-    # ... and the router GEMM in the O projection's epilogue (route-select alone after it)
-    "norm_in_route+splitk+router": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True, "router_in_o": True},
-    "norm_in_route+splitk+router+pdl": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
-                                        "router_in_o": True, "pdl": True},
-    "norm_in_route+splitk+router+o128": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
-                                         "router_in_o": True, "splitk_tiles": "o128"},
-    "norm_in_route+splitk+router+nopf": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
-                                         "router_in_o": True, "router_prefetch": False},
-    "norm_in_route+splitk+router+pre": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
-                                        "router_in_o": True, "splitk_tiles": "pre"},
-    "norm_in_route+splitk+router+pre+pdl": {"norm_in_route": True, "splitk_qkv": True, "splitk_o": True,
-                                            "router_in_o": True, "splitk_tiles": "pre", "pdl": True},
 }
 
 #: the variants ``bench round`` times by default (``--variants`` picks others)
 ROUND_VARIANTS = ("base", "pdl", "compact", "norm_in_route", "fused_attn", "norm_in_route+pdl",
-                  "norm_in_route+fused_attn", "norm_in_route+fused_attn+pdl", "norm_in_route+splitk",
-                  "norm_in_route+splitk_qkv", "norm_in_route+splitk_o", "norm_in_route+splitk+s16",
-                  "norm_in_route+splitk+s4", "norm_in_route+splitk+pdl", "norm_in_route+splitk+router",
-                  "norm_in_route+splitk+router+pdl", "norm_in_route+splitk+router+o128",
-                  "norm_in_route+splitk+router+nopf", "norm_in_route+splitk+router+pre",
-                  "norm_in_route+splitk+router+pre+pdl")
+                  "norm_in_route+fused_attn", "norm_in_route+fused_attn+pdl")
 
 
 def set_variant(fw, name):

@@ -5,22 +5,23 @@ import torch
 from repro.engine.bench_profile import ROLES, breakdown_table, classify_round
 
 
-def _layer(qkv, o, fused_qkv=False):
+def _layer(qkv, o, fused_attn=False):
     """Kernel names of one MoE layer of BlockForward (norm_in_route) in launch order (``o`` a list: the O GEMM's
-    kernels)."""
-    return (["_add_rmsnorm_kernel", qkv] + ([] if fused_qkv else ["_qk_norm_rope_kv_kernel"])
-            + ["_attn_split_kernel", "_attn_combine_kernel", *o, "_router_logits_kernel", "_route_select_kernel",
-               "_moe_gate_up_kernel", "_moe_down_kernel"])
+    kernels; ``fused_attn``: QK-norm/RoPE/KV write and attention in one launch)."""
+    attn = ["_attn_fused_kernel"] if fused_attn else ["_qk_norm_rope_kv_kernel", "_attn_split_kernel",
+                                                      "_attn_combine_kernel"]
+    return (["_add_rmsnorm_kernel", qkv, *attn, *o, "_router_logits_kernel", "_route_select_kernel",
+             "_moe_gate_up_kernel", "_moe_down_kernel"])
 
 
-def test_classify_round_cublas_and_splitk():
+def test_classify_round_cublas_and_fused_attn():
     cublas = "nvjet_tst_64x8_64x16_4x1_v_bz_TNT"
     names = (["indexSelectLargeIndex"] + ["_add_rmsnorm_kernel", cublas, "_qk_norm_rope_kv_kernel",
                                           "_attn_split_kernel", "_attn_combine_kernel", cublas,
                                           "_add_rmsnorm_kernel", "_moe_gate_up_kernel", "_moe_down_kernel"]
              # a cuBLAS split-K reduction after the O GEMM: the O GEMM's role
              + _layer("sm90_xmma_gemm_bf16bf16_bf16f32", ["cutlass_80_wmma_tensorop_gemm", "splitKreduce_kernel"])
-             + _layer("_splitk_rows_kernel", ["_splitk_rows_kernel"], fused_qkv=True)
+             + _layer(cublas, [cublas], fused_attn=True)
              + ["_add_rmsnorm_kernel", cublas, "_logits_partial_stats_kernel", "_logits_stats_combine_kernel"])
     roles = classify_round(names, first_dense=1)
     assert set(roles) <= set(ROLES)
@@ -28,7 +29,7 @@ def test_classify_round_cublas_and_splitk():
     assert roles[8:10] == ["dense_gate_up", "dense_down"]
     assert roles.count("qkv_gemm") == 3 and roles.count("o_gemm") == 4  # one O GEMM + its split-K reduction
     assert roles[names.index("splitKreduce_kernel")] == "o_gemm"
-    assert roles.count("qk_norm_rope_kv") == 2  # the split-K QKV does it in its epilogue
+    assert roles.count("qk_norm_rope_kv") == 2 and roles.count("attn_fused") == 1  # the fused layer has none
     assert roles.count("gate_up") == 2 and roles.count("route_select") == 2 and roles.count("router") == 2
     assert roles[-3:] == ["lm_head", "logits_stats", "logits_stats"]
     assert "other" not in roles
@@ -54,14 +55,11 @@ def test_round_breakdown_small_model():
     fw.kv.normal_()
     fw.ids.copy_(torch.randint(0, shape.vocab, (32,), device="cuda"))
     fw.cache_len.fill_(1000)
-    for splitk in (False, True):
-        fw.splitk_qkv = fw.splitk_o = splitk
-        b = round_breakdown(fw, replays=3)
-        r = b["roles"]
-        assert r["qkv_gemm"]["launches"] == r["attn_split"]["launches"] == shape.layers
-        assert r["router"]["launches"] == shape.layers - shape.first_dense
-        assert ("qk_norm_rope_kv" in r) != splitk
-        assert 0 < b["kernels_ms"] <= 1.2 * b["graph_ms"]
+    b = round_breakdown(fw, replays=3)
+    r = b["roles"]
+    assert r["qkv_gemm"]["launches"] == r["attn_split"]["launches"] == r["qk_norm_rope_kv"]["launches"] == shape.layers
+    assert r["router"]["launches"] == shape.layers - shape.first_dense
+    assert 0 < b["kernels_ms"] <= 1.2 * b["graph_ms"]
 
 
 def test_every_round_variant_sets_real_options(dev):

@@ -15,11 +15,10 @@ TINY = F.preset_shape(vocab_size=64, hidden_size=64, num_hidden_layers=3, num_at
 TINY_CFG = SMALL_TILES  # the tiles the engine's graph path uses for small shapes
 
 
-@pytest.mark.parametrize("fuse_norm,triton_linear,compact,norm_in_route,splitk", [
-    (False, False, False, False, False), (True, False, False, False, False), (False, True, False, False, False),
-    (False, False, True, False, False), (False, False, False, True, False), (False, False, False, True, "router"),
-    (False, False, False, False, True)])
-def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear, compact, norm_in_route, splitk):
+@pytest.mark.parametrize("fuse_norm,triton_linear,compact,norm_in_route", [
+    (False, False, False, False), (True, False, False, False), (False, True, False, False),
+    (False, False, True, False), (False, False, False, True)])
+def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear, compact, norm_in_route):
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
     W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
@@ -29,8 +28,6 @@ def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear, com
     fw.triton_linear = triton_linear
     fw.ws.compact = compact
     fw.norm_in_route = norm_in_route
-    fw.splitk_qkv = fw.splitk_o = bool(splitk)  # kernels/splitk.py: QKV with the QK-norm/RoPE/KV epilogue, O += h
-    fw.router_in_o = splitk == "router"  # and the router GEMM in the O projection's epilogue
     fw.kv.normal_()
     fw.cache_len.fill_(P)
     ids = torch.randint(0, TINY.vocab, (T,))
@@ -48,14 +45,12 @@ def test_block_forward_matches_reference_tiny(dev, fuse_norm, triton_linear, com
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl,prefetch,fuse_norm,lin,compact,norm_in_route,splitk", [
-    (False, False, False, False, False, False, False), (True, True, False, False, False, False, False),
-    (False, False, True, False, False, False, False), (True, False, False, True, False, False, False),
-    (False, False, False, False, True, False, False), (True, False, False, False, True, False, False),
-    (False, False, False, False, False, True, False), (True, False, False, False, False, True, False),
-    (False, False, False, False, False, True, True), (True, False, False, False, False, True, "router"),
-    (True, False, False, False, False, True, "pre")])
-def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact, norm_in_route, splitk):
+@pytest.mark.parametrize("pdl,prefetch,fuse_norm,lin,compact,norm_in_route", [
+    (False, False, False, False, False, False), (True, True, False, False, False, False),
+    (False, False, True, False, False, False), (True, False, False, True, False, False),
+    (False, False, False, False, True, False), (True, False, False, False, True, False),
+    (False, False, False, False, False, True), (True, False, False, False, False, True)])
+def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact, norm_in_route):
     """Model-width layers (fewer layers/experts/vocab) in bf16 under a CUDA graph vs the bf16 reference."""
     from repro.engine.kernels import _triton
 
@@ -67,9 +62,6 @@ def test_block_forward_bf16_graph(pdl, prefetch, fuse_norm, lin, compact, norm_i
     fw.triton_linear = lin
     fw.ws.compact = compact
     fw.norm_in_route = norm_in_route  # the default; off in the other cases so that their option is what runs
-    fw.splitk_qkv = fw.splitk_o = bool(splitk)
-    fw.router_in_o = splitk in ("router", "pre")
-    fw.splitk_tiles = "pre" if splitk == "pre" else "default"
     fw.kv.normal_()
     ids = torch.randint(0, shape.vocab, (32,), device="cuda")
     fw.ids.copy_(ids)

@@ -15,17 +15,11 @@ then the final norm, the lm_head over the T block positions only (cuBLAS, bf16 l
 decode statistics in fp32 on device (argmax, max probability, entropy). The layer-0 dense FFN runs
 through the same grouped-GEMM kernels as one "expert" that all tokens select with weight 1.
 
-Options (attributes, measured in docs/perf.md): ``splitk_qkv`` runs the QKV GEMM with QK-norm + RoPE + KV write as
-its epilogue and ``splitk_o`` the O GEMM (adding into h) through the split-K kernels of :mod:`.splitk`;
-``router_in_o`` also computes the router's partial logits in the O GEMM's epilogue, so that the route-select kernel
-runs alone (:func:`.route.moe_route_select`).
-
 The cache length is a device int32 tensor, so :meth:`BlockForward.capture` records one CUDA graph that is
 valid for every prefix length P (P + T <= max_len). No host sync inside :meth:`forward`.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -34,7 +28,6 @@ from . import attention as A
 from . import moe as M
 from . import logits as Lg
 from . import norm as Nm
-from . import splitk as SK
 from .configs import load_config
 
 __all__ = ["ModelShape", "preset_shape", "random_weights", "BlockForward", "round_bytes", "reference_forward",
@@ -233,8 +226,7 @@ class BlockForward(GraphCapture):
     ``from_embeds`` set, ``self.embeds_in`` [T, H] (model dtype) replaces ``E[ids]`` as the layer-0 input.
     Outputs after :meth:`forward` (or a graph replay): ``self.logits`` [T, V] bf16, ``self.pred`` [T]
     int64 argmax, ``self.conf`` [T] fp32 max probability, ``self.entropy`` [T] fp32 (nats);
-    the block's K/V are in ``self.kv[l, 0/1, :, P:P+T]``. ``configs["splitk"]`` (``{"qkv": tiles, "o": tiles}``)
-    overrides the split-K tiles of the ``splitk_*`` options (else ``splitk.SPLITK_TILES[self.splitk_tiles]``).
+    the block's K/V are in ``self.kv[l, 0/1, :, P:P+T]``.
     """
 
     def __init__(self, W, shape: ModelShape, max_len: int, T: int = 32, device="cuda",
@@ -289,20 +281,6 @@ class BlockForward(GraphCapture):
         # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts.
         # On by default: the fastest measured variant (H200, docs/perf.md v8/v9: 5.54 vs 5.61 ms at P=1k)
         self.norm_in_route = True
-        # QKV projection with QK-norm + RoPE + KV write as its epilogue, and the O projection (adding into h), through
-        # the split-K kernels of kernels/splitk.py instead of cuBLAS + qk_norm_rope_kv (docs/perf.md "Session 6: the
-        # per-layer small kernels at batch 1")
-        self.splitk_qkv = False
-        self.splitk_o = False
-        self.splitk_tiles = "default"  # a key of splitk.SPLITK_TILES (unless configs["splitk"] gives the tiles)
-        self.sk_configs = configs.get("splitk") if configs else None
-        # MoE layers with splitk_o and norm_in_route: the router's partial logits from the O projection's epilogue,
-        # then the route-select kernel alone (route.moe_route_select): one launch less per MoE layer
-        self.router_in_o = False
-        self.router_prefetch = True  # router_in_o: the O programs pull the router tile into L2 first
-        self.router_prec = M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T).get("PREC", "ieee")
-        self._rparts = {}  # column tiles of the O projection -> router partials [tiles, T_PAD, E] fp32
-        self.skws = SK.SplitKWorkspace(T, max(shape.qkv_out, H), 16, device)
         self.lin_cfg = kc["linear"]
         self.qkv32 = torch.zeros(T, shape.qkv_out, dtype=torch.float32, device=device)
         self.attn32 = torch.zeros(T, H, dtype=torch.float32, device=device)
@@ -317,7 +295,7 @@ class BlockForward(GraphCapture):
 
     # ------------------------------------------------------------------------------------------
     def forward(self, head: bool = True, stats: _Stats | None = None):
-        s, W, T = self.s, self.W, self.T
+        s, W = self.s, self.W
         if self.from_embeds:
             self.h.copy_(self.embeds_in)
         else:
@@ -336,14 +314,9 @@ class BlockForward(GraphCapture):
                                shared=prev[2], eps=s.eps)
             if self.triton_linear:
                 qkv = M.linear_rows(self.a, L["wqkv"], self.qkv32, self.dws.counts, self.dws.pairs, self.lin_cfg["qkv"])
-            elif not self.splitk_qkv or self.fused_attn:
+            else:
                 qkv = torch.mm(self.a, L["wqkv"].t(), out=self.qkv)
-            if self.splitk_qkv and not self.fused_attn and not self.triton_linear:
-                SK.splitk_qkv_rope_kv(self.a, L["wqkv"], self.skws, L["q_norm"], L["k_norm"], self.cos, self.sin,
-                                      self.cache_len, self.q, kc, vc, s.nq, s.nkv, s.rot_dim, s.eps,
-                                      self._sk_cfg("qkv", L["wqkv"]))
-                A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
-            elif self.fused_attn:
+            if self.fused_attn:
                 A.block_attention_fused(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, kc, vc,
                                         self.o, self.aws, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
             else:
@@ -351,27 +324,11 @@ class BlockForward(GraphCapture):
                                   kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
                 A.block_attention(self.q, kc, vc, self.cache_len, self.o, self.aws)
             route_norm = self.norm_in_route and "router" in L
-            rpart = None
             if self.fuse_norm or route_norm:
-                if self.splitk_o and self.router_in_o and route_norm:
-                    oc = self._sk_cfg("o", L["wo"])
-                    nt = s.hidden // oc["BLOCK_N"]
-                    if nt not in self._rparts:
-                        self._rparts[nt] = torch.zeros(nt, self.ws.T_PAD, s.experts, dtype=torch.float32,
-                                                       device=self.device)
-                    rpart = self._rparts[nt]
-                    SK.splitk_linear(self.o, L["wo"], self.h, self.skws, oc, "add",
-                                     router=(L["router"], L["mlp_norm"], rpart, self.router_prec),
-                                     router_prefetch=self.router_prefetch)
-                elif self.splitk_o:
-                    SK.splitk_linear(self.o, L["wo"], self.h, self.skws, self._sk_cfg("o", L["wo"]), "add")
-                else:
-                    self.h.addmm_(self.o, L["wo"].t())
+                self.h.addmm_(self.o, L["wo"].t())
                 x_ffn, nw = self.h, L["mlp_norm"]
             else:
-                if self.splitk_o:
-                    ao = SK.splitk_linear(self.o, L["wo"], self.attn_out, self.skws, self._sk_cfg("o", L["wo"]))
-                elif self.triton_linear:
+                if self.triton_linear:
                     ao = M.linear_rows(self.o, L["wo"], self.attn32, self.dws.counts, self.dws.pairs, self.lin_cfg["o"])
                 else:
                     ao = torch.mm(self.o, L["wo"].t(), out=self.attn_out)
@@ -389,14 +346,9 @@ class BlockForward(GraphCapture):
             else:
                 E1 = M.expert_slots(L["w13"])
                 cslot = li - s.first_dense if s.layers - s.first_dense > 1 else None  # 1 MoE layer: own memset
-                if rpart is not None:  # the router GEMM ran in the O projection's epilogue
-                    M.moe_route_select(rpart, x_ffn, L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                                       s.scaling, s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw, eps=s.eps,
-                                       norm_out=self.a)
-                else:
-                    M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group,
-                                      s.topk_group, s.scaling, s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw,
-                                      eps=s.eps, norm_out=self.a if route_norm else None)
+                M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
+                                  s.scaling, s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw, eps=s.eps,
+                                  norm_out=self.a if route_norm else None)
                 if route_norm:
                     x_ffn, nw = self.a, None
                 if stats is not None:
@@ -408,12 +360,6 @@ class BlockForward(GraphCapture):
         if head:
             torch.mm(self.a, W["lm_head"].t(), out=self.logits)
             Lg.logits_stats(self.logits, self.stat_part, self.pred, self.conf, self.entropy, nchunk=self.stat_nchunk)
-
-    def _sk_cfg(self, kernel: str, w: torch.Tensor) -> dict:
-        """Tiles of the split-K ``kernel`` ("qkv" or "o") for weight ``w`` [N, K]: ``configs["splitk"]`` if given,
-        else ``SPLITK_TILES[self.splitk_tiles]``, fitted to the shape (:func:`.splitk.fit_tiles`)."""
-        tiles = self.sk_configs or SK.SPLITK_TILES[self.splitk_tiles]
-        return SK.fit_tiles(tiles[kernel], w.shape[1], w.shape[0])
 
     def distinct_experts(self) -> list[int]:
         """Run one eager forward and return the touched routed experts per MoE layer (host sync)."""

@@ -38,8 +38,7 @@ import torch
 
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, triton
 from .moe_gemm import expert_gemms_reference, expert_slots, linear_rows, moe_down, moe_gate_up
-from .route import (DEFAULT_CONFIGS, MoEWorkspace, _cfg, moe_align, moe_route_align, moe_route_select, moe_tiles,
-                    route_reference)
+from .route import DEFAULT_CONFIGS, MoEWorkspace, _cfg, moe_align, moe_route_align, moe_tiles, route_reference
 
 if HAS_TRITON:  # the kernels themselves, for tools that compile them (scripts/sass_count.py, the tuner)
     from .moe_gemm import _moe_down_kernel, _moe_gate_up_kernel  # noqa: F401
@@ -61,7 +60,6 @@ __all__ = [
     "route_reference",
     "MoEWorkspace",
     "moe_route_align",
-    "moe_route_select",
     "moe_align",
     "moe_tiles",
     "DEFAULT_CONFIGS",

@@ -40,8 +40,7 @@ import torch
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton  # noqa: F401
 from .configs import load_config
 
-__all__ = ["route_reference", "MoEWorkspace", "moe_route_align", "moe_route_select", "moe_align", "moe_tiles",
-           "DEFAULT_CONFIGS"]
+__all__ = ["route_reference", "MoEWorkspace", "moe_route_align", "moe_align", "moe_tiles", "DEFAULT_CONFIGS"]
 
 
 def route_reference(
@@ -426,26 +425,6 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
         num_stages=rc["num_stages"],
         **pdl(),
     )
-    moe_route_select(ws.part, x, expert_bias, ws, E1, top_k, n_group, topk_group, scaling, renormalize, configs,
-                     slot, norm_w, eps, norm_out, tile_block_m)
-
-
-def moe_route_select(part, x, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_group=8, topk_group=4, scaling=2.5,
-                     renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6, norm_out=None,
-                     tile_block_m=None):
-    """Kernel 2 alone: selection + alignment into ``ws`` from router partial logits ``part`` [S, ws.T_PAD, E] fp32
-    (summed in split order 0..S-1), made by :func:`moe_route_align`'s router GEMM (``ws.part``) or by another kernel
-    (the O projection's epilogue in ``splitk.splitk_linear(router=...)``). Arguments as :func:`moe_route_align`;
-    with ``norm_w`` the partials are of h·norm_w (unnormalised) and are scaled by r = rsqrt(mean h² + eps), r from
-    row t of x = h when ``norm_out`` is given, else from ``ws.ss``. Raises ValueError when ``part`` does not fit."""
-    T, H = x.shape
-    E = ws.E
-    if part.dim() != 3 or tuple(part.shape[1:]) != (ws.T_PAD, E) or part.dtype != torch.float32:
-        raise ValueError(f"moe_route_select: partial logits {tuple(part.shape)} {part.dtype} are not fp32 "
-                         f"[S, {ws.T_PAD}, {E}]")
-    if norm_w is not None and norm_out is None and part.shape[0] != ws.ss.shape[0]:
-        raise ValueError("moe_route_select: norm_w without norm_out takes Σh² from the router GEMM's ws.ss, which has "
-                         f"{ws.ss.shape[0]} splits, not {part.shape[0]}: pass norm_out (Σh² from the row of x)")
     if slot is None:
         ws.slot = 0
         ws.counts_all[0, :E].zero_()
@@ -462,10 +441,10 @@ def moe_route_select(part, x, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_grou
         tiles = dict(TILES=True, ticket_ptr=ws.ticket, tiles_ptr=table, T=T, MAXT=table.shape[0], E1=ws.E1,
                      E1P=next_pow2(ws.E1), TILE_M=int(tile_block_m))
     _route_select_kernel[(T,)](
-        part, expert_bias if expert_bias is not None else part, ws.topk_ids, ws.topk_w,
+        ws.part, expert_bias if expert_bias is not None else ws.part, ws.topk_ids, ws.topk_w,
         ws.pair_w, ws.counts, ws.pairs, nxt, ws.ss, eps, x, norm_w if norm_w is not None else x, no, x.stride(0),
         no.stride(0), ws.active, NACT_IDX=E1, E=E, T_PAD=ws.T_PAD, TOPK=top_k, N_GROUP=n_group,
-        TOPK_GROUP=topk_group, SPLIT_K=part.shape[0], SCALE=float(scaling), RENORM=bool(renormalize),
+        TOPK_GROUP=topk_group, SPLIT_K=split, SCALE=float(scaling), RENORM=bool(renormalize),
         HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, ZERO_NEXT=slot is not None,
         NORM=norm_w is not None, H=H, WRITE_NORMED=norm_out is not None, BLOCK_H=next_pow2(H),
         ACTIVE=bool(ws.compact or slot is None), num_warps=ac["num_warps"], **tiles,
