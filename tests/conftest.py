@@ -19,3 +19,18 @@ def data_dir() -> Path:
     if d is None:
         pytest.skip("real benchmark data not found (set ORL_EVAL_DATA or place it at ../shared/data)")
     return d
+
+
+@pytest.fixture(autouse=True)
+def _restore_engine_seams():
+    """Put back the engine's layer-seam choices after each test. Building an ``LLM`` on a GPU selects the Triton MoE
+    and attention for the whole process (``repro.engine.llm``), and a later test would otherwise run on that choice.
+    This happened: the fp32 CUDA parity test ran on TF32 Triton kernels after the batched-graph tests, and failed."""
+    from repro.engine.layers import attention, moe
+
+    saved = [(m, list(m._ACTIVE), list(getattr(m, "_ACTIVE_NAME", []))) for m in (moe, attention)]
+    yield
+    for m, active, name in saved:
+        m._ACTIVE[:] = active
+        if name:
+            m._ACTIVE_NAME[:] = name
