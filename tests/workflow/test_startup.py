@@ -7,11 +7,15 @@
 * an empty data file stops prepare naming the file, and leaves no problems file behind;
 * a dry run (``-n``) changes nothing: a stamp whose checkpoint changed since it was written and locks left by
   a killed Snakemake stay as they are, and the dry run says what a real run would re-verify and remove;
+* a replayed model whose samples file does not exist stops at start-up naming the file (no traceback); braces
+  in a label or samples path and an apostrophe in a label reach the table rules' command intact;
 * a batched suite's speed_benchmarks that are not among its benchmarks (no speed probe for them) are said;
 * a work, results or data directory whose path holds a space or a shell special character (the jobs' commands
   carry it unquoted) stops at start-up with one line per path, before anything is written."""
 
+import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -103,6 +107,43 @@ def test_impossible_precision_or_backend_stops_at_startup(checkout, overlay, exp
     assert r.returncode != 0
     assert f"Config error (config.yaml + p.yaml): {expect}" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+
+
+def test_replayed_model_without_its_samples_file_stops_at_start_up_naming_it(checkout):
+    """A replay model whose samples file is missing (here for one benchmark of two, `{bench}` in the path): one
+    line per missing file naming the model, the absolute path and the fix. Before, Snakemake found no rule to
+    replay the cell, planned its generation instead and stopped with a traceback (KeyError 'role')."""
+    (checkout / "s_gsm8k.jsonl").write_text('{"id": "gsm8k/0", "completion": "42"}\n')
+    (checkout / "p.yaml").write_text('models: {byhand: {label: H, source: {type: replay, samples: "s_{bench}.jsonl"}}}\n'
+                                     "suites: {smoke: {models: [tiny, byhand], benchmarks: [gsm8k, mbpp]}}\n")
+    r = snakemake(checkout, "-n", "--cores", "1", "main_table", "--configfile", "config.yaml", "p.yaml")
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [f"Config error (config.yaml + p.yaml): model byhand replays samples from {checkout / 's_mbpp.jsonl'}, "
+                      "which does not exist; set models.byhand.source.samples to an existing JSONL of {id, completion} "
+                      "records (an absolute path, or relative to the checkout; '{bench}' in it picks one file per "
+                      "benchmark), or drop the model from suite 'smoke'"], r.stderr[-2000:]
+
+
+def test_label_with_braces_and_apostrophe_and_samples_path_with_bench_reach_the_table_command(checkout):
+    """Braces in a label or in a samples path (`{bench}`, as documented) and an apostrophe in a label: the table
+    rules' command carries the spec intact. Before, Snakemake read the braces as wildcards of write_table's
+    params (WildcardError at start-up) and the apostrophe ended the command's quoted --spec (the job failed)."""
+    for bench in ("gsm8k", "mbpp"):
+        (checkout / f"s_{bench}.jsonl").write_text("")
+    (checkout / "p.yaml").write_text('models: {tiny: {label: "tiny\'s {v2} run"}, '
+                                     'byhand: {label: H, source: {type: replay, samples: "s_{bench}.jsonl"}}}\n'
+                                     "suites: {smoke: {models: [tiny, byhand], benchmarks: [gsm8k, mbpp]}}\n")
+    r = snakemake(checkout, "-n", "-p", "--cores", "1", "main_table", "--configfile", "config.yaml", "p.yaml")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    commands = [line for line in r.stdout.splitlines() if " -m repro.tables" in line and "--spec" in line]
+    assert len(commands) == 2, r.stdout[-3000:]  # write_table and speed_table
+    for line in commands:
+        words = shlex.split(line.split("set -euo pipefail;", 1)[-1])
+        spec = json.loads(words[words.index("--spec") + 1])
+        labels = {m["name"]: m["label"] for m in spec["models"]}
+        assert labels == {"tiny": "tiny's {v2} run", "byhand": "H"}, labels
+    assert "rule replay_samples" in r.stdout and "/generations/byhand/gsm8k/seed12345/shard" not in r.stdout
 
 
 @pytest.mark.slow
