@@ -9,6 +9,7 @@
   a killed Snakemake stay as they are, and the dry run says what a real run would re-verify and remove;
 * a replayed model whose samples file does not exist stops at start-up naming the file (no traceback); braces
   in a label or samples path and an apostrophe in a label reach the table rules' command intact;
+* a live run from another Snakemake directory on the same work directory stops a real run at start-up;
 * a batched suite's speed_benchmarks that are not among its benchmarks (no speed probe for them) are said;
 * a work, results or data directory whose path holds a space or a shell special character (the jobs' commands
   carry it unquoted) stops at start-up with one line per path, before anything is written."""
@@ -144,6 +145,62 @@ def test_label_with_braces_and_apostrophe_and_samples_path_with_bench_reach_the_
         labels = {m["name"]: m["label"] for m in spec["models"]}
         assert labels == {"tiny": "tiny's {v2} run", "byhand": "H"}, labels
     assert "rule replay_samples" in r.stdout and "/generations/byhand/gsm8k/seed12345/shard" not in r.stdout
+
+
+_HOLD = """
+import fcntl, json, os, sys, time
+path = sys.argv[1]
+os.makedirs(os.path.dirname(path), exist_ok=True)
+fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, json.dumps({"pid": os.getpid(), "directory": sys.argv[2]}).encode())
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_run_from_another_directory_on_the_same_work_directory_stops_at_start_up(checkout, tmp_path):
+    """Two Snakemake directories (`--directory DIR`, or two checkouts with one ORL_EVAL_WORK) on one work
+    directory do not see each other's locks: a live run's claim in <work>/.repro-runs/ naming another directory
+    stops a real run at start-up, naming it (before, both generated into the same shards and both failed); a dry
+    run only says so; a claim from the same directory is left to Snakemake's own locks; a dead run's is removed."""
+    work = tmp_path / "w"
+    env = {"ORL_EVAL_WORK": str(work)}
+    target = str(work / "smoke" / "problems" / "gsm8k.jsonl")  # one cheap job (the shipped problems)
+    cfg = checkout / "config.yaml"  # the results directory is claimed too: the test's own
+    cfg.write_text(cfg.read_text().replace("\nresults_dir: null\n", f"\nresults_dir: {tmp_path / 'results'}\n", 1))
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(work / ".repro-runs" / "1.lock"), "/elsewhere"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        r = snakemake(checkout, "--cores", "1", target, env=env)
+        assert r.returncode == 1, r.stderr[-2000:]
+        errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+        assert errors == [f"Error: the work directory (work_dir / ORL_EVAL_WORK) {work} is in use by a Snakemake "
+                          f"running in /elsewhere (pid {holder.pid}), whose locks this run in {checkout} cannot see "
+                          "(each directory keeps its own .snakemake/locks), so both would write the same files; wait "
+                          "for it to end and run again, run this command from that directory, or give this run its "
+                          "own work and results directories (ORL_EVAL_WORK / work_dir, results_dir)"], r.stderr[-2000:]
+        assert not os.path.exists(target) and "Select jobs" not in r.stdout + r.stderr
+        r = snakemake(checkout, "-n", "--cores", "1", target, env=env)
+        assert r.returncode == 0 and "note: dry run: the work directory" in r.stderr, r.stderr[-2000:]
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its claim is stale, removed, and the run goes ahead
+    r = snakemake(checkout, "--cores", "1", target, env=env)
+    assert r.returncode == 0 and os.path.isfile(target), r.stderr[-2000:]
+    assert not (work / ".repro-runs" / "1.lock").exists() and not list((work / ".repro-runs").glob("*.lock"))
+    # a live run from this same directory: no refusal (Snakemake's locks decide, as for any two runs here)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(work / ".repro-runs" / "2.lock"),
+                               os.path.realpath(checkout)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        r = snakemake(checkout, "--cores", "1", target, "--forcerun", "prepare_problems", env=env)
+        assert r.returncode == 0 and "is in use by a Snakemake" not in r.stderr, r.stderr[-2000:]
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.slow

@@ -240,27 +240,12 @@ def _claim_run_and_clear_stale_locks():
         _RUN_LOCK_FD = os.open(mine, os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(_RUN_LOCK_FD, fcntl.LOCK_EX)
         atexit.register(mine.unlink, missing_ok=True)
-    alive = 0
-    for other in runs.glob("*.lock"):
-        if other == mine:
-            continue
-        try:
-            fd = os.open(other, os.O_RDONLY)  # flock works on a read-only descriptor
-        except FileNotFoundError:
-            continue
-        except PermissionError:  # another user's run: treat as alive
-            alive += 1
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            alive += 1
-        else:
-            if not DRY_RUN:
-                other.unlink(missing_ok=True)  # its Snakemake is gone
-        finally:
-            os.close(fd)
+    alive = [pid for pid, _ in _live_claims(runs, mine)]
     locks = Path(".snakemake/locks")
+    if alive and locks.is_dir() and any(locks.iterdir()):
+        print(f"note: another Snakemake of this workflow is running here (pid {', '.join(map(str, alive))}); if this "
+              "run needs files it is making, Snakemake stops below with 'Directory cannot be locked': wait for it to "
+              "end and run again (not with --unlock, which would let both runs write the same files)", file=sys.stderr)
     if not alive and locks.is_dir() and any(locks.iterdir()):
         if DRY_RUN:
             print(f"note: {NO_RUN}: {locks.resolve()} holds the locks of a Snakemake that was killed (no Snakemake of "
@@ -274,8 +259,82 @@ def _claim_run_and_clear_stale_locks():
               "of this workflow is running here); its unfinished jobs are re-run", file=sys.stderr)
 
 
+# --- Two Snakemake directories on one work directory ----------------------------------------------------------
+# Snakemake's locks live in the directory it runs in (.snakemake/locks), but the work and results directories
+# need not: `--directory DIR` moves .snakemake to DIR while work/ and results/ stay the checkout's, and two
+# checkouts can share one ORL_EVAL_WORK. Two such runs cannot see each other's locks and write the same shards
+# (seen: "3 problem(s) missing after generation" in one, "Missing files after 5 seconds" in the other). So every
+# run also holds an flock on a file of its own in <work>/.repro-runs/ and <results>/.repro-runs/ naming its
+# Snakemake directory; a live run there from another directory stops this one at start-up (runs from the same
+# directory are left to Snakemake's own locks: on different outputs they run side by side).
+_DIR_CLAIM_FDS = []
+
+
+def _live_claims(folder, mine=None):
+    """``[(pid, directory)]`` of the Snakemake runs holding a claim in ``folder`` now (their flock is held);
+    claims whose run is gone are removed (except by a dry run)."""
+    live = []
+    for other in sorted(Path(folder).glob("*.lock")) if Path(folder).is_dir() else []:
+        if mine is not None and other == mine:
+            continue
+        try:
+            fd = os.open(other, os.O_RDONLY)  # flock works on a read-only descriptor
+        except FileNotFoundError:
+            continue
+        except PermissionError:  # another user's run: treat as alive
+            live.append((other.stem, "?"))
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                info = json.loads(other.read_text() or "{}")
+            except (OSError, ValueError):
+                info = {}
+            live.append((info.get("pid", other.stem), info.get("directory", "?")))
+        else:
+            if not DRY_RUN:
+                other.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    return live
+
+
+def _claim_work_and_results_dirs():
+    here = os.path.realpath(os.getcwd())
+    conflicts = []
+    for what, root in (("work directory (work_dir / ORL_EVAL_WORK)", WORK),
+                       ("results directory (results_dir)", str(results_dir(config)))):
+        folder = Path(root) / ".repro-runs"
+        mine = folder / f"{os.getpid()}.lock"
+        if not DRY_RUN:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(mine, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, json.dumps({"pid": os.getpid(), "directory": here}).encode())
+            _DIR_CLAIM_FDS.append(fd)
+            atexit.register(mine.unlink, missing_ok=True)
+        conflicts += [(what, root, pid, d) for pid, d in _live_claims(folder, mine) if d != here]
+    by_run = {}
+    for what, root, pid, d in conflicts:  # one line per other run, naming each directory it holds
+        by_run.setdefault((pid, d), []).append(f"the {what} {root}")
+    for (pid, d), held in by_run.items():
+        held, verb = " and ".join(held), "are" if len(held) > 1 else "is"
+        if DRY_RUN:
+            print(f"note: {NO_RUN}: {held} {verb} in use by a Snakemake running in {d} (pid {pid}); a real run "
+                  "would stop here until it ends", file=sys.stderr)
+        else:
+            print(f"Error: {held} {verb} in use by a Snakemake running in {d} (pid {pid}), whose locks this run in "
+                  f"{here} cannot see (each directory keeps its own .snakemake/locks), so both would write the same "
+                  "files; wait for it to end and run again, run this command from that directory, or give this run "
+                  "its own work and results directories (ORL_EVAL_WORK / work_dir, results_dir)", file=sys.stderr)
+    if conflicts and not DRY_RUN:
+        sys.exit(1)
+
+
 if workflow.is_main_process:
     _claim_run_and_clear_stale_locks()
+    _claim_work_and_results_dirs()
     _export_records()
 os.environ.update(REPRO_SNAKEMAKE_PID=str(os.getpid()))  # read by repro.backends.lifeline in every job
 
