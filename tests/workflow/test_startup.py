@@ -9,6 +9,7 @@
   a killed Snakemake stay as they are, and the dry run says what a real run would re-verify and remove;
 * a replayed model whose samples file does not exist stops at start-up naming the file (no traceback); braces
   in a label or samples path and an apostrophe in a label reach the table rules' command intact;
+* a work directory that is (or lies under) a file, or a data directory that is a file, stops at start-up;
 * a live run from another Snakemake directory on the same work directory stops a real run at start-up;
 * a batched suite's speed_benchmarks that are not among its benchmarks (no speed probe for them) are said;
 * a work, results or data directory whose path holds a space or a shell special character (the jobs' commands
@@ -145,6 +146,25 @@ def test_label_with_braces_and_apostrophe_and_samples_path_with_bench_reach_the_
         labels = {m["name"]: m["label"] for m in spec["models"]}
         assert labels == {"tiny": "tiny's {v2} run", "byhand": "H"}, labels
     assert "rule replay_samples" in r.stdout and "/generations/byhand/gsm8k/seed12345/shard" not in r.stdout
+
+
+@pytest.mark.parametrize("var, sub, expect", [
+    ("ORL_EVAL_WORK", "", "Config error: the work directory (work_dir / ORL_EVAL_WORK) {f} cannot be made: {f} is a "
+                          "file, not a folder; point it at a folder (made when missing) or move that file away"),
+    ("ORL_EVAL_WORK", "sub/w", "Config error: the work directory (work_dir / ORL_EVAL_WORK) {f}/sub/w cannot be made: "
+                               "{f} is a file, not a folder; point it at a folder (made when missing) or move that "
+                               "file away"),
+    ("ORL_EVAL_DATA", "", "Config error: data directory {f} (data_dir / ORL_EVAL_DATA) is a file, not a folder; "),
+])
+def test_a_work_or_data_directory_that_is_a_file_stops_at_start_up(checkout, tmp_path, var, sub, expect):
+    """A work directory that is (or lies under) a file: one line naming it, not Snakemake's NotADirectoryError
+    traceback while it builds the DAG; a data directory that is a file is called one (not "does not exist")."""
+    f = tmp_path / "afile"
+    f.write_text("")
+    r = snakemake(checkout, "-n", "--cores", "1", "main_table", env={var: str(f / sub) if sub else str(f)})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith(expect.format(f=f)), r.stderr[-2000:]
 
 
 _HOLD = """

@@ -82,7 +82,8 @@ SUITE = config["suite"]
 WORK = str(work_dir(config))
 DATA = data_dir(config)
 if DATA is not None and not DATA.is_dir():
-    print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) does not exist; point it at a folder "
+    print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) "
+          f"{'is a file, not a folder' if DATA.exists() else 'does not exist'}; point it at a folder "
           f"holding {', '.join(b.file for b in benchmarks.declarations())}, or unset it", file=sys.stderr)
     sys.exit(1)
 # every benchmark file the selected suite reads from the data directory (its table; its sweep's too when
@@ -98,6 +99,31 @@ if _missing:
           "benchmarks from the suite", file=sys.stderr)
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
+
+
+def unusable_dir_errors(named):
+    """One error line per ``(what, path)`` of ``named`` that cannot hold the run's files: the path, or the
+    nearest of its parents that exists, is a file, or that parent is not writable; [] when all can. (Snakemake
+    alone stops with a NotADirectoryError traceback while it builds the DAG.)"""
+    errors = []
+    for what, path in named:
+        existing = Path(path)
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            errors.append(f"Config error: the {what} {path} cannot be made: {existing} is a file, not a folder; point "
+                          "it at a folder (made when missing) or move that file away")
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            errors.append(f"Config error: the {what} {path} is not writable ({existing} is not writable by this "
+                          "user); point it at a folder you can write")
+    return errors
+
+
+_unusable = unusable_dir_errors([("work directory (work_dir / ORL_EVAL_WORK)", WORK),
+                                 ("results directory (results_dir)", str(results_dir(config)))])
+if _unusable:  # a dry run stops too: Snakemake could not plan on such a path
+    print("\n".join(_unusable), file=sys.stderr)
+    sys.exit(1)
 
 # The jobs' shell commands carry these paths unquoted (`--out {output}`, `{PY} -m ...`): a space or a shell
 # special character splits or rewrites the command, so every job would fail mid-run ("unrecognized arguments")
