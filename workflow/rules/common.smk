@@ -215,6 +215,10 @@ def relative_target_errors(args, bases, roots, relative_ok=()):
             hit = next((c for c in cands for r in roots if c.startswith(r + os.sep)), None)
             if hit is not None:
                 errors.append(f"{flag} {item}: the workflow's outputs are absolute paths; give {hit}")
+            elif "/" not in item and "." not in item and item.replace("-", "_").isidentifier():
+                # `main-table`: a rule name with hyphens, not a path
+                errors.append(f"{flag} {item}: no rule or output of that name; rule names use underscores: "
+                              f"{item.replace('-', '_')}")
             else:
                 errors.append(f"{flag} {item}: no output of the workflow is there ({' or '.join(cands)}): its outputs "
                               f"are absolute paths under the work directory {roots[0]} or the results directory "
