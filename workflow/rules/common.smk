@@ -337,11 +337,13 @@ def _claim_work_and_results_dirs():
                        ("results directory (results_dir)", str(results_dir(config)))):
         folder = Path(root) / ".repro-runs"
         mine = folder / f"{os.getpid()}.lock"
-        if not DRY_RUN:
+        if not DRY_RUN:  # written and locked under a temporary name, then renamed: never seen empty
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(mine, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+            tmp = folder / f".{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX)
             os.write(fd, json.dumps({"pid": os.getpid(), "directory": here}).encode())
+            os.replace(tmp, mine)
             _DIR_CLAIM_FDS.append(fd)
             atexit.register(mine.unlink, missing_ok=True)
         conflicts += [(what, root, pid, d) for pid, d in _live_claims(folder, mine) if d != here]
