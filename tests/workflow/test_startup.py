@@ -282,8 +282,8 @@ def test_relative_target_paths_stop_with_the_absolute_path_to_give(checkout):
     r = snakemake(checkout, "-n", "nowhere/x.json", env=env)
     assert r.returncode != 0 and "Error: target nowhere/x.json: no output of the workflow is there" in r.stderr
     r = snakemake(checkout, "-n", "main-table", env=env)  # a rule name typed with a hyphen
-    assert r.returncode != 0 and "Error: target main-table: no rule or output of that name; rule names use " \
-        "underscores: main_table" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and "Error: target main-table: nothing of that name (rule names use underscores, " \
+        "e.g. main_table)" in r.stderr, r.stderr[-2000:]
     r = snakemake(checkout, "-n", "main_table", "--forcerun", str(checkout / problems), env=env)
     assert r.returncode == 0 and "prepare_problems" in r.stdout, r.stderr[-2000:]
 

@@ -3,13 +3,10 @@
 # use (functions live here, rules in their .smk). A dry run (`-n`) changes nothing in the work directory or
 # results (Snakemake may still write its own .snakemake/ bookkeeping): what a real run would remove or
 # re-verify at start-up is only reported (DRY_RUN).
-import atexit
-import fcntl
 import fnmatch
 import json
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -215,10 +212,10 @@ def relative_target_errors(args, bases, roots, relative_ok=()):
             hit = next((c for c in cands for r in roots if c.startswith(r + os.sep)), None)
             if hit is not None:
                 errors.append(f"{flag} {item}: the workflow's outputs are absolute paths; give {hit}")
-            elif "/" not in item and "." not in item and item.replace("-", "_").isidentifier():
-                # `main-table`: a rule name with hyphens, not a path
-                errors.append(f"{flag} {item}: no rule or output of that name; rule names use underscores: "
-                              f"{item.replace('-', '_')}")
+            elif os.sep not in item and "." not in item and item.replace("-", "_").isidentifier():
+                # `main-table`: a rule name typed with hyphens, not a path
+                errors.append(f"{flag} {item}: nothing of that name (rule names use underscores, e.g. "
+                              f"{item.replace('-', '_')})")
             else:
                 errors.append(f"{flag} {item}: no output of the workflow is there ({' or '.join(cands)}): its outputs "
                               f"are absolute paths under the work directory {roots[0]} or the results directory "
@@ -249,124 +246,18 @@ PY_IMAGE = "python" if config["containers"]["enabled"] else sys.executable
 os.environ.update(PYTHONPATH=os.pathsep.join([workflow.basedir] + [p for p in [os.getenv("PYTHONPATH")] if p]))
 
 
-# --- Recovery after Snakemake itself was killed ------------------------------------------------------------
-# A `kill -9` of Snakemake leaves its locks (.snakemake/locks) behind, and the next run would stop with
-# "Directory cannot be locked" until `--unlock`. Every Snakemake started on this workflow holds an flock on
-# its own file in .snakemake/repro-runs/ for as long as it lives (the kernel drops it when the process dies,
-# however it dies). If no other such file is still locked, no Snakemake of this workflow is alive here and
-# any lock left is stale: it is removed, saying so. Incomplete outputs of the killed run are re-run because
-# the default workflow profile (profiles/default) sets rerun-incomplete. Generation jobs die with the
-# Snakemake that started them: they watch the pid exported here (repro.backends.lifeline). A dry run takes
-# no lock and starts no job: it claims nothing, removes nothing, and says what a real run would remove.
-_RUN_LOCK_FD = None
-
-
-def _claim_run_and_clear_stale_locks():
-    global _RUN_LOCK_FD
-    runs = Path(".snakemake/repro-runs")
-    mine = runs / f"{os.getpid()}.lock"
-    if not DRY_RUN:
-        runs.mkdir(parents=True, exist_ok=True)
-        _RUN_LOCK_FD = os.open(mine, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(_RUN_LOCK_FD, fcntl.LOCK_EX)
-        atexit.register(mine.unlink, missing_ok=True)
-    alive = [pid for pid, _ in _live_claims(runs, mine)]
-    locks = Path(".snakemake/locks")
-    if alive and locks.is_dir() and any(locks.iterdir()):
-        print(f"note: another Snakemake of this workflow is running here (pid {', '.join(map(str, alive))}); if this "
-              "run needs files it is making, Snakemake stops below with 'Directory cannot be locked': wait for it to "
-              "end and run again (not with --unlock, which would let both runs write the same files)", file=sys.stderr)
-    if not alive and locks.is_dir() and any(locks.iterdir()):
-        if DRY_RUN:
-            print(f"note: {NO_RUN}: {locks.resolve()} holds the locks of a Snakemake that was killed (no Snakemake of "
-                  "this workflow is running here), so Snakemake's dry run below may stop with 'Directory cannot be "
-                  "locked' and list no jobs. To see the plan: run the same command without -n (it removes those "
-                  "locks, saying so, and resumes the killed run), or remove them first with the same command plus "
-                  "--unlock; the dry run removes nothing", file=sys.stderr)
-            return
-        shutil.rmtree(locks, ignore_errors=True)
-        print(f"note: removed the locks left in {locks.resolve()} by a Snakemake that was killed (no Snakemake "
-              "of this workflow is running here); its unfinished jobs are re-run", file=sys.stderr)
-
-
-# --- Two Snakemake directories on one work directory ----------------------------------------------------------
-# Snakemake's locks live in the directory it runs in (.snakemake/locks), but the work and results directories
-# need not: `--directory DIR` moves .snakemake to DIR while work/ and results/ stay the checkout's, and two
-# checkouts can share one ORL_EVAL_WORK. Two such runs cannot see each other's locks and write the same shards
-# (seen: "3 problem(s) missing after generation" in one, "Missing files after 5 seconds" in the other). So every
-# run also holds an flock on a file of its own in <work>/.repro-runs/ and <results>/.repro-runs/ naming its
-# Snakemake directory; a live run there from another directory stops this one at start-up (runs from the same
-# directory are left to Snakemake's own locks: on different outputs they run side by side).
-_DIR_CLAIM_FDS = []
-
-
-def _live_claims(folder, mine=None):
-    """``[(pid, directory)]`` of the Snakemake runs holding a claim in ``folder`` now (their flock is held);
-    claims whose run is gone are removed (except by a dry run)."""
-    live = []
-    for other in sorted(Path(folder).glob("*.lock")) if Path(folder).is_dir() else []:
-        if mine is not None and other == mine:
-            continue
-        try:
-            fd = os.open(other, os.O_RDONLY)  # flock works on a read-only descriptor
-        except FileNotFoundError:
-            continue
-        except PermissionError:  # another user's run: treat as alive
-            live.append((other.stem, "?"))
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                info = json.loads(other.read_text() or "{}")
-            except (OSError, ValueError):
-                info = {}
-            live.append((info.get("pid", other.stem), info.get("directory", "?")))
-        else:
-            if not DRY_RUN:
-                other.unlink(missing_ok=True)
-        finally:
-            os.close(fd)
-    return live
-
-
-def _claim_work_and_results_dirs():
-    here = os.path.realpath(os.getcwd())
-    conflicts = []
-    for what, root in (("work directory (work_dir / ORL_EVAL_WORK)", WORK),
-                       ("results directory (results_dir)", str(results_dir(config)))):
-        folder = Path(root) / ".repro-runs"
-        mine = folder / f"{os.getpid()}.lock"
-        if not DRY_RUN:  # written and locked under a temporary name, then renamed: never seen empty
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / f".{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, json.dumps({"pid": os.getpid(), "directory": here}).encode())
-            os.replace(tmp, mine)
-            _DIR_CLAIM_FDS.append(fd)
-            atexit.register(mine.unlink, missing_ok=True)
-        conflicts += [(what, root, pid, d) for pid, d in _live_claims(folder, mine) if d != here]
-    by_run = {}
-    for what, root, pid, d in conflicts:  # one line per other run, naming each directory it holds
-        by_run.setdefault((pid, d), []).append(f"the {what} {root}")
-    for (pid, d), held in by_run.items():
-        held, verb = " and ".join(held), "are" if len(held) > 1 else "is"
-        if DRY_RUN:
-            print(f"note: {NO_RUN}: {held} {verb} in use by a Snakemake running in {d} (pid {pid}); a real run "
-                  "would stop here until it ends", file=sys.stderr)
-        else:
-            print(f"Error: {held} {verb} in use by a Snakemake running in {d} (pid {pid}), whose locks this run in "
-                  f"{here} cannot see (each directory keeps its own .snakemake/locks), so both would write the same "
-                  "files; wait for it to end and run again, run this command from that directory, or give this run "
-                  "its own work and results directories (ORL_EVAL_WORK / work_dir, results_dir)", file=sys.stderr)
-    if conflicts and not DRY_RUN:
-        sys.exit(1)
-
+# --- Runs alive on this workflow's directories (workflow/run_claims.py) -------------------------------------
+# Stale locks of a killed Snakemake are removed (no --unlock needed after `kill -9`); a live run from another
+# Snakemake directory on the same work or results directory stops this one at start-up, naming it. A dry run
+# claims and removes nothing. Generation jobs die with the Snakemake that started them: they watch the pid
+# exported here (repro.backends.lifeline).
+import run_claims
 
 if workflow.is_main_process:
-    _claim_run_and_clear_stale_locks()
-    _claim_work_and_results_dirs()
+    run_claims.claim_run_and_clear_stale_locks(DRY_RUN, NO_RUN)
+    run_claims.claim_work_and_results_dirs([("work directory (work_dir / ORL_EVAL_WORK)", WORK),
+                                            ("results directory (results_dir)", str(results_dir(config)))],
+                                           DRY_RUN, NO_RUN)
     _export_records()
 os.environ.update(REPRO_SNAKEMAKE_PID=str(os.getpid()))  # read by repro.backends.lifeline in every job
 
