@@ -230,6 +230,38 @@ def is_replay(cfg: dict, model: str) -> bool:
     return (cfg["models"][model].get("source") or {}).get("type") == "replay"
 
 
+def replay_samples_path(cfg: dict, model: str, bench: str) -> str | None:
+    """The absolute samples file replayed model ``model`` reads for benchmark ``bench``: ``{bench}`` in
+    ``source.samples`` filled in, ``~`` expanded, a relative path taken from the current directory (the
+    checkout, where Snakemake runs the jobs, as ``repro.backends.replay`` reads it); None for
+    ``samples: reference`` (the benchmarks' own solutions, no file)."""
+    samples = cfg["models"][model]["source"]["samples"]
+    if samples == "reference":
+        return None
+    return os.path.abspath(os.path.expanduser(samples.replace("{bench}", bench)))
+
+
+def missing_replay_samples(cfg: dict, suite: str, source: str = "config.yaml") -> list[str]:
+    """One error line per samples file that a replayed model of suite ``suite`` (its ``models`` and the models
+    of its ``compare`` pairs) needs for one of the suite's benchmarks and that does not exist, naming the model,
+    the file, the config files and the fix; [] when all exist. Checked at start-up: without the file Snakemake
+    finds no rule that replays the cell and falls back to generating it, which fails with a traceback
+    (KeyError 'role') instead of naming the file."""
+    s = cfg["suites"][suite]
+    models = dict.fromkeys(list(s["models"]) + [m for pair in s.get("compare") or [] for m in pair])
+    errors = []
+    for m in models:
+        if m not in cfg["models"] or not is_replay(cfg, m):
+            continue
+        missing = [p for b in s["benchmarks"] if (p := replay_samples_path(cfg, m, b)) and not os.path.isfile(p)]
+        for p in dict.fromkeys(missing):
+            errors.append(f"Config error ({source}): model {m} replays samples from {p}, which does not exist; "
+                          "set models." + m + ".source.samples to an existing JSONL of {id, completion} records "
+                          "(an absolute path, or relative to the checkout; '{bench}' in it picks one file per "
+                          "benchmark), or drop the model from suite " + repr(suite))
+    return errors
+
+
 def yaml_syntax_error(path: str | os.PathLike) -> str | None:
     """One line naming the file, line and column of a YAML syntax error in ``path`` (None if it parses).
 

@@ -10,7 +10,9 @@
 # Output: <results_dir>/<SUITE>/main_table.{md,tex,csv} + provenance.json.
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
-MODEL=$1; CKPT=$(cd "$2" && pwd) || { echo "error: $2 is not a directory" >&2; exit 2; }; shift 2
+MODEL=$1; CKPT=$(cd "$2" 2>/dev/null && pwd) || {
+  echo "error: CKPT_DIR $2 is not a directory; give the checkpoint folder (the one holding config.json)" >&2; exit 2; }
+shift 2
 # shared command-line set-up (PROFILE, CORES, CONTAINERS; see the file)
 source "$(dirname "${BASH_SOURCE[0]}")/_snakemake_common.sh"
 SUITE=${SUITE:-paper}

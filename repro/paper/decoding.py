@@ -195,7 +195,8 @@ def resolve_decoder(pd: PaperDecoding, suite: str, model: str, benchmark: str, s
     data = pd.data
     src = str(pd.path)
     if suite not in data["suites"]:
-        raise PaperDecodingError(f"{src}: no suite {suite!r}; available: {', '.join(sorted(data['suites']))}")
+        raise PaperDecodingError(f"{src}: no suite {suite!r}; available: {', '.join(sorted(data['suites']))} (the "
+                                 "workflow passes config.yaml's suites.<suite>.decoder_suite, default main)")
     models = data["suites"][suite]
     if model not in models:
         raise PaperDecodingError(f"{src}: suite {suite!r} has no decoder model {model!r}; available: "

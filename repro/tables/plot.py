@@ -114,7 +114,8 @@ def plot_sweep(df: pd.DataFrame, spec: dict, png: Path, pdf: Path, reported: lis
                 ax.set_yticks([y for y in ax.get_yticks() if 0 <= y <= 100])  # room below 0 for labels, no "-2 %"
             ax.margins(x=0.15)
         axes[0].set_ylabel("accuracy (%; pass@1 for code)")
-        fig.legend(handles=handles, loc="outside lower center", ncol=min(2, len(handles)), frameon=False)
+        # one column under a single panel: two entries side by side are wider than its 3.6 in and were cut off
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(2, len(handles), len(benches)), frameon=False)
         for path, kw in ((png, {"dpi": 200}), (pdf, {})):
             buf = io.BytesIO()
             fig.savefig(buf, format=Path(path).suffix[1:], **kw)

@@ -120,6 +120,8 @@ def test_unknown_suite_model_benchmark_named(tmp_path):
         cmd[i + 1] = args[1]
         r = run_py(cmd, cwd=tmp_path)
         assert r.returncode == 2 and word in r.stderr and "available" in r.stderr
+        if word == "no suite":  # a workflow run shows this in the job's log tail: it names the config key
+            assert "suites.<suite>.decoder_suite" in r.stderr, r.stderr
 
 
 def test_sglang_out_beside_engine_config(tmp_path):

@@ -34,6 +34,13 @@ def test_main_table_sh_unknown_model(tmp_path):
     assert r.returncode != 0 and "not in config.yaml" in r.stderr and "llada-orl" in r.stderr
 
 
+def test_main_table_sh_missing_checkpoint_dir_is_one_line(tmp_path):
+    r = sh([str(ROOT / "scripts/main_table.sh"), "tiny-orl", str(tmp_path / "nope"), "-n"], tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: CKPT_DIR {tmp_path / 'nope'} is not a directory; give the checkpoint folder (the one holding "
+        "config.json)"], r.stderr
+
+
 def test_prepare_sh_stops_before_generation(tmp_path):
     r = sh([str(ROOT / "scripts/prepare.sh"), "paper", "-n"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -7,11 +7,17 @@
 * an empty data file stops prepare naming the file, and leaves no problems file behind;
 * a dry run (``-n``) changes nothing: a stamp whose checkpoint changed since it was written and locks left by
   a killed Snakemake stay as they are, and the dry run says what a real run would re-verify and remove;
+* a replayed model whose samples file does not exist stops at start-up naming the file (no traceback); braces
+  in a label or samples path and an apostrophe in a label reach the table rules' command intact;
+* a work directory that is (or lies under) a file, or a data directory that is a file, stops at start-up;
+* a live run from another Snakemake directory on the same work directory stops a real run at start-up;
 * a batched suite's speed_benchmarks that are not among its benchmarks (no speed probe for them) are said;
 * a work, results or data directory whose path holds a space or a shell special character (the jobs' commands
   carry it unquoted) stops at start-up with one line per path, before anything is written."""
 
+import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -105,6 +111,118 @@ def test_impossible_precision_or_backend_stops_at_startup(checkout, overlay, exp
     assert "Traceback" not in r.stderr
 
 
+def test_replayed_model_without_its_samples_file_stops_at_start_up_naming_it(checkout):
+    """A replay model whose samples file is missing (here for one benchmark of two, `{bench}` in the path): one
+    line per missing file naming the model, the absolute path and the fix. Before, Snakemake found no rule to
+    replay the cell, planned its generation instead and stopped with a traceback (KeyError 'role')."""
+    (checkout / "s_gsm8k.jsonl").write_text('{"id": "gsm8k/0", "completion": "42"}\n')
+    (checkout / "p.yaml").write_text('models: {byhand: {label: H, source: {type: replay, samples: "s_{bench}.jsonl"}}}\n'
+                                     "suites: {smoke: {models: [tiny, byhand], benchmarks: [gsm8k, mbpp]}}\n")
+    r = snakemake(checkout, "-n", "--cores", "1", "main_table", "--configfile", "config.yaml", "p.yaml")
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [f"Config error (config.yaml + p.yaml): model byhand replays samples from {checkout / 's_mbpp.jsonl'}, "
+                      "which does not exist; set models.byhand.source.samples to an existing JSONL of {id, completion} "
+                      "records (an absolute path, or relative to the checkout; '{bench}' in it picks one file per "
+                      "benchmark), or drop the model from suite 'smoke'"], r.stderr[-2000:]
+
+
+def test_label_with_braces_and_apostrophe_and_samples_path_with_bench_reach_the_table_command(checkout):
+    """Braces in a label or in a samples path (`{bench}`, as documented) and an apostrophe in a label: the table
+    rules' command carries the spec intact. Before, Snakemake read the braces as wildcards of write_table's
+    params (WildcardError at start-up) and the apostrophe ended the command's quoted --spec (the job failed)."""
+    for bench in ("gsm8k", "mbpp"):
+        (checkout / f"s_{bench}.jsonl").write_text("")
+    (checkout / "p.yaml").write_text('models: {tiny: {label: "tiny\'s {v2} run"}, '
+                                     'byhand: {label: H, source: {type: replay, samples: "s_{bench}.jsonl"}}}\n'
+                                     "suites: {smoke: {models: [tiny, byhand], benchmarks: [gsm8k, mbpp]}}\n")
+    r = snakemake(checkout, "-n", "-p", "--cores", "1", "main_table", "--configfile", "config.yaml", "p.yaml")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    commands = [line for line in r.stdout.splitlines() if " -m repro.tables" in line and "--spec" in line]
+    assert len(commands) == 2, r.stdout[-3000:]  # write_table and speed_table
+    for line in commands:
+        words = shlex.split(line.split("set -euo pipefail;", 1)[-1])
+        spec = json.loads(words[words.index("--spec") + 1])
+        labels = {m["name"]: m["label"] for m in spec["models"]}
+        assert labels == {"tiny": "tiny's {v2} run", "byhand": "H"}, labels
+    assert "rule replay_samples" in r.stdout and "/generations/byhand/gsm8k/seed12345/shard" not in r.stdout
+
+
+@pytest.mark.parametrize("var, sub, expect", [
+    ("ORL_EVAL_WORK", "", "Config error: the work directory (work_dir / ORL_EVAL_WORK) {f} cannot be made: {f} is a "
+                          "file, not a folder; point it at a folder (made when missing) or move that file away"),
+    ("ORL_EVAL_WORK", "sub/w", "Config error: the work directory (work_dir / ORL_EVAL_WORK) {f}/sub/w cannot be made: "
+                               "{f} is a file, not a folder; point it at a folder (made when missing) or move that "
+                               "file away"),
+    ("ORL_EVAL_DATA", "", "Config error: data directory {f} (data_dir / ORL_EVAL_DATA) is a file, not a folder; "),
+])
+def test_a_work_or_data_directory_that_is_a_file_stops_at_start_up(checkout, tmp_path, var, sub, expect):
+    """A work directory that is (or lies under) a file: one line naming it, not Snakemake's NotADirectoryError
+    traceback while it builds the DAG; a data directory that is a file is called one (not "does not exist")."""
+    f = tmp_path / "afile"
+    f.write_text("")
+    r = snakemake(checkout, "-n", "--cores", "1", "main_table", env={var: str(f / sub) if sub else str(f)})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith(expect.format(f=f)), r.stderr[-2000:]
+
+
+_HOLD = """
+import fcntl, json, os, sys, time
+path = sys.argv[1]
+os.makedirs(os.path.dirname(path), exist_ok=True)
+fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, json.dumps({"pid": os.getpid(), "directory": sys.argv[2]}).encode())
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_run_from_another_directory_on_the_same_work_directory_stops_at_start_up(checkout, tmp_path):
+    """Two Snakemake directories (`--directory DIR`, or two checkouts with one ORL_EVAL_WORK) on one work
+    directory do not see each other's locks: a live run's claim in <work>/.repro-runs/ naming another directory
+    stops a real run at start-up, naming it (before, both generated into the same shards and both failed); a dry
+    run only says so; a claim from the same directory is left to Snakemake's own locks; a dead run's is removed."""
+    work = tmp_path / "w"
+    env = {"ORL_EVAL_WORK": str(work)}
+    target = str(work / "smoke" / "problems" / "gsm8k.jsonl")  # one cheap job (the shipped problems)
+    cfg = checkout / "config.yaml"  # the results directory is claimed too: the test's own
+    cfg.write_text(cfg.read_text().replace("\nresults_dir: null\n", f"\nresults_dir: {tmp_path / 'results'}\n", 1))
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(work / ".repro-runs" / "1.lock"), "/elsewhere"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        r = snakemake(checkout, "--cores", "1", target, env=env)
+        assert r.returncode == 1, r.stderr[-2000:]
+        errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+        assert errors == [f"Error: the work directory (work_dir / ORL_EVAL_WORK) {work} is in use by a Snakemake "
+                          f"running in /elsewhere (pid {holder.pid}), whose locks this run in {checkout} cannot see "
+                          "(each directory keeps its own .snakemake/locks), so both would write the same files; wait "
+                          "for it to end and run again, run this command from that directory, or give this run its "
+                          "own work and results directories (ORL_EVAL_WORK / work_dir, results_dir)"], r.stderr[-2000:]
+        assert not os.path.exists(target) and "Select jobs" not in r.stdout + r.stderr
+        r = snakemake(checkout, "-n", "--cores", "1", target, env=env)
+        assert r.returncode == 0 and "note: dry run: the work directory" in r.stderr, r.stderr[-2000:]
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its claim is stale, removed, and the run goes ahead
+    r = snakemake(checkout, "--cores", "1", target, env=env)
+    assert r.returncode == 0 and os.path.isfile(target), r.stderr[-2000:]
+    assert not (work / ".repro-runs" / "1.lock").exists() and not list((work / ".repro-runs").glob("*.lock"))
+    # a live run from this same directory: no refusal (Snakemake's locks decide, as for any two runs here)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(work / ".repro-runs" / "2.lock"),
+                               os.path.realpath(checkout)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        r = snakemake(checkout, "--cores", "1", target, "--forcerun", "prepare_problems", env=env)
+        assert r.returncode == 0 and "is in use by a Snakemake" not in r.stderr, r.stderr[-2000:]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @pytest.mark.slow
 def test_dry_run_keeps_a_stale_stamp_and_stale_locks_and_says_what_a_run_would_do(tmp_path, data_dir):
     wf = Workflow(tmp_path, data_dir, {"models": ["tiny-orl"], "benchmarks": ["gsm8k"], "limit": 1},
@@ -163,6 +281,9 @@ def test_relative_target_paths_stop_with_the_absolute_path_to_give(checkout):
             r.stderr[-2000:]
     r = snakemake(checkout, "-n", "nowhere/x.json", env=env)
     assert r.returncode != 0 and "Error: target nowhere/x.json: no output of the workflow is there" in r.stderr
+    r = snakemake(checkout, "-n", "main-table", env=env)  # a rule name typed with a hyphen
+    assert r.returncode != 0 and "Error: target main-table: nothing of that name (rule names use underscores, " \
+        "e.g. main_table)" in r.stderr, r.stderr[-2000:]
     r = snakemake(checkout, "-n", "main_table", "--forcerun", str(checkout / problems), env=env)
     assert r.returncode == 0 and "prepare_problems" in r.stdout, r.stderr[-2000:]
 

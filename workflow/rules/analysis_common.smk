@@ -10,20 +10,27 @@ import itertools
 import re
 import shlex
 
+from repro.config import missing_replay_samples, replay_samples_path
 from repro.provenance import sha256_path
 
 RESULTS_ROOT = str(results_dir(config))
 if not os.path.relpath(RESULTS_ROOT).startswith(".."):  # relative, so `results/smoke/compare/a_vs_b.md` is a target
     RESULTS_ROOT = os.path.relpath(RESULTS_ROOT)
 REPLAY_MODELS = [m for m in config["models"] if is_replay(config, m)]
+# a replayed model's samples file is checked now: without it Snakemake would fall back to generating the cell
+# (no rule replays it) and stop with a traceback instead of naming the file
+_replay_errors = missing_replay_samples(config, SUITE, source=_source)
+if _replay_errors:
+    print("\n".join(_replay_errors), file=sys.stderr)
+    sys.exit(1)
 _MODEL_RE = "[A-Za-z0-9][A-Za-z0-9.-]*(?:_(?!vs_)[A-Za-z0-9.-]+)*"  # a model name without "_vs_"
 
 
 # ---- replayed models --------------------------------------------------------------------------------------
 def replay_samples_file(wildcards):
     """The samples file a replayed cell reads ([] for `reference`), so editing the file re-replays it."""
-    samples = config["models"][wildcards.model]["source"]["samples"]
-    return [] if samples == "reference" else os.path.abspath(samples.replace("{bench}", wildcards.bench))
+    path = replay_samples_path(config, wildcards.model, wildcards.bench)
+    return [] if path is None else path
 
 
 # ---- compare ----------------------------------------------------------------------------------------------

@@ -3,13 +3,10 @@
 # use (functions live here, rules in their .smk). A dry run (`-n`) changes nothing in the work directory or
 # results (Snakemake may still write its own .snakemake/ bookkeeping): what a real run would remove or
 # re-verify at start-up is only reported (DRY_RUN).
-import atexit
-import fcntl
 import fnmatch
 import json
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -82,7 +79,8 @@ SUITE = config["suite"]
 WORK = str(work_dir(config))
 DATA = data_dir(config)
 if DATA is not None and not DATA.is_dir():
-    print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) does not exist; point it at a folder "
+    print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) "
+          f"{'is a file, not a folder' if DATA.exists() else 'does not exist'}; point it at a folder "
           f"holding {', '.join(b.file for b in benchmarks.declarations())}, or unset it", file=sys.stderr)
     sys.exit(1)
 # every benchmark file the selected suite reads from the data directory (its table; its sweep's too when
@@ -98,6 +96,31 @@ if _missing:
           "benchmarks from the suite", file=sys.stderr)
     sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
+
+
+def unusable_dir_errors(named):
+    """One error line per ``(what, path)`` of ``named`` that cannot hold the run's files: the path, or the
+    nearest of its parents that exists, is a file, or that parent is not writable; [] when all can. (Snakemake
+    alone stops with a NotADirectoryError traceback while it builds the DAG.)"""
+    errors = []
+    for what, path in named:
+        existing = Path(path)
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            errors.append(f"Config error: the {what} {path} cannot be made: {existing} is a file, not a folder; point "
+                          "it at a folder (made when missing) or move that file away")
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            errors.append(f"Config error: the {what} {path} is not writable ({existing} is not writable by this "
+                          "user); point it at a folder you can write")
+    return errors
+
+
+_unusable = unusable_dir_errors([("work directory (work_dir / ORL_EVAL_WORK)", WORK),
+                                 ("results directory (results_dir)", str(results_dir(config)))])
+if _unusable:  # a dry run stops too: Snakemake could not plan on such a path
+    print("\n".join(_unusable), file=sys.stderr)
+    sys.exit(1)
 
 # The jobs' shell commands carry these paths unquoted (`--out {output}`, `{PY} -m ...`): a space or a shell
 # special character splits or rewrites the command, so every job would fail mid-run ("unrecognized arguments")
@@ -189,6 +212,10 @@ def relative_target_errors(args, bases, roots, relative_ok=()):
             hit = next((c for c in cands for r in roots if c.startswith(r + os.sep)), None)
             if hit is not None:
                 errors.append(f"{flag} {item}: the workflow's outputs are absolute paths; give {hit}")
+            elif os.sep not in item and "." not in item and item.replace("-", "_").isidentifier():
+                # `main-table`: a rule name typed with hyphens, not a path
+                errors.append(f"{flag} {item}: nothing of that name (rule names use underscores, e.g. "
+                              f"{item.replace('-', '_')})")
             else:
                 errors.append(f"{flag} {item}: no output of the workflow is there ({' or '.join(cands)}): its outputs "
                               f"are absolute paths under the work directory {roots[0]} or the results directory "
@@ -219,63 +246,18 @@ PY_IMAGE = "python" if config["containers"]["enabled"] else sys.executable
 os.environ.update(PYTHONPATH=os.pathsep.join([workflow.basedir] + [p for p in [os.getenv("PYTHONPATH")] if p]))
 
 
-# --- Recovery after Snakemake itself was killed ------------------------------------------------------------
-# A `kill -9` of Snakemake leaves its locks (.snakemake/locks) behind, and the next run would stop with
-# "Directory cannot be locked" until `--unlock`. Every Snakemake started on this workflow holds an flock on
-# its own file in .snakemake/repro-runs/ for as long as it lives (the kernel drops it when the process dies,
-# however it dies). If no other such file is still locked, no Snakemake of this workflow is alive here and
-# any lock left is stale: it is removed, saying so. Incomplete outputs of the killed run are re-run because
-# the default workflow profile (profiles/default) sets rerun-incomplete. Generation jobs die with the
-# Snakemake that started them: they watch the pid exported here (repro.backends.lifeline). A dry run takes
-# no lock and starts no job: it claims nothing, removes nothing, and says what a real run would remove.
-_RUN_LOCK_FD = None
-
-
-def _claim_run_and_clear_stale_locks():
-    global _RUN_LOCK_FD
-    runs = Path(".snakemake/repro-runs")
-    mine = runs / f"{os.getpid()}.lock"
-    if not DRY_RUN:
-        runs.mkdir(parents=True, exist_ok=True)
-        _RUN_LOCK_FD = os.open(mine, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(_RUN_LOCK_FD, fcntl.LOCK_EX)
-        atexit.register(mine.unlink, missing_ok=True)
-    alive = 0
-    for other in runs.glob("*.lock"):
-        if other == mine:
-            continue
-        try:
-            fd = os.open(other, os.O_RDONLY)  # flock works on a read-only descriptor
-        except FileNotFoundError:
-            continue
-        except PermissionError:  # another user's run: treat as alive
-            alive += 1
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            alive += 1
-        else:
-            if not DRY_RUN:
-                other.unlink(missing_ok=True)  # its Snakemake is gone
-        finally:
-            os.close(fd)
-    locks = Path(".snakemake/locks")
-    if not alive and locks.is_dir() and any(locks.iterdir()):
-        if DRY_RUN:
-            print(f"note: {NO_RUN}: {locks.resolve()} holds the locks of a Snakemake that was killed (no Snakemake of "
-                  "this workflow is running here), so Snakemake's dry run below may stop with 'Directory cannot be "
-                  "locked' and list no jobs. To see the plan: run the same command without -n (it removes those "
-                  "locks, saying so, and resumes the killed run), or remove them first with the same command plus "
-                  "--unlock; the dry run removes nothing", file=sys.stderr)
-            return
-        shutil.rmtree(locks, ignore_errors=True)
-        print(f"note: removed the locks left in {locks.resolve()} by a Snakemake that was killed (no Snakemake "
-              "of this workflow is running here); its unfinished jobs are re-run", file=sys.stderr)
-
+# --- Runs alive on this workflow's directories (workflow/run_claims.py) -------------------------------------
+# Stale locks of a killed Snakemake are removed (no --unlock needed after `kill -9`); a live run from another
+# Snakemake directory on the same work or results directory stops this one at start-up, naming it. A dry run
+# claims and removes nothing. Generation jobs die with the Snakemake that started them: they watch the pid
+# exported here (repro.backends.lifeline).
+import run_claims
 
 if workflow.is_main_process:
-    _claim_run_and_clear_stale_locks()
+    run_claims.claim_run_and_clear_stale_locks(DRY_RUN, NO_RUN)
+    run_claims.claim_work_and_results_dirs([("work directory (work_dir / ORL_EVAL_WORK)", WORK),
+                                            ("results directory (results_dir)", str(results_dir(config)))],
+                                           DRY_RUN, NO_RUN)
     _export_records()
 os.environ.update(REPRO_SNAKEMAKE_PID=str(os.getpid()))  # read by repro.backends.lifeline in every job
 

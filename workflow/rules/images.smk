@@ -18,17 +18,20 @@ CONTAINERS_ON = bool(config["containers"]["enabled"])
 def _check_container_runtime():
     if not CONTAINERS_ON:
         return
+    # one line and exit 1 (as the other start-up errors), not a WorkflowError with the Snakefile's frames
+    import sys
+
     try:
         _containers.require_apptainer()
     except _containers.ContainerError as e:
-        raise WorkflowError(str(e)) from None
+        print(f"Config error: {e}", file=sys.stderr)
+        sys.exit(1)
     methods = getattr(getattr(workflow, "deployment_settings", None), "deployment_method", None) or ()
     if not any(str(getattr(m, "name", m)).lower() in ("apptainer", "singularity") for m in methods):
-        raise WorkflowError(
-            "containers.enabled is true but Snakemake was started without `--sdm apptainer`, so the jobs would "
-            "run natively. Add `--sdm apptainer --apptainer-args=\"--nv --cleanenv ...\"` (scripts/main_table.sh "
-            "does this) or set `containers: {enabled: false}`"
-        )
+        print("Config error: containers.enabled is true but Snakemake was started without `--sdm "
+              "apptainer`, so the jobs would run natively. Add `--sdm apptainer --apptainer-args=\"--nv --cleanenv "
+              "...\"` (scripts/main_table.sh does this) or set `containers: {enabled: false}`", file=sys.stderr)
+        sys.exit(1)
 
 
 _check_container_runtime()
