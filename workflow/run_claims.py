@@ -23,6 +23,10 @@ inside a job):
 
 A dry run (``dry_run``: ``-n`` or any command that runs no job) claims nothing, removes nothing and only says
 what a real run would do; ``no_run`` names it in the notes ("dry run", "--unlock (runs no job)", ...).
+
+A file system without file locks (``flock`` fails with another error than "held": Lustre mounted without ``-o
+flock``, some FUSE and NFS set-ups) gets one note and no claims there: the checks above are skipped for that
+folder, never a start-up traceback, and never a claim read as alive or as stale.
 """
 
 from __future__ import annotations
@@ -38,17 +42,27 @@ from pathlib import Path
 _HELD: list[int] = []  # the descriptors whose flocks mark this run alive: open for the process's lifetime
 
 
-def _hold(path: Path, content: str = "") -> None:
+def _hold(path: Path, content: str = "") -> bool:
     """Create ``path`` holding ``content`` under an exclusive flock kept until this process ends (written and
-    locked under a temporary name, then renamed: another run never reads it empty); removed at exit."""
+    locked under a temporary name, then renamed: another run never reads it empty); removed at exit. Returns False,
+    with one note and nothing left behind, when the file system has no file locks (module docstring)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.stem}.tmp"
     fd = os.open(tmp, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        print(f"note: {path.parent} is on a file system without file locks ({exc.strerror or exc}): runs of this "
+              "workflow started from other directories on it cannot be detected; do not start two at once",
+              file=sys.stderr)
+        return False
     os.write(fd, content.encode())
     os.replace(tmp, path)
     _HELD.append(fd)
     atexit.register(path.unlink, missing_ok=True)
+    return True
 
 
 def live_claims(folder: Path, mine: Path | None = None, remove_stale: bool = True) -> list[tuple[str, str]]:
@@ -74,6 +88,8 @@ def live_claims(folder: Path, mine: Path | None = None, remove_stale: bool = Tru
             except (OSError, ValueError):
                 info = {}
             live.append((str(info.get("pid", other.stem)), str(info.get("directory", "?"))))
+        except OSError:  # no file locks here: nothing can be told of this claim
+            pass
         else:
             if remove_stale:
                 other.unlink(missing_ok=True)  # its Snakemake is gone
@@ -87,8 +103,8 @@ def claim_run_and_clear_stale_locks(dry_run: bool, no_run: str) -> None:
     Snakemake left; see the module docstring."""
     runs = Path(".snakemake/repro-runs")
     mine = runs / f"{os.getpid()}.lock"
-    if not dry_run:
-        _hold(mine)
+    if not dry_run and not _hold(mine):
+        return  # no file locks: whether a Snakemake is alive here cannot be told, so no lock is removed
     alive = [pid for pid, _ in live_claims(runs, mine, remove_stale=not dry_run)]
     locks = Path(".snakemake/locks")
     if not (locks.is_dir() and any(locks.iterdir())):
@@ -117,8 +133,8 @@ def claim_work_and_results_dirs(roots: list[tuple[str, str]], dry_run: bool, no_
     for what, root in roots:
         folder = Path(root) / ".repro-runs"
         mine = folder / f"{os.getpid()}.lock"
-        if not dry_run:
-            _hold(mine, json.dumps({"pid": os.getpid(), "directory": here}))
+        if not dry_run and not _hold(mine, json.dumps({"pid": os.getpid(), "directory": here})):
+            continue
         for pid, d in live_claims(folder, mine, remove_stale=not dry_run):
             if d != here:  # one line per other run, naming each directory it holds
                 by_run.setdefault((pid, d), []).append(f"the {what} {root}")

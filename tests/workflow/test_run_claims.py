@@ -1,0 +1,65 @@
+"""workflow/run_claims.py on a file system without file locks (Lustre without ``-o flock``, some FUSE / NFS set-ups):
+one note, no claim, no lock removed, never a start-up traceback; and with locks, a live claim from another directory
+stops the run."""
+import errno
+import fcntl
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))
+import run_claims  # noqa: E402
+
+
+@pytest.fixture
+def no_locks(monkeypatch):
+    def flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+    monkeypatch.setattr(run_claims.fcntl, "flock", flock)
+    monkeypatch.setattr(run_claims, "_HELD", [])
+
+
+def test_no_file_locks_keeps_snakemakes_locks_and_claims_nothing(tmp_path, monkeypatch, no_locks, capsys):
+    monkeypatch.chdir(tmp_path)
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "0.output.lock").write_text("x")
+    run_claims.claim_run_and_clear_stale_locks(dry_run=False, no_run="")
+    assert (locks / "0.output.lock").is_file()  # whether a Snakemake is alive cannot be told: nothing removed
+    assert not list((tmp_path / ".snakemake" / "repro-runs").glob("*"))  # no claim, no temporary file left
+    assert "without file locks" in capsys.readouterr().err
+
+
+def test_no_file_locks_on_the_work_directory_does_not_stop_the_run(tmp_path, no_locks, capsys):
+    work, res = tmp_path / "work", tmp_path / "results"
+    other = work / ".repro-runs"
+    other.mkdir(parents=True)
+    (other / "99999.lock").write_text(json.dumps({"pid": 99999, "directory": "/elsewhere"}))
+    run_claims.claim_work_and_results_dirs([("work directory", str(work)), ("results directory", str(res))],
+                                           dry_run=False, no_run="")
+    err = capsys.readouterr().err
+    assert err.count("without file locks") == 2 and "Error" not in err
+    assert (other / "99999.lock").is_file()  # an unreadable claim is neither alive nor removed
+
+
+def test_a_live_claim_from_another_directory_stops_the_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run_claims, "_HELD", [])
+    work = tmp_path / "work"
+    folder = work / ".repro-runs"
+    folder.mkdir(parents=True)
+    held = folder / "4242.lock"
+    held.write_text(json.dumps({"pid": 4242, "directory": "/another/checkout"}))
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as the other run holds it
+    try:
+        with pytest.raises(SystemExit) as ex:
+            run_claims.claim_work_and_results_dirs([("work directory", str(work))], dry_run=False, no_run="")
+        assert ex.value.code == 1
+        assert "/another/checkout (pid 4242)" in capsys.readouterr().err
+    finally:
+        os.close(fd)
+        for fd2 in run_claims._HELD:
+            os.close(fd2)
