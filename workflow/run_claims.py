@@ -55,7 +55,8 @@ def _hold(path: Path, content: str = "") -> bool:
         os.close(fd)
         tmp.unlink(missing_ok=True)
         print(f"note: {path.parent} is on a file system without file locks ({exc.strerror or exc}): runs of this "
-              "workflow started from other directories on it cannot be detected; do not start two at once",
+              "workflow started from other directories on it cannot be detected (do not start two at once), and "
+              "locks a killed Snakemake left here are not removed for you (use --unlock once none runs)",
               file=sys.stderr)
         return False
     os.write(fd, content.encode())
