@@ -144,9 +144,11 @@ def _breakdown_table(rows) -> str:
 
 
 def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", seed=0, log=print, configs=None,
-                model=None, breakdown=False, single=True, copy_bw=None) -> dict:
+                model=None, breakdown=False, single=True, copy_bw=None, keep=None) -> dict:
     """Time the batched round at each S of ``slots`` (tile set ``configs``, None = the defaults) and, with
-    ``single``, the BlockForward round; returns the JSON document. ``model``: a ``_model(...)`` tuple to reuse."""
+    ``single``, the BlockForward round; returns the JSON document. ``model``: a ``_model(...)`` tuple to reuse.
+    ``keep``: a dict that receives ``"logits0"``, slot 0's logits at the first S ([T, vocab], model dtype, on the
+    GPU), for comparing tile sets bit for bit (:func:`sweep`)."""
     from .bench import copy_bandwidth, env_info, time_replays
     from .kernels import fastpath as F
     from .kernels.fastpath_batch import BatchedBlockForward, batched_round_bytes
@@ -175,6 +177,8 @@ def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", see
         lg0 = fw.logits[0].clone()
         if ref_logits is None:
             ref_logits = lg0
+            if keep is not None:
+                keep["logits0"] = lg0
         r = {"slots": S, **t, "capture_s": capture_s, "floor_ms": floor_ms, "ratio": t["ms"] / floor_ms, "bytes_GB": nb["total"] / 1e9,
              "bytes_by_item_MB": {k: round(v / 1e6, 2) for k, v in nb.items()},
              "distinct_experts_mean": sum(distinct) / max(len(distinct), 1), "tokens_per_round": 32 * S,
@@ -226,12 +230,24 @@ def sweep(sets: dict, slots, prefix=1024, iters=30, layers=None, seed=0, log=pri
     bw = copy_bandwidth()
     out = {"bench": "repro.engine.bench_graph_round --sweep", **env_info(), "prefix": prefix, "precision": precision,
            "copy_GBps": bw, "sets": {}}
+    first = None  # slot-0 logits (first S) of the first set that ran
     for name, cfg in sets.items():
         log(f"--- tile set {name}: {json.dumps(cfg)}")
         try:
+            keep = {}
             d = bench_slots(slots, prefix, iters, layers, precision, seed, log, configs=cfg or None, model=model,
-                            breakdown=True, single=False, copy_bw=bw)
+                            breakdown=True, single=False, copy_bw=bw, keep=keep)
             _speedups(d)
+            if first is None:
+                first = keep["logits0"]
+            d["same_bits_as_first"] = bool(torch.equal(keep["logits0"], first))
+            if not d["same_bits_as_first"]:
+                diff = (keep["logits0"].float() - first.float()).abs()
+                d["differs_from_first"] = {"logits_differing": int((diff > 0).sum()), "max_abs": float(diff.max()),
+                                           "argmax_differing": int((keep["logits0"].argmax(-1)
+                                                                    != first.argmax(-1)).sum())}
+            log(f"    {name}: slot 0 logits at S={slots[0]} bit-identical to the first set's: {d['same_bits_as_first']}"
+                + (f" ({d['differs_from_first']})" if not d["same_bits_as_first"] else ""))
             out["sets"][name] = d
         except Exception as exc:  # noqa: BLE001 - one bad candidate (e.g. out of shared memory) must not end the sweep
             log(f"tile set {name} failed: {exc!r}")
@@ -239,14 +255,14 @@ def sweep(sets: dict, slots, prefix=1024, iters=30, layers=None, seed=0, log=pri
         if json_path:  # after every set, so a run cut short keeps what it measured
             with open(json_path, "w") as fh:
                 fh.write(json.dumps(out) + "\n")
-    hdr = "| set | " + " | ".join(f"S={S} ms" for S in slots) + " | slot 0 = first S |"
-    lines = [hdr, "|---|" + "---|" * (len(slots) + 1)]
+    hdr = "| set | " + " | ".join(f"S={S} ms" for S in slots) + " | slot 0 = first S | slot 0 = first set |"
+    lines = [hdr, "|---|" + "---|" * (len(slots) + 2)]
     for name, d in out["sets"].items():
         if "error" in d:
-            lines.append(f"| {name} | " + " | ".join("-" for _ in slots) + f" | {d['error'][:60]} |")
+            lines.append(f"| {name} | " + " | ".join("-" for _ in slots) + f" | {d['error'][:60]} | - |")
             continue
         lines.append(f"| {name} | " + " | ".join(f"{r['ms']:.3f}" for r in d["rounds"]) + " | "
-                     + str(all(r["invariant"] for r in d["rounds"])) + " |")
+                     + str(all(r["invariant"] for r in d["rounds"])) + f" | {d['same_bits_as_first']} |")
     out["table"] = "\n".join(lines)
     out["family_tables"] = {S: family_table(out, S) for S in slots}
     return out

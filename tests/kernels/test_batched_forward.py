@@ -176,23 +176,56 @@ def test_tma_weight_tiles_change_nothing(dev, mma_model):
 
 
 def test_launch_keys_by_slots(dev):
-    """``"by_slots"`` in a GEMM's tiles: its pipeline stages follow S (from the listed slot counts on), nothing else
-    may (a tile shape there is refused, naming the key)."""
+    """``"by_slots"`` in a GEMM's tiles: its tiles follow S (from the listed slot counts on, in ascending order). A
+    16-bit GEMM may change any tile key, a 4-bit expert kernel only BLOCK_M within 16 / 32 and its stages (BLOCK_K
+    orders its even / odd halves, BLOCK_M 64 takes wgmma: other bits); anything else is refused, naming the key."""
     from repro.engine.kernels.fastpath_batch import for_slots
 
-    cfg = dict(BLOCK_M=64, num_stages=4, by_slots={"32": {"num_stages": 3}, "8": {"num_stages": 5}})
-    assert [for_slots(cfg, S)["num_stages"] for S in (1, 7, 8, 31, 32, 64)] == [4, 4, 5, 5, 3, 3]
-    assert "by_slots" not in for_slots(cfg, 32) and for_slots(cfg, 32)["BLOCK_M"] == 64
-    with pytest.raises(ValueError, match="BLOCK_N"):
-        for_slots(dict(cfg, by_slots={"8": {"BLOCK_N": 128}}), 8)
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, num_stages=4,
+               by_slots={"32": {"num_stages": 3}, "8": {"BLOCK_M": 64, "BLOCK_N": 64, "TMA": 1}})
+    assert [for_slots(cfg, S)["num_stages"] for S in (1, 7, 8, 31, 32, 64)] == [4, 4, 4, 4, 3, 3]
+    assert [for_slots(cfg, S)["BLOCK_M"] for S in (1, 7, 8, 32)] == [16, 16, 64, 64]
+    assert for_slots(cfg, 7) == dict(BLOCK_M=16, BLOCK_N=32, num_stages=4)  # no TMA key below 8 slots
+    assert for_slots(cfg, 32) == dict(BLOCK_M=64, BLOCK_N=64, num_stages=3, TMA=1)
+    with pytest.raises(ValueError, match="NSPLIT"):
+        for_slots(dict(cfg, by_slots={"8": {"NSPLIT": 4}}), 8)
     with pytest.raises(ValueError, match="by_slots"):
         for_slots(dict(cfg, by_slots=[3]), 8)
+    with pytest.raises(ValueError, match="slot count >= 1"):
+        for_slots(dict(cfg, by_slots={"0": {"BLOCK_M": 32}}), 8)
+    w4 = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, by_slots={"20": {"BLOCK_M": 32}})
+    assert [for_slots(w4, S, w4=True)["BLOCK_M"] for S in (1, 19, 20, 32)] == [16, 16, 32, 32]
+    with pytest.raises(ValueError, match="BLOCK_K"):
+        for_slots(dict(w4, by_slots={"8": {"BLOCK_K": 128}}), 8, w4=True)
+    with pytest.raises(ValueError, match="wgmma"):
+        for_slots(dict(w4, by_slots={"8": {"BLOCK_M": 64}}), 1, w4=True)  # refused at any S, not only from 8 on
     W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
     tiles = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], "gate_up": dict(SMALL_TILES["moe"]["gate_up"], by_slots={
         "2": {"num_stages": 3}})}}
     for S, want in ((1, 2), (2, 3)):
         fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=S, T=T, device=dev, configs=tiles)
         assert fw.moe_cfg["gate_up"]["num_stages"] == want and "by_slots" not in fw.moe_cfg["gate_up"]
+
+
+def test_tile_file_by_slots_entries_are_allowed():
+    """Every ``by_slots`` entry of the shipped batched tile files passes :func:`for_slots`'s rules at every S (16-bit
+    kernels, and the 4-bit expert kernels under their stricter ones), and gate+up / down keep one BLOCK_M per S (the
+    expert tile table needs it)."""
+    from repro.engine.kernels.fastpath_batch import BATCHED_KERNELS, BATCHED_W4_KERNELS, for_slots
+
+    for path in CONFIG_DIR.glob("batched_*.json"):
+        for dev_name, entries in json.loads(path.read_text()).items():
+            for S in (1, 2, 3, 4, 8, 16, 20, 24, 32, 64):
+                got = {}
+                for name, cfg in entries.items():
+                    if name == "_meta" or "by_slots" not in cfg:
+                        continue
+                    got[name] = for_slots(cfg, S, w4=name in BATCHED_W4_KERNELS.values())
+                for a, b in (("moe_gate_up", "moe_down"), ("moe_w4_gate_up", "moe_w4_down"),
+                             ("dense_gate_up", "dense_down")):
+                    if a in got and b in got:
+                        assert got[a]["BLOCK_M"] == got[b]["BLOCK_M"], (path.name, dev_name, S, a)
+    assert set(BATCHED_KERNELS.values()) >= {"moe_gate_up", "lm_head"}
 
 
 def test_whole_attention_bit_identical_to_split_alone(dev, mma_model):
@@ -405,6 +438,7 @@ def test_sweep_uses_the_precision(monkeypatch):
         if configs and configs.get("bad"):
             raise RuntimeError("out of resources")
         timed.append((precision, configs, model))
+        kw["keep"]["logits0"] = torch.tensor([1.0, 2.0]) if configs else torch.tensor([1.0, 3.0])  # base: other bits
         return {"rounds": [{"slots": S, "ms": 1.0 + S, "invariant": True,
                             "breakdown_ms": {"gate_up": S * (2.0 if configs else 0.5)}} for S in slots]}
 
@@ -413,7 +447,10 @@ def test_sweep_uses_the_precision(monkeypatch):
     out = G.sweep({"m64": moe, "base": {}, "broken": {"bad": 1}}, [1, 8], precision="nvfp4-w4a16", log=lambda m: None)
     assert built == ["nvfp4-w4a16"] and out["precision"] == "nvfp4-w4a16"
     assert timed == [("nvfp4-w4a16", moe, ("model",)), ("nvfp4-w4a16", None, ("model",))]
-    assert "out of resources" in out["sets"]["broken"]["error"] and "| m64 | 2.000 | 9.000 | True |" in out["table"]
+    assert "out of resources" in out["sets"]["broken"]["error"] and "| m64 | 2.000 | 9.000 | True | True |" in out["table"]
+    # slot 0's logits compared with the first set's, bit for bit (may a tile choice follow S?)
+    assert "| base | 2.000 | 9.000 | True | False |" in out["table"]
+    assert out["sets"]["base"]["differs_from_first"] == {"logits_differing": 1, "max_abs": 1.0, "argmax_differing": 0}
     # per S, the families of every set that ran, side by side (the failed one left out)
     fam8 = out["family_tables"][8].splitlines()
     assert fam8[0] == "| S=8 | m64 | base |" and "| gate_up | 16.000 | 4.000 |" in fam8
@@ -435,11 +472,19 @@ def test_bad_arguments(dev):
 
 
 @pytest.mark.gpu
-def test_batched_bf16_bit_identical_and_graph():
+@pytest.mark.parametrize("precision", ["bf16", "nvfp4-w4a16"])
+def test_batched_bf16_bit_identical_and_graph(precision):
     """Full-size layers (4 of them) in bf16: every slot of S = 8 and S = 32 equals S = 1 bit for
-    bit (logits, pred, conf, entropy, K/V), eager and as CUDA-graph replays; close to the bf16 reference."""
+    bit (logits, pred, conf, entropy, K/V), eager and as CUDA-graph replays; close to the bf16 reference. The
+    defaults run the device's batched tile file, whose tiles follow S (``by_slots``: on the H200 other GEMM tiles at
+    S = 1, 8 and 32; 4-bit experts at BLOCK_M 16 below 20 slots, 32 from 20 on), so this is also the check that
+    those choices leave a row's numbers unchanged. ``nvfp4-w4a16``: the routed experts packed (random NVFP4)."""
     shape = F.preset_shape(num_hidden_layers=4)
     W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
+    if precision == "nvfp4-w4a16":
+        from repro.engine.bench_w4 import w4_weights
+
+        W = w4_weights(W, shape, seed=5)
     ML, n_check = 2048, 8
     g = torch.Generator(device="cuda")
     g.manual_seed(7)
@@ -477,14 +522,14 @@ def test_batched_bf16_bit_identical_and_graph():
             for name in OUTS:
                 assert torch.equal(getattr(one, name)[0], getattr(fw, name)[s]), (S, s, name)
             assert torch.equal(one.kv[:, :, 0], fw.kv[:, :, s]), (S, s)
-        if not use[s]:
+        if not use[s] and precision == "bf16":  # (the 4-bit experts' own references: tests/kernels/test_graph_w4.py)
             ref = F.reference_forward(W, shape, kv[:, :, s], int(lens[s]), ids[s])
             # the naive reference runs the MoE in bf16 per expert (HF remote-code style): with random weights a
             # routing near-tie can pick another expert for a token, so whole-forward logits differ by a few %
             # (0.052 seen on the H200 for one slot); bit-identity across S is the assertion above
             assert rel_err(one.logits[0], ref) < 1e-1
             assert (one.pred[0] == ref.float().argmax(-1)).float().mean() > 0.8
-        if s == 0:  # the single-request path (cuBLAS GEMMs): the same math, bf16 roundings in another order
+        if s == 0 and precision == "bf16":  # the single-request path (cuBLAS GEMMs): the same math, bf16 roundings in another order
             b = F.BlockForward(W, shape, ML, T=32, device="cuda")
             b.kv.copy_(kv[:, :, 0])
             b.ids.copy_(ids[0])

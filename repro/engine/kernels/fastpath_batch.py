@@ -31,7 +31,8 @@ All tile configs are looked up once for T-token blocks (``fastpath.kernel_config
 pinned through ``moe._cfg(..., T)``), never for S·T rows; where the device has a batched tile file
 (``configs/batched_*.json``, :func:`batched_tiles`: tiles chosen for S = 8-32 rounds, docs/perf.md "Batched graph
 round: where the time goes and tiles") its entries replace the single-request ones, still one set for every S
-except the launch-only keys of :data:`SLOT_KEYS` (a GEMM's ``"by_slots"``, :func:`for_slots`: pipeline stages).
+except a GEMM's ``"by_slots"`` entries (:func:`for_slots`): tiles by slot count, within the keys that leave a row's
+numbers unchanged (:data:`SLOT_KEYS`, :data:`SLOT_KEYS_W4`; docs/perf.md "Session 8: tiles by slot count").
 S = 1 differs from ``BlockForward`` only in the GEMMs (Triton tiles here, cuBLAS there): same math, other
 rounding order.
 """
@@ -131,31 +132,60 @@ def rows_linear(x, w, out, cfg, add: bool = False):
     return out
 
 
-#: tile keys that may follow the slot count S (``"by_slots"`` of a GEMM's tiles, :func:`for_slots`): they change when
-#: the loads are issued (software-pipeline depth), never the tile shapes, the MMA instruction or the K order, so never a
-#: row's numbers; anything else must be one setting for every S (row invariance)
-SLOT_KEYS = ("num_stages",)
+#: tile keys of a 16-bit GEMM (expert, dense, QKV / O / lm_head) that may follow the slot count S (``"by_slots"``,
+#: :func:`for_slots`). Row invariance allows it because these kernels' K loop is one fp32 accumulator carried through
+#: ``tl.dot`` in K order, 16 inputs per MMA, whatever the tile: a row's numbers do not depend on BLOCK_M / N / K, the
+#: warps, the pipeline depth, TMA or pointer loads, or mma.sync against wgmma. Measured on the H200 (docs/perf.md,
+#: "Session 8: tiles by slot count"): eight tile sets spanning these keys gave bit-identical logits over the full
+#: 20-layer model; the GPU test ``test_batched_bf16_slots_bit_identical`` checks the tile file's own choices.
+SLOT_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "TMA")
+#: the same for the 4-bit expert kernels (``moe_w4``): only the row tile within mma.sync (BLOCK_M 16 / 32 gave the same
+#: bits; BLOCK_M 64 takes wgmma and did not) and the pipeline depth; BLOCK_K sets the order of the even / odd input
+#: halves in the K loop, so it stays one setting
+SLOT_KEYS_W4 = ("BLOCK_M", "num_stages")
+W4_SLOT_BLOCK_M = (16, 32)
 
 
-def for_slots(cfg: dict, slots: int) -> dict:
+def for_slots(cfg: dict, slots: int, w4: bool = False) -> dict:
     """``cfg`` (one GEMM's tiles) for a round of ``slots`` slots: its ``"by_slots"`` entry ``{min_slots: {key: value}}``
     applied in ascending order of ``min_slots`` for every ``min_slots <= slots``, the entry itself dropped, e.g.
-    ``{"num_stages": 4, "by_slots": {"32": {"num_stages": 3}}}`` -> 3 stages from 32 slots on. Raises ValueError for
-    a key outside :data:`SLOT_KEYS` or a ``min_slots`` that is not a positive integer."""
+    ``{"BLOCK_M": 16, "num_stages": 4, "by_slots": {"16": {"BLOCK_M": 64}, "32": {"num_stages": 3}}}`` -> BLOCK_M 64
+    from 16 slots on, 3 stages from 32 on. ``w4``: the tiles of a 4-bit expert kernel (:data:`SLOT_KEYS_W4`). Raises
+    ValueError for a key outside :data:`SLOT_KEYS` (:data:`SLOT_KEYS_W4` with ``w4``), a 4-bit BLOCK_M outside
+    :data:`W4_SLOT_BLOCK_M`, or a ``min_slots`` that is not a positive integer."""
     out = {k: v for k, v in cfg.items() if k != "by_slots"}
+    if "by_slots" not in cfg:
+        return out
     try:
         steps = sorted((int(lo), over) for lo, over in cfg["by_slots"].items())
     except (TypeError, ValueError, AttributeError):
-        raise ValueError(f"tiles {cfg}: 'by_slots' must map a slot count to launch keys, e.g. "
+        raise ValueError(f"tiles {cfg}: 'by_slots' must map a slot count to tile keys, e.g. "
                          f"{{'32': {{'num_stages': 3}}}}") from None
+    keys = SLOT_KEYS_W4 if w4 else SLOT_KEYS
     for lo, over in steps:
-        bad = sorted(set(over) - set(SLOT_KEYS))
+        bad = sorted(set(over) - set(keys)) if isinstance(over, dict) else over
         if lo < 1 or bad:
-            raise ValueError(f"tiles {cfg}: 'by_slots' may set only {list(SLOT_KEYS)} from a slot count >= 1 "
-                             f"(got {lo}: {bad or over}); tile shapes must be one setting for every S (row invariance)")
+            raise ValueError(f"tiles {cfg}: 'by_slots' may set only {list(keys)} from a slot count >= 1 (got {lo}: "
+                             f"{bad or over}); other keys change a row's numbers and must be one setting for every S "
+                             f"(row invariance)")
+        if w4 and "BLOCK_M" in over and over["BLOCK_M"] not in W4_SLOT_BLOCK_M:
+            raise ValueError(f"tiles {cfg}: a 4-bit expert kernel's 'by_slots' BLOCK_M must be one of "
+                             f"{list(W4_SLOT_BLOCK_M)} (BLOCK_M 64 takes wgmma, which changes a row's numbers), got "
+                             f"{over['BLOCK_M']}")
         if slots >= lo:
             out.update(over)
+    if w4 and cfg.get("BLOCK_M") not in (None, *W4_SLOT_BLOCK_M) and out.get("BLOCK_M") != cfg.get("BLOCK_M"):
+        raise ValueError(f"tiles {cfg}: 4-bit tiles with a 'by_slots' BLOCK_M need the base BLOCK_M in "
+                         f"{list(W4_SLOT_BLOCK_M)} too")
     return out
+
+
+def _apply_by_slots(fam: dict, slots: int, w4: bool = False) -> None:
+    """Replace each GEMM's tiles in ``fam`` (``{kernel: tiles}``) by :func:`for_slots` of them, in place; the
+    router / route launch configs of a MoE family have no ``by_slots`` and pass unchanged."""
+    for k, v in list(fam.items()):
+        if isinstance(v, dict) and "by_slots" in v:
+            fam[k] = for_slots(v, slots, w4=w4 and k in ("gate_up", "down"))
 
 
 def rows_linear_reference(x, w, out=None):
@@ -198,6 +228,9 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
         cfg = load_config("batched", name, {}, device=device, **key)
         if not tma_available():
             cfg.pop("TMA", None)  # the file's tiles on a Triton without tensor descriptors: pointer loads, same bits
+            for over in (cfg.get("by_slots") or {}).values():
+                if isinstance(over, dict):
+                    over.pop("TMA", None)
         if cfg:
             if out.get(fam) is None:
                 out[fam] = {}
@@ -305,6 +338,9 @@ class BatchedBlockForward(GraphCapture):
         self.dws.pairs[0, :R] = torch.arange(R, device=device, dtype=torch.int32)
         self.dws.pair_w.fill_(1.0)
         self.dense_cfg = kc["dense"]
+        packed = any(not isinstance(L["w13"], torch.Tensor) for L in W["layers"] if "router" in L)
+        _apply_by_slots(self.moe_cfg, S, w4=packed)  # this S's tiles, before the tile tables read BLOCK_M
+        _apply_by_slots(self.dense_cfg, S)
         # expert GEMMs over (expert, m-block) tile tables (moe_tiles) when gate+up and down share BLOCK_M: the grid
         # then grows with the pairs routed, not with E1 x cdiv(S·T, BLOCK_M); same tiles, same results
         self.tiles = {}
@@ -317,10 +353,7 @@ class BatchedBlockForward(GraphCapture):
         self.tiles_in_select = False
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
-        for fam in (self.moe_cfg, self.dense_cfg, self.lin_cfg):  # a GEMM's launch-only keys for this S
-            for k, v in list(fam.items()):
-                if isinstance(v, dict) and "by_slots" in v:
-                    fam[k] = for_slots(v, S)
+        _apply_by_slots(self.lin_cfg, S)
         self.logits = torch.zeros(S, T, shape.vocab, dtype=dt, device=device)
         self.pred = torch.zeros(S, T, dtype=torch.long, device=device)
         self.conf = torch.zeros(S, T, dtype=torch.float32, device=device)
