@@ -329,6 +329,23 @@ def bench_generate(shape, W, fw, prefix, tokens, steps, log=print):
     return res
 
 
+def pack_random_experts(model, seed: int) -> None:
+    """Replace the routed experts of a full-size ``LLaDA2Model.random`` (on CUDA) by random NVFP4 experts kept packed
+    (``moe_w4.random_nvfp4_experts``; the shared experts stay BF16) and set ``model.precision = "nvfp4-w4a16"``:
+    the weights-only 4-bit mode with the format's real shapes and byte counts, values not a trained model's."""
+    from repro.engine.kernels.moe_w4 import random_nvfp4_experts
+
+    cfg = model.cfg
+    g4 = torch.Generator(device="cuda").manual_seed(seed + 7)
+    E, I, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    for l in cfg.moe_layers:
+        q = f"layers.{l}.moe."
+        model.params[q + "w_gate_up"] = random_nvfp4_experts(E, 2 * I, D, 2, torch.bfloat16, "cuda", g4)
+        model.params[q + "w_down"] = random_nvfp4_experts(E, D, I, 1, torch.bfloat16, "cuda", g4)
+    model.precision = "nvfp4-w4a16"
+    torch.cuda.empty_cache()
+
+
 def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_confidence"), seed: int = 0,
                  eager_tokens: int = 64, log=print, precision: str = "bf16") -> dict:
     """The engine's own decode loop at full size: :func:`repro.engine.decode_loop.generate_ids` with the real
@@ -352,17 +369,8 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
     cfg = LLaDA2Config.from_dict(PRESETS["llada2.1-mini"])
     t0 = time.perf_counter()
     model = LLaDA2Model.random(cfg, device="cuda", dtype="bf16", seed=seed, with_adapter=False)
-    if precision == "nvfp4-w4a16":  # routed experts replaced by random NVFP4 experts, kept packed
-        from repro.engine.kernels.moe_w4 import random_nvfp4_experts
-
-        g4 = torch.Generator(device="cuda").manual_seed(seed + 7)
-        E, I, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-        for l in cfg.moe_layers:
-            q = f"layers.{l}.moe."
-            model.params[q + "w_gate_up"] = random_nvfp4_experts(E, 2 * I, D, 2, torch.bfloat16, "cuda", g4)
-            model.params[q + "w_down"] = random_nvfp4_experts(E, D, I, 1, torch.bfloat16, "cuda", g4)
-        model.precision = precision
-        torch.cuda.empty_cache()
+    if precision == "nvfp4-w4a16":
+        pack_random_experts(model, seed)
     out_mem = torch.cuda.memory_allocated() / 1e9
     mask_id, eos_id = PRESET_MASK_IDS["llada2.1-mini"], PRESETS["llada2.1-mini"]["eos_token_id"]
     gb = GraphBackend(model, mask_id)
@@ -445,7 +453,8 @@ def main(argv=None):
                     help="batch mode: which parts to run (throughput, graph, invariance)")
     ap.add_argument("--algorithms", default="joint_threshold,orl", help="batch mode: decoders of the invariance check")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "nvfp4-w4a16"],
-                    help="decode mode: the model's precision (nvfp4-w4a16: random NVFP4 routed experts)")
+                    help="decode and batch modes: the model's precision (nvfp4-w4a16: random NVFP4 routed experts, "
+                    "kept packed; batch mode: sections batched-graph and invariance-graph only)")
     ap.add_argument("--variants", default=None, help="round: comma-separated BlockForward variants to time (names "
                     "of bench.VARIANTS; default bench.ROUND_VARIANTS); the fastest is the round's engine")
     ap.add_argument("--w4-variants", default=None, help="round: also time these variants on the 4-bit round (default "

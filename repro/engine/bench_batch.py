@@ -3,7 +3,10 @@
     python -m repro.engine.bench batch [--prefix 1024] [--batch-tokens 256] [--batch-sizes 1,8,32]
         [--sections throughput,graph,batched-graph,handoff,invariance,invariance-graph]
         [--algorithms joint_threshold,orl]
-        [--invariance-prompts 32] [--invariance-tokens 32] [--json FILE]
+        [--invariance-prompts 32] [--invariance-tokens 32] [--precision bf16|nvfp4-w4a16] [--json FILE]
+
+``--precision nvfp4-w4a16``: the routed experts replaced by random NVFP4 experts kept packed (the weights-only 4-bit
+mode; floors count 0.5 + 1/16 bytes per expert weight); sections batched-graph and invariance-graph only.
 
 Time: the eager forward is slow at batch 1 (≈ 0.1 s per forward measured before this work, docs/perf.md), and
 the invariance check runs every prompt alone; to stay inside a 10-minute device call run it in pieces, e.g.
@@ -56,7 +59,12 @@ import traceback
 import torch
 
 
-def _model(seed: int):
+#: sections that run with packed 4-bit experts (``--precision nvfp4-w4a16``): the CUDA-graph path's; the eager
+#: sections count expert bytes from BF16 stacks
+W4_SECTIONS = ("batched-graph", "invariance-graph")
+
+
+def _model(seed: int, precision: str = "bf16"):
     from repro.engine.config import LLaDA2Config
     from repro.engine.kernels import register_with_seams
     from repro.engine.model import LLaDA2Model
@@ -64,6 +72,10 @@ def _model(seed: int):
 
     cfg = LLaDA2Config.from_dict(PRESETS["llada2.1-mini"])
     model = LLaDA2Model.random(cfg, device="cuda", dtype="bf16", seed=seed, with_adapter=False)
+    if precision == "nvfp4-w4a16":
+        from repro.engine.bench import pack_random_experts
+
+        pack_random_experts(model, seed)
     register_with_seams(select=True)
     return model, PRESET_MASK_IDS["llada2.1-mini"], PRESETS["llada2.1-mini"]["eos_token_id"]
 
@@ -257,7 +269,9 @@ def bench_batched_graph(model, mask_id: int, prefix: int, tokens: int, batch_siz
                         ids=torch.randint(0, V, (32,), generator=g).to(model.device)) for _ in range(bs)]
         experts = _expert_groups(model, chunks, group=bs * 32)
         del chunks
-        floor_b = batched_round_bytes(shape, experts, [prefix] * bs, T=32)["total"]
+        packed = getattr(model, "precision", "bf16") == "nvfp4-w4a16"
+        floor_b = batched_round_bytes(shape, experts, [prefix] * bs, T=32,
+                                      expert_bytes=0.5 + 1 / 16 if packed else None)["total"]
         floor_ms = floor_b / (copy_gbps * 1e9) * 1e3
         row = {"batch_size": bs, "requests": n_req, "generated_tokens": gen, "wall_s": wall,
                "engine": stats.engine, "forward": engine.forward_kind, "forward_note": engine.forward_note,
@@ -434,10 +448,19 @@ def run(args, env_info, copy_bandwidth) -> int:
             with open(args.json, "w") as fh:
                 fh.write(json.dumps(doc) + "\n")
 
+    precision = getattr(args, "precision", "bf16")
+    sections = {x for x in args.sections.split(",") if x}
+    doc["precision"] = precision
+    if precision != "bf16" and sections - set(W4_SECTIONS):
+        doc["error"] = (f"bench batch --precision {precision} runs the sections {', '.join(W4_SECTIONS)} only; "
+                        f"drop {', '.join(sorted(sections - set(W4_SECTIONS)))} from --sections")
+        log(doc["error"])
+        print(json.dumps(doc))
+        return 2
     try:
         doc["copy_GBps"] = copy_bandwidth()
         t0 = time.perf_counter()
-        model, mask_id, eos_id = _model(args.seed)
+        model, mask_id, eos_id = _model(args.seed, precision)
         _sync(model)
         doc["build_s"] = time.perf_counter() - t0
         log(f"model built in {doc['build_s']:.1f} s; copy bandwidth {doc['copy_GBps']:.0f} GB/s")
@@ -448,7 +471,6 @@ def run(args, env_info, copy_bandwidth) -> int:
         print(json.dumps(doc))
         return 1
     sizes = [int(b) for b in args.batch_sizes.split(",") if b]
-    sections = {x for x in args.sections.split(",") if x}
     algos = [a for a in args.algorithms.split(",") if a]
 
     def section(name: str, key: str, run) -> None:

@@ -116,3 +116,21 @@ def test_graph_round_sweep_file_checked(tmp_path, monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert called == [({"m64": {}}, [1, 8])] and json.loads(out.splitlines()[-1])["table"] == "T"
     assert "F1" in err and "F8" in err  # the per-S family tables, then the sets' table
+
+
+def test_bench_batch_precision_runs_only_the_graph_sections(capsys):
+    """``bench batch --precision nvfp4-w4a16`` packs the routed experts for the CUDA-graph sections; asked for an
+    eager section too it stops before building anything, naming the sections to drop (it used to time BF16 experts
+    under a 4-bit label)."""
+    import argparse
+
+    import repro.engine.bench_batch as BB
+
+    built = []
+    args = argparse.Namespace(precision="nvfp4-w4a16", sections="batched-graph,throughput,invariance", prefix=1024,
+                              batch_tokens=256, invariance_tokens=32, invariance_prompts=32, json=None)
+    assert BB.run(args, lambda: {}, lambda: built.append(1)) == 2
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert not built and doc["precision"] == "nvfp4-w4a16"
+    assert "drop invariance, throughput from --sections" in doc["error"]
+    assert "batched-graph, invariance-graph" in doc["error"]
