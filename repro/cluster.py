@@ -326,6 +326,52 @@ def check_gpu(model_dir: str | os.PathLike, precision: str, batch_size: int = 1,
         raise RuntimeError(problem)
 
 
+#: the rules whose jobs decode on the suite's device (workflow/rules/generate.smk)
+GPU_RULES = ("generate_shard", "generate_group", "speed_probe")
+#: set to 1 to start GPU jobs on a machine where :func:`cuda_here` sees no GPU (e.g. one visible only in a container)
+SKIP_GPU_CHECK_ENV = "REPRO_SKIP_GPU_CHECK"
+
+
+def cuda_here() -> bool:
+    """Whether this machine has a CUDA GPU for the jobs it runs: ``torch.cuda.is_available()``, or else an
+    ``nvidia-smi -L`` that lists a GPU (a GPU host whose venv holds a CPU build of torch, the jobs then running in
+    an image with ``--nv``). Never raises."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return True
+    except Exception:  # noqa: BLE001 - no torch, a broken CUDA install: ask nvidia-smi
+        pass
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def gpu_preflight_problem(gpu_jobs: list[str], local_exec: bool, have_gpu, environ=os.environ) -> str | None:
+    """Why a run must not start, or None: ``gpu_jobs`` (one ``"rule (suite ...)"`` line per job of
+    :data:`GPU_RULES` on a CUDA suite that the run will execute) run on this machine (``local_exec``: no cluster
+    executor) and ``have_gpu()`` (:func:`cuda_here`) is False. Checked before any job starts, so a paper run on a
+    laptop stops before the checkpoint downloads (tens of GB) instead of at its first generation job.
+    ``environ[SKIP_GPU_CHECK_ENV] == "1"`` skips the check."""
+    if not gpu_jobs or not local_exec or environ.get(SKIP_GPU_CHECK_ENV) == "1" or have_gpu():
+        return None
+    more = f" (and {len(gpu_jobs) - 1} more)" if len(gpu_jobs) > 1 else ""
+    return (f"this run would execute {len(gpu_jobs)} GPU job(s) on this machine, e.g. {gpu_jobs[0]}{more}, and this "
+            f"machine has no CUDA GPU (torch.cuda.is_available() is False and nvidia-smi lists none). Nothing was "
+            f"started, so no checkpoint was downloaded. Run on a GPU machine, submit the jobs to a cluster "
+            f"(--workflow-profile profiles/slurm, docs/workflow.md), or run a CPU suite (--config suite=smoke). "
+            f"If the GPU is only visible inside the image, set {SKIP_GPU_CHECK_ENV}=1.")
+
+
 def container_env(environ, binary: str | None) -> dict[str, str]:
     """``{PREFIX + X: value}`` for each set variable of FORWARDED_ENV (module docstring)."""
     prefix = "SINGULARITYENV_" if binary and os.path.basename(binary) == "singularity" else "APPTAINERENV_"

@@ -100,3 +100,15 @@ def gpu_mem_mb(wildcards):
 # Resources of jobs that never need a GPU: a site-wide gpu_model / gres in default-resources must not
 # reach them (the plugin turns gpu_model alone into --gpus=<model>:1).
 CPU_ONLY = {"gpu": 0, "gpu_model": "", "gres": ""}
+
+
+# A run whose GPU jobs would execute on this machine (no cluster executor) on a machine without a CUDA GPU stops
+# before any job, so before the checkpoint downloads, with one line (repro/cluster.py: gpu_preflight_problem).
+# Not in dry runs (Snakemake runs onstart only when it executes).
+onstart:
+    _gpu_jobs = [f"{j.rule.name} (suite {j.wildcards.get('suite', '?')})" for j in workflow.dag.needrun_jobs()
+                 if j.rule.name in _cluster.GPU_RULES and on_gpu(j.wildcards)]
+    _problem = _cluster.gpu_preflight_problem(_gpu_jobs, workflow.local_exec, _cluster.cuda_here)
+    if _problem:
+        print(f"Error: {_problem}", file=sys.stderr)
+        sys.exit(1)
