@@ -239,7 +239,7 @@ def test_bench_batch_run_writes_its_json_and_table(tiny_model, tiny_tok, tmp_pat
 
     from repro.engine import bench_batch as bb
 
-    monkeypatch.setattr(bb, "_model", lambda seed: (tiny_model, tiny_tok.mask_id, tiny_tok.eos_id))
+    monkeypatch.setattr(bb, "_model", lambda seed, precision="bf16": (tiny_model, tiny_tok.mask_id, tiny_tok.eos_id))
     out = tmp_path / "b.json"
     a = argparse.Namespace(prefix=64, batch_tokens=32, batch_sizes="1,2", steps_per_block=8, seed=0,
                            sections="throughput,invariance", algorithms="orl", invariance_prompts=3,
