@@ -455,6 +455,7 @@ def run(args, env_info, copy_bandwidth) -> int:
         doc["error"] = (f"bench batch --precision {precision} runs the sections {', '.join(W4_SECTIONS)} only; "
                         f"drop {', '.join(sorted(sections - set(W4_SECTIONS)))} from --sections")
         log(doc["error"])
+        save()
         print(json.dumps(doc))
         return 2
     try:

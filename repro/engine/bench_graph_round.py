@@ -238,15 +238,19 @@ def sweep(sets: dict, slots, prefix=1024, iters=30, layers=None, seed=0, log=pri
             d = bench_slots(slots, prefix, iters, layers, precision, seed, log, configs=cfg or None, model=model,
                             breakdown=True, single=False, copy_bw=bw, keep=keep)
             _speedups(d)
+            if "logits0" not in keep:  # no round ran to the read-back: nothing to compare
+                raise RuntimeError(f"tile set {name}: no slot-0 logits were read back")
             if first is None:
-                first = keep["logits0"]
+                first, out["reference_set"] = keep["logits0"], name
+            d["reference_set"] = out["reference_set"]
             d["same_bits_as_first"] = bool(torch.equal(keep["logits0"], first))
             if not d["same_bits_as_first"]:
                 diff = (keep["logits0"].float() - first.float()).abs()
                 d["differs_from_first"] = {"logits_differing": int((diff > 0).sum()), "max_abs": float(diff.max()),
                                            "argmax_differing": int((keep["logits0"].argmax(-1)
                                                                     != first.argmax(-1)).sum())}
-            log(f"    {name}: slot 0 logits at S={slots[0]} bit-identical to the first set's: {d['same_bits_as_first']}"
+            log(f"    {name}: slot 0 logits at S={slots[0]} bit-identical to set {out['reference_set']}'s: "
+                f"{d['same_bits_as_first']}"
                 + (f" ({d['differs_from_first']})" if not d["same_bits_as_first"] else ""))
             out["sets"][name] = d
         except Exception as exc:  # noqa: BLE001 - one bad candidate (e.g. out of shared memory) must not end the sweep

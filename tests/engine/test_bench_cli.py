@@ -118,7 +118,7 @@ def test_graph_round_sweep_file_checked(tmp_path, monkeypatch, capsys):
     assert "F1" in err and "F8" in err  # the per-S family tables, then the sets' table
 
 
-def test_bench_batch_precision_runs_only_the_graph_sections(capsys):
+def test_bench_batch_precision_runs_only_the_graph_sections(capsys, tmp_path):
     """``bench batch --precision nvfp4-w4a16`` packs the routed experts for the CUDA-graph sections; asked for an
     eager section too it stops before building anything, naming the sections to drop (it used to time BF16 experts
     under a 4-bit label)."""
@@ -128,9 +128,11 @@ def test_bench_batch_precision_runs_only_the_graph_sections(capsys):
 
     built = []
     args = argparse.Namespace(precision="nvfp4-w4a16", sections="batched-graph,throughput,invariance", prefix=1024,
-                              batch_tokens=256, invariance_tokens=32, invariance_prompts=32, json=None)
+                              batch_tokens=256, invariance_tokens=32, invariance_prompts=32,
+                              json=str(tmp_path / "b.json"))
     assert BB.run(args, lambda: {}, lambda: built.append(1)) == 2
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert not built and doc["precision"] == "nvfp4-w4a16"
+    assert json.loads((tmp_path / "b.json").read_text()) == doc  # --json gets the refusal too
     assert "drop invariance, throughput from --sections" in doc["error"]
     assert "batched-graph, invariance-graph" in doc["error"]

@@ -199,12 +199,30 @@ def test_launch_keys_by_slots(dev):
         for_slots(dict(w4, by_slots={"8": {"BLOCK_K": 128}}), 8, w4=True)
     with pytest.raises(ValueError, match="wgmma"):
         for_slots(dict(w4, by_slots={"8": {"BLOCK_M": 64}}), 1, w4=True)  # refused at any S, not only from 8 on
+    with pytest.raises(ValueError, match="base BLOCK_M"):  # a base of 64 with a step: refused below the step too
+        for_slots(dict(w4, BLOCK_M=64, by_slots={"20": {"BLOCK_M": 32}}), 1, w4=True)
+    for bad, match in (({"8": None}, "must be a dict"), ({"8": [("BLOCK_M", 32)]}, "must be a dict"),
+                       (None, "must map a slot count"), ({"8": {"BLOCK_M": 48}}, "BLOCK_M=48"),
+                       ({"8": {"BLOCK_N": "64"}}, "BLOCK_N='64'"), ({"8": {"num_warps": 3}}, "num_warps=3"),
+                       ({"8": {"num_stages": 0}}, "num_stages=0"), ({"8": {"TMA": 3}}, "TMA=3"),
+                       ({"8": {"BLOCK_M": True}}, "BLOCK_M=True"), ({"x8": {"BLOCK_M": 32}}, "'x8'"),
+                       ({"8": {"num_stages": 3}, 8: {"num_stages": 2}}, "slot count 8 twice"),
+                       ({True: {"num_stages": 3}}, "True")):
+        with pytest.raises(ValueError, match=match):
+            for_slots(dict(cfg, by_slots=bad), 1)  # checked whatever S is
     W = F.random_weights(TINY, dev, torch.float32, seed=3, std=0.1)
     tiles = {**SMALL_TILES, "moe": {**SMALL_TILES["moe"], "gate_up": dict(SMALL_TILES["moe"]["gate_up"], by_slots={
         "2": {"num_stages": 3}})}}
+    tiles["dense"] = {k: dict(v, by_slots={"2": {"num_stages": 3}}) for k, v in SMALL_TILES["dense"].items()}
     for S, want in ((1, 2), (2, 3)):
         fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=S, T=T, device=dev, configs=tiles)
         assert fw.moe_cfg["gate_up"]["num_stages"] == want and "by_slots" not in fw.moe_cfg["gate_up"]
+        assert fw.dense_cfg["down"]["num_stages"] == want and "by_slots" not in fw.dense_cfg["down"]
+    assert all("by_slots" in v for v in tiles["dense"].values())  # the caller's dict is not rewritten
+    router = {**tiles, "moe": {**tiles["moe"], "router": dict(tiles["moe"].get("router") or {}, by_slots={
+        "2": {"num_stages": 3}})}}
+    with pytest.raises(ValueError, match="kernel 'router'"):
+        BatchedBlockForward(W, TINY, MAX_LEN, slots=1, T=T, device=dev, configs=router)
 
 
 def test_tile_file_by_slots_entries_are_allowed():
@@ -218,9 +236,10 @@ def test_tile_file_by_slots_entries_are_allowed():
             for S in (1, 2, 3, 4, 8, 16, 20, 24, 32, 64):
                 got = {}
                 for name, cfg in entries.items():
-                    if name == "_meta" or "by_slots" not in cfg:
+                    if name == "_meta" or name in ("attn", "moe_router", "moe_route"):
+                        assert name == "_meta" or "by_slots" not in cfg, (path.name, dev_name, name)
                         continue
-                    got[name] = for_slots(cfg, S, w4=name in BATCHED_W4_KERNELS.values())
+                    got[name] = for_slots(cfg, S, w4=name in BATCHED_W4_KERNELS.values())  # every GEMM, by_slots or not
                 for a, b in (("moe_gate_up", "moe_down"), ("moe_w4_gate_up", "moe_w4_down"),
                              ("dense_gate_up", "dense_down")):
                     if a in got and b in got:
@@ -451,6 +470,7 @@ def test_sweep_uses_the_precision(monkeypatch):
     # slot 0's logits compared with the first set's, bit for bit (may a tile choice follow S?)
     assert "| base | 2.000 | 9.000 | True | False |" in out["table"]
     assert out["sets"]["base"]["differs_from_first"] == {"logits_differing": 1, "max_abs": 1.0, "argmax_differing": 0}
+    assert out["reference_set"] == "m64" and out["sets"]["base"]["reference_set"] == "m64"
     # per S, the families of every set that ran, side by side (the failed one left out)
     fam8 = out["family_tables"][8].splitlines()
     assert fam8[0] == "| S=8 | m64 | base |" and "| gate_up | 16.000 | 4.000 |" in fam8

@@ -146,46 +146,102 @@ SLOT_KEYS_W4 = ("BLOCK_M", "num_stages")
 W4_SLOT_BLOCK_M = (16, 32)
 
 
+def _slot_count(lo) -> int:
+    """A ``by_slots`` key as a slot count: an int or a string of decimal digits, >= 1; else ValueError."""
+    if isinstance(lo, bool) or not isinstance(lo, (int, str)) or (isinstance(lo, str) and not lo.strip().isdigit()):
+        raise ValueError(f"'by_slots' key {lo!r} is not a slot count (want e.g. \"8\")")
+    if int(lo) < 1:
+        raise ValueError(f"'by_slots' key {lo!r}: want a slot count >= 1")
+    return int(lo)
+
+
+def _check_slot_value(key: str, v) -> None:
+    """One ``by_slots`` tile value: BLOCK_* a power of two >= 16 (the MMA's smallest tile side), num_warps a power
+    of two in 1..16, num_stages an int >= 1, TMA 0 / 1 / 2 (:func:`rows_linear`). ValueError naming the key."""
+    ok = isinstance(v, int) and not isinstance(v, bool)
+    if ok and key.startswith("BLOCK_"):
+        ok = v >= 16 and v & (v - 1) == 0
+        want = "a power of two >= 16"
+    elif ok and key == "num_warps":
+        ok = v in (1, 2, 4, 8, 16)
+        want = "1, 2, 4, 8 or 16"
+    elif ok and key == "num_stages":
+        ok = v >= 1
+        want = "an integer >= 1"
+    elif ok and key == "TMA":
+        ok = v in (0, 1, 2)
+        want = "0, 1 or 2"
+    else:
+        want = "an integer"
+    if not ok:
+        raise ValueError(f"'by_slots' {key}={v!r}: want {want}")
+
+
 def for_slots(cfg: dict, slots: int, w4: bool = False) -> dict:
     """``cfg`` (one GEMM's tiles) for a round of ``slots`` slots: its ``"by_slots"`` entry ``{min_slots: {key: value}}``
     applied in ascending order of ``min_slots`` for every ``min_slots <= slots``, the entry itself dropped, e.g.
     ``{"BLOCK_M": 16, "num_stages": 4, "by_slots": {"16": {"BLOCK_M": 64}, "32": {"num_stages": 3}}}`` -> BLOCK_M 64
-    from 16 slots on, 3 stages from 32 on. ``w4``: the tiles of a 4-bit expert kernel (:data:`SLOT_KEYS_W4`). Raises
-    ValueError for a key outside :data:`SLOT_KEYS` (:data:`SLOT_KEYS_W4` with ``w4``), a 4-bit BLOCK_M outside
-    :data:`W4_SLOT_BLOCK_M`, or a ``min_slots`` that is not a positive integer."""
+    from 16 slots on, 3 stages from 32 on. ``w4``: the tiles of a 4-bit expert kernel (:data:`SLOT_KEYS_W4`).
+
+    The whole entry is checked whatever ``slots`` is (a tile file is wrong or right for every S). Raises ValueError,
+    naming the entry, for: ``by_slots`` not a dict; a ``min_slots`` that is not a positive integer (or given twice,
+    e.g. ``"8"`` and ``8``); a step that is not a dict; a key outside :data:`SLOT_KEYS` (:data:`SLOT_KEYS_W4` with
+    ``w4``); a value of the wrong kind (:func:`_check_slot_value`); with ``w4``, a BLOCK_M outside
+    :data:`W4_SLOT_BLOCK_M` in a step or, when any step sets BLOCK_M, in the base tiles."""
     out = {k: v for k, v in cfg.items() if k != "by_slots"}
     if "by_slots" not in cfg:
         return out
-    try:
-        steps = sorted((int(lo), over) for lo, over in cfg["by_slots"].items())
-    except (TypeError, ValueError, AttributeError):
-        raise ValueError(f"tiles {cfg}: 'by_slots' must map a slot count to tile keys, e.g. "
-                         f"{{'32': {{'num_stages': 3}}}}") from None
+    base = {k: v for k, v in cfg.items() if k != "by_slots"}
+    by = cfg["by_slots"]
+    if not isinstance(by, dict):
+        raise ValueError(f"tiles {base}: 'by_slots' must map a slot count to tile keys, e.g. "
+                         f"{{\"32\": {{\"num_stages\": 3}}}}; got {by!r}")
     keys = SLOT_KEYS_W4 if w4 else SLOT_KEYS
-    for lo, over in steps:
-        bad = sorted(set(over) - set(keys)) if isinstance(over, dict) else over
-        if lo < 1 or bad:
-            raise ValueError(f"tiles {cfg}: 'by_slots' may set only {list(keys)} from a slot count >= 1 (got {lo}: "
-                             f"{bad or over}); other keys change a row's numbers and must be one setting for every S "
-                             f"(row invariance)")
-        if w4 and "BLOCK_M" in over and over["BLOCK_M"] not in W4_SLOT_BLOCK_M:
-            raise ValueError(f"tiles {cfg}: a 4-bit expert kernel's 'by_slots' BLOCK_M must be one of "
-                             f"{list(W4_SLOT_BLOCK_M)} (BLOCK_M 64 takes wgmma, which changes a row's numbers), got "
-                             f"{over['BLOCK_M']}")
-        if slots >= lo:
-            out.update(over)
-    if w4 and cfg.get("BLOCK_M") not in (None, *W4_SLOT_BLOCK_M) and out.get("BLOCK_M") != cfg.get("BLOCK_M"):
-        raise ValueError(f"tiles {cfg}: 4-bit tiles with a 'by_slots' BLOCK_M need the base BLOCK_M in "
-                         f"{list(W4_SLOT_BLOCK_M)} too")
+    steps: dict[int, dict] = {}
+    try:
+        for lo, over in by.items():
+            n = _slot_count(lo)
+            if n in steps:
+                raise ValueError(f"'by_slots' has slot count {n} twice")
+            if not isinstance(over, dict):
+                raise ValueError(f"'by_slots' step {lo!r} must be a dict of tile keys, got {over!r}")
+            bad = sorted(set(over) - set(keys))
+            if bad:
+                raise ValueError(f"'by_slots' may set only {list(keys)} from a slot count >= 1 (got {lo!r}: {bad}); "
+                                 f"other keys change a row's numbers and must be one setting for every S (row "
+                                 f"invariance)")
+            for k, v in over.items():
+                _check_slot_value(k, v)
+            if w4 and "BLOCK_M" in over and over["BLOCK_M"] not in W4_SLOT_BLOCK_M:
+                raise ValueError(f"a 4-bit expert kernel's 'by_slots' BLOCK_M must be one of {list(W4_SLOT_BLOCK_M)} "
+                                 f"(BLOCK_M 64 takes wgmma, which changes a row's numbers), got {over['BLOCK_M']!r}")
+            steps[n] = over
+        if w4 and any("BLOCK_M" in o for o in steps.values()) and base.get("BLOCK_M") not in W4_SLOT_BLOCK_M:
+            raise ValueError(f"4-bit tiles with a 'by_slots' BLOCK_M need the base BLOCK_M in "
+                             f"{list(W4_SLOT_BLOCK_M)} too, got {base.get('BLOCK_M')!r}")
+    except ValueError as e:
+        raise ValueError(f"tiles {base}: {e}") from None
+    for n in sorted(steps):
+        if slots >= n:
+            out.update(steps[n])
     return out
 
 
-def _apply_by_slots(fam: dict, slots: int, w4: bool = False) -> None:
-    """Replace each GEMM's tiles in ``fam`` (``{kernel: tiles}``) by :func:`for_slots` of them, in place; the
-    router / route launch configs of a MoE family have no ``by_slots`` and pass unchanged."""
+#: the kernels of each tile family that may carry ``"by_slots"`` (the GEMMs; router / route launch configs may not)
+SLOT_GEMMS = {"moe": ("gate_up", "down"), "dense": ("gate_up", "down"), "linear": ("qkv", "o", "lm_head")}
+
+
+def _apply_by_slots(fam: dict, slots: int, family: str, w4: bool = False) -> None:
+    """Replace each GEMM's tiles in ``fam`` (``{kernel: tiles}`` of tile family ``family``, a key of
+    :data:`SLOT_GEMMS`) by :func:`for_slots` of them, in place. ``w4``: the MoE family's experts are packed 4-bit.
+    Raises ValueError naming the kernel for a ``by_slots`` on a kernel that is not one of the family's GEMMs (e.g.
+    the router, whose split-K launch sets a row's summation order)."""
     for k, v in list(fam.items()):
         if isinstance(v, dict) and "by_slots" in v:
-            fam[k] = for_slots(v, slots, w4=w4 and k in ("gate_up", "down"))
+            if k not in SLOT_GEMMS[family]:
+                raise ValueError(f"tiles of {family} kernel {k!r}: 'by_slots' is allowed only on "
+                                 f"{list(SLOT_GEMMS[family])} (a GEMM whose tiles leave a row's numbers unchanged)")
+            fam[k] = for_slots(v, slots, w4=w4 and family == "moe")
 
 
 def rows_linear_reference(x, w, out=None):
@@ -278,7 +334,8 @@ class BatchedBlockForward(GraphCapture):
 
     ``configs`` as in :func:`~repro.engine.kernels.fastpath.kernel_configs` (plus ``linear["lm_head"]`` tiles),
     completed by :func:`batched_tiles` (this device's batched tile file) where they leave a GEMM open; every
-    config is the one of a T-token block whatever S is. :meth:`forward` makes no host sync and no
+    config is the one of a T-token block (never looked up for S·T rows); only a GEMM's ``"by_slots"`` steps
+    (:func:`for_slots`) follow S. :meth:`forward` makes no host sync and no
     allocation (CUDA-graph capturable; :meth:`capture` / :meth:`warmup` as ``BlockForward``); it always
     computes all S slots. Raises ValueError for slots < 1 or max_len < T.
     """
@@ -337,10 +394,10 @@ class BatchedBlockForward(GraphCapture):
         self.dws.counts.fill_(R)
         self.dws.pairs[0, :R] = torch.arange(R, device=device, dtype=torch.int32)
         self.dws.pair_w.fill_(1.0)
-        self.dense_cfg = kc["dense"]
+        self.dense_cfg = {k: dict(v) if isinstance(v, dict) else v for k, v in kc["dense"].items()}  # copies: the caller's configs stay as given
         packed = any(not isinstance(L["w13"], torch.Tensor) for L in W["layers"] if "router" in L)
-        _apply_by_slots(self.moe_cfg, S, w4=packed)  # this S's tiles, before the tile tables read BLOCK_M
-        _apply_by_slots(self.dense_cfg, S)
+        _apply_by_slots(self.moe_cfg, S, "moe", w4=packed)  # this S's tiles, before the tile tables read BLOCK_M
+        _apply_by_slots(self.dense_cfg, S, "dense")
         # expert GEMMs over (expert, m-block) tile tables (moe_tiles) when gate+up and down share BLOCK_M: the grid
         # then grows with the pairs routed, not with E1 x cdiv(S·T, BLOCK_M); same tiles, same results
         self.tiles = {}
@@ -353,7 +410,7 @@ class BatchedBlockForward(GraphCapture):
         self.tiles_in_select = False
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
-        _apply_by_slots(self.lin_cfg, S)
+        _apply_by_slots(self.lin_cfg, S, "linear")
         self.logits = torch.zeros(S, T, shape.vocab, dtype=dt, device=device)
         self.pred = torch.zeros(S, T, dtype=torch.long, device=device)
         self.conf = torch.zeros(S, T, dtype=torch.float32, device=device)
