@@ -189,12 +189,6 @@ def test_launch_keys_by_slots(dev):
     assert for_slots(cfg, 32) == dict(BLOCK_M=64, BLOCK_N=64, num_stages=3, TMA=1)
     with pytest.raises(ValueError, match="NSPLIT"):
         for_slots(dict(cfg, by_slots={"8": {"NSPLIT": 4}}), 8)
-    # the persistent launch: 16-bit expert GEMMs only (QKV / O / lm_head have none; 4-bit experts refuse it)
-    assert for_slots(dict(cfg, by_slots={"8": {"PERSIST": 2}}), 8, experts=True)["PERSIST"] == 2
-    with pytest.raises(ValueError, match="PERSIST"):
-        for_slots(dict(cfg, by_slots={"8": {"PERSIST": 2}}), 8)
-    with pytest.raises(ValueError, match="FLATTEN=2"):
-        for_slots(dict(cfg, by_slots={"8": {"FLATTEN": 2}}), 8, experts=True)
     with pytest.raises(ValueError, match="by_slots"):
         for_slots(dict(cfg, by_slots=[3]), 8)
     with pytest.raises(ValueError, match="slot count >= 1"):
@@ -245,8 +239,7 @@ def test_tile_file_by_slots_entries_are_allowed():
                     if name == "_meta" or name in ("attn", "moe_router", "moe_route"):
                         assert name == "_meta" or "by_slots" not in cfg, (path.name, dev_name, name)
                         continue
-                    got[name] = for_slots(cfg, S, w4=name in BATCHED_W4_KERNELS.values(),  # every GEMM
-                                          experts=name.startswith(("moe_", "dense_")))
+                    got[name] = for_slots(cfg, S, w4=name in BATCHED_W4_KERNELS.values())  # every GEMM, by_slots or not
                 for a, b in (("moe_gate_up", "moe_down"), ("moe_w4_gate_up", "moe_w4_down"),
                              ("dense_gate_up", "dense_down")):
                     if a in got and b in got:
@@ -352,82 +345,32 @@ def test_without_shared_expert_matches_reference(dev):
         assert rel_err(fw.logits[s], ref) < 1e-5
 
 
-def _tile_table_outputs(dev, dtype, R=64, H=64, N=32, E=16, K=4, seed=2, cfg=None):
-    """Pair outputs (inter, pair_out) of one real routing of R rows through the expert GEMMs three ways: the
-    (E1, n, m) grid, the tile table's grid, and persistent launches over the tile table (``PERSIST``, with and
-    without the flattened loop, 1 and 3 programs per SM), plus the tile table."""
-    from repro.engine.kernels import moe as M
-
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(R, H, generator=g).to(dev, dtype)
-    gate, bias = torch.randn(E, H, generator=g).to(dev), (torch.randn(E, generator=g) * 0.1).to(dev)
-    w13 = (torch.randn(E + 1, 2 * N, H, generator=g) * 0.1).to(dev, dtype)
-    w2 = (torch.randn(E + 1, H, N, generator=g) * 0.1).to(dev, dtype)
-    cfg = cfg or SMALL_TILES["moe"]
-    bm = cfg["gate_up"].get("BLOCK_M", 16)
-    outs, table = {}, None
-    for name, extra in (("grid", None), ("tiles", {}), ("persist1", dict(PERSIST=1)),
-                        ("persist3", dict(PERSIST=3)), ("persist1_noflat", dict(PERSIST=1, FLATTEN=0))):
-        ws = M.MoEWorkspace(R, H, N, E, E + 1, K, dtype, dev, split_k=cfg["router"]["SPLIT_K"])
-        M.moe_route_align(x, gate, bias, ws, E + 1, K, 4, 2, 2.5, True, cfg)
-        c = cfg
-        if extra is not None:
-            table = M.moe_tiles(ws, bm).clone()
-            c = {**cfg, "gate_up": {**cfg["gate_up"], "BLOCK_M": bm, **extra},
-                 "down": {**cfg["down"], "BLOCK_M": bm, **extra}}
-        M.moe_experts(x, w13, w2, ws, K, c)
-        outs[name] = (ws.inter.clone(), ws.pair_out.clone(), ws.counts[: E + 1].tolist())
-    return outs, table
-
-
 def test_moe_tile_table(dev):
     """route.moe_tiles: the (expert, m-block) table of a real routing of 64 rows equals the one built by hand, and
-    the expert GEMMs launched over it give the same pair outputs, bit for bit, as the (E1, n, m) grid; so do the
-    persistent launches over it (tile key ``PERSIST``: a fixed grid walking (entry, n-tile) work items)."""
+    the expert GEMMs launched over it give the same pair outputs, bit for bit, as the (E1, n, m) grid."""
+    from repro.engine.kernels import moe as M
+
     if dev == "cuda":
         pytest.skip("covered by the GPU test")
-    R, E, K = 64, 16, 4
-    outs, table = _tile_table_outputs(dev, torch.float32, R=R, E=E, K=K)
-    counts = outs["tiles"][2]
-    want = [(e, b) for e in range(E + 1) for b in range(-(-counts[e] // 16))]
-    assert table[: len(want)].tolist() == [list(t) for t in want]
-    assert (table[len(want):, 0] == -1).all() and len(table) == -(-(R * K + R) // 16) + E + 1
-    for name, (inter, out, _) in outs.items():
-        assert torch.equal(inter, outs["grid"][0]) and torch.equal(out, outs["grid"][1]), name
-    assert outs["grid"][1].abs().sum() > 0
-
-
-def test_persist_tile_key_errors(dev):
-    """``PERSIST``: refused without the tile table, for 4-bit experts, and for a value that is not a count."""
-    from repro.engine.kernels import moe as M
-    from repro.engine.kernels.moe_gemm import _persistent_grid
-
-    ws = M.MoEWorkspace(32, 64, 32, 16, 17, 4, torch.float32, dev, split_k=2)
-    with pytest.raises(ValueError, match="tile table"):
-        _persistent_grid(ws, 17, dict(PERSIST=1), 2, False, "moe_gate_up")
-    M.moe_tiles(ws, 16)
-    with pytest.raises(ValueError, match="16-bit experts"):
-        _persistent_grid(ws, 17, dict(PERSIST=1), 2, True, "moe_down")
-    for bad in (0, True, "2", 1.5):
-        with pytest.raises(ValueError, match="PERSIST="):
-            _persistent_grid(ws, 17, dict(PERSIST=bad), 2, False, "moe_gate_up")
-    assert _persistent_grid(ws, 17, dict(PERSIST=2), 2, False, "moe_gate_up")[0] <= ws.tiles.shape[0] * 2
-
-
-@pytest.mark.gpu
-def test_persistent_expert_gemms_bf16_bit_identical():
-    """bf16 on the GPU, model widths (H 2048, N 512, 257 expert slots) and 1024 rows (32 slots of a batched round):
-    the persistent launches give the tile-table grid's inter and pair outputs bit for bit, with the H200 tile
-    file's expert tiles for 32 slots (64-row tiles, TMA) and with pointer loads."""
-    from repro.engine.kernels.fastpath_batch import for_slots
-
-    base = {k: for_slots(H200_TILES["moe_" + k], 32) for k in ("gate_up", "down")}
-    for tma in (True, False):
-        cfg = {**SMALL_TILES["moe"], "router": dict(BLOCK_E=16, SPLIT_K=16, BLOCK_K=64),
-               **{k: ({**v} if tma else {kk: vv for kk, vv in v.items() if kk != "TMA"}) for k, v in base.items()}}
-        outs, _ = _tile_table_outputs("cuda", torch.bfloat16, R=1024, H=2048, N=512, E=256, K=8, cfg=cfg)
-        for name, (inter, out, _) in outs.items():
-            assert torch.equal(inter, outs["tiles"][0]) and torch.equal(out, outs["tiles"][1]), (name, tma)
+    g = torch.Generator().manual_seed(2)
+    R, H, N, E, K = 64, 64, 32, 16, 4
+    x = torch.randn(R, H, generator=g)
+    gate, bias = torch.randn(E, H, generator=g), torch.randn(E, generator=g) * 0.1
+    w13, w2 = torch.randn(E + 1, 2 * N, H, generator=g) * 0.1, torch.randn(E + 1, H, N, generator=g) * 0.1
+    cfg = SMALL_TILES["moe"]
+    outs = []
+    for tiles in (False, True):
+        ws = M.MoEWorkspace(R, H, N, E, E + 1, K, torch.float32, dev, split_k=cfg["router"]["SPLIT_K"])
+        M.moe_route_align(x, gate, bias, ws, E + 1, K, 4, 2, 2.5, True, cfg)
+        if tiles:
+            table = M.moe_tiles(ws, 16).clone()
+            counts = ws.counts[: E + 1].tolist()
+            want = [(e, b) for e in range(E + 1) for b in range(-(-counts[e] // 16))]
+            assert table[: len(want)].tolist() == [list(t) for t in want]
+            assert (table[len(want):, 0] == -1).all() and len(table) == -(-(R * K + R) // 16) + E + 1
+        M.moe_experts(x, w13, w2, ws, K, cfg)
+        outs.append(ws.pair_out.clone())
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_batched_tile_file(monkeypatch):

@@ -139,10 +139,6 @@ def rows_linear(x, w, out, cfg, add: bool = False):
 #: "Session 8: tiles by slot count"): eight tile sets spanning these keys gave bit-identical logits over the full
 #: 20-layer model; the GPU test ``test_batched_bf16_slots_bit_identical`` checks the tile file's own choices.
 SLOT_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "TMA")
-#: and for the 16-bit expert GEMMs (MoE and dense layer, :mod:`.moe_gemm`) the persistent launch over the tile table
-#: (``PERSIST`` programs per SM, ``FLATTEN``): which program computes a tile, not how, so the same bits (GPU test
-#: ``test_persistent_expert_gemms_bf16_bit_identical``)
-SLOT_KEYS_EXPERTS = SLOT_KEYS + ("PERSIST", "FLATTEN")
 #: the same for the 4-bit expert kernels (``moe_w4``): only the row tile within mma.sync (BLOCK_M 16 / 32 gave the same
 #: bits; BLOCK_M 64 takes wgmma and did not) and the pipeline depth; BLOCK_K sets the order of the even / odd input
 #: halves in the K loop, so it stays one setting
@@ -175,24 +171,17 @@ def _check_slot_value(key: str, v) -> None:
     elif ok and key == "TMA":
         ok = v in (0, 1, 2)
         want = "0, 1 or 2"
-    elif ok and key == "PERSIST":
-        ok = v >= 0
-        want = "programs per SM, an integer >= 0 (0: one program per tile)"
-    elif ok and key == "FLATTEN":
-        ok = v in (0, 1)
-        want = "0 or 1"
     else:
         want = "an integer"
     if not ok:
         raise ValueError(f"'by_slots' {key}={v!r}: want {want}")
 
 
-def for_slots(cfg: dict, slots: int, w4: bool = False, experts: bool = False) -> dict:
+def for_slots(cfg: dict, slots: int, w4: bool = False) -> dict:
     """``cfg`` (one GEMM's tiles) for a round of ``slots`` slots: its ``"by_slots"`` entry ``{min_slots: {key: value}}``
     applied in ascending order of ``min_slots`` for every ``min_slots <= slots``, the entry itself dropped, e.g.
     ``{"BLOCK_M": 16, "num_stages": 4, "by_slots": {"16": {"BLOCK_M": 64}, "32": {"num_stages": 3}}}`` -> BLOCK_M 64
-    from 16 slots on, 3 stages from 32 on. ``w4``: the tiles of a 4-bit expert kernel (:data:`SLOT_KEYS_W4`);
-    ``experts``: of a 16-bit expert GEMM (:data:`SLOT_KEYS_EXPERTS`).
+    from 16 slots on, 3 stages from 32 on. ``w4``: the tiles of a 4-bit expert kernel (:data:`SLOT_KEYS_W4`).
 
     The whole entry is checked whatever ``slots`` is (a tile file is wrong or right for every S). Raises ValueError,
     naming the entry, for: ``by_slots`` not a dict; a ``min_slots`` that is not a positive integer (or given twice,
@@ -207,7 +196,7 @@ def for_slots(cfg: dict, slots: int, w4: bool = False, experts: bool = False) ->
     if not isinstance(by, dict):
         raise ValueError(f"tiles {base}: 'by_slots' must map a slot count to tile keys, e.g. "
                          f"{{\"32\": {{\"num_stages\": 3}}}}; got {by!r}")
-    keys = SLOT_KEYS_W4 if w4 else SLOT_KEYS_EXPERTS if experts else SLOT_KEYS
+    keys = SLOT_KEYS_W4 if w4 else SLOT_KEYS
     steps: dict[int, dict] = {}
     try:
         for lo, over in by.items():
@@ -252,7 +241,7 @@ def _apply_by_slots(fam: dict, slots: int, family: str, w4: bool = False) -> Non
             if k not in SLOT_GEMMS[family]:
                 raise ValueError(f"tiles of {family} kernel {k!r}: 'by_slots' is allowed only on "
                                  f"{list(SLOT_GEMMS[family])} (a GEMM whose tiles leave a row's numbers unchanged)")
-            fam[k] = for_slots(v, slots, w4=w4 and family == "moe", experts=family in ("moe", "dense"))
+            fam[k] = for_slots(v, slots, w4=w4 and family == "moe")
 
 
 def rows_linear_reference(x, w, out=None):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton
+from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, triton
 from .moe_w4 import check_w4_tiles, pick_decode
 from .route import MoEWorkspace, _cfg
 
@@ -102,27 +102,6 @@ if HAS_TRITON:
         return e, pid_n, offs_m, mmask, p, pid_m * BLOCK_M >= cnt
 
     @triton.jit
-    def _tiles_in_use(counts_ptr, E1: tl.constexpr, E1P: tl.constexpr, BLOCK_M: tl.constexpr):
-        """Entries in use of the tile table of :func:`.route.moe_tiles` (a prefix of it): Σ_e cdiv(counts[e],
-        BLOCK_M) over the E1 expert slots."""
-        offs = tl.arange(0, E1P)
-        c = tl.load(counts_ptr + offs, mask=offs < E1, other=0)
-        return tl.sum((c + BLOCK_M - 1) // BLOCK_M, axis=0)
-
-    @triton.jit
-    def _persistent_tile(j, n_used, counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M: tl.constexpr, MAXC: tl.constexpr):
-        """Work item j of a persistent launch over (tile table entry t, n-tile): t = j mod n_used (the fastest
-        axis, as program_id(0) of the tile-table grid), n-tile j div n_used. Returns (e, pid_n, mmask, p) as
-        :func:`_expert_slot` (never idle: entries below ``n_used`` hold rows)."""
-        t = j % n_used
-        e = tl.load(tiles_ptr + 2 * t)
-        pid_m = tl.load(tiles_ptr + 2 * t + 1)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        mmask = offs_m < tl.load(counts_ptr + e)
-        p = tl.load(pairs_ptr + e * MAXC + offs_m, mask=mmask, other=0)
-        return e, j // n_used, mmask, p
-
-    @triton.jit
     def _gate_up_acc(x_ptr, tok, stride_xt, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr,
                      H: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr, DECODE: tl.constexpr = 1,
@@ -186,11 +165,23 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
-    def _gate_up_tile(x_ptr, w13_ptr, pairw_ptr, inter_ptr, nw_ptr, eps, T, stride_xt, e, pid_n, mmask, p,
-                      H: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, E_SH: tl.constexpr,
-                      W4: tl.constexpr, q_ptr, s_ptr, g_ptr, W4_DECODE: tl.constexpr, TMA: tl.constexpr):
-        """One output tile of :func:`_moe_gate_up_kernel`: expert e, columns pid_n·BLOCK_N.., pair rows p (mmask)."""
+    def _moe_gate_up_kernel(
+        x_ptr, w13_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, nw_ptr, eps, T, stride_xt,
+        H: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, MAXC: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr = False,
+        ACTIVE: tl.constexpr = False, active_ptr=None,
+        NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
+        W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
+        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
+    ):
+        """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e).
+
+        W4: routed experts from the packed NVFP4 stacks (q, s, g), the shared expert E_SH from ``w13_ptr``
+        ([2N, H], activation dtype). TMA (BF16 experts): ``w13_ptr`` is a tensor descriptor over [E1·2N, H]."""
+        e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
+                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr, USE_PDL)
+        if idle:
+            return
         tok = tl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if W4:
@@ -218,48 +209,20 @@ if HAS_TRITON:
                  h.to(inter_ptr.dtype.element_ty), mask=mmask[:, None])
 
     @triton.jit
-    def _moe_gate_up_kernel(
-        x_ptr, w13_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, nw_ptr, eps, T, stride_xt,
-        H: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, MAXC: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr = False,
-        ACTIVE: tl.constexpr = False, active_ptr=None,
+    def _moe_down_kernel(
+        inter_ptr, w2_ptr, counts_ptr, pairs_ptr, out_ptr,
+        H: tl.constexpr, N: tl.constexpr, MAXC: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
         TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
-        PERSIST: tl.constexpr = False, NT: tl.constexpr = 1, E1: tl.constexpr = 1, E1P: tl.constexpr = 1,
-        FLATTEN: tl.constexpr = True,
     ):
-        """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e).
-
-        W4: routed experts from the packed NVFP4 stacks (q, s, g), the shared expert E_SH from ``w13_ptr``
-        ([2N, H], activation dtype). TMA (BF16 experts): ``w13_ptr`` is a tensor descriptor over [E1·2N, H].
-        PERSIST (with the tile table, BF16): a fixed grid of programs, each walking the work items (tile table
-        entry in use, n-tile of NT) j = pid, pid + grid, ... (FLATTEN: one flattened, software-pipelined loop, so a
-        program's next tile loads during this tile's epilogue); each item is the same tile code as one program of the
-        tile-table grid, so the same results."""
-        if PERSIST:
-            if USE_PDL:
-                gdc_launch_dependents()
-                gdc_wait()
-            n_used = _tiles_in_use(counts_ptr, E1, E1P, BLOCK_M)
-            for j in tl.range(tl.program_id(0), n_used * NT, tl.num_programs(0), flatten=FLATTEN):
-                e, pid_n, mmask, p = _persistent_tile(j, n_used, counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC)
-                _gate_up_tile(x_ptr, w13_ptr, pairw_ptr, inter_ptr, nw_ptr, eps, T, stride_xt, e, pid_n, mmask, p,
-                              H, N, TOPK, BLOCK_M, BLOCK_N, BLOCK_K, NORM, E_SH, W4, q_ptr, s_ptr, g_ptr, W4_DECODE,
-                              TMA)
-        else:
-            e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
-                                                            NACT_IDX, SH, E_SH, TILES, tiles_ptr, USE_PDL)
-            if idle:
-                return
-            _gate_up_tile(x_ptr, w13_ptr, pairw_ptr, inter_ptr, nw_ptr, eps, T, stride_xt, e, pid_n, mmask, p,
-                          H, N, TOPK, BLOCK_M, BLOCK_N, BLOCK_K, NORM, E_SH, W4, q_ptr, s_ptr, g_ptr, W4_DECODE, TMA)
-
-    @triton.jit
-    def _down_tile(inter_ptr, w2_ptr, out_ptr, e, pid_n, mmask, p, H: tl.constexpr, N: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, E_SH: tl.constexpr,
-                   W4: tl.constexpr, q_ptr, s_ptr, g_ptr, W4_DECODE: tl.constexpr, TMA: tl.constexpr):
-        """One output tile of :func:`_moe_down_kernel`: expert e, columns pid_n·BLOCK_N.., pair rows p (mmask)."""
+        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up;
+        TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N])."""
+        e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
+                                                        NACT_IDX, SH, E_SH, TILES, tiles_ptr, USE_PDL)
+        if idle:
+            return
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if W4:
             if e == E_SH:
@@ -275,36 +238,6 @@ if HAS_TRITON:
             acc = _down_acc(inter_ptr, p, mmask, w2_ptr + e.to(tl.int64) * (H * N), q_ptr, s_ptr, g_ptr, e, offs_n,
                             H, N, BLOCK_M, BLOCK_N, BLOCK_K, False)
         tl.store(out_ptr + p[:, None] * H + offs_n[None, :], acc, mask=mmask[:, None])
-
-    @triton.jit
-    def _moe_down_kernel(
-        inter_ptr, w2_ptr, counts_ptr, pairs_ptr, out_ptr,
-        H: tl.constexpr, N: tl.constexpr, MAXC: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
-        NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
-        W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
-        PERSIST: tl.constexpr = False, NT: tl.constexpr = 1, E1: tl.constexpr = 1, E1P: tl.constexpr = 1,
-        FLATTEN: tl.constexpr = True,
-    ):
-        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up;
-        TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N]; PERSIST: as gate+up)."""
-        if PERSIST:
-            if USE_PDL:
-                gdc_launch_dependents()
-                gdc_wait()
-            n_used = _tiles_in_use(counts_ptr, E1, E1P, BLOCK_M)
-            for j in tl.range(tl.program_id(0), n_used * NT, tl.num_programs(0), flatten=FLATTEN):
-                e, pid_n, mmask, p = _persistent_tile(j, n_used, counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC)
-                _down_tile(inter_ptr, w2_ptr, out_ptr, e, pid_n, mmask, p, H, N, BLOCK_M, BLOCK_N, BLOCK_K, E_SH,
-                           W4, q_ptr, s_ptr, g_ptr, W4_DECODE, TMA)
-        else:
-            e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
-                                                            NACT_IDX, SH, E_SH, TILES, tiles_ptr, USE_PDL)
-            if idle:
-                return
-            _down_tile(inter_ptr, w2_ptr, out_ptr, e, pid_n, mmask, p, H, N, BLOCK_M, BLOCK_N, BLOCK_K, E_SH, W4,
-                       q_ptr, s_ptr, g_ptr, W4_DECODE, TMA)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -418,32 +351,11 @@ def _launch(ws: MoEWorkspace, E1: int, cfg: dict, n_out: int, k_in: int, w_arg, 
     ``TMA`` (BF16 experts) the weights as a tensor descriptor (:func:`_weight_descriptor`)."""
     bn, bk = min(cfg["BLOCK_N"], n_out), min(cfg["BLOCK_K"], k_in)
     grid, tiles = _launch_grid(ws, E1, cfg["BLOCK_M"], n_out // bn, kernel)
-    if cfg.get("PERSIST"):
-        grid, tiles = _persistent_grid(ws, E1, cfg, n_out // bn, bool(w4), kernel), dict(tiles)
-        tiles.update(PERSIST=True, NT=n_out // bn, E1=E1, E1P=next_pow2(E1), FLATTEN=bool(cfg.get("FLATTEN", 1)))
     if cfg.get("TMA") and not w4:
         w_arg, tiles = _weight_descriptor(w_arg, (bn, bk), kernel), dict(tiles, TMA=True)
     return grid, w_arg, dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
                              NACT_IDX=ws.E1, SH=int(ws.E1 == ws.E + 1), E_SH=ws.E, num_warps=cfg["num_warps"],
                              num_stages=cfg["num_stages"], **w4, **tiles, **pdl())
-
-
-def _persistent_grid(ws: MoEWorkspace, E1: int, cfg: dict, n_tiles: int, w4: bool, kernel: str) -> tuple:
-    """Grid of a persistent launch (tile key ``PERSIST`` = programs per SM): ``PERSIST`` x the device's SMs (4 SMs
-    under the interpreter), never more than the work items the tile table can hold. Raises ValueError for 4-bit
-    experts (their shared expert is a branch per program) or a workspace without a tile table
-    (:func:`~.route.moe_tiles`)."""
-    per_sm = cfg["PERSIST"]
-    if isinstance(per_sm, bool) or not isinstance(per_sm, int) or per_sm < 1:
-        raise ValueError(f"{kernel}: tile key PERSIST={per_sm!r}; want programs per SM, an integer >= 1")
-    if w4:
-        raise ValueError(f"{kernel}: the PERSIST tile key is for 16-bit experts; drop it from the 4-bit tiles")
-    if ws.tiles is None:
-        raise ValueError(f"{kernel}: the PERSIST tile key needs the expert tile table (route.moe_tiles: gate+up and "
-                         f"down with the same BLOCK_M); drop the key or give both kernels one BLOCK_M")
-    dev = ws.tiles.device
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
-    return (max(1, min(per_sm * sms, ws.tiles.shape[0] * n_tiles)),)
 
 
 def _launch_grid(ws: MoEWorkspace, E1: int, block_m: int, n_tiles: int, kernel: str) -> tuple[tuple, dict]:
