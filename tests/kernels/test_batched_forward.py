@@ -199,14 +199,8 @@ def test_launch_keys_by_slots(dev):
         for_slots(dict(w4, by_slots={"8": {"BLOCK_K": 128}}), 8, w4=True)
     with pytest.raises(ValueError, match="wgmma"):
         for_slots(dict(w4, by_slots={"8": {"BLOCK_M": 64}}), 1, w4=True)  # refused at any S, not only from 8 on
-    with pytest.raises(ValueError, match="in the base tiles"):  # a base of 64 with a step: refused below it too
+    with pytest.raises(ValueError, match="base BLOCK_M"):  # a base of 64 with a step: refused below the step too
         for_slots(dict(w4, BLOCK_M=64, by_slots={"20": {"BLOCK_M": 32}}), 1, w4=True)
-    # 64-row programs of two 32-row dots (SUB_M): allowed; a SUB_M that is not half / all of BLOCK_M is not
-    sub = dict(w4, by_slots={"20": {"BLOCK_M": 64, "SUB_M": 32}})
-    assert [(for_slots(sub, S, w4=True)["BLOCK_M"], for_slots(sub, S, w4=True).get("SUB_M")) for S in (19, 20)] == \
-        [(16, None), (64, 32)]
-    with pytest.raises(ValueError, match="from 20 slots on"):
-        for_slots(dict(w4, by_slots={"20": {"BLOCK_M": 64, "SUB_M": 16}}), 1, w4=True)
     for bad, match in (({"8": None}, "must be a dict"), ({"8": [("BLOCK_M", 32)]}, "must be a dict"),
                        (None, "must map a slot count"), ({"8": {"BLOCK_M": 48}}, "BLOCK_M=48"),
                        ({"8": {"BLOCK_N": "64"}}, "BLOCK_N='64'"), ({"8": {"num_warps": 3}}, "num_warps=3"),

@@ -274,11 +274,6 @@ BATCHED_W4_TILES = {
                "down": dict(BLOCK_M=32, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)},
     "m64_gu_k128": {"gate_up": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
                     "down": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)},
-    # 64-row programs whose dots are 32 rows (SUB_M): one decode per two row tiles
-    "m64_sub32": {"gate_up": dict(BLOCK_M=64, SUB_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
-                  "down": dict(BLOCK_M=64, SUB_M=32, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)},
-    "m32_sub16": {"gate_up": dict(BLOCK_M=32, SUB_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
-                  "down": dict(BLOCK_M=32, SUB_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)},
 }
 
 
@@ -310,7 +305,7 @@ def test_down_reads_every_code_exactly_batched_row_tiles(dev, tiles):
         assert torch.equal(ws.pair_out[t].to(dt), want[t % E][:, t]), t
 
 
-@pytest.mark.parametrize("tiles", ["m32", "m64", "m64_sub32"])
+@pytest.mark.parametrize("tiles", ["m32", "m64"])
 def test_fused_moe_w4_batched_row_tiles_match_dequantized_reference(dev, tiles):
     """The fused 4-bit MoE at the batched round's row tiles (BLOCK_M 32 / 64, BLOCK_K 64) with 40 tokens (the
     shared expert's 40 rows span two 32-row tiles) against the dequantize-at-load reference, as the single-request
@@ -320,9 +315,7 @@ def test_fused_moe_w4_batched_row_tiles_match_dequantized_reference(dev, tiles):
     x, gate, bias, w13, w2 = _experts(T, H, N, E, True, dtype, dev, 8)
     bt = BATCHED_W4_TILES[tiles]
     cfg = {**CFG, "gate_up": dict(bt["gate_up"]), "down": dict(bt["down"], BLOCK_N=min(bt["down"]["BLOCK_N"], H))}
-    single = {n: {**{kk: vv for kk, vv in v.items() if kk != "SUB_M"}, "BLOCK_M": 16} for n, v in cfg.items()
-              if n in ("gate_up", "down")}
-    for c in (cfg, {**CFG, **single}):
+    for c in (cfg, {**CFG, **{n: dict(v, BLOCK_M=16) for n, v in cfg.items() if n in ("gate_up", "down")}}):
         ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, dtype, dev, split_k=2)
         ws.out.fill_(float("nan"))
         ws.pair_out.fill_(float("nan"))
@@ -330,50 +323,6 @@ def test_fused_moe_w4_batched_row_tiles_match_dequantized_reference(dev, tiles):
         assert not torch.isnan(out).any()
         ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
         assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 3e-3)
-
-
-def _sub_m_pair_outputs(dev, dtype, T, H, N, E, k, ng, tg, seed, tiles):
-    """(inter, pair_out) of the fused 4-bit MoE for each tile set of ``tiles`` over one routing."""
-    x, gate, bias, w13, w2 = _experts(T, H, N, E, True, dtype, dev, seed) if dev == "cpu" else _full_experts(T, seed)
-    outs = []
-    for t in tiles:
-        ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, dtype, dev, split_k=2)
-        ws.pair_out.fill_(float("nan"))
-        M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs={**CFG, **t})
-        outs.append((ws.inter.clone(), ws.pair_out.clone()))
-    return outs
-
-
-@pytest.mark.parametrize("sub", [(64, 32), (32, 16)])
-def test_sub_m_rows_bit_identical_to_their_row_tile(dev, sub):
-    """``SUB_M``: programs of BLOCK_M rows whose dots take SUB_M = BLOCK_M / 2 rows (one decode per two row
-    tiles) give every pair the bits of BLOCK_M = SUB_M: the batched round may take them by slot count (row
-    invariance). 80 tokens over 8 experts (≈ 20 pairs each, the shared expert's 80 rows over two or three programs)."""
-    bm, sm = sub
-    base = BATCHED_W4_TILES["m32"]
-    sub_t = {n: dict(v, BLOCK_M=bm, SUB_M=sm) for n, v in base.items()}
-    ref_t = {n: dict(v, BLOCK_M=sm) for n, v in base.items()}
-    if dev == "cpu":
-        outs = _sub_m_pair_outputs(dev, torch.float32, 80, 128, 128, 8, 2, 4, 2, 9, [ref_t, sub_t])
-    else:
-        outs = _sub_m_pair_outputs(dev, torch.bfloat16, 256, 2048, 512, 256, 8, 8, 4, 9, [ref_t, sub_t])
-    (i0, o0), (i1, o1) = outs
-    assert not torch.isnan(o0).any()
-    assert torch.equal(i0, i1) and torch.equal(o0, o1)
-
-
-def test_sub_m_refused_where_it_does_not_apply(dev):
-    """SUB_M must be BLOCK_M or BLOCK_M / 2 (>= 16), and 16-bit experts refuse it."""
-    x, gate, bias, w13, w2 = _experts(4, 64, 32, 16, True, torch.float32, dev, 3)
-    ws = M.MoEWorkspace.create(4, 64, 32, 16, 17, 4, torch.float32, dev, split_k=2)
-    M.moe_route_align(x, gate, bias, ws, 17, 4, 4, 2, configs=CFG)
-    for bm, sm in ((64, 16), (32, 8), (32, 24), (16, True)):
-        with pytest.raises(ValueError, match="SUB_M="):
-            M.moe_gate_up(x, w13, ws, 4, {**CFG, "gate_up": dict(CFG["gate_up"], BLOCK_M=bm, SUB_M=sm)})
-    dense13 = w13.dequantize()
-    dense13 = torch.cat([dense13, w13.shared[None].to(dense13.dtype)], 0).contiguous()
-    with pytest.raises(ValueError, match="SUB_M is for 4-bit"):
-        M.moe_gate_up(x, dense13, ws, 4, {**CFG, "gate_up": dict(CFG["gate_up"], BLOCK_M=32, SUB_M=16)})
 
 
 def test_w4_refuses_bad_tiles_and_norm_fold(dev):
@@ -407,21 +356,6 @@ def test_fused_moe_w4_bf16_full_shape_batched_row_tiles(tiles):
     """The full-size MoE layer at the batched round's 4-bit row tiles, 256 tokens (≈ 8 rows per routed expert, the
     shared expert over four 64-row tiles)."""
     _full_shape(BATCHED_W4_TILES[tiles], 256)
-
-
-def _full_experts(T, seed=0):
-    """(x, gate, bias, w13, w2): one MoE layer in the real shapes (H 2048, N 512, 256 experts + shared), bf16,
-    random NVFP4 routed experts, on the GPU."""
-    H, N, E = 2048, 512, 256
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    w13 = W4.random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, "cuda", g, std=H ** -0.5)
-    w2 = W4.random_nvfp4_experts(E, H, N, 1, torch.bfloat16, "cuda", g, std=N ** -0.5)
-    w13.shared = torch.randn(2 * N, H, device="cuda", generator=g).to(torch.bfloat16) * H ** -0.5
-    w2.shared = torch.randn(H, N, device="cuda", generator=g).to(torch.bfloat16) * N ** -0.5
-    x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
-    gate = torch.randn(E, H, device="cuda", generator=g) * H ** -0.5
-    bias = torch.randn(E, device="cuda", generator=g) * 0.05
-    return x, gate, bias, w13, w2
 
 
 def _full_shape(tiles, T):

@@ -139,11 +139,10 @@ def rows_linear(x, w, out, cfg, add: bool = False):
 #: "Session 8: tiles by slot count"): eight tile sets spanning these keys gave bit-identical logits over the full
 #: 20-layer model; the GPU test ``test_batched_bf16_slots_bit_identical`` checks the tile file's own choices.
 SLOT_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "TMA")
-#: the same for the 4-bit expert kernels (``moe_w4``): only the rows per dot within mma.sync (16 / 32 gave the same
-#: bits; a 64-row dot takes wgmma and did not), the rows per program (BLOCK_M = the dot's rows, or twice them with
-#: ``SUB_M``: one decode shared by two row tiles, the dots unchanged) and the pipeline depth; BLOCK_K sets the order
-#: of the even / odd input halves in the K loop, so it stays one setting
-SLOT_KEYS_W4 = ("BLOCK_M", "SUB_M", "num_stages")
+#: the same for the 4-bit expert kernels (``moe_w4``): only the row tile within mma.sync (BLOCK_M 16 / 32 gave the same
+#: bits; BLOCK_M 64 takes wgmma and did not) and the pipeline depth; BLOCK_K sets the order of the even / odd input
+#: halves in the K loop, so it stays one setting
+SLOT_KEYS_W4 = ("BLOCK_M", "num_stages")
 W4_SLOT_BLOCK_M = (16, 32)
 
 
@@ -187,9 +186,8 @@ def for_slots(cfg: dict, slots: int, w4: bool = False) -> dict:
     The whole entry is checked whatever ``slots`` is (a tile file is wrong or right for every S). Raises ValueError,
     naming the entry, for: ``by_slots`` not a dict; a ``min_slots`` that is not a positive integer (or given twice,
     e.g. ``"8"`` and ``8``); a step that is not a dict; a key outside :data:`SLOT_KEYS` (:data:`SLOT_KEYS_W4` with
-    ``w4``); a value of the wrong kind (:func:`_check_slot_value`); with ``w4``, when any step sets BLOCK_M or SUB_M,
-    tiles at some slot count whose dots are not 16 or 32 rows (:data:`W4_SLOT_BLOCK_M`: SUB_M, else BLOCK_M) or
-    whose BLOCK_M is not the dot's rows or twice them."""
+    ``w4``); a value of the wrong kind (:func:`_check_slot_value`); with ``w4``, a BLOCK_M outside
+    :data:`W4_SLOT_BLOCK_M` in a step or, when any step sets BLOCK_M, in the base tiles."""
     out = {k: v for k, v in cfg.items() if k != "by_slots"}
     if "by_slots" not in cfg:
         return out
@@ -214,19 +212,13 @@ def for_slots(cfg: dict, slots: int, w4: bool = False) -> dict:
                                  f"invariance)")
             for k, v in over.items():
                 _check_slot_value(k, v)
+            if w4 and "BLOCK_M" in over and over["BLOCK_M"] not in W4_SLOT_BLOCK_M:
+                raise ValueError(f"a 4-bit expert kernel's 'by_slots' BLOCK_M must be one of {list(W4_SLOT_BLOCK_M)} "
+                                 f"(BLOCK_M 64 takes wgmma, which changes a row's numbers), got {over['BLOCK_M']!r}")
             steps[n] = over
-        if w4 and any({"BLOCK_M", "SUB_M"} & set(o) for o in steps.values()):
-            tiles = dict(base)
-            for n in [0, *sorted(steps)]:  # the tiles from each step on, the base first
-                tiles.update(steps.get(n, {}))
-                bm = tiles.get("BLOCK_M")
-                sub = tiles.get("SUB_M", bm)
-                if sub not in W4_SLOT_BLOCK_M or bm not in (sub, 2 * sub):
-                    where = f"from {n} slots on" if n else "in the base tiles"
-                    raise ValueError(f"4-bit tiles {where}: BLOCK_M={bm!r}, SUB_M={sub!r}; a 4-bit expert kernel "
-                                     f"whose tiles follow S needs dots of {list(W4_SLOT_BLOCK_M)} rows (SUB_M, else "
-                                     f"BLOCK_M; a 64-row dot takes wgmma, which changes a row's numbers) and "
-                                     f"BLOCK_M = SUB_M or 2·SUB_M")
+        if w4 and any("BLOCK_M" in o for o in steps.values()) and base.get("BLOCK_M") not in W4_SLOT_BLOCK_M:
+            raise ValueError(f"4-bit tiles with a 'by_slots' BLOCK_M need the base BLOCK_M in "
+                             f"{list(W4_SLOT_BLOCK_M)} too, got {base.get('BLOCK_M')!r}")
     except ValueError as e:
         raise ValueError(f"tiles {base}: {e}") from None
     for n in sorted(steps):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, triton
-from .moe_w4 import check_w4_tiles, pick_decode, w4_sub_m
+from .moe_w4 import check_w4_tiles, pick_decode
 from .route import MoEWorkspace, _cfg
 
 __all__ = ["moe_gate_up", "moe_down", "linear_rows", "expert_slots", "expert_gemms_reference"]
@@ -105,7 +105,7 @@ if HAS_TRITON:
     def _gate_up_acc(x_ptr, tok, stride_xt, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr,
                      H: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr, DECODE: tl.constexpr = 1,
-                     TMA: tl.constexpr = False, w_row=0, SUB_M: tl.constexpr = 0):
+                     TMA: tl.constexpr = False, w_row=0):
         """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of the token rows ``tok`` against output rows
         ``offs_n`` of one expert, and Σx² per row (NORM). W4: expert e of the packed (q, s, g) stacks
         (:mod:`.moe_w4`); TMA: ``w_ptr`` is a tensor descriptor over all experts' rows ([E1·2N, H], block
@@ -116,7 +116,7 @@ if HAS_TRITON:
         ssv = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if W4:
             acc_g, acc_u = _w4_gate_up_acc(x_ptr, tok, stride_xt, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N,
-                                           BLOCK_M, BLOCK_N, BLOCK_K, DECODE, SUB_M)
+                                           BLOCK_M, BLOCK_N, BLOCK_K, DECODE)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
@@ -142,14 +142,14 @@ if HAS_TRITON:
     @triton.jit
     def _down_acc(inter_ptr, p, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W4: tl.constexpr,
-                  DECODE: tl.constexpr = 1, TMA: tl.constexpr = False, w_row=0, SUB_M: tl.constexpr = 0):
+                  DECODE: tl.constexpr = 1, TMA: tl.constexpr = False, w_row=0):
         """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for one expert; W4: packed expert e; TMA: ``w_ptr`` a
         tensor descriptor over all experts' rows ([E1·H, N], block [BLOCK_N, BLOCK_K]), this tile's rows from
         ``w_row``; else rows at ``w_ptr`` ([H, N])."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if W4:
             acc = _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
-                               DECODE, SUB_M)
+                               DECODE)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
@@ -172,7 +172,7 @@ if HAS_TRITON:
         ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False, W4_SUB_M: tl.constexpr = 0,
+        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
     ):
         """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e).
 
@@ -190,8 +190,7 @@ if HAS_TRITON:
                                                  offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, False)
             else:
                 acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e,
-                                                 offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, True, W4_DECODE,
-                                                 SUB_M=W4_SUB_M)
+                                                 offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, True, W4_DECODE)
         elif TMA:
             acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e, offs_n,
                                              nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, False, 1, True,
@@ -216,7 +215,7 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False, W4_SUB_M: tl.constexpr = 0,
+        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
     ):
         """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up;
         TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N])."""
@@ -231,7 +230,7 @@ if HAS_TRITON:
                                 BLOCK_K, False)
             else:
                 acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
-                                BLOCK_K, True, W4_DECODE, SUB_M=W4_SUB_M)
+                                BLOCK_K, True, W4_DECODE)
         elif TMA:
             acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
                             BLOCK_K, False, 1, True, e * H + pid_n * BLOCK_N)
@@ -354,11 +353,6 @@ def _launch(ws: MoEWorkspace, E1: int, cfg: dict, n_out: int, k_in: int, w_arg, 
     grid, tiles = _launch_grid(ws, E1, cfg["BLOCK_M"], n_out // bn, kernel)
     if cfg.get("TMA") and not w4:
         w_arg, tiles = _weight_descriptor(w_arg, (bn, bk), kernel), dict(tiles, TMA=True)
-    if w4:
-        tiles = dict(tiles, W4_SUB_M=w4_sub_m(cfg, kernel))
-    elif "SUB_M" in cfg:
-        raise ValueError(f"{kernel}: tile key SUB_M is for 4-bit experts (a decoded tile shared by two row tiles); "
-                         f"drop it from the 16-bit tiles")
     return grid, w_arg, dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
                              NACT_IDX=ws.E1, SH=int(ws.E1 == ws.E + 1), E_SH=ws.E, num_warps=cfg["num_warps"],
                              num_stages=cfg["num_stages"], **w4, **tiles, **pdl())

@@ -43,7 +43,7 @@ import torch
 from ._triton import HAS_TRITON, tl, triton
 
 __all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "pick_decode", "derived_tables_ok",
-           "w4_sub_m", "W4_TILES_DEFAULT", "DERIVED_G_RANGE"]
+           "W4_TILES_DEFAULT", "DERIVED_G_RANGE"]
 
 #: MoE tiles of the full-size 4-bit round (:class:`~repro.engine.kernels.fastpath.BlockForward` uses them when
 #: the experts are packed and no tiles are given; the decode is :func:`pick_decode`'s default for the layout):
@@ -133,17 +133,6 @@ def random_nvfp4_experts(E, out_f, in_f, parts, dtype, device, generator, std=0.
     # rms of a uniform random e2m1 code ≈ 3.0, mean block scale ≈ 80: rms of the values ≈ std
     w.g.copy_(torch.empty(w.g.shape, device=device).uniform_(0.9, 1.1, generator=generator) * (std / 240.0))
     return w
-
-
-def w4_sub_m(cfg: dict, kernel: str = "moe") -> int:
-    """Rows per dot of a 4-bit expert kernel's tiles ``cfg``: the tile key ``SUB_M`` (BLOCK_M or BLOCK_M / 2, >= 16;
-    with BLOCK_M / 2 a program decodes each weight tile once for two row tiles, ``_w4_acc``), else BLOCK_M. Raises
-    ValueError for another value."""
-    bm = cfg["BLOCK_M"]
-    sub = cfg.get("SUB_M", bm)
-    if isinstance(sub, bool) or not isinstance(sub, int) or sub not in (bm, bm // 2) or sub < 16 or bm % sub:
-        raise ValueError(f"{kernel}: tile key SUB_M={sub!r} with BLOCK_M={bm!r}; want BLOCK_M or BLOCK_M / 2, >= 16")
-    return sub
 
 
 def check_w4_tiles(block_k: int, k_total: int) -> None:
@@ -360,74 +349,36 @@ if HAS_TRITON:
             return tl.where(j % 2 == 0, a0 + j // 2, b0 + j // 2)
 
     @triton.jit
-    def _row_halves(v, SUB_M: tl.constexpr):
-        """[2·SUB_M] -> (v[:SUB_M], v[SUB_M:])."""
-        return tl.split(tl.permute(tl.reshape(v, (2, SUB_M)), (1, 0)))
-
-    @triton.jit
-    def _stack_rows(a, b, SUB_M: tl.constexpr, C: tl.constexpr):
-        """Two [SUB_M, C] tiles -> [2·SUB_M, C], a's rows first."""
-        return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), (2 * SUB_M, C))
-
-    @triton.jit
-    def _w4_acc(a_ptr, row_off, mmask, qb, sb, gsv, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                C: tl.constexpr, DECODE: tl.constexpr, SUB_M: tl.constexpr):
-        """The 4-bit K loop over K inputs: fp32 [BLOCK_M, C] = the rows ``a_ptr + row_off`` (int offsets [BLOCK_M],
-        mask mmask) · the packed tile at (qb, sb), decoded per K step (``_w4_dot``). SUB_M = BLOCK_M / 2: each K step
-        decodes the tile once and runs the dots of each SUB_M-row half with it, so every row gets the dots of a
-        SUB_M-row tile (its numbers are those of BLOCK_M = SUB_M) at one decode per two row tiles."""
-        offs_k = tl.arange(0, BLOCK_K)
-        if SUB_M == BLOCK_M or SUB_M == 0:
-            acc = tl.zeros((BLOCK_M, C), dtype=tl.float32)
-            a_ptrs = a_ptr + row_off[:, None] + offs_k[None, :]
-            for k0 in range(0, K, BLOCK_K):
-                a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-                ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
-                acc = _w4_dot(acc, ae, ao, qb + k0 // 2, sb + k0 // 16, gsv, BLOCK_K, C, DECODE)
-        else:
-            r0, r1 = _row_halves(row_off, SUB_M)
-            m0, m1 = _row_halves(mmask.to(tl.int32), SUB_M)
-            p0 = a_ptr + r0[:, None] + offs_k[None, :]
-            p1 = a_ptr + r1[:, None] + offs_k[None, :]
-            acc0 = tl.zeros((SUB_M, C), dtype=tl.float32)
-            acc1 = tl.zeros((SUB_M, C), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                a0 = tl.load(p0 + k0, mask=m0[:, None] != 0, other=0.0)
-                a1 = tl.load(p1 + k0, mask=m1[:, None] != 0, other=0.0)
-                we, wo = _fp4_tile(qb + k0 // 2, sb + k0 // 16, gsv, a0.dtype, BLOCK_K // 2, C, DECODE)
-                ae, ao = tl.split(tl.reshape(a0, (SUB_M, BLOCK_K // 2, 2)))
-                acc0 = tl.dot(ao, wo, tl.dot(ae, we, acc0))
-                ae, ao = tl.split(tl.reshape(a1, (SUB_M, BLOCK_K // 2, 2)))
-                acc1 = tl.dot(ao, wo, tl.dot(ae, we, acc1))
-            acc = _stack_rows(acc0, acc1, SUB_M, C)
-        return acc
-
-    @triton.jit
     def _w4_gate_up_acc(x_ptr, tok, stride_xt, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr,
                         N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        DECODE: tl.constexpr, SUB_M: tl.constexpr):
+                        DECODE: tl.constexpr):
         """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of token rows ``tok`` against output rows ``offs_n`` of
         packed expert e (w13: 2N rows, gate then up). The gate and up rows are interleaved into one
         [BLOCK_K/2, 2·BLOCK_N] packed tile per K step (column 2j = gate row n_j, 2j+1 = up row n_j, each column
         with its own global scale), so a K step is one decode and two dots (even / odd inputs), not two of each.
         The activations are loaded as one contiguous [BLOCK_M, BLOCK_K] tile and split into even / odd inputs
-        in registers (strided even / odd loads cost a register regrouping per MMA operand). SUB_M: rows per dot
-        (:func:`_w4_acc`)."""
+        in registers (strided even / odd loads cost a register regrouping per MMA operand)."""
         col = tl.arange(0, 2 * BLOCK_N)
         rows = _interleave_rows(offs_n, offs_n + N, BLOCK_K)
         gsv = tl.where(col % 2 == 0, tl.load(g_ptr + 2 * e), tl.load(g_ptr + 2 * e + 1))[None, :]
+        a_ptrs = x_ptr + tok[:, None] * stride_xt + tl.arange(0, BLOCK_K)[None, :]
         qoff, soff = _fp4_ptrs(rows, H, BLOCK_K)
         qb = q_ptr + e.to(tl.int64) * (N * H) + qoff  # 2N rows of H/2 bytes per expert
         sb = s_ptr + e.to(tl.int64) * (N * H // 8) + soff
-        acc = _w4_acc(x_ptr, tok * stride_xt, mmask, qb, sb, gsv, H, BLOCK_M, BLOCK_K, 2 * BLOCK_N, DECODE, SUB_M)
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+            ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+            acc = _w4_dot(acc, ae, ao, qb + k0 // 2, sb + k0 // 16, gsv, BLOCK_K, 2 * BLOCK_N, DECODE)
         return tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
 
     @triton.jit
     def _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
-                     SUB_M: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
         """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for packed expert e of w2 ([H, N] per expert); the
-        activations split in registers as in :func:`_w4_gate_up_acc`; SUB_M: rows per dot (:func:`_w4_acc`)."""
+        activations split in registers as in :func:`_w4_gate_up_acc`."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        a_ptrs = inter_ptr + p[:, None] * N + tl.arange(0, BLOCK_K)[None, :]
         half = tl.arange(0, BLOCK_N // 2)
         n0 = tl.min(offs_n, axis=0)  # offs_n = n0 + arange(BLOCK_N)
         rows = _interleave_rows(n0 + half, n0 + BLOCK_N // 2 + half, BLOCK_K)  # column 2j: n0+j, 2j+1: n0+BN/2+j
@@ -435,6 +386,9 @@ if HAS_TRITON:
         qd = q_ptr + e.to(tl.int64) * (H * N // 2) + qoff
         sd = s_ptr + e.to(tl.int64) * (H * N // 16) + soff
         gs = tl.load(g_ptr + e + 0 * offs_n)[None, :]  # as a [1, BLOCK_N] row: the decode then keeps the dot's layout
-        acc = _w4_acc(inter_ptr, p * N, mmask, qd, sd, gs, N, BLOCK_M, BLOCK_K, BLOCK_N, DECODE, SUB_M)
+        for k0 in range(0, N, BLOCK_K):
+            a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+            ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+            acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N, DECODE)
         lo, hi = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
         return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_M, BLOCK_N))
