@@ -368,7 +368,7 @@ def gpu_preflight_problem(gpu_jobs: list[str], local_exec: bool, have_gpu, envir
     return (f"this run would execute {len(gpu_jobs)} GPU job(s) on this machine, e.g. {gpu_jobs[0]}{more}, and this "
             f"machine has no CUDA GPU (torch.cuda.is_available() is False and nvidia-smi lists none). Nothing was "
             f"started, so no checkpoint was downloaded. Run on a GPU machine, submit the jobs to a cluster "
-            f"(--workflow-profile profiles/slurm, docs/workflow.md), or run a CPU suite (--config suite=smoke). "
+            f"(--workflow-profile workflow/profiles/slurm --profile <your site>, docs/cluster.md), or run a CPU suite (--config suite=smoke). "
             f"If the GPU is only visible inside the image, set {SKIP_GPU_CHECK_ENV}=1.")
 
 

@@ -353,6 +353,20 @@ def data_dir(cfg: dict) -> Path | None:
     return Path(d).expanduser().resolve() if d else None
 
 
+def data_dir_source(cfg: dict, environ=os.environ) -> str | None:
+    """Where :func:`data_dir` took its path, for error messages: ``"data_dir in the config"`` (which wins over
+    ``$ORL_EVAL_DATA``, said when that is set too), ``"$ORL_EVAL_DATA"``, or None when neither is set."""
+    if cfg.get("data_dir"):
+        env = environ.get("ORL_EVAL_DATA")
+        return "data_dir in the config" + (f", which wins over $ORL_EVAL_DATA={env}" if env else "")
+    return "$ORL_EVAL_DATA" if environ.get("ORL_EVAL_DATA") else None
+
+
+def data_dir_fix(cfg: dict, environ=os.environ) -> str:
+    """The setting to change to point the pipeline at another data folder (see :func:`data_dir_source`)."""
+    return "ORL_EVAL_DATA" if not cfg.get("data_dir") and environ.get("ORL_EVAL_DATA") else "data_dir in config.yaml"
+
+
 @dataclass(frozen=True)
 class Cell:
     """One (model, benchmark, seed) cell of the table."""

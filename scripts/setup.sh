@@ -10,5 +10,16 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: on machines that carry the CPU wheel locally this takes it from disk
 .venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-.venv/bin/python -m pip install -q -e ".[workflow,kernels,serve,dev]"
+# the pipeline itself (editable: code changes need no re-install); skipped when pyproject.toml is unchanged since
+# the last install here and the packages import (.venv/.repro-install holds pyproject.toml's sha256)
+STAMP=.venv/.repro-install
+WANT=$(.venv/bin/python -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && .venv/bin/python -c 'import repro, snakemake, triton, fastapi, pytest' 2>/dev/null; then
+  echo "pipeline already installed in .venv (pyproject.toml unchanged)"
+else
+  rm -f "$STAMP"
+  # setuptools' "Editable installation" BuildBackendWarning is a UserWarning meant for other layouts: silenced
+  PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e ".[workflow,kernels,serve,dev]"
+  echo "$WANT" > "$STAMP"
+fi
 .venv/bin/python -c 'import repro, torch, snakemake; print(f"setup ok: repro {repro.__version__}, torch {torch.__version__}, snakemake ready in .venv")'

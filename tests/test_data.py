@@ -99,3 +99,47 @@ def test_hub_path_through_datasets(monkeypatch, data_dir):
     lp = load_problems("mbpp", None, limit=1)
     assert calls[-1] == ("google-research-datasets/mbpp", "full", "test", "0123abcd" * 5)
     assert lp.location.endswith("@" + "0123abcd" * 5) and not any("pinned" in n for n in lp.notes)
+
+
+@pytest.mark.parametrize("bench,total", [("gsm8k", 1319), ("math500", 500), ("humaneval", 164), ("mbpp", 500)])
+def test_start_up_check_reads_the_real_files(data_dir, bench, total):
+    from repro.data import check_file
+
+    assert check_file(bench, data_dir / spec(bench).file) == total
+
+
+@pytest.mark.parametrize("content, says", [
+    ("", "holds no problems"),
+    ("\n\n", "holds no problems"),
+    ('{"question": "cut short\n', ":1: not valid JSON"),
+    ('[1, 2]\n', ":1: expected a JSON object"),
+    (b"\xff\xfe not utf-8\n", "cannot be read (UnicodeDecodeError"),
+])
+def test_start_up_check_names_a_broken_file(tmp_path, data_dir, content, says):
+    """One DataError naming the file (and line) for every kind of broken file a prepare job would fail on."""
+    from repro.data import check_file
+
+    f = tmp_path / "gsm8k.jsonl"
+    f.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(DataError) as e:
+        check_file("gsm8k", f)
+    assert str(e.value).startswith(str(f)) and says in str(e.value), str(e.value)
+    # a real record without the benchmark's answer field: the field is named
+    real = json.loads((data_dir / "gsm8k.jsonl").read_text().split("\n", 1)[0])
+    f.write_text(json.dumps({"question": real["question"]}) + "\n")
+    with pytest.raises(DataError, match=r"line 1 lacks field\(s\) answer"):
+        check_file("gsm8k", f)
+    with pytest.raises(DataError, match="missing"):
+        check_file("gsm8k", tmp_path / "nothing.jsonl")
+
+
+def test_data_dir_source_names_where_the_path_came_from():
+    from repro.config import data_dir_fix, data_dir_source
+
+    assert data_dir_source({}, environ={}) is None
+    assert data_dir_source({}, environ={"ORL_EVAL_DATA": "/d"}) == "$ORL_EVAL_DATA"
+    assert data_dir_fix({}, environ={"ORL_EVAL_DATA": "/d"}) == "ORL_EVAL_DATA"
+    assert data_dir_source({"data_dir": "/c"}, environ={}) == "data_dir in the config"
+    both = data_dir_source({"data_dir": "/c"}, environ={"ORL_EVAL_DATA": "/d"})
+    assert both == "data_dir in the config, which wins over $ORL_EVAL_DATA=/d"
+    assert data_dir_fix({"data_dir": "/c"}, environ={"ORL_EVAL_DATA": "/d"}) == "data_dir in config.yaml"

@@ -303,12 +303,14 @@ def _generate(a: argparse.Namespace, bench: str, backend, remaining: list[dict],
     ``progress(snapshot)`` (optional) is called with the same dict so far after each record is appended."""
     from tqdm import tqdm
 
+    from repro.console import bar_interval, bar_stream
     from repro.prompts import build_prompt
 
     prompts = [build_prompt(bench, p["source"]) for p in remaining]
     out.parent.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(remaining), desc=f"{a.model}/{bench}", unit="problem", file=sys.stderr,
-               mininterval=1.0)
+    stream = bar_stream(sys.stderr)  # one line per redraw in a job's log file, redrawn in place on a terminal
+    bar = tqdm(total=len(remaining), desc=f"{a.model}/{bench}", unit="problem", file=stream,
+               mininterval=bar_interval(stream), ascii=not stream.isatty())
     toks = fwd = done = 0
     t0 = time.perf_counter()
     with open(partial, "a", encoding="utf-8") as f:
@@ -579,7 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.limit is not None and a.limit < 1:
         ap.error(f"--limit must be a positive number of problems, got {a.limit}")
     from repro.backends.lifeline import die_with_parent
+    from repro.console import plain_warnings
 
+    plain_warnings()  # "warning: <message> (RuntimeWarning)" in the job's log, without a path and source line
     die_with_parent()
     try:
         return run(a)

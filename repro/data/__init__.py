@@ -86,6 +86,31 @@ def _from_file(benchmark: str, path: Path, source: str) -> LoadedProblems:
     return LoadedProblems(benchmark, probs, source, str(path), digest, len(probs), notes)
 
 
+def check_file(benchmark: str, path: Path) -> int:
+    """Read and normalize ``path`` as ``benchmark``'s file, as its prepare job will; the number of problems.
+
+    The pipeline calls this at start-up for every file a suite reads from the data directory, so an empty,
+    unreadable or malformed file stops the run with one line before any job starts.
+
+    Raises:
+        DataError: the file is missing, unreadable (permissions, not UTF-8), not JSON Lines, lacks a field the
+            benchmark needs, or holds no problems (the message names the file and the line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: missing")
+    try:
+        rows = read_jsonl(path, error=DataError)
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+    probs = normalize(benchmark, rows, str(path))
+    if not probs:
+        raise DataError(f"{path}: holds no problems (the file is empty or has only blank lines); put the "
+                        f"original {benchmark} records there, one JSON object per line "
+                        f"({', '.join(spec(benchmark).fields)})")
+    return len(probs)
+
+
 def _from_hub(benchmark: str) -> LoadedProblems:
     decl = spec(benchmark)
     import datasets  # lazy: heavy, and only needed without a data directory

@@ -1,10 +1,10 @@
-"""A failed re-preparation followed by a good one with the same content re-runs nothing (workflow/rules/prepare.smk:
-update() outputs; workflow/workdir_records.py keeps the records and mtime of the version put back).
+"""A data file broken for a while, then restored, re-runs nothing; a real edit after it is still seen.
 
-The tiny model on one real GSM8K problem: the data file broken for a while makes the re-preparation fail (the
-run stops, the previous problems files are put back as they were); with the file restored nothing re-runs
--- before, both problems files were gone and re-making them regenerated every model's shards of the
-benchmark. A real edit after the failure is still seen."""
+The tiny model on one real GSM8K problem. A broken data file now stops the run at start-up with one line naming
+the file and line (workflow/rules/common.smk, repro.data.check_file), before any job: the problems files are
+left as they were. (Before that check, the re-preparation failed as a job and workflow/rules/prepare.smk's
+update() outputs put the previous files back; before *that*, both problems files were gone and re-making them
+regenerated every model's shards of the benchmark.) With the file restored nothing re-runs."""
 
 import json
 
@@ -25,7 +25,9 @@ def test_failed_then_good_preparation_regenerates_nothing(tmp_path, data_dir):
     original = gsm.read_text()
     gsm.write_text('{"question": "a line cut short\n' + original)
     out = wf.run(check=False)
-    assert wf.returncode != 0 and "Error in rule prepare_problems" in out, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("Config error:")]
+    assert wf.returncode != 0 and len(errors) == 1, out[-3000:]
+    assert f"{gsm}:1: not valid JSON" in errors[0] and "Error in rule" not in out, out[-3000:]
     assert [(p.read_bytes(), p.stat().st_mtime_ns) for p in problems] == before  # put back as they were
     gsm.write_text(original)
     assert "Nothing to be done" in wf.run("-n")

@@ -3,6 +3,7 @@ paper suite's checkpoint downloads, tens of GB) with one line naming the way out
 gpu_preflight_problem, workflow/rules/cluster.smk: onstart)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -18,8 +19,11 @@ def test_refused_only_for_local_gpu_jobs_without_a_gpu():
     no_gpu, gpu = (lambda: False), (lambda: True)
     msg = cluster.gpu_preflight_problem(JOBS, True, no_gpu, environ={})
     assert "3 GPU job(s) on this machine, e.g. generate_group (suite paper) (and 2 more)" in msg
-    assert "no checkpoint was downloaded" in msg and "--workflow-profile profiles/slurm" in msg
+    assert "no checkpoint was downloaded" in msg and "--workflow-profile workflow/profiles/slurm" in msg
     assert "suite=smoke" in msg and "REPRO_SKIP_GPU_CHECK=1" in msg
+    # every path the message names exists in the repository (it once named profiles/slurm, which does not)
+    named = re.findall(r"(?:workflow/profiles/\w+|docs/\w+\.md)", msg)
+    assert named and all((REPO_ROOT / p).exists() for p in named), named
     assert cluster.gpu_preflight_problem(JOBS, True, gpu, environ={}) is None  # a GPU here
     assert cluster.gpu_preflight_problem(JOBS, False, no_gpu, environ={}) is None  # a cluster executor runs them
     assert cluster.gpu_preflight_problem([], True, no_gpu, environ={}) is None  # CPU suite, or nothing to generate

@@ -68,7 +68,7 @@ def test_data_dir_missing_a_benchmark_file_stops_at_start_up(checkout, tmp_path,
     assert r.returncode != 0
     errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1, r.stderr[-2000:]
-    assert errors[0].startswith(f"Config error: data directory {data} (data_dir / ORL_EVAL_DATA) lacks "
+    assert errors[0].startswith(f"Config error: data directory {data} (from $ORL_EVAL_DATA) lacks "
                                 "math500.jsonl, humaneval.jsonl, mbpp.jsonl, which suite 'smoke' needs"), errors[0]
     assert "gsm8k.jsonl" not in errors[0] and "prepare_problems" not in r.stdout + r.stderr  # no job planned
 
@@ -154,7 +154,8 @@ def test_label_with_braces_and_apostrophe_and_samples_path_with_bench_reach_the_
     ("ORL_EVAL_WORK", "sub/w", "Config error: the work directory (work_dir / ORL_EVAL_WORK) {f}/sub/w cannot be made: "
                                "{f} is a file, not a folder; point it at a folder (made when missing) or move that "
                                "file away"),
-    ("ORL_EVAL_DATA", "", "Config error: data directory {f} (data_dir / ORL_EVAL_DATA) is a file, not a folder; "),
+    ("ORL_EVAL_DATA", "", "Config error: data directory {f} (from $ORL_EVAL_DATA) is a file, not a folder; point "
+                          "ORL_EVAL_DATA at a folder"),
 ])
 def test_a_work_or_data_directory_that_is_a_file_stops_at_start_up(checkout, tmp_path, var, sub, expect):
     """A work directory that is (or lies under) a file: one line naming it, not Snakemake's NotADirectoryError

@@ -16,7 +16,7 @@ from repro import benchmarks, paths as P
 from repro.checkpoint.dequantize import declared_quantization
 from repro.checkpoint.suspect import remove_generated_under
 from repro.checkpoint.verify import failed_marker, refresh_stale_stamp, rerun_trigger
-from repro.config import ConfigError, data_dir, is_replay, results_dir, suite_cells, validate_config, work_dir
+from repro.config import ConfigError, data_dir, data_dir_fix, data_dir_source, is_replay, results_dir, suite_cells, validate_config, work_dir
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
 
 _sources = [os.path.basename(str(f)) for f in (workflow.configfiles or [])]
@@ -78,23 +78,35 @@ if isinstance(_cores, int) and _cores < 1:
 SUITE = config["suite"]
 WORK = str(work_dir(config))
 DATA = data_dir(config)
+_DATA_FROM, _DATA_FIX = data_dir_source(config), data_dir_fix(config)
 if DATA is not None and not DATA.is_dir():
-    print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) "
-          f"{'is a file, not a folder' if DATA.exists() else 'does not exist'}; point it at a folder "
+    print(f"Config error: data directory {DATA} (from {_DATA_FROM}) "
+          f"{'is a file, not a folder' if DATA.exists() else 'does not exist'}; point {_DATA_FIX} at a folder "
           f"holding {', '.join(b.file for b in benchmarks.declarations())}, or unset it", file=sys.stderr)
     sys.exit(1)
 # every benchmark file the selected suite reads from the data directory (its table; its sweep's too when
-# `sweep` is a target), checked now: otherwise its prepare jobs fail one by one, the reason buried among
-# Snakemake's error blocks
+# `sweep` is a target), checked now -- present, readable, JSON Lines with the benchmark's fields, not empty:
+# otherwise its prepare jobs fail one by one, the reason buried among Snakemake's error blocks
 _needed = dict.fromkeys(config["suites"][SUITE]["benchmarks"] + list(
     (config["suites"][SUITE].get("sweep") or {}).get("benchmarks") or []
     if "sweep" in (getattr(_CLI_ARGS, "targets", None) or ()) else []))  # (workflow.dag_settings: None here)
 _missing = [benchmarks.get(b).file for b in _needed if DATA is not None and not (DATA / benchmarks.get(b).file).is_file()]
 if _missing:
-    print(f"Config error: data directory {DATA} (data_dir / ORL_EVAL_DATA) lacks {', '.join(_missing)}, which suite "
-          f"{SUITE!r} needs; copy the file(s) there, point ORL_EVAL_DATA at a folder holding them, or drop those "
+    print(f"Config error: data directory {DATA} (from {_DATA_FROM}) lacks {', '.join(_missing)}, which suite "
+          f"{SUITE!r} needs; copy the file(s) there, point {_DATA_FIX} at a folder holding them, or drop those "
           "benchmarks from the suite", file=sys.stderr)
     sys.exit(1)
+if DATA is not None:
+    from repro.data import DataError as _DataError, check_file as _check_data_file
+
+    for _b in _needed:
+        try:
+            _check_data_file(_b, DATA / benchmarks.get(_b).file)
+        except _DataError as _e:
+            print(f"Config error: data directory {DATA} (from {_DATA_FROM}): {_e}; suite {SUITE!r} needs it. Fix "
+                  f"or replace the file, point {_DATA_FIX} at another folder, or drop {_b} from the suite",
+                  file=sys.stderr)
+            sys.exit(1)
 RESULTS = os.path.join(str(results_dir(config)), SUITE)
 
 
@@ -145,7 +157,7 @@ def shell_unsafe_paths(named):
 _unsafe = shell_unsafe_paths(
     [("the work directory (work_dir / ORL_EVAL_WORK)", WORK),
      ("the results directory (results_dir)", results_dir(config)),
-     ("the data directory (data_dir / ORL_EVAL_DATA)", DATA),
+     (f"the data directory (from {_DATA_FROM})", DATA),
      ("the checkout", workflow.basedir), ("the Python running Snakemake", sys.executable)]
     + [(f"models.{m}.source.path", config["models"][m]["source"].get("path"))
        for m in config["suites"][SUITE]["models"] if config["models"][m]["source"]["type"] == "local"])
