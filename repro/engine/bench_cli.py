@@ -8,7 +8,8 @@ Contract (every such benchmark CLI):
   document (:func:`repro.engine.bench.emit_json`, also written to ``--json FILE``);
 * a bad integer list (``--slots`` / ``--rows``) ends in one ``argparse`` error (exit status 2) naming the flag,
   its value and the fix, checked *before* the CUDA check, so a typo is reported on any machine; a bad JSON file
-  (``--sets`` / ``--sweep``) likewise, on a CUDA machine;
+  (``--sets`` / ``--sweep``) likewise, on a CUDA machine; the error comes from the parser that defines the flag,
+  so the usage printed above it is that parser's;
 * without CUDA the last stdout line is ``{"error": "CUDA not available"}`` and the exit status is 2.
 """
 from __future__ import annotations
@@ -55,7 +56,8 @@ def gpu_args(ap: argparse.ArgumentParser, argv: list[str] | None, list_flag: str
 
 def read_json_object(ap: argparse.ArgumentParser, flag: str, path: str, shape: str) -> dict:
     """The JSON object in file ``path`` (the value of ``flag``). ``shape`` describes the wanted object for the
-    error message, e.g. ``"{name: configs}"``.
+    error message, e.g. ``"{name: configs}"``. ``ap``: the parser that defines ``flag`` (in a CLI with
+    subcommands, that subcommand's own parser, not the top-level one), whose usage the error prints.
 
     Raises ``SystemExit(2)`` through ``ap.error`` naming the flag and file when the file cannot be read, is not
     JSON, or holds something other than an object.
