@@ -44,8 +44,19 @@ def test_latex_is_booktabs_and_escaped():
 
 def test_csv_keeps_machine_names():
     csv = to_csv(wide(long_frame(), BENCH), BENCH).splitlines()
-    assert csv[0] == "model,label,gsm8k_acc,gsm8k_tpf,math500_acc,math500_tpf,gsm8k_n,math500_n,decoding,precision"
-    assert csv[1] == 'a_b,LLaDA_2.1 & co,62.3,5.6,80.0,,,,decoding temperature not recorded,'
+    assert csv[0] == ("model,label,gsm8k_acc,gsm8k_tpf,math500_acc,math500_tpf,gsm8k_n,math500_n,decoding,precision,"
+                      "tpf_not_counted")
+    assert csv[1] == 'a_b,LLaDA_2.1 & co,62.3,5.6,80.0,,,,decoding temperature not recorded,,'
+
+
+def test_replayed_rows_say_so_in_the_decoding_column():
+    """A replayed model (the reference solutions, or samples made elsewhere) records no decoder temperature:
+    its decoding reads "replayed samples", not "decoding temperature not recorded"."""
+    long = long_frame()
+    long["backend"] = "replay"
+    assert {r["decoding"] for r in wide(long, BENCH)} == {"replayed samples"}
+    long["temperature"] = 0.0  # samples whose maker recorded greedy decoding keep it
+    assert {r["decoding"] for r in wide(long, BENCH)} == {"greedy"}
 
 
 def measured(n=3, total=(1319, 500), temps=(0.0, 0.0), source="data_dir"):
@@ -122,11 +133,11 @@ def test_written_table_says_limit_and_temperature_in_every_format(tmp_path):
     tex = (out / "main_table.tex").read_text()
     assert r"$n = 3$ of 1319 GSM8K" in tex and r"sampling, $T = 0.6$" in tex and r"\toprule" in tex
     csv = (out / "main_table.csv").read_text().splitlines()
-    assert csv[0].endswith(",gsm8k_n,math500_n,decoding,precision")
-    assert csv[1].endswith(",3,3,\"sampling, T = 0.6\",")  # no precision in these metas
+    assert csv[0].endswith(",gsm8k_n,math500_n,decoding,precision,tpf_not_counted")
+    assert csv[1].endswith(",3,3,\"sampling, T = 0.6\",,")  # no precision in these metas, every TPF counted
     long = (out / "main_table_long.csv").read_text().splitlines()
-    assert long[0] == ("model,label,benchmark,seed,accuracy,ci_lo,ci_hi,n,n_total,data_source,temperature,precision,"
-                       "tpf,tokens,forwards,tpf_note")
+    assert long[0] == ("model,label,benchmark,seed,accuracy,ci_lo,ci_hi,n,n_total,data_source,temperature,backend,"
+                       "precision,tpf,tokens,forwards,tpf_note")
     prov = json.loads((out / "provenance.json").read_text())
     assert {(c["problems_kept"], c["problems_total"]) for c in prov["cells"]} == {(3, 1319), (3, 500)}
 
@@ -198,8 +209,14 @@ def test_tpf_without_forward_counts_explains_itself_and_caption_names_the_backen
     md = to_markdown(rows, BENCH).splitlines()
     assert md[2] == "| LLaDA_2.1 & co | 50.0 | 2.0 | 50.0 | 2.0 |"
     assert md[3] == "| + ORL | 50.0 | n/c | 50.0 | n/c |"
-    assert "n/c" in to_latex(rows, BENCH, "c", "tab:x") and to_csv(rows, BENCH).splitlines()[2].startswith(
-        "orl,+ ORL,50.0,n/c,50.0,n/c,")
+    assert "n/c" in to_latex(rows, BENCH, "c", "tab:x")
+    # the CSV's number columns hold numbers only: the n/c cell is empty, named in tpf_not_counted
+    csv = to_csv(rows, BENCH)
+    assert csv.splitlines()[2].startswith("orl,+ ORL,50.0,,50.0,,") and csv.splitlines()[2].endswith(",gsm8k;math500")
+    import io
+
+    back = pd.read_csv(io.StringIO(csv))
+    assert back["gsm8k_tpf"].dtype == float and back["gsm8k_tpf"].isna().tolist() == [False, True]
     cap = caption(long, **{**CAP, "backend": "sglang"})
     assert "TPF: generated tokens per denoising or commit forward, as counted by SGLang" in cap
     assert "n/c: not counted, SGLang reported no forward counts" in cap

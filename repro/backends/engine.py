@@ -95,7 +95,8 @@ class EngineBackend:
         if self.device.startswith("cuda") and torch.cuda.is_available():
             dev = f"cuda ({torch.cuda.get_device_name(0)})"
         else:
-            dev = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+            n = torch.get_num_threads()
+            dev = f"cpu ({platform.machine()}, {n} thread{'' if n == 1 else 's'})"
         st = self.batch_stats
         if self.batch_size == 1:
             path = self.llm.engine_path

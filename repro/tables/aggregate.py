@@ -106,7 +106,7 @@ def labels_as_run(work: Path, suite: str, models: list[dict], benchmarks: list[s
 
 def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], seeds: list[int]) -> pd.DataFrame:
     """Tidy rows: model, label, benchmark, seed, accuracy, ci_lo, ci_hi, n, n_total, data_source,
-    temperature, precision (:func:`cell_precision`; ``models[i]["quantization"]`` is the checkpoint's), tpf,
+    temperature, backend (of the generation file; ``"replay"`` for replayed samples), precision (:func:`cell_precision`; ``models[i]["quantization"]`` is the checkpoint's), tpf,
     tokens, forwards, tpf_note (why TPF is missing, else None)."""
     rows = []
     for m in models:
@@ -122,6 +122,7 @@ def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], s
                              "accuracy": summ["accuracy"], "ci_lo": ci[0], "ci_hi": ci[1], "n": summ["n"],
                              "n_total": prob_meta.get("total"), "data_source": prob_meta.get("source"),
                              "temperature": decoder_temperature(gen_meta),
+                             "backend": gen_meta.get("backend") or (gen_meta.get("shards") or [{}])[0].get("backend"),
                              "precision": cell_precision(gen_meta, m.get("quantization")),
                              "tpf": tpf, "tokens": toks, "forwards": fwd,
                              "tpf_note": cell_tpf_note(work / paths.GENERATIONS.format(**fmt)) if tpf is None

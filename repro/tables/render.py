@@ -93,7 +93,7 @@ def decoding(temperatures, latex: bool = False) -> str:
 
 def _w4a16_phrase(kernels: str | None, device: str | None) -> str:
     """How the engine ran ``nvfp4-w4a16``, from the job's recorded MoE ``kernels`` (``"triton"`` | ``"torch"``,
-    ``repro.engine.llm.LLM.kernels``) and ``device`` (``"cuda (H200)"``, ``"cpu (x86_64, 1 threads)"``, ``"cpu"``):
+    ``repro.engine.llm.LLM.kernels``) and ``device`` (``"cuda (H200)"``, ``"cpu (x86_64, 1 thread)"``, ``"cpu"``):
     the Triton MoE kernels dequantize the 4-bit tiles in registers; the torch MoE (the CPU's, or ``kernels:
     torch`` on a GPU) dequantizes each expert it uses at every forward (``repro.checkpoint.nvfp4.NVFP4Experts``).
     Neither recorded: only that the weights stayed in 4 bits."""
@@ -201,7 +201,10 @@ def wide(long: pd.DataFrame, benchmarks: list[str]) -> list[dict]:
             row[f"{b}_tpf"] = tpf.mean() if len(tpf) else None
             row[f"{b}_tpf_not_counted"] = bool(len(gb)) and not len(tpf) and bool(_present(_column(gb, "tpf_note")))
             row[f"{b}_n"] = _count(_column(gb, "n"))
-        row["decoding"] = decoding(_column(g, "temperature"))
+        temps, backends = _column(g, "temperature"), set(_present(_column(g, "backend")))
+        # replayed samples (the reference solutions, or completions made elsewhere) were not decoded here
+        row["decoding"] = ("replayed samples" if backends == {"replay"} and not _present(temps)
+                           else decoding(temps))
         row["precision"] = " / ".join(_present(_column(g, "precision"))) or None
         out.append(row)
     return out
@@ -342,9 +345,20 @@ def to_latex(rows: list[dict], benchmarks: list[str], caption: str, label: str, 
 
 def to_csv(rows: list[dict], benchmarks: list[str]) -> str:
     """The wide table; after the numbers, what they were measured on (the caption's facts): problems
-    scored per benchmark (``<bench>_n``), the model's ``decoding`` and ``precision`` (:func:`precision_label`)."""
+    scored per benchmark (``<bench>_n``), the model's ``decoding`` and ``precision`` (:func:`precision_label`),
+    and ``tpf_not_counted``: the benchmarks (``;``-joined) whose TPF cell is empty because the backend reported
+    no forward counts (:data:`NOT_COUNTED` in the Markdown and LaTeX). Number columns hold numbers only (an
+    empty cell is missing), so ``pandas.read_csv`` reads them as floats."""
     nums = [f"{b}_{k}" for b in benchmarks for k in ("acc", "tpf")]
-    cols = ["model", "label"] + nums + [f"{b}_n" for b in benchmarks] + ["decoding", "precision"]
-    df = pd.DataFrame([{c: (_cell(r, *c.rsplit("_", 1), "") if c in nums else r.get(c)) for c in cols}
-                       for r in rows], columns=cols)
+    cols = ["model", "label"] + nums + [f"{b}_n" for b in benchmarks] + ["decoding", "precision", "tpf_not_counted"]
+
+    def value(r: dict, c: str):
+        if c == "tpf_not_counted":
+            return ";".join(b for b in benchmarks if r.get(f"{b}_tpf_not_counted")) or None
+        if c in nums:
+            cell = _cell(r, *c.rsplit("_", 1), "")
+            return "" if cell == NOT_COUNTED else cell
+        return r.get(c)
+
+    df = pd.DataFrame([{c: value(r, c) for c in cols} for r in rows], columns=cols)
     return df.to_csv(index=False, lineterminator="\n")

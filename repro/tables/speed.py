@@ -287,7 +287,7 @@ def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list
 
 
 def _device(d: str) -> str:
-    """A recorded device, "1 threads" made singular (the engine records ``cpu (ARCH, N threads)``)."""
+    """A recorded device, "1 threads" made singular (records written before the engine said ``1 thread``)."""
     return re.sub(r"\b1 threads\b", "1 thread", d)
 
 
@@ -339,7 +339,7 @@ def _subset_words(total: dict) -> tuple[str, str]:
         return f"the first {SUBSET} problems", ""
     if total.get("n_single_uneven"):
         return f"the first {SUBSET} problems", " (all there are where fewer: column n)"
-    return f"the first {n_max} problems", f" (every problem generated; {SUBSET} at most)"
+    return f"the first {n_max} problems", f" (all that were generated; where more are, the first {SUBSET})"
 
 
 def last_session_sentence(cells: list[str]) -> str:
