@@ -306,3 +306,22 @@ def test_a_path_with_a_space_or_shell_character_stops_at_start_up(tmp_path, data
         "commands carry it unquoted, so every job would fail; move or rename it to a path without whitespace or any "
         "of '\"\\$`!*?[]{}()<>|&; (a symlink does not help: the path is resolved)"], out[-3000:]
     assert "Traceback" not in out and not wf.work.exists() and not wf.results.exists()
+
+
+def test_a_mistyped_target_names_the_targets_there_are(checkout):
+    """`main_tabel`: one line with the nearest target and the list, not Snakemake's MissingRuleException block."""
+    r = snakemake(checkout, "-n", "--cores", "1", "main_tabel")
+    assert r.returncode == 1 and "MissingRuleException" not in r.stderr, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("Error: no rule or file named 'main_tabel'; did you mean "
+                                                     "main_table? the targets: "), errors
+    assert "speed_table" in errors[0] and "sweep" in errors[0]
+
+
+def test_an_overlay_is_named_after_the_config_it_overrides(checkout, tmp_path):
+    """The config files in an error are listed in the order they apply: config.yaml, then the overlay."""
+    overlay = tmp_path / "o3.yaml"
+    overlay.write_text("suite: nonesuch\n")
+    r = snakemake(checkout, "-n", "--cores", "1", "main_table", "--configfile", str(overlay))
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "Config error: config.yaml + o3.yaml: suite = 'nonesuch' is not defined" in r.stderr, r.stderr[-2000:]

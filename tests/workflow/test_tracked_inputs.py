@@ -271,6 +271,14 @@ def test_successful_run_ends_with_the_table_it_built(run):
     run.snakemake("--forcerun", "write_table")
     lines = run.last_stdout.rstrip().splitlines()
     table = run.root / "results" / "smoke" / "main_table.md"
-    assert lines[-1].startswith(f"Table: {table} (.tex, .csv, provenance.json beside it)"), lines[-5:]
+    assert lines[-1].startswith(f"Table: {table} (.tex, .csv, main_table_long.csv, provenance.json beside it)"), \
+        lines[-5:]
     body = table.read_text().rstrip().splitlines()
     assert lines[-2 - len(body):-2] == body  # the table itself, just above its path
+    # a re-run with nothing to do (Snakemake skips onsuccess then) still ends with the table and where it is
+    out = run.snakemake()
+    assert "Nothing to be done" in out
+    again = run.last_stdout.rstrip().splitlines()
+    assert again[-1] == lines[-1] and again[-2 - len(body):-2] == body, again[-5:]
+    run.snakemake("-n")  # a dry run prints no table
+    assert "Table:" not in run.last_stdout

@@ -123,6 +123,6 @@ def _done_lines():
             lines.append(f"Wrote: {os.path.abspath(t)}")
     if show_table and os.path.exists(table):
         lines += ["", open(table).read().rstrip(), "",
-                  f"Table: {table} (.tex, .csv, provenance.json beside it); "
+                  f"Table: {table} (.tex, .csv, main_table_long.csv, provenance.json beside it); "
                   f"speed: {os.path.join(RESULTS, 'speed_table.md')}"]
     return lines

@@ -19,7 +19,12 @@ from repro.checkpoint.verify import failed_marker, refresh_stale_stamp, rerun_tr
 from repro.config import ConfigError, data_dir, data_dir_fix, data_dir_source, is_replay, results_dir, suite_cells, validate_config, work_dir
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
 
-_sources = [os.path.basename(str(f)) for f in (workflow.configfiles or [])]
+# the config files in the order they apply (each overrides the ones before): the checkout's config.yaml (the
+# Snakefile's `configfile:`, which Snakemake lists after the --configfile ones but applies first), then the rest
+_default_cfg = os.path.realpath(os.path.join(workflow.basedir, "config.yaml"))
+_files = [str(f) for f in (workflow.configfiles or [])]
+_files = sorted(_files, key=lambda f: os.path.realpath(f) != _default_cfg)  # stable: config.yaml first
+_sources = [os.path.basename(f) for f in _files]
 _source = " + ".join(dict.fromkeys(_sources)) or "config.yaml"
 if getattr(workflow.config_settings, "config", None):
     _source += " + --config"
