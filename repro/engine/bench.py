@@ -431,18 +431,26 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
     return out
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description="LLaDA2.1-mini engine benchmarks on a CUDA GPU: denoising round, "
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m repro.engine.bench`` (every option with its help and default)."""
+    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench", description="LLaDA2.1-mini engine benchmarks on a CUDA GPU: denoising round, "
                                              "generation, decode loop (docs/perf.md)")
-    ap.add_argument("mode", choices=["round", "generate", "decode", "all", "batch"])
-    ap.add_argument("--prefixes", default="1024,4096")
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--naive-iters", type=int, default=3)
-    ap.add_argument("--prefix", type=int, default=1024)
-    ap.add_argument("--tokens", type=int, default=1024)
-    ap.add_argument("--steps-per-block", type=int, default=8)
+    ap.add_argument("mode", choices=["round", "generate", "decode", "all", "batch"],
+                    help="round: one denoising round vs its memory floor; generate: a fixed-schedule generation; "
+                         "decode: the engine's decode loop (GPU idle); all: round + generate; batch: batched "
+                         "generation and batch invariance (module docstring)")
+    ap.add_argument("--prefixes", default="1024,4096", help="round: prefix lengths P in tokens (default: %(default)s)")
+    ap.add_argument("--iters", type=int, default=50, help="round: timed graph replays per variant, median "
+                                                            "reported (default: %(default)s)")
+    ap.add_argument("--naive-iters", type=int, default=3, help="round: timed runs of the naive eager reference; 0 "
+                                                                "skips it (default: %(default)s)")
+    ap.add_argument("--prefix", type=int, default=1024, help="generate/decode/batch: prefix length P in tokens "
+                                                              "(default: %(default)s)")
+    ap.add_argument("--tokens", type=int, default=1024, help="generate: new tokens (default: %(default)s)")
+    ap.add_argument("--steps-per-block", type=int, default=8, help="generate: denoising steps per 32-token block "
+                                                                    "of the fixed schedule (default: %(default)s)")
     ap.add_argument("--decode-tokens", type=int, default=256, help="decode mode: new tokens per request")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random weights and tokens (default: %(default)s)")
     ap.add_argument("--profile", default=None, help="write a per-kernel profile table to this file")
     ap.add_argument("--json", default=None, help="also write the JSON document to this file")
     ap.add_argument("--batch-sizes", default="1,8,32", help="batch mode: batch sizes (repro/engine/bench_batch.py)")
@@ -463,7 +471,11 @@ def main(argv=None):
                     "over graph replays) for the BF16 and 4-bit rounds, P = first prefix, default and best variants")
     ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "
                     "round (repro/engine/bench_w4.py) that otherwise follows the BF16 round")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA not available", **env_info()}))
         return 2

@@ -47,20 +47,22 @@ def test_generate_threads_help_names_no_foreign_option(capsys):
 def test_every_option_has_help_with_its_default(capsys):
     import argparse
 
-    from repro.engine.serve import add_serve_args
+    from repro.engine import bench
 
     _, subs = M.build_parser()
-    probe = argparse.ArgumentParser(add_help=False)
-    add_serve_args(probe)
-    serve_own = {a.dest for a in probe._actions}  # repro/engine/serve's options: not this module's
     for name, p in subs.items():
         for a in p._actions:
-            if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) or (
-                    name == "serve" and a.dest in serve_own):
+            if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
                 continue
             assert a.help, f"{name} {a.option_strings or a.dest}: no help"
             if a.option_strings and not a.required and a.dest not in ("raw", "decoder"):
+                if name == "serve" and (a.default is None or a.default is False):  # serve's opt-in settings
+                    continue
                 assert "default" in a.help, f"{name} {a.option_strings}: help states no default"
+    # the GPU micro-benchmark's options too (python -m repro.engine.bench)
+    for a in bench.build_parser()._actions:
+        if not isinstance(a, argparse._HelpAction):
+            assert a.help, f"repro.engine.bench {a.option_strings or a.dest}: no help"
     for cmd in ("generate", "bench suite", "serve"):
         role = next(a for a in subs[cmd]._actions if a.dest == "role")
         assert (role.help % {"default": role.default}).endswith("(default: orl)")

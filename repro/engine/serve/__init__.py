@@ -29,17 +29,18 @@ def add_serve_args(p) -> None:
     """The ``serve`` subcommand's options (model/role/precision/device come from the engine CLI's own flags)."""
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine "
                                                       "only; 0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=18080)
+    p.add_argument("--port", type=int, default=18080, help="TCP port (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("REPRO_SERVE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $REPRO_SERVE_API_KEY; unset = open)")
     p.add_argument("--served-model-name", default=None,
                    help="model id of /v1/models and the OpenAI 'model' field (default: the directory's name, "
                         "or the hub id)")
-    p.add_argument("--revision", default="main", help="hub revision when --model is a hub id")
-    p.add_argument("--max-queue", type=int, default=64, help="requests allowed to wait; more get 503")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (413 beyond)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--graceful-s", type=float, default=10.0, help="seconds in-flight requests get on shutdown")
+    p.add_argument("--revision", default="main", help="hub revision when --model is a hub id (default: %(default)s)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests allowed to wait; more get 503 (default: %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body in bytes; 413 beyond (default: %(default)s)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="server log level (default: %(default)s)")
+    p.add_argument("--graceful-s", type=float, default=10.0, help="seconds in-flight requests get on shutdown (default: %(default)s)")
 
 
 def _looks_local(model: str) -> bool:
