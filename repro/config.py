@@ -364,7 +364,8 @@ def data_dir_source(cfg: dict, environ=os.environ) -> str | None:
 
 def data_dir_fix(cfg: dict, environ=os.environ) -> str:
     """The setting to change to point the pipeline at another data folder (see :func:`data_dir_source`)."""
-    return "ORL_EVAL_DATA" if not cfg.get("data_dir") and environ.get("ORL_EVAL_DATA") else "data_dir in config.yaml"
+    return ("ORL_EVAL_DATA" if not cfg.get("data_dir") and environ.get("ORL_EVAL_DATA")
+            else "data_dir (in config.yaml, an overlay or --config)")
 
 
 @dataclass(frozen=True)

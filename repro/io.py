@@ -49,7 +49,7 @@ def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> 
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise error(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+                raise error(f"{path}:{n}: not valid JSON ({exc.msg}, column {exc.colno})") from None
             if not isinstance(rec, dict):
                 raise error(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
             out.append(rec)

@@ -10,16 +10,43 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: on machines that carry the CPU wheel locally this takes it from disk
 .venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-# the pipeline itself (editable: code changes need no re-install); skipped when pyproject.toml is unchanged since
-# the last install here and the packages import (.venv/.repro-install holds pyproject.toml's sha256)
+# the pipeline itself (editable: code changes need no re-install). Skipped when pyproject.toml and the extras are
+# unchanged since the last install here (.venv/.repro-install holds their sha256) and every requirement of those
+# extras is installed at a version it accepts, with this checkout as the installed `repro` (checked from /, so the
+# checkout's own folder on sys.path cannot pass for an install)
+EXTRAS=workflow,kernels,serve,dev
 STAMP=.venv/.repro-install
-WANT=$(.venv/bin/python -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')
-if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && .venv/bin/python -c 'import repro, snakemake, triton, fastapi, pytest' 2>/dev/null; then
-  echo "pipeline already installed in .venv (pyproject.toml unchanged)"
+WANT=$( (cat pyproject.toml; echo "$EXTRAS") | .venv/bin/python -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+installed_ok() {
+  (ROOT=$PWD; cd / && "$ROOT/.venv/bin/python" - "$EXTRAS" "$ROOT" <<'PY'
+import json, sys, importlib.metadata as md
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+extras, here = sys.argv[1].split(","), sys.argv[2]
+try:
+    d = md.distribution("repro")
+    url = json.loads(d.read_text("direct_url.json") or "{}").get("url", "")
+    if url.rstrip("/") != "file://" + here.rstrip("/"):
+        sys.exit(1)
+    for r in map(Requirement, d.requires or []):
+        if r.marker and not any(r.marker.evaluate({"extra": e}) for e in extras + [""]):
+            continue
+        if r.specifier and not r.specifier.contains(md.version(r.name), prereleases=True):
+            sys.exit(1)
+        md.version(r.name)
+except (md.PackageNotFoundError, ValueError):
+    sys.exit(1)
+PY
+  )
+}
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && installed_ok; then
+  echo "pipeline already installed in .venv (pyproject.toml unchanged, every requirement present)"
 else
   rm -f "$STAMP"
   # setuptools' "Editable installation" BuildBackendWarning is a UserWarning meant for other layouts: silenced
-  PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e ".[workflow,kernels,serve,dev]"
+  PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e ".[$EXTRAS]"
   echo "$WANT" > "$STAMP"
 fi
 .venv/bin/python -c 'import repro, torch, snakemake; print(f"setup ok: repro {repro.__version__}, torch {torch.__version__}, snakemake ready in .venv")'

@@ -129,6 +129,11 @@ def test_start_up_check_names_a_broken_file(tmp_path, data_dir, content, says):
     f.write_text(json.dumps({"question": real["question"]}) + "\n")
     with pytest.raises(DataError, match=r"line 1 lacks field\(s\) answer"):
         check_file("gsm8k", f)
+    # a value the benchmark cannot read (a GSM8K answer without its "#### <number>" line; a number): named, no traceback
+    for answer in ("no final answer line", 42):
+        f.write_text(json.dumps(real) + "\n" + json.dumps({"question": "q", "answer": answer}) + "\n")
+        with pytest.raises(DataError, match=r"line 2: not a gsm8k record as published \((ValueError|TypeError)"):
+            check_file("gsm8k", f)
     with pytest.raises(DataError, match="missing"):
         check_file("gsm8k", tmp_path / "nothing.jsonl")
 
@@ -142,4 +147,5 @@ def test_data_dir_source_names_where_the_path_came_from():
     assert data_dir_source({"data_dir": "/c"}, environ={}) == "data_dir in the config"
     both = data_dir_source({"data_dir": "/c"}, environ={"ORL_EVAL_DATA": "/d"})
     assert both == "data_dir in the config, which wins over $ORL_EVAL_DATA=/d"
-    assert data_dir_fix({"data_dir": "/c"}, environ={"ORL_EVAL_DATA": "/d"}) == "data_dir in config.yaml"
+    assert data_dir_fix({"data_dir": "/c"}, environ={"ORL_EVAL_DATA": "/d"}) == ("data_dir (in config.yaml, an overlay "
+                                                                              "or --config)")

@@ -54,7 +54,8 @@ class LoadedProblems:
 
 
 def normalize(benchmark: str, rows: list[dict], where: str) -> list[dict]:
-    """Turn original records into normalized problem records; DataError names missing fields."""
+    """Turn original records into normalized problem records. DataError names the record (``line N``: the N-th
+    record) that lacks a field or whose value the benchmark cannot read (e.g. a GSM8K answer without ``####``)."""
     decl = spec(benchmark)
     out = []
     for i, r in enumerate(rows):
@@ -62,8 +63,12 @@ def normalize(benchmark: str, rows: list[dict], where: str) -> list[dict]:
         if missing:
             raise DataError(f"{where}: line {i + 1} lacks field(s) {', '.join(missing)}; "
                             f"a {benchmark} file needs {', '.join(decl.fields)}")
-        out.append({"id": decl.problem_id(i, r), "benchmark": benchmark, "index": i,
-                    "gold": decl.gold(r), "source": {k: r[k] for k in r}})
+        try:
+            pid, gold = decl.problem_id(i, r), decl.gold(r)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
+            raise DataError(f"{where}: line {i + 1}: not a {benchmark} record as published ({type(e).__name__}: "
+                            f"{e})") from None
+        out.append({"id": pid, "benchmark": benchmark, "index": i, "gold": gold, "source": {k: r[k] for k in r}})
     ids = [p["id"] for p in out]
     if len(set(ids)) != len(ids):
         raise DataError(f"{where}: duplicate problem ids")

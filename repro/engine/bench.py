@@ -433,7 +433,8 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m repro.engine.bench`` (every option with its help and default)."""
-    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench", description="LLaDA2.1-mini engine benchmarks on a CUDA GPU: denoising round, "
+    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench",
+                                 description="LLaDA2.1-mini engine benchmarks on a CUDA GPU: denoising round, "
                                              "generation, decode loop (docs/perf.md)")
     ap.add_argument("mode", choices=["round", "generate", "decode", "all", "batch"],
                     help="round: one denoising round vs its memory floor; generate: a fixed-schedule generation; "
@@ -449,20 +450,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", type=int, default=1024, help="generate: new tokens (default: %(default)s)")
     ap.add_argument("--steps-per-block", type=int, default=8, help="generate: denoising steps per 32-token block "
                                                                     "of the fixed schedule (default: %(default)s)")
-    ap.add_argument("--decode-tokens", type=int, default=256, help="decode mode: new tokens per request")
+    ap.add_argument("--decode-tokens", type=int, default=256,
+                    help="decode mode: new tokens per request (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random weights and tokens (default: %(default)s)")
     ap.add_argument("--profile", default=None, help="write a per-kernel profile table to this file")
     ap.add_argument("--json", default=None, help="also write the JSON document to this file")
-    ap.add_argument("--batch-sizes", default="1,8,32", help="batch mode: batch sizes (repro/engine/bench_batch.py)")
-    ap.add_argument("--invariance-prompts", type=int, default=32, help="batch mode: prompts of the invariance check")
-    ap.add_argument("--invariance-tokens", type=int, default=32, help="batch mode: new tokens per invariance prompt")
-    ap.add_argument("--batch-tokens", type=int, default=256, help="batch mode: new tokens per throughput request")
+    ap.add_argument("--batch-sizes", default="1,8,32",
+                    help="batch mode: batch sizes (repro/engine/bench_batch.py) (default: %(default)s)")
+    ap.add_argument("--invariance-prompts", type=int, default=32,
+                    help="batch mode: prompts of the invariance check (default: %(default)s)")
+    ap.add_argument("--invariance-tokens", type=int, default=32,
+                    help="batch mode: new tokens per invariance prompt (default: %(default)s)")
+    ap.add_argument("--batch-tokens", type=int, default=256,
+                    help="batch mode: new tokens per throughput request (default: %(default)s)")
     ap.add_argument("--sections", default="throughput,graph,invariance",
-                    help="batch mode: which parts to run (throughput, graph, invariance)")
-    ap.add_argument("--algorithms", default="joint_threshold,orl", help="batch mode: decoders of the invariance check")
+                    help="batch mode: which parts to run, comma-separated: throughput, graph, batched-graph, handoff, "
+                         "invariance, invariance-graph (repro/engine/bench_batch.py) (default: %(default)s)")
+    ap.add_argument("--algorithms", default="joint_threshold,orl", help="batch mode: decoders of the invariance check "
+                    "(default: %(default)s)")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "nvfp4-w4a16"],
                     help="decode and batch modes: the model's precision (nvfp4-w4a16: random NVFP4 routed experts, "
-                    "kept packed; batch mode: sections batched-graph and invariance-graph only)")
+                    "kept packed; batch mode: sections batched-graph and invariance-graph only) (default: %(default)s)")
     ap.add_argument("--variants", default=None, help="round: comma-separated BlockForward variants to time (names "
                     "of bench.VARIANTS; default bench.ROUND_VARIANTS); the fastest is the round's engine")
     ap.add_argument("--w4-variants", default=None, help="round: also time these variants on the 4-bit round (default "

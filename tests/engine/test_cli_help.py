@@ -63,6 +63,8 @@ def test_every_option_has_help_with_its_default(capsys):
     for a in bench.build_parser()._actions:
         if not isinstance(a, argparse._HelpAction):
             assert a.help, f"repro.engine.bench {a.option_strings or a.dest}: no help"
+            if a.option_strings and a.default not in (None, False):
+                assert "default" in a.help, f"repro.engine.bench {a.option_strings}: help states no default"
     for cmd in ("generate", "bench suite", "serve"):
         role = next(a for a in subs[cmd]._actions if a.dest == "role")
         assert (role.help % {"default": role.default}).endswith("(default: orl)")

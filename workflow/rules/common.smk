@@ -101,7 +101,7 @@ if _missing:
           f"{SUITE!r} needs; copy the file(s) there, point {_DATA_FIX} at a folder holding them, or drop those "
           "benchmarks from the suite", file=sys.stderr)
     sys.exit(1)
-if DATA is not None:
+if DATA is not None and workflow.is_main_process and _NO_JOB_FLAG is None:  # not in job processes, not --unlock
     from repro.data import DataError as _DataError, check_file as _check_data_file
 
     for _b in _needed:

@@ -91,7 +91,8 @@ def _watch_nothing_to_be_done():
             return True
 
     def _at_exit():
-        if seen and not workflow.dryrun:
+        quiet = workflow.dryrun or workflow.touch or getattr(workflow.execution_settings, "no_hooks", False)
+        if seen and not quiet:  # as onsuccess: not in a dry run, --touch or --no-hooks
             try:
                 lines = _done_lines()
             except Exception:  # never turn a finished run into a traceback
