@@ -310,7 +310,8 @@ def _generate(a: argparse.Namespace, bench: str, backend, remaining: list[dict],
     out.parent.mkdir(parents=True, exist_ok=True)
     stream = bar_stream(sys.stderr)  # one line per redraw in a job's log file, redrawn in place on a terminal
     bar = tqdm(total=len(remaining), desc=f"{a.model}/{bench}", unit="problem", file=stream,
-               mininterval=bar_interval(stream), ascii=not stream.isatty())
+               mininterval=bar_interval(stream), maxinterval=max(10.0, bar_interval(stream)),
+               ascii=not stream.isatty())
     toks = fwd = done = 0
     t0 = time.perf_counter()
     with open(partial, "a", encoding="utf-8") as f:
@@ -324,11 +325,11 @@ def _generate(a: argparse.Namespace, bench: str, backend, remaining: list[dict],
             toks += rec["generated_tokens"]
             if rec.get("forwards"):
                 fwd += rec["forwards"]["denoise"] + rec["forwards"]["commit"]
-            bar.update(1)
+            bar.set_postfix(tok_s=f"{toks / (time.perf_counter() - t0):.1f}",
+                            TPF=f"{toks / fwd:.2f}" if fwd else "n/a", refresh=False)
+            bar.update(1)  # one redraw per record, with the postfix above (a log gets one line, not two)
             if progress is not None:
                 progress({"problems": done, "generated_tokens": toks, "wall_s": time.perf_counter() - t0})
-            bar.set_postfix(tok_s=f"{toks / (time.perf_counter() - t0):.1f}",
-                            TPF=f"{toks / fwd:.2f}" if fwd else "n/a")
 
         if hasattr(backend, "generate_each"):  # batched backends hand records over in finishing order
             backend.generate_each(prompts, decoder, emit)
