@@ -55,23 +55,7 @@ include: "workflow/rules/analysis_common.smk"
 include: "workflow/rules/analysis.smk"
 
 
-# A target that is neither a rule nor a path (a typo: `main_tabel`): one line naming the targets there are,
-# instead of Snakemake's MissingRuleException block. Names with a "/" or a "." are files; Snakemake judges those.
-def _unknown_targets():
-    import difflib
-
-    named = [t for t in (getattr(_CLI_ARGS, "targets", None) or []) if "/" not in t and "." not in t]
-    rules = {r.name for r in workflow.rules}
-    targets = sorted(r.name for r in workflow.rules if not r.has_wildcards() and not r.name.startswith("_"))
-    for t in named:
-        if t not in rules and not os.path.exists(t):
-            near = difflib.get_close_matches(t, targets, n=1)
-            hint = f"did you mean {near[0]}? " if near else ""
-            return (f"Error: no rule or file named {t!r}; {hint}the targets: {', '.join(targets)} "
-                    "(README.md says what each writes)")
-    return None
-
-
+# a mistyped target: one line naming the targets there are (analysis_common.smk: _unknown_targets)
 if workflow.is_main_process and (_unknown := _unknown_targets()):
     print(_unknown, file=sys.stderr)
     sys.exit(1)

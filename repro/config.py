@@ -362,6 +362,15 @@ def data_dir_source(cfg: dict, environ=os.environ) -> str | None:
     return "$ORL_EVAL_DATA" if environ.get("ORL_EVAL_DATA") else None
 
 
+def data_dir_env_unused(cfg: dict, environ=os.environ) -> str | None:
+    """``$ORL_EVAL_DATA`` when it is set to another folder than the config's ``data_dir`` (which wins), else None:
+    the start-up note that says the environment's folder is not read."""
+    env = environ.get("ORL_EVAL_DATA")
+    if cfg.get("data_dir") and env and Path(env).expanduser().resolve() != data_dir(cfg):
+        return env
+    return None
+
+
 def data_dir_fix(cfg: dict, environ=os.environ) -> str:
     """The setting to change to point the pipeline at another data folder (see :func:`data_dir_source`)."""
     return ("ORL_EVAL_DATA" if not cfg.get("data_dir") and environ.get("ORL_EVAL_DATA")

@@ -82,7 +82,7 @@ def test_reference_solutions_replayed_score_100_through_the_scoring_stage(tmp_pa
                         str(summ), "--workers", "2"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(summ.read_text())["accuracy"] == 100.0, (work / "scores.jsonl").read_text()[:2000]
-    assert cell_tpf(gen) == (None, 0, 0)  # no forward counts: no TPF
+    assert cell_tpf(gen) == (None, None, None)  # no forward counts: no TPF (empty cells, not 0)
 
 
 def test_replay_forward_counts_give_tpf_and_bad_samples_are_refused_by_name(runs, tmp_path):
@@ -229,7 +229,7 @@ def test_replayed_reference_row_caption_names_every_rejected_solution():
     from repro.backends.replay import caption_note
 
     ok = caption_note("ref", {"kind": "reference"}, has_tpf=False)
-    assert "Every reference solution scores (100%)" in ok
+    assert "Every reference solution is scored correct (100%)" in ok
     assert "no TPF (n/c: the samples carry no forward counts)" in ok  # the table's n/c cell, explained
     bad = caption_note("ref", {"kind": "reference"}, has_tpf=False, rejected=["gsm8k/3 (wrong: 7 != gold 8)"])
     assert "Exceptions, reference solutions the scorers reject (1): gsm8k/3 (wrong: 7 != gold 8)." in bad

@@ -220,7 +220,7 @@ def test_wording_matches_the_numbers_a_small_suite_shows(tmp_path):
     rows, total = speed.build(tmp_path, "s", spec)
     assert [r["n_single"] for r in rows] == [3, 3, 3, 9]
     cap = speed.caption(total, "s")
-    assert "over the first 3 problems of each benchmark generated at batch 1 (all the run generated; the subset takes up to 32)" in cap, cap
+    assert "over the first 3 problems of each benchmark generated at batch 1 (all that were generated; the subset is capped at 32 problems)" in cap, cap
     assert "first 32" not in cap
     note = speed.fixed_costs_note(total)
     assert "0.02 s per load on average (0.06 s in all)" in note, note

@@ -158,7 +158,7 @@ def caption_note(label: str, samples: dict, has_tpf: bool, latex: bool = False, 
     if rejected:
         text += f" Exceptions, reference solutions the scorers reject ({len(rejected)}): {'; '.join(rejected)}."
     elif samples.get("kind") == REFERENCE:
-        text += " Every reference solution scores (100%)."
+        text += " Every reference solution is scored correct (100%)."
     return esc(text)
 
 

@@ -46,6 +46,13 @@ _THREADS_HELP = ("CPU only: torch threads per operation (default: $OMP_NUM_THREA
                  "repro/engine/README.md has the measurements")
 
 
+def _benchmark_files() -> str:
+    """The declared benchmarks' file names (repro.benchmarks), for the help of ``--problems``."""
+    from repro import benchmarks
+
+    return ", ".join(b.file for b in benchmarks.declarations())
+
+
 def _role_defaults() -> dict:
     """Per role, the decoder settings of the packaged ``paper_decoding.json`` (suite ``main``; block size and
     temperature from its ``engine`` block), for the help texts; ``{}`` when the file cannot be read."""
@@ -220,7 +227,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     ap = argparse.ArgumentParser(
         prog="python -m repro.engine", description="LLaDA2 block-diffusion engine (repro/engine/README.md).",
         epilog="'python -m repro.engine COMMAND --help' lists a command's options.")
-    sub = ap.add_subparsers(dest="cmd", title="commands")  # a missing command: parse_args's own error
+    sub = ap.add_subparsers(dest="cmd", title="commands", metavar="COMMAND")  # a missing command: parse_args's own error
     g = sub.add_parser(
         "generate", help=_COMMANDS["generate"],
         description="Generate one completion. The prompt is wrapped as one user chat message and rendered with the "
@@ -236,7 +243,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         epilog=_para("GPU micro-benchmarks (CUDA only; LLaDA2.1-mini's real shapes with random weights; the last "
                      "stdout line is one JSON document) are modules of their own, python -m MODULE:")
         + "\n" + _rows(_GPU_BENCHES))
-    bsub = b.add_subparsers(dest="bench_cmd", title="sub-benchmarks")  # a missing one: parse_args's own error
+    bsub = b.add_subparsers(dest="bench_cmd", title="sub-benchmarks", metavar="SUB_BENCHMARK")  # a missing one: parse_args's own error
     s = bsub.add_parser(
         "suite", help="run benchmark problem files; write records.jsonl + summary.json",
         description="Generate for every problem of the given files; write --out/records.jsonl (one record per "
@@ -245,8 +252,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
                     "scoring (repro.scoring). Prints the summary JSON as the last line.")
     _decoder_flags(s, "the --decoder file's seed, else 12345")
     s.add_argument("--problems", nargs="+", required=True, metavar="FILE",
-                   help="benchmark JSONL files (gsm8k.jsonl, math500.jsonl, humaneval.jsonl, mbpp.jsonl: the "
-                        "benchmark is the file name) or normalized problem records")
+                   help=f"benchmark JSONL files ({_benchmark_files()}: the benchmark is the file name) or "
+                        "normalized problem records")
     s.add_argument("--out", required=True, metavar="DIR", help="output directory")
     s.add_argument("--limit", type=int, default=None, metavar="N",
                    help="only the first N problems of each file (default: all)")
@@ -298,7 +305,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     """Entry point; returns the exit status (2 for bad arguments or inputs, with a one-line error)."""
     a = parse_args(argv)
+    from repro.console import plain_warnings
 
+    plain_warnings()  # "warning: <message> (RuntimeWarning)", one line, no source path
     from repro.engine.llm import LLM
 
     try:

@@ -153,7 +153,8 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
                              "implementations); use kernels='auto' or 'torch'")
         if str(self.device).startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} requested but no CUDA GPU is usable here "
-                             f"(torch {torch.__version__}, torch.cuda.is_available() is False); use device='cpu'")
+                             f"(torch {torch.__version__}, torch.cuda.is_available() is False); use the CPU "
+                             "(device='cpu'; on the command line --device cpu)")
         self.kernels = _select_kernels(kernels, self.device)
         resolve_precision(precision, self.device)
         self.config = LLaDA2Config.from_file(self.path, adapter_map)

@@ -19,7 +19,8 @@ those of batch 1 on the CPU, tested on the tiny checkpoint); records are written
 done, each request's ``wall_s`` is its latency inside the batch, and ``summary.json`` adds ``batch``:
 ``{"batch_size", "engine", "capture_s" (graph capture seconds), "rounds", "wall_s",
 "throughput_tokens_per_s" (Σ generated / batch wall time), "mean_round_s", "max_active"}``. ``batch_size`` 1
-(default) runs one request at a time on the engine's own path (CUDA graphs on a GPU).
+(default) runs one request at a time on the engine's own path (CUDA graphs on a GPU). A progress bar over the
+problems goes to stderr (a line per update when stderr is not a terminal: :mod:`repro.console`).
 """
 
 from __future__ import annotations
@@ -83,13 +84,22 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
     outdir.mkdir(parents=True, exist_ok=True)
     per: dict[str, dict] = {}
     stats = BatchStats()
-    if batch_size > 1:
+    from tqdm import tqdm
+
+    from repro.console import bar_interval, bar_stream
+
+    stream = bar_stream()  # stderr: redrawn on a terminal, a line per update in a log
+    bar = tqdm(total=len(items), desc="bench suite", unit="problem", file=stream, mininterval=bar_interval(stream),
+               ascii=not stream.isatty())
+    if batch_size > 1:  # records are written in input order once all are done; the bar moves as each finishes
         outs = llm.generate_batch([p.messages for _, _, p in items], decoder=dec, batch_size=batch_size,
-                                  stats=stats)
+                                  stats=stats, on_result=lambda i, o: bar.update(1))
     else:
         outs = (llm.generate(p.messages, decoder=dec) for _, _, p in items)
     with (outdir / "records.jsonl").open("w") as fh:
         for (pid, bench, _), o in zip(items, outs):
+            if batch_size == 1:
+                bar.update(1)
             rec = {"id": pid, "benchmark": bench, "model": Path(model).name, "role": role, "seed": seed,
                    "backend": "engine", "prompt_text": o.prompt_text, "completion": o.text,
                    "prompt_tokens": o.prompt_tokens, "generated_tokens": o.generated_tokens,
@@ -105,6 +115,7 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
                 s["wall_s"] += o.wall_s
                 for k, v in o.forwards.items():
                     s["forwards"][k] += v
+    bar.close()
     for s in per.values():
         d = s["forwards"]["denoise"] + s["forwards"]["commit"]
         s["tpf"] = s["generated_tokens"] / d if d else None

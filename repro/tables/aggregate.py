@@ -21,8 +21,9 @@ import pandas as pd
 from repro import paths
 
 
-def cell_tpf(generations: Path) -> tuple[float | None, int, int]:
-    """(TPF, tokens, forwards) of one generation file; TPF None if no forward counts were reported.
+def cell_tpf(generations: Path) -> tuple[float | None, int | None, int | None]:
+    """(TPF, tokens, forwards) of one generation file; all three None if a record reports no forward counts
+    (replayed samples, released SGLang: the long CSV then leaves them empty rather than writing 0).
     ValueError (``MergedFileChanged``) when a merged file changed since its merge wrote it."""
     from repro.backends.merge import check_merged
 
@@ -33,7 +34,7 @@ def cell_tpf(generations: Path) -> tuple[float | None, int, int]:
             continue
         r = json.loads(line)
         if not r.get("forwards"):
-            return None, 0, 0
+            return None, None, None
         toks += r["generated_tokens"]
         fwd += r["forwards"]["denoise"] + r["forwards"]["commit"]
     return (toks / fwd if fwd else None), toks, fwd

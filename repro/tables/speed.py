@@ -339,7 +339,7 @@ def _subset_words(total: dict) -> tuple[str, str]:
         return f"the first {SUBSET} problems", ""
     if total.get("n_single_uneven"):
         return f"the first {SUBSET} problems", " (all there are where fewer: column n)"
-    return f"the first {n_max} problems", f" (all the run generated; the subset takes up to {SUBSET})"
+    return f"the first {n_max} problems", f" (all that were generated; the subset is capped at {SUBSET} problems)"
 
 
 def last_session_sentence(cells: list[str]) -> str:

@@ -94,7 +94,7 @@ def test_decoder_defaults_quote_the_packaged_paper_decoding(capsys):
 
 def test_bench_help_lists_its_sub_benchmarks(capsys):
     out = _help(capsys, "bench")
-    assert "usage: python -m repro.engine bench [-h] {suite}" in out
+    assert "usage: python -m repro.engine bench [-h] SUB_BENCHMARK ..." in out
     desc = out[:out.index("options:")]
     assert "Sub-benchmarks:" in desc and "\n  suite  generation speed of a checkpoint on benchmark problem files" in desc
     assert "NFE" in desc and "TPF" in desc
@@ -106,13 +106,22 @@ def test_bench_help_lists_its_sub_benchmarks(capsys):
 
 def test_missing_command_names_the_choices(capsys):
     err = _error(capsys)
-    assert "usage: python -m repro.engine [-h] {generate,bench,serve}" in err
+    assert "usage: python -m repro.engine [-h] COMMAND ..." in err
     assert "error: choose a command: generate, bench, serve ('python -m repro.engine --help' says what" in err
     assert "required" not in err and "cmd" not in err
     err = _error(capsys, "bench")
-    assert err.startswith("usage: python -m repro.engine bench [-h] {suite}")
+    assert err.startswith("usage: python -m repro.engine bench [-h] SUB_BENCHMARK ...")
     assert "error: choose a sub-benchmark: suite ('python -m repro.engine bench --help'" in err
     assert "bench_cmd" not in err and "required" not in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["gen"], "error: argument COMMAND: invalid choice: 'gen' (choose from 'generate', 'bench', 'serve')"),
+    (["bench", "sute"], "error: argument SUB_BENCHMARK: invalid choice: 'sute' (choose from 'suite')"),
+])
+def test_a_mistyped_command_names_the_choices_not_internal_names(capsys, argv, says):
+    err = _error(capsys, *argv)
+    assert says in err and "cmd" not in err, err
 
 
 def test_missing_command_from_the_shell():

@@ -33,7 +33,7 @@ def test_batched_suite_probe_feeds_the_single_request_columns(tmp_path, data_dir
     assert [r["completion"] for r in probe] == [r["completion"] for r in gen]
     md = (results / "smoke" / "speed_table.md").read_text()
     # the suite keeps 2 problems: the caption says so, as column n does (not "the first 32")
-    assert "separate speed-probe run" in md and "first 2 problems of GSM8K (all the run generated; the subset takes up to 32)" in md, md
+    assert "separate speed-probe run" in md and "first 2 problems of GSM8K (all that were generated; the subset is capped at 32 problems)" in md, md
     assert "the speed probe's 1 job loaded it again" in md, md  # its load is a fixed cost of the run too
     row = next(l for l in md.splitlines() if l.startswith("| + ORL (tiny") and "GSM8K" in l)
     cells = [c.strip() for c in row.strip("|").split("|")]

@@ -313,8 +313,8 @@ def test_a_mistyped_target_names_the_targets_there_are(checkout):
     r = snakemake(checkout, "-n", "--cores", "1", "main_tabel")
     assert r.returncode == 1 and "MissingRuleException" not in r.stderr, r.stderr[-2000:]
     errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1 and errors[0].startswith("Error: no rule or file named 'main_tabel'; did you mean "
-                                                     "main_table? the targets: "), errors
+    assert len(errors) == 1 and errors[0].startswith("Error: 'main_tabel' is neither a target nor a file; did "
+                                                     "you mean main_table? the targets are "), errors
     assert "speed_table" in errors[0] and "sweep" in errors[0]
 
 
@@ -325,3 +325,12 @@ def test_an_overlay_is_named_after_the_config_it_overrides(checkout, tmp_path):
     r = snakemake(checkout, "-n", "--cores", "1", "main_table", "--configfile", str(overlay))
     assert r.returncode == 1, r.stderr[-2000:]
     assert "Config error: config.yaml + o3.yaml: suite = 'nonesuch' is not defined" in r.stderr, r.stderr[-2000:]
+
+
+def test_data_dir_in_the_config_says_it_wins_over_the_environment(checkout, data_dir):
+    """Both set and different: one note says which folder is read and that $ORL_EVAL_DATA is not used."""
+    r = snakemake(checkout, "-n", "--cores", "1", "main_table", "--config", f"data_dir={data_dir}",
+                  env={"ORL_EVAL_DATA": "/nonexistent-data"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (f"note: data directory {data_dir.resolve()} (data_dir in the config); $ORL_EVAL_DATA=/nonexistent-data is "
+            "not used (data_dir wins)") in r.stderr, r.stderr[-2000:]

@@ -126,3 +126,57 @@ def _done_lines():
                   f"Table: {table} (.tex, .csv, main_table_long.csv, provenance.json beside it); "
                   f"speed: {os.path.join(RESULTS, 'speed_table.md')}"]
     return lines
+
+
+# A run with nothing to do ends in Snakemake's "Nothing to be done" without running onsuccess: the same lines are
+# printed then too (at interpreter exit, in the main process of a real run, when that message was logged), so a
+# re-run still says where the tables are.
+def _watch_nothing_to_be_done():
+    import atexit
+    import logging
+
+    from snakemake.common import NOTHING_TO_BE_DONE_MSG
+
+    seen = []
+
+    class _Seen(logging.Filter):
+        def filter(self, record):
+            if record.getMessage() == NOTHING_TO_BE_DONE_MSG:
+                seen.append(True)
+            return True
+
+    def _at_exit():
+        quiet = workflow.dryrun or workflow.touch or getattr(workflow.execution_settings, "no_hooks", False)
+        if seen and not quiet:  # as onsuccess: not in a dry run, --touch or --no-hooks
+            try:
+                lines = _done_lines()
+            except Exception:  # never turn a finished run into a traceback
+                return
+            for line in lines:
+                print(line)
+
+    logging.getLogger("snakemake.logging").addFilter(_Seen())
+    atexit.register(_at_exit)
+
+
+if workflow.is_main_process:
+    _watch_nothing_to_be_done()
+
+
+# A target that names neither a target of this workflow nor a path (a typo, `main_tabel`): one line naming the
+# targets, instead of Snakemake's MissingRuleException block (called at the end of the Snakefile, once every rule
+# exists). Names with a path separator or a "." are files; Snakemake judges those.
+def _unknown_targets():
+    import difflib
+
+    named = [t for t in (getattr(_CLI_ARGS, "targets", None) or []) if os.sep not in t and "." not in t]
+    rules = {r.name for r in workflow.rules}
+    targets = sorted(r.name for r in workflow.rules if not r.has_wildcards() and not r.name.startswith("_"))
+    for t in named:
+        if t not in rules and not os.path.exists(t):
+            near = difflib.get_close_matches(t, targets, n=1)
+            hint = f"did you mean {near[0]}? " if near else ""
+            return (f"Error: {t!r} is neither a target nor a file; {hint}the targets are {', '.join(targets)} "
+                    "(README.md says what each writes)")
+    return None
+

@@ -72,37 +72,3 @@ onsuccess:
     for _line in _done_lines():
         print(_line)
 
-
-# A run with nothing to do ends in Snakemake's "Nothing to be done" without running onsuccess: the same lines are
-# printed then too (at interpreter exit, in the main process of a real run, when that message was logged), so a
-# re-run still says where the tables are.
-def _watch_nothing_to_be_done():
-    import atexit
-    import logging
-
-    from snakemake.common import NOTHING_TO_BE_DONE_MSG
-
-    seen = []
-
-    class _Seen(logging.Filter):
-        def filter(self, record):
-            if record.getMessage() == NOTHING_TO_BE_DONE_MSG:
-                seen.append(True)
-            return True
-
-    def _at_exit():
-        quiet = workflow.dryrun or workflow.touch or getattr(workflow.execution_settings, "no_hooks", False)
-        if seen and not quiet:  # as onsuccess: not in a dry run, --touch or --no-hooks
-            try:
-                lines = _done_lines()
-            except Exception:  # never turn a finished run into a traceback
-                return
-            for line in lines:
-                print(line)
-
-    logging.getLogger("snakemake.logging").addFilter(_Seen())
-    atexit.register(_at_exit)
-
-
-if workflow.is_main_process:
-    _watch_nothing_to_be_done()
