@@ -56,6 +56,12 @@ def test_cli_writes_three_files_and_names_a_missing_generation_file(tmp_path, ca
     out = tmp_path / "res"
     assert speed.main(["--work", str(tmp_path), "--suite", "s", "--spec", json.dumps(spec), "--out-dir", str(out)]) == 0
     assert {p.name for p in out.iterdir()} == {"speed_table.md", "speed_table.tex", "speed_table.csv"}
+    # the CSV carries config.yaml's model name, as main_table.csv does: the two tables join on it
+    import pandas as pd
+
+    csv = pd.read_csv(out / "speed_table.csv")
+    assert list(csv.columns[:4]) == ["model", "label", "benchmark", "n_single"]
+    assert csv["model"].tolist() == ["m", "all"] and csv["label"].tolist() == ["Model M", "all"]
     spec["benchmarks"] = ["gsm8k", "mbpp"]
     assert speed.main(["--work", str(tmp_path), "--suite", "s", "--spec", json.dumps(spec), "--out-dir", str(out)]) == 2
     assert "mbpp" in capsys.readouterr().err

@@ -153,6 +153,12 @@ class GenerationResult:
         return self.generated_tokens / d if d else None
 
 
+
+def _ordinal(n: int) -> str:
+    """1 -> "1st", 2 -> "2nd", 11 -> "11th" (for messages)."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
 def generate_ids(backend: ForwardBackend, prompt_ids: list[int], decoder: DecoderConfig | dict, *,
                  mask_id: int, eos_id: int, max_new_tokens: int | None = None,
                  seed: int | None = None, on_block=None) -> GenerationResult:
@@ -218,7 +224,8 @@ def generate_ids(backend: ForwardBackend, prompt_ids: list[int], decoder: Decode
                    "to exclude it)" if left else
                    f"no <|mask|> left, but edits kept changing tokens (edit threshold {cfg.edit_threshold}); the "
                    "tokens are kept as they stood")
-            warnings.warn(f"decoder {cfg.algorithm} did not finish block {b} within {cap} denoising forwards; {why}",
+            warnings.warn(f"decoder {cfg.algorithm} did not finish block {b} (counted over prompt + generation; the "
+                          f"{_ordinal(b - first + 1)} generated) within {cap} denoising forwards; {why}",
                           RuntimeWarning, stacklevel=2)
         backend.commit_block(tokens, s, run_forward=not reuse)
         counts["denoise"] += n_fwd

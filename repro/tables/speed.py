@@ -270,7 +270,7 @@ def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list
             if prec:
                 per_model[m["label"]] = " / ".join(sorted({*per_model.get(m["label"], prec).split(" / "),
                                                           *prec.split(" / ")}))
-            rows.append({"label": m["label"], "benchmark": b, **row_values(s)})
+            rows.append({"model": m["name"], "label": m["label"], "benchmark": b, **row_values(s)})
             if total is None:
                 total = dict(s)
             else:
@@ -278,7 +278,7 @@ def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list
                     total[k] = (merge_jobs(total[k], v) if isinstance(v, dict) else
                                 sorted(set(total[k]) | set(v)) if isinstance(v, list) else total[k] + v)
     if total is not None:
-        rows.append({"label": "all", "benchmark": "all", **row_values(total)})
+        rows.append({"model": "all", "label": "all", "benchmark": "all", **row_values(total)})
         total["model_precisions"] = per_model
     per_row = [r["n_single"] for r in rows if r["benchmark"] != "all" and r["n_single"]]
     if total:  # how many problems the single-request columns cover (the caption's words: _subset_words)
@@ -362,7 +362,9 @@ def tex_header(total: dict, suite: str) -> list[str]:
 
 
 def to_frame(rows: list[dict]) -> pd.DataFrame:
-    cols = ["label", "benchmark", "n_single"] + [c for c, _, _ in COLUMNS]
+    """The CSV's frame: ``model`` (config.yaml's name, as in main_table.csv: the two join on it; ``all`` for the
+    total row), ``label``, ``benchmark``, ``n_single`` and the numbers of :data:`COLUMNS`."""
+    cols = ["model", "label", "benchmark", "n_single"] + [c for c, _, _ in COLUMNS]
     return pd.DataFrame(rows, columns=cols)
 
 

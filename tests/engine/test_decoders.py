@@ -82,7 +82,8 @@ def test_mask_candidate_that_always_wins_stops_at_the_cap_and_says_so(tiny_model
     # the references write <|mask|> back (no progress); ours stops at SGLang's max_steps and reports the block
     prompt = [10] * 40
     dec = {"algorithm": algo, "max_post_steps": 3, "self_conditioning": False}
-    with pytest.warns(RuntimeWarning, match=r"did not finish block 1 within \d+ denoising forwards; 24 <\|mask\|>"):
+    with pytest.warns(RuntimeWarning, match=r"did not finish block 1 \(counted over prompt \+ generation; the 1st "
+                                            r"generated\) within \d+ denoising forwards; 24 <\|mask\|>"):
         r, be = run(tiny_model, _wants_mask, dec, prompt, 24)
     cap = 32 + (3 if algo != "low_confidence" else 0) + 1
     assert r.stalled_blocks == [1] and "exclude_mask_token" in r.stall_note
