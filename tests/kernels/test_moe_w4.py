@@ -343,11 +343,34 @@ def test_w4_refuses_bad_tiles_and_norm_fold(dev):
         M.moe_down(w2, ws_noshared, CFG)
 
 
+def test_decode_tile_counts_gate_and_up_columns():
+    """A gate+up K step reads one packed tile of 2·BLOCK_N columns (gate and up rows interleaved), down one of
+    BLOCK_N: the decode is chosen by those bytes per thread (session 9 found gate+up sized as BLOCK_N, so a
+    BLOCK_N 32 gate+up tile fell back to the slow decode 2)."""
+    from repro.engine.kernels.moe_gemm import w4_decode_tile
+
+    assert w4_decode_tile(64, (32, 4), 2048, 1024, parts=2) == (64, 64, 4)
+    assert w4_decode_tile(64, (128, 4), 512, 2048, parts=1) == (64, 128, 4)
+    assert w4_decode_tile(128, (64, 4), 64, 48, parts=2) == (64, 48, 4)     # clamped to in_f and 2N
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiles", [None, W4.W4_TILES_DEFAULT,
-                                   {k: dict(v, BLOCK_K=128) for k, v in W4.W4_TILES_DEFAULT.items()}])
+                                   {k: dict(v, BLOCK_K=128) for k, v in W4.W4_TILES_DEFAULT.items()},
+                                   {"gate_up": dict(W4.W4_TILES_DEFAULT["gate_up"], BLOCK_N=32),
+                                    "down": W4.W4_TILES_DEFAULT["down"]}])
 def test_fused_moe_w4_bf16_full_shape(tiles):
     _full_shape(tiles, 32)
+    if tiles is not None:   # every one of these tiles gives a thread >= 16 packed bytes: the inline-PTX decode
+        ws = M.MoEWorkspace.create(32, 2048, 512, 256, 257, 8, torch.bfloat16, "cuda")
+        w13 = W4.random_nvfp4_experts(256, 1024, 2048, 2, torch.bfloat16, "cuda", torch.Generator("cuda"))
+        w13.shared = torch.zeros(1024, 2048, device="cuda", dtype=torch.bfloat16)
+        gu = tiles["gate_up"]
+        from repro.engine.kernels.moe_gemm import _expert_operand
+
+        kw = _expert_operand(w13, ws, "moe_gate_up", gu["BLOCK_K"], None, (gu["BLOCK_N"], gu["num_warps"]),
+                               parts=2)[-1]
+        assert kw["W4_DECODE"] == 4
 
 
 @pytest.mark.gpu

@@ -251,6 +251,14 @@ def expert_slots(w) -> int:
     return w.shape[0] + int(getattr(w, "shared", None) is not None)
 
 
+def w4_decode_tile(block_k: int, tile: tuple[int, int], in_f: int, out_f: int, parts: int) -> tuple[int, int, int]:
+    """(BLOCK_K, packed columns, num_warps) of one K step's packed tile, the tile ``moe_w4.pick_decode`` sizes a
+    thread's bytes by. ``tile`` = (BLOCK_N, num_warps); gate+up (``parts`` 2) interleaves its gate and up rows
+    into one tile of 2·BLOCK_N columns (``moe_w4._w4_gate_up_acc``), down (``parts`` 1) reads BLOCK_N; both
+    clamped to the weight's ``out_f`` rows (2N for gate+up), BLOCK_K to ``in_f``."""
+    return min(block_k, in_f), min(parts * tile[0], out_f), tile[1]
+
+
 def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int | None = None,
                     tile: tuple[int, int] = (64, 4), parts: int = 1):
     """(E1, out, in, weight argument, W4 launch kwargs) of stacked expert weights ``w``: a tensor [E1, out, in]
@@ -273,7 +281,7 @@ def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int 
         raise ValueError(f"{kernel}: NVFP4 experts with {w.parts} global scale(s) per expert, the kernel reads "
                          f"{parts} (gate+up: gate and up; down: one; build them with NVFP4Experts(..., parts={parts}))")
     check_w4_tiles(min(block_k, in_f), in_f)
-    decode = pick_decode(w.layout, ws.inter, decode, kernel, (min(block_k, in_f), min(tile[0], out_f), tile[1]),
+    decode = pick_decode(w.layout, ws.inter, decode, kernel, w4_decode_tile(block_k, tile, in_f, out_f, parts),
                          w.derived_tables_ok() if w.layout == "lut" and ws.inter.is_cuda else None)
     # the shared expert's rows (never read without one: then any tensor of the activation dtype will do)
     dense = w.shared.contiguous() if w.shared is not None else ws.inter

@@ -76,8 +76,8 @@ def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kerne
                 tile: tuple[int, int, int] = (128, 64, 4), derived_ok: bool | None = True) -> int:
     """The ``W4_DECODE`` of a launch over experts in ``layout`` with activations like ``act``: ``decode`` when
     given (checked), else 4 (inline-PTX lookup tables, derived) or 3 (the same, every table entry rounded from
-    fp32) for "lut" experts with bf16 activations on a CUDA GPU and a tile (BLOCK_K, BLOCK_N, num_warps) that
-    gives every thread >= 16 consecutive packed bytes along K (the PTX decodes 4 bytes of one word per call,
+    fp32) for "lut" experts with bf16 activations on a CUDA GPU and a tile (BLOCK_K, packed columns, num_warps;
+    gate+up packs 2·BLOCK_N columns: ``moe_gemm.w4_decode_tile``) that gives every thread >= 16 consecutive packed bytes along K (the PTX decodes 4 bytes of one word per call,
     ``pack=4``, which needs a thread's registers to hold whole words) — 4 when ``derived_ok`` (the experts'
     :func:`derived_tables_ok`; None = unknown, e.g. first seen inside CUDA-graph capture: 3) —, 2 (the
     pure-Triton twin) for "lut" otherwise (interpreter, fp32, small tiles), 1 for "modelopt".
