@@ -353,28 +353,30 @@ def data_dir(cfg: dict) -> Path | None:
     return Path(d).expanduser().resolve() if d else None
 
 
-def data_dir_source(cfg: dict, environ=os.environ) -> str | None:
-    """Where :func:`data_dir` took its path, for error messages: ``"data_dir in the config"`` (which wins over
-    ``$ORL_EVAL_DATA``, said when that is set too), ``"$ORL_EVAL_DATA"``, or None when neither is set."""
-    if cfg.get("data_dir"):
-        env = environ.get("ORL_EVAL_DATA")
-        return "data_dir in the config" + (f", which wins over $ORL_EVAL_DATA={env}" if env else "")
-    return "$ORL_EVAL_DATA" if environ.get("ORL_EVAL_DATA") else None
+@dataclass(frozen=True)
+class DataDirOrigin:
+    """Where :func:`data_dir` took its path, for the start-up messages (:func:`data_dir_origin`).
+
+    ``source``: ``"data_dir in the config"`` (which wins over ``$ORL_EVAL_DATA``, said when that is set too),
+    ``"$ORL_EVAL_DATA"``, or None when neither is set. ``fix``: the setting to change to point the pipeline at
+    another data folder. ``env_unused``: ``$ORL_EVAL_DATA`` when it names another folder than the config's
+    ``data_dir`` (which wins, so the environment's folder is not read), else None."""
+
+    source: str | None
+    fix: str
+    env_unused: str | None
 
 
-def data_dir_env_unused(cfg: dict, environ=os.environ) -> str | None:
-    """``$ORL_EVAL_DATA`` when it is set to another folder than the config's ``data_dir`` (which wins), else None:
-    the start-up note that says the environment's folder is not read."""
+def data_dir_origin(cfg: dict, environ=os.environ) -> DataDirOrigin:
+    """The :class:`DataDirOrigin` of ``cfg``'s data directory (``environ``: the environment to read)."""
     env = environ.get("ORL_EVAL_DATA")
-    if cfg.get("data_dir") and env and Path(env).expanduser().resolve() != data_dir(cfg):
-        return env
-    return None
-
-
-def data_dir_fix(cfg: dict, environ=os.environ) -> str:
-    """The setting to change to point the pipeline at another data folder (see :func:`data_dir_source`)."""
-    return ("ORL_EVAL_DATA" if not cfg.get("data_dir") and environ.get("ORL_EVAL_DATA")
-            else "data_dir (in config.yaml, an overlay or --config)")
+    if cfg.get("data_dir"):
+        unused = env if env and Path(env).expanduser().resolve() != data_dir(cfg) else None
+        return DataDirOrigin("data_dir in the config" + (f", which wins over $ORL_EVAL_DATA={env}" if env else ""),
+                             "data_dir (in config.yaml, an overlay or --config)", unused)
+    if env:
+        return DataDirOrigin("$ORL_EVAL_DATA", "ORL_EVAL_DATA", None)
+    return DataDirOrigin(None, "data_dir (in config.yaml, an overlay or --config)", None)
 
 
 @dataclass(frozen=True)

@@ -138,14 +138,20 @@ def test_start_up_check_names_a_broken_file(tmp_path, data_dir, content, says):
         check_file("gsm8k", tmp_path / "nothing.jsonl")
 
 
-def test_data_dir_source_names_where_the_path_came_from():
-    from repro.config import data_dir_fix, data_dir_source
+def test_data_dir_origin_names_where_the_path_came_from(tmp_path):
+    from repro.config import data_dir_origin
 
-    assert data_dir_source({}, environ={}) is None
-    assert data_dir_source({}, environ={"ORL_EVAL_DATA": "/d"}) == "$ORL_EVAL_DATA"
-    assert data_dir_fix({}, environ={"ORL_EVAL_DATA": "/d"}) == "ORL_EVAL_DATA"
-    assert data_dir_source({"data_dir": "/c"}, environ={}) == "data_dir in the config"
-    both = data_dir_source({"data_dir": "/c"}, environ={"ORL_EVAL_DATA": "/d"})
-    assert both == "data_dir in the config, which wins over $ORL_EVAL_DATA=/d"
-    assert data_dir_fix({"data_dir": "/c"}, environ={"ORL_EVAL_DATA": "/d"}) == ("data_dir (in config.yaml, an overlay "
-                                                                              "or --config)")
+    fix_cfg = "data_dir (in config.yaml, an overlay or --config)"
+    none = data_dir_origin({}, environ={})
+    assert (none.source, none.fix, none.env_unused) == (None, fix_cfg, None)
+    env = data_dir_origin({}, environ={"ORL_EVAL_DATA": "/d"})
+    assert (env.source, env.fix, env.env_unused) == ("$ORL_EVAL_DATA", "ORL_EVAL_DATA", None)
+    cfg = data_dir_origin({"data_dir": "/c"}, environ={})
+    assert (cfg.source, cfg.fix, cfg.env_unused) == ("data_dir in the config", fix_cfg, None)
+    both = data_dir_origin({"data_dir": "/c"}, environ={"ORL_EVAL_DATA": "/d"})
+    assert both.source == "data_dir in the config, which wins over $ORL_EVAL_DATA=/d"
+    assert (both.fix, both.env_unused) == (fix_cfg, "/d")
+    # the same folder in both places, spelled differently: nothing is left unused
+    (tmp_path / "data").mkdir()
+    same = data_dir_origin({"data_dir": str(tmp_path / "data")}, environ={"ORL_EVAL_DATA": f"{tmp_path}/./data/"})
+    assert same.env_unused is None

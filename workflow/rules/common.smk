@@ -17,7 +17,7 @@ from repro.checkpoint.dequantize import declared_quantization
 from repro.checkpoint.suspect import remove_generated_under
 from repro.checkpoint.verify import failed_marker, refresh_stale_stamp, rerun_trigger
 from repro.config import (
-    ConfigError, data_dir, data_dir_env_unused, data_dir_fix, data_dir_source, is_replay, results_dir, suite_cells,
+    ConfigError, data_dir, data_dir_origin, is_replay, results_dir, suite_cells,
     validate_config, work_dir)
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
 
@@ -85,10 +85,11 @@ if isinstance(_cores, int) and _cores < 1:
 SUITE = config["suite"]
 WORK = str(work_dir(config))
 DATA = data_dir(config)
-_DATA_FROM, _DATA_FIX = data_dir_source(config), data_dir_fix(config)
-if workflow.is_main_process and (_env_data := data_dir_env_unused(config)):
-    print(f"note: data directory {DATA} (data_dir in the config); $ORL_EVAL_DATA={_env_data} is not used (data_dir "
-          "wins)", file=sys.stderr)
+_DATA_ORIGIN = data_dir_origin(config)
+_DATA_FROM, _DATA_FIX = _DATA_ORIGIN.source, _DATA_ORIGIN.fix
+if workflow.is_main_process and _DATA_ORIGIN.env_unused:
+    print(f"note: data directory {DATA} (data_dir in the config); $ORL_EVAL_DATA={_DATA_ORIGIN.env_unused} is not "
+          "used (data_dir wins)", file=sys.stderr)
 if DATA is not None and not DATA.is_dir():
     print(f"Config error: data directory {DATA} (from {_DATA_FROM}) "
           f"{'is a file, not a folder' if DATA.exists() else 'does not exist'}; point {_DATA_FIX} at a folder "
