@@ -282,3 +282,9 @@ def test_successful_run_ends_with_the_table_it_built(run):
     assert again[-1] == lines[-1] and again[-2 - len(body):-2] == body, again[-5:]
     run.snakemake("-n")  # a dry run prints no table
     assert "Table:" not in run.last_stdout
+    # a run limited to part of the DAG does not check the table against its inputs: it says so instead of
+    # printing a table that may be stale
+    run.snakemake("--until", "score")
+    limited = run.last_stdout.rstrip().splitlines()
+    assert limited[-1].startswith(f"Table: {table} was not rebuilt by this run (--until limited it)"), limited[-5:]
+    assert body[-1] not in limited

@@ -9,6 +9,7 @@
 import itertools
 import re
 import shlex
+import time
 
 from repro.config import missing_replay_samples, replay_samples_path
 from repro.provenance import sha256_path
@@ -122,10 +123,20 @@ def _done_lines():
         elif os.path.exists(t):  # a file named as the target
             lines.append(f"Wrote: {os.path.abspath(t)}")
     if show_table and os.path.exists(table):
-        lines += ["", open(table).read().rstrip(), "",
-                  f"Table: {table} (.tex, .csv, main_table_long.csv, provenance.json beside it); "
-                  f"speed: {os.path.join(RESULTS, 'speed_table.md')}"]
+        ds = workflow.dag_settings
+        limits = [flag for flag, value in (("--until", ds.until), ("--omit-from", ds.omit_from),
+                                           ("--allowed-rules", ds.allowed_rules), ("--batch", ds.batch)) if value]
+        if limits and os.path.getmtime(table) < _RUN_STARTED:  # not written by this run, which did not check it
+            lines += [f"Table: {table} was not rebuilt by this run ({', '.join(limits)} limited it), so it may not "
+                      "reflect every result: run `snakemake main_table` without that option to bring it up to date"]
+        else:
+            lines += ["", open(table).read().rstrip(), "",
+                      f"Table: {table} (.tex, .csv, main_table_long.csv, provenance.json beside it); "
+                      f"speed: {os.path.join(RESULTS, 'speed_table.md')}"]
     return lines
+
+
+_RUN_STARTED = time.time()  # a table written after this was written by this run
 
 
 # A run with nothing to do ends in Snakemake's "Nothing to be done" without running onsuccess: the same lines are
