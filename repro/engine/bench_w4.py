@@ -42,6 +42,11 @@ W4_TILES = {
     "down_n64": {"gate_up": W4_TILES_DEFAULT["gate_up"], "down": dict(W4_TILES_DEFAULT["down"], BLOCK_N=64)},
     "gu_n32_w2": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=32, num_warps=2),
                   "down": W4_TILES_DEFAULT["down"]},
+    # BLOCK_N 32 at 4 warps: twice the programs of the default; the inline-PTX decode since session 11 (a gate+up
+    # tile is sized by its 2·BLOCK_N packed columns, moe_gemm.w4_decode_tile; before, decode 2)
+    "gu_n32": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=32), "down": W4_TILES_DEFAULT["down"]},
+    "gu_n32_k128": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=32, BLOCK_K=128),
+                    "down": W4_TILES_DEFAULT["down"]},
     # larger tiles at BLOCK_K 64 (offline: gate+up n128 w4 3.41 instr/weight at 127 registers; w8 3.80 at 97;
     # down n256 w8 3.80 at 96)
     "gu_n128": {"gate_up": dict(W4_TILES_DEFAULT["gate_up"], BLOCK_N=128), "down": W4_TILES_DEFAULT["down"]},
