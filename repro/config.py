@@ -136,6 +136,21 @@ def _source_error(err: jsonschema.ValidationError, source: str, where: str, cfg:
     return f"{source}: {where} = {err.instance!r} matches no source form{detail}; allowed: {allowed}"
 
 
+def _nested_key_hint(key: str, err: jsonschema.ValidationError, source: str, cfg: dict | None) -> str:
+    """For a top-level key that belongs to a suite or a model (``limit``, ``precision``): where it goes, e.g.
+    ``suites.smoke.limit``, written as an overlay file's lines (``--config`` cannot pass nested values)."""
+    props = err.schema.get("properties", {})
+    suite = (cfg or {}).get("suite") if isinstance((cfg or {}).get("suite"), str) else "SUITE"
+    value = json.dumps(err.instance.get(key)) if isinstance(err.instance, dict) else "..."
+    for section, name in (("suites", suite), ("models", "MODEL")):
+        if key in props.get(section, {}).get("additionalProperties", {}).get("properties", {}):
+            return (f"; '{key}' is a key of each entry of {section}: set {section}.{name}.{key} in an overlay file "
+                    f"(--configfile config.yaml overlay.yaml, the overlay holding "
+                    f"'{section}: {{{name}: {{{key}: {value}}}}}')"
+                    + (", as --config cannot pass nested values" if "--config" in source else ""))
+    return ""
+
+
 def _one_line(err: jsonschema.ValidationError, source: str, cfg: dict | None = None) -> str:
     where = _where(err.absolute_path)
     v = err.validator
@@ -144,7 +159,8 @@ def _one_line(err: jsonschema.ValidationError, source: str, cfg: dict | None = N
         extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
         key = extra[0] if extra else "?"
         if allowed:
-            return f"{source}: unknown key '{key}' in {where}; allowed: {', '.join(allowed)}"
+            msg = f"{source}: unknown key '{key}' in {where}; allowed: {', '.join(allowed)}"
+            return msg + (_nested_key_hint(key, err, source, cfg) if not err.absolute_path else "")
         return f"{source}: unknown key '{key}' in {where}"
     if v == "enum":
         return f"{source}: {where} = {err.instance!r} is not allowed; allowed: {_allowed(err.schema)}"
@@ -158,6 +174,9 @@ def _one_line(err: jsonschema.ValidationError, source: str, cfg: dict | None = N
         return msg
     if v == "oneOf" and where.endswith("source"):
         return _source_error(err, source, where, cfg)
+    bound = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}.get(v)
+    if bound:  # jsonschema's "0 is less than or equal to the minimum of 0" reads as a riddle
+        return f"{source}: {where} must be {bound} {err.validator_value}, got {err.instance!r}"
     return f"{source}: {where}: {err.message}"
 
 

@@ -19,7 +19,8 @@ Decoder flags (override the role's default decoder from paper_decoding.json, and
 ``--exclude-mask-token``, ``--block-size``, ``--seed``. ``--threads N`` (all three commands): torch threads per
 operation on the CPU (default ``$OMP_NUM_THREADS`` if set, else 1; repro/engine/README.md says why).
 
-Argument errors (a missing command or sub-benchmark, ``--threads``/``--limit``/``--batch-size`` below 1, a
+Argument errors (a missing command or sub-benchmark, an option the command does not have — with the closest one it
+has, ``--max_new_tokens`` → ``--max-new-tokens`` —, ``--threads``/``--limit``/``--batch-size`` below 1, a
 ``--decoder`` file that is not a YAML mapping) print the usage of the (sub)command they belong to and one
 ``error:`` line, exit status 2 (:func:`parse_args`).
 """
@@ -275,10 +276,32 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     return ap, {"generate": g, "bench": b, "bench suite": s, "serve": v}
 
 
+def _unknown_option_check(ap: argparse.ArgumentParser, subs: dict, argv: list[str]) -> None:
+    """An option the (sub)command does not have ends in one ``error:`` line that names it and the closest option it
+    does have (``--max_new_tokens`` → ``--max-new-tokens``), before argparse would take the option's value for the
+    prompt and report both as "unrecognized arguments". Options after ``--`` are not checked."""
+    import difflib
+
+    words = [w for w in argv if not w.startswith("-")]
+    name = "bench suite" if words[:2] == ["bench", "suite"] else (words[0] if words else None)
+    p = subs.get(name, ap)
+    known = [o for act in p._actions for o in act.option_strings]
+    for w in argv:
+        if w == "--":
+            return
+        opt = w.split("=", 1)[0]
+        if not opt.startswith("--") or opt in known or any(k.startswith(opt) for k in known):
+            continue  # argparse accepts an unambiguous prefix of a long option
+        near = [k for k in known if k == opt.replace("_", "-")] or difflib.get_close_matches(opt, known, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}?" if near else f"'{p.prog} --help' lists the options"
+        p.error(f"{opt}: {p.prog} has no such option; {hint}")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """Parse ``argv``; a missing command or a bad value ends in the usage and error of the (sub)command it belongs
     to (``SystemExit(2)``)."""
     ap, subs = build_parser()
+    _unknown_option_check(ap, subs, sys.argv[1:] if argv is None else list(argv))
     a = ap.parse_args(argv)
     if a.cmd is None:
         ap.error(f"choose a command: {', '.join(_COMMANDS)} ('{ap.prog} --help' says what each does)")

@@ -124,6 +124,28 @@ def test_a_mistyped_command_names_the_choices_not_internal_names(capsys, argv, s
     assert says in err and "cmd" not in err, err
 
 
+@pytest.mark.parametrize("argv, usage, says", [
+    # the fresh user's words: argparse took 8 for the prompt and said only "unrecognized arguments"
+    (["generate", "--model", "m", "--max_new_tokens", "8", "hi"], "generate",
+     "--max_new_tokens: python -m repro.engine generate has no such option; did you mean --max-new-tokens?"),
+    (["bench", "suite", "--model", "m", "--problems", "p.jsonl", "--out", "o", "--batch_size=4"], "bench suite",
+     "--batch_size: python -m repro.engine bench suite has no such option; did you mean --batch-size?"),
+    (["generate", "--model", "m", "--treshold", "0.9", "hi"], "generate", "did you mean --threshold?"),
+    (["serve", "--model", "m", "--zzzz"], "serve", "no such option; 'python -m repro.engine serve --help' lists"),
+])
+def test_an_unknown_option_names_the_closest_one(capsys, argv, usage, says):
+    err = _error(capsys, *argv)
+    assert err.startswith(f"usage: python -m repro.engine {usage} [-h]"), err
+    assert says in err.splitlines()[-1] and "unrecognized" not in err, err
+
+
+def test_known_options_prefixes_and_values_after_double_dash_still_parse():
+    from repro.engine.__main__ import parse_args
+
+    a = parse_args(["generate", "--model", "m", "--max-new", "8", "--", "--max_new_tokens is my prompt"])
+    assert a.max_new_tokens == 8 and a.prompt == "--max_new_tokens is my prompt"
+
+
 def test_missing_command_from_the_shell():
     r = subprocess.run([sys.executable, "-m", "repro.engine"], cwd=REPO_ROOT, capture_output=True, text=True,
                        timeout=120, env={**os.environ, "COLUMNS": "100"})

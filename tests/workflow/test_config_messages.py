@@ -210,3 +210,29 @@ def test_check_yaml_cli_names_the_line_of_an_overlay_snakemake_reads_itself(tmp_
     ok = subprocess.run([sys.executable, "-m", "repro.config", "check-yaml", str(REPO_ROOT / "config.yaml")],
                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert ok.returncode == 0 and ok.stderr == ""
+
+
+# --- a suite's or a model's key given at the top level; a bound written as a riddle ---------------------------
+
+
+def test_a_suite_key_at_top_level_says_where_it_goes():
+    """The fresh user's `--config limit=2`: the error named the top level's keys and not suites.<suite>.limit."""
+    cfg = merged(parse_config(["limit=2"]))
+    msg = error(cfg, "config.yaml + --config")
+    assert msg.startswith("config.yaml + --config: unknown key 'limit' in top level; allowed: ")
+    assert (f"'limit' is a key of each entry of suites: set suites.{RAW['suite']}.limit in an overlay file "
+            f"(--configfile config.yaml overlay.yaml, the overlay holding 'suites: {{{RAW['suite']}: {{limit: 2}}}}')"
+            ", as --config cannot pass nested values") in msg, msg
+    overlay = yaml.safe_load(re.search(r"the overlay holding '(.*?)'\)", msg).group(1))
+    assert validate_config(merged(overlay))["suites"][RAW["suite"]]["limit"] == 2  # the advice works
+    msg = error(merged({"quantization": "nvfp4"}), "config.yaml + ov.yaml")
+    assert "set models.MODEL.quantization in an overlay file" in msg and "--config cannot" not in msg, msg
+    assert "is a key of each entry" not in error(merged({"limitt": 2}), "config.yaml")  # no guess for a typo
+
+
+@pytest.mark.parametrize("layer, says", [
+    ({"scoring": {"timeout_s": 0}}, "config.yaml + ov.yaml: scoring.timeout_s must be > 0, got 0"),
+    ({"scoring": {"workers": 0}}, "config.yaml + ov.yaml: scoring.workers must be >= 1, got 0"),
+])
+def test_a_bound_says_the_bound_and_the_value(layer, says):
+    assert error(merged(layer), "config.yaml + ov.yaml") == says
