@@ -39,7 +39,11 @@ if _yaml_error:
     sys.exit(1)
 
 
-configfile: os.path.join(workflow.basedir, "config.yaml")
+# The checkout's config.yaml applies first. When the command line already names it first (--configfile config.yaml
+# overlay.yaml), it is not read again here: the result is the same, and Snakemake's header then lists it once.
+_first_cli_file = [os.path.realpath(str(f)) for f in (workflow.overwrite_configfiles or [])][:1]
+if _first_cli_file != [os.path.realpath(os.path.join(workflow.basedir, "config.yaml"))]:
+    configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
 include: "workflow/rules/common.smk"

@@ -1,6 +1,7 @@
 """config.yaml validation: every mistake is one line naming the key and the allowed values."""
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -78,6 +79,25 @@ def test_error_names_every_config_file_and_missing_data_dir(tmp_path):
     r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "main_table"], cwd=REPO_ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and f"data directory {tmp_path / 'nope'}" in r.stderr and "does not exist" in r.stderr
+
+
+def test_config_yaml_named_first_is_read_once_and_merges_the_same(tmp_path, data_dir):
+    """`--configfile config.yaml overlay.yaml` (the README's form) listed config.yaml twice in Snakemake's header, as
+    the Snakefile's `configfile:` read it again; it is now read once, and the merged config (its MD5) is the one
+    of `--configfile overlay.yaml`, where the Snakefile reads config.yaml first."""
+    ov = tmp_path / "overlay.yaml"
+    ov.write_text("suites:\n  smoke:\n    limit: 1\n")
+    env = dict(__import__("os").environ, ORL_EVAL_DATA=str(data_dir), ORL_EVAL_WORK=str(tmp_path / "work"))
+    header = {}
+    for files in (["config.yaml", str(ov)], [str(ov)]):
+        r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "main_table", "--configfile", *files],
+                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = r.stdout + r.stderr
+        header[len(files)] = (re.search(r"Config file\(s\): (.*)", out).group(1),
+                              re.search(r"Config MD5: (\w+)", out).group(1))
+    assert header[2][0].count("config.yaml") == 1 and "overlay.yaml" in header[2][0], header
+    assert header[2][1] == header[1][1], header  # the same merged config
 
 
 def test_paper_suite_refuses_shipped_problems(tmp_path, monkeypatch):
