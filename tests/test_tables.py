@@ -84,6 +84,17 @@ def test_caption_states_problems_scored_and_subsets():
     assert "n = 10 of 1319 GSM8K, 500 MATH-500; GSM8K: subsets, not full-benchmark" in caption(one, **CAP)
 
 
+def test_caption_says_the_generation_budget_per_benchmark_where_it_differs():
+    long = measured(n=3)
+    assert "Generation" not in caption(long, **CAP)  # not recorded (replayed samples): not claimed
+    long["max_new_tokens"] = 4096.0
+    assert " Generation: at most 4096 new tokens per problem. " in caption(long, **CAP) + " "
+    long.loc[long["benchmark"] == "gsm8k", "max_new_tokens"] = 256.0
+    assert "Generation: at most 256 (GSM8K), 4096 (MATH-500) new tokens per problem." in caption(long, **CAP)
+    long.loc[(long["benchmark"] == "gsm8k") & (long.index == long.index[0]), "max_new_tokens"] = 64.0
+    assert "at most 64/256 (GSM8K), 4096 (MATH-500)" in caption(long, **CAP)  # the models differ on GSM8K
+
+
 def test_caption_full_sets_and_shipped_problems():
     text = caption(measured(n=None), **CAP)
     assert "Problems scored: n = 1319 GSM8K, 500 MATH-500 (full test sets)." in text and " of " not in text
@@ -102,14 +113,14 @@ def test_caption_decoding_from_the_decoders_temperature():
     assert [r["decoding"] for r in rows] == ["greedy", "sampling, T = 0.7"] and rows[0]["gsm8k_n"] == "3"
 
 
-def fake_cell(work, bench, n, total, temperature, source="data_dir"):
+def fake_cell(work, bench, n, total, temperature, source="data_dir", max_new_tokens=64):
     fmt_ = dict(suite="smoke", model="m", bench=bench, seed=1)
     gen = work / paths.GENERATIONS.format(**fmt_)
     gen.parent.mkdir(parents=True, exist_ok=True)
     gen.write_text("".join(json.dumps({"id": f"{bench}/{i}", "generated_tokens": 8, "template_version": "v1",
                                        "forwards": {"denoise": 2, "commit": 2}}) + "\n" for i in range(n)))
     Path(str(gen) + ".meta.json").write_text(json.dumps({"shards": [{"backend": "engine", "decoder": {
-        "algorithm": "orl", "temperature": temperature}}]}))
+        "algorithm": "orl", "temperature": temperature, "max_new_tokens": max_new_tokens}}]}))
     prob = work / paths.PROBLEMS.format(**fmt_)
     prob.parent.mkdir(parents=True, exist_ok=True)
     Path(str(prob) + ".meta.json").write_text(json.dumps({"source": source, "total": total, "kept": n,
@@ -130,14 +141,16 @@ def test_written_table_says_limit_and_temperature_in_every_format(tmp_path):
     md = (out / "main_table.md").read_text().split("\n\n")[0]
     assert "n = 3 of 1319 GSM8K, 3 of 500 MATH-500; subsets, not full-benchmark results" in md
     assert "sampling, T = 0.6" in md and "greedy" not in md
+    assert "Generation: at most 64 new tokens per problem." in md  # the smoke suite's cut, not the paper's 4096
     tex = (out / "main_table.tex").read_text()
     assert r"$n = 3$ of 1319 GSM8K" in tex and r"sampling, $T = 0.6$" in tex and r"\toprule" in tex
+    assert "Generation: at most 64 new tokens per problem." in tex
     csv = (out / "main_table.csv").read_text().splitlines()
     assert csv[0].endswith(",gsm8k_n,math500_n,decoding,precision,tpf_not_counted")
     assert csv[1].endswith(",3,3,\"sampling, T = 0.6\",,")  # no precision in these metas, every TPF counted
     long = (out / "main_table_long.csv").read_text().splitlines()
-    assert long[0] == ("model,label,benchmark,seed,accuracy,ci_lo,ci_hi,n,n_total,data_source,temperature,backend,"
-                       "precision,tpf,tokens,forwards,tpf_note")
+    assert long[0] == ("model,label,benchmark,seed,accuracy,ci_lo,ci_hi,n,n_total,data_source,temperature,"
+                       "max_new_tokens,backend,precision,tpf,tokens,forwards,tpf_note")
     prov = json.loads((out / "provenance.json").read_text())
     assert {(c["problems_kept"], c["problems_total"]) for c in prov["cells"]} == {(3, 1319), (3, 500)}
 

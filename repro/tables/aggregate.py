@@ -7,8 +7,9 @@ seeds, the mean of the per-seed values.
 
 Beside the numbers, each row says what they were measured on: ``n`` (problems scored), ``n_total``
 (problems in the benchmark's source before the suite's ``limit``; from the problems' ``.meta.json``),
-``data_source`` (``data_dir`` | ``hub`` | ``builtin``) and ``temperature`` (of the rendered decoder the
-generation used, from the generations' ``.meta.json``; 0 = greedy). The table caption is built from them.
+``data_source`` (``data_dir`` | ``hub`` | ``builtin``), ``temperature`` and ``max_new_tokens`` (of the rendered
+decoder the generation used, from the generations' ``.meta.json``; temperature 0 = greedy; a suite's
+``max_new_tokens`` overrides the paper's). The table caption is built from them.
 """
 
 from __future__ import annotations
@@ -56,12 +57,13 @@ def _meta(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def decoder_temperature(gen_meta: dict) -> float | None:
-    """The sampling temperature of the decoder a generation file was made with (None if not recorded)."""
+def decoder_setting(gen_meta: dict, key: str) -> float | None:
+    """A setting (``temperature``, ``max_new_tokens``) of the decoder a generation file was made with, as a number;
+    None if not recorded (replayed samples record no decoder)."""
     for sh in gen_meta.get("shards", [gen_meta]):  # the shards of one cell share one decoder file
         dec = sh.get("decoder")
-        if isinstance(dec, dict) and dec.get("temperature") is not None:
-            return float(dec["temperature"])
+        if isinstance(dec, dict) and dec.get(key) is not None:
+            return float(dec[key])
     return None
 
 
@@ -107,7 +109,7 @@ def labels_as_run(work: Path, suite: str, models: list[dict], benchmarks: list[s
 
 def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], seeds: list[int]) -> pd.DataFrame:
     """Tidy rows: model, label, benchmark, seed, accuracy, ci_lo, ci_hi, n, n_total, data_source,
-    temperature, backend (of the generation file; ``"replay"`` for replayed samples), precision (:func:`cell_precision`; ``models[i]["quantization"]`` is the checkpoint's), tpf,
+    temperature, max_new_tokens (the decoder's generation budget), backend (of the generation file; ``"replay"`` for replayed samples), precision (:func:`cell_precision`; ``models[i]["quantization"]`` is the checkpoint's), tpf,
     tokens, forwards, tpf_note (why TPF is missing, else None)."""
     rows = []
     for m in models:
@@ -122,7 +124,8 @@ def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], s
                 rows.append({"model": m["name"], "label": m["label"], "benchmark": b, "seed": s,
                              "accuracy": summ["accuracy"], "ci_lo": ci[0], "ci_hi": ci[1], "n": summ["n"],
                              "n_total": prob_meta.get("total"), "data_source": prob_meta.get("source"),
-                             "temperature": decoder_temperature(gen_meta),
+                             "temperature": decoder_setting(gen_meta, "temperature"),
+                             "max_new_tokens": decoder_setting(gen_meta, "max_new_tokens"),
                              "backend": gen_meta.get("backend") or (gen_meta.get("shards") or [{}])[0].get("backend"),
                              "precision": cell_precision(gen_meta, m.get("quantization")),
                              "tpf": tpf, "tokens": toks, "forwards": fwd,

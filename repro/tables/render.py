@@ -17,7 +17,8 @@ fit a column of a two-column article without an overfull box (checked with pdfla
 agree): the decoding (``greedy`` only when every decoder's temperature is 0, else ``sampling, T = …``),
 the suite, backend and seeds, and always the number of problems scored per benchmark, with ``of <full
 size>`` and a "subsets, not full-benchmark results" note when a benchmark was cut by the suite's
-``limit``. The CSV carries the same facts as columns (``<bench>_n``, ``decoding``).
+``limit``, and the generation budget (``max_new_tokens``, :func:`generation_sentence`; a suite may cut the paper's
+4096). The CSV carries the same facts as columns (``<bench>_n``, ``decoding``; ``max_new_tokens`` in the long CSV).
 
 Precision: the caption names each model's precision as the model cards name it (:func:`precision_label`: ``bf16``,
 ``nvfp4-w4a16 (NVFP4 weights, dequantized in the kernels)`` on a GPU's Triton kernels, ``nvfp4-w4a16 (NVFP4
@@ -266,7 +267,25 @@ def caption(long: pd.DataFrame, benchmarks: list[str], suite: str, backend: str,
     if builtin:
         text += (f" Not benchmark results: {', '.join(builtin)} used the few problems shipped with the "
                  "pipeline (no data directory, no hub).")
-    return text + precision_sentence(model_precisions(long), esc) + tpf_sentence(long, backend, esc)
+    return (text + generation_sentence(long) + precision_sentence(model_precisions(long), esc)
+            + tpf_sentence(long, backend, esc))
+
+
+def generation_sentence(long: pd.DataFrame) -> str:
+    """The generation budget the decoders ran with (``max_new_tokens``, tokens per problem), as one sentence:
+    ``Generation: at most 64 new tokens per problem.``, per benchmark where they differ (``at most 256 (GSM8K),
+    1024 (MATH-500) new tokens ...``), a benchmark's values joined by ``/`` where models differ; ``""`` when no
+    cell recorded it. A short budget cuts answers off, so a table made with a suite's override says so."""
+    per = {}
+    for b, g in long.groupby("benchmark", sort=False):
+        vals = sorted({int(v) for v in _present(_column(g, "max_new_tokens"))})
+        if vals:
+            per[declared_benchmark(b).title] = "/".join(map(str, vals))
+    if not per:
+        return ""
+    if len(set(per.values())) == 1:
+        return f" Generation: at most {next(iter(per.values()))} new tokens per problem."
+    return " Generation: at most " + ", ".join(f"{v} ({t})" for t, v in per.items()) + " new tokens per problem."
 
 
 #: Who counted the forwards behind TPF, in a paper's words (the caption names no pipeline terms).
