@@ -207,7 +207,7 @@ def test_config_refuses_bad_replay_sweep_and_compare_settings_in_one_line():
         (("models", "x", {"label": "x", "source": {"type": "replay"}}), "'samples' is a required property"),
         (("models", "x", {"label": "x", "source": {"type": "tiny", "seed": 1}}), "'role' is missing in models.x"),
         (("sweep", "models", ["reference"]), "names 'reference', a replay model"),
-        (("sweep", "threshold", [1.5]), "suites.smoke.sweep.threshold[0]: 1.5 is greater than the maximum of 1"),
+        (("sweep", "threshold", [1.5]), "suites.smoke.sweep.threshold[0] must be <= 1, got 1.5"),
         (("sweep", "thresholds", [0.5]), "unknown key 'thresholds' in suites.smoke.sweep; allowed: benchmarks, "
                                          "edit_threshold, models, threshold"),
         (("compare", None, [["tiny", "nope"]]), "suites.smoke.compare names unknown model 'nope'"),
