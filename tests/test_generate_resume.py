@@ -168,6 +168,19 @@ def test_refuses_unverified_or_changed_checkpoint(job, tmp_path):
         gen.run(args(tmp_path / "o.jsonl"))
 
 
+def test_a_failing_job_log_ends_with_how_far_it_got(job, tmp_path, monkeypatch, capsys):
+    """A log redraws the bar every 30 s at most, so a job that failed after 3 problems within those 30 s ended
+    its log with the bar's first line, "0/7"; the failure's log tail (workflow `logged`) showed no progress."""
+    args, *_ = job
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: FakeBackend(die_after=3))
+    try:
+        gen.run(args(tmp_path / "g" / "shard0of1.jsonl"))
+    except Killed:  # read while the failure is being handled (the job's error message comes next in its log)
+        err = capsys.readouterr().err
+    bar_lines = [line for line in err.splitlines() if "m/gsm8k" in line]
+    assert bar_lines and " 3/7 " in bar_lines[-1], bar_lines
+
+
 def test_gpu_job_without_gpu_fails_clearly(job, tmp_path):
     import torch
 

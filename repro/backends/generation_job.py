@@ -331,12 +331,14 @@ def _generate(a: argparse.Namespace, bench: str, backend, remaining: list[dict],
             if progress is not None:
                 progress({"problems": done, "generated_tokens": toks, "wall_s": time.perf_counter() - t0})
 
-        if hasattr(backend, "generate_each"):  # batched backends hand records over in finishing order
-            backend.generate_each(prompts, decoder, emit)
-        else:
-            for i, rec in enumerate(backend.generate(prompts, decoder)):
-                emit(i, rec)
-    bar.close()
+        try:
+            if hasattr(backend, "generate_each"):  # batched backends hand records over in finishing order
+                backend.generate_each(prompts, decoder, emit)
+            else:
+                for i, rec in enumerate(backend.generate(prompts, decoder)):
+                    emit(i, rec)
+        finally:  # a failing job's log ends with how far it got (a log redraws every 30 s at most: "0/8" after 3)
+            bar.close()
     return {"problems": len(remaining), "generated_tokens": toks, "wall_s": time.perf_counter() - t0}
 
 
