@@ -91,31 +91,33 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
     stream = bar_stream()  # stderr: redrawn on a terminal, a line per update in a log
     bar = tqdm(total=len(items), desc="bench suite", unit="problem", file=stream, mininterval=bar_interval(stream),
                ascii=not stream.isatty())
-    if batch_size > 1:  # records are written in input order once all are done; the bar moves as each finishes
-        outs = llm.generate_batch([p.messages for _, _, p in items], decoder=dec, batch_size=batch_size,
-                                  stats=stats, on_result=lambda i, o: bar.update(1))
-    else:
-        outs = (llm.generate(p.messages, decoder=dec) for _, _, p in items)
-    with (outdir / "records.jsonl").open("w") as fh:
-        for (pid, bench, _), o in zip(items, outs):
-            if batch_size == 1:
-                bar.update(1)
-            rec = {"id": pid, "benchmark": bench, "model": Path(model).name, "role": role, "seed": seed,
-                   "backend": "engine", "prompt_text": o.prompt_text, "completion": o.text,
-                   "prompt_tokens": o.prompt_tokens, "generated_tokens": o.generated_tokens,
-                   "forwards": o.forwards, "tpf": o.tpf, "wall_s": o.wall_s, "tokens_per_s": o.request_tps,
-                   "finish_reason": o.finish_reason, "device": str(llm.model.device), "batch_size": batch_size,
-                   "decoder": o.decoder, "block_forwards": o.block_forwards, "token_ids": o.token_ids}
-            fh.write(json.dumps(rec) + "\n")
-            for key in (bench, "all"):
-                s = per.setdefault(key, {"n": 0, "generated_tokens": 0, "wall_s": 0.0,
-                                         "forwards": {"prefill": 0, "denoise": 0, "commit": 0}})
-                s["n"] += 1
-                s["generated_tokens"] += o.generated_tokens
-                s["wall_s"] += o.wall_s
-                for k, v in o.forwards.items():
-                    s["forwards"][k] += v
-    bar.close()
+    try:  # a failure leaves the bar at how far it got (a log redraws it every 30 s at most)
+        if batch_size > 1:  # records are written in input order once all are done; the bar moves as each finishes
+            outs = llm.generate_batch([p.messages for _, _, p in items], decoder=dec, batch_size=batch_size,
+                                      stats=stats, on_result=lambda i, o: bar.update(1))
+        else:
+            outs = (llm.generate(p.messages, decoder=dec) for _, _, p in items)
+        with (outdir / "records.jsonl").open("w") as fh:
+            for (pid, bench, _), o in zip(items, outs):
+                if batch_size == 1:
+                    bar.update(1)
+                rec = {"id": pid, "benchmark": bench, "model": Path(model).name, "role": role, "seed": seed,
+                       "backend": "engine", "prompt_text": o.prompt_text, "completion": o.text,
+                       "prompt_tokens": o.prompt_tokens, "generated_tokens": o.generated_tokens,
+                       "forwards": o.forwards, "tpf": o.tpf, "wall_s": o.wall_s, "tokens_per_s": o.request_tps,
+                       "finish_reason": o.finish_reason, "device": str(llm.model.device), "batch_size": batch_size,
+                       "decoder": o.decoder, "block_forwards": o.block_forwards, "token_ids": o.token_ids}
+                fh.write(json.dumps(rec) + "\n")
+                for key in (bench, "all"):
+                    s = per.setdefault(key, {"n": 0, "generated_tokens": 0, "wall_s": 0.0,
+                                             "forwards": {"prefill": 0, "denoise": 0, "commit": 0}})
+                    s["n"] += 1
+                    s["generated_tokens"] += o.generated_tokens
+                    s["wall_s"] += o.wall_s
+                    for k, v in o.forwards.items():
+                        s["forwards"][k] += v
+    finally:
+        bar.close()
     for s in per.values():
         d = s["forwards"]["denoise"] + s["forwards"]["commit"]
         s["tpf"] = s["generated_tokens"] / d if d else None
