@@ -140,7 +140,8 @@ def _nested_key_hint(key: str, err: jsonschema.ValidationError, source: str, cfg
     """For a top-level key that belongs to a suite or a model (``limit``, ``precision``): where it goes, e.g.
     ``suites.smoke.limit``, written as an overlay file's lines (``--config`` cannot pass nested values)."""
     props = err.schema.get("properties", {})
-    suite = (cfg or {}).get("suite") if isinstance((cfg or {}).get("suite"), str) else "SUITE"
+    suite = (cfg or {}).get("suite")
+    suite = suite if isinstance(suite, str) else "SUITE"
     value = json.dumps(err.instance.get(key)) if isinstance(err.instance, dict) else "..."
     for section, name in (("suites", suite), ("models", "MODEL")):
         if key in props.get(section, {}).get("additionalProperties", {}).get("properties", {}):
