@@ -113,7 +113,9 @@ def claim_run_and_clear_stale_locks(dry_run: bool, no_run: str) -> None:
     if alive:
         print(f"note: another Snakemake of this workflow is running here (pid {', '.join(alive)}); if this run "
               "needs files it is making, Snakemake stops below with 'Directory cannot be locked': wait for it to "
-              "end and run again (not with --unlock, which would let both runs write the same files)", file=sys.stderr)
+              "end and run again. Snakemake's message then suggests --unlock: do not use it while pid "
+              f"{', '.join(alive)} runs (both runs would write the same files); after it ends no --unlock is "
+              "needed", file=sys.stderr)
     elif dry_run:
         print(f"note: {no_run}: {locks.resolve()} holds the locks of a Snakemake that was killed (no Snakemake of "
               "this workflow is running here), so Snakemake's dry run below may stop with 'Directory cannot be "

@@ -63,3 +63,29 @@ def test_a_live_claim_from_another_directory_stops_the_run(tmp_path, monkeypatch
         os.close(fd)
         for fd2 in run_claims._HELD:
             os.close(fd2)
+
+
+def test_a_live_run_here_says_not_to_unlock_while_it_runs(tmp_path, monkeypatch, capsys):
+    """Snakemake's 'Directory cannot be locked' ends with "It can be removed with the --unlock argument": the note
+    before it names the live run and says --unlock is not the fix while it runs (a fresh user read the two as
+    contradictory advice)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_claims, "_HELD", [])
+    runs = tmp_path / ".snakemake" / "repro-runs"
+    runs.mkdir(parents=True)
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir()
+    (locks / "0.output.lock").write_text("x")
+    held = runs / "4242.lock"
+    held.write_text(json.dumps({"pid": 4242, "directory": str(tmp_path)}))
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as the other run holds it
+    try:
+        run_claims.claim_run_and_clear_stale_locks(dry_run=False, no_run="")
+        err = " ".join(capsys.readouterr().err.split())
+        assert "running here (pid 4242)" in err and "do not use it while pid 4242 runs" in err
+        assert (locks / "0.output.lock").is_file()  # a live run's locks are never removed
+    finally:
+        os.close(fd)
+        for fd2 in run_claims._HELD:
+            os.close(fd2)
