@@ -67,6 +67,20 @@ def test_cli_writes_three_files_and_names_a_missing_generation_file(tmp_path, ca
     assert "mbpp" in capsys.readouterr().err
 
 
+def test_a_damaged_shard_meta_is_one_error_naming_the_file_and_the_fix(tmp_path, capsys):
+    """The speed table reads each generation file's ``.meta.json``; one cut mid-write is one error line naming it
+    and the generation file to delete (Snakemake then merges it anew), not a JSONDecodeError traceback."""
+    _write(tmp_path, "m", "gsm8k", [_rec(0, 5, 0.1, 1)], [{"batch_size": 1}])
+    g = tmp_path / paths.GENERATIONS.format(suite="s", model="m", bench="gsm8k", seed=1)
+    (g.parent / (g.name + ".meta.json")).write_text('{"shards": [')
+    out = tmp_path / "res"
+    spec = dict(SPEC, benchmarks=["gsm8k"])
+    assert speed.main(["--work", str(tmp_path), "--suite", "s", "--spec", json.dumps(spec), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{g}.meta.json: not valid JSON" in err and f"Delete {g} (and " in err
+    assert not out.exists()
+
+
 def test_tex_fits_one_column_of_a_two_column_article_with_a_paper_caption(tmp_path):
     """The smoke suite's shape (three long labels × four benchmarks, CPU with one thread) through the CLI, then
     pdflatex in a two-column article with the packages the first line names: no error, no overfull box."""

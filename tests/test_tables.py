@@ -310,3 +310,28 @@ def test_row_label_of_a_quantized_checkpoint_names_how_it_ran():
     assert with_run_notes("ORL NVFP4", ["4-bit experts", "experts dequantized to fp32 at load"]) == \
         "ORL NVFP4 (4-bit experts / experts dequantized to fp32 at load)"
     assert with_run_notes("+ ORL", []) == "+ ORL"
+
+
+def test_a_damaged_summary_or_meta_is_one_error_naming_the_file_and_the_fix(tmp_path, capsys):
+    """A score summary (or a ``.meta.json`` beside a job output) that no longer parses — cut by a full disk, edited
+    by hand — stopped the table job with a JSONDecodeError traceback. It is now one line: the file, where it fails,
+    and what to delete so that Snakemake makes it anew; nothing is written."""
+    spec = {"models": [{"name": "m", "label": "M"}], "benchmarks": BENCH, "seeds": [1], "backend": "engine"}
+    args = ["--work", str(tmp_path), "--suite", "smoke", "--spec", json.dumps(spec), "--out-dir", str(tmp_path / "res")]
+    fake_cell(tmp_path, "gsm8k", 3, 1319, 0.0)
+    fake_cell(tmp_path, "math500", 3, 500, 0.0)
+    summ = tmp_path / paths.SUMMARY.format(suite="smoke", model="m", bench="math500", seed=1)
+    summ.write_text('{"accuracy": 33.3, "n"')  # cut mid-write
+    assert tables_main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"{summ}: not valid JSON" in err and f"Delete {summ} and run again" in err
+    assert not (tmp_path / "res").exists()
+
+    fake_cell(tmp_path, "math500", 3, 500, 0.0)
+    gen = tmp_path / paths.GENERATIONS.format(suite="smoke", model="m", bench="gsm8k", seed=1)
+    meta = Path(str(gen) + ".meta.json")
+    meta.write_text("{oops")
+    assert tables_main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{meta}: not valid JSON" in err and f"Delete {gen} (and {meta.name}) and run again" in err

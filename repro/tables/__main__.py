@@ -26,7 +26,7 @@ from repro import paths
 from repro.backends.merge import MergedFileChanged
 from repro.io import atomic_write_text, read_jsonl
 from repro.provenance import code_revision, sha256_path
-from repro.tables.aggregate import cell_precision, collect, labels_as_run
+from repro.tables.aggregate import WorkFileDamaged, cell_precision, collect, labels_as_run
 from repro.backends.replay import caption_note as replay_caption
 from repro.provenance import STAGE_CODE, stage_code_version
 from repro.tables.reference import (REPORTED_PATH, compare_reported, csv_rows, footnote, latex_rows, load_reported,
@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     spec = json.loads(a.spec)
     # every row label, caption and reference row names the model as it ran (a quantized checkpoint: how)
-    spec["models"] = labels_as_run(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
     try:
+        spec["models"] = labels_as_run(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
         long = collect(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
-    except MergedFileChanged as e:
+    except (MergedFileChanged, WorkFileDamaged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows = wide(long, spec["benchmarks"])

@@ -53,8 +53,28 @@ def cell_tpf_note(generations: Path) -> str | None:
     return None
 
 
+class WorkFileDamaged(ValueError):
+    """A JSON file that an earlier job of the workflow wrote (a score summary, a problems or generation file's
+    ``.meta.json``) does not parse: changed or cut since."""
+
+
+def read_json(path: Path, remake: Path | None = None) -> dict:
+    """``path`` parsed as JSON. Raises :class:`WorkFileDamaged` naming the file, where it fails and the fix: delete
+    ``remake`` (default: ``path`` itself; for a side file, the job output it belongs to) and run again, so that
+    Snakemake makes it anew. Raises FileNotFoundError for a missing file."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        remake = remake or path
+        also = "" if remake == path else f" (and {path.name})"
+        raise WorkFileDamaged(f"{path}: not valid JSON ({e.msg}, line {e.lineno} column {e.colno}); an earlier job "
+                              f"wrote it and it was changed or cut since. Delete {remake}{also} and run again: "
+                              "Snakemake makes it anew, and what depends on it") from None
+
+
 def _meta(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+    """The ``.meta.json`` beside a job output (``{}`` when there is none); :class:`WorkFileDamaged` if damaged."""
+    return read_json(path, path.with_name(path.name.removesuffix(".meta.json"))) if path.exists() else {}
 
 
 def decoder_setting(gen_meta: dict, key: str) -> float | None:
@@ -116,7 +136,7 @@ def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], s
         for b in benchmarks:
             for s in seeds:
                 fmt = dict(suite=suite, model=m["name"], bench=b, seed=s)
-                summ = json.loads((work / paths.SUMMARY.format(**fmt)).read_text())
+                summ = read_json(work / paths.SUMMARY.format(**fmt))
                 tpf, toks, fwd = cell_tpf(work / paths.GENERATIONS.format(**fmt))
                 prob_meta = _meta(work / (paths.PROBLEMS.format(**fmt) + ".meta.json"))
                 gen_meta = _meta(work / (paths.GENERATIONS.format(**fmt) + ".meta.json"))

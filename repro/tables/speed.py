@@ -58,7 +58,7 @@ from repro import paths
 from repro.backends.merge import MergedFileChanged, check_merged
 from repro.benchmarks import get as declared_benchmark
 from repro.io import atomic_write_text, read_jsonl
-from repro.tables.aggregate import cell_precision, labels_as_run
+from repro.tables.aggregate import WorkFileDamaged, cell_precision, labels_as_run, read_json
 from repro.tables.render import fmt, latex_escape, precision_sentence
 
 #: Problems per benchmark (first in problem order) over which single-request tokens/s is measured (the speed
@@ -240,13 +240,14 @@ def read_probe(work: Path, suite: str, model: str, bench: str) -> tuple[list[dic
     if not p.is_file():
         raise FileNotFoundError(f"{p}: speed probe missing; run the speed_table target (rule speed_probe) first")
     meta_p = Path(str(p) + ".meta.json")
-    return read_jsonl(p), (json.loads(meta_p.read_text()) if meta_p.is_file() else {})
+    return read_jsonl(p), (read_json(meta_p, p) if meta_p.is_file() else {})
 
 
 def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list[dict], dict]:
     """Rows (label, benchmark, values) and the summed facts for the caption; ``probe_benchmarks``: those whose
     single-request columns come from the speed probe (:func:`read_probe`). Raises FileNotFoundError naming a
-    missing generation or probe file, ``MergedFileChanged`` a merged generation file changed since its merge."""
+    missing generation or probe file, ``MergedFileChanged`` a merged generation file changed since its merge,
+    ``WorkFileDamaged`` a ``.meta.json`` beside them that does not parse."""
     seed = spec["seeds"][0]
     rows, total = [], None
     per_model: dict[str, str] = {}  # label -> precision as the model cards name it
@@ -260,7 +261,7 @@ def build(work: Path, suite: str, spec: dict, probe_benchmarks=()) -> tuple[list
                 raise FileNotFoundError(f"{g}: generation file missing; run the main table's generation first")
             check_merged(g)
             meta_p = Path(str(g) + ".meta.json")
-            meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
+            meta = read_json(meta_p, g) if meta_p.is_file() else {}
             probe = read_probe(work, suite, m["name"], b) if b in probe_benchmarks else None
             s = cell_sums(read_jsonl(g), meta.get("shards", [meta] if meta else []), cell=f"{m['name']}/{b}",
                           probe=probe)
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(a.spec)
     try:
         rows, total = build(a.work, a.suite, spec, a.probe_benchmarks)
-    except (FileNotFoundError, MergedFileChanged) as e:
+    except (FileNotFoundError, MergedFileChanged, WorkFileDamaged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = a.out_dir
