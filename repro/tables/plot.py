@@ -44,8 +44,9 @@ def _ylim(values: list[float]) -> tuple[float, float]:
     return max(lo - 0.3 * (hi - lo), -3.5), min(hi + 0.12 * (hi - lo), 102.0)
 
 
-def plot_sweep(df: pd.DataFrame, spec: dict, png: Path, pdf: Path, reported: list[dict] | None = None) -> None:
-    """Write the figure (see module docstring) to ``png`` and ``pdf``."""
+def plot_sweep(df: pd.DataFrame, spec: dict, png: Path, pdf: Path, reported: list[dict] | None = None) -> Figure:
+    """Write the figure (see module docstring) to ``png`` and ``pdf``; returns it (drawn: its texts have their
+    final positions)."""
     import matplotlib
 
     benches = spec["benchmarks"]
@@ -61,6 +62,10 @@ def plot_sweep(df: pd.DataFrame, spec: dict, png: Path, pdf: Path, reported: lis
         fig = Figure(figsize=(3.2 * len(benches) + 0.4, 3.3), layout="constrained")
         axes = fig.subplots(1, len(benches), squeeze=False)[0]
         handles, drawn, extra_y = [], set(), {b: [] for b in benches}
+        cell_range = {}  # benchmark -> ((min, max) TPF, (min, max) accuracy) of its points
+        for b in benches:
+            c = mean[mean["benchmark"] == b].dropna(subset=["tpf", "accuracy"])
+            cell_range[b] = ((c["tpf"].min(), c["tpf"].max()), (c["accuracy"].min(), c["accuracy"].max()))
         for i, (name, label, edit) in enumerate(series):
             style = dict(color=COLORS[i % 6], marker=MARKERS[i % 6], linestyle=LINESTYLES[i % 6], linewidth=1.2,
                          markersize=4.5, markerfacecolor="white", markeredgewidth=1.1)
@@ -84,9 +89,17 @@ def plot_sweep(df: pd.DataFrame, spec: dict, png: Path, pdf: Path, reported: lis
                     for r in op.itertuples():
                         ax.plot([r.tpf], [r.accuracy], marker="*", markersize=13, markerfacecolor="none",
                                 markeredgecolor=style["color"], markeredgewidth=1.2, linestyle="none", zorder=5)
+                        # inside the panel: toward its middle (a label below a point at the bottom of the range
+                        # sat on the x tick labels; one right of the rightmost point ran past the frame), series
+                        # alternating between two distances so that two models' labels do not overlap
+                        xs, ys = cell_range[b]
+                        right = r.tpf > (xs[0] + xs[1]) / 2
+                        above = r.accuracy <= (ys[0] + ys[1]) / 2
+                        dy = (17 if i % 2 else 29) if above else (-25 if i % 2 == 0 else -37)
                         ax.annotate(f"paper: \u03c4={_num(r.threshold)}, edit {_num(r.edit_threshold)}",
-                                    (r.tpf, r.accuracy), textcoords="offset points", xytext=(-8, 17 if i % 2 else -25),
-                                    fontsize=6.5, color=style["color"], fontweight="bold", zorder=6,
+                                    (r.tpf, r.accuracy), textcoords="offset points", xytext=(8 if right else -8, dy),
+                                    ha="right" if right else "left", fontsize=6.5, color=style["color"],
+                                    fontweight="bold", zorder=6,
                                     bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
                     for src in reported or []:
                         for row in src["rows"]:
@@ -120,3 +133,4 @@ def plot_sweep(df: pd.DataFrame, spec: dict, png: Path, pdf: Path, reported: lis
             buf = io.BytesIO()
             fig.savefig(buf, format=Path(path).suffix[1:], **kw)
             atomic_write_bytes(path, buf.getvalue())
+    return fig
