@@ -356,19 +356,28 @@ def cuda_here() -> bool:
     return out.returncode == 0 and "GPU" in out.stdout
 
 
-def gpu_preflight_problem(gpu_jobs: list[str], local_exec: bool, have_gpu, environ=os.environ) -> str | None:
+def gpu_preflight_problem(gpu_jobs: list[str], local_exec: bool, have_gpu, environ=os.environ,
+                          suite: str | None = None) -> str | None:
     """Why a run must not start, or None: ``gpu_jobs`` (one ``"rule (suite ...)"`` line per job of
     :data:`GPU_RULES` on a CUDA suite that the run will execute) run on this machine (``local_exec``: no cluster
     executor) and ``have_gpu()`` (:func:`cuda_here`) is False. Checked before any job starts, so a paper run on a
     laptop stops before the checkpoint downloads (tens of GB) instead of at its first generation job.
-    ``environ[SKIP_GPU_CHECK_ENV] == "1"`` skips the check."""
+    ``environ[SKIP_GPU_CHECK_ENV] == "1"`` skips the check. ``suite``: the run's suite (config ``suite``), for the
+    way out on the CPU (its ``device`` key; the smoke suite runs there as shipped)."""
     if not gpu_jobs or not local_exec or environ.get(SKIP_GPU_CHECK_ENV) == "1" or have_gpu():
         return None
     more = f" (and {len(gpu_jobs) - 1} more)" if len(gpu_jobs) > 1 else ""
+    if suite is None:
+        cpu_way = "run a CPU suite (--config suite=smoke)"
+    elif suite == "smoke":
+        cpu_way = "set suites.smoke.device back to cpu in config.yaml (as shipped) to run the smoke suite on the CPU"
+    else:
+        cpu_way = (f"run the CPU smoke suite (--config suite=smoke; suites.{suite}.device in config.yaml is what "
+                   "puts this suite on the GPU)")
     return (f"this run would execute {len(gpu_jobs)} GPU job(s) on this machine, e.g. {gpu_jobs[0]}{more}, and this "
             f"machine has no CUDA GPU (torch.cuda.is_available() is False and nvidia-smi lists none). Nothing was "
             f"started, so no checkpoint was downloaded. Run on a GPU machine, submit the jobs to a cluster "
-            f"(--workflow-profile workflow/profiles/slurm --profile <your site>, docs/cluster.md), or run a CPU suite (--config suite=smoke). "
+            f"(--workflow-profile workflow/profiles/slurm --profile <your site>, docs/cluster.md), or {cpu_way}. "
             f"If the GPU is only visible inside the image, set {SKIP_GPU_CHECK_ENV}=1.")
 
 

@@ -241,7 +241,71 @@ def validate_config(cfg: dict, source: str = "config.yaml") -> dict:
                 if key == "sweep.models" and is_replay(cfg, m):
                     raise ConfigError(f"{source}: suites.{sname}.sweep.models names {m!r}, a replay model (its "
                                       "samples are fixed); sweep models that generate")
+    _check_decoder_names(cfg, source)
     return cfg
+
+
+def _checkpoint_decoder_names(cfg: dict, name: str, model: dict) -> set[str]:
+    """Decoder model names in the checkpoint's own ``paper_decoding.json`` where it is on disk already (a local
+    source's folder, or the work directory's copy), else an empty set. Never raises."""
+    from repro import paths
+
+    src = model.get("source") or {}
+    files = [work_dir(cfg) / paths.CHECKPOINT.format(model=name) / "paper_decoding.json"]
+    if src.get("type") == "local" and src.get("path"):
+        files.append(Path(str(src["path"])).expanduser() / "paper_decoding.json")
+    out: set[str] = set()
+    for f in files:
+        try:
+            out |= {m for models in json.loads(f.read_text())["suites"].values() for m in models}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    return out
+
+
+def _check_decoder_names(cfg: dict, source: str) -> None:
+    """Stop a misspelt ``models.<m>.decoder`` or ``suites.<s>.decoder_suite`` at start-up, before any job.
+
+    The names live in ``paper_decoding.json``, whose authoritative copy is the checkpoint's own and may not be
+    downloaded yet, so only a name that is *not* in the packaged copy (``repro/paper/paper_decoding.json``) but
+    close to one of its names (difflib ratio ≥ 0.75, e.g. ``llada-orll`` for ``llada-orl``) is refused; another
+    unknown name is left to the checkpoint's copy, which the decoder-config job checks (naming that file); a
+    close name that the checkpoint's copy on disk defines (a local source, or ``<work>/hf/<model>/``) is accepted.
+
+    Raises:
+        ConfigError: one line naming the key in ``source``, the close name and the file it comes from.
+    """
+    import difflib
+
+    from repro.paper import DEFAULT_PAPER_DECODING
+
+    try:
+        suites = json.loads(Path(DEFAULT_PAPER_DECODING).read_text())["suites"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    rel = os.path.relpath(DEFAULT_PAPER_DECODING, REPO_ROOT)
+
+    def close(name, known):
+        if name in known:
+            return None
+        hit = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+        return hit[0] if hit else None
+
+    for sname, s in cfg["suites"].items():
+        ds = s.get("decoder_suite", "main")
+        hit = close(ds, suites)
+        if hit:
+            raise ConfigError(f"{source}: suites.{sname}.decoder_suite = {ds!r} is not a suite of {rel}; did you "
+                              f"mean {hit!r}? (allowed there: {', '.join(sorted(suites))})")
+    names = {m for models in suites.values() for m in models}
+    for mname, m in cfg["models"].items():
+        dec = m.get("decoder")
+        hit = close(dec, names) if isinstance(dec, str) else None
+        if hit and dec in _checkpoint_decoder_names(cfg, mname, m):
+            continue  # the checkpoint's own copy (authoritative) defines it
+        if hit:
+            raise ConfigError(f"{source}: models.{mname}.decoder = {dec!r} is not a decoder model of {rel}; did you "
+                              f"mean {hit!r}? (allowed there: {', '.join(sorted(names))})")
 
 
 def is_replay(cfg: dict, model: str) -> bool:

@@ -84,3 +84,44 @@ def test_a_shard_without_its_meta_is_refused_by_the_merge(merged, tmp_path):
     with pytest.raises(ValueError, match=r"shard1of2\.jsonl\.meta\.json: missing.*delete .*shard1of2\.jsonl"):
         merge(problems, shards, out)
     assert not out.exists() and not Path(f"{out}.meta.json").exists()
+
+
+def _shards_with_sha(tmp_path, data_dir):
+    """Two shards of three real GSM8K problems whose metas record records_sha256, as generation jobs write."""
+    probs = [json.loads(line) for line in (data_dir / "gsm8k.jsonl").read_text().splitlines()[:3]]
+    problems = _jsonl(tmp_path / "problems.jsonl", [{"id": f"gsm8k/{i}", "source": p} for i, p in enumerate(probs)])
+    recs = [{"id": f"gsm8k/{i}", "benchmark": "gsm8k", "completion": f"So the answer is {i}.",
+             "generated_tokens": 8, "forwards": {"prefill": 1, "denoise": 4, "commit": 1}} for i in range(3)]
+    shards = [_jsonl(tmp_path / "shard0of2.jsonl", recs[0::2]), _jsonl(tmp_path / "shard1of2.jsonl", recs[1::2])]
+    for s in shards:
+        Path(str(s) + ".meta.json").write_text(json.dumps({"shard": s.name, "records_sha256": sha256_path(s)}))
+    return problems, shards
+
+
+@pytest.mark.parametrize("damage", ["edit", "garbage", "truncate"])
+def test_a_shard_changed_since_its_job_wrote_it_is_refused_by_the_merge(tmp_path, data_dir, capsys, damage):
+    from repro.backends.merge import main as merge_main
+
+    problems, shards = _shards_with_sha(tmp_path, data_dir)
+    out = tmp_path / "seed12345.jsonl"
+    assert merge_main(["--problems", str(problems), "--out", str(out), *map(str, shards)]) == 0
+    out.unlink()
+    text = shards[1].read_text()
+    shards[1].write_text({"edit": text.replace("answer is 1.", "answer is 75."), "garbage": text + "garbage\n",
+                          "truncate": text[: len(text) // 2]}[damage])
+    rc = merge_main(["--problems", str(problems), "--out", str(out), *map(str, shards)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and not out.exists()
+    assert f"{shards[1]}: changed since its generation job wrote it" in err
+    assert f"delete {shards[1]} and {shards[1]}.meta.json" in err
+
+
+def test_a_line_that_is_no_record_is_named_when_the_meta_has_no_sha(merged, tmp_path, capsys):
+    from repro.backends.merge import main as merge_main
+
+    problems, out = merged  # these shards' metas record no records_sha256 (older jobs)
+    shard = tmp_path / "shard1of2.jsonl"
+    shard.write_text(shard.read_text() + "garbage\n")
+    rc = merge_main(["--problems", str(problems), "--out", str(out), str(tmp_path / "shard0of2.jsonl"), str(shard)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{shard}, line 2: not a generation record" in err and "delete" in err

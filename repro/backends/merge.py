@@ -14,6 +14,9 @@ is refused with one line naming the file and the fix (delete it; the workflow me
 unchanged shards). A generation file without such a record (a replayed cell's: ``repro.backends.replay``; a
 merge written before the sha256 was recorded) is not checked here.
 
+Each shard is checked against the ``records_sha256`` its generation job recorded in its ``.meta.json``: a shard
+edited by hand or damaged stops the merge with one line naming it and the fix (delete it and its meta).
+
 ``--group-index``: the shards are those a grouped generation job wrote for benchmark ``B``
 (``repro.backends.generation_job``): each index names the shard file and its sha256; a shard file that is
 missing or no longer has that sha256 stops the merge, naming the file and the fix.
@@ -81,11 +84,47 @@ def group_shards(indexes: list[Path], benchmark: str) -> list[Path]:
     return out
 
 
+def check_shard(shard: Path) -> None:
+    """Refuse a shard whose records changed since its generation job wrote them: its ``.meta.json`` records
+    ``records_sha256`` (``repro.backends.generation_job.complete_shard``) and the file's sha256 differs (a record
+    edited by hand, a damaged or truncated file). ValueError names the shard and the fix. A shard whose meta is
+    missing, unreadable or records no sha256 is left to :func:`merge`'s own checks."""
+    meta_p = Path(f"{shard}.meta.json")
+    try:
+        meta = json.loads(meta_p.read_text())
+    except (OSError, ValueError):
+        return
+    want = meta.get("records_sha256") if isinstance(meta, dict) else None
+    if want and shard.is_file() and sha256_path(shard) != want:
+        raise ValueError(f"{shard}: changed since its generation job wrote it (its sha256 differs from "
+                         f"records_sha256 in {meta_p.name}), so its records are not the model's; delete {shard} "
+                         f"and {meta_p} to generate this shard again")
+
+
+def _records(shard: Path) -> list[dict]:
+    """The JSON records of one shard file; ValueError names the file and line of one that does not parse."""
+    out = []
+    for n, line in enumerate(shard.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or "id" not in rec:
+                raise ValueError("not a record with an 'id'")
+        except ValueError as e:
+            raise ValueError(f"{shard}, line {n}: not a generation record ({e}); delete {shard} and "
+                             f"{shard}.meta.json to generate this shard again") from None
+        out.append(rec)
+    return out
+
+
 def merge(problems: Path, shards: list[Path], out: Path) -> list[dict]:
-    """Merge ``shards`` into ``out``; ValueError names missing or duplicated problem ids, or a shard without its
-    ``.meta.json``."""
+    """Merge ``shards`` into ``out``; ValueError names missing or duplicated problem ids, a shard without its
+    ``.meta.json``, a shard changed since its job wrote it (:func:`check_shard`), or a line that is no record."""
     order = [json.loads(l)["id"] for l in problems.read_text().splitlines() if l.strip()]
-    recs = [json.loads(l) for s in shards for l in s.read_text().splitlines() if l.strip()]
+    for s in shards:
+        check_shard(s)
+    recs = [r for s in shards for r in _records(s)]
     counts = Counter(r["id"] for r in recs)
     dup = [i for i, c in counts.items() if c > 1]
     missing = [i for i in order if i not in counts]

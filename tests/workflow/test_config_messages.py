@@ -236,3 +236,30 @@ def test_a_suite_key_at_top_level_says_where_it_goes():
 ])
 def test_a_bound_says_the_bound_and_the_value(layer, says):
     assert error(merged(layer), "config.yaml + ov.yaml") == says
+
+
+def test_a_misspelt_decoder_or_decoder_suite_stops_at_start_up():
+    """The fresh user's `decoder: llada-orll` passed the dry run and failed inside render_decoder jobs, naming
+    the checkpoint's paper_decoding.json instead of config.yaml's key."""
+    model = next(m for m, e in RAW["models"].items() if e.get("decoder") == "llada-orl")
+    msg = error(merged({"models": {model: {"decoder": "llada-orll"}}}), "config.yaml + ov.yaml")
+    assert msg == (f"config.yaml + ov.yaml: models.{model}.decoder = 'llada-orll' is not a decoder model of "
+                   "repro/paper/paper_decoding.json; did you mean 'llada-orl'? (allowed there: llada, llada-orl)")
+    msg = error(merged({"suites": {RAW["suite"]: {"decoder_suite": "mian"}}}), "config.yaml")
+    assert msg.startswith(f"config.yaml: suites.{RAW['suite']}.decoder_suite = 'mian' is not a suite of "
+                          "repro/paper/paper_decoding.json; did you mean 'main'?"), msg
+    # a name far from every packaged one may come from the checkpoint's own copy: left to the decoder job
+    validate_config(merged({"models": {model: {"decoder": "my-own-decoder"}}}))
+
+
+def test_a_close_decoder_name_that_the_local_checkpoint_defines_is_accepted(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    pd = __import__("json").loads((REPO_ROOT / "repro/paper/paper_decoding.json").read_text())
+    pd["suites"]["main"]["llada-orl2"] = pd["suites"]["main"]["llada-orl"]
+    (ckpt / "paper_decoding.json").write_text(__import__("json").dumps(pd))
+    layer = {"models": {"mine": {"label": "mine", "role": "orl", "decoder": "llada-orl2",
+                                 "source": {"type": "local", "path": str(ckpt)}}}}
+    assert validate_config(merged(layer))["models"]["mine"]["decoder"] == "llada-orl2"
+    (ckpt / "paper_decoding.json").unlink()
+    assert "did you mean 'llada-orl'?" in error(merged(layer), "config.yaml")

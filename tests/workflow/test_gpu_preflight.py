@@ -28,6 +28,12 @@ def test_refused_only_for_local_gpu_jobs_without_a_gpu():
     assert cluster.gpu_preflight_problem(JOBS, False, no_gpu, environ={}) is None  # a cluster executor runs them
     assert cluster.gpu_preflight_problem([], True, no_gpu, environ={}) is None  # CPU suite, or nothing to generate
     assert cluster.gpu_preflight_problem(JOBS, True, no_gpu, environ={"REPRO_SKIP_GPU_CHECK": "1"}) is None
+    # the way out on the CPU fits the run's suite (a fresh user's smoke suite set to cuda was told to run
+    # --config suite=smoke)
+    msg = cluster.gpu_preflight_problem(JOBS, True, no_gpu, environ={}, suite="smoke")
+    assert "set suites.smoke.device back to cpu in config.yaml" in msg and "suite=smoke" not in msg
+    msg = cluster.gpu_preflight_problem(JOBS, True, no_gpu, environ={}, suite="paper")
+    assert "run the CPU smoke suite (--config suite=smoke; suites.paper.device in config.yaml" in msg
     asked = []
     cluster.gpu_preflight_problem([], True, lambda: asked.append(1) or False, environ={})
     assert not asked  # the GPU is looked for only when GPU jobs would run here

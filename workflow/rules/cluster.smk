@@ -108,7 +108,8 @@ CPU_ONLY = {"gpu": 0, "gpu_model": "", "gres": ""}
 onstart:
     _gpu_jobs = [f"{j.rule.name} (suite {j.wildcards.get('suite', '?')})" for j in workflow.dag.needrun_jobs()
                  if j.rule.name in _cluster.GPU_RULES and on_gpu(j.wildcards)]
-    _problem = _cluster.gpu_preflight_problem(_gpu_jobs, workflow.local_exec, _cluster.cuda_here)
+    _problem = _cluster.gpu_preflight_problem(_gpu_jobs, workflow.local_exec, _cluster.cuda_here,
+                                               suite=SUITE)
     if _problem:
         print(f"Error: {_problem}", file=sys.stderr)
         sys.exit(1)
