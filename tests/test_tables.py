@@ -2,6 +2,7 @@
 the caption says what was run (problems scored per benchmark, subsets, decoding temperature)."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -335,3 +336,37 @@ def test_a_damaged_summary_or_meta_is_one_error_naming_the_file_and_the_fix(tmp_
     assert tables_main(args) == 2
     err = capsys.readouterr().err
     assert f"{meta}: not valid JSON" in err and f"Delete {gen} (and {meta.name}) and run again" in err
+
+
+def test_a_summary_that_disagrees_with_its_verdicts_never_reaches_the_table(tmp_path, capsys):
+    """A fresh user set a summary's accuracy to 99.0 (3 problems) and the table printed 99.0. The summary is now
+    recomputed from the scorer's per-problem verdicts beside it; a disagreement (either file edited) is one line
+    naming both files and the fix, and nothing is written."""
+    from repro.scoring.stats import summarize
+
+    spec = {"models": [{"name": "m", "label": "M"}], "benchmarks": BENCH, "seeds": [1], "backend": "engine"}
+    args = ["--work", str(tmp_path), "--suite", "smoke", "--spec", json.dumps(spec), "--out-dir", str(tmp_path / "res")]
+    for bench in BENCH:
+        fake_cell(tmp_path, bench, 3, 500, 0.0)
+        scores = [{"id": f"{bench}/{i}", "benchmark": bench, "correct": i == 0, "status": "ok"} for i in range(3)]
+        fmt_ = dict(suite="smoke", model="m", bench=bench, seed=1)
+        (tmp_path / paths.SCORES.format(**fmt_)).write_text("".join(json.dumps(s) + "\n" for s in scores))
+        (tmp_path / paths.SUMMARY.format(**fmt_)).write_text(json.dumps(summarize(bench, scores)))
+    assert tables_main(args) == 0  # consistent: accepted
+    assert "| 33.3 |" in (tmp_path / "res" / "main_table.md").read_text()
+    shutil.rmtree(tmp_path / "res")
+
+    fmt_ = dict(suite="smoke", model="m", bench=BENCH[0], seed=1)
+    summ, scores = tmp_path / paths.SUMMARY.format(**fmt_), tmp_path / paths.SCORES.format(**fmt_)
+    good = summ.read_text()
+    summ.write_text(good.replace('"accuracy": 33.3333', '"accuracy": 99.0'))
+    assert tables_main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and not (tmp_path / "res").exists()
+    assert f"{summ}: accuracy = 99.0, but the per-problem verdicts in {scores.name} give 33.3333" in err
+    assert "Delete both and run again" in err
+
+    summ.write_text(good)  # the verdict flipped instead
+    scores.write_text(scores.read_text().replace('"correct": false', '"correct": true', 1))
+    assert tables_main(args) == 2
+    assert "n = " not in (err := capsys.readouterr().err) and f"{summ}: correct = 1" in err

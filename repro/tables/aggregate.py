@@ -72,6 +72,35 @@ def read_json(path: Path, remake: Path | None = None) -> dict:
                               "Snakemake makes it anew, and what depends on it") from None
 
 
+def read_summary(summary: Path, scores: Path, benchmark: str) -> dict:
+    """A cell's score summary, checked against the per-problem verdicts it was computed from.
+
+    When ``scores`` (the scorer's per-problem file beside ``summary``) exists, the summary is recomputed from it
+    (:func:`repro.scoring.stats.summarize`) and must agree on ``n``, ``correct``, ``accuracy``, ``ci95`` and
+    ``strict_accuracy``: a summary or verdict edited by hand (an accuracy of 99.0 over 3 problems) never reaches
+    a table. Raises :class:`WorkFileDamaged` naming both files, the disagreement and the fix, or for a summary
+    that does not parse (:func:`read_json`)."""
+    summ = read_json(summary)
+    if not scores.is_file():
+        return summ
+    from repro.io import read_jsonl
+    from repro.scoring.stats import summarize
+
+    try:
+        want = summarize(benchmark, read_jsonl(scores))
+    except (ValueError, KeyError, TypeError) as e:
+        raise WorkFileDamaged(f"{scores}: not the scorer's per-problem verdicts ({e}); delete it and {summary.name} "
+                              "and run again: the workflow scores the cell anew") from None
+    keys = ("n", "correct", "accuracy", "ci95", "strict_accuracy")
+    bad = [k for k in keys if summ.get(k) != want.get(k)]
+    if bad:
+        k = bad[0]
+        raise WorkFileDamaged(f"{summary}: {k} = {summ.get(k)!r}, but the per-problem verdicts in {scores.name} give "
+                              f"{want.get(k)!r}; one of the two was changed since the scorer wrote them. Delete both "
+                              "and run again: the workflow scores the cell anew")
+    return summ
+
+
 def _meta(path: Path) -> dict:
     """The ``.meta.json`` beside a job output (``{}`` when there is none); :class:`WorkFileDamaged` if damaged."""
     return read_json(path, path.with_name(path.name.removesuffix(".meta.json"))) if path.exists() else {}
@@ -136,7 +165,7 @@ def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], s
         for b in benchmarks:
             for s in seeds:
                 fmt = dict(suite=suite, model=m["name"], bench=b, seed=s)
-                summ = read_json(work / paths.SUMMARY.format(**fmt))
+                summ = read_summary(work / paths.SUMMARY.format(**fmt), work / paths.SCORES.format(**fmt), b)
                 tpf, toks, fwd = cell_tpf(work / paths.GENERATIONS.format(**fmt))
                 prob_meta = _meta(work / (paths.PROBLEMS.format(**fmt) + ".meta.json"))
                 gen_meta = _meta(work / (paths.GENERATIONS.format(**fmt) + ".meta.json"))
