@@ -294,6 +294,9 @@ wildcard_constraints:
     nshards=r"\d+",
 
 
+# Every rule's shell command goes through logged(): a change to the string it returns changes every command, so
+# Snakemake's "code" rerun trigger re-runs every job of every existing work directory (generation included).
+# Leave it as it is unless that is meant (two failing jobs' tails can interleave on the console; accepted).
 def logged(cmd, streams="> {log} 2>&1"):
     """Shell command with its output in the rule's log; on failure the log's tail goes to the console, so
     the error message (which names the file and the fix) is seen without opening the log."""
