@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.config", description=main.__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("check-yaml", help="report YAML syntax errors with file, line and column").add_argument(
-        "files", nargs="*")
+        "files", nargs="+", metavar="FILE")
     a = ap.parse_args(argv)
     errors = [f"{f}: no such file; give the path of an existing config overlay" if not Path(f).is_file()
               else yaml_syntax_error(f) for f in a.files]

@@ -207,6 +207,9 @@ def test_check_yaml_cli_names_the_line_of_an_overlay_snakemake_reads_itself(tmp_
                           capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)  # Snakemake: a 25-line traceback
     assert gone.returncode == 65 and gone.stderr.strip().splitlines() == [
         f"Config error: {tmp_path / 'typo.yaml'}: no such file; give the path of an existing config overlay"]
+    none = subprocess.run([sys.executable, "-m", "repro.config", "check-yaml"], capture_output=True, text=True,
+                          timeout=60, cwd=REPO_ROOT)  # it once checked nothing and said nothing (exit 0)
+    assert none.returncode == 2 and "required: FILE" in none.stderr
     ok = subprocess.run([sys.executable, "-m", "repro.config", "check-yaml", str(REPO_ROOT / "config.yaml")],
                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert ok.returncode == 0 and ok.stderr == ""
