@@ -17,15 +17,23 @@ def _jsonl(path: Path, recs: list[dict]) -> Path:
     return path
 
 
-@pytest.fixture
-def merged(tmp_path, data_dir):
+def _shards(tmp_path, data_dir, records_sha256: bool):
+    """Two shards of three real GSM8K problems; their metas record records_sha256 (as generation jobs write it)
+    or not (older jobs)."""
     probs = [json.loads(line) for line in (data_dir / "gsm8k.jsonl").read_text().splitlines()[:3]]
     problems = _jsonl(tmp_path / "problems.jsonl", [{"id": f"gsm8k/{i}", "source": p} for i, p in enumerate(probs)])
     recs = [{"id": f"gsm8k/{i}", "benchmark": "gsm8k", "completion": f"So the answer is {i}.",
              "generated_tokens": 8, "forwards": {"prefill": 1, "denoise": 4, "commit": 1}} for i in range(3)]
     shards = [_jsonl(tmp_path / "shard0of2.jsonl", recs[0::2]), _jsonl(tmp_path / "shard1of2.jsonl", recs[1::2])]
     for s in shards:
-        Path(str(s) + ".meta.json").write_text(json.dumps({"shard": s.name}))
+        meta = {"shard": s.name, **({"records_sha256": sha256_path(s)} if records_sha256 else {})}
+        Path(str(s) + ".meta.json").write_text(json.dumps(meta))
+    return problems, shards
+
+
+@pytest.fixture
+def merged(tmp_path, data_dir):
+    problems, shards = _shards(tmp_path, data_dir, records_sha256=False)
     out = tmp_path / "seed12345.jsonl"
     merge(problems, shards, out)
     return problems, out
@@ -86,23 +94,11 @@ def test_a_shard_without_its_meta_is_refused_by_the_merge(merged, tmp_path):
     assert not out.exists() and not Path(f"{out}.meta.json").exists()
 
 
-def _shards_with_sha(tmp_path, data_dir):
-    """Two shards of three real GSM8K problems whose metas record records_sha256, as generation jobs write."""
-    probs = [json.loads(line) for line in (data_dir / "gsm8k.jsonl").read_text().splitlines()[:3]]
-    problems = _jsonl(tmp_path / "problems.jsonl", [{"id": f"gsm8k/{i}", "source": p} for i, p in enumerate(probs)])
-    recs = [{"id": f"gsm8k/{i}", "benchmark": "gsm8k", "completion": f"So the answer is {i}.",
-             "generated_tokens": 8, "forwards": {"prefill": 1, "denoise": 4, "commit": 1}} for i in range(3)]
-    shards = [_jsonl(tmp_path / "shard0of2.jsonl", recs[0::2]), _jsonl(tmp_path / "shard1of2.jsonl", recs[1::2])]
-    for s in shards:
-        Path(str(s) + ".meta.json").write_text(json.dumps({"shard": s.name, "records_sha256": sha256_path(s)}))
-    return problems, shards
-
-
 @pytest.mark.parametrize("damage", ["edit", "garbage", "truncate"])
 def test_a_shard_changed_since_its_job_wrote_it_is_refused_by_the_merge(tmp_path, data_dir, capsys, damage):
     from repro.backends.merge import main as merge_main
 
-    problems, shards = _shards_with_sha(tmp_path, data_dir)
+    problems, shards = _shards(tmp_path, data_dir, records_sha256=True)
     out = tmp_path / "seed12345.jsonl"
     assert merge_main(["--problems", str(problems), "--out", str(out), *map(str, shards)]) == 0
     out.unlink()
