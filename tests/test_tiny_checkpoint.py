@@ -85,3 +85,13 @@ def test_manifest_and_paper_decoding_present(tiny):
     m = json.loads((tiny / "checkpoint_manifest.json").read_text())
     assert m == build_manifest(tiny)
     assert json.loads((tiny / "paper_decoding.json").read_text())["schema_version"] == 1
+
+
+def test_tiny_cli_refuses_an_out_path_that_is_a_file(tmp_path, capsys):
+    from repro.checkpoint.tiny import main as tiny_main
+
+    f = tmp_path / "config.json"
+    f.write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        tiny_main(["--out", str(f)])
+    assert e.value.code == 2 and "is a file; give a directory" in capsys.readouterr().err and f.read_text() == "{}"

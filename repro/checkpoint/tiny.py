@@ -348,6 +348,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="weight-init seed (same seed → same bytes)")
     ap.add_argument("--nvfp4", action="store_true", help="write the NVFP4 (ModelOpt) variant")
     a = ap.parse_args(argv)
+    if Path(a.out).exists() and not Path(a.out).is_dir():
+        ap.error(f"--out {a.out}: is a file; give a directory (created when missing)")
     m = write_tiny(a.out, a.seed, a.nvfp4)
     print(json.dumps({"out": str(a.out), "seed": a.seed, "manifest_sha256": m["manifest_sha256"]}))
     return 0

@@ -262,8 +262,8 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         override the decoder's; ``on_block``: per-block streaming hook of
         :func:`repro.engine.decode_loop.generate_ids` (single prompt only; its time is inside ``wall_s``;
         returning True stops decoding, finish reason ``"stop"``). Raises TypeError for a prompt of another
-        type, ValueError for an empty list, ``on_block`` with a list or a bad ``batch_size``, DecoderConfigError
-        for bad settings."""
+        type, ValueError for an empty list, ``on_block`` with a list, a bad ``batch_size``, or a prompt plus
+        ``max_new_tokens`` over the model's context, DecoderConfigError for bad settings."""
         if isinstance(prompt_or_messages, list) and not prompt_or_messages:
             raise ValueError("got an empty list: nothing to generate; pass a prompt (a str or a list of chat-message "
                              "dicts) or a non-empty list of prompts")
@@ -278,6 +278,7 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         prompt_text = self._prompt_text(prompt_or_messages)
         cfg = self.default_decoder() if decoder is None else DecoderConfig.coerce(decoder)
         ids = self.tokenizer_.encode(prompt_text)
+        self._check_fits(len(ids), cfg, max_new_tokens)
         sync = self.model.device.type == "cuda"
         if sync:
             torch.cuda.synchronize(self.model.device)
@@ -310,6 +311,8 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         cfg = self.default_decoder() if decoder is None else DecoderConfig.coerce(decoder)
         texts = [self._prompt_text(p) for p in prompts]
         ids = [self.tokenizer_.encode(t) for t in texts]
+        for i, x in enumerate(ids):
+            self._check_fits(len(x), cfg, max_new_tokens, f"prompt {i}: ")
         reqs = [BatchRequest(x, cfg, max_new_tokens, seed) for x in ids]
         wrap = None
         if on_result is not None:
@@ -338,6 +341,18 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
                                   batch_size=batch_size, on_result=wrap, stats=stats)
         return [self._output(res, wall, texts[i], len(ids[i]), cfg, max_new_tokens, seed)
                 for i, (res, wall) in enumerate(outs)]
+
+    def _check_fits(self, n_prompt: int, cfg, max_new_tokens: int | None, where: str = "") -> None:
+        """Refuse a request the model's context cannot hold, before any cache is allocated (a 10^8-token budget
+        once asked the allocator for 38 GB): ValueError naming the prompt's tokens, the budget and the context
+        (``max_position_embeddings`` of config.json), as the server's 400 does."""
+        context = int(self.config.max_position_embeddings)
+        budget = cfg.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if n_prompt >= context:
+            raise ValueError(f"{where}the prompt has {n_prompt} tokens, the model context is {context}; shorten it")
+        if budget is not None and budget > context - n_prompt:
+            raise ValueError(f"{where}max_new_tokens={budget} does not fit: the prompt has {n_prompt} tokens and the "
+                             f"model context is {context}; ask for at most {context - n_prompt}")
 
     def _prompt_text(self, prompt_or_messages) -> str:
         if isinstance(prompt_or_messages, str):

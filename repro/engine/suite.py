@@ -77,6 +77,8 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
     if missing:
         raise FileNotFoundError(f"problem files not found: {missing}")
     # the problems first: a bad file is reported before a model load (seconds to minutes)
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out}: is a file; give a directory (created when missing)")
     items = [(pid, bench, build_prompt(bench, src)) for f in files for pid, bench, src in _problems(f, limit)]
     llm = LLM(model, role=role, precision=precision, device=device)
     dec = {**llm.default_decoder().to_dict(), **decoder, "seed": seed}

@@ -191,7 +191,8 @@ def rename(name: str, cfg: LLaDA2Config) -> tuple[str, int | None, str | None]:
 def checkpoint_files(path: str | Path) -> dict[str, Path]:
     """Checkpoint tensor name → safetensors file, for a single ``model.safetensors`` or a sharded index.
 
-    Raises WeightLoadError when neither exists or the index names a missing shard.
+    Raises WeightLoadError when neither exists, the index names a missing shard, or a shard does not hold a
+    tensor the index assigns to it (only the shards' headers are read).
     """
     root = Path(path)
     index = root / "model.safetensors.index.json"
@@ -204,6 +205,16 @@ def checkpoint_files(path: str | Path) -> dict[str, Path]:
         missing = sorted({f for f in wm.values() if not (root / f).is_file()})
         if missing:
             raise WeightLoadError(f"{index} names shard files that do not exist: {missing}")
+        absent = []
+        for f in sorted(set(wm.values())):
+            with _open(root / f) as h:
+                held = set(h.keys())
+            absent += [(k, f) for k, v in wm.items() if v == f and k not in held]
+        if absent:
+            k, f = absent[0]
+            raise WeightLoadError(f"{index} lists {len(absent)} tensor(s) that their shard file does not hold, e.g. "
+                                  f"{k} in {f}: the shard is damaged or the index belongs to other files; "
+                                  "re-download the checkpoint and re-run the checkpoint verification")
         return {k: root / f for k, f in wm.items()}
     single = root / "model.safetensors"
     if single.is_file():

@@ -139,3 +139,20 @@ def test_bench_suite_names_a_bad_problem_file_and_batch_size(tmp_path, monkeypat
     with pytest.raises(SystemExit):
         main(args + ["--problems", str(DATA / "gsm8k.jsonl"), "--batch-size", "0"])
     assert "--batch-size 0: give N >= 1" in capsys.readouterr().err
+
+
+def test_a_request_over_the_context_is_refused_before_any_cache_is_allocated(tiny_dir, llm, tmp_path):
+    """`generate --max-new-tokens 100000000` asked the allocator for 38 GB, and a 40k-token prompt crashed in
+    attention; both now get the server's one-line refusal, from the CLI and from LLM.generate (one or a list)."""
+    ctx = int(llm.config.max_position_embeddings)
+    with pytest.raises(ValueError, match=rf"max_new_tokens=100000000 does not fit: .* model context is {ctx}; "
+                                         r"ask for at most \d+"):
+        llm.generate("Hi", max_new_tokens=10 ** 8)
+    with pytest.raises(ValueError, match=rf"prompt 1: the prompt has \d+ tokens, the model context is {ctx}"):
+        llm.generate(["Hi", "a " * ctx], max_new_tokens=4)
+    r = _run("generate", "--model", str(tiny_dir), "--max-new-tokens", "100000000", "hi")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not fit" in r.stderr, r.stderr
+    (tmp_path / "f.txt").write_text("x")
+    r = _run("bench", "suite", "--model", str(tiny_dir), "--problems", str(DATA / "gsm8k.jsonl"),
+             "--out", str(tmp_path / "f.txt"), "--limit", "1")
+    assert r.returncode == 2 and "is a file; give a directory" in r.stderr and "Traceback" not in r.stderr

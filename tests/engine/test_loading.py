@@ -186,3 +186,26 @@ def test_config_of_other_weights_gives_a_bounded_message(tiny_dir, tmp_path):
         LLaDA2Model.from_pretrained(d)
     msg = str(e.value)
     assert "does config.json belong to these weights?" in msg and "more" in msg and len(msg) < 4000
+
+
+def test_an_index_naming_a_tensor_its_shard_lacks_is_one_error(tiny_dir, tmp_path):
+    """A shard rewritten without one tensor the index still lists: safetensors' own SafetensorError ('File does
+    not contain tensor ...') reached the user as a traceback from generate, serve and bench suite."""
+    from repro.engine.weights import checkpoint_files
+
+    d = tmp_path / "broken"
+    shutil.copytree(tiny_dir, d)
+    wm = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "model.layers.0.mlp.down_proj.weight"
+    shard = d / wm[name]
+    t = load_file(str(shard))
+    del t[name]
+    save_file(t, str(shard))
+    with pytest.raises(WeightLoadError) as e:
+        checkpoint_files(d)
+    msg = str(e.value)
+    assert msg.startswith(f"{d / 'model.safetensors.index.json'} lists 1 tensor(s) that their shard file does not "
+                          f"hold, e.g. {name} in {wm[name]}") and "re-download" in msg
+    with pytest.raises(WeightLoadError, match="lists 1 tensor"):
+        LLaDA2Model.from_pretrained(d)
+    assert len(checkpoint_files(tiny_dir)) == len(wm)  # the intact checkpoint: every name, its own shard

@@ -126,6 +126,7 @@ BAD = [  # (body, status, field named in the error)
     (b"{not json", 400, None),
     (b"", 400, None),
     (b"[1, 2]", 400, None),
+    (b'{"prompt": ' + b"[" * 50000 + b"]" * 50000 + b"}", 400, None),  # nested past Python's recursion limit: was 500
     (b'{"messages": [{"role": "user", "content": "x"}], "max_new_tokens": NaN}', 400, None),
     ({"messages": HI, "max_new_tokens": 0}, 400, "max_new_tokens"),
     ({"messages": HI, "max_new_tokens": -3}, 400, "max_new_tokens"),

@@ -100,6 +100,9 @@ class Server:
             body = json.loads(bytes(buf), parse_constant=_reject_constant)
         except (ValueError, UnicodeDecodeError) as e:
             raise RequestError(400, f"request body is not valid JSON: {e}") from None
+        except RecursionError:  # arrays/objects nested thousands deep: Python's decoder gives up
+            raise RequestError(400, "request body nests arrays or objects too deeply to parse; send a flat request "
+                                    "(a string prompt, or a list of chat messages)") from None
         if not isinstance(body, dict):
             raise RequestError(400, f"request body must be a JSON object, got a JSON {type(body).__name__}")
         return body
