@@ -64,8 +64,9 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
 
     ``decoder``: engine decoder keys overriding the role's default decoder; ``batch_size``: requests decoded
     together (module docstring). Raises FileNotFoundError for a missing problem file, ValueError for a
-    batch size < 1 or a problem file that is not JSONL of one benchmark (naming the file and line), and the
-    loaders' errors for a bad checkpoint.
+    batch size < 1, a problem file given twice, an ``out`` that is a file, or a problem file that is not JSONL of
+    one benchmark (naming the file and line), and the loaders' errors for a bad checkpoint. An existing
+    ``records.jsonl`` in ``out`` is replaced, with a note on stderr.
     """
     from repro.engine.batch import BatchStats
     from repro.prompts import build_prompt
@@ -77,8 +78,18 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
     if missing:
         raise FileNotFoundError(f"problem files not found: {missing}")
     # the problems first: a bad file is reported before a model load (seconds to minutes)
+    twice = sorted({str(p) for p in files if sum(q.resolve() == p.resolve() for q in files) > 1})
+    if twice:
+        raise ValueError(f"problem file given more than once: {', '.join(twice)}; each problem would be generated "
+                         "and counted twice")
     if Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"--out {out}: is a file; give a directory (created when missing)")
+    old = Path(out) / "records.jsonl"
+    if old.is_file():
+        import sys
+
+        print(f"note: {old} exists ({sum(1 for _ in old.open())} records); this run replaces it and summary.json",
+              file=sys.stderr)
     items = [(pid, bench, build_prompt(bench, src)) for f in files for pid, bench, src in _problems(f, limit)]
     llm = LLM(model, role=role, precision=precision, device=device)
     dec = {**llm.default_decoder().to_dict(), **decoder, "seed": seed}

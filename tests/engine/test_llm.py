@@ -156,3 +156,10 @@ def test_a_request_over_the_context_is_refused_before_any_cache_is_allocated(tin
     r = _run("bench", "suite", "--model", str(tiny_dir), "--problems", str(DATA / "gsm8k.jsonl"),
              "--out", str(tmp_path / "f.txt"), "--limit", "1")
     assert r.returncode == 2 and "is a file; give a directory" in r.stderr and "Traceback" not in r.stderr
+    r = _run("bench", "suite", "--model", str(tiny_dir), "--problems", str(DATA / "gsm8k.jsonl"),
+             str(DATA / "gsm8k.jsonl"), "--out", str(tmp_path / "o"), "--limit", "1")
+    assert r.returncode == 2 and "problem file given more than once" in r.stderr and not (tmp_path / "o").exists()
+    for again in (False, True):  # a rerun into the same --out replaces its records, and says so
+        r = _run("bench", "suite", "--model", str(tiny_dir), "--problems", str(DATA / "gsm8k.jsonl"),
+                 "--out", str(tmp_path / "o"), "--limit", "1", "--max-new-tokens", "8")
+        assert r.returncode == 0 and (f"note: {tmp_path / 'o' / 'records.jsonl'} exists (1 records)" in r.stderr) == again
