@@ -84,27 +84,18 @@ def group_shards(indexes: list[Path], benchmark: str) -> list[Path]:
     return out
 
 
-def check_shard(shard: Path) -> None:
-    """Refuse a shard whose records changed since its generation job wrote them: its ``.meta.json`` records
-    ``records_sha256`` (``repro.backends.generation_job.complete_shard``) and the file's sha256 differs (a record
-    edited by hand, a damaged or truncated file). ValueError names the shard and the fix. A shard whose meta is
-    missing, unreadable or records no sha256 is left to :func:`merge`'s own checks."""
-    meta_p = Path(f"{shard}.meta.json")
-    try:
-        meta = json.loads(meta_p.read_text())
-    except (OSError, ValueError):
-        return
+def _records(shard: Path, meta: dict) -> list[dict]:
+    """The records of one shard file, read once: refused (ValueError naming the shard and the fix) when its sha256
+    is not the ``records_sha256`` its generation job recorded in ``meta`` (``generation_job.complete_shard``: a
+    record edited by hand, a damaged or truncated file), or when a line is not a JSON record with an ``id``."""
+    raw = shard.read_bytes()
     want = meta.get("records_sha256") if isinstance(meta, dict) else None
-    if want and shard.is_file() and sha256_path(shard) != want:
+    if want and hashlib.sha256(raw).hexdigest() != want:
         raise ValueError(f"{shard}: changed since its generation job wrote it (its sha256 differs from "
-                         f"records_sha256 in {meta_p.name}), so its records are not the model's; delete {shard} "
-                         f"and {meta_p} to generate this shard again")
-
-
-def _records(shard: Path) -> list[dict]:
-    """The JSON records of one shard file; ValueError names the file and line of one that does not parse."""
+                         f"records_sha256 in {shard.name}.meta.json), so its records are not the model's; delete "
+                         f"{shard} and {shard}.meta.json to generate this shard again")
     out = []
-    for n, line in enumerate(shard.read_text().splitlines(), 1):
+    for n, line in enumerate(raw.decode("utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -119,12 +110,15 @@ def _records(shard: Path) -> list[dict]:
 
 
 def merge(problems: Path, shards: list[Path], out: Path) -> list[dict]:
-    """Merge ``shards`` into ``out``; ValueError names missing or duplicated problem ids, a shard without its
-    ``.meta.json``, a shard changed since its job wrote it (:func:`check_shard`), or a line that is no record."""
+    """Merge ``shards`` into ``out``; ValueError names a shard without its ``.meta.json``, a shard changed since
+    its job wrote it or a line that is no record (:func:`_records`), or missing or duplicated problem ids."""
     order = [json.loads(l)["id"] for l in problems.read_text().splitlines() if l.strip()]
-    for s in shards:
-        check_shard(s)
-    recs = [r for s in shards for r in _records(s)]
+    no_meta = [s for s in shards if not Path(f"{s}.meta.json").is_file()]
+    if no_meta:  # a record's provenance (decoder, checkpoint, code, ...) would be unknown in every table cell
+        raise ValueError(f"{no_meta[0]}.meta.json: missing, so what made this shard (decoder, problems, checkpoint, "
+                         f"code) is unknown; delete {no_meta[0]} so that its generation job writes it again")
+    metas = [json.loads(Path(f"{s}.meta.json").read_text()) for s in shards]
+    recs = [r for s, m in zip(shards, metas) for r in _records(s, m)]
     counts = Counter(r["id"] for r in recs)
     dup = [i for i, c in counts.items() if c > 1]
     missing = [i for i in order if i not in counts]
@@ -133,11 +127,6 @@ def merge(problems: Path, shards: list[Path], out: Path) -> list[dict]:
         raise ValueError(f"shards of {out}: duplicated {dup[:5]}, missing {missing[:5]}, unknown {extra[:5]}")
     by_id = {r["id"]: r for r in recs}
     ordered = [by_id[i] for i in order]
-    no_meta = [s for s in shards if not Path(f"{s}.meta.json").is_file()]
-    if no_meta:  # a record's provenance (decoder, checkpoint, code, ...) would be unknown in every table cell
-        raise ValueError(f"{no_meta[0]}.meta.json: missing, so what made this shard (decoder, problems, checkpoint, "
-                         f"code) is unknown; delete {no_meta[0]} so that its generation job writes it again")
-    metas = [json.loads(Path(f"{s}.meta.json").read_text()) for s in shards]
     # meta first: a kill between the two renames leaves an old merged file that check_merged refuses
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered)
     sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
