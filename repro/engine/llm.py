@@ -110,6 +110,18 @@ def adapter_note(path, role: str, cfg: LLaDA2Config) -> str:
             "Use role base for the base model, or map the checkpoint's adapter tensors (docs/adapter_map.md)")
 
 
+
+def context_problem(n_prompt: int, budget: int | None, context: int, budget_name: str = "max_new_tokens") -> str | None:
+    """Why a prompt of ``n_prompt`` tokens plus ``budget`` new tokens does not fit a model ``context`` (tokens,
+    ``max_position_embeddings``), or None when it fits (``budget`` None: the prompt alone). The one wording of
+    :meth:`LLM.generate` and the server (``budget_name``: the request field it names)."""
+    if n_prompt >= context:
+        return f"the prompt has {n_prompt} tokens, the model context is {context}; shorten it"
+    if budget is not None and budget > context - n_prompt:
+        return (f"{budget_name}={budget} does not fit: the prompt has {n_prompt} tokens and the model context is "
+                f"{context}; ask for at most {context - n_prompt}")
+    return None
+
 class LLM:
     """A loaded LLaDA2 checkpoint plus tokenizer and default decoder.
 
@@ -344,15 +356,11 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
 
     def _check_fits(self, n_prompt: int, cfg, max_new_tokens: int | None, where: str = "") -> None:
         """Refuse a request the model's context cannot hold, before any cache is allocated (a 10^8-token budget
-        once asked the allocator for 38 GB): ValueError naming the prompt's tokens, the budget and the context
-        (``max_position_embeddings`` of config.json), as the server's 400 does."""
-        context = int(self.config.max_position_embeddings)
+        once asked the allocator for 38 GB): ValueError with :func:`context_problem`'s words, as the server's 400."""
         budget = cfg.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if n_prompt >= context:
-            raise ValueError(f"{where}the prompt has {n_prompt} tokens, the model context is {context}; shorten it")
-        if budget is not None and budget > context - n_prompt:
-            raise ValueError(f"{where}max_new_tokens={budget} does not fit: the prompt has {n_prompt} tokens and the "
-                             f"model context is {context}; ask for at most {context - n_prompt}")
+        problem = context_problem(n_prompt, budget, int(self.config.max_position_embeddings))
+        if problem:
+            raise ValueError(where + problem)
 
     def _prompt_text(self, prompt_or_messages) -> str:
         if isinstance(prompt_or_messages, str):

@@ -44,6 +44,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from repro.engine.decoders import DecoderConfig, DecoderConfigError
+from repro.engine.llm import context_problem
 from repro.engine.serve.schemas import (ChatRequest, CompletionRequest, GenerateRequest, RequestError, chat_messages,
                                         error_body, validation_error)
 from repro.engine.serve.worker import EngineWorker, Job, QueueFull
@@ -131,16 +132,15 @@ class Server:
         n_prompt = len(llm.tokenizer_.encode(text))
         if n_prompt < 1:
             raise RequestError(400, f"field {prompt_field!r} encodes to no tokens", prompt_field)
+        problem = context_problem(n_prompt, None, self.context)
+        if problem:
+            raise RequestError(400, f"field {prompt_field!r}: {problem}", prompt_field)
         room = self.context - n_prompt
-        if room < 1:
-            raise RequestError(400, f"field {prompt_field!r}: the prompt has {n_prompt} tokens, the model context "
-                                    f"is {self.context}; shorten it", prompt_field)
         base = llm.default_decoder().to_dict()
         if budget is None:
             budget = min(base.get("max_new_tokens") or room, room)
-        elif budget > room:
-            raise RequestError(400, f"field {budget_field!r}={budget} does not fit: the prompt has {n_prompt} tokens "
-                                    f"and the model context is {self.context}; ask for at most {room}", budget_field)
+        elif problem := context_problem(n_prompt, budget, self.context, f"field {budget_field!r}"):
+            raise RequestError(400, problem, budget_field)
         over = {k: getattr(req, k) for k in ("threshold", "edit_threshold", "temperature")
                 if getattr(req, k) is not None}
         try:
