@@ -280,7 +280,7 @@ def _check_decoder_names(cfg: dict, source: str) -> None:
     from repro.paper import DEFAULT_PAPER_DECODING
 
     try:
-        suites = json.loads(Path(DEFAULT_PAPER_DECODING).read_text())["suites"]
+        suites = json.loads(DEFAULT_PAPER_DECODING.read_text())["suites"]
     except (OSError, ValueError, KeyError, TypeError):
         return
     rel = os.path.relpath(DEFAULT_PAPER_DECODING, REPO_ROOT)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -78,7 +80,7 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
     if missing:
         raise FileNotFoundError(f"problem files not found: {missing}")
     # the problems first: a bad file is reported before a model load (seconds to minutes)
-    twice = sorted({str(p) for p in files if sum(q.resolve() == p.resolve() for q in files) > 1})
+    twice = sorted(str(p) for p, k in Counter(p.resolve() for p in files).items() if k > 1)
     if twice:
         raise ValueError(f"problem file given more than once: {', '.join(twice)}; each problem would be generated "
                          "and counted twice")
@@ -86,8 +88,6 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
         raise ValueError(f"--out {out}: is a file; give a directory (created when missing)")
     old = Path(out) / "records.jsonl"
     if old.is_file():
-        import sys
-
         print(f"note: {old} exists ({sum(1 for _ in old.open())} records); this run replaces it and summary.json",
               file=sys.stderr)
     items = [(pid, bench, build_prompt(bench, src)) for f in files for pid, bench, src in _problems(f, limit)]

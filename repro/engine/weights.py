@@ -205,11 +205,14 @@ def checkpoint_files(path: str | Path) -> dict[str, Path]:
         missing = sorted({f for f in wm.values() if not (root / f).is_file()})
         if missing:
             raise WeightLoadError(f"{index} names shard files that do not exist: {missing}")
+        by_file: dict[str, list[str]] = {}
+        for k, f in wm.items():
+            by_file.setdefault(f, []).append(k)
         absent = []
-        for f in sorted(set(wm.values())):
+        for f, names in sorted(by_file.items()):
             with _open(root / f) as h:
                 held = set(h.keys())
-            absent += [(k, f) for k, v in wm.items() if v == f and k not in held]
+            absent += [(k, f) for k in names if k not in held]
         if absent:
             k, f = absent[0]
             raise WeightLoadError(f"{index} lists {len(absent)} tensor(s) that their shard file does not hold, e.g. "

@@ -91,10 +91,8 @@ def read_summary(summary: Path, scores: Path, benchmark: str) -> dict:
     except (ValueError, KeyError, TypeError) as e:
         raise WorkFileDamaged(f"{scores}: not the scorer's per-problem verdicts ({e}); delete it and {summary.name} "
                               "and run again: the workflow scores the cell anew") from None
-    keys = ("n", "correct", "accuracy", "ci95", "strict_accuracy")
-    bad = [k for k in keys if summ.get(k) != want.get(k)]
-    if bad:
-        k = bad[0]
+    k = next((k for k in ("n", "correct", "accuracy", "ci95", "strict_accuracy") if summ.get(k) != want.get(k)), None)
+    if k is not None:
         raise WorkFileDamaged(f"{summary}: {k} = {summ.get(k)!r}, but the per-problem verdicts in {scores.name} give "
                               f"{want.get(k)!r}; one of the two was changed since the scorer wrote them. Delete both "
                               "and run again: the workflow scores the cell anew")
