@@ -5,7 +5,7 @@ import random
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from repro.checkpoint.nvfp4 import E2M1_VALUES, dequantize, quantize
 from repro.checkpoint.tiny import write_tiny
@@ -72,17 +72,14 @@ def test_tiny_nvfp4_checkpoint_layout_and_dequantized_load(tiny_dir, nvfp4_dir, 
 
 
 def test_incomplete_nvfp4_group_is_listed(nvfp4_dir, tmp_path):
-    import shutil
+    from ckpt_edit import edited_copy
+
     d = tmp_path / "broken"
-    shutil.copytree(nvfp4_dir, d)
-    idx = json.loads((d / "model.safetensors.index.json").read_text())
     name = "model.layers.2.mlp.experts.3.down_proj.weight_scale_2"
-    f = d / idx["weight_map"][name]
-    t = load_file(str(f))
-    del t[name]
-    save_file(t, str(f), metadata={"format": "pt"})
-    del idx["weight_map"][name]
-    (d / "model.safetensors.index.json").write_text(json.dumps(idx))
+    wm = edited_copy(nvfp4_dir, d, name, lambda t: t.pop(name))
+    del wm[name]
+    idx = json.loads((d / "model.safetensors.index.json").read_text())
+    (d / "model.safetensors.index.json").write_text(json.dumps({**idx, "weight_map": wm}))
     with pytest.raises(WeightLoadError) as e:
         LLaDA2Model.from_pretrained(d)
     assert "model.layers.2.mlp.experts.3.down_proj.weight_scale" in str(e.value)
@@ -151,16 +148,11 @@ def test_precision_errors_name_the_fix(tiny_dir, nvfp4_dir, tmp_path):
 @pytest.mark.parametrize("precision", ["fp32", "nvfp4-w4a16"])
 def test_malformed_scale_dtype_is_named(nvfp4_dir, tmp_path, precision):
     """A weight_scale stored as fp32 instead of E4M3 (a hand-made, non-ModelOpt export) is refused by name."""
-    import shutil
+    from ckpt_edit import edited_copy
 
     d = tmp_path / "bad_scale"
-    shutil.copytree(nvfp4_dir, d)
-    idx = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
     name = "model.layers.1.mlp.experts.2.up_proj.weight_scale"
-    f = d / idx[name]
-    t = load_file(str(f))
-    t[name] = t[name].float()
-    save_file(t, str(f), metadata={"format": "pt"})
+    edited_copy(nvfp4_dir, d, name, lambda t: t.update({name: t[name].float()}))
     with pytest.raises(WeightLoadError, match=r"experts\.2\.up_proj.*float8_e4m3fn"):
         LLaDA2Model.from_pretrained(d, "cpu", precision)
 
