@@ -29,7 +29,7 @@ Contract
   estimate, not measured); the NVFP4 checkpoint in nvfp4-w4a16 14,000 (10.6 GB of weights); the tiny random
   model 1,000. At ``batch_size`` S > 1 the batched engine adds one KV cache per slot of ``positions`` rows and
   the slots' logits (:func:`batch_kv_bytes`: S x 40,960 B x positions + S x 32 x 157,184 x 2 B; S = 32 at 5,120
-  positions: 6.71 + 0.32 GB, docs/perf.md "Batched graph forward"): 45,000 for the paper suite's batch 32 in
+  positions: 6.71 + 0.32 GB, docs/perf_history.md "Batched graph forward"): 45,000 for the paper suite's batch 32 in
   bf16. ``positions``: :func:`slot_positions` of the longest generation (prompt allowance + max new tokens,
   rounded up to 1,024 as the batched graph engine allocates on a GPU).
 * ``check_gpu(model_dir, precision, batch_size=1, positions=5120)`` (in the generation job, on the GPU it landed
@@ -251,7 +251,7 @@ def slot_positions(max_new_tokens: int, prompt_tokens: int = PROMPT_ALLOWANCE) -
 def batch_kv_bytes(cfg: dict, batch_size: int, positions: int) -> int:
     """Bytes the batched engine adds at ``batch_size`` S > 1 (0 at S = 1, the single-request path): S slots'
     bf16 KV caches of ``positions`` rows (:func:`kv_bytes_per_position`) + S x block x vocab x 2 B of logits
-    (docs/perf.md, "Batched graph forward": 6.7 GB + 322 MB at S = 32 x 5,120 positions). ValueError for
+    (docs/perf_history.md, "Batched graph forward": 6.7 GB + 322 MB at S = 32 x 5,120 positions). ValueError for
     S < 1."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -7,7 +7,7 @@ loop (the backward branch with the longest body, i.e. the main loop of the route
 variant:
 
 * loop instructions per warp, and thread instructions per weight = loop × num_warps × 32 / weights per
-  iteration (the figure Nsight's "executed instructions" gives per weight; docs/perf.md, session 3:
+  iteration (the figure Nsight's "executed instructions" gives per weight; docs/perf_history.md, session 3:
   ≈ 15.6 for the gate+up kernel with decode 1);
 * the split by kind: integer ALU (LOP3, PRMT, SHF, IADD3, ...), fp32 (FMUL, FFMA, ...), conversions (F2F,
   F2FP, I2F), MMA (HMMA), shared memory (LDS/STS/LDSM), global loads (LDG with their widths), local memory
@@ -66,7 +66,7 @@ def _variants():
 
 
 def _batched_variants():
-    """The batched round's 4-bit candidates (docs/perf.md, "Session 5: the 4-bit experts in the batched round"):
+    """The batched round's 4-bit candidates (docs/perf_history.md, "Session 5: the 4-bit experts in the batched round"):
     decode 4 at BLOCK_M 32 / 64 (``--set batched``), beside today's BLOCK_M 16 defaults."""
     from repro.engine.kernels.moe_w4 import W4_TILES_DEFAULT as D
 

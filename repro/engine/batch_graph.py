@@ -30,7 +30,7 @@ Contract:
   construction; the step: :mod:`repro.engine.decoders.device_batch`), so greedy token ids and forward counts
   are those of the same request through this engine with ``batch_size=1`` ("alone" for this path). The
   single-request :class:`~repro.engine.graph.GraphBackend` runs other kernels and is not bit-identical to it
-  (docs/perf.md "Batched generation").
+  (docs/perf_history.md "Batched generation").
 """
 
 from __future__ import annotations

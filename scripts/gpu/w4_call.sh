@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call for the weights-only 4-bit expert GEMMs (docs/perf.md, "Session 5"): the kernel tests in bf16,
+# One GPU call for the weights-only 4-bit expert GEMMs (docs/perf_history.md, "Session 5"): the kernel tests in bf16,
 # per-kernel timings of one MoE layer (default tiles and the W4_TILES variants named in $W4_KERNEL_TILES), then the
 # full round (4-bit with every W4_TILES variant or those in $W4_ROUND_TILES, and BF16, in one process); $W4_TESTS
 # narrows the tests (pytest arguments, $W4_TESTS_S their time limit). Logs and JSON under $OUT; a short table last.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call for the 4-bit experts in the batched round (docs/perf.md, "Session 5: the 4-bit experts in the batched
+# One GPU call for the 4-bit experts in the batched round (docs/perf_history.md, "Session 5: the 4-bit experts in the batched
 # round"): the candidate 4-bit tile sets of docs/bench/graph_round_w4_sweep_sets.json timed at S = 1 / 8 / 32 over one
 # model load (graph replays, breakdown, slot-0 invariance per set), then the GPU tests of the 4-bit kernels at the
 # batched row tiles ($W4B_TESTS_K: their -k selection). Logs and JSON under $OUT; a short table last. $W4B_SWEEP_S /

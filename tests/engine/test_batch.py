@@ -131,7 +131,7 @@ def test_sampling_with_seeds_is_batch_invariant(llm):
 def test_bench_suite_batch_size_8_records_equal_batch_1(tiny_dir, tmp_path):
     """`python -m repro.engine bench suite --batch-size 8` on real problems: same token ids as --batch-size 1.
     On the CPU (pinned): on a GPU batch 1 runs the single-request graph path and batch 8 the batched graph
-    path, which are not bit-identical to each other (docs/perf.md "Batched generation")."""
+    path, which are not bit-identical to each other (docs/perf_history.md "Batched generation")."""
     from repro.engine.__main__ import main
 
     _real_prompts(0)  # skips without the real problem files

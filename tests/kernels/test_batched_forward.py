@@ -444,7 +444,7 @@ def test_breakdown_families():
 
 def test_sweep_uses_the_precision(monkeypatch):
     """``bench_graph_round --sweep FILE --precision nvfp4-w4a16``: the model is built once in that precision and
-    every tile set is timed on it (the 4-bit sweep of docs/perf.md, session 5); a failing set is reported, not fatal."""
+    every tile set is timed on it (the 4-bit sweep of docs/perf_history.md, session 5); a failing set is reported, not fatal."""
     import repro.engine.bench as B
     import repro.engine.bench_graph_round as G
 

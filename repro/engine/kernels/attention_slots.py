@@ -22,7 +22,7 @@ contract them differently in the two kernels), and ``o = ACC / L``. Two launch m
 
 Both use the same tile step and fold code, tiles and warps, so a slot's output is bit-identical whichever mode
 runs and whatever S is; the mode is chosen per launch from S (``whole_min_slots``). Measured choice and figures:
-docs/perf.md "Session 5: attention at many slots".
+docs/perf_history.md "Session 5: attention at many slots".
 
 ``slot_qk_norm_rope_kv``: QK-norm + partial NeoX RoPE + K/V cache write as :func:`.attention.qk_norm_rope_kv`, but
 one program per (block of ``rows`` query rows, head) instead of per (row, head) (S = 32, 8 rows: 3,072 programs
@@ -42,7 +42,7 @@ from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, trito
 __all__ = ["WHOLE_MIN_SLOTS", "QKN_ROWS", "chunk_layout", "slot_attention", "slot_attention_reference",
            "slot_qk_norm_rope_kv"]
 
-#: "whole" mode from this many slots on (below: "split"); docs/perf.md "Session 5: attention at many slots"
+#: "whole" mode from this many slots on (below: "split"); docs/perf_history.md "Session 5: attention at many slots"
 WHOLE_MIN_SLOTS = 4
 #: query rows per program of :func:`slot_qk_norm_rope_kv`
 QKN_ROWS = 8

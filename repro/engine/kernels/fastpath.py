@@ -276,10 +276,10 @@ class BlockForward(GraphCapture):
         # QKV and O projections through the Triton skinny GEMM (fp32 outputs consumed by the next kernels)
         self.triton_linear = False
         # QK-norm + RoPE + KV write + split attention + combine in one launch (attention.block_attention_fused);
-        # slower on the H200 once the cache needs several splits (6.03 vs 5.56 ms at P=1k, docs/perf.md v9)
+        # slower on the H200 once the cache needs several splits (6.03 vs 5.56 ms at P=1k, docs/perf_history.md v9)
         self.fused_attn = False
         # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts.
-        # On by default: the fastest measured variant (H200, docs/perf.md v8/v9: 5.54 vs 5.61 ms at P=1k)
+        # On by default: the fastest measured variant (H200, docs/perf_history.md v8/v9: 5.54 vs 5.61 ms at P=1k)
         self.norm_in_route = True
         self.lin_cfg = kc["linear"]
         self.qkv32 = torch.zeros(T, shape.qkv_out, dtype=torch.float32, device=device)

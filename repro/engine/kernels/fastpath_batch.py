@@ -5,7 +5,7 @@ same kernels, the same layer order (docs/engine.md §2), all static buffers, one
 Slot s holds one request's block: its token ids (or self-conditioning input embeddings), its own prefix KV cache
 and its own prefix length P_s (a device int32 tensor, so one graph serves every mix of lengths).
 
-**Row invariance** (docs/perf.md "Batched graph forward"): for any S and any contents of the other slots, slot
+**Row invariance** (docs/perf_history.md "Batched graph forward"): for any S and any contents of the other slots, slot
 s's logits / pred / conf / entropy and the K/V it writes are bit-identical to running it alone with S = 1.
 Every kernel here computes a row with a launch configuration that does not depend on S:
 
@@ -29,10 +29,10 @@ Every kernel here computes a row with a launch configuration that does not depen
 
 All tile configs are looked up once for T-token blocks (``fastpath.kernel_configs(..., T)``, the MoE ones
 pinned through ``moe._cfg(..., T)``), never for S·T rows; where the device has a batched tile file
-(``configs/batched_*.json``, :func:`batched_tiles`: tiles chosen for S = 8-32 rounds, docs/perf.md "Batched graph
+(``configs/batched_*.json``, :func:`batched_tiles`: tiles chosen for S = 8-32 rounds, docs/perf_history.md "Batched graph
 round: where the time goes and tiles") its entries replace the single-request ones, still one set for every S
 except a GEMM's ``"by_slots"`` entries (:func:`for_slots`): tiles by slot count, within the keys that leave a row's
-numbers unchanged (:data:`SLOT_KEYS`, :data:`SLOT_KEYS_W4`; docs/perf.md "Session 8: tiles by slot count").
+numbers unchanged (:data:`SLOT_KEYS`, :data:`SLOT_KEYS_W4`; docs/perf_history.md "Session 8: tiles by slot count").
 S = 1 differs from ``BlockForward`` only in the GEMMs (Triton tiles here, cuBLAS there): same math, other
 rounding order.
 """
@@ -59,7 +59,7 @@ __all__ = ["BatchedBlockForward", "rows_linear", "rows_linear_reference", "batch
 #: the same weight tile run together and the 644 MB head is streamed from HBM about once per round.
 LM_HEAD_TILES = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
 
-#: warps of the RMSNorm programs (one row each; ``configs["norm"]["num_warps"]`` overrides): docs/perf.md "Session 5:
+#: warps of the RMSNorm programs (one row each; ``configs["norm"]["num_warps"]`` overrides): docs/perf_history.md "Session 5:
 #: attention at many slots"
 NORM_WARPS = 16
 
@@ -254,7 +254,7 @@ def rows_linear_reference(x, w, out=None):
 BATCHED_KERNELS = {("moe", "gate_up"): "moe_gate_up", ("moe", "down"): "moe_down",
                    ("dense", "gate_up"): "dense_gate_up", ("dense", "down"): "dense_down",
                    ("linear", "qkv"): "qkv", ("linear", "o"): "o", ("linear", "lm_head"): "lm_head"}
-#: the MoE entries for packed NVFP4 experts (the same kernels with the 4-bit K loop; docs/perf.md "Session 5: the
+#: the MoE entries for packed NVFP4 experts (the same kernels with the 4-bit K loop; docs/perf_history.md "Session 5: the
 #: 4-bit experts in the batched round"); a kernel without one keeps ``moe_w4.W4_TILES_DEFAULT``
 BATCHED_W4_KERNELS = {"gate_up": "moe_w4_gate_up", "down": "moe_w4_down"}
 
@@ -262,7 +262,7 @@ BATCHED_W4_KERNELS = {"gate_up": "moe_w4_gate_up", "down": "moe_w4_down"}
 def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, device=None) -> dict:
     """``configs`` completed with this device's batched tiles: for each kernel of :data:`BATCHED_KERNELS` that
     ``configs`` does not set (``configs[family][kernel]``), the entry of ``configs/batched_E=…_N=…_H=…_T=….json``
-    (written from the sweep of docs/perf.md "Batched graph round: where the time goes and tiles"), if the file has
+    (written from the sweep of docs/perf_history.md "Batched graph round: where the time goes and tiles"), if the file has
     one for this device. Packed NVFP4 experts take the file's 4-bit entries instead of the BF16 ones
     (:data:`BATCHED_W4_KERNELS`; the other 4-bit kernel, if the file has one only, keeps
     ``moe_w4.W4_TILES_DEFAULT``). The file's ``TMA`` keys are dropped on a Triton without tensor descriptors
@@ -306,7 +306,7 @@ def batched_tiles(W, shape: ModelShape, T: int, configs: dict | None = None, dev
 def batched_round_bytes(shape: ModelShape, distinct: list[int], prefixes: list[int], T: int = 32, wbytes: int = 2,
                         expert_bytes: float | None = None) -> dict:
     """Bytes one batched round must read: every weight once (``distinct``: routed experts touched by any slot,
-    per MoE layer), each slot's KV rows [0, P_s + T) once, S·T embedding rows; docs/perf.md "The two numbers".
+    per MoE layer), each slot's KV rows [0, P_s + T) once, S·T embedding rows; docs/perf_history.md "The two numbers".
     ``prefixes``: P_s per slot. Returns the dict of :func:`~repro.engine.kernels.fastpath.round_bytes` with
     ``kv_cache`` and ``embed_rows`` summed over the slots and ``total`` recomputed."""
     b = round_bytes(shape, distinct, 0, T, wbytes, expert_bytes)
@@ -406,7 +406,7 @@ class BatchedBlockForward(GraphCapture):
                 self.tiles[name] = cfg["gate_up"]["BLOCK_M"]
                 M.moe_tiles(w, self.tiles[name], static=name == "dense")
         # the MoE tile table written by the route-select kernel's last program instead of its own launch (kernel 4);
-        # off: measured slower on the H200 (docs/perf.md "Session 5: router and route at batch 1 and many slots")
+        # off: measured slower on the H200 (docs/perf_history.md "Session 5: router and route at batch 1 and many slots")
         self.tiles_in_select = False
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))

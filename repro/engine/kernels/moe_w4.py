@@ -34,7 +34,7 @@ even / odd inputs in registers, and one packed tile of ``[BLOCK_K/2, 2·BLOCK_N]
 interleaved) or ``[BLOCK_K/2, BLOCK_N]`` (down, rows interleaved the same way) whose decode feeds two dots
 (even / odd inputs). With BLOCK_K >= 64 the interleave is built with ``tl.join``, after which Triton (3.6)
 loads the packed tile straight into the dot-operand layout with kWidth 8: each thread decodes whole scale
-blocks in registers, with no shared-memory round trip of the decoded tile (docs/perf.md, session 4).
+blocks in registers, with no shared-memory round trip of the decoded tile (docs/perf_history.md, session 4).
 """
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ __all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "pick_d
 #: MoE tiles of the full-size 4-bit round (:class:`~repro.engine.kernels.fastpath.BlockForward` uses them when
 #: the experts are packed and no tiles are given; the decode is :func:`pick_decode`'s default for the layout):
 #: BLOCK_K 64 (93 / 96 registers, 5 programs per SM; session 4's BLOCK_K 128: 149 registers, 3 per SM), the
-#: fastest measured on the H200: docs/perf.md, session 5. The batched round (``fastpath_batch.batched_tiles``) uses
-#: them too, for every slot count: BLOCK_M 32 / 64 were faster only at 32 slots (docs/perf.md, "Session 5: the
+#: fastest measured on the H200: docs/perf_history.md, session 5. The batched round (``fastpath_batch.batched_tiles``) uses
+#: them too, for every slot count: BLOCK_M 32 / 64 were faster only at 32 slots (docs/perf_history.md, "Session 5: the
 #: 4-bit experts in the batched round").
 W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3),
                     "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)}
@@ -336,10 +336,10 @@ if HAS_TRITON:
     def _interleave_rows(a, b, BLOCK_K: tl.constexpr):
         """[a0, b0, a1, b1, ...] (two [n] row-index vectors -> [2n]). For BLOCK_K >= 64 built with ``tl.join``:
         Triton (3.6) then takes the packed operand for a 4-bit one and gives the dot operand kWidth 8, so a thread
-        holds both words of a scale block and builds each block's tables once (docs/perf.md, session 4); for
+        holds both words of a scale block and builds each block's tables once (docs/perf_history.md, session 4); for
         smaller tiles by index arithmetic (kWidth 4): with the join at BLOCK_K 32 (dots of K 16, under the 32
         inputs a kWidth-8 row spans) the kernels gave wrong results on the H200; BLOCK_K 64 (dots of K 32):
-        docs/perf.md, session 4, round 2."""
+        docs/perf_history.md, session 4, round 2."""
         if BLOCK_K >= 64:
             return tl.reshape(tl.join(a, b), (2 * a.shape[0],))
         else:

@@ -26,7 +26,7 @@ Kernels (on device, no host sync, static shapes: CUDA-graph capturable):
    the select kernel write the same table instead (measured slower on the H200: an option).
 
 Exact ties (equal fp32 biased scores or group scores) go to the lower index, in the kernel and in
-:func:`route_reference`. docs/perf.md "Session 5: router and route at batch 1 and many slots" has the
+:func:`route_reference`. docs/perf_history.md "Session 5: router and route at batch 1 and many slots" has the
 counts and timings behind the launch configs.
 
 The buffers live in :class:`MoEWorkspace`; the expert GEMMs that consume them are in :mod:`.moe`.
