@@ -1,12 +1,12 @@
 """``python -m repro.engine.bench NAME [options]``: the one entry point of the engine's benchmarks.
 
 ``NAME`` ``round`` | ``generate`` | ``decode`` | ``all`` | ``batch`` share one parser
-(:func:`repro.engine.bench.rounds.build_parser`); the others (``graph-round``,
-``slot-attention``, ``route``, ``w4``, ``serve``; :data:`repro.engine.bench.COMMANDS`) hand the rest of the command line to their module's ``main``,
-so ``python -m repro.engine.bench graph-round --help`` shows that benchmark's own options. ``--help`` lists
-every NAME. Every benchmark prints its progress on stderr and one JSON document as its last stdout line; without
-CUDA the GPU benchmarks print ``{"error": "CUDA not available", ...}`` and exit with status 2 (``serve`` runs on
-the CPU with ``--checkpoint DIR --device cpu``).
+(:func:`repro.engine.bench.rounds.build_parser`); the others (``graph-round``, ``slot-attention``, ``route``,
+``w4``, ``serve``: :data:`repro.engine.bench.COMMANDS`) hand the rest of the command line to their module's
+``main``, so ``python -m repro.engine.bench graph-round --help`` shows that benchmark's own options. ``--help``
+lists every NAME. Every benchmark prints its progress on stderr and one JSON document as its last stdout line;
+without CUDA the GPU benchmarks print ``{"error": "CUDA not available", ...}`` and exit with status 2 (``serve``
+runs on the CPU with ``--checkpoint DIR --device cpu``).
 """
 from __future__ import annotations
 

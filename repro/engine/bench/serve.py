@@ -4,7 +4,7 @@
     python -m repro.engine.bench serve --checkpoint DIR --device cpu --tokens 128   # any checkpoint (e.g. tiny)
 
 Without ``--checkpoint`` the model is LLaDA2.1-mini in its real shapes (``presets.PRESETS["llada2.1-mini"]``)
-with deterministic random weights (``LLaDA2Model.random``, bf16, as :mod:`repro.engine.bench` builds it) behind
+with deterministic random weights (``LLaDA2Model.random``, bf16, as :mod:`repro.engine.bench.rounds` builds it) behind
 a temporary checkpoint folder that holds only the config, the tiny checkpoint's byte-level tokenizer and the
 packaged ``paper_decoding.json`` (ids the tokenizer does not know decode to nothing; token counts are what is
 compared). The server (:func:`repro.engine.serve.app.create_app` under uvicorn, 127.0.0.1, a thread of this
@@ -114,7 +114,8 @@ def stream_request(port: int, body: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench serve", description="tokens/s of one streamed server request vs LLM.generate")
+    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench serve",
+                                 description="tokens/s of one streamed server request vs LLM.generate")
     ap.add_argument("--checkpoint", default=None, help="checkpoint directory (default: full-size random weights)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--role", default="orl", choices=["orl", "base"])

@@ -1,6 +1,6 @@
 """The weights-only 4-bit round (precision ``nvfp4-w4a16``) for ``python -m repro.engine.bench round``.
 
-Same model, block and prefixes as the BF16 round of :mod:`repro.engine.bench` (run in the same process, so
+Same model, block and prefixes as the BF16 round of :mod:`repro.engine.bench.rounds` (run in the same process, so
 against the same copy bandwidth): every MoE layer's routed experts replaced by random NVFP4 experts in the
 real shapes (:func:`repro.engine.kernels.moe_w4.random_nvfp4_experts`; packed e2m1 + E4M3 block scales +
 fp32 global scales, ~0.56 byte per weight), everything else (attention, dense layer 0, shared experts,
@@ -137,7 +137,7 @@ def dequantized(W4: dict) -> dict:
 def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=None, time_replays=None,
                    configure=None) -> dict:
     """The 4-bit round beside the BF16 one (module doc). ``fw``: the BF16 round's BlockForward (its KV cache
-    is copied); ``block_ids(shape, seed, kind)`` and ``time_replays(fn, iters)`` from :mod:`.bench`. The tile
+    is copied); ``block_ids(shape, seed, kind)`` and ``time_replays(fn, iters)`` from :mod:`.common`. The tile
     variants timed: all of ``W4_TILES``, or those named in the environment variable ``W4_ROUND_TILES``
     (comma-separated; "default" always included), for a GPU call short of time. Raises KeyError for an unknown
     name. ``configure(fw4)`` (optional) is called on the 4-bit BlockForward once it is built (e.g. to set the
