@@ -1,7 +1,9 @@
-"""Atomic file writes and append-only JSON Lines, so a killed job never leaves a half-written output."""
+"""Atomic file writes and append-only JSON Lines, so a killed job never leaves a half-written output; a file's
+sha256. Imports nothing of repro (the bottom layer: data, provenance, backends read and write through it)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -28,6 +30,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def sha256_path(path: str | os.PathLike) -> str:
+    """sha256 of a (small) file's bytes, hex. FileNotFoundError names a missing file."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

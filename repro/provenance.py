@@ -31,6 +31,7 @@ import subprocess
 from pathlib import Path
 
 from repro import __version__
+from repro.io import sha256_path  # noqa: F401 (re-exported: the callers' one place to hash a file)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -175,8 +176,3 @@ def checkpoint_source_key(source: dict) -> str:
     else:
         raise ValueError(f"unknown checkpoint source type {kind!r}; allowed: hf, local, tiny, replay")
     return json.dumps(key, sort_keys=True, separators=(",", ":"))
-
-
-def sha256_path(path: str | os.PathLike) -> str:
-    """sha256 of a (small) file's bytes, hex."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -277,23 +277,6 @@ class NVFP4Experts:
         self.s[e, r].copy_(weight_scale.view(torch.uint8))
         self.g[e, part] = weight_scale_2.float().reshape(())
 
-    def derived_tables_ok(self) -> bool | None:
-        """Whether the 4-bit kernels' derived-table decode (``W4_DECODE`` 4) is exact for these experts' global
-        scales (:func:`repro.engine.kernels.moe_w4.derived_tables_ok`), cached per version of ``g`` (a
-        changed ``g`` is checked again); None when it is not known and cannot be read now (first asked inside
-        CUDA-graph capture, where reading ``g`` would sync: the kernels then take decode 3)."""
-        key = (self.g.data_ptr(), self.g._version)
-        hit = self.__dict__.get("_derived_ok")
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        if self.g.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
-        from repro.engine.kernels.moe_w4 import derived_tables_ok
-
-        ok = derived_tables_ok(self.g)
-        self._derived_ok = (key, ok)
-        return ok
-
     def with_shared(self, shared: torch.Tensor | None) -> "NVFP4Experts":
         """The same packed tensors (no copy) with ``shared`` as expert index E for the MoE kernels."""
         o = object.__new__(NVFP4Experts)

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro import benchmarks
-from repro.io import read_jsonl
-from repro.provenance import sha256_path
+from repro.io import read_jsonl, sha256_path
 
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 

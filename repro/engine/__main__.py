@@ -7,8 +7,8 @@ it as is); prints the completion, then one JSON line with counts (forwards by ki
 ``python -m repro.engine bench suite --model DIR --role orl --threshold 0.85 --edit-threshold 0.5
 --max-new-tokens 4096 --problems gsm8k.jsonl ... --out DIR [--limit N] [--batch-size N]`` — see :mod:`repro.engine.suite`;
 prints the summary JSON as the last line. Its seed: ``--seed``, else the ``--decoder`` file's, else 12345.
-``bench --help`` lists the sub-benchmarks (``suite``) and the GPU micro-benchmarks, which are modules of their
-own (``python -m repro.engine.bench``, ``bench_graph_round``, ``bench_slot_attention``, ``bench_route``).
+``bench --help`` lists the sub-benchmarks (``suite``) and the engine benchmarks without a checkpoint, a package of
+their own (``python -m repro.engine.bench NAME``: :mod:`repro.engine.bench`).
 
 ``python -m repro.engine serve --model DIR|HUB_ID --role orl --port 18080 [--precision] [--host] [--api-key]``
 — the HTTP server (``/generate`` streamed per block, OpenAI-compatible ``/v1/...``): :mod:`repro.engine.serve`.
@@ -33,6 +33,8 @@ import os
 import shutil
 import sys
 import textwrap
+
+from repro.engine.bench import COMMANDS as BENCH_COMMANDS
 
 
 #: ``--role`` → its decoder's model name in ``paper_decoding.json`` (as :data:`repro.engine.llm.ROLES`, kept here so
@@ -195,13 +197,11 @@ _COMMANDS = {"generate": "generate one completion of a prompt",
 _BENCHES = {"suite": "generation speed of a checkpoint on benchmark problem files (GSM8K, MATH500, HumanEval, "
                      "MBPP): per file and overall, generated tokens, NFE (forwards by kind), TPF, wall time, "
                      "tokens/s; the completions as records"}
-#: The GPU micro-benchmarks, modules of their own (``python -m MODULE``), listed in ``bench --help``.
-_GPU_BENCHES = {"repro.engine.bench MODE":
-                    "MODE is round, generate, decode, all or batch: one denoising round, a whole generation, the "
-                    "decode loop, batched generation; time against the memory floor",
-                "repro.engine.bench_graph_round": "the batched CUDA-graph round, per number of request slots",
-                "repro.engine.bench_slot_attention": "the batched round's attention and norms alone",
-                "repro.engine.bench_route": "the MoE router / route-select / tile table alone"}
+#: The engine benchmarks without a checkpoint (``python -m repro.engine.bench NAME``), listed in ``bench --help``.
+_GPU_BENCHES = {"round, generate, decode, all, batch":
+                    "one denoising round, a whole generation, the decode loop, batched generation; time against the "
+                    "memory floor",
+                **{name: what for name, (_, what) in BENCH_COMMANDS.items()}}
 
 
 def _width() -> int:
@@ -241,8 +241,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         "bench", help=_COMMANDS["bench"], formatter_class=argparse.RawDescriptionHelpFormatter,
         description=_para("Benchmarks of a real checkpoint with this engine, on the CPU or CUDA. Sub-benchmarks:")
         + "\n" + _rows(_BENCHES),
-        epilog=_para("GPU micro-benchmarks (CUDA only; LLaDA2.1-mini's real shapes with random weights; the last "
-                     "stdout line is one JSON document) are modules of their own, python -m MODULE:")
+        epilog=_para("Engine benchmarks without a checkpoint (CUDA, serve also on the CPU; LLaDA2.1-mini's real shapes "
+                     "with random weights; the last stdout line is one JSON document): python -m repro.engine.bench "
+                     "NAME [--help], NAME one of:")
         + "\n" + _rows(_GPU_BENCHES))
     bsub = b.add_subparsers(dest="bench_cmd", title="sub-benchmarks", metavar="SUB_BENCHMARK")  # a missing one: parse_args's own error
     s = bsub.add_parser(

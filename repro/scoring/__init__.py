@@ -14,8 +14,8 @@ sandbox verdict and the tail of stderr). ``strict_correct``: GSM8K/MATH answer g
 Problems are the normalized records of ``repro.data`` (``id``, ``benchmark``, ``gold``, ``source``).
 Dispatch: the benchmark's declaration (``repro.benchmarks``) names its kind and scorer module; a ``math``
 scorer exposes ``score_many``, a ``code`` scorer ``build_program`` (run here in the sandbox).
-One module per concept: ``truncate`` (EOS/stop cut), ``boxed``, ``gsm8k``, ``math`` + ``verify_worker``
-(Math-Verify in a killable process), ``code/extract``, ``code/sandbox``, ``humaneval``, ``mbpp``,
+One module per concept: ``truncate`` (EOS/stop cut), ``boxed``, ``gsm8k``, ``math`` + ``verify_worker`` + ``verify_serve``
+(Math-Verify in a killable process: the pool, the process's loop), ``code/extract``, ``code/sandbox``, ``humaneval``, ``mbpp``,
 ``stats``, ``cases`` (the regression-case runner), ``__main__`` (CLI). Design notes and peer behaviour:
 ``docs/scoring_rules.md``; regression cases: ``../shared/cases/scoring_cases.jsonl``.
 """

@@ -3,14 +3,15 @@
 Why: Math-Verify's timeouts use SIGALRM, which raises "signal only works in main thread" in worker
 threads (Math-Verify #50/#55, scoring case math500-05), and a pathological expression can make sympy
 run for minutes. Here each check is sent as one JSON line to a long-lived worker *process*
-(``python -m repro.scoring.verify_worker``); the calling thread waits on the pipe with ``select`` and,
+(``python -m repro.scoring.verify_serve``, which runs :func:`repro.scoring.math.equivalent`); the calling thread waits on the pipe with ``select`` and,
 past ``timeout`` seconds, kills the worker's process group and starts a fresh one. No signals are used
 in the caller, so ``VerifyPool.check`` works from any thread or process. A worker that dies while
 checking is restarted and the item retried once; a second failure is reported as ``error``.
 
 Contract: ``VerifyPool(size, timeout).check(gold, pred) -> {"status": "ok"|"timeout"|"error",
 "equal": bool, "detail": str, "gold_parsed", "pred_parsed"}``. ``get_pool(size)`` returns a shared
-pool (closed at interpreter exit).
+pool (closed at interpreter exit). Imports nothing of the scorers: the worker process runs
+:mod:`repro.scoring.verify_serve`, which imports :mod:`repro.scoring.math` (so the scorer may import this pool).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class _Worker:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
         env["PYTHONPATH"] = _REPO_ROOT
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "repro.scoring.verify_worker"],
+            [sys.executable, "-m", "repro.scoring.verify_serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -166,32 +167,3 @@ def get_pool(size: int) -> VerifyPool:
 def _close_pool() -> None:
     if _POOL is not None:
         _POOL.close()
-
-
-def _serve() -> None:
-    """Worker loop: one JSON request per stdin line, one JSON answer per stdout line."""
-    import warnings
-    import logging
-
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.CRITICAL)
-    import math_verify  # noqa: F401  (import cost paid before "ready")
-    from repro.scoring.math import equivalent
-
-    out = sys.stdout
-    sys.stdout = sys.stderr  # stray library prints must not corrupt the protocol stream
-    out.write('{"ready": true}\n')
-    out.flush()
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            ans = {"status": "ok", **equivalent(req["gold"], req["pred"])}
-        except Exception as exc:  # report, keep serving
-            ans = {"status": "error", "equal": False, "detail": f"{type(exc).__name__}: {exc}"[:500],
-                   "gold_parsed": None, "pred_parsed": None}
-        out.write(json.dumps(ans) + "\n")
-        out.flush()
-
-
-if __name__ == "__main__":
-    _serve()

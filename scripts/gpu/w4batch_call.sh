@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 step() { local name=$1 lim=$2; shift 2; local t0=$(date +%s)
   timeout $lim "$@" > $OUT/$name.log 2>&1; local rc=$?
   echo "[$name] rc=$rc $(( $(date +%s)-t0 ))s" | tee -a $OUT/summary.txt; }
-step sweep ${W4B_SWEEP_S:-85} python3 -m repro.engine.bench_graph_round --slots 1,8,32 --prefix 1024 \
+step sweep ${W4B_SWEEP_S:-85} python3 -m repro.engine.bench graph-round --slots 1,8,32 --prefix 1024 \
   --precision nvfp4-w4a16 --iters 20 --sweep docs/bench/graph_round_w4_sweep_sets.json \
   --json $OUT/graph_round_w4_sweep.json
 step tests ${W4B_TESTS_S:-40} python3 -m pytest -q --tb=short -p no:cacheprovider tests/kernels/test_moe_w4.py \

@@ -217,9 +217,9 @@ def test_row_grouped_moe_impl_sees_one_shape_and_pads_without_new_experts(tiny_m
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_bench_batch_sections_run_on_the_tiny_model(tiny_model, tiny_tok):
-    """The GPU benchmark's sections (repro/engine/bench_batch.py) on the CPU with the tiny model: fixed
+    """The GPU benchmark's sections (repro/engine/bench/batch.py) on the CPU with the tiny model: fixed
     schedule, figures present, invariance passes — so the one H200 run has no untested code path."""
-    from repro.engine import bench_batch as bb
+    from repro.engine.bench import batch as bb
 
     thr = bb.bench_throughput(tiny_model, tiny_tok.mask_id, prefix=64, tokens=64, batch_sizes=[1, 3], steps=8,
                               copy_gbps=10.0, seed=0, log=lambda m: None)
@@ -241,7 +241,7 @@ def test_bench_batch_run_writes_its_json_and_table(tiny_model, tiny_tok, tmp_pat
     """`bench batch`'s driver end to end on the CPU (the model builder swapped for the tiny model)."""
     import argparse
 
-    from repro.engine import bench_batch as bb
+    from repro.engine.bench import batch as bb
 
     monkeypatch.setattr(bb, "_model", lambda seed, precision="bf16": (tiny_model, tiny_tok.mask_id, tiny_tok.eos_id))
     out = tmp_path / "b.json"

@@ -164,7 +164,7 @@ def test_llm_generate_list_takes_the_batched_graph_path_on_the_graph_engine(tiny
 def test_bench_batch_graph_sections_run_on_the_tiny_model(tiny_model, tiny_tok):
     """bench batch's batched-graph, invariance-graph and handoff sections on the CPU (torch forward, no
     capture): fixed schedule, figures present, invariance passes — the H200 run has no untested code path."""
-    from repro.engine import bench_batch as bb
+    from repro.engine.bench import batch as bb
 
     quiet = lambda m: None  # noqa: E731
     rows = bb.bench_batched_graph(tiny_model, tiny_tok.mask_id, prefix=64, tokens=64, batch_sizes=[1, 3], steps=8,

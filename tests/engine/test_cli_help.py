@@ -47,7 +47,7 @@ def test_generate_threads_help_names_no_foreign_option(capsys):
 def test_every_option_has_help_with_its_default(capsys):
     import argparse
 
-    from repro.engine import bench
+    from repro.engine.bench import COMMANDS, rounds
 
     _, subs = M.build_parser()
     for name, p in subs.items():
@@ -59,8 +59,8 @@ def test_every_option_has_help_with_its_default(capsys):
                 if name == "serve" and (a.default is None or a.default is False):  # serve's opt-in settings
                     continue
                 assert "default" in a.help, f"{name} {a.option_strings}: help states no default"
-    # the GPU micro-benchmark's options too (python -m repro.engine.bench)
-    for a in bench.build_parser()._actions:
+    # the round benchmarks' options too (python -m repro.engine.bench MODE)
+    for a in rounds.build_parser({n: what for n, (_, what) in COMMANDS.items()})._actions:
         if not isinstance(a, argparse._HelpAction):
             assert a.help, f"repro.engine.bench {a.option_strings or a.dest}: no help"
             if a.option_strings and a.default not in (None, False):
@@ -98,9 +98,12 @@ def test_bench_help_lists_its_sub_benchmarks(capsys):
     desc = out[:out.index("options:")]
     assert "Sub-benchmarks:" in desc and "\n  suite  generation speed of a checkpoint on benchmark problem files" in desc
     assert "NFE" in desc and "TPF" in desc
-    for module in ("repro.engine.bench", "repro.engine.bench_graph_round", "repro.engine.bench_slot_attention",
-                   "repro.engine.bench_route"):  # the GPU micro-benchmarks it points to exist
-        assert f"\n  {module} " in out and importlib.util.find_spec(module) is not None, module
+    assert "python -m repro.engine.bench NAME [--help], NAME one of:" in " ".join(out.split())
+    from repro.engine.bench import COMMANDS
+
+    assert "\n  round, generate, decode, all, batch  one denoising round" in out
+    for name, (module, _) in COMMANDS.items():  # the benchmarks it points to exist
+        assert f"\n  {name} " in out and importlib.util.find_spec(f"repro.engine.bench.{module}") is not None, name
     assert max(map(len, out.splitlines())) <= 98, out  # wrapped to $COLUMNS - 2, as argparse's own text
 
 

@@ -296,7 +296,7 @@ def test_packed_4bit_experts_bit_identical_to_alone(dev, mma_model, tiles):
     dequantize-at-load: tests/kernels/test_moe_w4.py.)"""
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
-    from repro.engine.bench_w4 import w4_weights
+    from repro.engine.bench.w4 import w4_weights
 
     shape = F.preset_shape(**{**TINY_CONFIG, "num_hidden_layers": 2})
     W4 = w4_weights(F.random_weights(shape, dev, torch.float32, seed=4, std=0.1), shape, seed=4)
@@ -378,7 +378,7 @@ def test_batched_tile_file(monkeypatch):
     own tiles win; packed 4-bit experts take its 4-bit entries, or keep their kernels' tiles); on a device without
     an entry nothing changes."""
     import repro.engine.kernels.configs as C
-    from repro.engine.bench_w4 import w4_weights
+    from repro.engine.bench.w4 import w4_weights
 
     shape = F.preset_shape()  # the file is keyed by the full-size shapes (E=257, N=512, H=2048)
     W = {"layers": [{"w13": torch.zeros(1)}]}
@@ -421,9 +421,9 @@ def test_batched_tile_file(monkeypatch):
 
 
 def test_breakdown_families():
-    """``bench_graph_round --breakdown``: kernels of one forward (dense layer 0, one MoE layer, head) in launch
+    """``bench graph-round --breakdown``: kernels of one forward (dense layer 0, one MoE layer, head) in launch
     order get their families; rows_linear by position (QKV, O, ..., lm_head), the first expert GEMMs = dense."""
-    from repro.engine.bench_graph_round import classify_kernels
+    from repro.engine.bench.graph_round import classify_kernels
 
     layer = ["_add_rmsnorm_kernel", "_rows_linear_kernel", "_qk_norm_rope_kv_kernel", "_attn_split_kernel",
              "_attn_combine_kernel", "_rows_linear_kernel"]
@@ -443,10 +443,10 @@ def test_breakdown_families():
 
 
 def test_sweep_uses_the_precision(monkeypatch):
-    """``bench_graph_round --sweep FILE --precision nvfp4-w4a16``: the model is built once in that precision and
+    """``bench graph-round --sweep FILE --precision nvfp4-w4a16``: the model is built once in that precision and
     every tile set is timed on it (the 4-bit sweep of docs/perf_history.md, session 5); a failing set is reported, not fatal."""
-    import repro.engine.bench as B
-    import repro.engine.bench_graph_round as G
+    import repro.engine.bench.common as B
+    import repro.engine.bench.graph_round as G
 
     built, timed = [], []
     monkeypatch.setattr(G, "_model", lambda layers, precision, seed: built.append(precision) or ("model",))
@@ -479,7 +479,7 @@ def test_sweep_uses_the_precision(monkeypatch):
 
 def test_breakdown_families_slot_attention():
     """The kernels of :mod:`.attention_slots` count as the attention family."""
-    from repro.engine.bench_graph_round import classify_kernels
+    from repro.engine.bench.graph_round import classify_kernels
 
     names = ["_slot_qk_norm_rope_kernel", "_slot_chunk_kernel", "_slot_fold_kernel", "_slot_whole_kernel"]
     assert classify_kernels(names, first_dense=0, head=False) == ["attention"] * 4
@@ -502,7 +502,7 @@ def test_batched_bf16_bit_identical_and_graph(precision):
     shape = F.preset_shape(num_hidden_layers=4)
     W = F.random_weights(shape, "cuda", torch.bfloat16, seed=5)
     if precision == "nvfp4-w4a16":
-        from repro.engine.bench_w4 import w4_weights
+        from repro.engine.bench.w4 import w4_weights
 
         W = w4_weights(W, shape, seed=5)
     ML, n_check = 2048, 8

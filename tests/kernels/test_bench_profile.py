@@ -1,8 +1,8 @@
-"""``bench round --breakdown``: the roles of the single-request round's kernels (repro/engine/bench_profile.py)."""
+"""``bench round --breakdown``: the roles of the single-request round's kernels (repro/engine/bench/profiling.py)."""
 import pytest
 import torch
 
-from repro.engine.bench_profile import ROLES, breakdown_table, classify_round
+from repro.engine.bench.profiling import ROLES, breakdown_table, classify_round
 
 
 def _layer(qkv, o, fused_attn=False):
@@ -47,7 +47,7 @@ def test_breakdown_table_lists_every_role_and_the_gaps():
 @pytest.mark.gpu
 def test_round_breakdown_small_model():
     """Every per-layer kernel found once per layer in a profiled graph replay; Σ kernels <= the replay time."""
-    from repro.engine.bench_profile import round_breakdown
+    from repro.engine.bench.profiling import round_breakdown
 
     from .conftest import small_block_forward
 
@@ -63,9 +63,9 @@ def test_round_breakdown_small_model():
 
 
 def test_every_round_variant_sets_real_options(dev):
-    """bench_variants: every BASE key is a BlockForward option (a typo would be skipped silently when False), and
+    """bench.variants: every BASE key is a BlockForward option (a typo would be skipped silently when False), and
     each variant of ROUND_VARIANTS sets its options on a real forward (PDL aside: off without GPU support)."""
-    from repro.engine import bench_variants as BV
+    from repro.engine.bench import variants as BV
     from repro.engine.kernels import _triton
     from repro.engine.kernels import fastpath as F
 

@@ -6,6 +6,7 @@ pytest.importorskip("triton")
 
 from repro.checkpoint import nvfp4 as Q  # noqa: E402
 from repro.engine.kernels import moe as M  # noqa: E402
+from repro.engine.kernels import moe_gemm as MG  # noqa: E402
 from repro.engine.kernels import moe_w4 as W4  # noqa: E402
 
 from .conftest import rel_err  # noqa: E402
@@ -137,7 +138,7 @@ def test_lut_decode_is_dequantize_at_load_for_every_code_and_scale(derived):
 def test_derived_tables_refused_outside_their_range(g):
     """Outside DERIVED_G_RANGE the derived tables are wrong for some block scale (A/2 subnormal: halving and
     rounding no longer commute; 4 · B overflows): the guard says so, the default decode is then 3, an explicit
-    decode 4 is refused, and NVFP4Experts re-checks g after it changes."""
+    decode 4 is refused, and the kernels' cached check (moe_gemm.experts_derived_ok) re-checks g after it changes."""
     q, scale, g2, rows = _all_codes_and_scales([g])
     want = torch.stack([Q.dequantize(q[r:r + 1], scale[r:r + 1], g2[r], dtype=torch.bfloat16)[0]
                         for r in range(rows)])
@@ -146,9 +147,9 @@ def test_derived_tables_refused_outside_their_range(g):
     assert not W4.derived_tables_ok(g2)
     w = Q.NVFP4Experts(2, 8, 32, 1, torch.bfloat16)
     w.g.fill_(0.5)
-    assert w.derived_tables_ok()
+    assert MG.experts_derived_ok(w)
     w.g[1, 0] = g
-    assert w.derived_tables_ok() is False
+    assert MG.experts_derived_ok(w) is False
     act = torch.zeros(1, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="W4_DECODE 4"):
         W4.pick_decode("lut", act, 4, derived_ok=False)

@@ -8,7 +8,7 @@ import json
 from serve_util import stream_lines
 
 from repro.engine.llm import LLM
-from repro.engine.serve.bench import start_server
+from repro.engine.bench.serve import start_server
 
 
 def test_engine_error_is_reported_and_server_keeps_serving(serve_tiny_dir):

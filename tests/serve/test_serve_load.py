@@ -13,7 +13,7 @@ import time
 
 from serve_util import Paced, stream_lines
 
-from repro.engine.serve.bench import start_server
+from repro.engine.bench.serve import start_server
 
 
 def _stream_client(port: int, i: int, out: dict) -> None:

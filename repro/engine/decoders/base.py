@@ -34,6 +34,7 @@ import importlib
 import pkgutil
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -65,11 +66,10 @@ _NONE_ALLOWED = ("max_new_tokens", "residual_temperature")
 def algorithms() -> dict:
     """Algorithm name → decoder module, for every module of :mod:`repro.engine.decoders` that defines
     ``Decoder`` and ``DEFAULTS`` (discovered once, like SGLang's ``algo_name_to_cls``)."""
-    import repro.engine.decoders as pkg
-
+    package = __name__.rpartition(".")[0]  # this folder's package, found without importing it back (no cycle)
     found = {}
-    for info in pkgutil.iter_modules(pkg.__path__):
-        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        mod = importlib.import_module(f"{package}.{info.name}")
         cls = getattr(mod, "Decoder", None)
         if cls is not None and hasattr(mod, "DEFAULTS"):
             if cls.name in found:

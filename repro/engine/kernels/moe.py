@@ -1,5 +1,5 @@
 """Grouped expert GEMMs of the fused MoE for small token counts (a 32-token block x top-8 of 256 experts),
-beside their torch references (:func:`moe_reference`, :func:`moe_naive_loop`).
+beside their torch references (:func:`moe_reference`, :func:`moe_naive_loop`: :mod:`.moe_ref`, re-exported).
 
 Each expert is SwiGLU ``down(silu(gate(x)) * up(x))``, the routed experts weighted by the routing weights
 of :mod:`.route` (which also holds :class:`MoEWorkspace`, the router and the token-expert alignment); the
@@ -17,7 +17,7 @@ CUDA-graph capturable). The two grouped GEMMs (steps 1-2) live in :mod:`.moe_gem
 prologue, ``_expert_slot``: which expert, output tile and token rows a program owns; idle programs exit after one
 or two scalar loads; with a tile table in the workspace, :func:`.route.moe_tiles`, many rows per round: the
 batched forward, both launch over (tiles in use, n-tiles) instead of (E1, n-tiles, m-blocks), with the same tile
-code) and are re-exported here; this module holds the torch references, the top-k sum, the L2 prefetch, the
+code) and are re-exported here, as the torch references of :mod:`.moe_ref`; this module holds the top-k sum, the L2 prefetch, the
 whole-block entry point :func:`fused_moe` and the engine seam adapter:
 
 1. ``_moe_gate_up_kernel``: grid (E1, N/BLOCK_N, cdiv(T_PAD, BLOCK_M)); each program streams one
@@ -38,6 +38,7 @@ import torch
 
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, triton
 from .moe_gemm import expert_gemms_reference, expert_slots, linear_rows, moe_down, moe_gate_up
+from .moe_ref import moe_naive_loop, moe_reference
 from .route import DEFAULT_CONFIGS, MoEWorkspace, _cfg, moe_align, moe_route_align, moe_tiles, route_reference
 
 if HAS_TRITON:  # the kernels themselves, for tools that compile them (scripts/sass_count.py, the tuner)
@@ -66,71 +67,8 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------------
-# Plain PyTorch references
+# Weight layout (the torch references: moe_ref.py)
 # --------------------------------------------------------------------------------------------------
-
-
-def moe_reference(
-    x: torch.Tensor,
-    gate_w: torch.Tensor,
-    expert_bias: torch.Tensor | None,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    top_k: int = 8,
-    n_group: int = 8,
-    topk_group: int = 4,
-    scaling: float = 2.5,
-    renormalize: bool = True,
-    topk: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """MoE block in fp32 (upcast inputs): routed experts + shared expert (if ``w13`` has E+1 experts).
-
-    x [T, H]; w13 [E1, 2N, H]; w2 [E1, H, N]. ``topk`` = (ids, weights) to reuse a routing decision.
-    Returns [T, H] fp32.
-    """
-    E = gate_w.shape[0]
-    E1, twoN, H = w13.shape
-    N = twoN // 2
-    ids, wts = topk if topk is not None else route_reference(
-        x, gate_w, expert_bias, top_k, n_group, topk_group, scaling, renormalize
-    )
-    xf = x.float()
-    out = torch.zeros(x.shape[0], H, dtype=torch.float32, device=x.device)
-    for e in torch.unique(ids).tolist():
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        w = w13[e].float()
-        g = xf[tok] @ w[:N].t()
-        u = xf[tok] @ w[N:].t()
-        y = (torch.nn.functional.silu(g) * u) @ w2[e].float().t()
-        out.index_add_(0, tok, y * wts[tok, slot, None])
-    if E1 == E + 1:
-        w = w13[E].float()
-        out += (torch.nn.functional.silu(xf @ w[:N].t()) * (xf @ w[N:].t())) @ w2[E].float().t()
-    return out
-
-
-def moe_naive_loop(x, gate_w, expert_bias, w13, w2, top_k=8, n_group=8, topk_group=4, scaling=2.5):
-    """The model's remote-code style (bf16 per-expert loop with host syncs); the benchmark's baseline.
-
-    x [T, H] bf16. Loops over all E experts, ``nonzero`` per expert (one device->host sync each).
-    Returns [T, H] in x.dtype.
-    """
-    E = gate_w.shape[0]
-    N = w13.shape[1] // 2
-    ids, wts = route_reference(x, gate_w, expert_bias, top_k, n_group, topk_group, scaling)
-    wts = wts.to(x.dtype)
-    out = torch.zeros_like(x)
-    for e in range(E):
-        tok, slot = torch.where(ids == e)
-        if tok.numel() == 0:
-            continue
-        xe = x[tok]
-        h = torch.nn.functional.silu(xe @ w13[e, :N].t()) * (xe @ w13[e, N:].t())
-        out.index_add_(0, tok, (h @ w2[e].t()) * wts[tok, slot, None])
-    if w13.shape[0] == E + 1:
-        h = torch.nn.functional.silu(x @ w13[E, :N].t()) * (x @ w13[E, N:].t())
-        out = out + h @ w2[E].t()
-    return out
 
 
 def stack_experts(gate_projs, up_projs, down_projs, shared=None):

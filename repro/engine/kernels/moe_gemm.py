@@ -28,10 +28,10 @@ from __future__ import annotations
 import torch
 
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, triton
-from .moe_w4 import check_w4_tiles, pick_decode
+from .moe_w4 import check_w4_tiles, derived_tables_ok, pick_decode
 from .route import MoEWorkspace, _cfg
 
-__all__ = ["moe_gate_up", "moe_down", "linear_rows", "expert_slots", "expert_gemms_reference"]
+__all__ = ["moe_gate_up", "moe_down", "linear_rows", "expert_slots", "expert_gemms_reference", "experts_derived_ok"]
 
 
 def expert_gemms_reference(x, w13, w2, ids, weights):
@@ -259,6 +259,24 @@ def w4_decode_tile(block_k: int, tile: tuple[int, int], in_f: int, out_f: int, p
     return min(block_k, in_f), min(parts * tile[0], out_f), tile[1]
 
 
+def experts_derived_ok(w) -> bool | None:
+    """Whether the derived-table decode (``W4_DECODE`` 4) is exact for the global scales of
+    :class:`~repro.checkpoint.nvfp4.NVFP4Experts` ``w`` (:func:`repro.engine.kernels.moe_w4.derived_tables_ok`),
+    cached on ``w`` per version of ``w.g`` (a changed ``g`` is checked again; the copies ``with_shared`` makes keep
+    the cache); None when it is not known and cannot be read now (first asked inside CUDA-graph capture, where
+    reading ``g`` would sync: the kernels then take decode 3). Kept here, not on the format's class: the checkpoint
+    format knows nothing of the kernels."""
+    key = (w.g.data_ptr(), w.g._version)
+    hit = w.__dict__.get("_derived_ok")
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    if w.g.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    ok = derived_tables_ok(w.g)
+    w._derived_ok = (key, ok)
+    return ok
+
+
 def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int | None = None,
                     tile: tuple[int, int] = (64, 4), parts: int = 1):
     """(E1, out, in, weight argument, W4 launch kwargs) of stacked expert weights ``w``: a tensor [E1, out, in]
@@ -282,7 +300,7 @@ def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int 
                          f"{parts} (gate+up: gate and up; down: one; build them with NVFP4Experts(..., parts={parts}))")
     check_w4_tiles(min(block_k, in_f), in_f)
     decode = pick_decode(w.layout, ws.inter, decode, kernel, w4_decode_tile(block_k, tile, in_f, out_f, parts),
-                         w.derived_tables_ok() if w.layout == "lut" and ws.inter.is_cuda else None)
+                         experts_derived_ok(w) if w.layout == "lut" and ws.inter.is_cuda else None)
     # the shared expert's rows (never read without one: then any tensor of the activation dtype will do)
     dense = w.shared.contiguous() if w.shared is not None else ws.inter
     return E1, out_f, in_f, dense, dict(W4=True, q_ptr=w.q, s_ptr=w.s, g_ptr=w.g, W4_DECODE=decode)

@@ -110,7 +110,7 @@ def moe_w4_reference(x, gate_w, expert_bias, w13, w2, top_k=8, n_group=8, topk_g
 
     x [T, H]; w13, w2: :class:`~repro.checkpoint.nvfp4.NVFP4Experts` ([E, 2N, H] / [E, H, N], shared expert
     in ``.shared`` or None). Returns [T, H] fp32."""
-    from .moe import moe_reference
+    from .moe_ref import moe_reference
 
     a, b = w13.dequantize(), w2.dequantize()
     if w13.shared is not None:

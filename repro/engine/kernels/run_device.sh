@@ -21,7 +21,7 @@ echo "bench rc=$?"
 timeout ${DECODE_S:-150} python3 -m repro.engine.bench decode --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" | grep -v "^{"
 echo "decode rc=$?"
 timeout ${DECODE_S:-150} python3 -m repro.engine.bench decode --precision nvfp4-w4a16 --json "$OUT/decode_w4.json" 2>&1 | grep -v "^{"
-timeout 60 python3 -m repro.engine.bench_w4 2>&1 | tee "$OUT/moe_w4.log" | grep -v "^{"
+timeout 60 python3 -m repro.engine.bench w4 2>&1 | tee "$OUT/moe_w4.log" | grep -v "^{"
 python3 - <<'PY'
 import json, os
 out = os.environ.get("OUT", "/tmp/out")

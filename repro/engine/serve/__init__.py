@@ -6,7 +6,7 @@
 
 Modules: :mod:`~repro.engine.serve.app` (routes, shapes, errors), :mod:`~repro.engine.serve.schemas` (request
 bodies), :mod:`~repro.engine.serve.worker` (the engine thread, bounded queue, streaming text, cancellation),
-:mod:`~repro.engine.serve.bench` (server vs ``LLM.generate`` tokens/s on a GPU). README section "Serving".
+:mod:`~repro.engine.bench.serve` (server vs ``LLM.generate`` tokens/s on a GPU). README section "Serving".
 
 Contract of :func:`serve_main`: loads the checkpoint (a directory, or a hub id fetched with
 ``huggingface_hub`` — cache or hub), runs one warm-up generation (CUDA-graph capture happens then, not in the

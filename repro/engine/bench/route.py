@@ -1,6 +1,6 @@
-"""`python -m repro.engine.bench_route`: the router / route-select / tile-table family (kernels/route.py) alone.
+"""`python -m repro.engine.bench route`: the router / route-select / tile-table family (kernels/route.py) alone.
 
-    python -m repro.engine.bench_route [--rows 32,256,1024] [--layers 48] [--iters 30] [--before FILE]
+    python -m repro.engine.bench route [--rows 32,256,1024] [--layers 48] [--iters 30] [--before FILE]
         [--sets FILE] [--json FILE]
 
 LLaDA2.1-mini's MoE routing shapes (H 2048, E 256 + shared, top-8 of 8 groups / 4 kept, x2.5) on R token rows
@@ -135,7 +135,7 @@ class _Case:
 
 def _ref_check(case, st) -> dict:
     """Agreement of the ids with route_reference on the fp64 normalised rows (module doc)."""
-    from .kernels.route import route_reference
+    from ..kernels.route import route_reference
 
     h = case.h.double()
     a = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * case.nw.double()
@@ -176,11 +176,11 @@ def _profile_kernels(case) -> dict:
 def bench(sets: dict, rows, layers=48, iters=30, before=None, log=print, json_path=None) -> dict:
     """Every set of ``sets`` at every R of ``rows`` (``single`` sets at R = 32 only); returns the JSON document
     (also written to ``json_path`` after every measurement, so a run cut short keeps what it measured)."""
-    from .bench import env_info, time_replays
-    from .kernels import route as after
+    from .common import env_info, time_replays
+    from ..kernels import route as after
 
     mods = {"after": after, "before": before}
-    doc = {"bench": "repro.engine.bench_route", **env_info(), "layers": layers, "iters": iters, "results": []}
+    doc = {"bench": "repro.engine.bench route", **env_info(), "layers": layers, "iters": iters, "results": []}
     first = {}
     for name, spec in sets.items():
         mod = mods[spec.get("module", "after")]
@@ -250,13 +250,13 @@ def table(doc) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench_route", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench route", description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="32,256,1024", help="token rows R (32 per request slot), comma-separated")
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--before", default=None, help="another version's route.py for the 'before' sets")
     ap.add_argument("--sets", default=None, help="JSON file {name: variant} (module doc); default DEFAULT_SETS")
-    from repro.engine.bench_cli import emit_json, gpu_args, log, read_json_object
+    from .cli import emit_json, gpu_args, log, read_json_object
 
     args, rows = gpu_args(ap, argv, "--rows", "32,256,1024", check=lambda rows: (
         "every R must be a multiple of 32 (whole request blocks)" if any(R % 32 for R in rows) else None))

@@ -1,6 +1,6 @@
 """The weights-only 4-bit round (precision ``nvfp4-w4a16``) for ``python -m repro.engine.bench round``.
 
-Same model, block and prefixes as the BF16 round of :mod:`repro.engine.bench` (run in the same process, so
+Same model, block and prefixes as the BF16 round of :mod:`repro.engine.bench.rounds` (run in the same process, so
 against the same copy bandwidth): every MoE layer's routed experts replaced by random NVFP4 experts in the
 real shapes (:func:`repro.engine.kernels.moe_w4.random_nvfp4_experts`; packed e2m1 + E4M3 block scales +
 fp32 global scales, ~0.56 byte per weight), everything else (attention, dense layer 0, shared experts,
@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from .kernels.moe_w4 import W4_TILES_DEFAULT
+from ..kernels.moe_w4 import W4_TILES_DEFAULT
 
 #: bytes per routed-expert weight in NVFP4: 4-bit code + one E4M3 scale per 16 weights
 NVFP4_BYTES = 0.5 + 1.0 / 16
@@ -78,7 +78,7 @@ def relabel(W4: dict, layout: str) -> dict:
 def w4_weights(W: dict, shape, seed: int = 0) -> dict:
     """``W`` (kernel layout, BF16) with each MoE layer's routed experts replaced by random NVFP4 experts
     (the shared expert, index E of W's stacks, attached as ``.shared``; no copy of the other tensors)."""
-    from .kernels.moe_w4 import random_nvfp4_experts
+    from ..kernels.moe_w4 import random_nvfp4_experts
 
     dev = W["embed"].device
     g = torch.Generator(device=dev)
@@ -137,12 +137,12 @@ def dequantized(W4: dict) -> dict:
 def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=None, time_replays=None,
                    configure=None) -> dict:
     """The 4-bit round beside the BF16 one (module doc). ``fw``: the BF16 round's BlockForward (its KV cache
-    is copied); ``block_ids(shape, seed, kind)`` and ``time_replays(fn, iters)`` from :mod:`.bench`. The tile
+    is copied); ``block_ids(shape, seed, kind)`` and ``time_replays(fn, iters)`` from :mod:`.common`. The tile
     variants timed: all of ``W4_TILES``, or those named in the environment variable ``W4_ROUND_TILES``
     (comma-separated; "default" always included), for a GPU call short of time. Raises KeyError for an unknown
     name. ``configure(fw4)`` (optional) is called on the 4-bit BlockForward once it is built (e.g. to set the
     options of the BF16 round's best variant, or to keep a reference for a kernel breakdown)."""
-    from .kernels import fastpath as F
+    from ..kernels import fastpath as F
 
     W4 = w4_weights(W, shape)
     fw4 = F.BlockForward(W4, shape, fw.max_len, T=fw.T, device="cuda")
@@ -210,7 +210,7 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
     torch.cuda.synchronize()
     a, b = fw4.logits.float(), fwd.logits.float()
     # noise scale of the BF16 path itself: the dequantized model through the fp32 torch reference MoE
-    from .kernels import moe as M
+    from ..kernels import moe as M
 
     ref = F.reference_forward(fwd.W, shape, fw.kv, P, ids, moe_fn=M.moe_reference).float()
     # one MoE layer alone (no routing flips propagating through 20 layers): 4-bit kernels vs BF16 kernels on
@@ -235,11 +235,11 @@ def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print,
     """Per-kernel times of one MoE layer in the real shapes (E=256, H=2048, N=512, top-8 + shared), BF16 vs
     4-bit experts with the same routing: gate+up and down, median µs of CUDA-event timed launches, and the
     expert bytes each reads (touched experts + shared) / time; the decodes 4 / 3 / 2 / 1 at the default tiles,
-    then each ``W4_TILES`` variant named in ``tiles``. ``python -m repro.engine.bench_w4``; also the
+    then each ``W4_TILES`` variant named in ``tiles``. ``python -m repro.engine.bench w4``; also the
     program to profile (``ncu --kernel-name regex:_moe_ ...``)."""
-    from .bench import time_replays
-    from .kernels import moe as M
-    from .kernels.moe_w4 import random_nvfp4_experts
+    from .common import time_replays
+    from ..kernels import moe as M
+    from ..kernels.moe_w4 import random_nvfp4_experts
 
     E, H, N, k = 256, 2048, 512, 8
     ref = None
@@ -283,10 +283,25 @@ def moe_layer_kernels(iters: int = 50, T: int = 32, seed: int = 0, log=print,
     return out
 
 
-if __name__ == "__main__":
+
+def main(argv=None) -> int:
+    """``python -m repro.engine.bench w4``: :func:`moe_layer_kernels` with its default tiles; the JSON document
+    on stdout. Without CUDA: ``{"error": "CUDA not available"}`` and exit status 2."""
+    import argparse
     import json
+
+    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench w4",
+                                 description="one MoE layer's 4-bit expert GEMMs (gate+up, down) per tile set vs "
+                                             "the BF16 kernels: µs, GB/s, error against BF16 (module docstring)")
+    ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "CUDA not available"}))
+        return 2
+    print(json.dumps(moe_layer_kernels()))
+    return 0
+
+
+if __name__ == "__main__":
     import sys
 
-    if not torch.cuda.is_available():
-        sys.exit("needs a CUDA GPU")
-    print(json.dumps(moe_layer_kernels()))
+    sys.exit(main())

@@ -1,10 +1,10 @@
 """Benchmark: one streamed request through the HTTP server vs the same request through ``LLM.generate``.
 
-    python -m repro.engine.serve.bench                        # CUDA: LLaDA2.1-mini shapes, random bf16 weights
-    python -m repro.engine.serve.bench --checkpoint DIR --device cpu --tokens 128   # any checkpoint (e.g. tiny)
+    python -m repro.engine.bench serve                        # CUDA: LLaDA2.1-mini shapes, random bf16 weights
+    python -m repro.engine.bench serve --checkpoint DIR --device cpu --tokens 128   # any checkpoint (e.g. tiny)
 
 Without ``--checkpoint`` the model is LLaDA2.1-mini in its real shapes (``presets.PRESETS["llada2.1-mini"]``)
-with deterministic random weights (``LLaDA2Model.random``, bf16, as :mod:`repro.engine.bench` builds it) behind
+with deterministic random weights (``LLaDA2Model.random``, bf16, as :mod:`repro.engine.bench.rounds` builds it) behind
 a temporary checkpoint folder that holds only the config, the tiny checkpoint's byte-level tokenizer and the
 packaged ``paper_decoding.json`` (ids the tokenizer does not know decode to nothing; token counts are what is
 compared). The server (:func:`repro.engine.serve.app.create_app` under uvicorn, 127.0.0.1, a thread of this
@@ -114,7 +114,8 @@ def stream_request(port: int, body: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="tokens/s of one streamed server request vs LLM.generate")
+    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench serve",
+                                 description="tokens/s of one streamed server request vs LLM.generate")
     ap.add_argument("--checkpoint", default=None, help="checkpoint directory (default: full-size random weights)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--role", default="orl", choices=["orl", "base"])
@@ -173,7 +174,7 @@ def main(argv=None) -> int:
     server.should_exit = True
     d = statistics.median(x["tps"] for x in runs_d)
     s = statistics.median(x["tps"] for x in runs_s)
-    doc = {"bench": "repro.engine.serve.bench", "device": str(llm.device), "engine_path": llm.engine_path,
+    doc = {"bench": "repro.engine.bench serve", "device": str(llm.device), "engine_path": llm.engine_path,
            "model": a.checkpoint or "llada2.1-mini random bf16", "prompt_tokens": a.prompt_tokens,
            "max_new_tokens": a.tokens, "direct_tokens_per_s": d, "server_tokens_per_s": s, "ratio": s / d,
            "target_ratio": 0.95, "runs_direct": runs_d, "runs_server": runs_s}

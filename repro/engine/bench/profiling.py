@@ -1,7 +1,7 @@
 """Per-kernel device times of a forward from torch.profiler (CUPTI), shared by the round benchmarks.
 
 * :func:`cuda_kernels`: the CUDA kernels recorded while a callable runs (name, start, duration), in launch order;
-  ``bench_graph_round.kernel_breakdown`` (batched round, by kernel family) and :func:`round_breakdown` (the
+  ``bench.graph_round.kernel_breakdown`` (batched round, by kernel family) and :func:`round_breakdown` (the
   single-request round of ``fastpath.BlockForward``, by kernel role) are built on it.
 * :func:`round_breakdown`: one single-request round (CUDA-graph replays; eager forwards where the profiler sees no
   kernel inside a graph) split by role — embed, add+RMSNorm, QKV GEMM, QK-norm+RoPE+KV write, attention split,
@@ -94,7 +94,7 @@ def round_breakdown(fw, replays: int = 5, graph_ms: float | None = None) -> dict
     round, "graph_ms": median replay time (CUDA events, or ``graph_ms`` if given), "source": "graph" | "eager"}``.
     The round is captured as a CUDA graph and ``replays`` replays are profiled; if the profiler sees no kernel
     inside the graph, ``replays`` eager forwards are profiled instead (the same kernels, plus launch gaps)."""
-    from .bench import time_replays
+    from .common import time_replays
 
     g = fw.capture(head=True)
     if graph_ms is None:

@@ -4,8 +4,12 @@
                                            [--variants a,b] [--w4-variants a,b] [--breakdown]
     python -m repro.engine.bench generate  [--prefix 1024] [--tokens 1024] [--steps-per-block 8]
     python -m repro.engine.bench all       (both, one model build; last line = one JSON with both)
+    python -m repro.engine.bench decode    [--prefix 1024] [--decode-tokens 256] [--precision bf16|nvfp4-w4a16]
     python -m repro.engine.bench batch     batched generation: tokens/s at batch 1/8/32, round vs floor,
-                                           batch invariance (repro/engine/bench_batch.py)
+                                           batch invariance (repro/engine/bench/batch.py)
+
+The command line is :mod:`repro.engine.bench.__main__` (it runs ``batch`` through :mod:`.batch`); this module
+holds the modes' measurements and their parser (:func:`build_parser`) and :func:`run`.
 
 Needs only torch + triton and a CUDA GPU. Builds LLaDA2.1-mini in its real shapes (docs/engine.md §1/§3:
 20 layers, hidden 2048, 16 Q / 4 KV heads x 128, dense layer 0 (5120), 19 MoE layers of 256 experts x 512
@@ -24,10 +28,10 @@ per-expert loop with a host sync per expert, the model's remote-code style) time
 ratio to the engine, and a check of the engine's logits against it (relative error, argmax agreement).
 
 Then (unless ``--no-w4``) the weights-only 4-bit round (precision ``nvfp4-w4a16``) on the same block, cache
-and copy bandwidth: :mod:`repro.engine.bench_w4`, with the BF16 round's fastest variant (``--w4-variants``: others
-timed on it too). Variants: :mod:`repro.engine.bench_variants` (``--variants`` picks them). ``--breakdown``: a
+and copy bandwidth: :mod:`repro.engine.bench.w4`, with the BF16 round's fastest variant (``--w4-variants``: others
+timed on it too). Variants: :mod:`repro.engine.bench.variants` (``--variants`` picks them). ``--breakdown``: a
 table of µs per kernel launch by role for one round of each (CUDA-graph replays under torch.profiler,
-:mod:`repro.engine.bench_profile`), for the session-5 default ``norm_in_route`` and the fastest variant.
+:mod:`repro.engine.bench.profiling`), for the session-5 default ``norm_in_route`` and the fastest variant.
 
 ``generate``: P-token random prefix, then ``tokens`` new tokens in blocks of 32 with a fixed commit
 schedule (each denoise round commits the ``32/steps`` most confident masked positions, on device; after
@@ -43,93 +47,22 @@ GPU idle < 3% of the generation's wall time. The last line printed is one JSON d
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import statistics
 import sys
 import time
 
 import torch
 
-from .bench_variants import (ROUND_VARIANTS, VARIANTS, breakdowns as _breakdowns,  # noqa: F401 (re-exported)
-                             round_w4 as _round_w4, set_variant as _set_variant, time_variants)
+from .cli import emit_json
+from .common import block_ids, copy_bandwidth, env_info, pack_random_experts, time_replays
+from .variants import (ROUND_VARIANTS, VARIANTS, breakdowns as _breakdowns, round_w4 as _round_w4,
+                       set_variant as _set_variant, time_variants)
 
 TARGETS = {"ratio_1k": 1.15, "ratio_4k": 1.2, "naive_over_engine": 80.0, "gpu_idle_frac": 0.03}
 
 
-def int_list(ap, flag: str, text: str, example: str = "1,8,32") -> list[int]:
-    """``text`` (comma-separated integers, the value of ``flag``) as a list; otherwise ``ap.error`` (exit 2)
-    naming the flag and an example."""
-    try:
-        return [int(v) for v in text.split(",") if v]
-    except ValueError:
-        ap.error(f"{flag} {text!r}: want comma-separated integers, e.g. {example}")
-
-
-def emit_json(doc: dict, path: str | None) -> int:
-    """The benchmarks' last step: ``doc`` as one JSON line on stdout (the last line a device call returns) and,
-    when ``path`` is given, the same text in that file. Returns 0 (the exit status)."""
-    text = json.dumps(doc)
-    if path:
-        with open(path, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
-    return 0
-
-
-def env_info() -> dict:
-    info = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__}
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except Exception:  # noqa: BLE001
-        info["triton"] = None
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        info.update(gpu=p.name, sms=p.multi_processor_count, gpu_mem_GiB=round(p.total_memory / 2**30, 1),
-                    cuda=torch.version.cuda)
-    return info
-
-
-def copy_bandwidth(nbytes: int = 2 << 30, iters: int = 20) -> float:
-    """Device-to-device copy bandwidth in GB/s, counting bytes read + written (median of ``iters``)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * nbytes / (statistics.median(ts) * 1e-3) / 1e9
-
-
-def time_replays(fn, iters: int, warmup: int = 5) -> dict:
-    """CUDA-event time of single calls of ``fn`` (ms): median, min, p90 over ``iters`` after ``warmup``."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return {"ms": statistics.median(ts), "ms_min": ts[0], "ms_p90": ts[int(0.9 * (len(ts) - 1))], "n": len(ts)}
-
-
 def build(seed: int = 0, max_len: int = 4096 + 128, configs=None):
-    from .kernels import fastpath as F
+    from ..kernels import fastpath as F
 
     shape = F.preset_shape("llada2.1-mini")
     t0 = time.perf_counter()
@@ -150,15 +83,6 @@ def build(seed: int = 0, max_len: int = 4096 + 128, configs=None):
 BLOCKS = {"issue": "32 distinct random tokens (the targets' block)", "half_masked": "16 random tokens + 16 masks"}
 
 
-def _block_ids(shape, seed: int, kind: str = "issue", T: int = 32):
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed)
-    ids = torch.randint(0, shape.vocab - 512, (T,), device="cuda", generator=g)
-    if kind == "half_masked":
-        ids[T // 2:] = shape.mask_id
-    return ids
-
-
 def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_path=None, log=print,
                 variants=ROUND_VARIANTS):
     """Time one denoising round (graph replay, head included) for every block kind × prefix.
@@ -167,13 +91,13 @@ def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_pat
     and then timed on every (block, prefix). The naive reference runs on the headline block. Returns one
     dict per (block, prefix) with ms, GB/s, distinct experts, bytes, floor and ratio.
     """
-    from .kernels import fastpath as F
+    from ..kernels import fastpath as F
 
     cases = {}  # (kind, P) -> (ids, distinct, bytes, floor_ms)
     _set_variant(fw, "base")
     for kind in BLOCKS:
         for P in prefixes:
-            ids = _block_ids(shape, 100 + P, kind)
+            ids = block_ids(shape, 100 + P, kind)
             fw.ids.copy_(ids)
             fw.cache_len.fill_(P)
             distinct = fw.distinct_experts()
@@ -211,7 +135,7 @@ def bench_round(shape, W, fw, prefixes, iters, naive_iters, copy_bw, profile_pat
                           "argmax_agree": float((lg.argmax(-1) == rf.argmax(-1)).float().mean())}
             # noise floor: the same reference with the MoE in fp32 (moe_reference) instead of the bf16 loop;
             # routing near-ties flip under bf16 rounding, so two correct bf16 paths differ by about this much
-            from .kernels import moe as M
+            from ..kernels import moe as M
 
             r32 = F.reference_forward(W, shape, fw.kv, P, ids, moe_fn=M.moe_reference).float()
             r["check"]["ref_fp32moe_vs_naive_rel_err"] = float((r32 - rf).norm() / rf.norm())
@@ -329,23 +253,6 @@ def bench_generate(shape, W, fw, prefix, tokens, steps, log=print):
     return res
 
 
-def pack_random_experts(model, seed: int) -> None:
-    """Replace the routed experts of a full-size ``LLaDA2Model.random`` (on CUDA) by random NVFP4 experts kept packed
-    (``moe_w4.random_nvfp4_experts``; the shared experts stay BF16) and set ``model.precision = "nvfp4-w4a16"``:
-    the weights-only 4-bit mode with the format's real shapes and byte counts, values not a trained model's."""
-    from repro.engine.kernels.moe_w4 import random_nvfp4_experts
-
-    cfg = model.cfg
-    g4 = torch.Generator(device="cuda").manual_seed(seed + 7)
-    E, I, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
-    for l in cfg.moe_layers:
-        q = f"layers.{l}.moe."
-        model.params[q + "w_gate_up"] = random_nvfp4_experts(E, 2 * I, D, 2, torch.bfloat16, "cuda", g4)
-        model.params[q + "w_down"] = random_nvfp4_experts(E, D, I, 1, torch.bfloat16, "cuda", g4)
-    model.precision = "nvfp4-w4a16"
-    torch.cuda.empty_cache()
-
-
 def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_confidence"), seed: int = 0,
                  eager_tokens: int = 64, log=print, precision: str = "bf16") -> dict:
     """The engine's own decode loop at full size: :func:`repro.engine.decode_loop.generate_ids` with the real
@@ -431,15 +338,29 @@ def bench_decode(prefix: int, tokens: int, algorithms=("joint_threshold", "low_c
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m repro.engine.bench`` (every option with its help and default)."""
-    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench",
+#: the modes of :func:`build_parser` (``batch`` runs :func:`repro.engine.bench.batch.run`)
+MODES = ("round", "generate", "decode", "all", "batch")
+
+
+def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """The command line of ``python -m repro.engine.bench`` (every option with its help and default).
+    ``commands``: the benchmarks with a parser of their own (name -> what it measures), listed among the modes
+    and in the epilog (``repro.engine.bench.__main__`` passes them and runs them before this parser sees them)."""
+    commands = commands or {}
+    epilog = None
+    if commands:
+        width = max(map(len, commands))
+        epilog = "benchmarks with options of their own (python -m repro.engine.bench NAME --help):\n" + "\n".join(
+            f"  {n:<{width}}  {what}" for n, what in commands.items())
+    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench", epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description="LLaDA2.1-mini engine benchmarks on a CUDA GPU: denoising round, "
                                              "generation, decode loop (docs/perf.md)")
-    ap.add_argument("mode", choices=["round", "generate", "decode", "all", "batch"],
+    ap.add_argument("mode", choices=[*MODES, *commands], metavar="MODE",
                     help="round: one denoising round vs its memory floor; generate: a fixed-schedule generation; "
                          "decode: the engine's decode loop (GPU idle); all: round + generate; batch: batched "
-                         "generation and batch invariance (module docstring)")
+                         "generation and batch invariance (repro/engine/bench/batch.py); "
+                         + (", ".join(commands) + ": see below" if commands else ""))
     ap.add_argument("--prefixes", default="1024,4096", help="round: prefix lengths P in tokens (default: %(default)s)")
     ap.add_argument("--iters", type=int, default=50, help="round: timed graph replays per variant, median "
                                                             "reported (default: %(default)s)")
@@ -456,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", default=None, help="write a per-kernel profile table to this file")
     ap.add_argument("--json", default=None, help="also write the JSON document to this file")
     ap.add_argument("--batch-sizes", default="1,8,32",
-                    help="batch mode: batch sizes (repro/engine/bench_batch.py) (default: %(default)s)")
+                    help="batch mode: batch sizes (repro/engine/bench/batch.py) (default: %(default)s)")
     ap.add_argument("--invariance-prompts", type=int, default=32,
                     help="batch mode: prompts of the invariance check (default: %(default)s)")
     ap.add_argument("--invariance-tokens", type=int, default=32,
@@ -465,52 +386,41 @@ def build_parser() -> argparse.ArgumentParser:
                     help="batch mode: new tokens per throughput request (default: %(default)s)")
     ap.add_argument("--sections", default="throughput,graph,invariance",
                     help="batch mode: which parts to run, comma-separated: throughput, graph, batched-graph, handoff, "
-                         "invariance, invariance-graph (repro/engine/bench_batch.py) (default: %(default)s)")
+                         "invariance, invariance-graph (repro/engine/bench/batch.py) (default: %(default)s)")
     ap.add_argument("--algorithms", default="joint_threshold,orl", help="batch mode: decoders of the invariance check "
                     "(default: %(default)s)")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "nvfp4-w4a16"],
                     help="decode and batch modes: the model's precision (nvfp4-w4a16: random NVFP4 routed experts, "
                     "kept packed; batch mode: sections batched-graph and invariance-graph only) (default: %(default)s)")
     ap.add_argument("--variants", default=None, help="round: comma-separated BlockForward variants to time (names "
-                    "of bench.VARIANTS; default bench.ROUND_VARIANTS); the fastest is the round's engine")
+                    "of bench.variants.VARIANTS; default ROUND_VARIANTS); the fastest is the round's engine")
     ap.add_argument("--w4-variants", default=None, help="round: also time these variants on the 4-bit round (default "
                     "tiles), e.g. norm_in_route,norm_in_route+pdl")
     ap.add_argument("--breakdown", action="store_true", help="round: per-kernel table of one round (torch.profiler "
                     "over graph replays) for the BF16 and 4-bit rounds, P = first prefix, default and best variants")
     ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "
-                    "round (repro/engine/bench_w4.py) that otherwise follows the BF16 round")
+                    "round (repro/engine/bench/w4.py) that otherwise follows the BF16 round")
     return ap
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "CUDA not available", **env_info()}))
-        return 2
-
+def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """Modes ``round``, ``generate``, ``decode``, ``all`` of ``args`` (from :func:`build_parser`, ``ap``: for
+    its errors) on the CUDA device; prints progress on stderr and the JSON document last. Returns the exit status."""
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    if args.mode == "batch":  # batched generation: throughput at batch 1/8/32 and batch invariance
-        from repro.engine.bench_batch import run as run_batch
-
-        return run_batch(args, env_info, copy_bandwidth)
     doc = {"bench": "repro.engine.bench", "mode": args.mode, **env_info(), "targets": TARGETS}
     prefixes = [int(p) for p in args.prefixes.split(",") if p]
     max_len = max(prefixes + [args.prefix + args.tokens]) + 128
     if args.mode == "decode":
         doc["decode"] = bench_decode(args.prefix, args.decode_tokens, log=log, precision=args.precision)
-        print(json.dumps(doc))
-        if args.json:
-            with open(args.json, "w") as fh:
-                fh.write(json.dumps(doc) + "\n")
-        return 0
+        return emit_json(doc, args.json)
     copy_bw = copy_bandwidth()
     log(f"copy bandwidth {copy_bw:.0f} GB/s")
     shape, W, fw, build_s = build(args.seed, max_len)
     doc["build_s"] = build_s
     doc["copy_GBps"] = copy_bw
-    from .kernels import moe as M
+    from ..kernels import moe as M
 
     doc["configs"] = {k: M._cfg(k, None, shape.hidden, shape.moe_inter, shape.experts + 1, 32)
                       for k in ("router", "route", "gate_up", "down")}
@@ -552,6 +462,3 @@ def main(argv=None):
     doc["summary"] = summ
     return emit_json(doc, args.json)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
-"""`python -m repro.engine.bench_slot_attention`: the batched round's attention and norms alone, per variant and S.
+"""`python -m repro.engine.bench slot-attention`: the batched round's attention and norms alone, per variant and S.
 
-    python -m repro.engine.bench_slot_attention [--slots 1,8,32] [--prefix 1024] [--layers 20] [--iters 50]
+    python -m repro.engine.bench slot-attention [--slots 1,8,32] [--prefix 1024] [--layers 20] [--iters 50]
         [--json FILE]
 
 LLaDA2.1-mini's shapes (NQ 16, NKV 4, D 128, T = 32 rows per slot, H 2048, top-k 8 + the shared expert), bf16,
@@ -50,16 +50,16 @@ def _randn(shape, seed):
 
 def bench(slots, prefix=1024, layers=20, iters=50, log=print) -> dict:
     """Time every variant (module doc) at each S of ``slots``; returns the JSON document."""
-    from .bench import copy_bandwidth, env_info, time_replays
-    from .kernels import attention as A
-    from .kernels import attention_slots as AS
-    from .kernels import norm as Nm
-    from .kernels.configs import load_config
+    from .common import copy_bandwidth, env_info, time_replays
+    from ..kernels import attention as A
+    from ..kernels import attention_slots as AS
+    from ..kernels import norm as Nm
+    from ..kernels.configs import load_config
 
     bw = copy_bandwidth()
     ac = load_config("attn", "split", dict(NSPLIT=32, BLOCK_N=64, num_warps=4, num_stages=3, MIN_KEYS=256),
                      NQ=NQ, NKV=NKV, D=D, T=T)
-    doc = {"bench": "repro.engine.bench_slot_attention", **env_info(), "prefix": prefix, "layers": layers,
+    doc = {"bench": "repro.engine.bench slot-attention", **env_info(), "prefix": prefix, "layers": layers,
            "copy_GBps": bw, "attn_config": ac, "rows": [], "checks": {}}
     log(f"copy bandwidth {bw:.0f} GB/s; attn config {ac}")
     g = torch.Generator(device="cuda")
@@ -153,12 +153,12 @@ def _table(doc) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench_slot_attention", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench slot-attention", description=__doc__.split("\n")[0])
     ap.add_argument("--slots", default="1,8,32", help="slot counts S, comma-separated")
     ap.add_argument("--prefix", type=int, default=1024, help="prefix length of every slot (tokens)")
     ap.add_argument("--layers", type=int, default=20, help="separate KV caches (calls per graph)")
     ap.add_argument("--iters", type=int, default=50)
-    from repro.engine.bench_cli import emit_json, gpu_args, log
+    from .cli import emit_json, gpu_args, log
 
     args, slots = gpu_args(ap, argv, "--slots")
     doc = bench(slots, args.prefix, args.layers, args.iters, log=log)

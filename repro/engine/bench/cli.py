@@ -1,11 +1,12 @@
-"""Command-line plumbing shared by the GPU micro-benchmarks (``bench_route``, ``bench_slot_attention``,
-``bench_graph_round``): one way to parse their arguments, refuse a machine without CUDA, read a JSON file named
-by a flag, log progress, and end with the JSON document.
+"""Command-line plumbing shared by the engine benchmarks (``python -m repro.engine.bench route``,
+``slot-attention``, ``graph-round``; :func:`int_list` and :func:`emit_json` also by ``round``/``decode``/``batch``):
+one way to parse their arguments, refuse a machine without CUDA, read a JSON file named by a flag, log progress,
+and end with the JSON document. Imports no other benchmark module.
 
 Contract (every such benchmark CLI):
 
 * progress lines go to stderr (:func:`log`), a table goes to stderr, and the last stdout line is the one JSON
-  document (:func:`repro.engine.bench.emit_json`, also written to ``--json FILE``);
+  document (:func:`emit_json`, also written to ``--json FILE``);
 * a bad integer list (``--slots`` / ``--rows``) ends in one ``argparse`` error (exit status 2) naming the flag,
   its value and the fix, checked *before* the CUDA check, so a typo is reported on any machine; a bad JSON file
   (``--sets`` / ``--sweep``) likewise, on a CUDA machine; the error comes from the parser that defines the flag,
@@ -21,9 +22,27 @@ from typing import Callable
 
 import torch
 
-from repro.engine.bench import emit_json, int_list
-
 __all__ = ["emit_json", "gpu_args", "int_list", "log", "read_json_object"]
+
+
+def int_list(ap, flag: str, text: str, example: str = "1,8,32") -> list[int]:
+    """``text`` (comma-separated integers, the value of ``flag``) as a list; otherwise ``ap.error`` (exit 2)
+    naming the flag and an example."""
+    try:
+        return [int(v) for v in text.split(",") if v]
+    except ValueError:
+        ap.error(f"{flag} {text!r}: want comma-separated integers, e.g. {example}")
+
+
+def emit_json(doc: dict, path: str | None) -> int:
+    """The benchmarks' last step: ``doc`` as one JSON line on stdout (the last line a device call returns) and,
+    when ``path`` is given, the same text in that file. Returns 0 (the exit status)."""
+    text = json.dumps(doc)
+    if path:
+        with open(path, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
+    return 0
 
 
 def log(msg: str) -> None:
@@ -34,7 +53,7 @@ def log(msg: str) -> None:
 def gpu_args(ap: argparse.ArgumentParser, argv: list[str] | None, list_flag: str, example: str = "1,8,32",
              check: Callable[[list[int]], str | None] | None = None) -> tuple[argparse.Namespace, list[int]]:
     """Add ``--json FILE`` to ``ap``, parse ``argv`` and the comma-separated integers of ``list_flag`` (e.g.
-    ``"--slots"``; :func:`repro.engine.bench.int_list`, ``example`` shown in its error). ``check(ints)``, when
+    ``"--slots"``; :func:`int_list`, ``example`` shown in its error). ``check(ints)``, when
     given, returns what is wrong with the values (one phrase with the fix) or None.
 
     Returns ``(args, ints)``. Raises ``SystemExit(2)``: through ``ap.error`` for bad arguments (naming the flag, its

@@ -2,9 +2,9 @@
 
 :data:`VARIANTS` maps a name to settings on top of :data:`BASE`: ``pdl`` (programmatic dependent launch for the
 Triton kernels) and BlockForward attributes; :func:`set_variant` applies one, :func:`time_variants` times a list of
-them as CUDA-graph replays. :func:`round_w4` runs the 4-bit round (``bench_w4``) with the BF16 round's best variant
+them as CUDA-graph replays. :func:`round_w4` runs the 4-bit round (:mod:`.w4`) with the BF16 round's best variant
 (and ``--w4-variants`` on it), :func:`breakdowns` the per-kernel tables of both rounds (``--breakdown``,
-:mod:`.bench_profile`). The measurements behind each option are in docs/perf.md.
+:mod:`.profiling`). The measurements behind each option are in docs/perf.md.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ ROUND_VARIANTS = ("base", "pdl", "compact", "norm_in_route", "fused_attn", "norm
 
 def set_variant(fw, name):
     """Apply VARIANTS[name] on top of BASE; returns False when PDL was asked for but is unsupported."""
-    from .kernels import _triton
+    from ..kernels import _triton
 
     v = {**BASE, **VARIANTS[name]}
     eff = _triton.set_pdl(v.pop("pdl"))
@@ -55,7 +55,7 @@ def set_variant(fw, name):
 def time_variants(fw, variants, prefixes, ids_by_prefix, iters, log=print, tag="round") -> dict:
     """Median graph-replay ms of every variant (VARIANTS) of ``fw`` at every prefix: ``{name: {P: time_replays
     dict}}``, or ``{name: {"error": text}}`` for a variant that failed (reported, the others go on). Leaves PDL off."""
-    from .bench import time_replays
+    from .common import time_replays
 
     times = {}
     for name in variants:
@@ -74,19 +74,19 @@ def time_variants(fw, variants, prefixes, ids_by_prefix, iters, log=print, tag="
         except Exception as exc:  # noqa: BLE001 - report and keep the other variants
             times[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             log(f"variant {name} failed: {times[name]['error']}")
-    from .kernels import _triton
+    from ..kernels import _triton
 
     _triton.set_pdl(False)
     return times
 
 
 def round_w4(args, doc, shape, W, fw, prefixes, copy_bw, best, log):
-    """The 4-bit round (bench_w4) with the BF16 round's best variant, then ``--w4-variants`` timed on it; returns its
+    """The 4-bit round (:mod:`.w4`) with the BF16 round's best variant, then ``--w4-variants`` timed on it; returns its
     BlockForward (None with ``--no-w4``)."""
     if args.no_w4:
         return None
-    from .bench import _block_ids, time_replays
-    from .bench_w4 import W4_TARGETS, bench_round_w4
+    from .common import block_ids, time_replays
+    from .w4 import W4_TARGETS, bench_round_w4
 
     held = []
 
@@ -94,12 +94,12 @@ def round_w4(args, doc, shape, W, fw, prefixes, copy_bw, best, log):
         set_variant(f4, best)
         held.append(f4)
 
-    doc["round_w4"] = bench_round_w4(shape, W, fw, prefixes, args.iters, copy_bw, log, block_ids=_block_ids,
+    doc["round_w4"] = bench_round_w4(shape, W, fw, prefixes, args.iters, copy_bw, log, block_ids=block_ids,
                                      time_replays=time_replays, configure=configure)
     doc["targets_w4"] = W4_TARGETS
     names = [v for v in (args.w4_variants or "").split(",") if v]
     if names:
-        t = time_variants(held[0], names, prefixes, {P: _block_ids(shape, 100 + P, "issue") for P in prefixes},
+        t = time_variants(held[0], names, prefixes, {P: block_ids(shape, 100 + P, "issue") for P in prefixes},
                           args.iters, log, tag="w4 round")
         doc["round_w4"]["variants_ms"] = {n: ({str(P): v["ms"] for P, v in t[n].items()} if "error" not in t[n]
                                               else t[n]["error"]) for n in names}
@@ -108,10 +108,10 @@ def round_w4(args, doc, shape, W, fw, prefixes, copy_bw, best, log):
 
 
 def breakdowns(shape, fw, fw4, P, best, log) -> dict:
-    """Per-kernel tables (bench_profile.round_breakdown) of the BF16 and 4-bit rounds at prefix P, issue block, for
+    """Per-kernel tables (bench.profiling.round_breakdown) of the BF16 and 4-bit rounds at prefix P, issue block, for
     the variant ``norm_in_route`` (the session-5 default) and ``best``; printed as one markdown table."""
-    from .bench import _block_ids
-    from .bench_profile import breakdown_table, round_breakdown
+    from .common import block_ids
+    from .profiling import breakdown_table, round_breakdown
 
     out, cols = {}, []
     for prec, f in (("bf16", fw), ("w4", fw4)):
@@ -119,7 +119,7 @@ def breakdowns(shape, fw, fw4, P, best, log) -> dict:
             continue
         for v in dict.fromkeys(["norm_in_route", best]):
             set_variant(f, v)
-            f.ids.copy_(_block_ids(shape, 100 + P, "issue"))
+            f.ids.copy_(block_ids(shape, 100 + P, "issue"))
             f.cache_len.fill_(P)
             try:
                 out[f"{prec} {v}"] = b = round_breakdown(f)

@@ -1,5 +1,5 @@
-"""The GPU micro-benchmark CLIs (bench_route, bench_slot_attention, bench_graph_round) share one argument / CUDA /
-JSON plumbing (repro/engine/bench_cli.py); on the CPU their parsing, errors and JSON tail are checked with the
+"""The GPU micro-benchmark CLIs (``python -m repro.engine.bench route | slot-attention | graph-round``) share one
+argument / CUDA / JSON plumbing (repro/engine/bench/cli.py); on the CPU their parsing, errors and JSON tail are checked with the
 timed parts replaced."""
 
 import json
@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-import repro.engine.bench_cli as C
-import repro.engine.bench_graph_round as G
-import repro.engine.bench_route as R
-import repro.engine.bench_slot_attention as SA
+import repro.engine.bench.cli as C
+import repro.engine.bench.graph_round as G
+import repro.engine.bench.route as R
+import repro.engine.bench.slot_attention as SA
 
 
 def _exit_code(fn, *a):
@@ -124,7 +124,7 @@ def test_bench_batch_precision_runs_only_the_graph_sections(capsys, tmp_path):
     under a 4-bit label)."""
     import argparse
 
-    import repro.engine.bench_batch as BB
+    import repro.engine.bench.batch as BB
 
     built = []
     args = argparse.Namespace(precision="nvfp4-w4a16", sections="batched-graph,throughput,invariance", prefix=1024,
@@ -136,3 +136,39 @@ def test_bench_batch_precision_runs_only_the_graph_sections(capsys, tmp_path):
     assert json.loads((tmp_path / "b.json").read_text()) == doc  # --json gets the refusal too
     assert "drop invariance, throughput from --sections" in doc["error"]
     assert "batched-graph, invariance-graph" in doc["error"]
+
+
+def test_one_entry_point_dispatches_every_benchmark(monkeypatch, capsys):
+    """``python -m repro.engine.bench NAME``: a NAME with a parser of its own gets the rest of the command line (its
+    own usage in its errors); the modes share one parser that lists every NAME; an option before a NAME is refused
+    with the order to use; without CUDA a mode ends in the error JSON, exit 2."""
+    from repro.engine.bench import COMMANDS
+    from repro.engine.bench.__main__ import main
+
+    assert _exit_code(main, ["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: python -m repro.engine.bench" in out
+    for name in ("round", "generate", "decode", "all", "batch", *COMMANDS):
+        assert name in out, name
+    assert _exit_code(main, ["graph-round", "--slots", "eight"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m repro.engine.bench graph-round") and "--slots 'eight'" in err
+    assert _exit_code(main, ["--iters", "3", "route"]) == 2
+    assert "route: put its name first, python -m repro.engine.bench route [options]" in capsys.readouterr().err
+    assert _exit_code(main, ["sute"]) == 2
+    assert "invalid choice: 'sute'" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (["round"], ["batch"], ["w4"]):
+        assert main(argv) == 2, argv
+        assert json.loads(capsys.readouterr().out.splitlines()[-1])["error"] == "CUDA not available"
+
+
+def test_the_engine_package_holds_no_benchmark_module():
+    """The benchmarks live in repro/engine/bench/, apart from the engine: no ``bench*`` module beside the engine's
+    own modules or in its subpackages."""
+    from pathlib import Path
+
+    engine = Path(__file__).resolve().parents[2] / "repro" / "engine"
+    stray = [p.name for p in engine.glob("bench*.py")] + [p.relative_to(engine).as_posix()
+                                                          for p in engine.glob("*/bench*.py")]
+    assert stray == [] and (engine / "bench" / "__main__.py").is_file(), stray

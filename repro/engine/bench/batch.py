@@ -73,7 +73,7 @@ def _model(seed: int, precision: str = "bf16"):
     cfg = LLaDA2Config.from_dict(PRESETS["llada2.1-mini"])
     model = LLaDA2Model.random(cfg, device="cuda", dtype="bf16", seed=seed, with_adapter=False)
     if precision == "nvfp4-w4a16":
-        from repro.engine.bench import pack_random_experts
+        from .common import pack_random_experts
 
         pack_random_experts(model, seed)
     register_with_seams(select=True)
@@ -334,7 +334,7 @@ def bench_handoff(model, mask_id: int, batch_sizes, tokens: int, steps: int, see
 def bench_graph_batch1(prefix: int, tokens: int, steps: int, seed: int, log) -> dict:
     """The single-request CUDA-graph path with the same fixed schedule (``bench generate``: its own
     ``BlockForward`` weights, random prefix K/V), for comparison with the batched engine's batch sizes."""
-    from repro.engine import bench as B
+    from . import rounds as B
 
     shape, W, fw, build_s = B.build(seed, prefix + tokens + 128)
     try:
@@ -436,7 +436,7 @@ def table(doc: dict) -> str:
 
 
 def run(args, env_info, copy_bandwidth) -> int:
-    """Entry from :func:`repro.engine.bench.main` (mode ``batch``)."""
+    """Entry from :func:`repro.engine.bench.__main__.main` (mode ``batch``)."""
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 

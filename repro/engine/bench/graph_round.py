@@ -1,6 +1,6 @@
-"""`python -m repro.engine.bench_graph_round`: the batched CUDA-graph round (kernels/fastpath_batch.py) on one GPU.
+"""`python -m repro.engine.bench graph-round`: the batched CUDA-graph round (kernels/fastpath_batch.py) on one GPU.
 
-    python -m repro.engine.bench_graph_round [--slots 1,8,32] [--prefix 1024] [--iters 30] [--layers N]
+    python -m repro.engine.bench graph-round [--slots 1,8,32] [--prefix 1024] [--iters 30] [--layers N]
         [--precision bf16|nvfp4-w4a16] [--breakdown] [--sweep FILE] [--json FILE]
 
 LLaDA2.1-mini in its real shapes with deterministic random weights
@@ -39,10 +39,10 @@ import torch
 
 def _fill(fw, S, prefix, seed, shape):
     """Slot s: block ids and KV contents from seeds that depend on s only (so slot 0 is the same at every S)."""
-    from .bench import _block_ids
+    from .common import block_ids
 
     for s in range(S):
-        fw.ids[s].copy_(_block_ids(shape, seed + 1000 * s))
+        fw.ids[s].copy_(block_ids(shape, seed + 1000 * s))
         fw.kv[:, :, s].copy_(_random_cache(fw.kv[:, :, s], seed + 1000 * s + 1))
     fw.cache_len.fill_(prefix)
 
@@ -57,14 +57,14 @@ def _random_cache(like, seed):
 
 def _model(layers, precision, seed):
     """(shape, W, expert_bytes) of LLaDA2.1-mini with deterministic random weights (module doc)."""
-    from .kernels import fastpath as F
+    from ..kernels import fastpath as F
 
     overrides = {} if layers is None else {"num_hidden_layers": layers}
     shape = F.preset_shape("llada2.1-mini", **overrides)
     W = F.random_weights(shape, "cuda", torch.bfloat16, seed=seed)
     expert_bytes = None
     if precision == "nvfp4-w4a16":
-        from .bench_w4 import w4_weights
+        from .w4 import w4_weights
 
         W = w4_weights(W, shape, seed)  # routed experts as random NVFP4 experts (the shared ones stay BF16)
         expert_bytes = 0.5 + 1 / 16
@@ -111,7 +111,7 @@ def kernel_breakdown(fw, head=True) -> dict:
     GEMMs of the first ``first_dense`` layers are the dense FFN (``dense_*``), the others the routed experts with
     the shared expert (one launch). Returns ``{family: ms, "total": ms, "kernels": n, "by_kernel": {name: ms}}`` (the
     last: the attention and norm kernels by name); raises RuntimeError when the profiler recorded no kernel."""
-    from .bench_profile import cuda_kernels
+    from .profiling import cuda_kernels
 
     try:
         ks = cuda_kernels(lambda: fw.forward(head=head))
@@ -149,14 +149,14 @@ def bench_slots(slots, prefix=1024, iters=30, layers=None, precision="bf16", see
     ``single``, the BlockForward round; returns the JSON document. ``model``: a ``_model(...)`` tuple to reuse.
     ``keep``: a dict that receives ``"logits0"``, slot 0's logits at the first S ([T, vocab], model dtype, on the
     GPU), for comparing tile sets bit for bit (:func:`sweep`)."""
-    from .bench import copy_bandwidth, env_info, time_replays
-    from .kernels import fastpath as F
-    from .kernels.fastpath_batch import BatchedBlockForward, batched_round_bytes
+    from .common import copy_bandwidth, env_info, time_replays
+    from ..kernels import fastpath as F
+    from ..kernels.fastpath_batch import BatchedBlockForward, batched_round_bytes
 
     shape, W, expert_bytes = model or _model(layers, precision, seed)
     copy_bw = copy_bw or copy_bandwidth()
     log(f"copy bandwidth {copy_bw:.0f} GB/s; {shape.layers} layers, prefix {prefix}, precision {precision}")
-    doc = {"bench": "repro.engine.bench_graph_round", **env_info(), "prefix": prefix, "layers": shape.layers,
+    doc = {"bench": "repro.engine.bench graph-round", **env_info(), "prefix": prefix, "layers": shape.layers,
            "precision": precision, "copy_GBps": copy_bw, "rounds": []}
     max_len = prefix + 32 + 32
     ref_logits = None
@@ -224,11 +224,11 @@ def sweep(sets: dict, slots, prefix=1024, iters=30, layers=None, seed=0, log=pri
     """Every tile set of ``sets`` ({name: configs}) timed at every S over one set of weights (``precision``:
     "bf16", or "nvfp4-w4a16" with packed routed experts, whose tiles a set gives under ``moe``), with its
     breakdown (module doc); returns ``{"sets": {name: bench_slots doc}, "table": markdown}``."""
-    from .bench import copy_bandwidth, env_info
+    from .common import copy_bandwidth, env_info
 
     model = _model(layers, precision, seed)
     bw = copy_bandwidth()
-    out = {"bench": "repro.engine.bench_graph_round --sweep", **env_info(), "prefix": prefix, "precision": precision,
+    out = {"bench": "repro.engine.bench graph-round --sweep", **env_info(), "prefix": prefix, "precision": precision,
            "copy_GBps": bw, "sets": {}}
     first = None  # slot-0 logits (first S) of the first set that ran
     for name, cfg in sets.items():
@@ -285,9 +285,9 @@ def family_table(doc, S) -> str:
 
 
 def _single_ids(shape, seed):
-    from .bench import _block_ids
+    from .common import block_ids
 
-    return _block_ids(shape, seed)
+    return block_ids(shape, seed)
 
 
 def _table(doc) -> str:
@@ -304,7 +304,7 @@ def _table(doc) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench_graph_round", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m repro.engine.bench graph-round", description=__doc__.split("\n")[0])
     ap.add_argument("--slots", default="1,8,32", help="slot counts S, comma-separated")
     ap.add_argument("--prefix", type=int, default=1024, help="prefix length of every slot (tokens)")
     ap.add_argument("--iters", type=int, default=30)
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--breakdown", action="store_true", help="per S, device time by kernel family (torch.profiler)")
     ap.add_argument("--sweep", default=None, help="JSON file {name: configs} of candidate tile sets to compare")
-    from repro.engine.bench_cli import gpu_args, log, read_json_object
+    from .cli import gpu_args, log, read_json_object
 
     args, slots = gpu_args(ap, argv, "--slots")
     if args.sweep:
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
                           breakdown=args.breakdown)
         _speedups(doc)
         print(_table(doc), file=sys.stderr)
-    from repro.engine.bench import emit_json
+    from .cli import emit_json
 
     return emit_json(doc, args.json)
 

@@ -1,0 +1,44 @@
+"""The Math-Verify worker process: ``python -m repro.scoring.verify_serve`` (started by
+:class:`repro.scoring.verify_worker.VerifyPool`, never by hand).
+
+Protocol: after importing Math-Verify it writes ``{"ready": true}``; then for each stdin line ``{"gold", "pred"}`` it
+writes one stdout line ``{"status": "ok", **repro.scoring.math.equivalent(gold, pred)}``, or ``{"status": "error",
+"equal": false, "detail": "<exception>", ...}`` when the check raised (the worker keeps serving). Library output
+goes to stderr so it cannot corrupt the protocol stream. The hard timeout is the pool's: it kills this process.
+Kept apart from the pool so that :mod:`repro.scoring.math` (which uses the pool) and this loop (which uses the
+scorer) import each other through no cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def serve() -> None:
+    """Worker loop: one JSON request per stdin line, one JSON answer per stdout line."""
+    import warnings
+    import logging
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.CRITICAL)
+    import math_verify  # noqa: F401  (import cost paid before "ready")
+    from repro.scoring.math import equivalent
+
+    out = sys.stdout
+    sys.stdout = sys.stderr  # stray library prints must not corrupt the protocol stream
+    out.write('{"ready": true}\n')
+    out.flush()
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            ans = {"status": "ok", **equivalent(req["gold"], req["pred"])}
+        except Exception as exc:  # report, keep serving
+            ans = {"status": "error", "equal": False, "detail": f"{type(exc).__name__}: {exc}"[:500],
+                   "gold_parsed": None, "pred_parsed": None}
+        out.write(json.dumps(ans) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    serve()
