@@ -13,10 +13,17 @@ Contract
   saying what replaced it in Snakemake 8+ (``executor: slurm`` and resources; see README "On a Slurm
   cluster"). ``profiles_from_argv(argv)``: the profiles a Snakemake command line names (the workflow
   checks them at parse time, before Snakemake 9 turns ``cluster: X`` into the target ``--cluster=X``).
+* ``profile_warnings(argv)``: one line per site setting a command line silently loses: a ``--default-resources``
+  / ``--set-resources`` that replaces the site profile's whole mapping (its account with it; snakemake #3429,
+  plugin #238), and each key the workflow profile sets over the site profile's value (``latency-wait: 300``
+  becoming 60; plugin #23). The workflow prints them at start-up (``workflow/rules/cluster.smk``).
 * ``normalise_slurm_state("CANCELLED by 0") == "CANCELLED"``: sacct prints who cancelled a job; the Slurm
   executor plugin (<= 2.8.0, the newest release) compares the whole string with its list of failed states,
   does not match, and waits for the job forever. ``patch_slurm_status_query()`` wraps the plugin's status
   query so every state is reduced to its first word (idempotent; a no-op without the plugin).
+* ``slurm_status_decision(...)`` (at start-up, Slurm executor only): with Slurm accounting disabled, ``sacct``
+  fails and the plugin would poll it forever (plugin #38): ``("squeue", note)`` when MinJobAge lets squeue see
+  finished jobs (the workflow switches the plugin's status command), else ``("stop", line naming the fix)``.
 * ``site_resource(settings, rule, name)``: the raw value a site profile / command line gives a resource
   for ``rule`` (``set-resources``) or for all rules (``default-resources``), else None. Generation asks it
   for ``gres``: a site that asks for GPUs with ``gres`` gets ``--gres`` only, never ``--gres`` and
@@ -172,6 +179,115 @@ def profiles_from_argv(argv: list[str], environ=os.environ) -> list[str]:
     return found
 
 
+# Long options of the profile keys the start-up check compares, with their aliases (snakemake/cli.py)
+OPTION_ALIASES = {"jobs": ("-j",), "latency-wait": ("--output-wait", "-w"), "retries": ("--restart-times", "-T"),
+                  "default-resources": ("--default-res",), "cores": ("-c",)}
+#: keys that take key=value lists: one given on the command line replaces a profile's whole mapping
+MAPPING_KEYS = ("default-resources", "set-resources")
+
+
+def _on_command_line(key: str, argv: list[str]) -> bool:
+    names = ("--" + key, *OPTION_ALIASES.get(key, ()))
+    for a in argv:
+        if a in names or any(a.startswith(n + "=") for n in names if n.startswith("--")):
+            return True
+        if any(len(n) == 2 and a.startswith(n) and len(a) > 2 and not a.startswith("--") for n in names):
+            return True  # -j64, -w300
+    return False
+
+
+def _cli_values(key: str, argv: list[str]) -> list[str]:
+    """The values after ``--key`` (and its aliases) up to the next option: ``['slurm_account=a', ...]``."""
+    names = ("--" + key, *OPTION_ALIASES.get(key, ()))
+    vals, on = [], False
+    for a in argv:
+        if a.startswith("-"):
+            on = a in names
+            if any(a.startswith(n + "=") for n in names):
+                vals.append(a.split("=", 1)[1])
+        elif on:
+            vals.append(a)
+    return vals
+
+
+def _profile_data(profile) -> dict:
+    f = profile_file(profile) if profile else None
+    try:
+        data = yaml.safe_load(f.read_text()) if f else None
+    except (OSError, yaml.YAMLError):
+        return {}
+    return {str(k).replace("_", "-"): v for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def profile_layers(argv: list[str], environ=os.environ, basedir: str | os.PathLike = ".") -> tuple[list[str], str | None]:
+    """``(site_profiles, workflow_profile)`` of a Snakemake command line, as Snakemake 9 picks them: every
+    ``--profile`` (else ``$SNAKEMAKE_PROFILE``), and ``--workflow-profile`` (a path, or a name under
+    ``<basedir>/profiles``), else ``<basedir>/profiles/default`` when it exists; ``none`` gives None."""
+    site, wf = [], None
+    for i, a in enumerate(argv):
+        for opt in ("--profile", "--workflow-profile"):
+            if a == opt and i + 1 < len(argv):
+                val = argv[i + 1]
+            elif a.startswith(opt + "="):
+                val = a.split("=", 1)[1]
+            else:
+                continue
+            if opt == "--profile":
+                site.append(val)
+            else:
+                wf = val
+    if not site and environ.get("SNAKEMAKE_PROFILE"):
+        site.append(environ["SNAKEMAKE_PROFILE"])
+    site = [p for p in site if p != "none"]
+    if wf == "none":
+        return site, None
+    if wf is None:
+        wf = str(Path(basedir) / "profiles" / "default")
+    elif profile_file(wf) is None and profile_file(Path(basedir) / "profiles" / wf) is not None:
+        wf = str(Path(basedir) / "profiles" / wf)
+    return site, (wf if profile_file(wf) is not None else None)
+
+
+def profile_warnings(argv: list[str], environ=os.environ, basedir: str | os.PathLike = ".") -> list[str]:
+    """One line per site setting this command line silently loses (printed at start-up by the workflow):
+
+    * a ``--default-resources`` / ``--set-resources`` on the command line replaces the profiles' whole
+      mapping (snakemake #3429, plugin #238): the site's ``slurm_account`` etc. that the command line does not
+      repeat are named, with the fix (put the value into the site profile, or repeat the site's values);
+    * a key the workflow profile sets (``latency-wait``, ``jobs``, ``retries``, ...) replaces the site
+      profile's value for it (Snakemake merges profiles key by key; plugin #23): both values are named, with
+      the option that keeps the site's. Keys given on the command line win over both and are not reported."""
+    site, wf = profile_layers(argv, environ, basedir)
+    site_data = [(p, _profile_data(p)) for p in site]
+    out = []
+    for key in MAPPING_KEYS:
+        if not _on_command_line(key, argv):
+            continue
+        for p, data in site_data:
+            given = data.get(key)
+            if not isinstance(given, dict):
+                continue
+            cli = {v.split("=", 1)[0] for v in _cli_values(key, argv)}  # default-resources: NAME; set-resources: RULE:NAME
+            if key == "set-resources":  # {rule: {name: value}} -> {"rule:name": value}
+                given = {f"{r}:{k}": v for r, kv in given.items() if isinstance(kv, dict) for k, v in kv.items()}
+            lost = {k: v for k, v in given.items() if k not in cli}
+            if lost:
+                names = ", ".join(f"{k}={v}" for k, v in lost.items())
+                out.append(f"--{key} on the command line replaces the whole `{key}` of the site profile {p} "
+                           f"(Snakemake #3429): this run loses {names}. Put the new value into the site profile's "
+                           f"`{key}`, or repeat those values on the command line")
+    wf_data = _profile_data(wf) if wf else {}
+    for key, wval in wf_data.items():
+        if _on_command_line(key, argv):
+            continue
+        for p, data in site_data:
+            if key in data and data[key] != wval:
+                keep = f"--{key} {data[key]}" if not isinstance(data[key], (dict, list)) else f"--{key} ..."
+                out.append(f"the workflow profile {wf} sets {key}: {wval}, which replaces {key}: {data[key]} of the "
+                           f"site profile {p} (Snakemake merges profiles key by key); pass {keep} to keep the site's")
+    return out
+
+
 def normalise_slurm_state(state: str) -> str:
     """Reduce a sacct/squeue state to its keyword: ``'CANCELLED by 0'`` -> ``'CANCELLED'``,
     ``'RUNNING'`` -> ``'RUNNING'`` (sacct appends ``by <uid>``; some versions mark states with ``+``)."""
@@ -209,6 +325,45 @@ def patch_slurm_status_query() -> bool:
     query_job_status._repro_normalised = True
     plugin.query_job_status = query_job_status
     return True
+
+
+ACCOUNTING_OFF = "accounting storage is disabled"
+
+
+def slurm_status_decision(status_command: str, init_seconds: int, run=None, min_job_age=None) -> tuple[str, str] | None:
+    """What the run must do when Slurm accounting is disabled, or None when ``sacct`` answers (or the plugin
+    already polls with ``squeue``). Without accounting ``sacct`` fails ("Slurm accounting storage is disabled")
+    and the Slurm executor plugin, which polls with it by default, waits forever (plugin #38; docs/cluster.md
+    §2 item 4). The plugin falls back from ``squeue`` to ``sacct`` when Slurm's ``MinJobAge`` is under
+    3 x ``slurm-init-seconds-before-status-checks`` (finished jobs would leave squeue before it looks), so:
+    ``("squeue", note)`` when MinJobAge allows squeue (the workflow then sets the plugin's status command), else
+    ``("stop", one line naming the fix)``. ``run``: a ``subprocess.run`` stand-in; ``min_job_age()``: seconds or
+    None (default: the plugin's own ``get_min_job_age``, which reads ``scontrol show config``)."""
+    import subprocess
+
+    run = run or subprocess.run
+    try:
+        r = run(["sacct", "-X", "--noheader", "--format=JobIdRaw", "--starttime", "now"], capture_output=True,
+                text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None  # no sacct at all: the plugin itself switches to squeue
+    said = f"{r.stdout}\n{r.stderr}"
+    if r.returncode == 0 or ACCOUNTING_OFF not in said.lower():
+        return None
+    if min_job_age is None:
+        from snakemake_executor_plugin_slurm.job_status_query import get_min_job_age as min_job_age
+    age, need = min_job_age(), 3 * int(init_seconds)
+    if age is not None and age >= need:
+        how = "" if status_command == "squeue" else " (as --slurm-status-command squeue would)"
+        return ("squeue", f"Slurm accounting is disabled on this cluster (sacct: '{ACCOUNTING_OFF}'): job states are "
+                          f"read with squeue instead{how}; MinJobAge = {age} s keeps finished jobs visible long enough")
+    fix = (f"lower --slurm-init-seconds-before-status-checks to {age // 3} or less"
+           if age else "ask the cluster's admins for Slurm accounting (slurmdbd) or a MinJobAge of at least "
+                       f"{need} s")
+    return ("stop", f"Slurm accounting is disabled on this cluster (sacct: '{ACCOUNTING_OFF}'), so the Slurm executor "
+                    f"cannot poll job states with sacct and would wait forever (plugin issue #38), and squeue sees a "
+                    f"finished job only for MinJobAge = {age if age is not None else 'unknown'} s, under the "
+                    f"{need} s it needs; {fix}")
 
 
 def _raw(resource) -> object:

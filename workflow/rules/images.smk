@@ -116,6 +116,7 @@ rule build_image:
     resources:
         runtime=180,
         mem_mb=16000,
+        mem_mb_per_cpu=0,  # --mem, never a site's --mem-per-cpu (cluster.smk)
     shell:
         logged("{sys.executable} -m repro.containers build {wildcards.image} --def {input} --sif {output.sif} "
                "--sidecar {output.meta}")
