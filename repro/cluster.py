@@ -49,7 +49,9 @@ Contract
   GPU selection (``CUDA_VISIBLE_DEVICES`` from Slurm or the user) and the cache settings.
 * ``bind_specs(paths)``: ``--bind`` specs for the paths the container jobs use: the path itself, or
   ``realpath:path`` when it goes through a symlink (so the path in the command resolves inside); nested
-  paths are dropped when their parent is bound the same way.
+  paths are dropped when their parent is bound the same way. ``bind_args(paths)``: the same as shell-quoted
+  options (``--bind '<spec>'``; ``--mount`` with CSV-quoted fields for a path holding ``,`` or ``:``), so a work
+  directory with a space or a comma does not break the job's ``apptainer exec`` line.
 """
 
 from __future__ import annotations
@@ -542,9 +544,8 @@ def container_env(environ, binary: str | None) -> dict[str, str]:
     return {prefix + k: environ[k] for k in FORWARDED_ENV if environ.get(k) not in (None, "")}
 
 
-def bind_specs(paths) -> list[str]:
-    """``--bind`` specs (``path`` or ``realpath:path``) for the given paths, parents first, nested ones
-    dropped when their parent is bound without remapping (module docstring)."""
+def _bind_pairs(paths) -> list[tuple[str, str]]:
+    """``(source, destination)`` per path (module docstring: ``bind_specs``)."""
     specs: list[tuple[str, str]] = []
     for p in paths:
         if not p:
@@ -560,17 +561,63 @@ def bind_specs(paths) -> list[str]:
                       for ks, kd in kept)
         if not covered:
             kept.append((src, dst))
-    return [dst if src == dst else f"{src}:{dst}" for src, dst in kept]
+    return kept
 
 
-def add_binds(apptainer_args: str, specs: list[str]) -> str:
-    """``apptainer_args`` with ``--bind SPEC`` appended for each spec not already bound there (the Slurm job
-    step parses the workflow again with the main process's arguments)."""
-    tokens = apptainer_args.split()
-    present = {tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in ("--bind", "-B")}
-    present |= {t.split("=", 1)[1] for t in tokens if t.startswith("--bind=")}
-    extra = [s for s in specs if s not in present]
-    return " ".join([apptainer_args.strip(), *(f"--bind {s}" for s in extra)]).strip()
+def bind_specs(paths) -> list[str]:
+    """``--bind`` specs (``path`` or ``realpath:path``) for the given paths, parents first, nested ones
+    dropped when their parent is bound without remapping (module docstring)."""
+    return [dst if src == dst else f"{src}:{dst}" for src, dst in _bind_pairs(paths)]
+
+
+def _csv_field(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"') else text
+
+
+def bind_args(paths) -> list[str]:
+    """Shell-quoted apptainer options binding ``paths`` (as :func:`bind_specs`): ``--bind '/a b/work'``, or,
+    for a path holding ``,`` or ``:`` (which ``--bind`` takes as separators), ``--mount 'type=bind,"src=/a,b",
+    "dst=/a,b"'`` (Apptainer's --mount fields are CSV; apptainer docs, "Bind Paths and Mounts"). Snakemake
+    puts ``--apptainer-args`` into the job's shell command as written, so an unquoted path with a space
+    breaks it (snakemake PR #2190 quoted only its own binds)."""
+    import shlex
+
+    out = []
+    for src, dst in _bind_pairs(paths):
+        if any(c in src + dst for c in ",:"):
+            spec = ",".join(["type=bind", _csv_field(f"src={src}"), _csv_field(f"dst={dst}")])
+            out.append(f"--mount {shlex.quote(spec)}")
+        else:
+            out.append(f"--bind {shlex.quote(dst if src == dst else f'{src}:{dst}')}")
+    return out
+
+
+def _option_pairs(args: str) -> set[tuple[str, str]]:
+    import shlex
+
+    try:
+        tokens = shlex.split(args)
+    except ValueError:  # unbalanced quotes: compare the raw words
+        tokens = args.split()
+    pairs = {(t, tokens[i + 1]) for i, t in enumerate(tokens[:-1]) if t in ("--bind", "-B", "--mount")}
+    pairs |= {tuple(t.split("=", 1)) for t in tokens if t.startswith(("--bind=", "--mount="))}
+    return {("--bind" if o == "-B" else o, v) for o, v in pairs}
+
+
+def add_binds(apptainer_args: str, binds: list[str]) -> str:
+    """``apptainer_args`` with each of ``binds`` (:func:`bind_args` options, or bare ``--bind`` specs)
+    appended unless the same bind is already there (the Slurm job step parses the workflow again with the
+    main process's arguments)."""
+    import shlex
+
+    present = _option_pairs(apptainer_args)
+    extra = []
+    for b in binds:
+        arg = b if b.startswith("--") else f"--bind {shlex.quote(b)}"
+        if not (_option_pairs(arg) <= present):
+            extra.append(arg)
+            present |= _option_pairs(arg)
+    return " ".join([apptainer_args.strip(), *extra]).strip()
 
 
 def main(argv: list[str] | None = None) -> int:

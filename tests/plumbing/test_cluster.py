@@ -219,6 +219,17 @@ def test_binds_env_and_states(tmp_path):
     assert specs == [str(tmp_path / "results"), f"{real}:{tmp_path / 'work'}"]
     args = cluster.add_binds("--nv --bind /a", ["/a", "/b"])
     assert args == "--nv --bind /a --bind /b" and cluster.add_binds(args, ["/a", "/b"]) == args
+    # a space or a comma in a path: shell-quoted, --mount with CSV fields for the comma (and for a colon)
+    odd = tmp_path / "a b" / "c,d"
+    odd.mkdir(parents=True)
+    spaced = cluster.bind_args([tmp_path / "a b"])
+    assert spaced == [f"--bind '{tmp_path / 'a b'}'"]
+    assert cluster.bind_args([odd]) == [f"""--mount 'type=bind,"src={odd}","dst={odd}"'"""]
+    args = cluster.add_binds("--nv", spaced + cluster.bind_args([odd]))
+    assert cluster.add_binds(args, spaced + cluster.bind_args([odd])) == args  # the job step adds nothing
+    import shlex
+
+    assert shlex.split(args)[1:] == ["--bind", str(tmp_path / "a b"), "--mount", f'type=bind,"src={odd}","dst={odd}"']
     env = {"CUDA_VISIBLE_DEVICES": "1", "HF_HOME": "/h", "PATH": "/x", "HF_HUB_OFFLINE": ""}
     assert cluster.container_env(env, "/usr/bin/apptainer") == {"APPTAINERENV_CUDA_VISIBLE_DEVICES": "1",
                                                                 "APPTAINERENV_HF_HOME": "/h"}
