@@ -152,7 +152,7 @@ def test_slurm_without_accounting_polls_with_squeue_or_stops(first_run, tmp_path
                         FAKE_SLURM_NO_ACCOUNTING="1", FAKE_SLURM_MIN_JOB_AGE="2")
     err = [l for l in r.stderr.splitlines() if l.startswith("Error: ")]
     assert r.returncode != 0 and not jobs and len(err) == 1, r.stderr[-3000:]
-    assert "plugin issue #38" in err[0] and "lower --slurm-init-seconds-before-status-checks to 0" in err[0]
+    assert "snakemake-executor-plugin-slurm/issues/38" in err[0] and "lower --slurm-init-seconds-before-status-checks to 0" in err[0]
 
 
 def test_snakemake7_profile_says_what_replaced_it(tmp_path):

@@ -104,7 +104,8 @@ def gpu_mem_mb(wildcards):
 
 
 # Every rule that declares `mem_mb` also declares `mem_mb_per_cpu=0`: the Slurm plugin (2.8) sends
-# `--mem-per-cpu` and drops `--mem` whenever a job has a non-zero mem_mb_per_cpu (plugin issue #75), so a site's
+# `--mem-per-cpu` and drops `--mem` whenever a job has a non-zero mem_mb_per_cpu
+# (github.com/snakemake/snakemake-executor-plugin-slurm/issues/75), so a site's
 # `default-resources: {mem_mb_per_cpu: N}` would silently replace the 64 GB a generation job declares (and its
 # growth on retry). A rule's own resource beats default-resources; a site's set-resources for the rule still wins.
 
