@@ -8,15 +8,15 @@ Snakemake process and again in each Slurm job step) and by the scripts, which ch
 
 Contract
 --------
-* ``legacy_profile_problems(profile)``: the Snakemake 7 keys of a profile (``cluster``, ``cluster-config``,
-  ``cluster-status``, ``cluster-cancel``, ``cluster-sidecar``, ``drmaa``, ``slurm``, ...), each with one line
-  saying what replaced it in Snakemake 8+ (``executor: slurm`` and resources; see README "On a Slurm
-  cluster"). ``profiles_from_argv(argv)``: the profiles a Snakemake command line names (the workflow
-  checks them at parse time, before Snakemake 9 turns ``cluster: X`` into the target ``--cluster=X``).
+* Site profiles (the Snakemake 7 keys, profile look-up, the start-up warnings): :mod:`repro.site_profiles`,
+  whose names are re-exported here.
 * ``normalise_slurm_state("CANCELLED by 0") == "CANCELLED"``: sacct prints who cancelled a job; the Slurm
   executor plugin (<= 2.8.0, the newest release) compares the whole string with its list of failed states,
   does not match, and waits for the job forever. ``patch_slurm_status_query()`` wraps the plugin's status
   query so every state is reduced to its first word (idempotent; a no-op without the plugin).
+* ``slurm_status_decision(...)`` (at start-up, Slurm executor only): with Slurm accounting disabled, ``sacct``
+  fails and the plugin would poll it forever (plugin #38): ``("squeue", note)`` when MinJobAge lets squeue see
+  finished jobs (the workflow switches the plugin's status command), else ``("stop", line naming the fix)``.
 * ``site_resource(settings, rule, name)``: the raw value a site profile / command line gives a resource
   for ``rule`` (``set-resources``) or for all rules (``default-resources``), else None. Generation asks it
   for ``gres``: a site that asks for GPUs with ``gres`` gets ``--gres`` only, never ``--gres`` and
@@ -42,7 +42,9 @@ Contract
   GPU selection (``CUDA_VISIBLE_DEVICES`` from Slurm or the user) and the cache settings.
 * ``bind_specs(paths)``: ``--bind`` specs for the paths the container jobs use: the path itself, or
   ``realpath:path`` when it goes through a symlink (so the path in the command resolves inside); nested
-  paths are dropped when their parent is bound the same way.
+  paths are dropped when their parent is bound the same way. ``bind_args(paths)``: the same as shell-quoted
+  options (``--bind '<spec>'``; ``--mount`` with CSV-quoted fields for a path holding ``,`` or ``:``), so a work
+  directory with a space or a comma does not break the job's ``apptainer exec`` line.
 """
 
 from __future__ import annotations
@@ -50,28 +52,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
 import yaml
 
-# Snakemake 7 profile keys -> what replaced them (Snakemake >= 8, snakemake-executor-plugin-slurm)
-LEGACY_KEYS = {
-    "cluster": "executor: slurm (snakemake-executor-plugin-slurm) plus default-resources/set-resources "
-               "(slurm_account, slurm_partition, runtime, mem_mb, gpu_model)",
-    "cluster-config": "default-resources/set-resources per rule in the profile",
-    "cluster-status": "the Slurm executor's own status checks (slurm-status-command: sacct|squeue)",
-    "cluster-cancel": "the Slurm executor's own scancel",
-    "cluster-cancel-nargs": "the Slurm executor's own scancel",
-    "cluster-sidecar": "the Slurm executor (no sidecar)",
-    "cluster-sync": "executor: slurm",
-    "drmaa": "executor: slurm (or executor: drmaa with snakemake-executor-plugin-drmaa)",
-    "drmaa-log-dir": "slurm-logdir",
-    "slurm": "executor: slurm",
-    "jobscript": "executor: slurm (no jobscript template)",
-}
-REPLACED_HINT = "see README 'On a Slurm cluster' for a complete site profile"
+from repro.site_profiles import (LEGACY_KEYS, ProfileError, legacy_profile_problems,  # noqa: F401 - re-exported
+                                 profile_file, profile_layers, profile_missing, profile_warnings, profiles_from_argv)
 
 # Variables the container jobs need from the host even under `apptainer exec --cleanenv`
 # REPRO_SNAKEMAKE_PID: the Snakemake a generation job must die with (repro/backends/lifeline.py), also in a container
@@ -97,79 +84,6 @@ BLOCK_TOKENS = 32  # tokens of a denoising block (paper_decoding.json engine.blo
 # compute capability each precision needs: bf16 arithmetic from 8.0 (Ampere: A100/A10/L4/L40S; H100/H200
 # are 9.0), the bound torch.cuda.is_bf16_supported() applies; native FP4 from 10.0 (Blackwell)
 MIN_CAPABILITY = {"bf16": (8, 0), "nvfp4-w4a16": (8, 0), "nvfp4": (10, 0)}
-
-
-class ProfileError(ValueError):
-    """A profile uses keys Snakemake 9 no longer understands; the message says what replaced them."""
-
-
-def _legacy_line(key: str, where: str) -> str:
-    return (f"{where}: `{key}:` is a Snakemake 7 profile key; Snakemake 8+ replaced it with "
-            f"{LEGACY_KEYS[key]}; {REPLACED_HINT}")
-
-
-def profile_file(profile: str | os.PathLike) -> Path | None:
-    """The YAML file of a profile given as the file, a folder (config.yaml / profile.yaml), or a name that
-    Snakemake looks up in ``$XDG_CONFIG_HOME/snakemake`` (default ~/.config/snakemake) and /etc/xdg/snakemake."""
-    p = Path(profile).expanduser()
-    if p.is_file():
-        return p
-    dirs = [p]
-    if not p.exists() and len(p.parts) == 1:
-        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-        dirs += [Path(xdg) / "snakemake" / p, Path("/etc/xdg/snakemake") / p]
-    for d in dirs:
-        # Snakemake 8+ also reads config.v8+.yaml / profile.v9+.yaml (the newest version tag wins)
-        names = sorted((f for f in (d.glob("*.yaml") if d.is_dir() else [])
-                        if re.fullmatch(r"(profile|config)(\.v\d+\+)?\.yaml", f.name)),
-                       key=lambda f: (int(re.sub(r"\D", "", f.name) or 0), f.name != "profile.yaml"))
-        if names:
-            return names[-1]
-    return None
-
-
-def profile_missing(profile: str) -> str | None:
-    """One line when ``profile`` names no profile Snakemake could read (no such file or folder, or a folder
-    without ``config.yaml`` / ``profile.yaml``), else None. ``none`` (Snakemake's "no workflow profile") is
-    not a problem."""
-    if profile == "none" or profile_file(profile) is not None:
-        return None
-    p = Path(profile).expanduser()
-    if p.is_dir():
-        return (f"{profile}: this folder holds no config.yaml (or profile.yaml); a Snakemake profile is a folder "
-                "with a config.yaml, or the YAML file itself")
-    where = " (nor a profile of that name under ~/.config/snakemake or /etc/xdg/snakemake)" if len(p.parts) == 1 else ""
-    return (f"{profile}: no such profile file or folder{where}; give the folder holding the profile's config.yaml "
-            "(or that YAML file)")
-
-
-def legacy_profile_problems(profile: str | os.PathLike) -> list[str]:
-    """One line per Snakemake 7 key in the profile (empty when none, or when the profile has no YAML)."""
-    f = profile_file(profile)
-    if f is None:
-        return []
-    try:
-        data = yaml.safe_load(f.read_text()) or {}
-    except yaml.YAMLError:
-        return []  # Snakemake reports syntax errors itself
-    if not isinstance(data, dict):
-        return []
-    return [_legacy_line(k, str(f)) for k in data if k in LEGACY_KEYS]
-
-
-def profiles_from_argv(argv: list[str], environ=os.environ) -> list[str]:
-    """Profile folders/files named on a Snakemake command line (``--profile``, ``--workflow-profile``) or in
-    ``$SNAKEMAKE_PROFILE``."""
-    found = []
-    if environ.get("SNAKEMAKE_PROFILE"):
-        found.append(environ["SNAKEMAKE_PROFILE"])
-    for i, a in enumerate(argv):
-        for opt in ("--profile", "--workflow-profile"):
-            if a == opt and i + 1 < len(argv):
-                found.append(argv[i + 1])
-            elif a.startswith(opt + "="):
-                found.append(a.split("=", 1)[1])
-    return found
 
 
 def normalise_slurm_state(state: str) -> str:
@@ -209,6 +123,45 @@ def patch_slurm_status_query() -> bool:
     query_job_status._repro_normalised = True
     plugin.query_job_status = query_job_status
     return True
+
+
+ACCOUNTING_OFF = "accounting storage is disabled"
+
+
+def slurm_status_decision(status_command: str, init_seconds: int, run=None, min_job_age=None) -> tuple[str, str] | None:
+    """What the run must do when Slurm accounting is disabled, or None when ``sacct`` answers (or the plugin
+    already polls with ``squeue``). Without accounting ``sacct`` fails ("Slurm accounting storage is disabled")
+    and the Slurm executor plugin, which polls with it by default, waits forever (plugin #38; docs/cluster.md
+    §2 item 4). The plugin falls back from ``squeue`` to ``sacct`` when Slurm's ``MinJobAge`` is under
+    3 x ``slurm-init-seconds-before-status-checks`` (finished jobs would leave squeue before it looks), so:
+    ``("squeue", note)`` when MinJobAge allows squeue (the workflow then sets the plugin's status command), else
+    ``("stop", one line naming the fix)``. ``run``: a ``subprocess.run`` stand-in; ``min_job_age()``: seconds or
+    None (default: the plugin's own ``get_min_job_age``, which reads ``scontrol show config``)."""
+    import subprocess
+
+    run = run or subprocess.run
+    try:
+        r = run(["sacct", "-X", "--noheader", "--format=JobIdRaw", "--starttime", "now"], capture_output=True,
+                text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None  # no sacct at all: the plugin itself switches to squeue
+    said = f"{r.stdout}\n{r.stderr}"
+    if r.returncode == 0 or ACCOUNTING_OFF not in said.lower():
+        return None
+    if min_job_age is None:
+        from snakemake_executor_plugin_slurm.job_status_query import get_min_job_age as min_job_age
+    age, need = min_job_age(), 3 * int(init_seconds)
+    if age is not None and age >= need:
+        how = "" if status_command == "squeue" else " (as --slurm-status-command squeue would)"
+        return ("squeue", f"Slurm accounting is disabled on this cluster (sacct: '{ACCOUNTING_OFF}'): job states are "
+                          f"read with squeue instead{how}; MinJobAge = {age} s keeps finished jobs visible long enough")
+    fix = (f"lower --slurm-init-seconds-before-status-checks to {age // 3} or less"
+           if age else "ask the cluster's admins for Slurm accounting (slurmdbd) or a MinJobAge of at least "
+                       f"{need} s")
+    return ("stop", f"Slurm accounting is disabled on this cluster (sacct: '{ACCOUNTING_OFF}'), so the Slurm executor "
+                    f"cannot poll job states with sacct and would wait forever (github.com/snakemake/snakemake-executor-plugin-slurm/issues/38), and squeue sees a "
+                    f"finished job only for MinJobAge = {age if age is not None else 'unknown'} s, under the "
+                    f"{need} s it needs; {fix}")
 
 
 def _raw(resource) -> object:
@@ -387,9 +340,8 @@ def container_env(environ, binary: str | None) -> dict[str, str]:
     return {prefix + k: environ[k] for k in FORWARDED_ENV if environ.get(k) not in (None, "")}
 
 
-def bind_specs(paths) -> list[str]:
-    """``--bind`` specs (``path`` or ``realpath:path``) for the given paths, parents first, nested ones
-    dropped when their parent is bound without remapping (module docstring)."""
+def _bind_pairs(paths) -> list[tuple[str, str]]:
+    """``(source, destination)`` per path (module docstring: ``bind_specs``)."""
     specs: list[tuple[str, str]] = []
     for p in paths:
         if not p:
@@ -405,17 +357,63 @@ def bind_specs(paths) -> list[str]:
                       for ks, kd in kept)
         if not covered:
             kept.append((src, dst))
-    return [dst if src == dst else f"{src}:{dst}" for src, dst in kept]
+    return kept
 
 
-def add_binds(apptainer_args: str, specs: list[str]) -> str:
-    """``apptainer_args`` with ``--bind SPEC`` appended for each spec not already bound there (the Slurm job
-    step parses the workflow again with the main process's arguments)."""
-    tokens = apptainer_args.split()
-    present = {tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in ("--bind", "-B")}
-    present |= {t.split("=", 1)[1] for t in tokens if t.startswith("--bind=")}
-    extra = [s for s in specs if s not in present]
-    return " ".join([apptainer_args.strip(), *(f"--bind {s}" for s in extra)]).strip()
+def bind_specs(paths) -> list[str]:
+    """``--bind`` specs (``path`` or ``realpath:path``) for the given paths, parents first, nested ones
+    dropped when their parent is bound without remapping (module docstring)."""
+    return [dst if src == dst else f"{src}:{dst}" for src, dst in _bind_pairs(paths)]
+
+
+def _csv_field(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"') else text
+
+
+def bind_args(paths) -> list[str]:
+    """Shell-quoted apptainer options binding ``paths`` (as :func:`bind_specs`): ``--bind '/a b/work'``, or,
+    for a path holding ``,`` or ``:`` (which ``--bind`` takes as separators), ``--mount 'type=bind,"src=/a,b",
+    "dst=/a,b"'`` (Apptainer's --mount fields are CSV; apptainer docs, "Bind Paths and Mounts"). Snakemake
+    puts ``--apptainer-args`` into the job's shell command as written, so an unquoted path with a space
+    breaks it (snakemake PR #2190 quoted only its own binds)."""
+    import shlex
+
+    out = []
+    for src, dst in _bind_pairs(paths):
+        if any(c in src + dst for c in ",:"):
+            spec = ",".join(["type=bind", _csv_field(f"src={src}"), _csv_field(f"dst={dst}")])
+            out.append(f"--mount {shlex.quote(spec)}")
+        else:
+            out.append(f"--bind {shlex.quote(dst if src == dst else f'{src}:{dst}')}")
+    return out
+
+
+def _option_pairs(args: str) -> set[tuple[str, str]]:
+    import shlex
+
+    try:
+        tokens = shlex.split(args)
+    except ValueError:  # unbalanced quotes: compare the raw words
+        tokens = args.split()
+    pairs = {(t, tokens[i + 1]) for i, t in enumerate(tokens[:-1]) if t in ("--bind", "-B", "--mount")}
+    pairs |= {tuple(t.split("=", 1)) for t in tokens if t.startswith(("--bind=", "--mount="))}
+    return {("--bind" if o == "-B" else o, v) for o, v in pairs}
+
+
+def add_binds(apptainer_args: str, binds: list[str]) -> str:
+    """``apptainer_args`` with each of ``binds`` (:func:`bind_args` options, or bare ``--bind`` specs)
+    appended unless the same bind is already there (the Slurm job step parses the workflow again with the
+    main process's arguments)."""
+    import shlex
+
+    present = _option_pairs(apptainer_args)
+    extra = []
+    for b in binds:
+        arg = b if b.startswith("--") else f"--bind {shlex.quote(b)}"
+        if not (_option_pairs(arg) <= present):
+            extra.append(arg)
+            present |= _option_pairs(arg)
+    return " ".join([apptainer_args.strip(), *extra]).strip()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,8 @@ Commands::
 Contract
 --------
 * ``containers/images.yaml`` lists each image (``base``, ``digest``, ``gpu``); ``containers/<NAME>.def.j2``
-  is its jinja2 template. ``render`` writes a byte-stable ``.def`` whose ``From:`` is ``base@digest``. The
+  is its jinja2 template, rendered with ``stack`` = :data:`repro.stack.TESTED` (the engine image pins
+  exactly those torch/Triton versions). ``render`` writes a byte-stable ``.def`` whose ``From:`` is ``base@digest``. The
   digests are NOT filled in (no registry access where this was written; see images.yaml): without a
   digest, ``render`` exits 2 naming the fix, unless ``--allow-unpinned`` / ``REPRO_ALLOW_UNPINNED_BASE=1``,
   which renders ``From: base`` and marks the image unpinned.
@@ -45,6 +46,7 @@ import jinja2
 import yaml
 
 from repro.checkpoint.manifest import atomic_write_bytes, sha256_file, write_json
+from repro.stack import TESTED
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONTAINERS = REPO_ROOT / "containers"
@@ -92,7 +94,7 @@ def render_def(name: str, allow_unpinned: bool = False, containers_dir: Path | N
     from_ref = f"{base}@{digest}" if digest else base
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(cdir)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True)
-    text = env.get_template(f"{name}.def.j2").render(from_ref=from_ref, base=base, digest=digest)
+    text = env.get_template(f"{name}.def.j2").render(from_ref=from_ref, base=base, digest=digest, stack=TESTED)
     if not text.startswith("Bootstrap:"):
         raise ContainerError(f"{cdir / (name + '.def.j2')}: 'Bootstrap:' must be the first line")
     return text, {"image": name, "base": base, "base_digest": digest, "base_pinned": digest is not None,

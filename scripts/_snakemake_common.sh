@@ -19,9 +19,13 @@ SM_OPTS=(--workflow-profile "workflow/profiles/$PROFILE")
 [ "$PROFILE" = local ] && SM_OPTS+=(--cores "${CORES:-all}")
 if [ "${CONTAINERS:-0}" = 1 ]; then
   mkdir -p "$WORK/hf-home" "$WORK/triton-cache"
-  # --cleanenv keeps a host's PYTHONPATH/modules out; caches are bound and named explicitly
-  SM_OPTS+=(--sdm apptainer
-            "--apptainer-args=--nv --cleanenv --bind $WORK --env HF_HOME=$WORK/hf-home,TRITON_CACHE_DIR=$WORK/triton-cache,HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-0}")
+  # --cleanenv keeps a host's PYTHONPATH/modules out. The caches reach the jobs as APPTAINERENV_* variables, not as
+  # a comma-joined --env list (a work directory with a comma or a space would break it); the workflow binds $WORK
+  # and any HF_HOME/TRITON_CACHE_DIR, quoted (repro/cluster.py bind_args), and forwards set ones (container_env).
+  if command -v apptainer >/dev/null; then ENVP=APPTAINERENV_; else ENVP=SINGULARITYENV_; fi
+  export "${ENVP}HF_HOME=$WORK/hf-home" "${ENVP}TRITON_CACHE_DIR=$WORK/triton-cache" \
+         "${ENVP}HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-0}"
+  SM_OPTS+=(--sdm apptainer "--apptainer-args=--nv --cleanenv")
   mkdir -p "$WORK/overlays"
   printf 'containers:\n  enabled: true\n' > "$WORK/overlays/containers.yaml"
   CONFIGFILES=(config.yaml "$WORK/overlays/containers.yaml")

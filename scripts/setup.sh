@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv in the checkout and install the pipeline with everything it needs (CPU or GPU machine).
 #   bash scripts/setup.sh            # idempotent; re-running only installs what is missing
-# Environment: PYTHON (default python3, needs >= 3.11), TORCH_SPEC (default torch==2.13.0).
+# Environment: PYTHON (default python3, needs >= 3.11), TORCH_SPEC (default torch==2.11.0 on a GPU machine, the
+# tested stack of repro/stack.py; torch==2.13.0 on a CPU machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,12 +10,16 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: on machines that carry the CPU wheel locally this takes it from disk
-.venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+# A GPU machine gets the tested GPU stack (the `kernels` extra: torch and triton pinned as in repro/stack.py); a CPU
+# machine the CPU torch and a Triton whose interpreter runs the kernel tests (`kernels-cpu`)
+if nvidia-smi -L 2>/dev/null | grep -q GPU; then KERNELS=kernels; DEFAULT_TORCH=torch==2.11.0
+else KERNELS=kernels-cpu; DEFAULT_TORCH=torch==2.13.0; fi
+.venv/bin/python -m pip install -q "${TORCH_SPEC:-$DEFAULT_TORCH}"
 # the pipeline itself (editable: code changes need no re-install). Skipped when pyproject.toml and the extras are
 # unchanged since the last install here (.venv/.repro-install holds their sha256) and every requirement of those
 # extras is installed at a version it accepts, with this checkout as the installed `repro` (checked from /, so the
 # checkout's own folder on sys.path cannot pass for an install)
-EXTRAS=workflow,kernels,serve,dev
+EXTRAS=workflow,$KERNELS,serve,dev
 STAMP=.venv/.repro-install
 WANT=$( (cat pyproject.toml; echo "$EXTRAS") | .venv/bin/python -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
 installed_ok() {

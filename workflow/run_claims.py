@@ -10,7 +10,8 @@ inside a job):
   If no other such file is still locked, no Snakemake of this workflow is alive here and any lock left is stale:
   it is removed, saying so (incomplete outputs of the killed run are re-run: the default workflow profile,
   ``profiles/default``, sets rerun-incomplete). If one is alive, a note says that Snakemake may refuse the lock
-  and that ``--unlock`` is not the fix.
+  and that ``--unlock`` is not the fix; ``--unlock`` itself is refused then (exit 1, naming the run) unless
+  ``--force`` is given too.
 * :func:`claim_work_and_results_dirs` -- two Snakemake directories on one work directory. Snakemake's locks live in
   the directory it runs in, but the work and results directories need not: ``--directory DIR`` moves
   ``.snakemake`` to DIR while ``work/`` and ``results/`` stay the checkout's, and two checkouts can share one
@@ -99,9 +100,11 @@ def live_claims(folder: Path, mine: Path | None = None, remove_stale: bool = Tru
     return live
 
 
-def claim_run_and_clear_stale_locks(dry_run: bool, no_run: str) -> None:
+def claim_run_and_clear_stale_locks(dry_run: bool, no_run: str, unlock: bool = False, force: bool = False) -> None:
     """Claim ``.snakemake/repro-runs/<pid>.lock`` (current directory: Snakemake's) and remove the locks a killed
-    Snakemake left; see the module docstring."""
+    Snakemake left; see the module docstring. ``unlock`` (the command is ``--unlock``): while another Snakemake
+    of this workflow runs here its locks are live, so the command stops (exit 1, one line naming the run)
+    unless ``force`` (``--unlock --force``)."""
     runs = Path(".snakemake/repro-runs")
     mine = runs / f"{os.getpid()}.lock"
     if not dry_run and not _hold(mine):
@@ -110,7 +113,16 @@ def claim_run_and_clear_stale_locks(dry_run: bool, no_run: str) -> None:
     locks = Path(".snakemake/locks")
     if not (locks.is_dir() and any(locks.iterdir())):
         return
-    if alive:
+    if alive and unlock and not force:
+        print(f"Error: --unlock refused: a Snakemake of this workflow is running here (pid {', '.join(alive)}) and "
+              f"holds these locks; unlocking would let a second run write the same files (its jobs then fail with no "
+              "reason in the shared log). Wait for it to end (its locks go with it; no --unlock is needed then), "
+              "stop it, or, if you know it writes nothing this run needs, add --force", file=sys.stderr)
+        sys.exit(1)
+    if alive and unlock:
+        print(f"note: --unlock --force: removing the locks of the Snakemake running here (pid {', '.join(alive)})",
+              file=sys.stderr)
+    elif alive:
         print(f"note: another Snakemake of this workflow is running here (pid {', '.join(alive)}); if this run "
               "needs files it is making, Snakemake stops below with 'Directory cannot be locked': wait for it to "
               "end and run again. Snakemake's message then suggests --unlock: do not use it while pid "

@@ -89,6 +89,10 @@ def _select_kernels(kernels: str, device: str) -> str:
                 pass
     if want == "triton":
         from repro.engine.kernels import register_with_seams
+        from repro.engine.kernels._triton import require_tested_triton
+
+        if str(device).startswith("cuda"):
+            require_tested_triton()  # the GPU kernels run only on the tested Triton (repro/stack.py)
 
         register_with_seams(select=True)
     else:

@@ -24,9 +24,10 @@ T1=$(date +%s)
 SW=$(mktemp -d /tmp/repro-slurm-smoke.XXXXXX)
 printf 'results_dir: %s/results\n' "$SW" > "$SW/overlay.yaml"
 export ORL_EVAL_WORK="$SW/work"
-# A site profile as the README shows it (the workflow profile sets no resources, so these are not replaced).
+# A site profile as the README shows it (the workflow profile sets no resources, so these are not replaced), plus
+# a site-wide mem_mb_per_cpu: jobs must still get the memory they declare (--mem, checked below with sacct).
 mkdir -p "$SW/site"
-printf 'default-resources:\n  slurm_account: %s\n  slurm_partition: %s\n' \
+printf 'default-resources:\n  slurm_account: %s\n  slurm_partition: %s\n  mem_mb_per_cpu: 500\n' \
   "${SLURM_TEST_ACCOUNT:-testacct}" "${SLURM_PARTITION:-debug}" > "$SW/site/config.yaml"
 
 # Cancel the first generation job once it runs (the plugin's --comment names the rule).
@@ -55,11 +56,33 @@ grep -q "SLURM-job '$cid' failed, SLURM status is: 'CANCELLED'" "$SW/snakemake.l
   || { echo "error: the workflow did not report cancelled job $cid as failed; log: $SW/snakemake.log" >&2; exit 1; }
 grep -q "Trying to restart job" "$SW/snakemake.log" \
   || { echo "error: cancelled job $cid was not retried; log: $SW/snakemake.log" >&2; exit 1; }
+# the generation job's first attempt declares 4000 MB (CPU suite): --mem 4000, not the site's 500 MB per CPU
+tres=$(sacct -n -X -P -j "$cid" -o ReqTRES | head -1)
+[[ ",$tres," == *",mem=4000M,"* ]] || { echo "error: job $cid requested '$tres', expected mem=4000M (the rule's mem_mb)" >&2; exit 1; }
+! grep -E "^(Warning: .*replaces|Note: Slurm accounting is disabled)" "$SW/snakemake.log" \
+  || { echo "error: the site profile lost a setting, or sacct was taken for disabled; log: $SW/snakemake.log" >&2; exit 1; }
 n_jobs=$(sacct -X -n -P -S "$(date -d @"$T1" +%Y-%m-%dT%H:%M:%S)" -o State | grep -c COMPLETED || true)
 for f in main_table.md main_table.csv main_table.tex; do
   cmp "$LOCAL/$f" "$SW/results/smoke/$f" || { diff "$LOCAL/$f" "$SW/results/smoke/$f" || true; \
     echo "error: $f differs between the local run and the Slurm run" >&2; exit 1; }
 done
+# Slurm without accounting (no slurmdbd): sacct fails, and the plugin would poll it forever; the workflow must
+# notice, poll with squeue, and finish (docs/cluster.md §2 item 4). One generation shard again, on a restarted
+# cluster without slurmdbd.
+bash scripts/slurm/stop_local_slurm.sh >/dev/null
+SLURM_WITH_DBD=0 bash scripts/slurm/start_local_slurm.sh >/dev/null
+mkdir -p "$SW/site-noacct"
+printf 'default-resources:\n  slurm_partition: %s\n' "${SLURM_PARTITION:-debug}" > "$SW/site-noacct/config.yaml"
+SHARD="$ORL_EVAL_WORK/smoke/generations/tiny/gsm8k/seed12345/shard0of1.jsonl"
+rm -f "$SHARD"
+timeout 600 "$ROOT/.venv/bin/snakemake" "$SHARD" --workflow-profile workflow/profiles/slurm --profile "$SW/site-noacct" \
+  --configfile config.yaml "$@" "$SW/overlay.yaml" --slurm-init-seconds-before-status-checks 1 \
+  --seconds-between-status-checks 2 --jobs 1 > "$SW/snakemake-noacct.log" 2>&1 \
+  || { tail -20 "$SW/snakemake-noacct.log"; echo "error: the run without Slurm accounting failed or hung" >&2; exit 1; }
+grep -q "^Note: Slurm accounting is disabled" "$SW/snakemake-noacct.log" && [ -s "$SHARD" ] \
+  || { echo "error: without accounting the workflow did not switch to squeue; log: $SW/snakemake-noacct.log" >&2; exit 1; }
+T3=$(date +%s)
 echo "[slurm-ci] smoke suite through Slurm: $n_jobs sbatch jobs COMPLETED (sacct); generation job $cid cancelled" \
-     "($state), reported failed and retried; table identical to $LOCAL;" \
-     "cluster setup $(( T1 - T0 )) s, workflow $(( T2 - T1 )) s"
+     "($state, $tres), reported failed and retried; table identical to $LOCAL;" \
+     "cluster setup $(( T1 - T0 )) s, workflow $(( T2 - T1 )) s; without accounting: polled with squeue," \
+     "one shard in $(( T3 - T2 )) s"

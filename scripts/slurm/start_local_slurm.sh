@@ -13,7 +13,7 @@
 # Env: SLURM_LOCAL_BASE, SLURM_WITH_DBD=1|0 (0: no accounting; then use --slurm-status-command squeue),
 #      SLURM_TEST_ACCOUNT (default testacct), SLURM_PARTITION (default debug).
 # Afterwards: snakemake ... --workflow-profile workflow/profiles/slurm \
-#      --default-resources slurm_account=testacct slurm_partition=debug --slurm-init-seconds-before-status-checks 1
+#      --profile SITE (default-resources: {slurm_account: testacct, slurm_partition: debug}) --slurm-init-seconds-before-status-checks 1
 set -euo pipefail
 BASE=${SLURM_LOCAL_BASE:-/tmp/repro-slurm}
 WITH_DBD=${SLURM_WITH_DBD:-1}

@@ -21,7 +21,7 @@ stop_one() {  # stop_one NAME PID
   echo "[slurm-local] stopped $name (pid $pid)"
 }
 for name in slurmd slurmctld slurmdbd mariadbd munged; do
-  grep "^$name " "$LIST" | while read -r n pid; do stop_one "$n" "$pid"; done
+  { grep "^$name " "$LIST" || true; } | while read -r n pid; do stop_one "$n" "$pid"; done  # none without slurmdbd
 done
 rm -f "$LIST"
 for conf in /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf; do

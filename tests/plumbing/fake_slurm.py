@@ -11,8 +11,9 @@ sinfo, sacctmgr, sshare, scancel. Every call is appended to ``<state>/calls.json
   ``FAILED`` by its exit status. Without it every job ends ``FAILED`` (argv-only tests). A job of rule
   ``$FAKE_SLURM_TOUCH_RULE`` does not run: it writes ``$FAKE_SLURM_TOUCH`` (its output) and ends ``COMPLETED``
   (for GPU jobs on this CPU machine).
-* ``sacct`` / ``squeue`` print ``<id>|<state>`` for every job; ``srun`` drops its options and runs the rest;
-  ``scontrol show config`` says ``MinJobAge = 300 sec``; ``sacctmgr``/``sshare`` list the account ``testacct``.
+* ``sacct`` / ``squeue`` print ``<id>|<state>`` for every job (``FAKE_SLURM_NO_ACCOUNTING=1``: sacct fails as
+  on a cluster without slurmdbd); ``srun`` drops its options and runs the rest; ``scontrol show config`` says
+  ``MinJobAge = 300 sec`` (or ``$FAKE_SLURM_MIN_JOB_AGE``); ``sacctmgr``/``sshare`` list the account ``testacct``.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ if tool == "sbatch":
     with open(os.path.join(STATE, "jobs.jsonl"), "a") as f:
         f.write(json.dumps(rec) + "\n")
     print(jid)
+elif tool == "sacct" and os.environ.get("FAKE_SLURM_NO_ACCOUNTING") == "1":
+    print("sacct: error: Slurm accounting storage is disabled", file=sys.stderr)
+    sys.exit(1)
 elif tool in ("sacct", "squeue"):
     if "-j" in argv:  # reason queries for failed jobs
         sys.exit(0)
@@ -80,7 +84,7 @@ elif tool == "srun":
     os.execvp(argv[i], argv[i:])
 elif tool == "scontrol":
     if argv[:2] == ["show", "config"]:
-        print("MinJobAge               = 300 sec")
+        print(f"MinJobAge               = {{os.environ.get('FAKE_SLURM_MIN_JOB_AGE', '300')}} sec")
 elif tool in ("sacctmgr", "sshare"):
     print("testacct")
 elif tool == "sinfo":

@@ -30,7 +30,7 @@ def site_profile(path: Path, body: dict) -> str:
     return str(path)
 
 
-def slurm_run(tmp: Path, work: Path, *args: str, cancel="", timeout=240):
+def slurm_run(tmp: Path, work: Path, *args: str, cancel="", timeout=240, **extra_env):
     state = tmp / "slurm-state"
     install(tmp / "bin", state)
     overlay = tmp / "gpu_suite.yaml"
@@ -38,7 +38,7 @@ def slurm_run(tmp: Path, work: Path, *args: str, cancel="", timeout=240):
     (work / SHARD).unlink(missing_ok=True)
     env = env_with_repo(PATH=env_path(tmp / "bin"), ORL_EVAL_WORK=str(work), FAKE_SLURM_RUN="1",
                         FAKE_SLURM_CANCEL=cancel, FAKE_SLURM_TOUCH_RULE="generate_shard",
-                        FAKE_SLURM_TOUCH=str(work / SHARD))
+                        FAKE_SLURM_TOUCH=str(work / SHARD), **extra_env)
     env.pop("ORL_EVAL_DATA", None)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     r = subprocess.run([SNAKEMAKE, str(work / SHARD), "--workflow-profile", SLURM_PROFILE,
@@ -107,6 +107,54 @@ def test_gres_site_gets_gres_only(first_run, tmp_path, how):
     assert f["--gres"] == "gpu:1" and "--gpus" not in f and f["--cpus-per-gpu"] == "8"
 
 
+def test_site_memory_per_cpu_and_overridden_site_values(first_run, tmp_path):
+    """A site's `mem_mb_per_cpu` for all jobs never replaces the memory a job declares (the plugin would send
+    --mem-per-cpu and drop --mem: plugin #75); a site value the workflow profile replaces (latency-wait) and a
+    --set-resources on the command line that drops the site's set-resources are each named at start-up."""
+    tmp, _, _ = first_run
+    site = site_profile(tmp_path / "site", {
+        "default-resources": {"slurm_account": "testacct", "slurm_partition": "cpu", "mem_mb_per_cpu": 1000},
+        "set-resources": {"verify_checkpoint": {"runtime": 10}},
+        "latency-wait": 300,
+    })
+    r, jobs = slurm_run(tmp_path, tmp / "work", "--profile", site, "--set-resources",
+                        "generate_shard:slurm_partition=gpu")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    f = flags(jobs[0]["argv"])
+    assert jobs[0]["rule"] == "generate_shard" and f["--mem"] == "64000" and "--mem-per-cpu" not in f
+    assert f["-A"] == "testacct" and f["-p"] == "gpu"
+    warn = [l for l in r.stderr.splitlines() if l.startswith("Warning: ")]
+    assert any("sets latency-wait: 60, which replaces latency-wait: 300" in l and "--latency-wait 300" in l
+               for l in warn), r.stderr[-3000:]
+    assert any("--set-resources on the command line replaces" in l and "verify_checkpoint:runtime=10" in l
+               for l in warn), r.stderr[-3000:]
+    # what the run keeps is not reported: no warning once the command line repeats the site's values
+    from repro import cluster
+
+    argv = ["snakemake", "--workflow-profile", SLURM_PROFILE, "--profile", site, "--latency-wait", "300",
+            "--default-resources", "slurm_account=testacct", "slurm_partition=cpu", "mem_mb_per_cpu=1000"]
+    assert cluster.profile_warnings(argv, {}, ROOT) == []
+    lost = cluster.profile_warnings(argv[:-2] + ["mem_mb=100"], {}, ROOT)
+    assert len(lost) == 1 and "loses mem_mb_per_cpu=1000, slurm_partition=cpu." in lost[0]
+
+
+def test_slurm_without_accounting_polls_with_squeue_or_stops(first_run, tmp_path):
+    """sacct fails without slurmdbd and the plugin would poll it forever (plugin #38): the run switches to
+    squeue when MinJobAge keeps finished jobs visible long enough, else it stops at once naming the fix."""
+    tmp, _, _ = first_run
+    site = site_profile(tmp_path / "site", {"default-resources": {"slurm_account": "testacct"}})
+    r, jobs = slurm_run(tmp_path, tmp / "work", "--profile", site, timeout=120, FAKE_SLURM_NO_ACCOUNTING="1")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Note: Slurm accounting is disabled" in r.stderr and [j["rule"] for j in jobs] == ["generate_shard"]
+    calls = [json.loads(l)["tool"] for l in (tmp_path / "slurm-state" / "calls.jsonl").read_text().splitlines()]
+    assert "squeue" in calls
+    r, jobs = slurm_run(tmp_path / "stop", tmp / "work", "--profile", site, timeout=120,
+                        FAKE_SLURM_NO_ACCOUNTING="1", FAKE_SLURM_MIN_JOB_AGE="2")
+    err = [l for l in r.stderr.splitlines() if l.startswith("Error: ")]
+    assert r.returncode != 0 and not jobs and len(err) == 1, r.stderr[-3000:]
+    assert "snakemake-executor-plugin-slurm/issues/38" in err[0] and "lower --slurm-init-seconds-before-status-checks to 0" in err[0]
+
+
 def test_snakemake7_profile_says_what_replaced_it(tmp_path):
     old = site_profile(tmp_path / "old", {"cluster": "sbatch -p gpu --mem {resources.mem_mb}", "jobs": 10})
     env = env_with_repo(ORL_EVAL_WORK=str(tmp_path / "work"))
@@ -171,6 +219,17 @@ def test_binds_env_and_states(tmp_path):
     assert specs == [str(tmp_path / "results"), f"{real}:{tmp_path / 'work'}"]
     args = cluster.add_binds("--nv --bind /a", ["/a", "/b"])
     assert args == "--nv --bind /a --bind /b" and cluster.add_binds(args, ["/a", "/b"]) == args
+    # a space or a comma in a path: shell-quoted, --mount with CSV fields for the comma (and for a colon)
+    odd = tmp_path / "a b" / "c,d"
+    odd.mkdir(parents=True)
+    spaced = cluster.bind_args([tmp_path / "a b"])
+    assert spaced == [f"--bind '{tmp_path / 'a b'}'"]
+    assert cluster.bind_args([odd]) == [f"""--mount 'type=bind,"src={odd}","dst={odd}"'"""]
+    args = cluster.add_binds("--nv", spaced + cluster.bind_args([odd]))
+    assert cluster.add_binds(args, spaced + cluster.bind_args([odd])) == args  # the job step adds nothing
+    import shlex
+
+    assert shlex.split(args)[1:] == ["--bind", str(tmp_path / "a b"), "--mount", f'type=bind,"src={odd}","dst={odd}"']
     env = {"CUDA_VISIBLE_DEVICES": "1", "HF_HOME": "/h", "PATH": "/x", "HF_HUB_OFFLINE": ""}
     assert cluster.container_env(env, "/usr/bin/apptainer") == {"APPTAINERENV_CUDA_VISIBLE_DEVICES": "1",
                                                                 "APPTAINERENV_HF_HOME": "/h"}

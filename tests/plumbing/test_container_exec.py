@@ -38,7 +38,18 @@ visible = [os.getcwd(), "/usr", "/bin", "/lib", "/etc", "/dev", "/proc", "/sys",
 extra_env, clean = {{}}, "--cleanenv" in opts or "-e" in opts
 for k, o in enumerate(opts[:-1]):
     if o in ("--bind", "-B"):
-        visible += [(spec.split(":") + [""])[1] or spec.split(":")[0] for spec in opts[k + 1].split(",")]
+        for spec in opts[k + 1].split(","):
+            if not os.path.exists(spec.split(":")[0]):  # as apptainer: a bind source must exist
+                print(f"stub apptainer: bind source {{spec.split(':')[0]!r}} does not exist", file=sys.stderr)
+                sys.exit(255)
+            visible.append((spec.split(":") + [""])[1] or spec.split(":")[0])
+    if o == "--mount":  # CSV fields: type=bind,src=...,dst=...
+        import csv
+        fields = dict(f.split("=", 1) for f in next(csv.reader([opts[k + 1]])) if "=" in f)
+        if not os.path.exists(fields["src"]):
+            print(f"stub apptainer: mount source {{fields['src']!r}} does not exist", file=sys.stderr)
+            sys.exit(255)
+        visible.append(fields["dst"])
     if o == "--home":
         visible.append(opts[k + 1])
     if o == "--env":
@@ -112,19 +123,38 @@ def setup(tmp_path, backend):
 
 
 def test_exec_line_engine_and_scoring(tmp_path):
+    """What scripts/main_table.sh passes with CONTAINERS=1 (--nv --cleanenv, the caches as APPTAINERENV_*), in a
+    work directory whose path holds a comma and an HF_HOME with a space: the workflow's binds are quoted
+    (--mount with CSV fields for the comma). A space in the work directory itself stops at start-up: Snakemake
+    refuses an image path with whitespace."""
+    hf_home = tmp_path / "hf home"
+    tmp_path = tmp_path / "runs,v2"
+    tmp_path.mkdir()
     env = setup(tmp_path, "engine")
     work = tmp_path / "work"
-    args = (f"--apptainer-args=--nv --cleanenv --bind {work} --env HF_HOME={work}/hf-home,"
-            f"TRITON_CACHE_DIR={work}/triton-cache")  # what scripts/main_table.sh passes with CONTAINERS=1
-    r = subprocess.run([SNAKEMAKE, "all", "--cores", "1", "--sdm", "apptainer", args], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
+    env.update(APPTAINERENV_TRITON_CACHE_DIR=f"{work}/triton-cache", HF_HOME=str(hf_home))
+    r = subprocess.run([SNAKEMAKE, "all", "--cores", "1", "--sdm", "apptainer", "--apptainer-args=--nv --cleanenv"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "gen.txt").read_text() == "inside\n"
     calls = [c.split("\x1f") for c in (tmp_path / "log").read_text().splitlines()]
     execs = {c[c.index("bash") + 2].split(";")[-1].strip(): c for c in calls if c[1] == "exec"}
     gen = execs["echo inside > gen.txt"]
-    assert gen[:10] == ["apptainer", "exec", "--home", str(tmp_path), "--nv", "--cleanenv", "--bind", str(work),
-                        "--env", f"HF_HOME={work}/hf-home,TRITON_CACHE_DIR={work}/triton-cache"]
+    results = tmp_path / "results"
+    assert gen[:12] == ["apptainer", "exec", "--home", str(tmp_path), "--nv", "--cleanenv", "--bind", str(hf_home),
+                        "--mount", f'type=bind,"src={results}","dst={results}"',
+                        "--mount", f'type=bind,"src={work}","dst={work}"']
+    seen = {x["cmd"].split(";")[-1].strip(): x["env"] for x in
+            map(json.loads, (tmp_path / "log.env").read_text().splitlines())}
+    assert seen["echo inside > gen.txt"]["HF_HOME"] == str(hf_home)
+    assert seen["echo inside > gen.txt"]["TRITON_CACHE_DIR"] == f"{work}/triton-cache"
+    spaced = hf_home.parent / "my work"
+    spaced.mkdir()
+    (spaced / "Snakefile").write_text((tmp_path / "Snakefile").read_text())
+    r = subprocess.run([SNAKEMAKE, "all", "--cores", "1", "-n", "--sdm", "apptainer"], cwd=spaced, env=env,
+                       capture_output=True, text=True, timeout=120)
+    err = [l for l in r.stderr.splitlines() if l.startswith("Config error")]
+    assert r.returncode != 0 and len(err) == 1 and "holds a space" in err[0] and "ORL_EVAL_WORK" in err[0]
     assert str(work / "images" / "engine.sif") in gen
     assert str(work / "images" / "scoring.sif") in execs["echo inside > score.txt"]
     assert not any(c[1] == "build" for c in calls)  # existing, up-to-date images are not rebuilt

@@ -89,3 +89,64 @@ def test_a_live_run_here_says_not_to_unlock_while_it_runs(tmp_path, monkeypatch,
         os.close(fd)
         for fd2 in run_claims._HELD:
             os.close(fd2)
+
+
+def test_unlock_while_a_run_is_alive_is_refused_unless_forced(tmp_path, monkeypatch, capsys):
+    """`--unlock` while another Snakemake of this workflow runs here would remove its live locks (a second run then
+    fails jobs whose shared log shows no reason): refused with one line naming the run; `--force` unlocks."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_claims, "_HELD", [])
+    runs = tmp_path / ".snakemake" / "repro-runs"
+    runs.mkdir(parents=True)
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir()
+    (locks / "0.output.lock").write_text("x")
+    held = runs / "4242.lock"
+    held.write_text(json.dumps({"pid": 4242, "directory": str(tmp_path)}))
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as the other run holds it
+    try:
+        with pytest.raises(SystemExit) as ex:
+            run_claims.claim_run_and_clear_stale_locks(dry_run=True, no_run="--unlock (runs no job)", unlock=True)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert ex.value.code == 1 and len(err) == 1 and err[0].startswith("Error: --unlock refused")
+        assert "(pid 4242)" in err[0] and "--force" in err[0]
+        run_claims.claim_run_and_clear_stale_locks(dry_run=True, no_run="--unlock (runs no job)", unlock=True,
+                                                   force=True)
+        assert "--unlock --force" in capsys.readouterr().err  # Snakemake's own --unlock then removes them
+        os.close(fd)
+        fd = -1
+        run_claims.claim_run_and_clear_stale_locks(dry_run=True, no_run="--unlock (runs no job)", unlock=True)
+        assert "Error" not in capsys.readouterr().err  # once the run is gone, --unlock goes ahead
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        for fd2 in run_claims._HELD:
+            os.close(fd2)
+
+
+def test_real_snakemake_unlock_is_refused_while_a_run_holds_the_directory(tmp_path):
+    """The same through Snakemake itself (`-d DIR --unlock`, a live run's claim held by this test): exit 1 and the
+    locks stay; with `--force` Snakemake unlocks."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    runs, locks = tmp_path / ".snakemake" / "repro-runs", tmp_path / ".snakemake" / "locks"
+    runs.mkdir(parents=True)
+    locks.mkdir()
+    (locks / "0.output.lock").write_text("x")
+    (runs / "4242.lock").write_text(json.dumps({"pid": 4242, "directory": str(tmp_path)}))
+    fd = os.open(runs / "4242.lock", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    env = dict(os.environ, ORL_EVAL_WORK=str(tmp_path / "work"), PYTHONPATH=str(root))
+    cmd = [str(Path(sys.executable).with_name("snakemake")), "-s", str(root / "Snakefile"), "-d", str(tmp_path),
+           "--unlock"]
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and "Error: --unlock refused" in r.stderr and "(pid 4242)" in r.stderr, r.stderr
+        assert (locks / "0.output.lock").is_file()
+        r = subprocess.run(cmd + ["--force"], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "Unlocked working directory" in r.stdout + r.stderr, r.stderr
+        assert not (locks / "0.output.lock").exists()
+    finally:
+        os.close(fd)

@@ -43,6 +43,7 @@ rule verify_checkpoint:
         **CPU_ONLY,
         runtime=lambda wc, attempt: 60 * attempt,
         mem_mb=lambda wc, attempt: 2000 * attempt,
+        mem_mb_per_cpu=0,  # --mem, never a site's --mem-per-cpu (cluster.smk)
     shell:
         logged("{PY} -m repro.checkpoint verify {input} --stamp {output} {params.pin} {params.copy_of}")
 
@@ -196,6 +197,7 @@ rule dequantize_checkpoint:
         **CPU_ONLY,
         runtime=lambda wc, attempt: 60 * attempt,
         mem_mb=lambda wc, attempt: 32000 * attempt,  # one shard at a time: its tensors in BF16 (~18 GB for 5 GB)
+        mem_mb_per_cpu=0,  # --mem, never a site's --mem-per-cpu (cluster.smk)
     shell:
         logged("{PY} -m repro.checkpoint dequantize --src {input.ckpt} --out {output} --verified {input.verified} "
                "--source-key {params.key:q}")
@@ -213,5 +215,6 @@ rule verify_dequantized_checkpoint:
         **CPU_ONLY,
         runtime=lambda wc, attempt: 60 * attempt,
         mem_mb=lambda wc, attempt: 2000 * attempt,
+        mem_mb_per_cpu=0,  # --mem, never a site's --mem-per-cpu (cluster.smk)
     shell:
         logged("{PY} -m repro.checkpoint verify {input} --stamp {output}")

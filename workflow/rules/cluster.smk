@@ -11,6 +11,12 @@ if _legacy:
     print(f"Profile error: {_legacy[0]}", file=sys.stderr)
     sys.exit(1)
 
+# Site settings a command line silently loses (repro/cluster.py: profile_warnings): a --default-resources /
+# --set-resources that replaces the site profile's whole mapping, a workflow-profile key over the site's value.
+if workflow.is_main_process:
+    for _line in _cluster.profile_warnings(sys.argv, os.environ, workflow.basedir):
+        print(f"Warning: {_line}", file=sys.stderr)
+
 # sacct reports `CANCELLED by <uid>`, which the Slurm executor plugin (<= 2.8.0) does not recognise: it
 # would wait for a cancelled job forever. Normalise the states it reads (no-op without the plugin).
 _cluster.patch_slurm_status_query()
@@ -97,6 +103,12 @@ def gpu_mem_mb(wildcards):
     return gpu_mem_mb_at(wildcards, suite_cfg(wildcards).get("batch_size", 1))
 
 
+# Every rule that declares `mem_mb` also declares `mem_mb_per_cpu=0`: the Slurm plugin (2.8) sends
+# `--mem-per-cpu` and drops `--mem` whenever a job has a non-zero mem_mb_per_cpu
+# (github.com/snakemake/snakemake-executor-plugin-slurm/issues/75), so a site's
+# `default-resources: {mem_mb_per_cpu: N}` would silently replace the 64 GB a generation job declares (and its
+# growth on retry). A rule's own resource beats default-resources; a site's set-resources for the rule still wins.
+
 # Resources of jobs that never need a GPU: a site-wide gpu_model / gres in default-resources must not
 # reach them (the plugin turns gpu_model alone into --gpus=<model>:1).
 CPU_ONLY = {"gpu": 0, "gpu_model": "", "gres": ""}
@@ -113,3 +125,13 @@ onstart:
     if _problem:
         print(f"Error: {_problem}", file=sys.stderr)
         sys.exit(1)
+    # Slurm without accounting: sacct fails and the plugin would poll it forever (repro/cluster.py)
+    _es = workflow.executor_settings
+    if not workflow.local_exec and hasattr(_es, "status_command") and hasattr(_es, "init_seconds_before_status_checks"):
+        _decision = _cluster.slurm_status_decision(_es.status_command, _es.init_seconds_before_status_checks)
+        if _decision and _decision[0] == "stop":
+            print(f"Error: {_decision[1]}", file=sys.stderr)
+            sys.exit(1)
+        if _decision:
+            _es.status_command = "squeue"
+            print(f"Note: {_decision[1]}", file=sys.stderr)

@@ -277,7 +277,8 @@ os.environ.update(PYTHONPATH=os.pathsep.join([workflow.basedir] + [p for p in [o
 import run_claims
 
 if workflow.is_main_process:
-    run_claims.claim_run_and_clear_stale_locks(DRY_RUN, NO_RUN)
+    run_claims.claim_run_and_clear_stale_locks(DRY_RUN, NO_RUN, unlock=_NO_JOB_FLAG == "--unlock",
+                                               force=bool(getattr(_CLI_ARGS, "force", False)))
     run_claims.claim_work_and_results_dirs([("work directory (work_dir / ORL_EVAL_WORK)", WORK),
                                             ("results directory (results_dir)", str(results_dir(config)))],
                                            DRY_RUN, NO_RUN)

@@ -43,6 +43,7 @@ rule generate_shard:
         gpu_mem_mb=gpu_mem_mb,  # needed on the device (bf16 weights + KV); the job checks its GPU
         runtime=lambda wc, attempt: (60 if on_gpu(wc) else 30) * attempt,
         mem_mb=lambda wc, attempt: (64000 if on_gpu(wc) else 4000) * attempt,  # an OOM retry asks for more
+        mem_mb_per_cpu=0,  # --mem, never a site's --mem-per-cpu (cluster.smk)
     shell:
         logged("OMP_NUM_THREADS={threads} {PY_IMAGE} -m repro.backends.generation_job --backend {params.backend} "
                "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
@@ -87,6 +88,7 @@ rule generate_group:
         # the per-benchmark job's limit for each benchmark it serves
         runtime=lambda wc, attempt: (60 if on_gpu(wc) else 30) * len(suite_cfg(wc)["benchmarks"]) * attempt,
         mem_mb=lambda wc, attempt: (64000 if on_gpu(wc) else 4000) * attempt,
+        mem_mb_per_cpu=0,  # --mem, never a site's --mem-per-cpu (cluster.smk)
         **GROUP_SITE_RESOURCES,  # a site profile's set-resources for generate_shard (cluster.smk)
     shell:
         logged("OMP_NUM_THREADS={threads} {PY_IMAGE} -m repro.backends.generation_job --backend {params.backend} "
@@ -153,6 +155,7 @@ rule speed_probe:
         gpu_mem_mb=lambda wc: gpu_mem_mb_at(wc, 1),  # one request at a time: no batch KV caches
         runtime=lambda wc, attempt: (60 if on_gpu(wc) else 30) * attempt,
         mem_mb=lambda wc, attempt: (64000 if on_gpu(wc) else 4000) * attempt,
+        mem_mb_per_cpu=0,  # --mem, never a site's --mem-per-cpu (cluster.smk)
         **GROUP_SITE_RESOURCES,  # a site profile's set-resources for generate_shard (partition, account, ...)
     shell:
         logged("OMP_NUM_THREADS={threads} {PY_IMAGE} -m repro.backends.generation_job --backend {params.backend} "

@@ -26,6 +26,11 @@ def _check_container_runtime():
     except _containers.ContainerError as e:
         print(f"Config error: {e}", file=sys.stderr)
         sys.exit(1)
+    if any(c.isspace() for c in WORK):  # the images live there; Snakemake refuses an image path with whitespace
+        print(f"Config error: the work directory {WORK!r} holds a space, and Snakemake refuses a container image "
+              "path with whitespace ('Invalid singularity image URL'); set ORL_EVAL_WORK to a path without spaces "
+              "(commas are fine)", file=sys.stderr)
+        sys.exit(1)
     methods = getattr(getattr(workflow, "deployment_settings", None), "deployment_method", None) or ()
     if not any(str(getattr(m, "name", m)).lower() in ("apptainer", "singularity") for m in methods):
         print("Config error: containers.enabled is true but Snakemake was started without `--sdm "
@@ -51,7 +56,7 @@ def _container_setup():
     for p in paths:
         os.makedirs(p, exist_ok=True)  # apptainer refuses to bind a missing path
     ds = workflow.deployment_settings
-    ds.apptainer_args = _cluster.add_binds(ds.apptainer_args or "", _cluster.bind_specs(paths))
+    ds.apptainer_args = _cluster.add_binds(ds.apptainer_args or "", _cluster.bind_args(paths))  # quoted
     os.environ.update(_cluster.container_env(os.environ, _containers.apptainer_binary()))
 
 
@@ -116,6 +121,7 @@ rule build_image:
     resources:
         runtime=180,
         mem_mb=16000,
+        mem_mb_per_cpu=0,  # --mem, never a site's --mem-per-cpu (cluster.smk)
     shell:
         logged("{sys.executable} -m repro.containers build {wildcards.image} --def {input} --sif {output.sif} "
                "--sidecar {output.meta}")

@@ -23,6 +23,7 @@ rule score:
         **CPU_ONLY,
         runtime=lambda wc, attempt: 60 * attempt,
         mem_mb=lambda wc, attempt: 8000 * attempt,
+        mem_mb_per_cpu=0,  # --mem, never a site's --mem-per-cpu (cluster.smk)
     shell:
         logged("{PY_IMAGE} -m repro.scoring score --benchmark {wildcards.bench} --problems {input.problems} "
                "--generations {input.generations} --out {output.scores} --summary {output.summary} "

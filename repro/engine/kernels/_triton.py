@@ -3,6 +3,9 @@
 ``HAS_TRITON`` is False when triton is not installed; the plain PyTorch references still work then.
 ``INTERPRET`` is True under ``TRITON_INTERPRET=1`` (kernels run on CPU tensors through Triton's
 interpreter; fp32/fp16 are correct there, bf16 loads are not, seen with triton 3.9).
+``require_tested_triton()`` (the engine calls it when it selects the Triton kernels on CUDA) and
+``kernels_usable(t)`` on a CUDA tensor refuse a Triton other than the tested one (``repro/stack.py``: RuntimeError,
+one line naming the version needed; ``REPRO_ALLOW_UNTESTED_TRITON=1`` lets it run); the interpreter takes any.
 """
 from __future__ import annotations
 
@@ -28,10 +31,29 @@ def next_pow2(n: int) -> int:
 
 
 def kernels_usable(t) -> bool:
-    """True when Triton kernels can run on tensor ``t``: CUDA tensor, or any tensor under the interpreter."""
+    """True when Triton kernels can run on tensor ``t``: CUDA tensor, or any tensor under the interpreter.
+    RuntimeError on a CUDA tensor when the installed Triton is not the tested one (module docstring)."""
     if not HAS_TRITON:
         return False
+    if t.is_cuda:
+        require_tested_triton()
     return bool(t.is_cuda) or INTERPRET
+
+
+_TRITON_CHECKED = []  # non-empty once the installed Triton passed the check (checked at the first CUDA launch)
+
+
+def require_tested_triton() -> None:
+    """RuntimeError (one line: installed and needed version, the fix) unless the installed Triton is the tested
+    release of ``repro/stack.py`` or ``REPRO_ALLOW_UNTESTED_TRITON=1``; a no-op under the interpreter."""
+    if INTERPRET or not HAS_TRITON or _TRITON_CHECKED:
+        return
+    from repro.stack import ALLOW_UNTESTED_ENV, triton_problem
+
+    problem = triton_problem(triton.__version__)
+    if problem and os.environ.get(ALLOW_UNTESTED_ENV) != "1":
+        raise RuntimeError(problem)
+    _TRITON_CHECKED.append(True)
 
 
 # ---- programmatic dependent launch (PDL): overlap a kernel's launch/prologue with its predecessor ----
