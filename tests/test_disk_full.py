@@ -62,7 +62,8 @@ def _enospc(*_a, **_k):
 def _one_error_line(err: str, folder: Path) -> str:
     lines = [x for x in err.splitlines() if x.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"error: no space left on the device for {folder} (") and "MB free): free space" in lines[0]
+    assert lines[0].startswith(f"error: no space left on the device for {folder} (")
+    assert "MB free): free space" in lines[0]
     return lines[0]
 
 
