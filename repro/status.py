@@ -19,7 +19,7 @@ cell's last sessions (tokens / seconds); ``ETA`` the time the shards writing now
 their own rates (the longest of them), "-" when none is writing; ``state``: ``done`` (every shard finished),
 ``running`` (a record or session snapshot written in the last :data:`RUNNING_S` seconds), ``stopped`` (partial
 records, none written lately: a crashed, killed or waiting job; the age of its last write is shown), ``waiting``
-(nothing generated yet). The last line sums the suite and gives its ETA at the rate of the shards running now.
+(nothing generated yet, or shards finished while the others have not started). The last line sums the suite and gives its ETA at the rate of the shards running now.
 Not shown: the speed probe (``<suite>/speed/``), which runs after its model's generation.
 """
 
@@ -164,9 +164,9 @@ def summarize(c: Cell, now: float) -> dict:
         state = "done"
     elif running:
         state = "running"
-    elif c.shards:
+    elif any(not s.finished for s in c.shards):
         state = "stopped"
-    else:
+    else:  # nothing yet, or finished shards while others have not started
         state = "waiting"
     age = now - max(s.mtime for s in c.shards) if c.shards else None
     return {"done": done, "total": total, "tps": tps, "state": state, "age_s": age, "rate": rate,
