@@ -1,13 +1,60 @@
 """Atomic file writes and append-only JSON Lines, so a killed job never leaves a half-written output; a file's
-sha256. Imports nothing of repro (the bottom layer: data, provenance, backends read and write through it)."""
+sha256; the one line said when a disk is full (:func:`disk_full`). Imports nothing of repro (the bottom layer:
+data, provenance, backends read and write through it)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left on the device; disk quota exceeded
+
+
+def disk_full(exc: BaseException, folder: str | os.PathLike, keep: str = "", what: str = "") -> str | None:
+    """One line for an OSError that says the disk (or the quota) holding ``folder`` is full, naming the folder
+    (after ``what``, e.g. "the work directory"), its free space (MB, ``shutil.disk_usage``) and what to free;
+    ``keep`` is appended (what was kept and how the run goes on). None for any other exception."""
+    if not isinstance(exc, OSError) or exc.errno not in DISK_FULL_ERRNOS:
+        return None
+    folder = Path(folder).resolve()
+    try:
+        free = f"{shutil.disk_usage(_existing(folder)).free / 1e6:.0f} MB free"
+    except OSError:
+        free = "free space unknown"
+    full = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on the device"
+    return (f"{full} for {what + ' ' if what else ''}{folder} ({free}): free space on that disk (old runs' "
+            "work/<suite> folders, results/ or checkpoints no longer needed, other users' files) or point the work "
+            f"directory elsewhere (work_dir in the config, or $ORL_EVAL_WORK), then run again"
+            f"{'; ' + keep if keep else ''}")
+
+
+def _existing(path: Path) -> Path:
+    """``path`` or its nearest existing parent folder."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def full_disks(folders: dict[str, str | os.PathLike], min_free: float = 64e6) -> list[str]:
+    """After a failed run: one line per disk with less than ``min_free`` bytes free (default 64 MB) among
+    ``folders`` (``{what: folder}``, e.g. the work directory first), naming the first folder on that disk and
+    what to free (:func:`disk_full`). [] when every disk has room (or none can be read)."""
+    out, seen = [], set()
+    for what, folder in folders.items():
+        probe = _existing(Path(folder).resolve())
+        try:
+            dev, free = probe.stat().st_dev, shutil.disk_usage(probe).free
+        except OSError:
+            continue
+        if dev not in seen and free < min_free:
+            seen.add(dev)
+            out.append(f"Error: {disk_full(OSError(errno.ENOSPC, 'full'), folder, what='the ' + what)}")
+    return out
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -68,6 +68,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     data = Path(args.data_dir)
+    missing = [f for f in ("humaneval.jsonl", "mbpp.jsonl") if not (data / f).is_file()]
+    if missing:  # a clone has no ../shared: name the folder looked in and the fix
+        ap.error(f"{data} lacks {' and '.join(missing)} (the benchmarks' original files): give --data-dir DIR or "
+                 "set ORL_EVAL_DATA")
     he, mb = load_problems(data, "humaneval"), load_problems(data, "mbpp")
     with Sandbox(1) as sb:
         enforced = sb.enforced

@@ -1,24 +1,32 @@
-"""Shared fixtures: where the real benchmark data lives (never copied into the repo)."""
+"""Shared fixtures: where the real benchmark data lives (never copied into the repo; ``eval_data.py``), and one
+summary line at the end counting the tests skipped for lack of it and saying how to run them."""
 
-import os
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+import eval_data
+
+REPO = eval_data.REPO
 
 
-def shared_data_dir() -> Path | None:
-    d = Path(os.environ.get("ORL_EVAL_DATA", REPO.parent / "shared" / "data"))
-    return d if (d / "gsm8k.jsonl").is_file() else None
+def pytest_configure(config):
+    eval_data.configure()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line for all the tests skipped without the real benchmark files (each skip stays quiet)."""
+    n = sum(1 for r in terminalreporter.stats.get("skipped", [])
+            if isinstance(r.longrepr, tuple) and r.longrepr[2].endswith(eval_data.SKIP_REASON))
+    if n:
+        terminalreporter.write_line(f"{n} tests skipped: no real benchmark files in {eval_data.looked_at()}; "
+                                    f"{eval_data.HOW}")
 
 
 @pytest.fixture
 def data_dir() -> Path:
-    d = shared_data_dir()
-    if d is None:
-        pytest.skip("real benchmark data not found (set ORL_EVAL_DATA or place it at ../shared/data)")
-    return d
+    """The real benchmark files' folder (``eval_data``); skips the test without them."""
+    return eval_data.require()
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
 """repro.tables.speed: the speed table from generation records and shard metas (nothing re-run)."""
 
 import json
+import re
 
 import pytest
 
@@ -81,9 +82,11 @@ def test_a_damaged_shard_meta_is_one_error_naming_the_file_and_the_fix(tmp_path,
     assert not out.exists()
 
 
-def test_tex_fits_one_column_of_a_two_column_article_with_a_paper_caption(tmp_path):
+def test_tex_is_legible_across_a_two_column_article_with_a_paper_caption(tmp_path):
     """The smoke suite's shape (three long labels × four benchmarks, CPU with one thread) through the CLI, then
-    pdflatex in a two-column article with the packages the first line names: no error, no overfull box."""
+    pdflatex in a two-column article with the packages the first line names: no error, no overfull box, and the
+    ten columns (a table* across both columns) set at 7 pt or more after any shrinking (in one column
+    ``\\resizebox`` took them to about 5 pt)."""
     import shutil
     import subprocess
 
@@ -109,14 +112,21 @@ def test_tex_fits_one_column_of_a_two_column_article_with_a_paper_caption(tmp_pa
     assert "(x86_64, 1 thread)," in (out / "speed_table.md").read_text()
     if shutil.which("pdflatex") is None:
         pytest.skip("pdflatex not installed (apt-get install texlive-latex-base texlive-latex-recommended)")
+    assert "\\begin{table*}[t]" in tex and "\\end{table*}" in tex
     doc = tmp_path / "doc.tex"
+    # the tabular's natural width, logged by a \\resizebox that measures its content before the real one scales it
+    measure = ("\\let\\realresizebox\\resizebox\n\\renewcommand{\\resizebox}[3]{\\sbox0{#3}"
+               "\\typeout{NATURAL=\\the\\wd0, TEXT=\\the\\textwidth, FONT=\\f@size}\\realresizebox{#1}{#2}{#3}}\n")
     doc.write_text("\\documentclass[twocolumn]{article}\n\\usepackage{booktabs}\n\\usepackage{graphicx}\n"
+                   "\\makeatletter\n" + measure + "\\makeatother\n"
                    "\\begin{document}\n" + tex + "\nText.\n\\end{document}\n")
     r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     log = (tmp_path / "doc.log").read_text(errors="replace")
     assert r.returncode == 0, log[-2000:]
     assert "Overfull \\hbox" not in log, log[-2000:]
+    natural, text, font = map(float, re.search(r"NATURAL=([\d.]+)pt, TEXT=([\d.]+)pt, FONT=([\d.]+)", log).groups())
+    assert font * min(1.0, text / natural) >= 7.0, (natural, text, font)
 
 
 def test_fixed_costs_per_job_counted_once_across_the_benchmarks_it_served(tmp_path):
@@ -245,4 +255,4 @@ def test_wording_matches_the_numbers_a_small_suite_shows(tmp_path):
     note = speed.fixed_costs_note(total)
     assert "0.02 s per load on average (0.06 s in all)" in note, note
     md, tex = speed.to_markdown(rows, cap, note), speed.to_latex(rows, speed.caption(total, "s", latex=True), "t")
-    assert "| n (1 req.) |" in md and "$n$ (1 req.) &" in tex
+    assert "| n (1 req.) |" in md and "& $n$ & tokens/s & " in tex and "& (1 req.) & (1 req.) & TPF &" in tex

@@ -192,9 +192,26 @@ def _kept_without_record(key: str, roots) -> bool:
 def _write_json(path: Path, rec: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(rec, f)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(rec, f)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temp file left
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _disk_full(e: OSError, folder, what: str) -> None:
+    """Raise Snakemake's WorkflowError with one line naming the full ``folder`` (repro.io.disk_full) when ``e``
+    is a full disk; Snakemake's own message ("Error recording metadata ... Please ensure write permissions for
+    the directory .../.snakemake") names .snakemake whichever disk is full."""
+    from snakemake.exceptions import WorkflowError
+
+    from repro.io import disk_full
+
+    line = disk_full(e, folder, what=what)
+    if line is not None:
+        raise WorkflowError(f"{line} (writing Snakemake's job record)") from None
 
 
 def persistence_class(base: type, roots: Roots) -> type:
@@ -332,10 +349,20 @@ def persistence_class(base: type, roots: Roots) -> type:
                                                     "the job runs again")
 
         def _write_record(self, key: str, record) -> None:
-            super()._write_record(key, record)
+            try:
+                super()._write_record(key, record)
+            except OSError as e:
+                _disk_full(e, self.path, "Snakemake's state")
+                raise
             local = roots.local(key)
             if local is not None:
-                _write_json(local, roots.to_tokens(key, dict(record.items())))
+                try:
+                    _write_json(local, roots.to_tokens(key, dict(record.items())))
+                except OSError as e:
+                    token, root = roots.root_of(key)
+                    _disk_full(e, root, {"<work>": "the work directory", "<results>": "the results folder"}.get(
+                        token, "the folder"))
+                    raise
                 self._rooted_cache.pop(key, None)
 
         def _delete_record(self, key: str) -> bool:

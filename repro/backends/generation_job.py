@@ -79,7 +79,7 @@ import yaml
 
 from repro.backends import get_backend
 from repro.checkpoint.suspect import stamp_identity
-from repro.io import append_jsonl, atomic_write_text, read_jsonl_tolerant
+from repro.io import append_jsonl, atomic_write_text, disk_full, read_jsonl_tolerant
 from repro.provenance import code_revision, file_key, sha256_path, stage_code_version
 
 
@@ -500,10 +500,9 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
 def _read_list(path: Path) -> list:
     """A JSON list kept beside a partial file; [] when missing or unreadable (a kill during its first write)."""
     try:
-        v = json.loads(path.read_text())
+        return v if isinstance(v := json.loads(path.read_text()), list) else []
     except (OSError, ValueError):
         return []
-    return v if isinstance(v, list) else []
 
 
 def _values(v) -> list[str]:
@@ -593,6 +592,12 @@ def main(argv: list[str] | None = None) -> int:
     except GenerationError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk: one line naming the folder (no traceback); finished records are kept
+        if (line := disk_full(e, Path(a.out or a.group_index).parent, "records finished so far are kept in the "
+                              "partial file(s) there, and the job resumes from them")) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -40,8 +40,9 @@ device (GPU name), engine path and batch size, read from the shard metas, and ea
 model cards name it (``repro.tables.render.precision_label``: the shards' precision and backend, the
 checkpoint's ``quantization`` from the spec). The ``.tex`` is
 ready for a paper, as the main table's: its first line names the packages it needs (booktabs, graphicx),
-suite and engine path go to a ``%`` comment, and ``\\resizebox`` shrinks it to the column width only when
-wider (one column of a two-column article).
+suite and engine path go to a ``%`` comment. Its ten columns are a ``table*`` (both columns of a two-column
+article: in one column they shrank to about 5 pt), column titles on two rows, and ``\\resizebox`` shrinks it to
+the text width only when wider.
 """
 
 from __future__ import annotations
@@ -380,11 +381,22 @@ def to_markdown(rows: list[dict], cap: str, note: str = "") -> str:
     return "\n".join(lines + (["", note] if note else [])) + "\n"
 
 
+def _two_lines(title: str) -> tuple[str, str]:
+    """A column title set on two header rows, so the numbers' columns stay narrow: ``"tokens/s (1 req.)"`` ->
+    ``("tokens/s", "(1 req.)")``, ``"load s"`` -> ``("load", "s")``, ``"TPF"`` -> ``("", "TPF")``."""
+    if " (" in title:
+        top, rest = title.split(" (", 1)
+        return top, "(" + rest
+    return tuple(title.rsplit(" ", 1)) if " " in title else ("", title)
+
+
 def to_latex(rows: list[dict], cap: str, label: str, header: list[str] | None = None) -> str:
-    """A booktabs table in a ``table`` float, shrunk to the column width only when wider (``\\resizebox``,
-    graphicx), as the main table (``repro.tables.render.to_latex``); ``header``: ``%`` lines put first
+    """A booktabs table in a ``table*`` float (the full text width: ten columns do not fit one column of a
+    two-column article legibly; in a one-column document ``table*`` is a ``table``), column titles on two rows,
+    shrunk to the text width only when wider (``\\resizebox``, graphicx); ``header``: ``%`` lines put first
     (:func:`tex_header`). ``cap`` is LaTeX source (``caption(..., latex=True)``)."""
-    head = ["Model", "Benchmark", "$n$ (1 req.)"] + [latex_escape(t) for _, t, _ in COLUMNS]
+    titles = [("", "Model"), ("", "Benchmark"), ("$n$", "(1 req.)")] + [
+        tuple(latex_escape(x) for x in _two_lines(t)) for _, t, _ in COLUMNS]
     body = []
     for r in rows:
         bench = r["benchmark"] if r["benchmark"] == "all" else declared_benchmark(r["benchmark"]).title
@@ -392,11 +404,12 @@ def to_latex(rows: list[dict], cap: str, label: str, header: list[str] | None = 
                                + [fmt(r[c], d, "--") for c, _, d in COLUMNS]) + r" \\")
     if header is None:
         header = ["% Needs \\usepackage{booktabs} and \\usepackage{graphicx} in the preamble."]
-    return "\n".join([*header, r"\begin{table}[t]", r"\centering", r"\small", r"\setlength{\tabcolsep}{3pt}",
+    return "\n".join([*header, r"\begin{table*}[t]", r"\centering", r"\small", r"\setlength{\tabcolsep}{3pt}",
                       rf"\caption{{{cap}}}", rf"\label{{{label}}}",
-                      r"\resizebox{\ifdim\width>\columnwidth\columnwidth\else\width\fi}{!}{%",  # shrink only if too wide
-                      r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}", r"\toprule", " & ".join(head) + r" \\",
-                      r"\midrule", *body, r"\bottomrule", r"\end{tabular}}", r"\end{table}"]) + "\n"
+                      r"\resizebox{\ifdim\width>\textwidth\textwidth\else\width\fi}{!}{%",  # shrink only if too wide
+                      r"\begin{tabular}{ll" + "r" * (len(titles) - 2) + "}", r"\toprule",
+                      " & ".join(t for t, _ in titles) + r" \\", " & ".join(b for _, b in titles) + r" \\",
+                      r"\midrule", *body, r"\bottomrule", r"\end{tabular}}", r"\end{table*}"]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,6 @@
 """Batched generation (repro.engine.batch): batch invariance on real problems, continuous batching, errors."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,13 +11,14 @@ from repro.engine.layers.linear import ROW_TILE, linear
 from repro.engine.model import Chunk
 from repro.prompts import build_prompt
 
-DATA = Path(os.environ.get("ORL_EVAL_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
+import eval_data
+
+DATA = eval_data.looked_at()
 
 
 def _real_prompts(n_each: int) -> list:
-    """Chat messages of the first ``n_each`` GSM8K and HumanEval problems of ../shared/data."""
-    if not all((DATA / f"{b}.jsonl").is_file() for b in ("gsm8k", "humaneval")):
-        pytest.skip(f"real benchmark data not found in {DATA} (set ORL_EVAL_DATA or place it at ../shared/data)")
+    """Chat messages of the first ``n_each`` GSM8K and HumanEval problems of the real data (eval_data)."""
+    eval_data.require("humaneval.jsonl")
     out = []
     for bench in ("gsm8k", "humaneval"):
         with (DATA / f"{bench}.jsonl").open() as f:

@@ -3,9 +3,7 @@ scheduler, the per-slot on-device step and the round protocol run unchanged over
 (TorchSlotForward; graphs need CUDA), on the tiny checkpoint and real problems from ../shared/data."""
 
 import json
-import os
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,13 +16,14 @@ from repro.engine.decoders.device import DeviceStep
 from repro.engine.decoders.device_batch import BatchedDeviceStep
 from repro.prompts import build_prompt
 
-DATA = Path(os.environ.get("ORL_EVAL_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
+import eval_data
+
+DATA = eval_data.looked_at()
 
 
 def _real_prompts(n_each: int) -> list:
-    """Chat messages of the first ``n_each`` GSM8K and HumanEval problems of ../shared/data."""
-    if not all((DATA / f"{b}.jsonl").is_file() for b in ("gsm8k", "humaneval")):
-        pytest.skip(f"real benchmark data not found in {DATA} (set ORL_EVAL_DATA or place it at ../shared/data)")
+    """Chat messages of the first ``n_each`` GSM8K and HumanEval problems of the real data (eval_data)."""
+    eval_data.require("humaneval.jsonl")
     out = []
     for bench in ("gsm8k", "humaneval"):
         with (DATA / f"{bench}.jsonl").open() as f:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+import eval_data
 from plumbing_util import ROOT
 
 pytestmark = pytest.mark.slow
@@ -67,9 +68,7 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    data = Path(os.environ.get("ORL_EVAL_DATA", ROOT.parent / "shared" / "data"))
-    if not (data / "gsm8k.jsonl").is_file():
-        pytest.skip("real benchmark data not found (set ORL_EVAL_DATA or place it at ../shared/data)")
+    data = eval_data.require()
     r = Run(tmp_path_factory.mktemp("nvfp4"), data)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("repro", "workflow", "profiles"):

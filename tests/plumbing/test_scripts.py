@@ -63,3 +63,15 @@ def test_main_table_sh_combines_the_callers_configfiles_with_its_overlay(tmp_pat
     assert f"--configfile config.yaml {tmp_path / 'my.yaml'} {overlay} -n" in out
     assert out.count("rule generate_shard") == 4  # the overlay's one model × 4 benchmarks, not the whole suite
     assert "--limit 2 " in out and "--limit 3 " not in out  # my.yaml's setting too
+
+
+def test_bench_scoring_without_the_benchmark_files_names_the_folder_and_the_fix(tmp_path):
+    """A clone has no ../shared/data: the scorer benchmark stops with one line, before any timing."""
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/bench_scoring.py")], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60, env=env_with_repo(ORL_EVAL_DATA=str(tmp_path / "none")))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[-1] == (f"bench_scoring.py: error: {tmp_path / 'none'} lacks humaneval.jsonl and "
+                                         "mbpp.jsonl (the benchmarks' original files): give --data-dir DIR or set "
+                                         "ORL_EVAL_DATA")

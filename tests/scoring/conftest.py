@@ -1,7 +1,7 @@
 """Shared fixtures for the scoring tests: where the real benchmark data and the regression cases live.
 
 Data are never copied into the repository: ``ORL_EVAL_DATA`` names the directory, falling back to
-``<repo>/../shared/data``; the cases file is ``ORL_EVAL_CASES`` or ``<data>/../cases/scoring_cases.jsonl``.
+``<repo>/../shared/data`` (tests/eval_data.py); the cases file is ``ORL_EVAL_CASES`` or ``<data>/../cases/scoring_cases.jsonl``.
 Tests that need them are skipped with the path they looked at when absent.
 """
 
@@ -15,15 +15,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # helper modules of this directory (perturb.py, scoring_util.py)
 
+import eval_data  # noqa: E402
 from scoring_util import REPO, WORKERS, cases_path, data_dir  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
 def data() -> Path:
-    d = data_dir()
-    if not (d / "humaneval.jsonl").is_file():
-        pytest.skip(f"benchmark data not found in {d} (set ORL_EVAL_DATA)")
-    return d
+    return eval_data.require("humaneval.jsonl", "math500.jsonl", "mbpp.jsonl")
 
 
 @pytest.fixture(scope="session")

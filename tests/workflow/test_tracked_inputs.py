@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+import eval_data
 from _e2e import checkout_copy, job_counts
-from repro.config import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -70,9 +70,7 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    data = Path(os.environ.get("ORL_EVAL_DATA", REPO_ROOT.parent / "shared" / "data"))
-    if not (data / "gsm8k.jsonl").is_file():
-        pytest.skip("real benchmark data not found (set ORL_EVAL_DATA or place it at ../shared/data)")
+    data = eval_data.require()
     r = Run(tmp_path_factory.mktemp("tracked"))
     checkout_copy(r.root, copy=("repro", "workflow", "profiles", "Snakefile", "config.yaml"))  # r.checkout
     r.data.mkdir()

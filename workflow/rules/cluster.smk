@@ -135,3 +135,11 @@ onstart:
         if _decision:
             _es.status_command = "squeue"
             print(f"Note: {_decision[1]}", file=sys.stderr)
+    # where to watch generation (its jobs' bars go to their logs): repro/status.py, from any shell, also on Slurm
+    if any(j.rule.name in ("generate_shard", "generate_group") for j in workflow.dag.needrun_jobs()):
+        import shlex
+
+        _w = os.path.realpath(WORK) != os.path.realpath(os.path.join(workflow.basedir, "work"))
+        _w = f" --work {shlex.quote(WORK)}" if _w else ""
+        print(f"note: progress per model × benchmark (problems done, tokens/s, ETA): python -m repro.status --suite "
+              f"{SUITE}{_w} (from the checkout, in another shell; also after a crash)", file=sys.stderr)

@@ -72,3 +72,13 @@ onsuccess:
     for _line in _done_lines():
         print(_line)
 
+
+
+# a failed run on a full disk: one line naming the folder whose disk is full, the work directory first (Snakemake's
+# own message may name .snakemake instead) (repro/io.py: full_disks)
+onerror:
+    from repro.io import full_disks
+
+    for _line in full_disks({"work directory": WORK, "results folder": RESULTS,
+                             "Snakemake state (.snakemake)": os.path.join(workflow.basedir, ".snakemake")}):
+        print(_line, file=sys.stderr)
