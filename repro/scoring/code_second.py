@@ -20,7 +20,8 @@ due to the checker (hardened comparisons, isolation, what counts as finishing), 
   every limit of a scored program and prints one result line, which its stdout tail carries back.
   ``check_correctness``'s own wrapper (a ``multiprocessing.Manager`` and ``Process`` around
   ``unsafe_execute``, only a process boundary and a join timeout) is replaced by that sandboxed process:
-  the sandbox kills a ``Manager`` today (read-only ``/dev/shm``, issue 31), and its boundary is stronger.
+  with the sandbox's read-only ``/tmp`` and ``/dev/shm`` of today, a ``Manager`` in it was killed in most
+  tries here (docs/scoring.md, "Second grader"), and the sandbox's boundary is the stronger one.
 - Sample: the first ``SAMPLE`` (20) problems in problem order (the smoke suite and CI: all of theirs),
   each costing a second sandboxed run. MBPP has no official checker of its own (lm-eval and bigcode use
   ``evaluate``'s copy of this file with a different program layout): not compared.
