@@ -40,5 +40,7 @@ GROUP = "{suite}/generations/{model}/seed{seed}/shard{shard}of{nshards}.json"
 GROUP_SHARD = "{suite}/generations/{model}/seed{seed}/shard{shard}of{nshards}/{bench}.jsonl"  # GROUP without .json
 SCORES = "{suite}/scores/{model}/{bench}/seed{seed}.jsonl"
 SUMMARY = "{suite}/scores/{model}/{bench}/seed{seed}.summary.json"
+# verdicts a second, independent grader gives differently (repro/scoring/second_grader.py)
+DISAGREEMENTS = "{suite}/scores/{model}/{bench}/seed{seed}.disagreements.json"
 SPEED_PROBE = "{suite}/speed/{model}/{bench}.jsonl"
 SPEED_SUBSET = 32  # problems (first in problem order) a speed probe runs; repro.tables.speed.SUBSET

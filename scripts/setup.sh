@@ -54,4 +54,8 @@ else
   PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e ".[$EXTRAS]"
   echo "$WANT" > "$STAMP"
 fi
+# the second grader's private antlr4 4.11 (sympy's LaTeX parser needs it; Math-Verify pins 4.13.2): docs/scoring.md
+A411=.venv/share/repro/antlr4-4.11
+ls "$A411"/antlr4_python3_runtime-4.11*.dist-info >/dev/null 2>&1 || \
+  .venv/bin/python -m pip install -q --no-deps --target "$A411" "antlr4-python3-runtime==4.11.0"
 .venv/bin/python -c 'import repro, torch, snakemake; print(f"setup ok: repro {repro.__version__}, torch {torch.__version__}, snakemake ready in .venv")'

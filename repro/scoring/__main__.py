@@ -6,7 +6,9 @@ against its problem; an id absent from the problems file, a duplicate id, or a r
 ``completion`` is an error naming it, and so is a merged generation file changed since its merge wrote it
 (``repro.backends.merge.check_merged``: delete it to merge again from the shards); problems without a generation are skipped with a warning on
 stderr (the summary's ``n`` says how many were scored). Both outputs are written atomically
-(temporary file + rename), so a killed job never leaves a partial file behind.
+(temporary file + rename), so a killed job never leaves a partial file behind. Beside the summary
+(``--disagreements``, default ``S.disagreements.json``): the problems whose verdict an independent grader
+gives differently, with both extractions and verdicts (``second_grader``; never changes a score).
 
 ``python -m repro.scoring cases FILE.jsonl --data-dir DIR [--workers N]``: prints one JSON line per
 case ``{id, correct, extracted, reason}`` then a summary line; exit status 1 when a case disagrees with
@@ -22,7 +24,7 @@ import sys
 from repro import benchmarks
 from repro.backends.merge import check_merged
 
-from . import score_records, summarize
+from . import score_records, second_grader, summarize
 from .cases import run_cases
 from .jsonl import read_jsonl, write_json_atomic, write_jsonl_atomic
 
@@ -57,7 +59,11 @@ def _score(args) -> int:
     summary = summarize(args.benchmark, scores)
     write_jsonl_atomic(args.out, scores)
     write_json_atomic(args.summary, summary)
+    # the second grader only lists where it differs; it never changes a verdict (second_grader.py)
+    report = second_grader.compare(args.benchmark, scored, completions, scores, args.workers, args.timeout)
+    second_grader.write_report(args.disagreements or second_grader.disagreements_path(args.summary), report)
     print(json.dumps(summary))
+    print(second_grader.console_line(report))
     return 0
 
 
@@ -80,6 +86,9 @@ def main(argv=None) -> int:
     s.add_argument("--out", required=True)
     s.add_argument("--summary", required=True)
     s.add_argument("--workers", type=int, default=None, help="parallel workers (default: available CPUs)")
+    s.add_argument("--disagreements", default=None,
+                   help="where the second grader lists the verdicts that differ from ours "
+                        "(default: beside --summary, X.disagreements.json)")
     s.add_argument("--timeout", type=float, default=None,
                    help="wall-clock seconds per sandboxed program (HumanEval, MBPP; default 10)")
     c = sub.add_parser("cases", help="run regression cases")

@@ -9,7 +9,9 @@ original data file's hash and source), seed, code revision, backend, device, pre
 ``precision_label`` as the model cards name it, with the checkpoint's ``quantization``), for a dequantized
 NVFP4 checkpoint (SGLang) ``quant_provenance`` (the copy's quant_provenance.json), prompt template version,
 and each shard's generation job (fixed costs, GPU, batch size);
-for the run: the Apptainer images' sha256 sidecars (when containers are enabled).
+for the run: the Apptainer images' sha256 sidecars (when containers are enabled), and per benchmark how many
+verdicts the second grader gives differently and where they are listed (``second_grader``; also a sentence of
+the ``.md`` caption and a ``%`` line of the ``.tex``: ``repro/tables/disagreements.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from repro import paths
 from repro.backends.merge import MergedFileChanged
 from repro.io import atomic_write_text, read_jsonl
 from repro.provenance import code_revision, sha256_path
+from repro.tables import disagreements
 from repro.tables.aggregate import WorkFileDamaged, cell_precision, collect, labels_as_run
 from repro.backends.replay import caption_note as replay_caption
 from repro.provenance import STAGE_CODE, stage_code_version
@@ -114,10 +117,19 @@ def main(argv: list[str] | None = None) -> int:
             if not s["correct"]]
         notes_md += " " + replay_caption(m["label"], samples, has_tpf, rejected=rejected)
         notes_tex += " " + replay_caption(m["label"], samples, has_tpf, latex=True, rejected=rejected)
+    # the second grader's disagreements (never a number of the table): counted in the .md caption and provenance
+    try:
+        second = disagreements.collect(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
+    except WorkFileDamaged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    second_md = disagreements.sentence(second)
+    notes_md += (" " + second_md) if second_md else ""
     md_table, csv_text = to_markdown(rows, spec["benchmarks"]), to_csv(rows, spec["benchmarks"])
     label = spec.get("latex_label") or f"tab:main-{a.suite}"
     tex = to_latex(rows, spec["benchmarks"], caption(cap_long, latex=True, **cap) + notes_tex, label,
-                   escape_caption=False, header=tex_header(a.suite, cap["backend"], spec["seeds"]))
+                   escape_caption=False, header=tex_header(a.suite, cap["backend"], spec["seeds"])
+                   + ([f"% {second_md}"] if second_md else []))
     footer = ""
     out = a.out_dir
     if spec.get("reported"):  # reference rows: the paper's numbers beside ours (repro/tables/reference.py)
@@ -142,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             "images": [json.loads(p.read_text()) for p in a.image_sidecars] or "none (containers disabled: native run)",
             "tpf_convention": "generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); "
                               "prefill forwards excluded",
-            "cells": cells}
+            "cells": cells, "second_grader": second}
     if spec.get("reported"):
         prov["reported"] = {"file": "repro/tables/reported.json", "sha256": sha256_path(REPORTED_PATH),
                             "sources": [{k: s.get(k) for k in ("key", "citation", "url", "table", "date_read")}

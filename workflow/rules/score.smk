@@ -9,6 +9,7 @@ rule score:
     output:
         scores=W(P.SCORES, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
         summary=W(P.SUMMARY, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
+        disagreements=W(P.DISAGREEMENTS, suite="{suite}", model="{model}", bench="{bench}", seed="{seed}"),
     params:
         code=code_version("score"),  # a scorer fix re-scores, without regenerating
         # the scoring settings that change verdicts, as params: changing one re-scores (params rerun
@@ -27,4 +28,4 @@ rule score:
     shell:
         logged("{PY_IMAGE} -m repro.scoring score --benchmark {wildcards.bench} --problems {input.problems} "
                "--generations {input.generations} --out {output.scores} --summary {output.summary} "
-               "--workers {threads} {params.timeout}")
+               "--disagreements {output.disagreements} --workers {threads} {params.timeout}")
