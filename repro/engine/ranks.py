@@ -37,6 +37,9 @@ import torch.distributed as dist
 #: Seconds a collective may wait for the other ranks before it fails (a hung rank); a forward of the full
 #: model takes milliseconds, the first one (kernel compilation) seconds.
 DEFAULT_TIMEOUT_S = 300.0
+#: Seconds a follower may take to load its checkpoint slices (a 32 GB checkpoint read from a slow disk);
+#: a follower that exits while loading is reported at once.
+LOAD_TIMEOUT_S = 1800.0
 
 
 class TensorParallelError(RuntimeError):
@@ -167,7 +170,7 @@ class Ranks:
         try:
             self.model = load_rank(spec, 0, n)
             for r in range(1, n):
-                self._expect(r, "loaded", timeout_s)
+                self._expect(r, "loaded", LOAD_TIMEOUT_S)
             init_group(0, n, port, spec["device"], timeout_s)
         except BaseException as e:
             self.close()
@@ -222,7 +225,9 @@ class Ranks:
             return res
         except BaseException as e:
             dead = self._dead()
-            why = "; ".join(dead) if dead else f"{type(e).__name__}: {e}"
+            why = "; ".join(dead) if dead else (
+                f"no rank exited, but a collective failed (a rank hung past the {self.timeout_s:g} s collective "
+                f"timeout, or the transport broke): {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
             self.broken = why
             self.close()
             if isinstance(e, TensorParallelError) and not dead:

@@ -1,0 +1,122 @@
+"""Tensor / expert parallelism on the CPU (gloo, fp32, the tiny checkpoint): one request over 2 and 4 ranks
+gives one rank's greedy tokens and forward counts on real benchmark prompts; bad sizes, missing devices, a dead
+rank and a hung rank each end in one clear error without a hang (repro.engine.parallel, repro.engine.ranks)."""
+
+import dataclasses
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from repro.data import load_problems
+from repro.engine.llm import LLM
+from repro.engine.parallel import ShardPlan, parallel_problem
+from repro.engine.ranks import TensorParallelError, check_devices, rank_device
+from repro.prompts import build_prompt
+
+BUDGET = 48  # new tokens per request: two decoded blocks of the tiny model's paper block size
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """Two real problems (GSM8K, HumanEval) rendered with the project's prompt templates."""
+    data_dir = Path(os.environ.get("ORL_EVAL_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
+    if not (data_dir / "gsm8k.jsonl").is_file():
+        pytest.skip("real benchmark data not found (set ORL_EVAL_DATA or place it at ../shared/data)")
+    out = []
+    for bench in ("gsm8k", "humaneval"):
+        p = load_problems(bench, data_dir, limit=1).problems[0]
+        out.append(build_prompt(bench, p["source"]).messages)
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_rank(tiny_dir, prompts):
+    """One rank's outputs: {(decoder, prompt index): (token ids, forwards)}."""
+    llm = LLM(tiny_dir, role="orl", device="cpu", precision="fp32")
+    return {(alg, i): (o.token_ids, o.forwards) for alg in ("joint_threshold", "orl")
+            for i, o in enumerate(llm.generate(p, {"algorithm": alg, "max_new_tokens": BUDGET}) for p in prompts)}
+
+
+def test_tiny_model_splits_over_2_and_4_ranks(tiny_model):
+    cfg = tiny_model.cfg
+    assert cfg.num_experts % 4 == 0 and cfg.num_attention_heads % 4 == 0
+    assert parallel_problem(cfg, 2) is None and parallel_problem(cfg, 4) is None
+    # 4 ranks > 2 KV heads: each rank holds the one KV head its query head uses (replicated on 2 ranks)
+    plans = [ShardPlan(cfg, 4, r) for r in range(4)]
+    assert [list(p.kv_heads) for p in plans] == [[0], [0], [1], [1]]
+    assert [len(p.experts) for p in plans] == [cfg.num_experts // 4] * 4
+    assert sum(len(p.vocab) for p in plans) == cfg.vocab_size  # uneven vocabulary slices cover every id once
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_n_ranks_give_one_ranks_tokens_and_forwards(tiny_dir, prompts, one_rank, n):
+    with LLM(tiny_dir, role="orl", device="cpu", precision="fp32", tensor_parallel_size=n) as llm:
+        assert llm.tensor_parallel_size == n and len(llm.ranks.pids) == n - 1
+        for alg in ("joint_threshold", "orl"):
+            for i, p in enumerate(prompts):
+                o = llm.generate(p, {"algorithm": alg, "max_new_tokens": BUDGET})
+                assert (o.token_ids, o.forwards) == one_rank[(alg, i)], (alg, i)
+                assert o.generated_tokens > 0
+
+
+def test_two_ranks_host_decoder_paths(tiny_dir, prompts):
+    """The host decoders under tensor parallelism: the mask column excluded on the rank that holds it (greedy),
+    and sampling (full logits gathered; every rank draws from the same seed) — both as one rank."""
+    ref = LLM(tiny_dir, role="base", device="cpu", precision="fp32")
+    cases = [{"algorithm": "low_confidence", "exclude_mask_token": True, "max_new_tokens": BUDGET},
+             {"algorithm": "joint_threshold", "temperature": 0.7, "seed": 3, "max_new_tokens": BUDGET}]
+    want = [ref.generate(prompts[0], d) for d in cases]
+    with LLM(tiny_dir, role="base", device="cpu", precision="fp32", tensor_parallel_size=2) as llm:
+        for d, w in zip(cases, want):
+            o = llm.generate(prompts[0], d)
+            assert (o.token_ids, o.forwards) == (w.token_ids, w.forwards), d
+
+
+def test_sizes_that_do_not_split_are_refused_before_any_rank_starts(tiny_dir, tiny_model):
+    with pytest.raises(ValueError, match=r"tensor_parallel_size 3 does not divide the model's 4 attention heads.*"
+                                         r"splits over \[1, 2, 4\]"):
+        LLM(tiny_dir, device="cpu", tensor_parallel_size=3)
+    cfg = dataclasses.replace(tiny_model.cfg, num_attention_heads=12, num_key_value_heads=4, num_experts=24,
+                              intermediate_size=96, moe_intermediate_size=48)
+    assert "neither divides the model's 4 KV heads" in parallel_problem(cfg, 6)
+    assert parallel_problem(cfg, 12) is None  # 3 ranks share each KV head
+    assert "integer ≥ 1" in parallel_problem(cfg, 0)
+
+
+def test_fewer_gpus_than_ranks_is_refused():
+    with pytest.raises(ValueError, match=r"needs GPUs cuda:0..cuda:3, but 2 GPU\(s\) are visible"):
+        check_devices("cuda", 4, available=2)
+    with pytest.raises(ValueError, match=r"cuda:1..cuda:4"):
+        check_devices("cuda:1", 4, available=4)
+    check_devices("cuda:4", 4, available=8)
+    check_devices("cpu", 8)
+    assert [rank_device("cuda:2", r) for r in range(2)] == ["cuda:2", "cuda:3"] and rank_device("cpu", 3) == "cpu"
+
+
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_rank_lost_mid_request_is_one_error_not_a_hang(tiny_dir, prompts, how):
+    """Rank 1 is killed (SIGKILL) or frozen (SIGSTOP) after the first decoded block: rank 0 raises
+    TensorParallelError naming what happened (a closed peer at once, a frozen one at the collective timeout),
+    returns nothing, stops the ranks, and refuses the next request."""
+    llm = LLM(tiny_dir, role="orl", device="cpu", precision="fp32", tensor_parallel_size=2, tp_timeout_s=8)
+    pid = llm.ranks.pids[0]
+    sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
+
+    def lose_rank_1(ids):
+        os.kill(pid, sig)
+        return False
+
+    t0 = time.monotonic()
+    with pytest.raises(TensorParallelError, match="request abandoned, nothing returned") as e:
+        llm.generate(prompts[0], {"algorithm": "orl", "max_new_tokens": BUDGET}, on_block=lose_rank_1)
+    assert time.monotonic() - t0 < 60
+    if how == "killed":
+        assert "rank 1" in str(e.value) and "exited with code -9" in str(e.value)
+    else:
+        assert "timed out" in str(e.value).lower() or "timeout" in str(e.value).lower(), str(e.value)
+    assert llm.ranks.procs[0].poll() is not None  # stopped (a frozen rank is killed)
+    with pytest.raises(TensorParallelError, match="closed"):
+        llm.generate(prompts[0], {"max_new_tokens": 8})
