@@ -477,6 +477,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "tiles), e.g. norm_in_route,norm_in_route+pdl")
     ap.add_argument("--breakdown", action="store_true", help="round: per-kernel table of one round (torch.profiler "
                     "over graph replays) for the BF16 and 4-bit rounds, P = first prefix, default and best variants")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                    help="round: split the round over N GPUs (repro/engine/parallel_bench.py: eager, BF16; times N = 1 "
+                         "and N in the same call, and the time in collectives)")
     ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "
                     "round (repro/engine/bench_w4.py) that otherwise follows the BF16 round")
     return ap
@@ -491,6 +494,13 @@ def main(argv=None):
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    if args.tensor_parallel_size != 1:  # one round over N GPUs (repro/engine/parallel_bench.py)
+        from repro.engine.parallel_bench import main_round
+
+        if args.mode != "round":
+            print(json.dumps({"error": "--tensor-parallel-size applies to the round benchmark only"}))
+            return 2
+        return main_round(args, log, env_info)
     if args.mode == "batch":  # batched generation: throughput at batch 1/8/32 and batch invariance
         from repro.engine.bench_batch import run as run_batch
 

@@ -217,7 +217,7 @@ ValueError when unsupported) or ``"off"``. ``tensor_parallel_size``: N > 1 split
                              "use 'bf16' (experts dequantized at load) with tensor_parallel_size > 1")
         check_devices(self.device, n)
         spec = dict(path=str(self.path), role=self.role, precision=self.precision, device=str(self.device),
-                    adapter_map=None if adapter_map is None else str(adapter_map))
+                    adapter_map=None if adapter_map is None else str(adapter_map), kernels=self.kernels)
         self.ranks = Ranks(spec, n, DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
         return self.ranks.model
 

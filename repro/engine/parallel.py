@@ -31,6 +31,7 @@ DeviceStep`) on every rank with the collectives inside; the launcher is :mod:`re
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -118,17 +119,32 @@ class Comm:
 
     def __init__(self, rank: int, size: int, group=None):
         self.rank, self.size, self.group = rank, size, group
-        self.calls = 0  # collectives issued (for the collective-time measurement of docs/perf.md)
+        self.calls = 0  # collectives issued
+        #: None, or a list that receives one timing per collective: a (start, end) CUDA event pair recorded on
+        #: the current stream around the call, or seconds of the (synchronous) gloo call on the CPU.
+        self.timings: list | None = None
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """``[size, *x.shape]``: every rank's ``x`` in rank order (all-gather)."""
         self.calls += 1
         out = torch.empty((self.size,) + tuple(x.shape), dtype=x.dtype, device=x.device)
         x = x.contiguous()
+        if self.timings is not None:
+            if x.is_cuda:
+                ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                ev[0].record()
+            else:
+                t0 = time.perf_counter()
         if x.is_cuda:
             dist.all_gather_into_tensor(out, x, group=self.group)
         else:
             dist.all_gather(list(out.unbind(0)), x, group=self.group)
+        if self.timings is not None:
+            if x.is_cuda:
+                ev[1].record()
+                self.timings.append(ev)
+            else:
+                self.timings.append(time.perf_counter() - t0)
         return out
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
@@ -214,6 +230,30 @@ class ShardedModel(LLaDA2Model):
         self.precision = getattr(full, "precision", None)
         self.plan, self.comm = plan, comm
         self.vocab = VocabShard(plan, comm)
+
+    @classmethod
+    def random(cls, cfg: LLaDA2Config, plan: ShardPlan, comm: Comm, device, dtype="bf16",
+               seed: int = 0) -> "ShardedModel":
+        """This rank's slices of random weights in ``cfg``'s shapes, drawn on ``device`` without building the
+        full model (shapes from slicing a ``meta``-device model): norms ``1 + N(0, 0.1²)``, expert bias ``N(0, 0.1²)``, embeddings ``N(0, 1)``, the rest
+        ``N(0, 1/fan_in)`` (lm_head ×6), as :meth:`LLaDA2Model.random`. Replicated tensors (embeddings, norms,
+        router, expert bias) are the same on every rank, split ones are seeded per rank. For benchmarks
+        (:mod:`repro.engine.parallel_bench`)."""
+        meta = LLaDA2Model.empty(cfg, "meta", dtype, with_adapter=False)
+        self = cls(meta, plan, comm, "meta")
+        for i, (name, t) in enumerate(sorted(self.params.items())):
+            split = not name.endswith(("norm", "embed", "router", "expert_bias"))
+            g = torch.Generator(device=device).manual_seed((int(seed) * 1_000_003 + i) * 64 + (plan.rank if split else 0))
+            buf = torch.empty(t.shape, dtype=torch.float32, device=device)
+            if name.endswith("norm"):
+                buf.normal_(1.0, 0.1, generator=g)
+            elif name.endswith("expert_bias") or name == "embed":
+                buf.normal_(0.0, 0.1 if name != "embed" else 1.0, generator=g)
+            else:
+                buf.normal_(0.0, (6.0 if name == "lm_head" else 1.0) / t.shape[-1] ** 0.5, generator=g)
+            self.params[name] = buf.to(t.dtype)
+        self.device = torch.device(device)
+        return self
 
     def new_cache(self, capacity: int) -> KVCache:
         """A zeroed cache of this rank's KV heads only."""

@@ -67,13 +67,32 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{(int(dev[5:]) if dev.startswith('cuda:') else 0) + rank}"
 
 
+def select_kernels(kernels: str) -> None:
+    """Put this rank's layer seams on ``kernels`` (``"triton"`` or ``"torch"``), the implementation rank 0 chose."""
+    from repro.engine.layers import attention, moe
+
+    if kernels == "triton":
+        from repro.engine.kernels import register_with_seams
+
+        register_with_seams(select=True)
+    else:
+        moe.set_moe_impl("torch")
+        attention.set_attention_impl("torch")
+
+
 def load_rank(spec: dict, rank: int, n: int):
     """This rank's :class:`~repro.engine.parallel.ShardedModel` from ``spec`` (``path``, ``role``, ``precision``,
-    ``device``, ``adapter_map``): the checkpoint is read on the CPU, sliced, and the slices moved to the device."""
+    ``device``, ``adapter_map``): the checkpoint is read on the CPU, sliced, and the slices moved to the device.
+    With ``config`` (a config.json dict) and ``seed`` instead of ``path``: random slices in those shapes
+    (:meth:`~repro.engine.parallel.ShardedModel.random`, benchmarks)."""
     from repro.engine.config import LLaDA2Config
     from repro.engine.model import LLaDA2Model
     from repro.engine.parallel import Comm, ShardedModel, ShardPlan
 
+    if "config" in spec:
+        cfg = LLaDA2Config.from_dict(spec["config"])
+        return ShardedModel.random(cfg, ShardPlan(cfg, n, rank), Comm(rank, n), rank_device(spec["device"], rank),
+                                   spec["precision"], spec.get("seed", 0))
     cfg = LLaDA2Config.from_file(spec["path"], spec.get("adapter_map"))
     full = LLaDA2Model.from_pretrained(spec["path"], "cpu", spec["precision"], with_adapter=spec["role"] == "orl",
                                        cfg=cfg)
@@ -120,6 +139,7 @@ def _follower(rank: int, n: int, port: int, spec: dict, conn, timeout_s: float) 
     """Rank ``rank``'s process: load, join, then run each request rank 0 sends until ``stop`` or EOF."""
     try:
         torch.set_num_threads(spec.get("threads", 1))
+        select_kernels(spec.get("kernels", "torch"))
         model = load_rank(spec, rank, n)
         conn.send(("loaded",))
         init_group(rank, n, port, spec["device"], timeout_s)
@@ -130,8 +150,7 @@ def _follower(rank: int, n: int, port: int, spec: dict, conn, timeout_s: float) 
                 break
             if cmd == "stop":
                 break
-            res = run_request(model, req)
-            conn.send(("done", res.forwards, res.raw_ids))
+            conn.send(("done", _summary(_handler(cmd)(model, req))))
     except BaseException as e:  # noqa: BLE001 - reported to rank 0, which raises
         try:
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
@@ -140,6 +159,19 @@ def _follower(rank: int, n: int, port: int, spec: dict, conn, timeout_s: float) 
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _handler(name: str):
+    """The function ``"module:function"`` every rank runs for a command (``fn(model, req)``)."""
+    import importlib
+
+    mod, fn = name.split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def _summary(res):
+    """What a follower reports: a generation's (forwards, raw ids), else the handler's (picklable) result."""
+    return (res.forwards, res.raw_ids) if hasattr(res, "raw_ids") else res
 
 
 def _free_port() -> int:
@@ -211,18 +243,27 @@ class Ranks:
     def generate(self, req: dict, on_block=None):
         """Run request ``req`` (:func:`run_request`'s fields) on all ranks; returns rank 0's GenerationResult.
         Raises TensorParallelError (and closes the group) when a rank fails, dies, hangs or diverges."""
+        req = dict(req, hook=on_block is not None)
+        res, others = self.call("repro.engine.ranks:run_request", req, on_block)
+        for r, (forwards, raw) in enumerate(others, 1):
+            if forwards != res.forwards or raw != res.raw_ids:
+                self.broken = f"rank {r} diverged"
+                self.close()
+                raise TensorParallelError(f"rank {r} diverged from rank 0 (forwards {forwards} vs {res.forwards}); "
+                                          "the ranks are stopped")
+        return res
+
+    def call(self, fn: str, req: dict, *local_args):
+        """Run ``fn(model, req)`` (``"module:function"``) on every rank in lockstep; returns (rank 0's result,
+        [each follower's :func:`_summary`]). ``local_args`` go to rank 0's call only. Raises
+        TensorParallelError (and closes the group) when a rank fails, dies or hangs."""
         if self.broken:
             raise TensorParallelError(f"this tensor-parallel LLM is closed ({self.broken}); build a new LLM")
-        req = dict(req, hook=on_block is not None)
         try:
             for c in self.conns:
-                c.send(("generate", req))
-            res = run_request(self.model, req, on_block)
-            for r in range(1, self.n):
-                _, forwards, raw = self._expect(r, "done", self.timeout_s)
-                if forwards != res.forwards or raw != res.raw_ids:
-                    raise TensorParallelError(f"rank {r} diverged from rank 0 (forwards {forwards} vs {res.forwards})")
-            return res
+                c.send((fn, req))
+            res = _handler(fn)(self.model, req, *local_args)
+            return res, [self._expect(r, "done", self.timeout_s)[1] for r in range(1, self.n)]
         except BaseException as e:
             dead = self._dead()
             why = "; ".join(dead) if dead else (

@@ -120,3 +120,20 @@ def test_a_rank_lost_mid_request_is_one_error_not_a_hang(tiny_dir, prompts, how)
     assert llm.ranks.procs[0].poll() is not None  # stopped (a frozen rank is killed)
     with pytest.raises(TensorParallelError, match="closed"):
         llm.generate(prompts[0], {"max_new_tokens": 8})
+
+
+def test_round_benchmark_runs_on_gloo_and_counts_its_collectives(tiny_dir):
+    """The code of ``bench round --tensor-parallel-size N`` on the CPU: random weights in the tiny shapes, each rank
+    drawing its slices; a greedy round issues 2 collectives per layer plus 2 for the argmax / confidence."""
+    import json
+
+    from repro.engine.parallel_bench import run
+
+    cfg = json.loads((tiny_dir / "config.json").read_text())
+    r = run(2, [0, 64], iters=3, device="cpu", precision="fp32", config=cfg, warmup=1, timeout_s=60)
+    assert [x["prefix"] for x in r["rounds"]] == [0, 64]
+    for x in r["rounds"]:
+        assert x["collectives_per_round"] == 2 * cfg["num_hidden_layers"] + 2
+        assert 0 < x["collective_ms_per_round"]["min"] <= x["collective_ms_per_round"]["max"] < 1e4
+        assert len(x["collective_ms_per_round"]["by_rank"]) == 2
+        assert x["ms_per_round"] >= x["collective_ms_per_round"]["by_rank"][0]
