@@ -479,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "over graph replays) for the BF16 and 4-bit rounds, P = first prefix, default and best variants")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                     help="round: split the round over N GPUs (repro/engine/parallel_bench.py: eager, BF16; times N = 1 "
-                         "and N in the same call, and the time in collectives)")
+                         "and N in the same call, and the time in collectives; default: %(default)s, the single-GPU round)")
     ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "
                     "round (repro/engine/bench_w4.py) that otherwise follows the BF16 round")
     return ap

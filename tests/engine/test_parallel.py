@@ -137,3 +137,22 @@ def test_round_benchmark_runs_on_gloo_and_counts_its_collectives(tiny_dir):
         assert 0 < x["collective_ms_per_round"]["min"] <= x["collective_ms_per_round"]["max"] < 1e4
         assert len(x["collective_ms_per_round"]["by_rank"]) == 2
         assert x["ms_per_round"] >= x["collective_ms_per_round"]["by_rank"][0]
+
+
+def test_generate_cli_with_two_ranks_prints_one_ranks_result(tiny_dir):
+    import json
+    import subprocess
+    import sys
+
+    def run(*extra):
+        r = subprocess.run([sys.executable, "-m", "repro.engine", "generate", "--model", str(tiny_dir), "--device", "cpu",
+                            "--max-new-tokens", "32", *extra, "What is 17 + 25?"], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        doc = json.loads(r.stdout.strip().splitlines()[-1])
+        return r.stdout.rsplit("\n", 2)[0], doc["generated_tokens"], doc["forwards"]
+
+    assert run("--tensor-parallel-size", "2") == run()
+    r = subprocess.run([sys.executable, "-m", "repro.engine", "generate", "--model", str(tiny_dir), "--device", "cpu",
+                        "--tensor-parallel-size", "3", "hi"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "tensor_parallel_size 3 does not divide" in r.stderr
