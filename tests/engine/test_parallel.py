@@ -156,3 +156,60 @@ def test_generate_cli_with_two_ranks_prints_one_ranks_result(tiny_dir):
     r = subprocess.run([sys.executable, "-m", "repro.engine", "generate", "--model", str(tiny_dir), "--device", "cpu",
                         "--tensor-parallel-size", "3", "hi"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "tensor_parallel_size 3 does not divide" in r.stderr
+
+
+def test_generation_job_with_two_ranks_records_n_and_equals_one_rank(tiny_dir, tmp_path, monkeypatch):
+    """The pipeline's generation job (repro.backends.generation_job) at --tensor-parallel-size 2: the records equal
+    one rank's, the meta and the backend's device name N; a rank killed mid-job leaves no shard, only whole
+    records in the partial file (resumable)."""
+    import json
+
+    from repro.backends import generation_job as gen
+    from repro.checkpoint.manifest import write_manifest
+
+    data_dir = Path(os.environ.get("ORL_EVAL_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
+    if not (data_dir / "gsm8k.jsonl").is_file():
+        pytest.skip("real benchmark data not found")
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text(json.dumps({"manifest_sha256": write_manifest(tiny_dir)["manifest_sha256"]}))
+    pf = tmp_path / "problems.jsonl"
+    pf.write_text("".join(json.dumps(p) + "\n" for p in load_problems("gsm8k", data_dir, limit=3).problems))
+    dec = tmp_path / "dec.yaml"
+    dec.write_text("algorithm: joint_threshold\nmax_new_tokens: 32\n")
+
+    def args(out, tp):
+        return gen.argparse.Namespace(backend="engine", model="tiny", model_dir=str(tiny_dir), role="base",
+                                      verified=str(stamp), decoder=str(dec), problems=str(pf), benchmark="gsm8k",
+                                      seed=1, shard=0, num_shards=1, device="cpu", precision="fp32", out=str(out),
+                                      tensor_parallel_size=tp)
+
+    def recs(p):
+        return [{k: r[k] for k in ("id", "completion", "forwards")} for r in map(json.loads, p.read_text().splitlines())]
+
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    assert gen.run(args(one, 1)) == 0 and gen.run(args(two, 2)) == 0
+    assert recs(two) == recs(one) and len(recs(one)) == 3
+    meta = json.loads(Path(str(two) + ".meta.json").read_text())
+    assert meta["tensor_parallel_size"] == 2 and meta["backend_info"]["tensor_parallel_size"] == 2
+    assert "x 2 ranks (tensor parallel)" in meta["backend_info"]["device"]
+
+    real = gen.get_backend
+
+    def dying(*a, **k):  # rank 1 is killed once the first problem is done
+        b = real(*a, **k)
+        gen_one = b.llm.generate
+
+        def generate(*x, **y):
+            if getattr(b, "_done", False):
+                os.kill(b.llm.ranks.pids[0], signal.SIGKILL)
+            b._done = True
+            return gen_one(*x, **y)
+        b.llm.generate = generate
+        return b
+
+    monkeypatch.setattr(gen, "get_backend", dying)
+    three = tmp_path / "three.jsonl"
+    with pytest.raises(TensorParallelError, match="rank 1 .* exited"):
+        gen.run(args(three, 2))
+    assert not three.exists()
+    assert recs(Path(str(three) + ".partial.jsonl")) == recs(one)[:1]
