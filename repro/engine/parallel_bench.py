@@ -69,6 +69,18 @@ def time_round(model, req: dict) -> dict:
             "collectives_per_round": (model.comm.calls - calls0) / iters}
 
 
+def teacher_forced(model, req: dict):
+    """Every rank: one block-causal forward of ``req["ids"]`` (block ``req["block_size"]``, 32 by default) from
+    position 0; rank 0 returns the full-vocabulary logits ``[n, V]`` fp32 on the CPU (the slices gathered), the
+    others None. The N-rank side of the "logits within rounding of one GPU" check (docs/perf.md)."""
+    ids = torch.tensor(req["ids"], dtype=torch.long, device=model.device)
+    B = int(req.get("block_size", 32))
+    with torch.inference_mode():
+        cache = model.new_cache(-(-len(ids) // B) * B)
+        full = model.vocab.full(model.forward(ids, 0, cache, B))
+    return full.cpu() if model.comm.rank == 0 else None
+
+
 def run(n: int, prefixes: list[int], iters: int, device: str = "cuda", precision: str = "bf16", seed: int = 0,
         config: dict | None = None, kernels: str = "torch", warmup: int = 3, timeout_s: float = 300.0) -> dict:
     """Start ``n`` ranks (:class:`repro.engine.ranks.Ranks`) on random weights of ``config`` (default: the
