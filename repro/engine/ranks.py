@@ -27,6 +27,7 @@ import multiprocessing as mp
 import socket
 import subprocess
 import sys
+import threading
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -174,6 +175,28 @@ def _summary(res):
     return (res.forwards, res.raw_ids) if hasattr(res, "raw_ids") else res
 
 
+class _Watch:
+    """While a request runs, print one stderr line as soon as a follower exits. With gloo the next collective
+    raises anyway; with NCCL a lost peer is noticed only by its watchdog after the timeout, which by default
+    (``TORCH_NCCL_ASYNC_ERROR_HANDLING``) ends the process — this line is then what names the rank."""
+
+    def __init__(self, procs):
+        self._done = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(list(procs),), daemon=True)
+        self._t.start()
+
+    def _run(self, procs):
+        while not self._done.wait(1.0):
+            for r, p in enumerate(procs, 1):
+                if p.poll() is not None:
+                    print(f"tensor parallel: rank {r} (pid {p.pid}) exited with code {p.returncode} during a "
+                          "request", file=sys.stderr, flush=True)
+                    return
+
+    def stop(self) -> None:
+        self._done.set()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -259,6 +282,7 @@ class Ranks:
         TensorParallelError (and closes the group) when a rank fails, dies or hangs."""
         if self.broken:
             raise TensorParallelError(f"this tensor-parallel LLM is closed ({self.broken}); build a new LLM")
+        watch = _Watch(self.procs)  # names a rank that exits while rank 0 waits inside a collective
         try:
             for c in self.conns:
                 c.send((fn, req))
@@ -275,6 +299,8 @@ class Ranks:
                 raise
             raise TensorParallelError(f"tensor-parallel request abandoned, nothing returned: {why}. The ranks are "
                                       "stopped; build a new LLM to continue") from e
+        finally:
+            watch.stop()
 
     def close(self) -> None:
         """Stop the followers (``stop``, then terminate after 10 s) and leave the group. Idempotent."""
