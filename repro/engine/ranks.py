@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -238,7 +239,12 @@ class Ranks:
         """Process ids of ranks 1..N-1."""
         return [p.pid for p in self.procs]
 
-    def _dead(self) -> list[str]:
+    def _dead(self, wait_s: float = 0.0) -> list[str]:
+        """Lines naming the followers that exited; waits up to ``wait_s`` for one to show (a killed rank's sockets
+        close, and break a collective, a moment before its exit can be collected)."""
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end and all(p.poll() is None for p in self.procs):
+            time.sleep(0.05)
         return [f"rank {i + 1} (pid {p.pid}) exited with code {p.returncode}" for i, p in enumerate(self.procs)
                 if p.poll() is not None]
 
@@ -289,7 +295,7 @@ class Ranks:
             res = _handler(fn)(self.model, req, *local_args)
             return res, [self._expect(r, "done", self.timeout_s)[1] for r in range(1, self.n)]
         except BaseException as e:
-            dead = self._dead()
+            dead = self._dead(wait_s=3.0)
             why = "; ".join(dead) if dead else (
                 f"no rank exited, but a collective failed (a rank hung past the {self.timeout_s:g} s collective "
                 f"timeout, or the transport broke): {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
