@@ -59,6 +59,8 @@ def _split_problem(cfg: LLaDA2Config, n: int) -> str | None:
     for what, v in checks:
         if v % n:
             return f"does not divide the model's {v} {what}"
+    if (n - 1) * -(-cfg.vocab_size // n) >= cfg.vocab_size:
+        return f"leaves a rank without vocabulary rows (vocab_size {cfg.vocab_size})"
     if K % n and n % K:
         return f"neither divides the model's {K} KV heads nor is a multiple of them (KV heads are replicated past {K})"
     return None
@@ -92,6 +94,7 @@ class ShardPlan:
 
     @property
     def q_heads(self) -> range:
+        """Query heads of this rank (``H/N`` consecutive)."""
         h = self.cfg.num_attention_heads // self.size
         return range(self.rank * h, (self.rank + 1) * h)
 
@@ -104,11 +107,13 @@ class ShardPlan:
 
     @property
     def experts(self) -> range:
+        """Routed experts of this rank (``E/N`` consecutive)."""
         e = self.cfg.num_experts // self.size
         return range(self.rank * e, (self.rank + 1) * e)
 
     @property
     def vocab(self) -> range:
+        """Vocabulary rows of this rank's lm_head slice (``⌈V/N⌉``, the last slice shorter)."""
         v = -(-self.cfg.vocab_size // self.size)
         return range(min(self.rank * v, self.cfg.vocab_size), min((self.rank + 1) * v, self.cfg.vocab_size))
 

@@ -46,7 +46,7 @@ def test_generation_jobs_of_that_model_get_the_flag(tmp_path):
 
 def test_a_gpu_job_of_that_model_requests_n_gpus_on_slurm(tmp_path):
     from fake_slurm import flags
-    from test_cluster import SHARD, site_profile, slurm_run
+    from test_cluster import site_profile, slurm_run
 
     site = site_profile(tmp_path / "site", {"default-resources": {"slurm_account": "testacct", "slurm_partition": "gpu"}})
     extra = tmp_path / "tp.yaml"
