@@ -375,6 +375,7 @@ class _Plan:
         if limit is not None:
             self.inputs["limit"] = limit
         self.batch_size = getattr(a, "batch_size", 1)
+        self.tensor_parallel_size = getattr(a, "tensor_parallel_size", 1)
         problems = [json.loads(line) for line in Path(task.problems).read_text().splitlines() if line.strip()]
         if limit is not None:
             problems = problems[:limit]
@@ -409,6 +410,9 @@ class _Plan:
         # is resumed at any batch size: the records are the same)
         if meta.get("batch_size", 1) != self.batch_size:
             return f"generated at batch size {meta.get('batch_size', 1)}, this job runs {self.batch_size}"
+        if meta.get("tensor_parallel_size", 1) != self.tensor_parallel_size:
+            return (f"generated over {meta.get('tensor_parallel_size', 1)} rank(s), this job runs "
+                    f"{self.tensor_parallel_size}")
         if meta.get("records_sha256") != sha256_path(self.out):
             return "its records changed since they were written (sha256 differs from its meta)"
         return None
