@@ -241,6 +241,11 @@ def validate_config(cfg: dict, source: str = "config.yaml") -> dict:
                 if key == "sweep.models" and is_replay(cfg, m):
                     raise ConfigError(f"{source}: suites.{sname}.sweep.models names {m!r}, a replay model (its "
                                       "samples are fixed); sweep models that generate")
+    for mname, m in cfg["models"].items():  # ranks per request: the engine's (repro/engine/ranks.py)
+        tp = m.get("tensor_parallel_size", 1)
+        if tp > 1 and (cfg["backend"] != "engine" or is_replay(cfg, mname)):
+            raise ConfigError(f"{source}: models.{mname}.tensor_parallel_size = {tp} needs backend: engine and a model "
+                              f"that generates (backend is {cfg['backend']!r}); remove it or set it to 1")
     _check_decoder_names(cfg, source)
     return cfg
 

@@ -25,7 +25,7 @@ class EngineBackend:
     name = "engine"
 
     def __init__(self, model_dir: str, role: str, device: str = "cpu", precision: str = "fp32",
-                 adapter_map: str | None = None, batch_size: int = 1):
+                 adapter_map: str | None = None, batch_size: int = 1, tensor_parallel_size: int = 1):
         from repro.engine import LLM
 
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -33,7 +33,9 @@ class EngineBackend:
         self.device, self.precision, self.batch_size = device, precision, batch_size
         self.batch_stats = None
         t0 = time.perf_counter()
-        self.llm = LLM(str(model_dir), role=role, precision=precision, device=device, adapter_map=adapter_map)
+        self.tensor_parallel_size = tensor_parallel_size
+        self.llm = LLM(str(model_dir), role=role, precision=precision, device=device, adapter_map=adapter_map,
+                       tensor_parallel_size=tensor_parallel_size)
         self.load_s = time.perf_counter() - t0  # fixed cost per job (speed table)
 
     @property
@@ -86,7 +88,9 @@ class EngineBackend:
         return rec
 
     def close(self) -> None:
-        """Drop the loaded model (GPU memory is freed with it)."""
+        """Drop the loaded model (GPU memory is freed with it; a tensor-parallel model's ranks are stopped)."""
+        if self.llm is not None:
+            self.llm.close()
         self.llm = None
 
     def describe(self) -> dict:
@@ -97,6 +101,8 @@ class EngineBackend:
         else:
             n = torch.get_num_threads()
             dev = f"cpu ({platform.machine()}, {n} thread{'' if n == 1 else 's'})"
+        if self.tensor_parallel_size > 1:  # named in the speed table's caption with the device
+            dev += f" x {self.tensor_parallel_size} ranks (tensor parallel)"
         st = self.batch_stats
         if self.batch_size == 1:
             path = self.llm.engine_path
@@ -107,7 +113,7 @@ class EngineBackend:
         return {"backend": "engine", "device": dev, "precision": self.precision, "torch": torch.__version__,
                 "engine_path": path,
                 "kernels": self.llm.kernels, "adapter": self.llm.adapter_note, "batch_size": self.batch_size,
-                "load_s": self.load_s, "graph_capture_s": self.graph_capture_s,
+                "tensor_parallel_size": self.tensor_parallel_size, "load_s": self.load_s, "graph_capture_s": self.graph_capture_s,
                 **({"batch": {"rounds": st.rounds, "wall_s": st.wall_s, "max_active": st.max_active,
                               "mean_round_s": sum(st.round_s) / len(st.round_s), "capture_s": st.capture_s}}
                    if st is not None and st.rounds else {})}

@@ -195,6 +195,15 @@ class Job:
         # ORL_EVAL_GPU_CLAIM=always: claim a device slot on a CPU job too (the CPU rehearsal of
         # scripts/gpu/two_gpu_check.sh, with a stand-in nvidia-smi)
         self.claims = a.device.startswith("cuda") or os.environ.get("ORL_EVAL_GPU_CLAIM") == "always"
+        if getattr(a, "tensor_parallel_size", 1) > 1:  # N ranks use the N GPUs the job was given (cuda:0..N-1)
+            self.claims = False
+            if a.device.startswith("cuda"):
+                from repro.engine.ranks import check_devices
+
+                try:
+                    check_devices(a.device, a.tensor_parallel_size)
+                except ValueError as e:
+                    raise GenerationError(str(e)) from None
         if self.claims:
             from repro.backends.gpu_slot import GpuSlotError, claim_gpu
 
@@ -211,7 +220,7 @@ class Job:
             print(f"gpu-job start job={self.id} pid={os.getpid()} gpu={self.gpu} "
                   f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} t={self.started_at:.3f}",
                   file=sys.stderr)
-        check_device(a.device, self.model_dir, a.precision, getattr(a, "batch_size", 1), _slot_positions(a))
+        check_device(a.device, self.model_dir if getattr(a, "tensor_parallel_size", 1) == 1 else None, a.precision, getattr(a, "batch_size", 1), _slot_positions(a))
         self._backend = None
         self.model_load_s: float | None = None
         self.sharing = 0  # benchmarks the loaded backend generated
@@ -223,6 +232,8 @@ class Job:
             extra = {"adapter_map": a.adapter_map} if getattr(a, "adapter_map", None) else {}
             if a.backend == "engine":
                 extra["batch_size"] = getattr(a, "batch_size", 1)
+                if getattr(a, "tensor_parallel_size", 1) > 1:
+                    extra["tensor_parallel_size"] = a.tensor_parallel_size
             t0 = time.perf_counter()
             self._backend = get_backend(a.backend, model_dir=str(self.model_dir), role=a.role, device=a.device,
                                         precision=a.precision, **extra)
@@ -364,6 +375,7 @@ class _Plan:
         if limit is not None:
             self.inputs["limit"] = limit
         self.batch_size = getattr(a, "batch_size", 1)
+        self.tensor_parallel_size = getattr(a, "tensor_parallel_size", 1)
         problems = [json.loads(line) for line in Path(task.problems).read_text().splitlines() if line.strip()]
         if limit is not None:
             problems = problems[:limit]
@@ -398,6 +410,9 @@ class _Plan:
         # is resumed at any batch size: the records are the same)
         if meta.get("batch_size", 1) != self.batch_size:
             return f"generated at batch size {meta.get('batch_size', 1)}, this job runs {self.batch_size}"
+        if meta.get("tensor_parallel_size", 1) != self.tensor_parallel_size:
+            return (f"generated over {meta.get('tensor_parallel_size', 1)} rank(s), this job runs "
+                    f"{self.tensor_parallel_size}")
         if meta.get("records_sha256") != sha256_path(self.out):
             return "its records changed since they were written (sha256 differs from its meta)"
         return None
@@ -467,7 +482,7 @@ def run_task(a: argparse.Namespace, job: Job, plan: _Plan) -> dict:
     meta = {
         "model": a.model, "benchmark": task.benchmark, "seed": a.seed, "shard": a.shard,
         "num_shards": a.num_shards, "backend": a.backend, "device": a.device, "precision": a.precision,
-        "batch_size": getattr(a, "batch_size", 1),
+        "batch_size": getattr(a, "batch_size", 1), "tensor_parallel_size": getattr(a, "tensor_parallel_size", 1),
         # what the checkpoint read is (not what config.yaml declares): the tables' precision labels use it
         "checkpoint_quantization": checkpoint_quantization(job.model_dir),
         "generated_last_session": done_now,  # problems, tokens, seconds of the session that finished the shard
@@ -576,12 +591,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="engine: requests decoded together (repro.engine.batch; greedy ids identical at any size)")
     ap.add_argument("--adapter-map", default=None,
                     help="adapter mapping file for the checkpoint's ORL adapter (docs/adapter_map.md)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="engine: ranks per request (repro.engine.ranks; GPUs cuda:0..N-1 of this job)")
     ap.add_argument("--limit", type=int, default=None,
                     help="only the first N problems of each problems file, before sharding (the speed probe)")
     ap.add_argument("--out", help="the shard file (one-benchmark job; a grouped job derives its shards' paths)")
     a = ap.parse_args(argv)
     if a.limit is not None and a.limit < 1:
         ap.error(f"--limit must be a positive number of problems, got {a.limit}")
+    if a.tensor_parallel_size < 1 or (a.tensor_parallel_size > 1 and a.backend != "engine"):
+        ap.error(f"--tensor-parallel-size {a.tensor_parallel_size}: give N >= 1; N > 1 needs --backend engine")
     from repro.backends.lifeline import die_with_parent
     from repro.console import plain_warnings
 

@@ -44,6 +44,9 @@ _ROLE_HELP = ("orl: load the checkpoint's ORL residual adapter, decoder llada-or
               "(LLaDA2.1 S mode) (default: %(default)s)")
 _PRECISION_HELP = "number format of the weights (default: bf16 on cuda, fp32 on cpu)"
 _DEVICE_HELP = "cpu | cuda | cuda:N (default: cuda if available, else cpu)"
+_TP_HELP = ("split each request over N ranks (N GPUs cuda:0..N-1 on one node, or N gloo processes on the CPU): "
+            "experts, attention heads, dense widths and vocabulary divided by N; the ranks start with this command "
+            "(docs/engine.md §15). Default: %(default)s")
 _THREADS_HELP = ("CPU only: torch threads per operation (default: $OMP_NUM_THREADS if set, else 1; a CUDA run keeps "
                  "torch's default). More threads slowed the tiny model's batched denoising steps: "
                  "repro/engine/README.md has the measurements")
@@ -79,6 +82,7 @@ def _decoder_flags(ap: argparse.ArgumentParser, seed_default: str) -> None:
                     help=_PRECISION_HELP + "; nvfp4-w4a16: an NVFP4 checkpoint's routed experts kept packed in 4 "
                          "bits; nvfp4 (native FP4) is refused with the alternatives")
     ap.add_argument("--device", default=None, help=_DEVICE_HELP)
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help=_TP_HELP)
     ap.add_argument("--threads", type=int, default=None, metavar="N", help=_THREADS_HELP)
     rd = _role_defaults()
 
@@ -270,6 +274,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     v.add_argument("--role", default="orl", choices=["orl", "base"], help=_ROLE_HELP)
     v.add_argument("--precision", default=None, choices=["fp32", "bf16"], help=_PRECISION_HELP)
     v.add_argument("--device", default=None, help=_DEVICE_HELP)
+    v.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help=_TP_HELP)
     v.add_argument("--threads", type=int, default=None, metavar="N", help=_THREADS_HELP)
     from repro.engine.serve import add_serve_args
 
@@ -314,6 +319,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--limit {a.limit}: give N >= 1 (the first N problems of each file), or leave it out for all")
     if a.cmd == "bench" and a.batch_size < 1:
         p.error(f"--batch-size {a.batch_size}: give N >= 1 (requests decoded together; 1 = one at a time)")
+    if a.tensor_parallel_size < 1:
+        p.error(f"--tensor-parallel-size {a.tensor_parallel_size}: give N >= 1 (ranks per request; 1 = one device)")
     if a.threads is not None and a.threads < 1:
         p.error(f"--threads {a.threads}: give N >= 1 (torch threads per operation on the CPU), or leave it out")
     if a.cmd in ("generate", "bench"):
@@ -341,7 +348,8 @@ def main(argv=None) -> int:
 
             return serve_main(a, _precision(a))
         if a.cmd == "generate":
-            llm = LLM(a.model, role=a.role, precision=_precision(a), device=a.device)
+            llm = LLM(a.model, role=a.role, precision=_precision(a), device=a.device,
+                      tensor_parallel_size=a.tensor_parallel_size)
             dec = {**llm.default_decoder().to_dict(), **a.decoder_overrides}
             prompt = a.prompt if a.raw else [{"role": "user", "content": a.prompt}]
             o = llm.generate(prompt, decoder=dec, seed=a.seed)
@@ -353,10 +361,11 @@ def main(argv=None) -> int:
         from repro.engine.suite import run_suite
         seed = a.seed if a.seed is not None else a.decoder_overrides.get("seed", 12345)
         summary = run_suite(a.model, a.role, a.decoder_overrides, a.problems, a.out, limit=a.limit,
-                            precision=_precision(a), device=a.device, seed=seed, batch_size=a.batch_size)
+                            precision=_precision(a), device=a.device, seed=seed, batch_size=a.batch_size,
+                            tensor_parallel_size=a.tensor_parallel_size)
         print(json.dumps(summary))
         return 0
-    except (ValueError, FileNotFoundError, KeyError) as e:
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as e:  # RuntimeError: a rank failed (ranks.py)
         print(f"error: {e}", file=sys.stderr)
         return 2
 

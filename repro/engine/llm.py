@@ -139,7 +139,12 @@ class LLM:
     ``"reference"`` (the naive oracle, for tests). ``graphs``: ``"auto"`` (every forward a CUDA-graph replay of
 the Triton block forward, :mod:`repro.engine.graph`, when on CUDA with triton and a supported shape; the
 chosen path is in ``engine_path``: ``"cuda-graph"`` | ``"eager"`` | ``"reference"``), ``"on"`` (required; raises
-ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE + block attention
+ValueError when unsupported) or ``"off"``. ``tensor_parallel_size``: N > 1 splits every request over N ranks
+    (experts, heads, dense widths, vocabulary; :mod:`repro.engine.parallel`): this process is rank 0 and spawns
+    ranks 1..N-1 (:mod:`repro.engine.ranks`; GPUs ``cuda:0..N-1``, or N gloo processes on the CPU); the eager
+    path runs (``engine_path`` ``"eager"``); ``tp_timeout_s`` bounds each collective; :meth:`close` stops the
+    ranks. ValueError when N does not divide the model or exceeds the GPUs, TensorParallelError when a rank
+    fails. ``kernels``: ``"auto"`` (Triton MoE + block attention
     from ``repro.engine.kernels`` on CUDA when triton imports, else torch), ``"torch"`` or ``"triton"``;
     the Triton implementations register into the same seams as the torch ones and fall back to them
     outside their fast case. Raises ValueError for a bad role/precision/kernels, and the
@@ -148,7 +153,8 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
 
     def __init__(self, path: str | Path, role: str = "orl", precision: str | None = None, device: str | None = None,
                  backend: str = "engine", kernels: str = "auto", graphs: str = "auto",
-                 adapter_map: str | Path | None = None):
+                 adapter_map: str | Path | None = None, tensor_parallel_size: int = 1,
+                 tp_timeout_s: float | None = None):
         if kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {kernels!r}")
         if graphs not in ("auto", "on", "off"):
@@ -178,20 +184,57 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         if self.tokenizer_.vocab_size > self.config.vocab_size:
             raise ValueError(f"tokenizer has {self.tokenizer_.vocab_size} tokens but config vocab_size is "
                              f"{self.config.vocab_size}")
-        self.model = LLaDA2Model.from_pretrained(self.path, self.device, precision, with_adapter=(role == "orl"),
-                                                 cfg=self.config)
+        self.tensor_parallel_size, self.ranks = tensor_parallel_size, None
+        if tensor_parallel_size != 1:
+            self.model = self._start_ranks(tensor_parallel_size, backend, graphs, adapter_map, tp_timeout_s)
+        else:
+            self.model = LLaDA2Model.from_pretrained(self.path, self.device, precision,
+                                                     with_adapter=(role == "orl"), cfg=self.config)
         self.adapter_note = adapter_note(self.path, role, self.config)
         if role == "orl" and self.config.adapter is None:
             warnings.warn(self.adapter_note, UserWarning, stacklevel=2)
         # capture seconds of every batched CUDA-graph engine built so far, rebuilt ones included (graph_capture_s)
         self._batch_capture_s, self._batch_running = 0.0, False
-        if backend == "engine":
+        if self.ranks is not None:
+            self.backend, self.engine_path = None, "eager"  # requests go through self.ranks
+        elif backend == "engine":
             self.backend, self.engine_path = self._engine_backend(graphs)
         else:
             self.engine_path = "reference"
             from repro.engine.reference import ReferenceBackend
             self.backend = ReferenceBackend(self.model)
         self.paper_decoding = self._paper_decoding()
+
+    def _start_ranks(self, n, backend: str, graphs: str, adapter_map, timeout_s):
+        """Check that ``n`` ranks can split this model here, start them; returns rank 0's model."""
+        from repro.engine.parallel import parallel_problem
+        from repro.engine.ranks import DEFAULT_TIMEOUT_S, Ranks, check_devices
+
+        why = parallel_problem(self.config, n)
+        if why:
+            raise ValueError(f"{self.path}: {why}")
+        if backend != "engine" or graphs == "on":
+            raise ValueError("tensor_parallel_size > 1 runs the eager engine (backend='engine', graphs 'auto' or "
+                             "'off'); the CUDA-graph and reference paths run on one rank")
+        if self.precision == "nvfp4-w4a16":
+            raise ValueError("precision 'nvfp4-w4a16' keeps experts packed, which are not split across ranks yet; "
+                             "use 'bf16' (experts dequantized at load) with tensor_parallel_size > 1")
+        check_devices(self.device, n)
+        spec = dict(path=str(self.path), role=self.role, precision=self.precision, device=str(self.device),
+                    adapter_map=None if adapter_map is None else str(adapter_map), kernels=self.kernels)
+        self.ranks = Ranks(spec, n, DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
+        return self.ranks.model
+
+    def close(self) -> None:
+        """Stop the ranks of a tensor-parallel LLM (no-op on one rank). Idempotent."""
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _engine_backend(self, graphs: str):
         """(backend, name): the CUDA-graph path (:mod:`repro.engine.graph`) when ``graphs`` allows and the
@@ -302,9 +345,13 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         backend = self.backend
         if self.engine_path == "cuda-graph" and cfg.block_size != 32:
             backend = CachedBackend(self.model)  # block shape the graph path does not take: eager for this request
-        with torch.inference_mode():
-            res = generate_ids(backend, ids, cfg, mask_id=self.mask_id, eos_id=self.eos_id,
-                               max_new_tokens=max_new_tokens, seed=seed, on_block=on_block)
+        if self.ranks is not None:  # every rank runs this request in lockstep (repro.engine.ranks)
+            res = self.ranks.generate(dict(ids=ids, decoder=cfg.to_dict(), max_new_tokens=max_new_tokens, seed=seed,
+                                           mask_id=self.mask_id, eos_id=self.eos_id), on_block)
+        else:
+            with torch.inference_mode():
+                res = generate_ids(backend, ids, cfg, mask_id=self.mask_id, eos_id=self.eos_id,
+                                   max_new_tokens=max_new_tokens, seed=seed, on_block=on_block)
         if sync:
             torch.cuda.synchronize(self.model.device)
         wall = time.perf_counter() - t0
@@ -325,6 +372,13 @@ ValueError when unsupported) or ``"off"``. ``kernels``: ``"auto"`` (Triton MoE +
         from repro.engine.decoders.device import supported
 
         cfg = self.default_decoder() if decoder is None else DecoderConfig.coerce(decoder)
+        if self.ranks is not None:  # tensor parallelism serves one request at a time, in input order
+            outs = []
+            for i, p in enumerate(prompts):
+                outs.append(self.generate(p, cfg, max_new_tokens, seed))
+                if on_result is not None:
+                    on_result(i, outs[-1])
+            return outs
         texts = [self._prompt_text(p) for p in prompts]
         ids = [self.tokenizer_.encode(t) for t in texts]
         for i, x in enumerate(ids):

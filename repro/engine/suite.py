@@ -61,11 +61,13 @@ def _problems(path: Path, limit: int | None):
 
 
 def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], out: str, limit: int | None = None,
-              precision: str = "fp32", device: str | None = None, seed: int = 12345, batch_size: int = 1) -> dict:
+              precision: str = "fp32", device: str | None = None, seed: int = 12345, batch_size: int = 1,
+              tensor_parallel_size: int = 1) -> dict:
     """Generate for every problem; write ``records.jsonl`` and ``summary.json`` in ``out``; return the summary.
 
     ``decoder``: engine decoder keys overriding the role's default decoder; ``batch_size``: requests decoded
-    together (module docstring). Raises FileNotFoundError for a missing problem file, ValueError for a
+    together (module docstring); ``tensor_parallel_size``: ranks per request (:class:`repro.engine.llm.LLM`;
+    recorded in each record). Raises FileNotFoundError for a missing problem file, ValueError for a
     batch size < 1, a problem file given twice, an ``out`` that is a file, or a problem file that is not JSONL of
     one benchmark (naming the file and line), and the loaders' errors for a bad checkpoint. An existing
     ``records.jsonl`` in ``out`` is replaced, with a note on stderr.
@@ -91,7 +93,7 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
         print(f"note: {old} exists ({sum(1 for _ in old.open())} records); this run replaces it and summary.json",
               file=sys.stderr)
     items = [(pid, bench, build_prompt(bench, src)) for f in files for pid, bench, src in _problems(f, limit)]
-    llm = LLM(model, role=role, precision=precision, device=device)
+    llm = LLM(model, role=role, precision=precision, device=device, tensor_parallel_size=tensor_parallel_size)
     dec = {**llm.default_decoder().to_dict(), **decoder, "seed": seed}
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -119,6 +121,7 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
                        "prompt_tokens": o.prompt_tokens, "generated_tokens": o.generated_tokens,
                        "forwards": o.forwards, "tpf": o.tpf, "wall_s": o.wall_s, "tokens_per_s": o.request_tps,
                        "finish_reason": o.finish_reason, "device": str(llm.model.device), "batch_size": batch_size,
+                       "tensor_parallel_size": tensor_parallel_size,
                        "decoder": o.decoder, "block_forwards": o.block_forwards, "token_ids": o.token_ids}
                 fh.write(json.dumps(rec) + "\n")
                 for key in (bench, "all"):

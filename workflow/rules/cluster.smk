@@ -35,10 +35,26 @@ def _gen_site(name):
     return _cluster.site_resource(workflow.resource_settings, which, name)
 
 
+def model_tp(wildcards):
+    """Ranks per request of the job's model: its `tensor_parallel_size` (config.yaml), else 1."""
+    return int(model_cfg(wildcards).get("tensor_parallel_size", 1))
+
+
 def gpu_count(wildcards):
-    """`gpu` resource of a generation job: 1 on GPU suites, 0 on CPU suites, and 0 when the site asks for
-    the GPU through `gres` (the plugin would otherwise send both --gres and --gpus)."""
-    return 1 if on_gpu(wildcards) and not _gen_site("gres") else 0
+    """`gpu` resource of a generation job: the model's tensor_parallel_size (1 unless set; one task, so the
+    GPUs are on one node) on GPU suites, 0 on CPU suites, and 0 when the site asks for the GPU through `gres`
+    (the plugin would otherwise send both --gres and --gpus; a site gres must then name N GPUs itself)."""
+    return model_tp(wildcards) if on_gpu(wildcards) and not _gen_site("gres") else 0
+
+
+def job_flags(wildcards, input):
+    """Optional flags of a generation job: ``--adapter-map FILE`` (docs/adapter_map.md) and, for a model with
+    ``tensor_parallel_size`` N > 1, ``--tensor-parallel-size N`` (left out at 1, so the params of existing
+    outputs do not change)."""
+    flags = [f"--adapter-map {input.adapter_map}"] if input.adapter_map else []
+    if model_tp(wildcards) > 1:
+        flags.append(f"--tensor-parallel-size {model_tp(wildcards)}")
+    return " ".join(flags)
 
 
 def gpu_model_for(wildcards):

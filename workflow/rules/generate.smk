@@ -29,7 +29,7 @@ rule generate_shard:
         precision=job_precision,  # the model's own, else the suite's (checkpoints.smk)
         batch_size=lambda wc: suite_cfg(wc).get("batch_size", 1),  # engine: requests decoded together
         code=code_version("generate"),  # engine (engine backend), backends, prompt templates
-        adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
+        flags=job_flags,  # --adapter-map FILE, --tensor-parallel-size N (> 1 only): cluster.smk
     log:
         W("logs/generate/{suite}/{model}/{bench}/seed{seed}/shard{shard}of{nshards}.log"),
     container: image_for("generate")
@@ -50,7 +50,7 @@ rule generate_shard:
                "--decoder {input.decoder} --problems {input.problems} --benchmark {wildcards.bench} "
                "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "
                "--device {params.device} --precision {params.precision} --batch-size {params.batch_size} "
-               "{params.adapter_map} --out {output}",
+               "{params.flags} --out {output}",
                streams="2> {log}")
 
 
@@ -73,7 +73,7 @@ rule generate_group:
         precision=job_precision,
         batch_size=lambda wc: suite_cfg(wc).get("batch_size", 1),
         code=code_version("generate"),
-        adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
+        flags=job_flags,  # --adapter-map FILE, --tensor-parallel-size N (> 1 only): cluster.smk
         benchmarks=lambda wc: " ".join(suite_cfg(wc)["benchmarks"]),  # in the order of decoders and problems
     log:
         W("logs/generate/{suite}/{model}/seed{seed}/shard{shard}of{nshards}.log"),
@@ -95,7 +95,7 @@ rule generate_group:
                "--model {wildcards.model} --model-dir {input.ckpt} --role {params.role} --verified {input.verified} "
                "--seed {wildcards.seed} --shard {wildcards.shard} --num-shards {wildcards.nshards} "
                "--device {params.device} --precision {params.precision} --batch-size {params.batch_size} "
-               "{params.adapter_map} --benchmark {params.benchmarks} --decoder {input.decoders} "
+               "{params.flags} --benchmark {params.benchmarks} --decoder {input.decoders} "
                "--problems {input.problems} --group-index {output}",
                streams="2> {log}")
 
@@ -142,7 +142,7 @@ rule speed_probe:
         seed=probe_seed,
         limit=P.SPEED_SUBSET,
         code=code_version("generate"),
-        adapter_map=lambda wc, input: f"--adapter-map {input.adapter_map}" if input.adapter_map else "",
+        flags=job_flags,  # --adapter-map FILE, --tensor-parallel-size N (> 1 only): cluster.smk
     log:
         W("logs/speed/{suite}/{model}/{bench}.log"),
     container: image_for("generate")
@@ -163,5 +163,5 @@ rule speed_probe:
                "--decoder {input.decoder} --problems {input.problems} --benchmark {wildcards.bench} "
                "--seed {params.seed} --shard 0 --num-shards 1 --limit {params.limit} "
                "--device {params.device} --precision {params.precision} --batch-size 1 "
-               "{params.adapter_map} --out {output}",
+               "{params.flags} --out {output}",
                streams="2> {log}")

@@ -398,6 +398,9 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
                     "tiles), e.g. norm_in_route,norm_in_route+pdl")
     ap.add_argument("--breakdown", action="store_true", help="round: per-kernel table of one round (torch.profiler "
                     "over graph replays) for the BF16 and 4-bit rounds, P = first prefix, default and best variants")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                    help="round: split the round over N GPUs (repro/engine/bench/parallel.py: eager, BF16; times N = 1 "
+                         "and N in the same call, and the time in collectives; default: %(default)s, the single-GPU round)")
     ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "
                     "round (repro/engine/bench/w4.py) that otherwise follows the BF16 round")
     return ap
@@ -409,6 +412,13 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    if args.tensor_parallel_size != 1:  # one round over N GPUs (repro/engine/bench/parallel.py)
+        from repro.engine.bench.parallel import main_round
+
+        if args.mode != "round":
+            print(json.dumps({"error": "--tensor-parallel-size applies to the round benchmark only"}))
+            return 2
+        return main_round(args, log, env_info)
     doc = {"bench": "repro.engine.bench", "mode": args.mode, **env_info(), "targets": TARGETS}
     prefixes = [int(p) for p in args.prefixes.split(",") if p]
     max_len = max(prefixes + [args.prefix + args.tokens]) + 128

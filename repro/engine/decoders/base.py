@@ -268,13 +268,17 @@ class BlockDecoder:
     name = "base"
     can_edit = False
     self_conditions = False
+    #: The model's :class:`repro.engine.parallel.VocabShard` when its logits are one rank's vocabulary slice
+    #: (tensor parallelism): candidates / proposals / the residual are then reduced across ranks. None: full logits.
+    vocab = None
 
     def __init__(self, cfg: DecoderConfig, mask_id: int):
         self.cfg, self.mask_id = cfg, mask_id
 
     def bind(self, model) -> None:
-        """Remember the model (embedding table, adapter) for this request."""
+        """Remember the model (embedding table, adapter; its ``vocab`` shard under tensor parallelism)."""
         self.model = model
+        self.vocab = getattr(model, "vocab", None)
 
     def start_block(self) -> None:
         """Reset per-block state."""
@@ -285,7 +289,15 @@ class BlockDecoder:
 
     def candidates(self, logits: torch.Tensor) -> torch.Tensor:
         """:func:`candidate_logits` under this decoder's ``exclude_mask_token``."""
+        if self.vocab is not None:
+            return self.vocab.candidates(logits, self.mask_id, self.cfg.exclude_mask_token)
         return candidate_logits(logits, self.mask_id, self.cfg.exclude_mask_token)
+
+    def propose(self, lg: torch.Tensor, gen: torch.Generator | None):
+        """:func:`propose` at the decoder's temperature (across ranks when :attr:`vocab` is set)."""
+        if self.vocab is not None:
+            return self.vocab.propose(lg, self.cfg.temperature, gen)
+        return propose(lg, self.cfg.temperature, gen)
 
     def before_forward(self, tokens: torch.Tensor, editable: torch.Tensor) -> bool:
         """True → the block is final without another forward."""

@@ -54,6 +54,7 @@ class DeviceStep:
         if self.self_conditioning:
             self.t_res = residual_temperature(cfg, model)
             self.adapter = model.cfg.adapter if model.with_adapter else None
+        self.vocab = getattr(model, "vocab", None)  # logits are a vocabulary slice (repro.engine.parallel)
         self.can_edit = algorithms()[cfg.algorithm].Decoder.can_edit  # a step may end the block
         self.editing = cfg.edits
 
@@ -93,10 +94,15 @@ class DeviceStep:
         tokens = self.tokens
         self.last_input.copy_(tokens)
         self.stepped.fill_(True)
-        lg = candidate_logits(logits, self.mask_id, cfg.exclude_mask_token)
-        p, x = torch.softmax(lg, dim=-1).max(dim=-1)  # = base.propose at temperature 0
+        vs = self.vocab
+        if vs is None:
+            lg = candidate_logits(logits, self.mask_id, cfg.exclude_mask_token)
+            p, x = torch.softmax(lg, dim=-1).max(dim=-1)  # = base.propose at temperature 0
+        else:  # tensor parallelism: the same values reduced across ranks on the device (repro.engine.parallel)
+            lg = vs.candidates(logits, self.mask_id, cfg.exclude_mask_token)
+            x, p = vs.propose(lg, 0.0, None)
         if self.self_conditioning:
-            z, w, delta = residual(lg, self.model.params["embed"], self.t_res)
+            z, w, delta = (residual if vs is None else vs.residual)(lg, self.model.params["embed"], self.t_res)
         masked = self._masked()
         had_mask = masked.any()
         change = m2t_set(masked, p, cfg.threshold, cfg.num_to_transfer)  # empty when nothing is masked

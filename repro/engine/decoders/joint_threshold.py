@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from repro.engine.decoders.base import BlockDecoder, m2t_set, propose, t2t_set
+from repro.engine.decoders.base import BlockDecoder, m2t_set, t2t_set
 
 #: SGLang ``JointThreshold`` defaults (threshold 0.5, edit_threshold 0, max_post_edit_steps 16) = LLaDA2.1
 #: Speed mode (model card); editing on.
@@ -54,7 +54,7 @@ class JointThreshold(BlockDecoder):
     def update(self, lg: torch.Tensor, tokens, editable, gen) -> bool:
         """Steps 2–5 on candidate logits ``lg``; returns True when final."""
         cfg = self.cfg
-        x, p = propose(lg, cfg.temperature, gen)
+        x, p = self.propose(lg, gen)
         masked = self.masked(tokens, editable)
         change = m2t_set(masked, p, cfg.threshold, cfg.num_to_transfer)
         edit = t2t_set(editable, masked, tokens, x, p, cfg.edit_threshold) if cfg.editing else None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from repro.engine.decoders.base import BlockDecoder, commit_masked, propose
+from repro.engine.decoders.base import BlockDecoder, commit_masked
 
 #: SGLang ``LowConfidence`` reads ``threshold`` with default 0.95; no editing.
 DEFAULTS = dict(threshold=0.95, editing=False, self_conditioning=False)
@@ -34,7 +34,7 @@ class LowConfidence(BlockDecoder):
 
     def step(self, logits, tokens, editable, gen) -> bool:
         """One M2T update; never final by itself (the next ``before_forward`` decides)."""
-        x, p = propose(self.candidates(logits), self.cfg.temperature, gen)
+        x, p = self.propose(self.candidates(logits), gen)
         commit_masked(tokens, self.masked(tokens, editable), x, p, self.cfg.threshold, self.cfg.num_to_transfer)
         return False
 

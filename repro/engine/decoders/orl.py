@@ -73,7 +73,8 @@ class ORLDecoder(JointThreshold):
         lg = self.candidates(logits)
         if self.cfg.self_conditioning:
             m = self.model
-            self.res = residual(lg, m.params["embed"], residual_temperature(self.cfg, m))
+            fn = residual if self.vocab is None else self.vocab.residual  # across ranks under tensor parallelism
+            self.res = fn(lg, m.params["embed"], residual_temperature(self.cfg, m))
         return self.update(lg, tokens, editable, gen)
 
 

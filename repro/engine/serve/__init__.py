@@ -105,7 +105,8 @@ def serve_main(a, precision: str) -> int:
             raise ValueError(f"{name} {v} is out of range")
     _check_listen(a.host, a.port)  # before loading a model that may take minutes
     path = resolve_model(a.model, a.revision)
-    llm = LLM(path, role=a.role, precision=precision, device=a.device)
+    llm = LLM(path, role=a.role, precision=precision, device=a.device,
+              tensor_parallel_size=getattr(a, "tensor_parallel_size", 1))
     name = a.served_model_name or (Path(a.model.rstrip("/")).name if Path(a.model).is_dir() else a.model)
     out = llm.generate("warm-up", max_new_tokens=llm.default_decoder().block_size)
     log.info("loaded %s (role %s, %s, %s, engine path %s); warm-up %.2f s", path, llm.role, llm.precision,

@@ -1,0 +1,383 @@
+"""Tensor / expert parallelism: one request's forward split over N ranks of a ``torch.distributed`` group.
+
+Layout of rank r of N (:class:`ShardPlan`; docs/engine.md §15):
+
+* attention by heads: query heads ``[r·H/N, (r+1)·H/N)``; their KV heads — ``K/N`` per rank when N divides
+  the ``K`` KV heads, else (N a multiple of K, e.g. LLaDA2.1-mini's 4 KV heads on 8 ranks) the one KV head
+  serving the rank's query heads, replicated on ``N/K`` ranks. Each rank keeps only its KV heads in its
+  cache. ``wo`` by columns (the rank's heads): a partial ``[n, D]`` sum;
+* the dense SwiGLU layer and the shared expert by the intermediate dimension (gate/up rows, down columns):
+  partial sums;
+* routed experts by expert (expert parallelism): experts ``[r·E/N, (r+1)·E/N)``. The router (fp32) runs on
+  every rank over every token, so every rank knows every token's experts; a rank computes the tokens routed to
+  its experts and the partial outputs are combined with the other partials of the layer (for the 32-row
+  rounds of block decoding a sum of partials moves as few bytes as an all-to-all dispatch would);
+* ``lm_head`` by vocabulary rows ``[r·⌈V/N⌉, …)``: a rank's forward returns logits over its vocabulary slice
+  only; the decoder step reduces argmax / softmax / confidence / the ORL residual across ranks on the device
+  (:class:`VocabShard`). Embeddings, norms, router and adapter are replicated.
+
+Reduction order (:meth:`Comm.sum`): every partial sum is an all-gather of the ranks' fp32 partials followed
+by a sum over the rank axis, computed by the same kernel on the same data on every rank — so every rank
+holds the same bits (a routing top-k or an argmax can never disagree between ranks, which an all-reduce
+does not promise) and the result does not depend on the collective's algorithm. Partials are combined in
+fp32 and cast to the model dtype once. Cost: N× the bytes of an all-reduce's input per rank; at batch-1
+rounds (32 rows × D) that is latency, not bandwidth. N = 1 never builds this module's objects.
+
+Every collective takes device tensors and returns device tensors without a host read, so on GPUs the NCCL
+path is the same code and a CUDA graph can capture a round (forward + :class:`~repro.engine.decoders.device.
+DeviceStep`) on every rank with the collectives inside; the launcher is :mod:`repro.engine.ranks`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from repro.engine.cache import KVCache
+from repro.engine.config import LLaDA2Config
+from repro.engine.layers.attention import attention_forward
+from repro.engine.layers.linear import linear
+from repro.engine.layers.mlp import swiglu
+from repro.engine.layers.moe import _ACTIVE_NAME, moe_forward, route
+from repro.engine.layers.norm import rms_norm
+from repro.engine.layers.rotary import apply_rope, rope_cos_sin
+from repro.engine.model import LLaDA2Model
+
+
+def _split_problem(cfg: LLaDA2Config, n: int) -> str | None:
+    H, K = cfg.num_attention_heads, cfg.num_key_value_heads
+    checks = [("attention heads (num_attention_heads)", H), ("routed experts (num_experts)", cfg.num_experts),
+              ("shared-expert width (moe_intermediate_size × num_shared_experts)",
+               cfg.moe_intermediate_size * cfg.num_shared_experts)]
+    if cfg.first_k_dense_replace > 0:
+        checks.append(("dense-layer width (intermediate_size)", cfg.intermediate_size))
+    for what, v in checks:
+        if v % n:
+            return f"does not divide the model's {v} {what}"
+    if (n - 1) * -(-cfg.vocab_size // n) >= cfg.vocab_size:
+        return f"leaves a rank without vocabulary rows (vocab_size {cfg.vocab_size})"
+    if K % n and n % K:
+        return f"neither divides the model's {K} KV heads nor is a multiple of them (KV heads are replicated past {K})"
+    return None
+
+
+def parallel_problem(cfg: LLaDA2Config, n) -> str | None:
+    """Why ``cfg`` cannot be split over ``n`` ranks (one sentence naming the count and the sizes that work),
+    or None. Conditions: N divides the query heads, the routed experts, the dense and shared-expert widths, and
+    N divides the KV heads or is a multiple of them."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return f"tensor_parallel_size must be an integer ≥ 1, got {n!r}"
+    why = _split_problem(cfg, n)
+    if why is None:
+        return None
+    ok = [d for d in range(1, 65) if _split_problem(cfg, d) is None]
+    return f"tensor_parallel_size {n} {why}; this model splits over {ok}"
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """What rank ``rank`` of ``size`` holds (module docstring). Raises ValueError via :func:`parallel_problem`."""
+
+    cfg: LLaDA2Config
+    size: int
+    rank: int
+
+    def __post_init__(self):
+        why = parallel_problem(self.cfg, self.size)
+        if why:
+            raise ValueError(why)
+
+    @property
+    def q_heads(self) -> range:
+        """Query heads of this rank (``H/N`` consecutive)."""
+        h = self.cfg.num_attention_heads // self.size
+        return range(self.rank * h, (self.rank + 1) * h)
+
+    @property
+    def kv_heads(self) -> range:
+        """KV heads of this rank: its share, or the single (replicated) one its query heads use."""
+        c = self.cfg
+        g = c.num_attention_heads // c.num_key_value_heads
+        return range(self.q_heads.start // g, max(self.q_heads.start // g + 1, self.q_heads.stop // g))
+
+    @property
+    def experts(self) -> range:
+        """Routed experts of this rank (``E/N`` consecutive)."""
+        e = self.cfg.num_experts // self.size
+        return range(self.rank * e, (self.rank + 1) * e)
+
+    @property
+    def vocab(self) -> range:
+        """Vocabulary rows of this rank's lm_head slice (``⌈V/N⌉``, the last slice shorter)."""
+        v = -(-self.cfg.vocab_size // self.size)
+        return range(min(self.rank * v, self.cfg.vocab_size), min((self.rank + 1) * v, self.cfg.vocab_size))
+
+
+class Comm:
+    """The group's collectives on device tensors (no host reads). ``group``: a ``torch.distributed`` process
+    group (None = the default group) of ``size`` ranks, this process being ``rank``."""
+
+    def __init__(self, rank: int, size: int, group=None):
+        self.rank, self.size, self.group = rank, size, group
+        self.calls = 0  # collectives issued
+        #: None, or a list that receives one timing per collective: a (start, end) CUDA event pair recorded on
+        #: the current stream around the call, or seconds of the (synchronous) gloo call on the CPU.
+        self.timings: list | None = None
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """``[size, *x.shape]``: every rank's ``x`` in rank order (all-gather)."""
+        self.calls += 1
+        out = torch.empty((self.size,) + tuple(x.shape), dtype=x.dtype, device=x.device)
+        x = x.contiguous()
+        if self.timings is not None:
+            if x.is_cuda:
+                ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                ev[0].record()
+            else:
+                t0 = time.perf_counter()
+        if x.is_cuda:
+            dist.all_gather_into_tensor(out, x, group=self.group)
+        else:
+            dist.all_gather(list(out.unbind(0)), x, group=self.group)
+        if self.timings is not None:
+            if x.is_cuda:
+                ev[1].record()
+                self.timings.append(ev)
+            else:
+                self.timings.append(time.perf_counter() - t0)
+        return out
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks of ``x`` (fp32), identical bits on every rank (module docstring "Reduction order")."""
+        return self.gather(x.float()).sum(0)
+
+    def broadcast_flag(self, flag: bool | None) -> bool:
+        """Rank 0's ``flag`` on every rank (one host read: used once per block for the stop hook)."""
+        dev = "cpu" if dist.get_backend(self.group) == "gloo" else f"cuda:{torch.cuda.current_device()}"
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=dev)
+        self.calls += 1
+        dist.broadcast(t, 0, group=self.group)
+        return bool(t.item())
+
+
+def shard_params(params: dict[str, torch.Tensor], plan: ShardPlan, device) -> dict[str, torch.Tensor]:
+    """The rank's slices of a full parameter dict (layout of :mod:`repro.engine.weights`), copied to
+    ``device`` (contiguous). Raises ValueError for packed (NVFP4) experts, which are not split yet."""
+    c, hd = plan.cfg, plan.cfg.head_dim
+    H, K = c.num_attention_heads, c.num_key_value_heads
+    q, kv, ex, vo = plan.q_heads, plan.kv_heads, plan.experts, plan.vocab
+
+    def rows(t, r: range, width: int = 1):
+        return t[r.start * width:r.stop * width]
+
+    def halves(t, r: range, width: int):  # fused gate/up rows: slice each half
+        half = t.shape[-2] // 2
+        return torch.cat([t[..., r.start * width:r.stop * width, :], t[..., half + r.start * width:half + r.stop * width, :]], -2)
+
+    out = {}
+    for n, t in params.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{n}: packed 4-bit experts are not split across ranks yet; load with precision "
+                             "'bf16' (dequantized) for tensor_parallel_size > 1")
+        if n.endswith(".wqkv"):
+            t = torch.cat([rows(t, q, hd), rows(t[H * hd:], kv, hd), rows(t[(H + K) * hd:], kv, hd)])
+        elif n.endswith(".wo"):
+            t = t[:, q.start * hd:q.stop * hd]
+        elif n.endswith(("mlp.w_gate_up", "moe.shared_gate_up")):
+            w = t.shape[0] // 2 // plan.size
+            t = halves(t, range(plan.rank, plan.rank + 1), w)
+        elif n.endswith(("mlp.w_down", "moe.shared_down")):
+            w = t.shape[1] // plan.size
+            t = t[:, plan.rank * w:(plan.rank + 1) * w]
+        elif n.endswith(("moe.w_gate_up", "moe.w_down")):
+            t = t[ex.start:ex.stop]
+        elif n == "lm_head":
+            t = t[vo.start:vo.stop]
+        out[n] = t.to(device).contiguous()
+    return out
+
+
+def _routed_local(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, weights: torch.Tensor,
+                  ids: torch.Tensor, lo: int) -> torch.Tensor:
+    """This rank's routed-expert partial ``[n, D]`` fp32: experts ``lo .. lo+E_r-1`` (``w_gate_up`` /
+    ``w_down`` are their ``[E_r, …]`` slices). The torch seam: the loop of ``moe_forward_torch`` over the
+    local experts (same products, ascending order). Another seam (Triton): the seam on local ids, tokens of
+    other ranks' experts sent to local expert 0 with weight 0."""
+    e_r = w_gate_up.shape[0]
+    local = (ids >= lo) & (ids < lo + e_r)
+    if _ACTIVE_NAME[0] != "torch":
+        lid = torch.where(local, ids - lo, torch.zeros_like(ids))
+        return moe_forward(x, w_gate_up, w_down, torch.where(local, weights, torch.zeros_like(weights)),
+                           lid).float()
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for e in torch.unique(ids[local]).tolist():
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        h = linear(x[tok], w_gate_up[e - lo])
+        g, u = h.chunk(2, dim=-1)
+        y = linear(F.silu(g) * u, w_down[e - lo])
+        out.index_add_(0, tok, y.float() * weights[tok, slot][:, None])
+    return out
+
+
+class ShardedModel(LLaDA2Model):
+    """One rank's :class:`~repro.engine.model.LLaDA2Model`: the slices of :func:`shard_params`, a KV cache of its
+    own KV heads, and a forward whose logits are over the rank's vocabulary slice ``[n, |plan.vocab|]`` fp32
+    (reduced in the decoder step through :attr:`vocab`). Every rank must run the same forwards in the same
+    order (the collectives pair up): :mod:`repro.engine.ranks` drives that."""
+
+    def __init__(self, full: LLaDA2Model, plan: ShardPlan, comm: Comm, device):
+        super().__init__(full.cfg, shard_params(full.params, plan, device), full.dtype, device, full.with_adapter)
+        self.precision = getattr(full, "precision", None)
+        self.plan, self.comm = plan, comm
+        self.vocab = VocabShard(plan, comm)
+
+    @classmethod
+    def random(cls, cfg: LLaDA2Config, plan: ShardPlan, comm: Comm, device, dtype="bf16",
+               seed: int = 0) -> "ShardedModel":
+        """This rank's slices of random weights in ``cfg``'s shapes, drawn on ``device`` without building the
+        full model (shapes from slicing a ``meta``-device model): norms ``1 + N(0, 0.1²)``, expert bias ``N(0, 0.1²)``, embeddings ``N(0, 1)``, the rest
+        ``N(0, 1/fan_in)`` (lm_head ×6), as :meth:`LLaDA2Model.random`. Replicated tensors (embeddings, norms,
+        router, expert bias) are the same on every rank, split ones are seeded per rank. For benchmarks
+        (:mod:`repro.engine.bench.parallel`)."""
+        meta = LLaDA2Model.empty(cfg, "meta", dtype, with_adapter=False)
+        self = cls(meta, plan, comm, "meta")
+        for i, (name, t) in enumerate(sorted(self.params.items())):
+            split = not name.endswith(("norm", "embed", "router", "expert_bias"))
+            g = torch.Generator(device=device).manual_seed((int(seed) * 1_000_003 + i) * 64 + (plan.rank if split else 0))
+            buf = torch.empty(t.shape, dtype=torch.float32, device=device)
+            if name.endswith("norm"):
+                buf.normal_(1.0, 0.1, generator=g)
+            elif name.endswith("expert_bias") or name == "embed":
+                buf.normal_(0.0, 0.1 if name != "embed" else 1.0, generator=g)
+            else:
+                buf.normal_(0.0, (6.0 if name == "lm_head" else 1.0) / t.shape[-1] ** 0.5, generator=g)
+            self.params[name] = buf.to(t.dtype)
+        self.device = torch.device(device)
+        return self
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """A zeroed cache of this rank's KV heads only."""
+        c = self.cfg
+        return KVCache(c.num_hidden_layers, capacity, len(self.plan.kv_heads), c.head_dim, self.dtype, self.device)
+
+    def forward_chunks(self, chunks):
+        """:meth:`LLaDA2Model.forward_chunks` on this rank's shards; two partial sums per layer (attention
+        output, MLP/MoE output). Returns per chunk the rank's vocabulary-slice logits or None."""
+        c, p, comm = self.cfg, self.params, self.comm
+        for ch in chunks:
+            if ch.start % ch.block_size:
+                raise ValueError(f"forward start {ch.start} is not a multiple of block_size {ch.block_size}")
+        hs = [ch.embeds if ch.embeds is not None else self.embed(ch.ids) for ch in chunks]
+        sizes = [x.shape[0] for x in hs]
+        h = hs[0] if len(hs) == 1 else torch.cat(hs)
+        n = h.shape[0]
+        H, K, hd = len(self.plan.q_heads), len(self.plan.kv_heads), c.head_dim
+        pos = torch.cat([torch.arange(ch.start, ch.start + m, device=h.device) for ch, m in zip(chunks, sizes)])
+        cos, sin = rope_cos_sin(pos, c.rotary_dim, c.rope_theta, h.dtype)
+        bounds = [0]
+        for m in sizes:
+            bounds.append(bounds[-1] + m)
+        for l in range(c.num_hidden_layers):
+            q_ = f"layers.{l}."
+            a = rms_norm(h, p[q_ + "attn_norm"], c.rms_norm_eps)
+            qkv = linear(a, p[q_ + "wqkv"]).view(n, H + 2 * K, hd)
+            q, k, v = qkv[:, :H], qkv[:, H:H + K], qkv[:, H + K:]
+            q = apply_rope(rms_norm(q, p[q_ + "q_norm"], c.rms_norm_eps), cos, sin)
+            k = apply_rope(rms_norm(k, p[q_ + "k_norm"], c.rms_norm_eps), cos, sin)
+            outs = []
+            for i, ch in enumerate(chunks):
+                r0, r1 = bounds[i], bounds[i + 1]
+                ch.cache.write(l, ch.start, k[r0:r1], v[r0:r1])
+                kk, vv = ch.cache.view(l, ch.start + r1 - r0)
+                outs.append(attention_forward(q[r0:r1], kk, vv, ch.start, ch.block_size))
+            o = outs[0] if len(outs) == 1 else torch.cat(outs)
+            h = h + comm.sum(linear(o.reshape(n, H * hd), p[q_ + "wo"])).to(h.dtype)
+            m = rms_norm(h, p[q_ + "mlp_norm"], c.rms_norm_eps)
+            h = h + comm.sum(self._dense(l, m) if l < c.first_k_dense_replace else self._moe(l, m)).to(h.dtype)
+        want = [i for i, ch in enumerate(chunks) if ch.logits]
+        result = [None] * len(chunks)
+        if not want:
+            return result
+        rows = h if len(want) == len(chunks) else torch.cat([h[bounds[i]:bounds[i + 1]] for i in want])
+        lg = linear(rms_norm(rows, p["final_norm"], c.rms_norm_eps), p["lm_head"]).float()
+        at = 0
+        for i in want:
+            result[i] = lg[at:at + sizes[i]]
+            at += sizes[i]
+        return result
+
+    def _moe(self, l: int, x: torch.Tensor) -> torch.Tensor:
+        """This rank's MoE partial ``[n, D]`` fp32: its routed experts plus its columns of the shared expert."""
+        c, p, q = self.cfg, self.params, f"layers.{l}.moe."
+        w, ids = route(x, p[q + "router"], p.get(q + "expert_bias"), c.num_experts_per_tok, c.n_group,
+                       c.topk_group, c.routed_scaling_factor, c.norm_topk_prob)
+        out = _routed_local(x, p[q + "w_gate_up"], p[q + "w_down"], w, ids, self.plan.experts.start)
+        if q + "shared_gate_up" in p:
+            out = out + swiglu(x, p[q + "shared_gate_up"], p[q + "shared_down"]).float()
+        return out
+
+
+class VocabShard:
+    """The decoder step over vocabulary-sliced logits: what :mod:`repro.engine.decoders` compute from full
+    ``[B, V]`` logits, from each rank's ``[B, V_r]`` slice, with small collectives and no host read. Every rank
+    gets identical results (gathers, module docstring). Used by the decoders when the model has ``vocab``."""
+
+    def __init__(self, plan: ShardPlan, comm: Comm):
+        self.lo, self.hi, self.V, self.comm = plan.vocab.start, plan.vocab.stop, plan.cfg.vocab_size, comm
+
+    def candidates(self, logits: torch.Tensor, mask_id: int, exclude_mask_token: bool) -> torch.Tensor:
+        """:func:`~repro.engine.decoders.base.candidate_logits` on the slice (the mask column lives on one rank)."""
+        lg = logits.float()
+        if exclude_mask_token and self.lo <= mask_id < self.hi:
+            lg = lg.clone()
+            lg[:, mask_id - self.lo] = float("-inf")
+        return lg
+
+    def _max(self, lg: torch.Tensor):
+        """(global max ``[B]``, global argmax ``[B]`` int64; ties → lowest id, as ``torch.max``)."""
+        m, i = lg.max(dim=-1)
+        g = self.comm.gather(torch.stack([m, (i + self.lo).float()], -1))  # [N, B, 2]; ids < 2^24 exact in fp32
+        win = g[..., 0].argmax(0)  # first rank holding the max = lowest id
+        return g[..., 0].max(0).values, g[..., 1].gather(0, win[None]).squeeze(0).long()
+
+    def propose(self, lg: torch.Tensor, temperature: float, gen):
+        """:func:`~repro.engine.decoders.base.propose`: greedy → ``(argmax [B], max softmax [B])`` from two
+        gathers of ``[B]``-sized statistics; sampling gathers the full logits (every rank draws the same token
+        from its identically seeded generator)."""
+        if temperature > 0:
+            from repro.engine.decoders.base import propose
+
+            return propose(self.full(lg), temperature, gen)
+        gmax, x = self._max(lg)
+        s = self.comm.sum((lg - gmax[:, None]).exp().sum(-1))
+        return x, 1.0 / s
+
+    def full(self, lg: torch.Tensor) -> torch.Tensor:
+        """All ranks' slices gathered into ``[B, V]`` (sampling only)."""
+        w = -(-self.V // self.comm.size)
+        pad = torch.full((lg.shape[0], w), float("-inf"), dtype=lg.dtype, device=lg.device)
+        pad[:, :lg.shape[1]] = lg
+        return self.comm.gather(pad).permute(1, 0, 2).reshape(lg.shape[0], -1)[:, :self.V]
+
+    def residual(self, lg: torch.Tensor, embed: torch.Tensor, temperature: float):
+        """:func:`repro.engine.adapter.residual` (``Δ = softmax(lg)ᵀE``, ``w = H(softmax(lg/T))/log V``) from the
+        slice: ``embed`` is the full (replicated) table, this rank uses its rows. Returns ``(z, w, Δ)``."""
+        gmax, _ = self._max(lg)
+        e1 = (lg - gmax[:, None]).exp()
+        y = lg / temperature
+        et = (y - (gmax / temperature)[:, None]).exp()
+        s = self.comm.sum(torch.stack([e1.sum(-1), et.sum(-1)], -1))  # [B, 2]
+        p = e1 / s[:, :1]
+        lp = y - ((gmax / temperature) + s[:, 1].log())[:, None]
+        pt = lp.exp()
+        h = -torch.where(pt > 0, pt * lp, torch.zeros_like(pt)).sum(-1)
+        d = (p.to(embed.dtype) @ embed[self.lo:self.hi]).float()
+        red = self.comm.sum(torch.cat([d, h[:, None]], -1))
+        delta = red[:, :-1]
+        w = red[:, -1] / math.log(self.V)
+        return w[:, None] * delta, w, delta
