@@ -17,7 +17,8 @@ reference's ``steps`` for ``low_confidence``, SGLang's ``max_steps`` with editin
 With the mask token a candidate (the default), a decoder whose proposals at the remaining masked positions
 stay ``<|mask|>`` makes no progress; at the cap the block ends with its tokens as they are (masks included,
 as the references emit them), its commit forward runs unless the last denoising forward already saw exactly
-those tokens (then its K/V is kept, as for any block), the block index is listed in ``GenerationResult.stalled_blocks`` and a warning names it.
+those tokens (then its K/V is kept, as for any block), the block index is listed in
+``GenerationResult.stalled_blocks`` and a warning names it.
 
 TPF (§6.10, the project convention): ``generated tokens up to the first EOS (EOS excluded) /
 (denoise + commit forwards)``; prefill forwards are reported separately and not in the denominator.
