@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 
 from .boxed import last_boxed
-from .math_normalize import accounts_for, mc_letter, plain_to_latex, unit_of
+from .math_normalize import accounts_for, mc_letter, plain_to_latex, strip_unit, unit_of
 
 __all__ = ["extract", "prepare", "equivalent", "score_many"]
 
@@ -178,7 +178,7 @@ def equivalent(gold: str, pred: str) -> dict:
     if gu and pu and gu != pu:
         return {"gold_parsed": None, "pred_parsed": None, "equal": False,
                 "detail": f"unit {pu!r} contradicts the gold's unit {gu!r}"}
-    gs, ps = prepare(gold), prepare(pred)
+    gs, ps = prepare(strip_unit(gold)), prepare(strip_unit(pred))
     g = parse(gs, parsing_timeout=None)
     p = parse(ps, parsing_timeout=None)
     info = {"gold_parsed": str(g[0]) if g else None, "pred_parsed": str(p[0]) if p else None}

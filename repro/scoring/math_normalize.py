@@ -3,7 +3,8 @@
 Contract (pure string/sympy helpers, no I/O; ``math.equivalent`` calls them inside the worker process):
 - ``plain_to_latex(s) -> str``: plain-text maths a model writes inside a box, rewritten to the LaTeX
   Math-Verify reads: ``pi`` -> ``\\pi``, ``sqrt`` / ``sin`` / ``log`` ... -> ``\\sqrt`` / ``\\sin`` / ...,
-  ``infinity`` -> ``\\infty``, ``\\mathrm{e}`` -> ``e``, ``\\operatorname{sin}`` -> ``\\sin``, ``+ -`` -> ``-``,
+  ``infinity`` -> ``\\infty``, ``\\mathrm{e}`` -> ``e``, ``\\operatorname{sin}`` -> ``\\sin``, a number in a wrapper
+  (``\\mathbf{88.55}``, ``\\textbf{6}``: Math-Verify reads it as text) -> the number, ``+ -`` -> ``-``,
   ``14.0`` -> ``14`` (a decimal with only zeros after the point is that integer), ``1i`` -> ``1 i``. Value-preserving only.
 - ``mc_letter(s) -> str | None``: the option letter of a multiple-choice answer (``(C)``,
   ``\\text{C: Plane}``, ``C. Plane``), None when the text does not start with a lone letter.
@@ -33,6 +34,7 @@ _PLAIN_PI = re.compile(r"(?<![\\A-Za-z])pi(?![A-Za-z])")
 _PLAIN_INF = re.compile(r"(?<![\\A-Za-z])(?:infinity|infty|inf)(?![A-Za-z])")
 _WRAPPED_FUNC = re.compile(r"\\(?:operatorname|mathrm|text|textrm)\s*\{\s*(" + "|".join(_FUNCS) + r")\s*\}")
 _WRAPPED_CONST = re.compile(r"\\(?:mathrm|text|textrm|mathit|rm)\s*\{\s*([ei])\s*\}")
+_WRAPPED_NUMBER = re.compile(r"\\(?:textbf|mathbf|boldsymbol|bm|text|textrm|mathrm|mbox|mathit)\s*\{\s*(-?\d[\d.,]*)\s*\}")
 _PLUS_MINUS = re.compile(r"\+\s*-")
 _ZERO_DECIMAL = re.compile(r"(?<![\d.])(\d+)\.0+(?![\d.])")
 _DIGIT_I = re.compile(r"(?<=\d)i(?![A-Za-z])")  # "1i": Math-Verify 0.9.0 misreads it ("1 i", "2i" are fine)
@@ -60,6 +62,7 @@ def plain_to_latex(s: str) -> str:
     """See module docstring; ``\\pm`` / ``\\mp`` are left alone (``+ -`` with a space only)."""
     s = _WRAPPED_FUNC.sub(r"\\\1 ", s)
     s = _WRAPPED_CONST.sub(r"\1", s)
+    s = _WRAPPED_NUMBER.sub(r"\1", s)
     s = _outside_text(s, _plain)
     s = _PLUS_MINUS.sub("-", s)
     s = _ZERO_DECIMAL.sub(r"\1", s)
@@ -119,8 +122,13 @@ def unit_of(s: str) -> str | None:
 
 
 def strip_unit(s: str) -> str:
-    """``s`` without a trailing ``\\text{...}`` unit (for the accounting check)."""
-    return _TRAILING_UNIT.sub("", s)
+    """``s`` without a trailing ``\\text{...}`` unit, or without a trailing plain word that ``unit_of``
+    knows (``5.4 cents``: Math-Verify would read ``5.4*c*e*n*t*s``)."""
+    s = _TRAILING_UNIT.sub("", s)
+    m = _TRAILING_WORD.search(s)
+    if m and m.group(1).lower() in _UNIT_OF:
+        s = s[:m.start()]
+    return s
 
 
 # --- whole-answer accounting --------------------------------------------------------------------------
