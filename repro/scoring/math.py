@@ -9,8 +9,9 @@ latter is what ``verify_worker`` runs inside a separate process, never in the ca
 Sources: docs/scoring_rules.md §3 "Recommended MATH-500 scorer" and the math500-* scoring cases.
 1. Cut at EOS / stop strings; take the last balanced, non-blank ``\\boxed{...}`` (also ``\\fbox``,
    ``\\boxed 2``; cases math500-06/08/09; an empty ``\\boxed{}`` after the answer is skipped); fallback
-   the last "final answer is X" / "Final Answer: X"; otherwise no answer (wrong, logged). The box
-   outranks a later unboxed statement: the prompt asks for the box (docs/scoring.md).
+   the last "final answer is X" / "Final Answer: X", then the last "the answer is X" (case t3-math500-13);
+   otherwise no answer (wrong, logged). The box outranks a later unboxed statement: the prompt asks for
+   the box (docs/scoring.md).
 2. Gold = the ``answer`` field (never the last box of ``solution``: 8 solutions box two forms).
 3. Primary verdict: Math-Verify 0.9.0, ``verify(parse("$gold$"), parse("$pred$"))`` -- gold first, the
    order matters. It handles ``\\text{}`` (math500-02/16), ``^\\circ`` (math500-13), ``10,\\!080``,
@@ -28,7 +29,11 @@ Sources: docs/scoring_rules.md §3 "Recommended MATH-500 scorer" and the math500
    left to Math-Verify's rounding (accepted), as peers do. A percent sign on one side only
    (``10\\%`` vs ``10``) is dropped and the numbers compared again (PRM800K/Hendrycks strip ``\\%``;
    Math-Verify alone reads it as /100 and says unequal).
-5. Math-Verify's own SIGALRM timeouts are disabled (they raise outside the main thread, Math-Verify
+5. Turn-3 kinds (``math_normalize``; docs/scoring_rules.md §3.5-8): plain-text maths and wrapped numbers
+   are rewritten before parsing; an option-letter gold is compared by letter; a contradicting unit word is
+   wrong; a True verdict from a parse that did not read the whole gold or answer falls back to a
+   normalised string comparison (case t3-math500-01, Math-Verify PR #82).
+6. Math-Verify's own SIGALRM timeouts are disabled (they raise outside the main thread, Math-Verify
    #50/#55, case math500-05); the hard timeout is enforced by killing the worker process.
 """
 
