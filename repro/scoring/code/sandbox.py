@@ -357,9 +357,10 @@ class Sandbox:
     # ------------------------------------------------------------------ setup
     def _claim_uids(self, base: int) -> list[int]:
         """One uid per slot, exclusive across every Sandbox on this host (concurrent scoring jobs must
-        not sweep each other's programs): an flock on ``<tmp>/orl-sandbox-uids/<uid>.lock`` is held for
-        the Sandbox's lifetime and released by the kernel if this process dies."""
-        lock_dir = os.path.join(tempfile.gettempdir(), "orl-sandbox-uids")
+        not sweep each other's programs): an flock on ``/tmp/orl-sandbox-uids/<uid>.lock`` is held for
+        the Sandbox's lifetime and released by the kernel if this process dies. The directory is fixed, not
+        ``$TMPDIR``: jobs with different temporary directories must still see each other's claims."""
+        lock_dir = "/tmp/orl-sandbox-uids"
         os.makedirs(lock_dir, mode=0o700, exist_ok=True)
         uids = []
         for uid in range(base, base + _UID_RANGE):
