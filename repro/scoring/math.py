@@ -42,7 +42,7 @@ from __future__ import annotations
 import re
 
 from .boxed import last_boxed
-from .math_normalize import accounts_for, mc_letter, plain_to_latex, strip_unit, unit_of
+from .math_normalize import accounts_for, contradicts, mc_letter, plain_to_latex, strip_unit, unit_of
 
 __all__ = ["extract", "prepare", "equivalent", "score_many"]
 
@@ -180,7 +180,7 @@ def equivalent(gold: str, pred: str) -> dict:
     if gl and pl:
         return {"gold_parsed": gl, "pred_parsed": pl, "equal": gl == pl, "detail": "multiple-choice letter"}
     gu, pu = unit_of(gold), unit_of(pred)
-    if gu and pu and gu != pu:
+    if contradicts(gu, pu):
         return {"gold_parsed": None, "pred_parsed": None, "equal": False,
                 "detail": f"unit {pu!r} contradicts the gold's unit {gu!r}"}
     gs, ps = prepare(strip_unit(gold)), prepare(strip_unit(pred))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["plain_to_latex", "mc_letter", "unit_of", "accounts_for", "strip_unit"]
+__all__ = ["plain_to_latex", "mc_letter", "unit_of", "contradicts", "accounts_for", "strip_unit"]
 
 _FUNCS = ("arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "sin", "cos", "tan", "cot", "sec", "csc",
           "log", "ln", "exp", "sqrt")
@@ -37,7 +37,8 @@ _WRAPPED_CONST = re.compile(r"\\(?:mathrm|text|textrm|mathit|rm)\s*\{\s*([ei])\s
 _WRAPPED_NUMBER = re.compile(r"\\(?:textbf|mathbf|boldsymbol|bm|text|textrm|mathrm|mbox|mathit)\s*\{\s*(-?\d[\d.,]*)\s*\}")
 _PLUS_MINUS = re.compile(r"\+\s*-")
 _ZERO_DECIMAL = re.compile(r"(?<![\d.])(\d+)\.0+(?![\d.])")
-_DIGIT_I = re.compile(r"(?<=\d)i(?![A-Za-z])")  # "1i": Math-Verify 0.9.0 misreads it ("1 i", "2i" are fine)
+_DIGIT_I = re.compile(r"(?<=\d)[ij](?![A-Za-z])")  # "1i": Math-Verify 0.9.0 misreads it; "1.0j": Python's i
+_BOLD = re.compile(r"^\s*\*\*(.*)\*\*\s*$", re.DOTALL)  # markdown bold around the whole answer
 _TEXT_SPANS = re.compile(r"\\(?:text|mbox|textrm|textbf|textit)\s*\{[^{}]*\}")
 
 
@@ -60,6 +61,7 @@ def _plain(part: str) -> str:
 
 def plain_to_latex(s: str) -> str:
     """See module docstring; ``\\pm`` / ``\\mp`` are left alone (``+ -`` with a space only)."""
+    s = _BOLD.sub(r"\1", s)
     s = _WRAPPED_FUNC.sub(r"\\\1 ", s)
     s = _WRAPPED_CONST.sub(r"\1", s)
     s = _WRAPPED_NUMBER.sub(r"\1", s)
@@ -70,7 +72,7 @@ def plain_to_latex(s: str) -> str:
 
 
 # --- multiple choice ----------------------------------------------------------------------------------
-_MC = re.compile(r"^\s*(?:\\text(?:bf)?\s*\{\s*)?(?:\\?\(\s*)?([A-Ea-e])\s*(?:\\?\))?\s*(?:[:.)]\s*[^{}]*)?\}?\s*$")
+_MC = re.compile(r"^\s*(?:(?:[Oo]ption|[Cc]hoice|[Aa]nswer)\s*:?\s*)?(?:\\(?:text|textbf|mathrm|mathbf)\s*\{\s*)?(?:\\?\(\s*)?([A-Ea-e])\s*(?:\\?\))?\s*(?:[:.)]\s*[^{}]*)?\}?\s*$")
 _MC_GOLD = re.compile(r"^\s*(?:\\text(?:bf)?\s*\{\s*)?\(\s*([A-E])\s*\)\s*\}?\s*$|^\s*(?:\\text(?:bf)?\s*\{\s*)?([A-E])\s*\}?\s*$")
 
 
@@ -95,7 +97,7 @@ _UNITS = {
     "inch": ("in", "inch", "inches"), "foot": ("ft", "foot", "feet"), "yard": ("yd", "yard", "yards"),
     "mile": ("mi", "mile", "miles"), "second": ("s", "sec", "second", "seconds"),
     "minute": ("min", "minute", "minutes"), "hour": ("h", "hr", "hour", "hours"), "day": ("day", "days"),
-    "week": ("week", "weeks"), "year": ("year", "years"), "gram": ("g", "gram", "grams"),
+    "week": ("week", "weeks"), "mph": ("mph", "miles per hour", "mi/h"), "year": ("year", "years"), "gram": ("g", "gram", "grams"),
     "kg": ("kg", "kilogram", "kilograms"), "ounce": ("oz", "ounce", "ounces"),
     "degree": ("degree", "degrees", "\\circ", "^\\circ"), "radian": ("rad", "radian", "radians"),
     "liter": ("l", "liter", "liters", "litre", "litres"), "ml": ("ml", "milliliter", "milliliters"),
@@ -106,27 +108,41 @@ _TRAILING_WORD = re.compile(r"(?<=\d)\s+([A-Za-z]+)\s*$")
 
 
 def unit_of(s: str) -> str | None:
-    """Canonical unit of a trailing unit word (``\\text{ cents}``, ``\\mbox{cm}``, ``5 dollars``), or None.
-    ``square``/``cubic`` prefixes are kept apart (``square cm`` is not ``cm``); unknown words -> None."""
+    """Canonical unit of a trailing unit word (``\\text{ cents}``, ``\\mbox{cm}``, ``5 dollars``) or of a leading
+    dollar sign (``\\$5.40``), else None. ``square``/``cubic`` prefixes are kept apart (``square cm`` is not
+    ``cm``). A word outside the unit table is returned as ``"word:<singular>"`` (``4000 \\text{ bananas}``), so
+    two different words contradict; a table unit and an unknown word never do (``contradicts``)."""
     m = _TRAILING_UNIT.search(s) or _TRAILING_WORD.search(s)
     if not m:
-        return None
+        return "dollar" if re.match(r"^\s*-?\s*\\?\$\s*\d", s) else None
     words = m.group(1).lower().replace(".", "").split()
-    if not words:
+    if not words or len(words) > 3:
         return None
     prefix = ""
     if words[0] in ("square", "sq", "cubic") and len(words) > 1:
         prefix, words = words[0].replace("sq", "square") + " ", words[1:]
-    canon = _UNIT_OF.get(" ".join(words))
-    return None if canon is None else prefix + canon
+    name = " ".join(words)
+    canon = _UNIT_OF.get(name)
+    if canon is not None:
+        return prefix + canon
+    if name in ("unit", "units") or not re.fullmatch(r"[a-z]{2,}", name):
+        return None
+    return "word:" + prefix + (name[:-1] if name.endswith("s") and len(name) > 3 else name)
+
+
+def contradicts(gold_unit: str | None, pred_unit: str | None) -> bool:
+    """Both sides name a unit and they differ; a table unit against an unknown word does not count."""
+    if not gold_unit or not pred_unit or gold_unit == pred_unit:
+        return False
+    return gold_unit.startswith("word:") == pred_unit.startswith("word:")
 
 
 def strip_unit(s: str) -> str:
-    """``s`` without a trailing ``\\text{...}`` unit, or without a trailing plain word that ``unit_of``
-    knows (``5.4 cents``: Math-Verify would read ``5.4*c*e*n*t*s``)."""
+    """``s`` without a trailing ``\\text{...}`` unit, or without a trailing plain unit word after a number
+    (``5.4 cents``: Math-Verify would read ``5.4*c*e*n*t*s``)."""
     s = _TRAILING_UNIT.sub("", s)
     m = _TRAILING_WORD.search(s)
-    if m and m.group(1).lower() in _UNIT_OF:
+    if m and unit_of(s) is not None:
         s = s[:m.start()]
     return s
 

@@ -85,7 +85,9 @@ def test_plain_text_constants_and_functions_on_a_real_problem(problems):
     ("\\frac{1}{2}", "sin(pi/6)", True), ("2\\pi", "2pi", True), ("\\ln 2", "ln(2)", True),
     ("\\frac{\\sqrt{3}}{2}", "sqrt(2)/2", False), ("\\infty", "-infinity", False), ("\\frac{\\pi}{2}", "pi/4", False),
     ("14 - i", "14.0 + -1.0i", True), ("14 - i", "14 + -i", True), ("3 + 2i", "3.0 + 2.0i", True),  # t3-math500-05
+    ("14 - i", "14.0 - 1.0j", True), ("\\dfrac{\\pi}{2}", "pi/2", True), ("42", "**42**", True),  # Python's j
     ("14 - i", "14.0 + 1.0i", False), ("14 - i", "14.0 + -2.0i", False), ("14 - i", "14.5 - 1.0i", False),
+    ("14 - i", "14.0 + 1.0j", False), ("42", "**24**", False),
 ])
 def test_plain_text_maths_and_decimal_complex_numbers(gold, pred, equal):
     r = mv(gold, pred)
@@ -101,9 +103,10 @@ def test_plain_to_latex_leaves_words_in_text_and_latex_alone():
 # ---------------------------------------------------------------------------- MATH-500: multiple choice, wrappers
 def test_option_letter_with_its_text_on_a_real_problem(problems):
     gold = by_id(problems, "math500", "test/precalculus/819.json")["gold"]  # \text{(C)}
-    for pred in ("\\text{C: Plane}", "C. Plane", "(C) Plane", "\\text{(C)}", "C", "\\textbf{C: Plane}"):
+    for pred in ("\\text{C: Plane}", "C. Plane", "(C) Plane", "\\text{(C)}", "C", "\\textbf{C: Plane}", "Option C",
+                 "\\mathrm{(C)}"):
         assert mv(gold, pred)["equal"], pred
-    for pred in ("\\text{Plane}", "\\text{D: Cylinder}", "(D)", "Plane"):  # the letter is what is asked
+    for pred in ("\\text{Plane}", "\\text{D: Cylinder}", "(D)", "Plane", "Option D"):  # the letter is what is asked
         assert not mv(gold, pred)["equal"], pred
     assert mc_letter("\\text{Cylinder}") is None and mc_letter(gold, gold=True) == "C"
 
@@ -121,7 +124,10 @@ def test_a_contradicting_unit_is_wrong_a_missing_one_is_not(problems):
     gold = by_id(problems, "math500", "test/prealgebra/1044.json")["gold"]  # 5.4 \text{ cents}
     assert not mv(gold, "5.4 \\text{ dollars}")["equal"] and not mv(gold, "5.4 dollars")["equal"]
     assert mv(gold, "5.4")["equal"] and mv(gold, "5.4 \\text{ cents}")["equal"] and mv(gold, "5.4 cents")["equal"]
-    assert not mv(gold, "5.5 \\text{ cents}")["equal"]
+    assert not mv(gold, "5.5 \\text{ cents}")["equal"] and not mv(gold, "\\$5.40")["equal"]  # a dollar sign
+    assert not mv("4000 \\text{ apples}", "4000 \\text{ bananas}")["equal"]       # two different words
+    assert mv("4000 \\text{ apples}", "4000 apple")["equal"] and mv("\\$32,\\!348", "32348")["equal"]
+    assert mv("4 \\text{ square units}", "4 \\text{ units}^2")["equal"]
     assert mv("12 \\text{ cm}", "12 \\text{ centimeters}")["equal"]
     assert not mv("12 \\text{ cm}", "12 \\text{ m}")["equal"]
     assert mv("90^\\circ", "90")["equal"]
