@@ -199,6 +199,9 @@ def test_raw_code_closed_by_a_stray_fence_then_prose(problems):
     got = {s["id"]: s for s in score_records("humaneval", probs + [wrong], comps, WORKERS)}
     assert [got[p["id"]]["correct"] for p in probs] == [True] * 3, [got[p["id"]]["reason"] for p in probs]
     assert not got["wrong"]["correct"] and "This uses" not in got["wrong"]["extracted"]
+    mb = by_id(problems, "mbpp", "mbpp/17")
+    text = f"Sure, here it is:\ndef square_perimeter(a):\n    return 4 * a\n{FENCE}\nIt multiplies the side by four."
+    assert score_records("mbpp", [mb], {mb["id"]: text}, WORKERS)[0]["correct"]  # prose before the code too
 
 
 def test_the_last_block_defining_the_entry_point_is_the_answer(problems):

@@ -160,6 +160,10 @@ def test_private_tmp_and_dev_shm_are_writable_size_limited_and_wiped(privileged)
     name = f"orl_private_{uuid.uuid4().hex}"
     write = (f"open('/tmp/{name}', 'w').write('x')\nopen('/dev/shm/{name}', 'w').write('x')\n"
              "import multiprocessing\nwith multiprocessing.Pool(2) as p:\n    assert p.map(abs, [-3]) == [3]\n"
+             "from concurrent.futures import ProcessPoolExecutor\nwith ProcessPoolExecutor(2) as ex:\n"
+             "    assert list(ex.map(abs, [-1])) == [1]\n"
+             "from multiprocessing import shared_memory\nm = shared_memory.SharedMemory(create=True, size=64)\n"
+             "m.close()\nm.unlink()\n"
              + TESTS_PASS)
     gone = (f"import os\nassert not os.path.exists('/tmp/{name}')\nassert not os.path.exists('/dev/shm/{name}')\n"
             + TESTS_PASS)

@@ -84,11 +84,13 @@ def extract_code(text: str, entry_point: str | None = None, context: str = "") -
         before, blocks = fenced_blocks(text)
         candidates = [(b, "fenced") for b in blocks]
         first = next(ln for ln in text.split("\n") if _FENCE.match(ln))
-        if before.strip() and first.strip() == "```" and _parses(context + _strip_markers(before)):
+        raw = trim_to_parseable(_strip_markers(before), context) if before.strip() else ""
+        if raw.strip() and first.strip() == "```" and _parses(context + raw):
             # Raw code closed by a stray fence (bigcode-evaluation-harness PR #125, case t3-humaneval-01):
-            # the code before it is a block; the fences after it pair up anew (prose stays outside).
+            # the code before it (prose before the code trimmed) is a block; the fences after it pair up
+            # anew (prose after the fence stays outside).
             rest = text.split(first, 1)[1]
-            candidates = [(before, "before_fence")] + [(b, "fenced") for b in fenced_blocks(rest)[1]]
+            candidates = [(raw, "before_fence")] + [(b, "fenced") for b in fenced_blocks(rest)[1]]
         nonempty = [(b, how) for b, how in candidates if b.strip()]
         if nonempty:
             chosen = nonempty[0]
