@@ -7,7 +7,7 @@ Contract:
   breaks.
 - ``scale_after(text, pos) -> (multiplier, length)``: the scale word right after a digit-number that ends
   at ``pos``: a word ``thousand|million|billion|trillion`` after optional spaces, or a suffix written
-  against the digits (``5k``, ``$890M``, ``2bn``) and not followed by a letter (``5km``, ``5 k`` are
+  against the digits (``5k``, ``$890M``, ``2bn``, also ``2.5 bn``) and not followed by a letter (``5km``, ``5 k`` are
   units, not scales). ``(1, 0)`` when none.
 
 Sources: scoring cases t3-gsm8k-01 (tool-eval-bench #100: "890 million" / "$890M" vs "890,000,000") and
@@ -29,7 +29,7 @@ SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10*
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "bn": 10**9}
 _WORD = re.compile(r"[A-Za-z]+")
 _SCALE_WORD = re.compile(r"\s*(" + "|".join(SCALES) + r")\b", re.IGNORECASE)
-_SCALE_SUFFIX = re.compile(r"(bn|[kKMB])(?![A-Za-z])")
+_SCALE_SUFFIX = re.compile(r"(?:\s*(bn)|([kKMB]))(?![A-Za-z])")  # "bn" is never a unit: a space is fine
 
 
 def scale_after(text: str, pos: int) -> tuple[int, int]:
@@ -37,7 +37,7 @@ def scale_after(text: str, pos: int) -> tuple[int, int]:
     m = _SCALE_SUFFIX.match(text, pos) or _SCALE_WORD.match(text, pos)
     if not m:
         return 1, 0
-    word = m.group(1).lower()
+    word = next(g for g in m.groups() if g).lower()
     return (SCALES.get(word) or _SUFFIX[word]), m.end() - pos
 
 

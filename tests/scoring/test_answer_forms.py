@@ -159,7 +159,8 @@ def test_unboxed_answer_is_through_the_scorer_on_a_real_problem(problems):
 @pytest.mark.parametrize("text,value", [
     ("it earns 1.2 million dollars.", 1200000),                    # t3-gsm8k-01
     ("The budget is $890M.", 890000000), ("They raised 5k.", 5000), ("a 2.5 billion market", 2500000000),
-    ("That is 3 thousand bricks.", 3000), ("2bn", 2000000000),
+    ("That is 3 thousand bricks.", 3000), ("2bn", 2000000000), ("It is 2.5 bn.", 2500000000),
+    ("It costs 1.2 Million dollars", 1200000), ("So she has twelve hundred dollars.", 1200),
     ("She ran 5 km.", 5), ("She ran 5 k.", 5), ("only 5 kg", 5), ("1.2 millionths", Fraction(12, 10)),  # not scales
 ])
 def test_scale_words(text, value):
