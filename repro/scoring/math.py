@@ -29,7 +29,7 @@ Sources: docs/scoring_rules.md §3 "Recommended MATH-500 scorer" and the math500
    left to Math-Verify's rounding (accepted), as peers do. A percent sign on one side only
    (``10\\%`` vs ``10``) is dropped and the numbers compared again (PRM800K/Hendrycks strip ``\\%``;
    Math-Verify alone reads it as /100 and says unequal).
-5. Turn-3 kinds (``math_normalize``; docs/scoring_rules.md §3.5-8): plain-text maths and wrapped numbers
+5. Turn-3 kinds (``math_normalize``; docs/scoring_rules.md §3, items 5-8): plain-text maths and wrapped numbers
    are rewritten before parsing; an option-letter gold is compared by letter; a contradicting unit word is
    wrong; a True verdict from a parse that did not read the whole gold or answer falls back to a
    normalised string comparison (case t3-math500-01, Math-Verify PR #82).
