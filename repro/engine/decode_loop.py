@@ -12,12 +12,13 @@ Stopping (§6.9): after each block, stop if an ``<|endoftext|>`` appears in the 
 ``max_new_tokens`` generated positions exist. The last block is decoded whole; the output is truncated to
 ``max_new_tokens`` (so hitting the budget mid-block truncates) and then cut before the first EOS.
 
-Bounded blocks: a block runs at most ``cfg.max_denoise_forwards()`` denoising forwards (SGLang's
-``max_steps``; the reference generate has no cap). With the mask token a candidate (the default), a decoder
-whose proposals at the remaining masked positions stay ``<|mask|>`` makes no progress; at the cap the block
-ends with its tokens as they are (masks included, as SGLang emits them), its commit forward runs unless the
-last denoising forward already saw exactly those tokens (then its K/V is kept, as for any block), the block
-index is listed in ``GenerationResult.stalled_blocks`` and a warning names it.
+Bounded blocks: a block runs at most ``cfg.max_denoise_forwards()`` denoising forwards (the LLaDA2.0
+reference's ``steps`` for ``low_confidence``, SGLang's ``max_steps`` with editing; docs/engine.md §6.5).
+With the mask token a candidate (the default), a decoder whose proposals at the remaining masked positions
+stay ``<|mask|>`` makes no progress; at the cap the block ends with its tokens as they are (masks included,
+as the references emit them), its commit forward runs unless the last denoising forward already saw exactly
+those tokens (then its K/V is kept, as for any block), the block index is listed in
+``GenerationResult.stalled_blocks`` and a warning names it.
 
 TPF (§6.10, the project convention): ``generated tokens up to the first EOS (EOS excluded) /
 (denoise + commit forwards)``; prefill forwards are reported separately and not in the denominator.

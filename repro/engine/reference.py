@@ -161,8 +161,8 @@ def reference_generate(model: LLaDA2Model, prompt_ids: list[int], decoder: dict,
     5. write ``x`` on fill ∪ edit; with editing, a step that started without masks and edited nothing ends
        the block (its forward saw the final tokens).
 
-    The references have no (HF) or SGLang's ``max_steps`` cap on a block's forwards; here a block stops after
-    ``block_size (+ max_post_steps with editing) + 1`` forwards, tokens as they are (listed in
+    A block stops after ``block_size`` forwards for ``low_confidence`` (the LLaDA2.0 generate's ``steps``), else
+    after SGLang's ``max_steps``, ``block_size (+ max_post_steps with editing) + 1``, tokens as they are (listed in
     ``stalled_blocks``). Counting as the engine's loop: one prefill forward for the full prompt blocks, the
     denoising forwards, and a commit forward unless the last forward already saw the final tokens. Stops after
     the block holding an EOS or the ``max_new_tokens``-th position. Returns a
@@ -178,7 +178,7 @@ def reference_generate(model: LLaDA2Model, prompt_ids: list[int], decoder: dict,
                          "generate_ids for sampling or the ORL residual")
     B, P, G = d["block_size"], len(prompt_ids), max_new_tokens
     editing = algo != "low_confidence" and d["editing"]
-    cap = B + (d["max_post_steps"] if editing else 0) + 1
+    cap = B if algo == "low_confidence" else B + (d["max_post_steps"] if editing else 0) + 1
     dev = model.device
     n_blocks = -(-(P + G) // B)
     x_all = torch.full((n_blocks * B,), mask_id, dtype=torch.long, device=dev)

@@ -36,7 +36,10 @@ __all__ = ["SCORER_VERSION", "score_records", "summarize", "score_programs", "sc
 # GSM8K "answer is ... = N" and last-marker-wins, hardened code tests, output drained (docs/scoring.md).
 # 3: a lone-number side of "=" is what "the answer is" states ("18 = 9 * 2"), an empty \text{} box is
 # blank, sandboxed programs see .pth-named and system site dirs.
-SCORER_VERSION = 3
+# 4: turn-3 kinds (docs/scoring_rules.md §2-§5, §9): partial Math-Verify parses, plain-text maths, option
+# letters, contradicting units, unboxed "the answer is", scale and number words, stray fence, last block,
+# private writable /tmp and /dev/shm.
+SCORER_VERSION = 4
 
 _STDERR_IN_REASON = 400
 

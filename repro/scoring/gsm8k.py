@@ -15,7 +15,10 @@ Rules (docs/scoring_rules.md §2 "Recommended GSM8K scorer", §10):
 3. Numbers are anchored on digits: ``-?\\d{1,3}(,\\d{3})+`` or ``\\d+``, optional decimals; commas between
    digit groups and LaTeX separators (``{,}``, ``\\,``, ``\\!``, ``\\;``, ``\\:``, ``~``) are dropped,
    so ``8,000`` is 8000
-   (cases gsm8k-01/02; OpenCompass reads ``000``); ``$``, ``%`` and unit words around a number are ignored.
+   (cases gsm8k-01/02; OpenCompass reads ``000``); ``$``, ``%`` and unit words around a number are ignored;
+   a scale word or suffix right after the digits multiplies (``1.2 million``, ``$890M``, ``5k``; not
+   ``5 k`` or ``5km``; ``number_words``, case t3-gsm8k-01). A marker sentence without digits is read
+   in number words ("the answer is eighteen").
 4. Comparison is numeric with exact decimals (``29.00`` == ``29``, case gsm8k-04; lm-eval #3214).
 5. The gold (text after ``#### ``, or a whole ``answer`` text) is normalised the same way: 14 golds
    carry thousands separators and 2 are negative (docs/scoring_rules.md §2).
@@ -28,6 +31,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 from .boxed import last_boxed_at
+from .number_words import scale_after, word_numbers
 from .truncate import truncate_for
 
 __all__ = ["parse_gold", "extract", "score", "score_many", "find_numbers"]
@@ -48,16 +52,31 @@ def _normalise_text(text: str) -> str:
 
 
 def find_numbers(text: str) -> list[tuple[str, Fraction]]:
-    """All numbers in ``text`` as ``(as written, exact value)`` pairs, in order."""
+    """All digit-numbers in ``text`` as ``(as written, exact value)`` pairs, in order; a scale word or
+    suffix right after the digits multiplies (``1.2 million`` -> 1200000, ``$890M``, ``5k``)."""
+    return [(w, v) for w, v, _ in _numbers_with_end(text)]
+
+
+def _numbers_with_end(text: str) -> list[tuple[str, Fraction, int]]:
+    """``find_numbers`` plus the end offset of each number in the normalised text."""
     out = []
-    for m in _NUM.finditer(_normalise_text(text)):
-        written = m.group(0)
+    text = _normalise_text(text)
+    for m in _NUM.finditer(text):
         digits = (m.group(1) + m.group(2).replace(",", "") + (m.group(3) or ""))
         try:
-            out.append((written, Fraction(Decimal(digits))))
+            value = Fraction(Decimal(digits))
         except (InvalidOperation, ValueError):  # pragma: no cover - regex guarantees a number
             continue
+        scale, length = scale_after(text, m.end())
+        out.append((text[m.start():m.end() + length], value * scale, m.end() + length))
     return out
+
+
+def _with_words(text: str, allow_one: bool) -> tuple[str, Fraction] | None:
+    """The last number-word phrase of ``text`` (``eighteen``, ``twenty-one``); a lone ``one`` only when
+    ``allow_one`` (in running prose it is mostly a pronoun: "each one")."""
+    words = [(w, v) for w, v, _, _ in word_numbers(text) if allow_one or w.lower() != "one"]
+    return words[-1] if words else None
 
 
 def _fmt(value: Fraction) -> str:
@@ -89,7 +108,10 @@ def _stated_value(tail: str) -> tuple[str, Fraction] | None:
         if lone:
             return lone[-1]
     nums = find_numbers(sentence) or find_numbers(line)
-    return nums[0] if nums else None
+    if nums:
+        return nums[0]
+    words = [(w, v) for w, v, _, _ in word_numbers(sentence)]
+    return words[0] if words else None
 
 
 def _boxed_value(box: str) -> tuple[str, Fraction] | None:
@@ -97,14 +119,15 @@ def _boxed_value(box: str) -> tuple[str, Fraction] | None:
     if frac:  # \boxed{\frac{36}{2}}: the value, not the denominator
         sign = -1 if frac.group(1) else 1
         return frac.group(0), sign * Fraction(int(frac.group(2)), int(frac.group(3)))
+    box = re.sub(r"\\(?:text|mathrm|textbf|mathbf|mbox)\s*\{([^{}]*)\}", r"\1", box)
     nums = find_numbers(box)
-    return nums[-1] if nums else None
+    return nums[-1] if nums else _with_words(box, allow_one=True)
 
 
 def extract(completion: str) -> tuple[str | None, Fraction | None, str]:
     """``(as written, value, rule)`` of the predicted answer of an already truncated completion.
 
-    ``rule`` is ``boxed`` | ``answer_is`` | ``hashes`` | ``last_number`` | ``none``. Among the explicit
+    ``rule`` is ``boxed`` | ``answer_is`` | ``hashes`` | ``number_words`` | ``last_number`` | ``none``. Among the explicit
     answer markers (last ``\\boxed{}``, last "the answer is", last ``####``) the one written *last* wins:
     an earlier recited "the answer is 6" does not outrank the model's own final ``#### 18``.
     """
@@ -123,7 +146,11 @@ def extract(completion: str) -> tuple[str | None, Fraction | None, str]:
     if found:
         _, written, value, rule = max(found, key=lambda f: f[0])
         return written, value, rule
-    nums = find_numbers(completion)
+    nums = _numbers_with_end(completion)
+    after = _normalise_text(completion)[nums[-1][2]:] if nums else completion
+    words = _with_words(after, allow_one=False)
+    if words is not None:  # policy: number words after the last digit-number state the answer
+        return words[0], words[1], "number_words"
     if nums:
         return nums[-1][0], nums[-1][1], "last_number"
     return None, None, "none"

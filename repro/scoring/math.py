@@ -9,8 +9,9 @@ latter is what ``verify_worker`` runs inside a separate process, never in the ca
 Sources: docs/scoring_rules.md §3 "Recommended MATH-500 scorer" and the math500-* scoring cases.
 1. Cut at EOS / stop strings; take the last balanced, non-blank ``\\boxed{...}`` (also ``\\fbox``,
    ``\\boxed 2``; cases math500-06/08/09; an empty ``\\boxed{}`` after the answer is skipped); fallback
-   the last "final answer is X" / "Final Answer: X"; otherwise no answer (wrong, logged). The box
-   outranks a later unboxed statement: the prompt asks for the box (docs/scoring.md).
+   the last "final answer is X" / "Final Answer: X", then the last "the answer is X" (case t3-math500-13);
+   otherwise no answer (wrong, logged). The box outranks a later unboxed statement: the prompt asks for
+   the box (docs/scoring.md).
 2. Gold = the ``answer`` field (never the last box of ``solution``: 8 solutions box two forms).
 3. Primary verdict: Math-Verify 0.9.0, ``verify(parse("$gold$"), parse("$pred$"))`` -- gold first, the
    order matters. It handles ``\\text{}`` (math500-02/16), ``^\\circ`` (math500-13), ``10,\\!080``,
@@ -28,7 +29,11 @@ Sources: docs/scoring_rules.md §3 "Recommended MATH-500 scorer" and the math500
    left to Math-Verify's rounding (accepted), as peers do. A percent sign on one side only
    (``10\\%`` vs ``10``) is dropped and the numbers compared again (PRM800K/Hendrycks strip ``\\%``;
    Math-Verify alone reads it as /100 and says unequal).
-5. Math-Verify's own SIGALRM timeouts are disabled (they raise outside the main thread, Math-Verify
+5. Turn-3 kinds (``math_normalize``; docs/scoring_rules.md §3, items 5-8): plain-text maths and wrapped numbers
+   are rewritten before parsing; an option-letter gold is compared by letter; a contradicting unit word is
+   wrong; a True verdict from a parse that did not read the whole gold or answer falls back to a
+   normalised string comparison (case t3-math500-01, Math-Verify PR #82).
+6. Math-Verify's own SIGALRM timeouts are disabled (they raise outside the main thread, Math-Verify
    #50/#55, case math500-05); the hard timeout is enforced by killing the worker process.
 """
 
@@ -37,10 +42,15 @@ from __future__ import annotations
 import re
 
 from .boxed import last_boxed
+from .math_normalize import accounts_for, contradicts, mc_letter, plain_to_latex, strip_unit, unit_of
 
 __all__ = ["extract", "prepare", "equivalent", "score_many"]
 
 _FINAL = re.compile(r"final answer(?:\s+is\b|\s*\**\s*:)[\s*:]*", re.IGNORECASE)
+# Unboxed "The answer is 42 because ..." (policy of case t3-math500-13): a fallback after "final answer".
+_ANSWER_IS = re.compile(r"\banswer\s+is\b[\s*:]*", re.IGNORECASE)
+_PROSE_END = re.compile(r"[.;,!?](?:\s|$)|\s+(?:because|since|as|so|which|and|for|from|when|where|if)\b",
+                        re.IGNORECASE)
 # LaTeX spacing used as a thousands separator inside a number (``11\,111\,100``, ``1~000``): dropped
 # before Math-Verify, which otherwise reads ``11\,111`` as a product.
 _LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\\[,!;:]|\\thinspace|~|\\ )+\s*(?=\d{3}(?!\d))")
@@ -49,7 +59,8 @@ _MIXED = re.compile(r"^(-)?\s*(\d+)\s+(\d+)\s*/\s*(\d+)(\s*\\(?:text|mbox|mathrm
 
 
 def extract(completion: str) -> tuple[str | None, str]:
-    """``(answer, rule)`` from an already truncated completion; rule: boxed | final_answer | none."""
+    """``(answer, rule)`` from an already truncated completion; rule: boxed | final_answer | answer_is |
+    none (the box first, then the last "final answer is X", then the last "the answer is X")."""
     box = last_boxed(completion)
     if box is not None and box.strip():
         return box.strip(), "boxed"
@@ -61,7 +72,23 @@ def extract(completion: str) -> tuple[str | None, str]:
             tail = tail.strip("$").strip()
         if tail:
             return tail, "final_answer"
+    matches = list(_ANSWER_IS.finditer(completion))
+    if matches:
+        stated = _stated(completion[matches[-1].end():])
+        if stated:
+            return stated, "answer_is"
     return None, "none"
+
+
+def _stated(tail: str) -> str | None:
+    """What an unboxed "the answer is X" states: a ``$...$`` / ``\\(...\\)`` formula right after the
+    marker, else the text up to the end of the sentence or the first prose word ("because", "since")."""
+    line = tail.split("\n", 1)[0].strip()
+    m = re.match(r"\$\$?([^$]+)\$|\\\((.+?)\\\)", line)
+    if m:
+        return (m.group(1) or m.group(2)).strip() or None
+    line = _PROSE_END.split(line, maxsplit=1)[0].strip().rstrip(".,;:").strip()
+    return line or None
 
 
 def _fix_sqrt_parens(s: str) -> str:
@@ -100,7 +127,7 @@ def _mixed_number(s: str) -> str:
 def prepare(answer: str) -> str:
     """Text handed to Math-Verify's parser: malformed-LaTeX fixes, LaTeX thousands spacing dropped, a
     plain mixed number rewritten as a fraction, unescaped ``$`` removed, ``$``-wrapped."""
-    s = _fix_sqrt_parens(answer.strip())
+    s = _fix_sqrt_parens(plain_to_latex(answer.strip()))
     s = re.sub(r"(?<!\\)\$", "", s)
     s = _LATEX_THOUSANDS.sub("", s)
     s = _mixed_number(s)
@@ -131,24 +158,50 @@ def _exact_mismatch(g, p) -> bool:
     return diff.is_zero is False
 
 
+def _norm_str(s: str) -> str:
+    """Normalised string form for the string comparison (no parse, or a parse that dropped a part)."""
+    s = re.sub(r"\\[dt]frac", r"\\frac", s)
+    s = re.sub(r"\\(?:left|right|!|,|;|:|displaystyle)|\\(?:text|mathrm|textbf|mathbf|mbox)\{([^{}]*)\}|\s|\$",
+               r"\1", s)
+    return s.lower().rstrip(".")
+
+
 def equivalent(gold: str, pred: str) -> dict:
-    """Math-Verify verdict plus guards; runs in the worker process (imports math_verify lazily)."""
+    """Math-Verify verdict plus guards; runs in the worker process (imports math_verify lazily).
+
+    Before Math-Verify: a multiple-choice gold (``(C)``) is compared by option letter; a unit word that
+    contradicts the gold's unit makes the answer wrong (a missing unit does not). After it: a True
+    verdict from a parse that did not account for the whole gold or answer (``accounts_for``) is
+    replaced by a normalised string comparison (case t3-math500-01, Math-Verify PR #82)."""
     from math_verify import parse, verify
 
-    g = parse(prepare(gold), parsing_timeout=None)
-    p = parse(prepare(pred), parsing_timeout=None)
+    gl = mc_letter(gold, gold=True)
+    pl = mc_letter(pred) if gl else None
+    if gl and pl:
+        return {"gold_parsed": gl, "pred_parsed": pl, "equal": gl == pl, "detail": "multiple-choice letter"}
+    gu, pu = unit_of(gold), unit_of(pred)
+    if contradicts(gu, pu):
+        return {"gold_parsed": None, "pred_parsed": None, "equal": False,
+                "detail": f"unit {pu!r} contradicts the gold's unit {gu!r}"}
+    gs, ps = prepare(strip_unit(gold)), prepare(strip_unit(pred))
+    g = parse(gs, parsing_timeout=None)
+    p = parse(ps, parsing_timeout=None)
     info = {"gold_parsed": str(g[0]) if g else None, "pred_parsed": str(p[0]) if p else None}
     if not g:
         # Math-Verify could not read the gold: fall back to a normalised string comparison.
-        norm = lambda s: re.sub(r"\\(?:left|right|!|,|;)|\\text\{([^{}]*)\}|\s|\$", r"\1", s).lower()
-        eq = norm(gold) == norm(pred)
+        eq = _norm_str(gold) == _norm_str(pred)
         return {**info, "equal": eq, "detail": "gold not parseable by math-verify; string comparison"}
     if not p:
         return {**info, "equal": False, "detail": "prediction not parseable by math-verify"}
+    whole = accounts_for(gs, g) and accounts_for(ps, p)
     eq = bool(verify(g, p, timeout_seconds=None))
     detail = "math-verify"
+    if eq and not whole:
+        eq = _norm_str(gold) == _norm_str(pred)
+        return {**info, "equal": eq,
+                "detail": "math-verify parse did not account for the whole answer; string comparison"}
     if not eq and _has_percent(gold) != _has_percent(pred):
-        # "10\%" vs "10": Math-Verify reads % as /100; PRM800K and Hendrycks strip it. Accept when the
+        # "10\\%" vs "10": Math-Verify reads % as /100; PRM800K and Hendrycks strip it. Accept when the
         # numbers agree once the percent sign is dropped from the side that has it.
         g2 = parse(prepare(_drop_percent(gold)), parsing_timeout=None)
         p2 = parse(prepare(_drop_percent(pred)), parsing_timeout=None)

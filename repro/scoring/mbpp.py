@@ -9,9 +9,13 @@ and OpenCompass omit the setup code and fail the task for every model). ``challe
 run (peers ignore it; report separately if ever needed). Extraction never cuts at a bare ``DONE``
 substring and strips quotes only when the code is wrapped in them (see ``code.extract``). The asserts
 are hardened (``code.strict_compare``): a returned object whose ``__eq__`` always says True fails them.
+The entry point for choosing among fenced blocks (``code.extract``) is the first function the asserts
+call that the completion defines.
 """
 
 from __future__ import annotations
+
+import re
 
 from .code.extract import extract_code
 from .code.strict_compare import harden
@@ -35,8 +39,17 @@ def _tests(source: dict) -> str:
 def build_program(source: dict, completion: str) -> tuple[str, str, str]:
     """``(program, extracted code, how)``; see module docstring."""
     _check_source(source)
-    code, how = extract_code(truncate_for("mbpp", completion))
+    text = truncate_for("mbpp", completion)
+    code, how = extract_code(text, _entry_point(source, text))
     return code + _tests(source), code, how
+
+
+def _entry_point(source: dict, text: str) -> str | None:
+    """The function the asserts call that the completion defines (MBPP names no entry point), or None."""
+    for name in re.findall(r"([A-Za-z_]\w*)\s*\(", "\n".join(source["test_list"])):
+        if re.search(rf"\bdef\s+{re.escape(name)}\s*\(", text):
+            return name
+    return None
 
 
 def reference_program(source: dict) -> str:

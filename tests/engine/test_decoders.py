@@ -85,10 +85,53 @@ def test_mask_candidate_that_always_wins_stops_at_the_cap_and_says_so(tiny_model
     with pytest.warns(RuntimeWarning, match=r"did not finish block 1 \(counted over prompt \+ generation; the 1st "
                                             r"generated\) within \d+ denoising forwards; 24 <\|mask\|>"):
         r, be = run(tiny_model, _wants_mask, dec, prompt, 24)
-    cap = 32 + (3 if algo != "low_confidence" else 0) + 1
+    # low_confidence: the LLaDA2.0 reference generate's 32 steps; editing decoders: SGLang's max_steps
+    cap = 32 if algo == "low_confidence" else 32 + 3 + 1
     assert r.stalled_blocks == [1] and "exclude_mask_token" in r.stall_note
     assert r.raw_ids == [MASK] * 24 and r.forwards == {"prefill": 1, "denoise": cap, "commit": 0}
     assert be.calls[-1] == ("reuse", 32)  # the last forward saw the (unchanged) final tokens
+
+
+def _llada20_reference_forwards(fn, block, is_prompt, threshold=0.95, steps=32):
+    """Forwards of one block under the LLaDA2.0 reference generate (HF remote code of LLaDA2.0-mini, written
+    out in docs/engine.md §6.1): up to ``steps`` iterations; stop if no masks remain; forward; commit every
+    masked position with p > threshold, else the single most confident one (which may be ``<|mask|>``)."""
+    x, n = block.clone(), 0
+    for _ in range(steps):
+        masked = (x == MASK) & ~is_prompt
+        if not bool(masked.any()):
+            break
+        p, tok = torch.softmax(fn(n, x, 0), dim=-1).max(dim=-1)
+        n += 1
+        conf = torch.where(masked, p, torch.full_like(p, float("-inf")))
+        fill = conf > threshold
+        if not bool(fill.any()):
+            fill = torch.zeros_like(masked)
+            fill[int(conf.argmax())] = True
+        x = torch.where(fill, tok, x)
+    return n, x
+
+
+def _stall_after_one_step(step, ids, start):
+    lg = _wants_mask(step, ids, start)
+    if step == 0:
+        lg[8:14, 71] = 200.0  # the first step fills 6 positions, then the mask wins everywhere
+    return lg
+
+
+@pytest.mark.parametrize("fn", [_wants_mask, _stall_after_one_step], ids=["stalled-from-start", "stalled-later"])
+def test_low_confidence_stalled_block_costs_the_reference_steps(tiny_model, fn):
+    """A block where ``<|mask|>`` keeps winning costs exactly the LLaDA2.0 reference's 32 forwards (its
+    ``steps``), not SGLang's 34: same tokens, same forward count, so the same TPF."""
+    prompt = [10] * 40  # block 1: 8 prompt tokens, 24 masks
+    with pytest.warns(RuntimeWarning, match="did not finish block 1"):
+        r, be = run(tiny_model, fn, {"algorithm": "low_confidence"}, prompt, 24)
+    block = torch.tensor([10] * 8 + [MASK] * 24)
+    ref_n, ref_tokens = _llada20_reference_forwards(fn, block, torch.arange(32) < 8)
+    assert ref_n == 32
+    assert r.block_forwards == [ref_n] and r.forwards == {"prefill": 1, "denoise": ref_n, "commit": 0}
+    assert r.raw_ids == ref_tokens[8:].tolist() and r.stalled_blocks == [1]
+    assert DecoderConfig(algorithm="low_confidence").max_denoise_forwards() == 32
 
 
 def test_editing_off_differs_from_edit_threshold_zero(tiny_model):

@@ -127,7 +127,8 @@ def test_hostile_programs_fail_and_host_is_unchanged(host, mode):
     after = live_sandbox_processes(uids)
     verdicts = {k: (r.status, r.reason) for k, r in results.items()}
     assert results.pop("good_after_all").status == "passed", verdicts
-    may_pass = {"good_after_all", "kill_parent"} if isolation == "userns" else {"good_after_all"}
+    # /tmp is the run's own writable tmpfs: writing there succeeds and never reaches the host (below)
+    may_pass = {"good_after_all", "write_outside_tmp"} | ({"kill_parent"} if isolation == "userns" else set())
     not_failed = {k: v for k, v in verdicts.items()
                   if k not in may_pass and results[k].status not in ("failed", "timeout")}
     assert not not_failed, not_failed
@@ -149,6 +150,35 @@ def test_hostile_programs_fail_and_host_is_unchanged(host, mode):
         assert enforced["uid_separation"] and enforced["network_namespace"] and enforced["read_only_outside_scratch"]
     if isolation == "userns":
         assert enforced["pid_namespace"] and enforced["read_only_outside_scratch"] and not enforced["uid_separation"]
+
+
+@pytest.mark.parametrize("privileged", [None, False], ids=["auto", "userns"])
+def test_private_tmp_and_dev_shm_are_writable_size_limited_and_wiped(privileged):
+    """Each run gets its own writable /tmp and /dev/shm (scoring cases t3-mbpp-04/05): a scratch file
+    and multiprocessing's POSIX semaphores work; the files never reach the host and are gone for the
+    next run on the same slot; writing past ``tmp_bytes`` fails with ENOSPC; /var/tmp stays read-only."""
+    name = f"orl_private_{uuid.uuid4().hex}"
+    write = (f"open('/tmp/{name}', 'w').write('x')\nopen('/dev/shm/{name}', 'w').write('x')\n"
+             "import multiprocessing\nwith multiprocessing.Pool(2) as p:\n    assert p.map(abs, [-3]) == [3]\n"
+             "from concurrent.futures import ProcessPoolExecutor\nwith ProcessPoolExecutor(2) as ex:\n"
+             "    assert list(ex.map(abs, [-1])) == [1]\n"
+             "from multiprocessing import shared_memory\nm = shared_memory.SharedMemory(create=True, size=64)\n"
+             "m.close()\nm.unlink()\n"
+             + TESTS_PASS)
+    gone = (f"import os\nassert not os.path.exists('/tmp/{name}')\nassert not os.path.exists('/dev/shm/{name}')\n"
+            + TESTS_PASS)
+    fill = ("import errno\ntry:\n    for i in range(40):\n        open(f'/tmp/f{i}', 'wb').write(b'x' * (4 << 20))\n"
+            "except OSError as e:\n    assert e.errno == errno.ENOSPC, e\nelse:\n    raise AssertionError('no limit')\n"
+            + TESTS_PASS)
+    var_tmp = "open('/var/tmp/x', 'w')\n" + TESTS_PASS
+    with Sandbox(1, Limits(timeout_s=10, tmp_bytes=32 << 20), privileged=privileged) as sb:
+        if sb.enforced["isolation"] == "none":
+            pytest.skip(f"namespaces not available here: {sb.enforced}")
+        assert sb.enforced["read_only_outside_scratch"]
+        results = [sb.run(p) for p in (write, gone, fill, var_tmp)]
+    assert [r.status for r in results[:3]] == ["passed"] * 3, [(r.status, r.reason, r.stderr_tail) for r in results]
+    assert results[3].status == "failed" and "Read-only file system" in results[3].stderr_tail
+    assert not os.path.exists(f"/tmp/{name}") and not os.path.exists(f"/dev/shm/{name}")
 
 
 @pytest.mark.parametrize("privileged", [None, False], ids=["auto", "userns"])

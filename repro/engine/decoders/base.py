@@ -196,11 +196,16 @@ class DecoderConfig:
         return algorithms()[self.algorithm].Decoder.can_edit and self.editing
 
     def max_denoise_forwards(self) -> int:
-        """Cap on a block's denoising forwards (the reference loop has none): SGLang's ``max_steps`` —
-        ``block_size + 1`` without editing (``DllmAlgorithm.max_steps``), ``block_size + max_post_steps + 1``
-        with it (``JointThreshold.max_steps``). With ``exclude_mask_token`` every block finishes well inside
-        it; with the mask as a candidate a decoder that keeps proposing ``<|mask|>`` stops here, the block
-        keeps its tokens (masks included, as SGLang emits them) and the loop reports it."""
+        """Cap on a block's denoising forwards. A decoder class may set ``max_forwards(cfg)`` (``low_confidence``:
+        ``block_size``, the LLaDA2.0 reference generate's ``steps`` per block, docs/engine.md §6.4); otherwise
+        SGLang's ``max_steps`` — ``block_size + 1`` without editing (``DllmAlgorithm.max_steps``),
+        ``block_size + max_post_steps + 1`` with it (``JointThreshold.max_steps``). With ``exclude_mask_token``
+        every block finishes within ``block_size`` forwards; with the mask as a candidate a decoder that keeps
+        proposing ``<|mask|>`` stops here, the block keeps its tokens (masks included, as the references emit
+        them) and the loop reports it."""
+        own = getattr(algorithms()[self.algorithm].Decoder, "max_forwards", None)
+        if own is not None:
+            return own(self)
         return self.block_size + (self.max_post_steps if self.edits else 0) + 1
 
 

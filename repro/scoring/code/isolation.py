@@ -4,7 +4,10 @@ Called by the fork server's child (``_zygote._child``) before it drops privilege
 ``isolate`` (root): new mount + network namespaces; ``isolate_userns`` (not root, where unprivileged
 user namespaces are allowed): new user + mount + network + PID namespaces, the program becoming PID 1
 of its own PID namespace, then a nested user namespace that drops every capability. In both, the
-mount namespace gets empty tmpfs over /tmp, /var/tmp, /dev/shm, the interpreter's directories
+mount namespace gets fresh tmpfs over /tmp and /dev/shm (writable by the program, mode 1777, each
+``tmp_opts``-sized: scratch files and POSIX semaphores of ``multiprocessing`` work, nothing reaches the
+host, and the tmpfs vanishes with the namespace when the run's processes are gone), an empty read-only
+tmpfs over /var/tmp, the interpreter's directories
 (prefixes, site-packages) bound back in place where those tmpfs would hide them (a venv under /tmp) or
 where a parent directory is not traversable by other users (``expose``, from ``sandbox.exposures``),
 a fresh size-limited tmpfs as the scratch dir, and every other mount remounted read-only. ``limits`` sets the rlimits; ``block_network``
@@ -65,10 +68,10 @@ def mountpoints():
     return out
 
 
-def isolate(libc, expose, scratch, scratch_opts):
+def isolate(libc, expose, scratch, scratch_opts, tmp_opts):
     """Root mode: network + mount namespaces; only ``scratch`` stays writable (module docstring)."""
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET), "unshare(NEWNS|NEWNET)")
-    return _mounts(libc, expose, scratch, scratch_opts)
+    return _mounts(libc, expose, scratch, scratch_opts, tmp_opts)
 
 
 def _write(path, text):
@@ -76,7 +79,7 @@ def _write(path, text):
         f.write(text)
 
 
-def isolate_userns(libc, expose, scratch, scratch_opts):
+def isolate_userns(libc, expose, scratch, scratch_opts, tmp_opts):
     """Non-root mode: user + mount + network + PID namespaces, same mounts as root mode.
 
     Returns in the *grandchild* (PID 1 of the new PID namespace, so the zygote and the scorer have no
@@ -89,7 +92,7 @@ def isolate_userns(libc, expose, scratch, scratch_opts):
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"0 {uid} 1")
     _write("/proc/self/gid_map", f"0 {gid} 1")
-    ro_failed = _mounts(libc, expose, scratch, scratch_opts)
+    ro_failed = _mounts(libc, expose, scratch, scratch_opts, tmp_opts)
     pid = os.fork()
     if pid:  # intermediate: relay the exit status of the namespace's init, nothing else
         code = 1
@@ -124,7 +127,10 @@ def _makedirs_0755(path):
         os.chmod(d, 0o755)
 
 
-def _mounts(libc, expose, scratch, scratch_opts):
+WRITABLE_TMP = ("/tmp", "/dev/shm")  # per-run private, size-limited, writable (scoring case t3-mbpp-04/05)
+
+
+def _mounts(libc, expose, scratch, scratch_opts, tmp_opts):
     _mount(libc, "none", "/", None, MS_REC | MS_PRIVATE, None)
     # Keep handles on the interpreter's directories before any tmpfs hides them: ``expose`` is a list
     # of ``(path, cover)`` (``sandbox.exposures``): bind ``path`` back in place, after mounting a small
@@ -138,7 +144,8 @@ def _mounts(libc, expose, scratch, scratch_opts):
         handles.append((path, cover, fd))
     for d in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(d):
-            _mount(libc, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            opts = f"{tmp_opts},mode=1777" if d in WRITABLE_TMP else "size=1m,mode=0755"
+            _mount(libc, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, opts)
     covered = set()
     for path, cover, fd in handles:
         if cover and cover not in covered:
@@ -152,10 +159,11 @@ def _mounts(libc, expose, scratch, scratch_opts):
     # host disk, and it cannot fill it.
     _mount(libc, "tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, scratch_opts)
     os.chdir(scratch)
-    # Everything except the scratch bind mount becomes read-only (this namespace's copies only).
+    # Everything except the scratch dir and the private /tmp, /dev/shm becomes read-only (this
+    # namespace's copies only; the interpreter's directories bound back under /tmp included).
     ro_failed = []
     for mp, flags in mountpoints():
-        if mp == scratch:
+        if mp == scratch or mp in WRITABLE_TMP:
             continue
         if libc.mount(None, mp.encode(), None, ctypes.c_ulong(MS_REMOUNT | MS_BIND | MS_RDONLY | flags), None) != 0:
             ro_failed.append(mp)

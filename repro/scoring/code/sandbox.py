@@ -24,8 +24,11 @@ Enforced on Linux when running as root (as on the development machine; ``enforce
   default 61000, upwards; claimed with a lock file so concurrent scoring jobs never share one),
   no supplementary groups, no_new_privs: host files owned by others cannot be written or deleted, the
   parent and other sandboxes cannot be signalled, set-uid binaries give nothing;
-- a network namespace (no interfaces up: no network) and a mount namespace with empty tmpfs on /tmp,
-  /var/tmp and /dev/shm, the interpreter's directories (prefixes, site-packages) bound back in place
+- a network namespace (no interfaces up: no network) and a mount namespace with a private, writable
+  tmpfs of ``tmp_bytes`` (64 MiB) each on /tmp and /dev/shm (mode 1777: scratch files and the POSIX
+  semaphores of ``multiprocessing`` work, cases t3-mbpp-04/05; gone with the run's mount namespace, so
+  wiped after every run and never seen by the host or another run), an empty read-only tmpfs on
+  /var/tmp, the interpreter's directories (prefixes, site-packages) bound back in place
   where those tmpfs or a non-traversable parent would hide them (``exposures``: a venv under /tmp, a
   pyenv under /root 0700), the scratch dir replaced by a fresh tmpfs of ``scratch_bytes`` (64 MiB), and
   every other mount remounted read-only (a probe program at start-up checks this and
@@ -129,22 +132,29 @@ def site_paths() -> list[str]:
 
 
 _SITE_PATHS = site_paths()
-# Directories the child's mount namespace covers with an empty tmpfs (see ``isolation._mounts``).
+# Directories the child's mount namespace covers with a fresh tmpfs (see ``isolation._mounts``).
 _MASKED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 _TAIL = 1000  # characters of stderr kept in a RunResult
 _STDOUT_TAIL = 300
 _ZYGOTE_GRACE_S = 15.0  # on top of the program timeout, for the fork server's own answer
 _UID_RANGE = 4096  # slot uids are taken from [ORL_SANDBOX_UID_BASE, + this)
-# Isolation self-test: writing outside the scratch dir must fail, writing inside must work.
-_PROBE = """
+# Isolation self-test: writing outside the scratch dir and the private /tmp, /dev/shm must fail,
+# writing inside them must work (the host's /tmp must not see the file: ``_probe_isolation``).
+_PROBE_NAME = ".orl_probe_private_tmp"
+_PROBE = f"""
 import os
-for path in ("/var/tmp/.orl_probe", "/tmp/.orl_probe", os.path.expanduser("~") + "/../.orl_probe"):
+home_parent = os.path.dirname(os.path.abspath(os.path.expanduser("~")))
+for path in ("/var/tmp/.orl_probe", os.path.dirname(os.__file__) + "/.orl_probe", home_parent + "/.orl_probe"):
+    if path.startswith(("/tmp/", "/dev/shm/")):  # HOME is the scratch dir, under the private /tmp
+        continue
     try:
         open(path, "w").close()
     except OSError:
         continue
     raise SystemExit(3)
 open("inside", "w").close()
+open("/tmp/{_PROBE_NAME}", "w").close()
+open("/dev/shm/{_PROBE_NAME}", "w").close()
 """
 
 
@@ -167,10 +177,12 @@ class Limits:
     fsize_bytes: int = 16 << 20
     nofile: int = 256
     scratch_bytes: int = 64 << 20
+    tmp_bytes: int = 64 << 20  # each of the private /tmp and /dev/shm
 
     def as_rlimits(self) -> dict:
         return {
             "scratch_bytes": self.scratch_bytes,
+            "tmp_bytes": self.tmp_bytes,
             "cpu_s": self.cpu_s if self.cpu_s is not None else math.ceil(self.timeout_s) + 1,
             "memory_bytes": self.memory_bytes,
             "nproc": self.nproc,
@@ -345,9 +357,10 @@ class Sandbox:
     # ------------------------------------------------------------------ setup
     def _claim_uids(self, base: int) -> list[int]:
         """One uid per slot, exclusive across every Sandbox on this host (concurrent scoring jobs must
-        not sweep each other's programs): an flock on ``<tmp>/orl-sandbox-uids/<uid>.lock`` is held for
-        the Sandbox's lifetime and released by the kernel if this process dies."""
-        lock_dir = os.path.join(tempfile.gettempdir(), "orl-sandbox-uids")
+        not sweep each other's programs): an flock on ``/tmp/orl-sandbox-uids/<uid>.lock`` is held for
+        the Sandbox's lifetime and released by the kernel if this process dies. The directory is fixed, not
+        ``$TMPDIR``: jobs with different temporary directories must still see each other's claims."""
+        lock_dir = "/tmp/orl-sandbox-uids"
         os.makedirs(lock_dir, mode=0o700, exist_ok=True)
         uids = []
         for uid in range(base, base + _UID_RANGE):
@@ -367,7 +380,8 @@ class Sandbox:
         """Which namespaces work here? (containers may forbid them, even for root)."""
         mode = "root" if self._root else "userns"
         res = self._spawn(_PROBE, slot=0, isolate=mode)
-        self.read_only_outside_scratch = res.status == "passed"
+        leaked = [d for d in ("/tmp", "/dev/shm") if os.path.exists(os.path.join(d, _PROBE_NAME))]
+        self.read_only_outside_scratch = res.status == "passed" and not leaked
         if res.status != "passed":  # namespaces refused, or remount incomplete: keep what works
             res = self._spawn("pass", slot=0, isolate=mode)
         self.isolate = mode if res.status == "passed" else None
