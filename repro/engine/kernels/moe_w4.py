@@ -145,7 +145,7 @@ def check_w4_tiles(block_k: int, k_total: int) -> None:
 
 
 if HAS_TRITON:
-    from .moe_w4_hop import _bcast_k, _hop_tile
+    from .moe_w4_hop import _hop_tile, _hop_word_tile
 
     @triton.jit
     def _e2m1_pair(q):
@@ -338,12 +338,12 @@ if HAS_TRITON:
         return tl.dot(ao, wo, tl.dot(ae, we, acc))
 
     @triton.jit
-    def _w4_dot_swap(acc, ae, ao, q_ptrs, s_ptrs, BLOCK_K: tl.constexpr, R: tl.constexpr, DECODE: tl.constexpr):
-        """Swapped operands (decodes 5 / 6): accᵀ [R, BM] += W · [a_even | a_odd]ᵀ over one K tile, W from the
-        packed tile [R, BLOCK_K/2] at (q_ptrs, s_ptrs [R, BLOCK_K/16]) as the MMA's operand A (M = R weight rows,
-        wgmma on Hopper), the tokens operand B (N = BM)."""
-        we, wo = _hop_tile(q_ptrs, s_ptrs, ae.dtype, R, BLOCK_K // 2, DECODE, 1)
-        return tl.dot(wo, tl.trans(ao), tl.dot(we, tl.trans(ae), acc))
+    def _w4_dot_swap(acc, a, qw_ptrs, s_ptrs, BLOCK_K: tl.constexpr, R: tl.constexpr, DECODE: tl.constexpr):
+        """Swapped operands (decodes 5 / 6): accᵀ [R, BM] += W · aᵀ over one K tile (a [BM, BLOCK_K]), W [R,
+        BLOCK_K] decoded from the packed words at (qw_ptrs [R, BLOCK_K/8] int32, s_ptrs [R, BLOCK_K/16]) as the
+        MMA's operand A (M = R weight rows, wgmma on Hopper), the tokens operand B (N = BM)."""
+        w = _hop_word_tile(qw_ptrs, s_ptrs, a.dtype, R, BLOCK_K, DECODE)
+        return tl.dot(w, tl.trans(a), acc)
 
     @triton.jit
     def _hop_unit(dtype: tl.constexpr):
@@ -389,13 +389,13 @@ if HAS_TRITON:
             n0 = tl.min(offs_n, axis=0)
             rows_s = tl.where(j < BLOCK_N, n0 + j, N + n0 + j - BLOCK_N)
             a_ptrs = x_ptr + tok[:, None] * stride_xt + tl.arange(0, BLOCK_K)[None, :]
-            qb = q_ptr + e.to(tl.int64) * (N * H) + rows_s[:, None] * (H // 2) + tl.arange(0, BLOCK_K // 2)[None, :]
+            qw = (q_ptr + e.to(tl.int64) * (N * H)).to(tl.pointer_type(tl.int32)) \
+                + rows_s[:, None] * (H // 8) + tl.arange(0, BLOCK_K // 8)[None, :]  # 32-bit words
             sb = s_ptr + e.to(tl.int64) * (N * H // 8) + rows_s[:, None] * (H // 16) + tl.arange(0, BLOCK_K // 16)[None, :]
             acct = tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32)
             for k0 in range(0, H, BLOCK_K):
                 a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-                ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
-                acct = _w4_dot_swap(acct, ae, ao, qb + k0 // 2, sb + k0 // 16, BLOCK_K, 2 * BLOCK_N, DECODE)
+                acct = _w4_dot_swap(acct, a, qw + k0 // 8, sb + k0 // 16, BLOCK_K, 2 * BLOCK_N, DECODE)
             unit = _hop_unit(x_ptr.dtype.element_ty)
             acc_t = tl.trans(acct)  # [BLOCK_M, 2·BLOCK_N]: gate columns, then up
             gu = tl.permute(tl.reshape(acc_t, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1))
@@ -426,13 +426,13 @@ if HAS_TRITON:
         a_ptrs = inter_ptr + p[:, None] * N + tl.arange(0, BLOCK_K)[None, :]
         if SWAP:
             tl.static_assert(DECODE >= 5, "SWAP needs W4_DECODE 5 or 6 (layout hop)")
-            qs = q_ptr + e.to(tl.int64) * (H * N // 2) + offs_n[:, None] * (N // 2) + tl.arange(0, BLOCK_K // 2)[None, :]
+            qw = (q_ptr + e.to(tl.int64) * (H * N // 2)).to(tl.pointer_type(tl.int32)) \
+                + offs_n[:, None] * (N // 8) + tl.arange(0, BLOCK_K // 8)[None, :]  # 32-bit words
             ss = s_ptr + e.to(tl.int64) * (H * N // 16) + offs_n[:, None] * (N // 16) + tl.arange(0, BLOCK_K // 16)[None, :]
             acct = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for k0 in range(0, N, BLOCK_K):
                 a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
-                ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
-                acct = _w4_dot_swap(acct, ae, ao, qs + k0 // 2, ss + k0 // 16, BLOCK_K, BLOCK_N, DECODE)
+                acct = _w4_dot_swap(acct, a, qw + k0 // 8, ss + k0 // 16, BLOCK_K, BLOCK_N, DECODE)
             return tl.trans(acct) * (tl.load(g_ptr + e) * _hop_unit(inter_ptr.dtype.element_ty))
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         half = tl.arange(0, BLOCK_N // 2)

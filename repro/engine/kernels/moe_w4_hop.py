@@ -145,3 +145,66 @@ if HAS_TRITON:
             ce = tl.where(i < 2, _hop_field(h, 0), _hop_field(h, 1))
             co = tl.where(i < 2, _hop_field(h, 2), _hop_field(h, 3))
             return (_e2m1_f32(ce) * sc).to(dtype), (_e2m1_f32(co) * sc).to(dtype)
+
+    # one "hop" word ($8) and its block's scale pair ($9) -> the 8 inputs' w' as 8 bf16 ($0..$7 = inputs 0..7):
+    # the same instructions as _HOP_DECODE_ASM, each bf16x2 result split into its halves (no-ops for ptxas)
+    _HOP_WORD_ASM = tl.constexpr("""{
+    .reg .b32 a, b, c, r;
+    and.b32 r, $8, 0x81C081C0;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$0, $2}, r;
+    shl.b32 a, $8, 3;
+    and.b32 r, a, 0x81C081C0;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$4, $6}, r;
+    shl.b32 a, $8, 6;
+    and.b32 r, a, 0x81C081C0;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$1, $3}, r;
+    shl.b32 a, $8, 1;
+    and.b32 a, a, 0x80008000;
+    shr.u32 b, $8, 3;
+    and.b32 b, b, 0x01800180;
+    or.b32 a, a, b;
+    shr.u32 c, $8, 7;
+    and.b32 c, c, 0x00400040;
+    or.b32 r, a, c;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$5, $7}, r;
+    }""")
+
+    @triton.jit
+    def _join8(v0, v1, v2, v3, v4, v5, v6, v7):
+        """8 tensors [R, W] -> [R, 8·W], element 8j + i = v_i[:, j]."""
+        t = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+        return tl.reshape(t, (v0.shape[0], 8 * v0.shape[1]))
+
+    @triton.jit
+    def _hop_word_tile(qw_ptrs, s_ptrs, dtype: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+                       DECODE: tl.constexpr):
+        """``w'`` [R, BK] in ``dtype`` of one packed tile read as 32-bit "hop" words (``qw_ptrs`` [R, BK/8], int32
+        pointers) with scale bytes [R, BK/16]: each word decoded whole (8 outputs per element, so the result does
+        not depend on how the compiler lays the tile out over threads), the 8 values joined along K. DECODE 5: the
+        inline PTX (bf16), 6: the pure-Triton twin."""
+        sf = tl.load(s_ptrs, eviction_policy="evict_first").to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        w = tl.load(qw_ptrs, eviction_policy="evict_first")
+        if DECODE == 5:
+            sb = (sf * 3.3230699894622895e35).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            sp = tl.reshape(tl.broadcast_to((sb | (sb << 16))[:, :, None], (R, BK // 16, 2)), (R, BK // 8))
+            v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+                _HOP_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, sp],
+                dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16,
+                       tl.bfloat16), is_pure=True, pack=1)
+            return _join8(v0, v1, v2, v3, v4, v5, v6, v7)
+        else:
+            if dtype == tl.bfloat16:
+                unit: tl.constexpr = 0.00390625  # 2^-8
+            else:
+                unit: tl.constexpr = 1.0
+            sc = tl.reshape(tl.broadcast_to((sf * unit)[:, :, None], (R, BK // 16, 2)), (R, BK // 8))
+            lo = w & 0xFFFF
+            hi = (w >> 16) & 0xFFFF
+            return _join8((_e2m1_f32(_hop_field(lo, 0)) * sc).to(dtype), (_e2m1_f32(_hop_field(lo, 2)) * sc).to(dtype),
+                          (_e2m1_f32(_hop_field(hi, 0)) * sc).to(dtype), (_e2m1_f32(_hop_field(hi, 2)) * sc).to(dtype),
+                          (_e2m1_f32(_hop_field(lo, 1)) * sc).to(dtype), (_e2m1_f32(_hop_field(lo, 3)) * sc).to(dtype),
+                          (_e2m1_f32(_hop_field(hi, 1)) * sc).to(dtype), (_e2m1_f32(_hop_field(hi, 3)) * sc).to(dtype))
