@@ -28,6 +28,10 @@ Decodes (``W4_DECODE``, :func:`pick_decode`):
   byte, 9 instructions per block after s32 instead of 14 (:func:`derived_tables_ok` says when that is exact).
 * 2: its pure-Triton twin (same layout and values; runs under the interpreter and for fp16 / fp32).
 * 1 / 0 (layout "modelopt"): the session-3 arithmetic decodes (fp32 bit patterns, one multiply per weight).
+* 5 / 6 (layout "hop"): the shift-and-mask decode of :mod:`.moe_w4_hop` (inline PTX / its pure-Triton twin), with
+  another numeric contract: exact block products e2m1 · e4m3 in bf16, the global scale g on the fp32 accumulator
+  (docs/engine.md §14). Only these read the tile key ``W4_SWAP`` (:func:`_w4_dot_swap`: weights as the MMA's
+  operand A, wgmma on Hopper).
 
 The K loop (:func:`_w4_gate_up_acc`, :func:`_w4_down_acc`) loads one contiguous activation tile and splits it into
 even / odd inputs in registers, and one packed tile of ``[BLOCK_K/2, 2·BLOCK_N]`` (gate and up rows
