@@ -62,7 +62,11 @@ def _variants():
             ("w4 dec4 gate+up k128", "gate_up", dict(D["gate_up"], BLOCK_K=128), True, 4),
             ("w4 dec4 down k128", "down", dict(D["down"], BLOCK_K=128), True, 4),
             ("w4 dec3 gate+up s4", "gate_up", dict(D["gate_up"], num_stages=4), True, 3),
-            ("w4 dec3 down s4", "down", dict(D["down"], num_stages=4), True, 3)]
+            ("w4 dec3 down s4", "down", dict(D["down"], num_stages=4), True, 3),
+            ("w4 dec5 gate+up", "gate_up", D["gate_up"], True, 5),
+            ("w4 dec5 down", "down", D["down"], True, 5),
+            ("w4 dec5 swap gate+up", "gate_up", dict(D["gate_up"], W4_SWAP=True), True, 5),
+            ("w4 dec5 swap down", "down", dict(D["down"], W4_SWAP=True), True, 5)]
 
 
 def _batched_variants():
@@ -99,14 +103,16 @@ def _compile(kernel, tiles, w4, decode, H=2048, N=512, E=256):
                "pairw_ptr": "*fp32", "inter_ptr": "*bf16", "nw_ptr": "*bf16", "eps": "fp32", "T": "i32",
                "stride_xt": "i32", "active_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "g_ptr": "*fp32"}
         const = dict(H=H, N=N, TOPK=8, MAXC=32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, NORM=False, ACTIVE=True,
-                     NACT_IDX=E + 1, SH=1, E_SH=E, USE_PDL=False, W4=w4, W4_DECODE=decode)
+                     NACT_IDX=E + 1, SH=1, E_SH=E, USE_PDL=False, W4=w4, W4_DECODE=decode,
+                     W4_SWAP=bool(tiles.get("W4_SWAP")))
         weights = 2 * bn * bk
     else:
         fn = M._moe_down_kernel
         sig = {"inter_ptr": "*bf16", "w2_ptr": "*bf16", "counts_ptr": "*i32", "pairs_ptr": "*i32",
                "out_ptr": "*fp32", "active_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "g_ptr": "*fp32"}
         const = dict(H=H, N=N, MAXC=32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, ACTIVE=True, NACT_IDX=E + 1, SH=1,
-                     E_SH=E, USE_PDL=False, W4=w4, W4_DECODE=decode)
+                     E_SH=E, USE_PDL=False, W4=w4, W4_DECODE=decode,
+                     W4_SWAP=bool(tiles.get("W4_SWAP")))
         weights = bn * bk
     names = fn.arg_names
     full = {n: sig.get(n, "constexpr") for n in names}

@@ -173,8 +173,9 @@ def group_quantized_names(names: list[str], expected: dict[str, tuple[int, ...]]
 
 
 #: ``NVFP4Experts.layout`` values: "modelopt" = the export's byte order (element 2j in the low nibble of byte j);
-#: "lut" = the same bits permuted inside each 4-byte word for the lookup-table decode of the 4-bit kernels.
-LAYOUTS = ("modelopt", "lut")
+#: "lut" = the same bits permuted inside each 4-byte word for the lookup-table decode of the 4-bit kernels;
+#: "hop" = permuted for the shift-and-mask decode (W4_DECODE 5 / 6, :func:`to_hop_layout`).
+LAYOUTS = ("modelopt", "lut", "hop")
 
 
 def _words(q: torch.Tensor) -> torch.Tensor:
@@ -219,6 +220,56 @@ def from_lut_layout(q: torch.Tensor) -> torch.Tensor:
         hi = ((w >> (16 + 4 * i)) & 7) | (((w >> (8 * i + 3)) & 1) << 3)
         out |= (lo | (hi << 4)) << (8 * i)
     return _bytes(out)
+
+
+#: "hop" layout: (half, field) of input 8t+j in its 4-byte word (j = 0..7): fields A, B, C, D of each 16-bit half
+#: hold the sign at bit 15 / 12 / 9 / 14 and the 3 magnitude bits at 8..6 / 5..3 / 2..0 / (11, 10, 13)
+_HOP_SLOTS = ((0, 0), (0, 2), (1, 0), (1, 2), (0, 1), (0, 3), (1, 1), (1, 3))
+_HOP_SIGN = (15, 12, 9, 14)
+
+
+def _hop_field(code: torch.Tensor, f: int) -> torch.Tensor:
+    """A 4-bit e2m1 code (int64 tensor) placed in field ``f`` of a 16-bit half (the "hop" layout)."""
+    s, em = (code >> 3) & 1, code & 7
+    if f == 3:
+        return (s << 14) | (((em >> 1) & 3) << 10) | ((em & 1) << 13)
+    return (s << _HOP_SIGN[f]) | (em << (6 - 3 * f))
+
+
+def to_hop_layout(q: torch.Tensor) -> torch.Tensor:
+    """ModelOpt packed codes uint8 ``[..., in/2]`` -> the "hop" layout (same shape, same bytes per weight).
+
+    A 4-byte word holds the 8 codes of inputs 8t..8t+7 (one 16-input scale block), placed so that masks and
+    shifts put each code's sign and magnitude bits straight into the sign / exponent-LSB / mantissa-MSB bits of a
+    bf16 (bits 15, 8..6) — the bit interleave of OpenAI triton_kernels' Hopper MXFP4 value layout
+    (``tensor_details/layout_details/hopper_value.py``, ``_pack_bits``) inside each word: ``w & M``, ``(w << 3) &
+    M``, ``(w << 6) & M`` (M = 0x81C081C0) give the bf16 pairs of inputs (0, 2), (4, 6), (1, 3) and five more
+    operations (5, 7); see ``moe_w4_hop``. Raises ValueError unless uint8 with the last dimension a multiple of 4."""
+    if q.dtype != torch.uint8 or q.shape[-1] % 4:
+        raise ValueError(f"to_hop_layout: need uint8 [..., in/2] with in/2 a multiple of 4, got {list(q.shape)} "
+                         f"{q.dtype}")
+    w = _words(q)
+    out = torch.zeros_like(w)
+    for j, (half, f) in enumerate(_HOP_SLOTS):
+        code = (w >> (4 * j)) & 0xF  # input 8t+j: nibble j of the ModelOpt word (byte j//2, low nibble if j even)
+        out |= _hop_field(code, f) << (16 * half)
+    return _bytes(out)
+
+
+def from_hop_layout(q: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`to_hop_layout` (back to the ModelOpt byte order)."""
+    w = _words(q)
+    out = torch.zeros_like(w)
+    for j, (half, f) in enumerate(_HOP_SLOTS):
+        h = (w >> (16 * half)) & 0xFFFF
+        s = (h >> _HOP_SIGN[f]) & 1
+        em = ((((h >> 10) & 3) << 1) | ((h >> 13) & 1)) if f == 3 else (h >> (6 - 3 * f)) & 7
+        out |= (em | (s << 3)) << (4 * j)
+    return _bytes(out)
+
+
+_TO_LAYOUT = {"modelopt": lambda q: q, "lut": to_lut_layout, "hop": to_hop_layout}
+_FROM_LAYOUT = {"modelopt": lambda q: q, "lut": from_lut_layout, "hop": from_hop_layout}
 
 
 class NVFP4Experts:
@@ -273,7 +324,7 @@ class NVFP4Experts:
         rows = self.out_f // self.parts
         check_group(packed, weight_scale, weight_scale_2, rows, self.in_f)
         r = slice(part * rows, (part + 1) * rows)
-        self.q[e, r].copy_(to_lut_layout(packed) if self.layout == "lut" else packed)
+        self.q[e, r].copy_(_TO_LAYOUT[self.layout](packed))
         self.s[e, r].copy_(weight_scale.view(torch.uint8))
         self.g[e, part] = weight_scale_2.float().reshape(())
 
@@ -288,8 +339,7 @@ class NVFP4Experts:
         """Experts ``sel`` (an index or a slice) → ``[n, out, in]`` in ``dtype``: per element e2m1 · (E4M3 · g) in
         fp32, then one rounding — the operations of :func:`dequantize` in the same order, so bit-identical."""
         q, sc, g = self.q[sel], self.s[sel].view(torch.float8_e4m3fn).float(), self.g[sel]
-        if self.layout == "lut":
-            q = from_lut_layout(q)
+        q = _FROM_LAYOUT[self.layout](q)
         n = q.shape[0]
         code = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(n, self.out_f, self.in_f).long()
         vals = E2M1_VALUES.to(q.device)[code & 7] * torch.where(code >= 8, -1.0, 1.0)
@@ -309,9 +359,8 @@ class NVFP4Experts:
         if layout == self.layout:
             return self
         o = NVFP4Experts(self.E, self.out_f, self.in_f, self.parts, self.dtype, self.device, layout)
-        conv = to_lut_layout if layout == "lut" else from_lut_layout
         for i in range(0, self.E, chunk):
-            o.q[i:i + chunk].copy_(conv(self.q[i:i + chunk]))
+            o.q[i:i + chunk].copy_(_TO_LAYOUT[layout](_FROM_LAYOUT[self.layout](self.q[i:i + chunk])))
         o.s, o.g, o.shared = self.s, self.g, self.shared
         return o
 

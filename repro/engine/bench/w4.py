@@ -57,6 +57,11 @@ W4_TILES = {
     "default+dec3": {k: dict(v, W4_DECODE=3) for k, v in W4_TILES_DEFAULT.items()},
     "k128+dec3": {k: dict(v, BLOCK_K=128, W4_DECODE=3) for k, v in W4_TILES_DEFAULT.items()},  # session 4's kernels
     "default+dec1": {k: dict(v, W4_DECODE=1) for k, v in W4_TILES_DEFAULT.items()},
+    # the shift-and-mask decode of layout "hop" (moe_w4_hop), and with the weights as wgmma's operand A (W4_SWAP)
+    "hop": {k: dict(v, W4_DECODE=5) for k, v in W4_TILES_DEFAULT.items()},
+    "hop_k128": {k: dict(v, W4_DECODE=5, BLOCK_K=128) for k, v in W4_TILES_DEFAULT.items()},
+    "hop_swap": {k: dict(v, W4_DECODE=5, W4_SWAP=True) for k, v in W4_TILES_DEFAULT.items()},
+    "hop_swap_k128": {k: dict(v, W4_DECODE=5, W4_SWAP=True, BLOCK_K=128) for k, v in W4_TILES_DEFAULT.items()},
 }
 
 
@@ -73,6 +78,14 @@ def relabel(W4: dict, layout: str) -> dict:
         return o
 
     return dict(W4, layers=[{k: lab(v) for k, v in L.items()} for L in W4["layers"]])
+
+
+def _relabelled(W4: dict, tiles) -> dict:
+    """``W4`` (layout "lut") relabelled for the layout the variant's ``W4_DECODE`` reads (:func:`relabel`)."""
+    from .kernels.moe_w4 import DECODE_LAYOUT
+
+    lay = {DECODE_LAYOUT.get(c.get("W4_DECODE"), "lut") for c in (tiles or {}).values()}
+    return relabel(W4, lay.pop()) if lay and lay != {"lut"} else W4
 
 
 def w4_weights(W: dict, shape, seed: int = 0) -> dict:
@@ -166,8 +179,7 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
     variants = {n: W4_TILES[n] for n in (["default"] + [n for n in names if n != "default"])} if names else W4_TILES
     for name, tiles in variants.items():
         try:
-            old = any(c.get("W4_DECODE") in (0, 1) for c in (tiles or {}).values())
-            fw4.W = relabel(W_lut, "modelopt") if old else W_lut
+            fw4.W = _relabelled(W_lut, tiles)
             fw4.moe_cfg = tiles
             graph = fw4.capture(head=True)
             out["tiles"][name] = {}
@@ -184,8 +196,7 @@ def bench_round_w4(shape, W, fw, prefixes, iters, copy_bw, log=print, block_ids=
             out["tiles"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             log(f"[w4 round] tiles {name} failed: {out['tiles'][name]['error']}")
     fw4.moe_cfg = W4_TILES[best]
-    old = any(c.get("W4_DECODE") in (0, 1) for c in (W4_TILES[best] or {}).values())
-    fw4.W = relabel(W_lut, "modelopt") if old else W_lut
+    fw4.W = _relabelled(W_lut, W4_TILES[best])
     graph = fw4.capture(head=True)
     for (kind, P), (ids, distinct, nb, floor_ms) in cases.items():
         fw4.ids.copy_(ids)

@@ -105,7 +105,7 @@ if HAS_TRITON:
     def _gate_up_acc(x_ptr, tok, stride_xt, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, nw_ptr,
                      H: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, NORM: tl.constexpr, W4: tl.constexpr, DECODE: tl.constexpr = 1,
-                     TMA: tl.constexpr = False, w_row=0):
+                     TMA: tl.constexpr = False, w_row=0, SWAP: tl.constexpr = False):
         """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of the token rows ``tok`` against output rows
         ``offs_n`` of one expert, and Σx² per row (NORM). W4: expert e of the packed (q, s, g) stacks
         (:mod:`.moe_w4`); TMA: ``w_ptr`` is a tensor descriptor over all experts' rows ([E1·2N, H], block
@@ -116,7 +116,7 @@ if HAS_TRITON:
         ssv = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if W4:
             acc_g, acc_u = _w4_gate_up_acc(x_ptr, tok, stride_xt, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N,
-                                           BLOCK_M, BLOCK_N, BLOCK_K, DECODE)
+                                           BLOCK_M, BLOCK_N, BLOCK_K, DECODE, SWAP)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]
@@ -142,14 +142,14 @@ if HAS_TRITON:
     @triton.jit
     def _down_acc(inter_ptr, p, mmask, w_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W4: tl.constexpr,
-                  DECODE: tl.constexpr = 1, TMA: tl.constexpr = False, w_row=0):
+                  DECODE: tl.constexpr = 1, TMA: tl.constexpr = False, w_row=0, SWAP: tl.constexpr = False):
         """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for one expert; W4: packed expert e; TMA: ``w_ptr`` a
         tensor descriptor over all experts' rows ([E1·H, N], block [BLOCK_N, BLOCK_K]), this tile's rows from
         ``w_row``; else rows at ``w_ptr`` ([H, N])."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if W4:
             acc = _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N, BLOCK_K,
-                               DECODE)
+                               DECODE, SWAP)
         else:
             offs_k = tl.arange(0, BLOCK_K)
             a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
@@ -172,7 +172,7 @@ if HAS_TRITON:
         ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
+        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False, W4_SWAP: tl.constexpr = False,
     ):
         """inter[p, n] = silu(x[t]·w13[e, n]) * (x[t]·w13[e, N+n]) * pair_w[p] for the pairs p=(t,e).
 
@@ -190,7 +190,8 @@ if HAS_TRITON:
                                                  offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, False)
             else:
                 acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e,
-                                                 offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, True, W4_DECODE)
+                                                 offs_n, nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, True, W4_DECODE,
+                                                 SWAP=W4_SWAP)
         elif TMA:
             acc_g, acc_u, ssv = _gate_up_acc(x_ptr, tok, stride_xt, mmask, w13_ptr, q_ptr, s_ptr, g_ptr, e, offs_n,
                                              nw_ptr, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NORM, False, 1, True,
@@ -215,7 +216,7 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACTIVE: tl.constexpr = False, active_ptr=None,
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
-        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False,
+        TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False, W4_SWAP: tl.constexpr = False,
     ):
         """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up;
         TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N])."""
@@ -230,7 +231,7 @@ if HAS_TRITON:
                                 BLOCK_K, False)
             else:
                 acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
-                                BLOCK_K, True, W4_DECODE)
+                                BLOCK_K, True, W4_DECODE, SWAP=W4_SWAP)
         elif TMA:
             acc = _down_acc(inter_ptr, p, mmask, w2_ptr, q_ptr, s_ptr, g_ptr, e, offs_n, H, N, BLOCK_M, BLOCK_N,
                             BLOCK_K, False, 1, True, e * H + pid_n * BLOCK_N)
@@ -278,13 +279,14 @@ def experts_derived_ok(w) -> bool | None:
 
 
 def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int | None = None,
-                    tile: tuple[int, int] = (64, 4), parts: int = 1):
+                    tile: tuple[int, int] = (64, 4), parts: int = 1, swap: bool = False):
     """(E1, out, in, weight argument, W4 launch kwargs) of stacked expert weights ``w``: a tensor [E1, out, in]
     in the activation dtype, or a :class:`~repro.checkpoint.nvfp4.NVFP4Experts` (routed experts packed, the
     shared expert in ``.shared``). ``decode``: the 4-bit decode (``moe_w4.pick_decode``; None = the default
     for the experts' layout and the tile, ``tile`` = (BLOCK_N, num_warps)). Raises ValueError when the packed
     stack does not fit the workspace, the tiles, the decode or the kernel's global scales per expert (``parts``:
-    gate+up 2, down 1)."""
+    gate+up 2, down 1). ``swap`` (tile key ``W4_SWAP``): the weights as the MMA's operand A
+    (``moe_w4._w4_dot_swap``; decodes 5 / 6, layout "hop" only, else ValueError)."""
     from repro.checkpoint.nvfp4 import NVFP4Experts
 
     if not isinstance(w, NVFP4Experts):
@@ -303,7 +305,11 @@ def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int 
                          experts_derived_ok(w) if w.layout == "lut" and ws.inter.is_cuda else None)
     # the shared expert's rows (never read without one: then any tensor of the activation dtype will do)
     dense = w.shared.contiguous() if w.shared is not None else ws.inter
-    return E1, out_f, in_f, dense, dict(W4=True, q_ptr=w.q, s_ptr=w.s, g_ptr=w.g, W4_DECODE=decode)
+    if swap and decode < 5:
+        raise ValueError(f"{kernel}: the tile key W4_SWAP needs experts in layout 'hop' (W4_DECODE 5 / 6), these "
+                         f"decode with {decode} (convert with NVFP4Experts.with_layout('hop'), or drop W4_SWAP)")
+    return E1, out_f, in_f, dense, dict(W4=True, q_ptr=w.q, s_ptr=w.s, g_ptr=w.g, W4_DECODE=decode,
+                                        **(dict(W4_SWAP=True) if swap else {}))
 
 
 def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):
@@ -317,7 +323,8 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=
     T, H = x.shape
     gc = _cfg("gate_up", configs, H, w13.shape[1] // 2, ws.E1, T)
     E1, twoN, _, w_arg, w4 = _expert_operand(w13, ws, "moe_gate_up", gc["BLOCK_K"], gc.get("W4_DECODE"),
-                                             (gc["BLOCK_N"], gc.get("num_warps", 4)), parts=2)
+                                             (gc["BLOCK_N"], gc.get("num_warps", 4)), parts=2,
+                                             swap=bool(gc.get("W4_SWAP")))
     N = twoN // 2
     if w4 and norm_w is not None:
         raise ValueError("moe_gate_up: the RMSNorm fold (norm_w) is not implemented for 4-bit experts")
@@ -334,7 +341,7 @@ def moe_down(w2, ws: MoEWorkspace, configs=None):
     T = ws.T
     dc = _cfg("down", configs, w2.shape[1], w2.shape[2], ws.E1, T)
     E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"], dc.get("W4_DECODE"),
-                                          (dc["BLOCK_N"], dc.get("num_warps", 4)))
+                                          (dc["BLOCK_N"], dc.get("num_warps", 4)), swap=bool(dc.get("W4_SWAP")))
     assert ws.inter.shape[1] == N
     grid, w_arg, kw = _launch(ws, E1, dc, H, N, w_arg, w4, "moe_down")
     _moe_down_kernel[grid](ws.inter, w_arg, ws.counts, ws.pairs, ws.pair_out, H=H, N=N, MAXC=ws.T_PAD, **kw)

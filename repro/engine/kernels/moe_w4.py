@@ -28,6 +28,10 @@ Decodes (``W4_DECODE``, :func:`pick_decode`):
   byte, 9 instructions per block after s32 instead of 14 (:func:`derived_tables_ok` says when that is exact).
 * 2: its pure-Triton twin (same layout and values; runs under the interpreter and for fp16 / fp32).
 * 1 / 0 (layout "modelopt"): the session-3 arithmetic decodes (fp32 bit patterns, one multiply per weight).
+* 5 / 6 (layout "hop"): the shift-and-mask decode of :mod:`.moe_w4_hop` (inline PTX / its pure-Triton twin), with
+  another numeric contract: exact block products e2m1 · e4m3 in bf16, the global scale g on the fp32 accumulator
+  (docs/engine.md §14). Only these read the tile key ``W4_SWAP`` (:func:`_w4_dot_swap`: weights as the MMA's
+  operand A, wgmma on Hopper).
 
 The K loop (:func:`_w4_gate_up_acc`, :func:`_w4_down_acc`) loads one contiguous activation tile and splits it into
 even / odd inputs in registers, and one packed tile of ``[BLOCK_K/2, 2·BLOCK_N]`` (gate and up rows
@@ -55,7 +59,7 @@ W4_TILES_DEFAULT = {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warp
                     "down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)}
 
 #: W4_DECODE values and the ``NVFP4Experts.layout`` each reads
-DECODE_LAYOUT = {0: "modelopt", 1: "modelopt", 2: "lut", 3: "lut", 4: "lut"}
+DECODE_LAYOUT = {0: "modelopt", 1: "modelopt", 2: "lut", 3: "lut", 4: "lut", 5: "hop", 6: "hop"}
 
 #: global scales g for which decode 4's derived tables are exact: with E4M3 block scales e ∈ {0} ∪ [2^-9, 448]
 #: every s32 = fl32(e · g) is 0 or in [2^-125, 2^124), so A/2 is a normal bf16 (halving and rounding commute),
@@ -88,6 +92,8 @@ def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kerne
     asm_ok = (act.is_cuda and not INTERPRET and act.dtype == torch.bfloat16
               and bk // 2 >= 16 and (bk // 2) * bn >= 16 * 32 * nw)
     if decode is None:
+        if layout == "hop":
+            return 5 if asm_ok else 6
         return ((4 if derived_ok else 3) if asm_ok else 2) if layout == "lut" else 1
     if DECODE_LAYOUT.get(decode) != layout:
         raise ValueError(f"{kernel}: W4_DECODE {decode} reads experts in layout {DECODE_LAYOUT.get(decode)!r}, these "
@@ -95,7 +101,7 @@ def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kerne
     if decode == 4 and derived_ok is False:
         raise ValueError(f"{kernel}: W4_DECODE 4 (derived tables) is exact only for global scales g in "
                          f"[2^-116, 2^115]; these experts have one outside (use 3, or drop W4_DECODE)")
-    if decode in (3, 4) and not asm_ok:
+    if decode in (3, 4, 5) and not asm_ok:
         raise ValueError(f"{kernel}: W4_DECODE {decode} (inline PTX) needs bf16 activations on a CUDA GPU and >= 16 "
                          f"packed bytes per thread (BLOCK_K/2 · BLOCK_N >= 512 · num_warps), got {act.dtype} on "
                          f"{act.device}, tile (BLOCK_K, BLOCK_N, num_warps) = {tile} (use 2, its pure-Triton twin, "
@@ -143,6 +149,7 @@ def check_w4_tiles(block_k: int, k_total: int) -> None:
 
 
 if HAS_TRITON:
+    from .moe_w4_hop import _hop_tile, _hop_word_tile
 
     @triton.jit
     def _e2m1_pair(q):
@@ -301,6 +308,8 @@ if HAS_TRITON:
         :func:`_e2m1_pair_subnormal`, then (v · 2^63) · (scale · 2^63): the first product is exact (a power of
         two), so the second rounds e2m1 · scale once; 0: :func:`_e2m1_pair` (biased exponent + selects, no
         subnormals) for a compiler that flushes subnormals."""
+        if DECODE >= 5:
+            return _hop_tile(q_ptrs, s_ptrs, dtype, BN, HK, DECODE, 0)
         if DECODE >= 2:
             return _lut_tile(q_ptrs, s_ptrs, gs, dtype, HK, BN, DECODE)
         q = tl.load(q_ptrs, eviction_policy="evict_first").to(tl.int32)
@@ -333,6 +342,22 @@ if HAS_TRITON:
         return tl.dot(ao, wo, tl.dot(ae, we, acc))
 
     @triton.jit
+    def _w4_dot_swap(acc, a, qw_ptrs, s_ptrs, BLOCK_K: tl.constexpr, R: tl.constexpr, DECODE: tl.constexpr):
+        """Swapped operands (decodes 5 / 6): accᵀ [R, BM] += W · aᵀ over one K tile (a [BM, BLOCK_K]), W [R,
+        BLOCK_K] decoded from the packed words at (qw_ptrs [R, BLOCK_K/8] int32, s_ptrs [R, BLOCK_K/16]) as the
+        MMA's operand A (M = R weight rows, wgmma on Hopper), the tokens operand B (N = BM)."""
+        w = _hop_word_tile(qw_ptrs, s_ptrs, a.dtype, R, BLOCK_K, DECODE)
+        return tl.dot(w, tl.trans(a), acc)
+
+    @triton.jit
+    def _hop_unit(dtype: tl.constexpr):
+        """2^SHIFT of decodes 5 / 6 (``moe_w4_hop.hop_shift``): the accumulator is multiplied by g · 2^SHIFT."""
+        if dtype == tl.bfloat16:
+            return 256.0
+        else:
+            return 1.0
+
+    @triton.jit
     def _interleave_rows(a, b, BLOCK_K: tl.constexpr):
         """[a0, b0, a1, b1, ...] (two [n] row-index vectors -> [2n]). For BLOCK_K >= 64 built with ``tl.join``:
         Triton (3.6) then takes the packed operand for a 4-bit one and gives the dot operand kWidth 8, so a thread
@@ -351,13 +376,35 @@ if HAS_TRITON:
     @triton.jit
     def _w4_gate_up_acc(x_ptr, tok, stride_xt, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr,
                         N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        DECODE: tl.constexpr):
+                        DECODE: tl.constexpr, SWAP: tl.constexpr = False):
         """(gate, up) fp32 accumulators [BLOCK_M, BLOCK_N] of token rows ``tok`` against output rows ``offs_n`` of
         packed expert e (w13: 2N rows, gate then up). The gate and up rows are interleaved into one
         [BLOCK_K/2, 2·BLOCK_N] packed tile per K step (column 2j = gate row n_j, 2j+1 = up row n_j, each column
         with its own global scale), so a K step is one decode and two dots (even / odd inputs), not two of each.
         The activations are loaded as one contiguous [BLOCK_M, BLOCK_K] tile and split into even / odd inputs
-        in registers (strided even / odd loads cost a register regrouping per MMA operand)."""
+        in registers (strided even / odd loads cost a register regrouping per MMA operand).
+
+        Decodes 5 / 6 ("hop" layout): the global scales multiply the accumulator (``moe_w4_hop``); SWAP (5 / 6
+        only): the weights are the MMA's operand A — one [2·BLOCK_N, BLOCK_K/2] packed tile, gate rows then up
+        rows — and the tokens operand B (:func:`_w4_dot_swap`)."""
+        if SWAP:
+            tl.static_assert(DECODE >= 5, "SWAP needs W4_DECODE 5 or 6 (layout hop)")
+            j = tl.arange(0, 2 * BLOCK_N)
+            n0 = tl.min(offs_n, axis=0)
+            rows_s = tl.where(j < BLOCK_N, n0 + j, N + n0 + j - BLOCK_N)
+            a_ptrs = x_ptr + tok[:, None] * stride_xt + tl.arange(0, BLOCK_K)[None, :]
+            qw = (q_ptr + e.to(tl.int64) * (N * H)).to(tl.pointer_type(tl.int32)) \
+                + rows_s[:, None] * (H // 8) + tl.arange(0, BLOCK_K // 8)[None, :]  # 32-bit words
+            sb = s_ptr + e.to(tl.int64) * (N * H // 8) + rows_s[:, None] * (H // 16) + tl.arange(0, BLOCK_K // 16)[None, :]
+            acct = tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for k0 in range(0, H, BLOCK_K):
+                a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+                acct = _w4_dot_swap(acct, a, qw + k0 // 8, sb + k0 // 16, BLOCK_K, 2 * BLOCK_N, DECODE)
+            unit = _hop_unit(x_ptr.dtype.element_ty)
+            acc_t = tl.trans(acct)  # [BLOCK_M, 2·BLOCK_N]: gate columns, then up
+            gu = tl.permute(tl.reshape(acc_t, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1))
+            acc_g, acc_u = tl.split(gu)
+            return acc_g * (tl.load(g_ptr + 2 * e) * unit), acc_u * (tl.load(g_ptr + 2 * e + 1) * unit)
         col = tl.arange(0, 2 * BLOCK_N)
         rows = _interleave_rows(offs_n, offs_n + N, BLOCK_K)
         gsv = tl.where(col % 2 == 0, tl.load(g_ptr + 2 * e), tl.load(g_ptr + 2 * e + 1))[None, :]
@@ -370,15 +417,28 @@ if HAS_TRITON:
             a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
             ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
             acc = _w4_dot(acc, ae, ao, qb + k0 // 2, sb + k0 // 16, gsv, BLOCK_K, 2 * BLOCK_N, DECODE)
+        if DECODE >= 5:
+            acc = acc * (gsv * _hop_unit(x_ptr.dtype.element_ty))
         return tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
 
     @triton.jit
     def _w4_down_acc(inter_ptr, p, mmask, q_ptr, s_ptr, g_ptr, e, offs_n, H: tl.constexpr, N: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DECODE: tl.constexpr,
+                     SWAP: tl.constexpr = False):
         """fp32 [BLOCK_M, BLOCK_N] = inter[p] · W[offs_n]ᵀ for packed expert e of w2 ([H, N] per expert); the
-        activations split in registers as in :func:`_w4_gate_up_acc`."""
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        activations split in registers, decodes 5 / 6 and SWAP as in :func:`_w4_gate_up_acc`."""
         a_ptrs = inter_ptr + p[:, None] * N + tl.arange(0, BLOCK_K)[None, :]
+        if SWAP:
+            tl.static_assert(DECODE >= 5, "SWAP needs W4_DECODE 5 or 6 (layout hop)")
+            qw = (q_ptr + e.to(tl.int64) * (H * N // 2)).to(tl.pointer_type(tl.int32)) \
+                + offs_n[:, None] * (N // 8) + tl.arange(0, BLOCK_K // 8)[None, :]  # 32-bit words
+            ss = s_ptr + e.to(tl.int64) * (H * N // 16) + offs_n[:, None] * (N // 16) + tl.arange(0, BLOCK_K // 16)[None, :]
+            acct = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for k0 in range(0, N, BLOCK_K):
+                a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
+                acct = _w4_dot_swap(acct, a, qw + k0 // 8, ss + k0 // 16, BLOCK_K, BLOCK_N, DECODE)
+            return tl.trans(acct) * (tl.load(g_ptr + e) * _hop_unit(inter_ptr.dtype.element_ty))
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         half = tl.arange(0, BLOCK_N // 2)
         n0 = tl.min(offs_n, axis=0)  # offs_n = n0 + arange(BLOCK_N)
         rows = _interleave_rows(n0 + half, n0 + BLOCK_N // 2 + half, BLOCK_K)  # column 2j: n0+j, 2j+1: n0+BN/2+j
@@ -390,5 +450,7 @@ if HAS_TRITON:
             a = tl.load(a_ptrs + k0, mask=mmask[:, None], other=0.0)
             ae, ao = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
             acc = _w4_dot(acc, ae, ao, qd + k0 // 2, sd + k0 // 16, gs, BLOCK_K, BLOCK_N, DECODE)
+        if DECODE >= 5:
+            acc = acc * (gs * _hop_unit(inter_ptr.dtype.element_ty))
         lo, hi = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
         return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_M, BLOCK_N))
