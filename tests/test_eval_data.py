@@ -26,7 +26,10 @@ def test_one_summary_line_counts_the_skips_and_names_orl_eval_data(tmp_path):
 
 
 def test_orl_eval_data_without_the_files_means_no_data_also_for_subprocesses(tmp_path, monkeypatch):
-    monkeypatch.delenv(eval_data._OFF, raising=False)  # restored after the test, as ORL_EVAL_DATA
+    # both variables restored after the test (setenv first, so that monkeypatch records _OFF as absent and
+    # removes what configure() sets: it leaked into the later tests of the same worker once)
+    monkeypatch.setenv(eval_data._OFF, "")
+    monkeypatch.delenv(eval_data._OFF)
     monkeypatch.setenv("ORL_EVAL_DATA", str(tmp_path))
     eval_data.configure()
     assert "ORL_EVAL_DATA" not in os.environ and eval_data.looked_at() == tmp_path
