@@ -82,7 +82,7 @@ def relabel(W4: dict, layout: str) -> dict:
 
 def _relabelled(W4: dict, tiles) -> dict:
     """``W4`` (layout "lut") relabelled for the layout the variant's ``W4_DECODE`` reads (:func:`relabel`)."""
-    from .kernels.moe_w4 import DECODE_LAYOUT
+    from ..kernels.moe_w4 import DECODE_LAYOUT
 
     lay = {DECODE_LAYOUT.get(c.get("W4_DECODE"), "lut") for c in (tiles or {}).values()}
     return relabel(W4, lay.pop()) if lay and lay != {"lut"} else W4
