@@ -13,7 +13,7 @@ def shared_data_dir() -> Path | None:
     return d if (d / "gsm8k.jsonl").is_file() else None
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data_dir() -> Path:
     d = shared_data_dir()
     if d is None:
