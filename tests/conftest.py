@@ -23,7 +23,7 @@ def pytest_terminal_summary(terminalreporter):
                                     f"{eval_data.HOW}")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The real benchmark files' folder (``eval_data``); skips the test without them."""
     return eval_data.require()

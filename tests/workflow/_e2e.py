@@ -5,6 +5,7 @@
   data into ``root/data`` (a test may edit them) and an overlay config that puts data, work and results under
   ``root``; ``run(*args)`` runs Snakemake and returns its output, ``kill_mid_generation(...)`` starts it and
   kills it with SIGKILL while it generates.
+  ``copy_to(dest)`` copies such a run as ``cp -a`` does (the shared smoke run of conftest.py is handed out so).
 * :func:`checkout_copy`: a checkout of the workflow of a test's own (entries linked or copied), for a test that
   runs Snakemake in it or changes its files.
 * :func:`generation_processes`: the live generation jobs writing a given file.
@@ -26,6 +27,10 @@ from pathlib import Path
 import pytest
 
 from repro.config import REPO_ROOT
+
+#: the suite of the shared smoke run (conftest.py ``smoke_run``): the tiny model, one GSM8K and one HumanEval
+#: problem, 8 new tokens
+SMOKE_SUITE = {"models": ["tiny"], "benchmarks": ["gsm8k", "humaneval"], "limit": 1, "max_new_tokens": 8}
 
 
 def checkout_copy(root: Path, link: tuple[str, ...] = (), copy: tuple[str, ...] = ()) -> Path:
@@ -77,9 +82,36 @@ class Workflow:
         for b in suite["benchmarks"]:
             (self.data / f"{b}.jsonl").write_bytes((Path(data_dir) / f"{b}.jsonl").read_bytes())
         self.overlay = self.root / "overlay.json"
+        self.suite, self.extra = suite, extra
         self.configure(suite, extra)
         self.target = [str(target)] if target is not None else []
         self.env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    @classmethod
+    def existing(cls, root: Path, suite: dict, target: str | Path | None = None,
+                 extra: dict | None = None) -> "Workflow":
+        """The workflow already set up in ``root`` (its data files kept as they are; the overlay rewritten)."""
+        wf = cls.__new__(cls)
+        wf.root = Path(root)
+        wf.data, wf.work, wf.results = wf.root / "data", wf.root / "work", wf.root / "results"
+        wf.overlay = wf.root / "overlay.json"
+        wf.suite, wf.extra = suite, extra
+        wf.configure(suite, extra)
+        wf.target = [str(target)] if target is not None else []
+        wf.env = dict(os.environ, OMP_NUM_THREADS="1")
+        return wf
+
+    def copy_to(self, dest: Path) -> "Workflow":
+        """A copy of this run in ``dest`` (data, work and results, mtimes kept, as ``cp -a``; not Snakemake's own
+        ``.snakemake`` folder, whose records name this run's absolute paths), its overlay naming the copy's
+        folders. The job records kept inside the work and results folders travel with it, so the copy is up to
+        date but for the tables (a table's record names the work directory it read, which moved)."""
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("data", "work", "results"):
+            shutil.copytree(self.root / name, dest / name, symlinks=True)
+        target = self.target[0] if self.target else None
+        return Workflow.existing(dest, self.suite, target=target, extra=self.extra)
 
     def configure(self, suite: dict, extra: dict | None = None) -> None:
         """(Re)write the overlay: the smoke suite's settings ``suite``, ``extra`` top-level keys, and data, work

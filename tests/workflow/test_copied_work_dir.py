@@ -19,7 +19,7 @@ import pytest
 from snakemake.persistence import MetadataRecord
 from snakemake.persistence.file import FilePersistence
 
-from _e2e import Workflow, job_counts
+from _e2e import SMOKE_SUITE, Workflow, job_counts
 from repro.config import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "workflow"))
@@ -144,9 +144,9 @@ def test_existing_records_are_exported_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_config_and_data_changes_after_a_copy_or_move(tmp_path, data_dir):
-    suite = {"models": ["tiny"], "benchmarks": ["gsm8k", "humaneval"], "limit": 1, "max_new_tokens": 8}
-    wf = Workflow(tmp_path, data_dir, suite, target="main_table")
+def test_config_and_data_changes_after_a_copy_or_move(tmp_path, smoke_run):
+    suite = SMOKE_SUITE  # the tiny model, one GSM8K and one HumanEval problem, 8 new tokens
+    wf = smoke_run.copy_to(tmp_path)
     wf.run()
     copy = tmp_path / "work-copy"
     shutil.copytree(wf.work, copy, symlinks=True)  # `cp -a`: mtimes kept

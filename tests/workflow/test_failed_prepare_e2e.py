@@ -1,6 +1,6 @@
 """A failed re-preparation followed by a good one with the same content re-runs nothing; a real edit is still seen.
 
-The tiny model on one real GSM8K problem. (1) A broken data file stops the run at start-up with one line naming the
+The tiny model on one real GSM8K problem (and one HumanEval problem: the shared smoke run, conftest.py). (1) A broken data file stops the run at start-up with one line naming the
 file and line (workflow/rules/common.smk, repro.data.check_file), before any job: the problems files are left as
 they were, and with the file restored nothing re-runs. (2) A re-preparation that fails as a job (here: its
 ``.meta.json`` cannot be written, after the problems file itself was replaced) puts the previous problems file back
@@ -12,15 +12,14 @@ import json
 
 import pytest
 
-from _e2e import Workflow, job_counts
+from _e2e import job_counts
 
 pytestmark = pytest.mark.slow
 
 
-def test_failed_then_good_preparation_regenerates_nothing(tmp_path, data_dir):
-    wf = Workflow(tmp_path, data_dir, {"models": ["tiny"], "benchmarks": ["gsm8k"], "limit": 1, "max_new_tokens": 8},
-                  target="main_table")
-    wf.run()
+def test_failed_then_good_preparation_regenerates_nothing(tmp_path, smoke_run):
+    wf = smoke_run.copy_to(tmp_path)  # the shared smoke run (conftest.py): one GSM8K and one HumanEval problem
+    wf.run()  # the copy brought up to date (its tables name the copy's work directory)
     problems = [wf.work / "smoke/problems/gsm8k.jsonl", wf.work / "smoke/problems/gsm8k.for-generation.jsonl"]
     before = [(p.read_bytes(), p.stat().st_mtime_ns) for p in problems]
     gsm = wf.data / "gsm8k.jsonl"
