@@ -126,6 +126,25 @@ def test_clients_that_disconnect_cancel_their_requests(tiny_llm, long_messages, 
         srv.server.should_exit = True
 
 
+def test_non_streaming_client_that_disconnects_while_running_is_cancelled(tiny_llm, long_messages, caplog):
+    # blocks come faster than the disconnect poll (as on a GPU: every few ms against 0.25 s); the poll used to
+    # run only when no event came for that long, so a non-streaming request was never cancelled
+    caplog.set_level(logging.INFO, logger="repro.serve")
+    srv = InProcess(tiny_llm, delay=0.0, disconnect_poll_s=2.0)
+    try:
+        c = _open(srv.port, {"messages": long_messages, "max_new_tokens": 4096, "stream": False})
+        assert _wait_for(lambda: srv.stats()["running"], 30)
+        time.sleep(1.0)  # a few blocks decoded
+        c.close()
+        assert _wait_for(lambda: srv.stats()["cancelled"] == 1 and not srv.stats()["running"], 30), srv.stats()
+        done = next(x for x in caplog.text.splitlines() if " done: " in x)
+        # uncancelled it would run ≥ 128 tokens (4096 allowed); it stopped within a poll of the disconnect
+        assert "finish cancelled" in done and int(done.split("done: ")[1].split()[0]) < 512, done
+        assert srv.stats()["served"] == 0
+    finally:
+        srv.server.should_exit = True
+
+
 def test_api_key_and_bounded_queue_answers_503(tiny_llm, long_messages):
     srv = InProcess(tiny_llm, api_key="s3cret", max_queue=1)
     auth = {"Authorization": "Bearer s3cret"}
