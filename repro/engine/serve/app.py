@@ -19,12 +19,13 @@ Endpoints (request bodies: :mod:`repro.engine.serve.schemas`; every error: ``{"e
 * ``GET /v1/models``, ``GET /health`` (queue counters; never needs the API key).
 
 Behaviour: with ``api_key`` every endpoint but ``/health`` needs ``Authorization: Bearer <key>`` (401).
-Requests go through :class:`~repro.engine.serve.worker.EngineWorker` (one at a time, bounded queue: 503 with
-``Retry-After`` when full); a client that disconnects cancels its request (streaming: Starlette cancels the
+Requests go through :class:`~repro.engine.serve.worker.EngineWorker` (concurrent requests decode together in
+the continuous-batching engine, up to ``max_batch``; bounded queue of those waiting for a slot: 503 with
+``Retry-After`` when full; on the batched CUDA-graph engine a request past one slot's ``slot_positions`` is a
+400 naming ``--slot-positions``); a client that disconnects cancels its request (streaming: Starlette cancels the
 response; non-streaming: polled). Bodies over ``max_body_bytes`` → 413; invalid JSON, wrong types, unknown
 fields, a lone UTF-16 surrogate escape in a string, an empty message list, ``max_new_tokens`` ≤ 0 or past the
-context → 400 naming the field; a request
-for another model → 404. Nothing raises through to the client: an unexpected error is a 500 whose message
+context → 400 naming the field; a request for another model → 404. Nothing raises through to the client: an unexpected error is a 500 whose message
 points at the server log (where its traceback is); an engine failure after a stream began ends it with one
 ``{"error": ...}`` line (``/generate``) or event (SSE).
 """
@@ -85,11 +86,13 @@ class Server:
     """State shared by the routes: the LLM, its worker, the served model name and the limits."""
 
     def __init__(self, llm, model_name: str, api_key: str | None, max_queue: int, max_body_bytes: int,
-                 progress_s: float, disconnect_poll_s: float = 0.25):
+                 progress_s: float, disconnect_poll_s: float = 0.25, max_batch: int = 8,
+                 slot_positions: int | None = None, block_hook=None):
         self.llm, self.model_name, self.api_key = llm, model_name, api_key
         self.disconnect_poll_s = disconnect_poll_s
         self.max_body_bytes = max_body_bytes
-        self.worker = EngineWorker(llm, max_queue=max_queue, progress_s=progress_s)
+        self.worker = EngineWorker(llm, max_queue=max_queue, progress_s=progress_s, max_batch=max_batch,
+                                   slot_positions=slot_positions, block_hook=block_hook)
         self.context = int(llm.config.max_position_embeddings)
         self.created = int(time.time())
 
@@ -174,6 +177,12 @@ class Server:
         except DecoderConfigError as e:
             param = next((k for k in over if k in str(e)), None)
             raise RequestError(400, f"decoder settings refused: {e}", param) from None
+        B = decoder.block_size
+        if -(-(n_prompt + budget) // B) * B > self.worker.slot_positions:
+            raise RequestError(400, f"prompt ({n_prompt} tokens) plus {budget_field!r} ({budget}) needs more than the "
+                                    f"{self.worker.slot_positions} positions of a batch slot of this server; ask for "
+                                    "fewer tokens, or start the server with a larger --slot-positions",
+                               budget_field)
         stop = req.stop_list()
         prefix = {"generate": "gen", "chat": "chatcmpl", "completions": "cmpl"}[endpoint]
         return Job(id=f"{prefix}-{uuid.uuid4().hex[:16]}", prompt=text, prompt_tokens=n_prompt, decoder=decoder,
@@ -271,12 +280,16 @@ def _openai_usage(res: dict) -> dict:
 
 def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 64,
                max_body_bytes: int = 1 << 20, progress_s: float = 10.0,
-               disconnect_poll_s: float = 0.25) -> FastAPI:
+               disconnect_poll_s: float = 0.25, max_batch: int = 8, slot_positions: int | None = None,
+               block_hook=None) -> FastAPI:
     """The FastAPI application serving ``llm`` as ``model_name`` (module docstring). ``max_queue``: requests
     allowed to wait; ``max_body_bytes``: largest request body; ``progress_s``: seconds between progress log
     lines of a long request; ``disconnect_poll_s``: seconds between checks whether the client of a
-    non-streaming request is still there. The engine worker thread stops with the application's lifespan."""
-    srv = Server(llm, model_name, api_key, max_queue, max_body_bytes, progress_s, disconnect_poll_s)
+    non-streaming request is still there; ``max_batch``, ``slot_positions``, ``block_hook``: as
+    :class:`~repro.engine.serve.worker.EngineWorker`. The engine worker thread stops with the application's
+    lifespan."""
+    srv = Server(llm, model_name, api_key, max_queue, max_body_bytes, progress_s, disconnect_poll_s, max_batch,
+                 slot_positions, block_hook)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
