@@ -39,6 +39,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -297,7 +298,8 @@ class EngineWorker:
         if dev is not None and dev.type == "cuda" and dev.index is not None:
             torch.cuda.set_device(dev.index)  # the current CUDA device is per thread (Triton launches on it)
         while not self._closing:
-            stats = BatchStats()
+            stats = BatchStats()  # a server runs for days: keep only the last rounds' times
+            stats.round_s, stats.round_prefill = deque(maxlen=4096), deque(maxlen=4096)
             try:
                 with torch.inference_mode():
                     sched = self._scheduler()
