@@ -192,23 +192,57 @@ class _Scheduler:
 
     def run(self, requests: list[BatchRequest], batch_size: int, stats: BatchStats,
             on_result=None) -> list[tuple[GenerationResult, float]]:
+        """Decode the fixed list ``requests`` (:func:`generate_batch`); the first request error is re-raised."""
         results: list = [None] * len(requests)
         queue = list(range(len(requests)))
         queue.reverse()
+        stats.admitted_at_round = [0] * len(requests)
+
+        def take(idle: bool):
+            if not queue:
+                return None
+            i = queue.pop()
+            stats.admitted_at_round[i] = stats.rounds
+            return i, requests[i]
+
+        def finished(i, result, wall_s, error):
+            if error is not None:
+                raise error
+            results[i] = (result, wall_s)
+            if on_result is not None:
+                on_result(i, result, wall_s)
+
+        self.serve(take, batch_size, stats, finished)
+        return results
+
+    def serve(self, take, batch_size: int, stats: BatchStats, finished) -> None:
+        """The round loop over requests that arrive while it runs (:func:`run` feeds it a fixed list; the server
+        its queue). ``take(idle)`` → ``(key, BatchRequest)`` or None: called while a slot is free, with
+        ``idle`` True when no request is active (it may then block until one arrives; None then ends the
+        loop). ``finished(key, result, wall_s, error)`` is called on this thread as each request leaves
+        (``error``: the exception its ``generate_ids`` raised, else None); an exception it raises stops
+        every other request and propagates."""
         active: list[_Slot] = []
         threads: dict[int, threading.Thread] = {}
-        stats.admitted_at_round = [0] * len(requests)
+        keys: dict[int, object] = {}
+        n = 0
         try:
-            while queue or active:
-                while queue and len(active) < batch_size:  # continuous batching: fill free slots
-                    i = queue.pop()
-                    slot = _Slot(i)
-                    stats.admitted_at_round[i] = stats.rounds
+            while True:
+                while len(active) < batch_size:  # continuous batching: fill free slots
+                    got = take(not active)
+                    if got is None:
+                        break
+                    key, req = got
+                    slot = _Slot(n)
+                    keys[n] = key
+                    n += 1
                     self._admit(slot)
                     active.append(slot)
-                    threads[i] = threading.Thread(target=self._worker, args=(slot, requests[i]), daemon=True,
-                                                  name=f"repro-batch-{i}")
-                    threads[i].start()
+                    threads[slot.index] = threading.Thread(target=self._worker, args=(slot, req), daemon=True,
+                                                           name=f"repro-batch-{slot.index}")
+                    threads[slot.index].start()
+                if not active:
+                    return
                 with self.cond:
                     self.cond.wait_for(lambda: all(s.state != "running" for s in active))
                 done = [s for s in active if s.state == "done"]
@@ -217,11 +251,7 @@ class _Scheduler:
                         threads.pop(s.index).join()
                         active.remove(s)
                         self._release(s)
-                        if s.error is not None:
-                            raise s.error
-                        results[s.index] = (s.result, s.wall_s)
-                        if on_result is not None:
-                            on_result(s.index, s.result, s.wall_s)
+                        finished(keys.pop(s.index), s.result, s.wall_s, s.error)
                     continue  # admit waiting requests first: they join this round
                 t0 = time.perf_counter()
                 outs = self._round(active, stats)
@@ -242,7 +272,6 @@ class _Scheduler:
                     s.event.set()
                 for t in threads.values():
                     t.join()
-        return results
 
 
 def generate_batch(model: LLaDA2Model, requests: list[BatchRequest], *, mask_id: int, eos_id: int,

@@ -115,18 +115,9 @@ def probe_long_messages(llm, tokens: int = 128, tries: int = 30) -> list[dict]:
     raise RuntimeError(f"no prompt among {tries} runs {tokens} tokens without EOS on this checkpoint")
 
 
-class Paced:
-    """An LLM whose every committed block takes ``delay`` more seconds (the real engine's output, slowed), so
-    tests can act while a request is running or waiting without racing the tiny model's speed."""
-
-    def __init__(self, llm, delay: float):
-        self._llm, self.delay = llm, delay
-
-    def __getattr__(self, name):
-        return getattr(self._llm, name)
-
-    def generate(self, *args, on_block=None, **kw):
-        def hook(ids):
-            time.sleep(self.delay)
-            return bool(on_block(ids)) if on_block is not None else False
-        return self._llm.generate(*args, on_block=hook, **kw)
+def paced(delay: float):
+    """A server ``block_hook`` that makes every committed block take ``delay`` more seconds (the real engine's
+    output, slowed), so tests can act while a request is running or waiting without racing the tiny model."""
+    def hook(job, ids):
+        time.sleep(delay)
+    return hook

@@ -1,5 +1,5 @@
-"""An engine failure (here: the tiny model's generate raising after its first block) reaches the client as a
-500 or a final error line — never a traceback — and the server keeps serving."""
+"""An engine failure (here: the tiny model's request raising after its first block, in the batched engine)
+reaches the client as a 500 or a final error line — never a traceback — and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -13,19 +13,12 @@ from repro.engine.bench.serve import start_server
 
 def test_engine_error_is_reported_and_server_keeps_serving(serve_tiny_dir):
     llm = LLM(serve_tiny_dir, role="orl", device="cpu")
-    real = llm.generate
 
-    def flaky(prompt, *a, on_block=None, **kw):
-        if "boom" not in prompt:
-            return real(prompt, *a, on_block=on_block, **kw)
-
-        def hook(ids):
-            on_block(ids)
+    def flaky(job, ids):  # after the request's first block reached its client
+        if "boom" in job.prompt:
             raise RuntimeError("simulated device fault")
-        return real(prompt, *a, on_block=hook, **kw)
 
-    llm.generate = flaky
-    server, port = start_server(llm)
+    server, port = start_server(llm, block_hook=flaky)
     try:
         lines = list(stream_lines(port, "/generate", {"prompt": "boom", "max_new_tokens": 64}))
         assert lines[0] == 200

@@ -145,6 +145,9 @@ BAD = [  # (body, status, field named in the error)
     ({"prompt": "x", "max_new_tokens": 8, "seed": 10 ** 30}, 400, "seed"),
     ({"prompt": "x", "max_new_tokens": 8, "stop": ["ok", ""]}, 400, "stop"),
     ({"prompt": "x", "max_new_tokens": 8, "stop": ["y" * 257]}, 400, "stop"),
+    # a lone surrogate escape parses in Python but is no text: was a 500 with two tracebacks in the log
+    (b'{"prompt": "a\\ud800b", "max_new_tokens": 8}', 400, "prompt"),
+    (b'{"messages": [{"role": "user", "content": "a\\udfffb"}], "max_new_tokens": 8}', 400, "messages.0.content"),
 ]
 
 

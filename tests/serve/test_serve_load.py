@@ -1,6 +1,6 @@
 """Load, cancellation, queue bound and API key against servers on 127.0.0.1, bounded in count and time: 2 × 32
 short streaming clients on the CLI server; then servers in this process whose tiny-model engine is paced
-(each committed block 0.25–0.5 s slower, :class:`serve_util.Paced`) so that disconnects and a full queue
+(each committed block 0.25–0.5 s slower, :func:`serve_util.paced`) so that disconnects and a full queue
 happen while a request is running or waiting, whatever the tiny model's speed."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 
-from serve_util import Paced, stream_lines
+from serve_util import paced, stream_lines
 
 from repro.engine.bench.serve import start_server
 
@@ -73,7 +73,7 @@ class InProcess:
     """A paced in-process server: ``port``, ``stats()`` (the worker's counters), ``log`` (captured records)."""
 
     def __init__(self, llm, delay: float = 0.25, **app_kw):
-        self.server, self.port = start_server(Paced(llm, delay), model_name="tiny", **app_kw)
+        self.server, self.port = start_server(llm, model_name="tiny", block_hook=paced(delay), **app_kw)
 
     def stats(self) -> dict:
         return self.server.config.app.state.server.worker.stats()
@@ -96,7 +96,7 @@ def _open(port: int, body: dict, headers=None) -> http.client.HTTPConnection:
 
 def test_clients_that_disconnect_cancel_their_requests(tiny_llm, long_messages, caplog):
     caplog.set_level(logging.INFO, logger="repro.serve")
-    srv = InProcess(tiny_llm, delay=0.5)
+    srv = InProcess(tiny_llm, delay=0.5, max_batch=1)  # one slot: B and C wait behind A
     try:
         long = {"messages": long_messages, "max_new_tokens": 4096}  # ≥ 128 tokens (≥ 2.5 s here) before any EOS
         # A: streaming, disconnects after its first block; B: waits behind A and disconnects before it starts;
@@ -126,8 +126,27 @@ def test_clients_that_disconnect_cancel_their_requests(tiny_llm, long_messages, 
         srv.server.should_exit = True
 
 
+def test_non_streaming_client_that_disconnects_while_running_is_cancelled(tiny_llm, long_messages, caplog):
+    # blocks come faster than the disconnect poll (as on a GPU: every few ms against 0.25 s); the poll used to
+    # run only when no event came for that long, so a non-streaming request was never cancelled
+    caplog.set_level(logging.INFO, logger="repro.serve")
+    srv = InProcess(tiny_llm, delay=0.0, disconnect_poll_s=2.0)
+    try:
+        c = _open(srv.port, {"messages": long_messages, "max_new_tokens": 4096, "stream": False})
+        assert _wait_for(lambda: srv.stats()["running"], 30)
+        time.sleep(1.0)  # a few blocks decoded
+        c.close()
+        assert _wait_for(lambda: srv.stats()["cancelled"] == 1 and not srv.stats()["running"], 30), srv.stats()
+        done = next(x for x in caplog.text.splitlines() if " done: " in x)
+        # uncancelled it would run ≥ 128 tokens (4096 allowed); it stopped within a poll of the disconnect
+        assert "finish cancelled" in done and int(done.split("done: ")[1].split()[0]) < 512, done
+        assert srv.stats()["served"] == 0
+    finally:
+        srv.server.should_exit = True
+
+
 def test_api_key_and_bounded_queue_answers_503(tiny_llm, long_messages):
-    srv = InProcess(tiny_llm, api_key="s3cret", max_queue=1)
+    srv = InProcess(tiny_llm, api_key="s3cret", max_queue=1, max_batch=1)
     auth = {"Authorization": "Bearer s3cret"}
     try:
         assert srv.request("GET", "/health")[0] == 200
@@ -157,5 +176,61 @@ def test_api_key_and_bounded_queue_answers_503(tiny_llm, long_messages):
         assert h["rejected"] == 1 and h["cancelled"] == 3
         assert srv.request("POST", "/generate", {"prompt": "x", "max_new_tokens": 4, "stream": False},
                            headers=auth)[0] == 200
+    finally:
+        srv.server.should_exit = True
+
+
+def _collect(port: int, body: dict, out: dict, key) -> None:
+    try:
+        it = stream_lines(port, "/generate", body)
+        out[key] = (next(it), [json.loads(x) for x in it])
+    except Exception as e:  # noqa: BLE001 - recorded, asserted below
+        out[key] = ("error", repr(e))
+
+
+def test_concurrent_streaming_clients_get_the_tokens_each_gets_alone(tiny_llm):
+    # 6 clients, 3 slots, budgets of 1-3 blocks: requests finish at different rounds and waiting ones join the
+    # running batch (continuous batching); each answer equals the same request through LLM.generate alone
+    srv = InProcess(tiny_llm, delay=0.0, max_batch=3)
+    try:
+        bodies = [{"prompt": f"Story {i}: once upon a time" + " and then" * i, "max_new_tokens": 32 * (1 + i % 3)}
+                  for i in range(6)]
+        out: dict = {}
+        threads = [threading.Thread(target=_collect, args=(srv.port, b, out, i)) for i, b in enumerate(bodies)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        for i, b in enumerate(bodies):
+            status, lines = out[i]
+            assert status == 200, (i, lines)
+            alone = tiny_llm.generate(b["prompt"], max_new_tokens=b["max_new_tokens"])
+            blocks, last = lines[:-1], lines[-1]
+            assert "".join(x["text"] for x in lines) == alone.text, i
+            u = last["usage"]
+            assert (u["generated_tokens"], u["forwards"]) == (alone.generated_tokens, alone.forwards), i
+            assert len(blocks) == len(alone.block_forwards), i  # one line per committed block
+        h = srv.stats()
+        assert h["served"] == 6 and h["failed"] == 0 and h["running"] == 0 and h["waiting"] == 0
+    finally:
+        srv.server.should_exit = True
+
+
+def test_a_disconnect_frees_its_batch_slot_for_a_waiting_request(tiny_llm, long_messages):
+    srv = InProcess(tiny_llm, delay=0.25, max_batch=2)
+    try:
+        long = {"messages": long_messages, "max_new_tokens": 4096}
+        a, b = _open(srv.port, long), _open(srv.port, long)
+        ra = a.getresponse()
+        assert json.loads(ra.readline())["block"] == 1
+        assert _wait_for(lambda: srv.stats()["running"] == 2, 30), srv.stats()
+        c = _open(srv.port, long)
+        assert _wait_for(lambda: srv.stats()["waiting"] == 1, 30), srv.stats()
+        a.close()  # A's slot goes to C after A's current block
+        assert _wait_for(lambda: (h := srv.stats())["waiting"] == 0 and h["running"] == 2 and h["cancelled"] == 1,
+                         30), srv.stats()
+        b.close()
+        c.close()
+        assert _wait_for(lambda: (h := srv.stats())["running"] == 0 and h["cancelled"] == 3, 30), srv.stats()
     finally:
         srv.server.should_exit = True

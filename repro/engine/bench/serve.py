@@ -2,6 +2,7 @@
 
     python -m repro.engine.bench serve                        # CUDA: LLaDA2.1-mini shapes, random bf16 weights
     python -m repro.engine.bench serve --checkpoint DIR --device cpu --tokens 128   # any checkpoint (e.g. tiny)
+    python -m repro.engine.bench serve --concurrency 8,32     # concurrent streaming clients vs the batched engine
 
 Without ``--checkpoint`` the model is LLaDA2.1-mini in its real shapes (``presets.PRESETS["llada2.1-mini"]``)
 with deterministic random weights (``LLaDA2Model.random``, bf16, as :mod:`repro.engine.bench.rounds` builds it) behind
@@ -21,6 +22,15 @@ Measured, after one warm-up of each path (graph capture), ``--repeats`` times al
 Printed: both medians in tokens/s (generated tokens / seconds), the ratio server / direct (the target is
 ≥ 0.95), whether both produced the same tokens and forwards, the block lines' arrival spread; the last line is
 one JSON document. Nothing is asserted.
+
+``--concurrency 8,32`` measures, instead, per value ``c``: ``c`` concurrent streaming clients (distinct random
+prompts of ``--prompt-tokens``, ``--tokens`` each; one thread each) against a server started with
+``--max-batch c`` (every request in one batch), and the same ``c`` requests through the batched engine in
+this process (``LLM.generate_batch(prompts, batch_size=c)``: the batched CUDA-graph path that ``bench batch``
+measures, here with the requests' own decoder), alternately ``--repeats`` times after one warm-up of each.
+Aggregate tokens/s = all generated tokens / seconds from the first request sent (call made) to the last byte
+(call returned); printed per ``c``: both medians, their ratio server / batch (the issue's target is
+≥ 0.8), and whether every client got the tokens and forwards the batched call gave that prompt.
 """
 
 from __future__ import annotations
@@ -113,6 +123,73 @@ def stream_request(port: int, body: dict) -> dict:
     return {"s": s, "arrivals": arrivals, "final": last, "text": "".join(text)}
 
 
+def concurrent_requests(port: int, bodies: list[dict]) -> tuple[float, list[dict]]:
+    """POST every body at once from its own thread (:func:`stream_request`); returns (seconds from the first
+    send to the last byte, results in input order). Raises the first client's error."""
+    out: list = [None] * len(bodies)
+
+    def one(i):
+        try:
+            out[i] = stream_request(port, bodies[i])
+        except Exception as e:  # noqa: BLE001 - re-raised below on the calling thread
+            out[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bodies))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s = time.perf_counter() - t0
+    for r in out:
+        if isinstance(r, Exception):
+            raise r
+    return s, out
+
+
+def bench_concurrency(llm, c: int, prompt_tokens: int, tokens: int, repeats: int, seed: int, log) -> dict:
+    """The ``--concurrency`` measurement at ``c`` clients (module docstring); returns its JSON row."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + c)
+    letters = "abcdefghijklmnopqrstuvwxyz "
+    prompts = ["".join(letters[i] for i in torch.randint(0, len(letters), (prompt_tokens,), generator=g).tolist())
+               for _ in range(c)]
+    positions = max(len(llm.tokenizer_.encode(p)) for p in prompts) + tokens
+    server, port = start_server(llm, max_batch=c, max_queue=max(64, c), slot_positions=positions)
+    bodies = [{"prompt": p, "max_new_tokens": tokens} for p in prompts]
+
+    def batch():
+        if str(llm.device).startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = llm.generate_batch(prompts, max_new_tokens=tokens, batch_size=c)
+        return outs, time.perf_counter() - t0
+
+    try:
+        batch()  # warm-up: capture and compilation at this batch size
+        concurrent_requests(port, bodies)
+        runs = []
+        for i in range(repeats):
+            outs, sb = batch()
+            ss, res = concurrent_requests(port, bodies)
+            gb = sum(o.generated_tokens for o in outs)
+            gs = sum(r["final"]["usage"]["generated_tokens"] for r in res)
+            same = all(r["final"]["usage"]["generated_tokens"] == o.generated_tokens and r["text"] == o.text
+                       and r["final"]["usage"]["forwards"] == o.forwards for r, o in zip(res, outs))
+            runs.append({"batch_s": sb, "batch_tokens": gb, "batch_tps": gb / sb, "server_s": ss,
+                         "server_tokens": gs, "server_tps": gs / ss, "same_tokens": same,
+                         "first_block_s_median": statistics.median(r["arrivals"][0] for r in res if r["arrivals"])})
+            log(f"[c={c} {i + 1}/{repeats}] batched engine {gb / sb:.1f} tok/s ({gb} tokens, {sb:.3f} s) | server "
+                f"{c} streaming clients {gs / ss:.1f} tok/s ({gs} tokens, {ss:.3f} s) | same tokens: {same}")
+    finally:
+        server.should_exit = True
+    b = statistics.median(r["batch_tps"] for r in runs)
+    s = statistics.median(r["server_tps"] for r in runs)
+    return {"concurrency": c, "batch_tokens_per_s": b, "server_tokens_per_s": s, "ratio": s / b,
+            "target_ratio": 0.8, "same_tokens": all(r["same_tokens"] for r in runs), "runs": runs}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m repro.engine.bench serve",
                                  description="tokens/s of one streamed server request vs LLM.generate")
@@ -123,8 +200,19 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=512, help="max_new_tokens of the request")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--concurrency", default=None,
+                    help="comma-separated client counts (e.g. 8,32): concurrent streaming clients against the "
+                         "batched engine at that batch size, instead of the one-request comparison")
     ap.add_argument("--json", default=None, help="also write the JSON document to this file")
     a = ap.parse_args(argv)
+    conc = None
+    if a.concurrency is not None:
+        try:
+            conc = [int(x) for x in a.concurrency.split(",") if x.strip()]
+        except ValueError:
+            conc = []
+        if not conc or min(conc) < 1:
+            ap.error(f"--concurrency {a.concurrency!r}: give positive integers separated by commas, e.g. 8,32")
     import torch
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -138,6 +226,22 @@ def main(argv=None) -> int:
     llm = build_llm(a.checkpoint, a.device, a.role, a.seed)
     log(f"model ready in {time.perf_counter() - t:.1f} s: engine path {llm.engine_path}, {llm.precision}, "
         f"{llm.device}, decoder {llm.default_decoder().algorithm}")
+    if conc:
+        rows = [bench_concurrency(llm, c, a.prompt_tokens, a.tokens, a.repeats, a.seed, log) for c in conc]
+        doc = {"bench": "repro.engine.bench serve --concurrency", "device": str(llm.device),
+               "engine_path": llm.engine_path, "model": a.checkpoint or "llada2.1-mini random bf16",
+               "prompt_tokens": a.prompt_tokens, "max_new_tokens": a.tokens, "concurrency": rows}
+        if torch.cuda.is_available() and str(llm.device).startswith("cuda"):
+            doc["gpu"] = torch.cuda.get_device_name(0)
+        for r in rows:
+            print(f"{r['concurrency']} concurrent streaming clients: server {r['server_tokens_per_s']:.1f} tokens/s, "
+                  f"batched engine at batch {r['concurrency']}: {r['batch_tokens_per_s']:.1f} tokens/s, ratio "
+                  f"{r['ratio']:.3f} (target ≥ 0.8), same tokens: {r['same_tokens']}")
+        text = json.dumps(doc)
+        if a.json:
+            Path(a.json).write_text(text + "\n")
+        print(text)
+        return 0
     g = torch.Generator().manual_seed(a.seed)
     letters = "abcdefghijklmnopqrstuvwxyz "
     prompt = "".join(letters[i] for i in torch.randint(0, len(letters), (a.prompt_tokens,), generator=g).tolist())

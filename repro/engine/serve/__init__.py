@@ -1,11 +1,12 @@
 """HTTP server of the engine: the model card's ``/generate`` (streamed block by block) and an OpenAI-compatible API.
 
     python -m repro.engine serve --model DIR|HUB_ID --role orl --port 18080 \
-        [--precision fp32|bf16] [--host 127.0.0.1] [--api-key KEY] [--max-queue 64]
+        [--precision fp32|bf16] [--host 127.0.0.1] [--api-key KEY] [--max-queue 64] [--max-batch 8]
     curl -N localhost:18080/generate -d '{"messages": [{"role": "user", "content": "Hi!"}], "max_new_tokens": 512}'
 
 Modules: :mod:`~repro.engine.serve.app` (routes, shapes, errors), :mod:`~repro.engine.serve.schemas` (request
-bodies), :mod:`~repro.engine.serve.worker` (the engine thread, bounded queue, streaming text, cancellation),
+bodies), :mod:`~repro.engine.serve.worker` (the engine thread over the continuous-batching engine, bounded
+queue, streaming text, cancellation),
 :mod:`~repro.engine.bench.serve` (server vs ``LLM.generate`` tokens/s on a GPU). README section "Serving".
 
 Contract of :func:`serve_main`: loads the checkpoint (a directory, or a hub id fetched with
@@ -37,6 +38,11 @@ def add_serve_args(p) -> None:
                         "or the hub id)")
     p.add_argument("--revision", default="main", help="hub revision when --model is a hub id (default: %(default)s)")
     p.add_argument("--max-queue", type=int, default=64, help="requests allowed to wait; more get 503 (default: %(default)s)")
+    p.add_argument("--max-batch", type=int, default=8,
+                   help="requests decoded together by the continuous-batching engine (default: %(default)s)")
+    p.add_argument("--slot-positions", type=int, default=None,
+                   help="positions (prompt + completion) of one slot of the batched CUDA-graph engine; longer "
+                        "requests get 400 (default: min(8192, the model's context)); the eager engine has no limit")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body in bytes; 413 beyond (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="server log level (default: %(default)s)")
@@ -100,7 +106,8 @@ def serve_main(a, precision: str) -> int:
 
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name, v in (("--port", a.port), ("--max-queue", a.max_queue), ("--max-body-bytes", a.max_body_bytes)):
+    for name, v in (("--port", a.port), ("--max-queue", a.max_queue), ("--max-body-bytes", a.max_body_bytes),
+                    ("--max-batch", a.max_batch), ("--slot-positions", a.slot_positions or 1)):
         if v < (0 if name == "--port" else 1) or (name == "--port" and v > 65535):
             raise ValueError(f"{name} {v} is out of range")
     _check_listen(a.host, a.port)  # before loading a model that may take minutes
@@ -111,8 +118,12 @@ def serve_main(a, precision: str) -> int:
     out = llm.generate("warm-up", max_new_tokens=llm.default_decoder().block_size)
     log.info("loaded %s (role %s, %s, %s, engine path %s); warm-up %.2f s", path, llm.role, llm.precision,
              llm.device, llm.engine_path, out.wall_s)
+    context = int(llm.config.max_position_embeddings)
+    if a.slot_positions is not None and a.slot_positions > context:
+        raise ValueError(f"--slot-positions {a.slot_positions} exceeds the model's context of {context} positions")
     app = create_app(llm, model_name=name, api_key=a.api_key, max_queue=a.max_queue,
-                     max_body_bytes=a.max_body_bytes)
+                     max_body_bytes=a.max_body_bytes, max_batch=a.max_batch,
+                     slot_positions=a.slot_positions or min(8192, context))
     log.info("serving %r on http://%s:%d — POST /generate, POST /v1/chat/completions, POST /v1/completions, "
              "GET /v1/models, GET /health%s", name, a.host, a.port, " (API key required)" if a.api_key else "")
     uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=a.graceful_s)

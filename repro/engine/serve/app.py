@@ -19,11 +19,13 @@ Endpoints (request bodies: :mod:`repro.engine.serve.schemas`; every error: ``{"e
 * ``GET /v1/models``, ``GET /health`` (queue counters; never needs the API key).
 
 Behaviour: with ``api_key`` every endpoint but ``/health`` needs ``Authorization: Bearer <key>`` (401).
-Requests go through :class:`~repro.engine.serve.worker.EngineWorker` (one at a time, bounded queue: 503 with
-``Retry-After`` when full); a client that disconnects cancels its request (streaming: Starlette cancels the
+Requests go through :class:`~repro.engine.serve.worker.EngineWorker` (concurrent requests decode together in
+the continuous-batching engine, up to ``max_batch``; bounded queue of those waiting for a slot: 503 with
+``Retry-After`` when full; on the batched CUDA-graph engine a request past one slot's ``slot_positions`` is a
+400 naming ``--slot-positions``); a client that disconnects cancels its request (streaming: Starlette cancels the
 response; non-streaming: polled). Bodies over ``max_body_bytes`` → 413; invalid JSON, wrong types, unknown
-fields, an empty message list, ``max_new_tokens`` ≤ 0 or past the context → 400 naming the field; a request
-for another model → 404. Nothing raises through to the client: an unexpected error is a 500 whose message
+fields, a lone UTF-16 surrogate escape in a string, an empty message list, ``max_new_tokens`` ≤ 0 or past the
+context → 400 naming the field; a request for another model → 404. Nothing raises through to the client: an unexpected error is a 500 whose message
 points at the server log (where its traceback is); an engine failure after a stream began ends it with one
 ``{"error": ...}`` line (``/generate``) or event (SSE).
 """
@@ -60,14 +62,37 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _lone_surrogate(obj, path: str = ""):
+    """The dotted path (``messages.0.content``, as the 400s of :mod:`~repro.engine.serve.schemas` name fields) of
+    the first string in ``obj`` (parsed JSON) holding a lone UTF-16 surrogate (``"\\ud800"`` escapes decode to
+    one; no UTF-8 text can hold it), or None. Keys are checked too (their path is the parent's)."""
+    stack = [(obj, path)]
+    while stack:
+        x, at = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return at or "(body)"
+        elif isinstance(x, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in x.items())
+            stack.extend((k, at) for k in x)
+        elif isinstance(x, list):
+            stack.extend((v, f"{at}.{i}" if at else str(i)) for i, v in enumerate(x))
+    return None
+
+
 class Server:
     """State shared by the routes: the LLM, its worker, the served model name and the limits."""
 
     def __init__(self, llm, model_name: str, api_key: str | None, max_queue: int, max_body_bytes: int,
-                 progress_s: float):
+                 progress_s: float, disconnect_poll_s: float = 0.25, max_batch: int = 8,
+                 slot_positions: int | None = None, block_hook=None):
         self.llm, self.model_name, self.api_key = llm, model_name, api_key
+        self.disconnect_poll_s = disconnect_poll_s
         self.max_body_bytes = max_body_bytes
-        self.worker = EngineWorker(llm, max_queue=max_queue, progress_s=progress_s)
+        self.worker = EngineWorker(llm, max_queue=max_queue, progress_s=progress_s, max_batch=max_batch,
+                                   slot_positions=slot_positions, block_hook=block_hook)
         self.context = int(llm.config.max_position_embeddings)
         self.created = int(time.time())
 
@@ -106,6 +131,10 @@ class Server:
                                     "(a string prompt, or a list of chat messages)") from None
         if not isinstance(body, dict):
             raise RequestError(400, f"request body must be a JSON object, got a JSON {type(body).__name__}")
+        if (at := _lone_surrogate(body)) is not None:
+            raise RequestError(400, f"field {at!r} holds a lone UTF-16 surrogate escape (such as \\ud800 without its "
+                                    "pair), which is no Unicode text; send valid UTF-8 or a complete surrogate pair",
+                               at if at != "(body)" else None)
         return body
 
     def check_model(self, model: str | None) -> None:
@@ -148,6 +177,12 @@ class Server:
         except DecoderConfigError as e:
             param = next((k for k in over if k in str(e)), None)
             raise RequestError(400, f"decoder settings refused: {e}", param) from None
+        B = decoder.block_size
+        if -(-(n_prompt + budget) // B) * B > self.worker.slot_positions:
+            raise RequestError(400, f"prompt ({n_prompt} tokens) plus {budget_field!r} ({budget}) needs more than the "
+                                    f"{self.worker.slot_positions} positions of a batch slot of this server; ask for "
+                                    "fewer tokens, or start the server with a larger --slot-positions",
+                               budget_field)
         stop = req.stop_list()
         prefix = {"generate": "gen", "chat": "chatcmpl", "completions": "cmpl"}[endpoint]
         return Job(id=f"{prefix}-{uuid.uuid4().hex[:16]}", prompt=text, prompt_tokens=n_prompt, decoder=decoder,
@@ -182,21 +217,28 @@ async def _events(job: Job):
         job.cancel()  # no effect once the job is done
 
 
-async def _wait(job: Job, request: Request) -> tuple:
-    """Non-streaming: the job's final event, polling for a client disconnect (which cancels the job); the job is
-    cancelled however this ends (also when the handler itself is cancelled, e.g. at shutdown)."""
+async def _wait(job: Job, request: Request, poll_s: float = 0.25) -> tuple:
+    """Non-streaming: the job's final event, polling for a client disconnect every ``poll_s`` seconds whether or
+    not block events keep arriving (they come every few ms on a GPU: a poll only on a quiet queue never ran
+    while the request decoded); a disconnect cancels the job (waiting: dropped; running: stopped after its
+    current block). The job is cancelled however this ends (also when the handler itself is cancelled, e.g. at
+    shutdown)."""
+    loop = asyncio.get_running_loop()
+    next_poll = loop.time() + poll_s
     try:
         while True:
             try:
-                ev = await asyncio.wait_for(job.events.get(), timeout=0.25)
+                ev = await asyncio.wait_for(job.events.get(), timeout=max(0.0, next_poll - loop.time()))
             except asyncio.TimeoutError:
+                ev = None
+            if ev is not None and ev[0] in ("done", "error"):
+                return ev
+            if loop.time() >= next_poll:
+                next_poll = loop.time() + poll_s
                 if await request.is_disconnected():
                     job.cancel()
-                    log.info("%s: client disconnected while waiting; cancelled", job.id)
+                    log.info("%s: client disconnected; cancelled", job.id)
                     return ("error", "client disconnected")
-                continue
-            if ev[0] in ("done", "error"):
-                return ev
     finally:
         job.cancel()  # no effect once the job is done
 
@@ -237,11 +279,17 @@ def _openai_usage(res: dict) -> dict:
 
 
 def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 64,
-               max_body_bytes: int = 1 << 20, progress_s: float = 10.0) -> FastAPI:
+               max_body_bytes: int = 1 << 20, progress_s: float = 10.0,
+               disconnect_poll_s: float = 0.25, max_batch: int = 8, slot_positions: int | None = None,
+               block_hook=None) -> FastAPI:
     """The FastAPI application serving ``llm`` as ``model_name`` (module docstring). ``max_queue``: requests
     allowed to wait; ``max_body_bytes``: largest request body; ``progress_s``: seconds between progress log
-    lines of a long request. The engine worker thread stops with the application's lifespan."""
-    srv = Server(llm, model_name, api_key, max_queue, max_body_bytes, progress_s)
+    lines of a long request; ``disconnect_poll_s``: seconds between checks whether the client of a
+    non-streaming request is still there; ``max_batch``, ``slot_positions``, ``block_hook``: as
+    :class:`~repro.engine.serve.worker.EngineWorker`. The engine worker thread stops with the application's
+    lifespan."""
+    srv = Server(llm, model_name, api_key, max_queue, max_body_bytes, progress_s, disconnect_poll_s, max_batch,
+                 slot_positions, block_hook)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -292,7 +340,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         job = await srv.make_job("generate", req.prompt_or_messages(), req.max_new_tokens, "max_new_tokens", req, field)
         srv.submit(job)
         if not req.stream:
-            ev = await _wait(job, request)
+            ev = await _wait(job, request, srv.disconnect_poll_s)
             if ev[0] == "error":
                 return _engine_error(ev[1])
             res = ev[1]
@@ -334,7 +382,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         obj = "chat.completion" if endpoint == "chat" else "text_completion"
         head = {"id": job.id, "created": created, "model": srv.model_name}
         if not req.stream:
-            ev = await _wait(job, request)
+            ev = await _wait(job, request, srv.disconnect_poll_s)
             if ev[0] == "error":
                 return _engine_error(ev[1])
             res = ev[1]

@@ -1,13 +1,20 @@
-"""The server's engine worker: one thread runs requests through :meth:`repro.engine.llm.LLM.generate`, one at a
-time in arrival order, from a bounded queue, and streams each request's committed blocks back to its handler.
+"""The server's engine worker: one thread runs requests in the continuous-batching engine, admitted in arrival
+order from a bounded queue, and streams each request's committed blocks back to its handler.
 
 Contract
 --------
 * :meth:`EngineWorker.submit` admits a :class:`Job` or raises :class:`QueueFull` when ``max_queue`` jobs
-  already wait (the running job is not counted). Requests run one after another through
-  :meth:`~repro.engine.llm.LLM.generate` (the CUDA-graph path on a GPU); each keeps its own stream. The batched
-  engine (:mod:`repro.engine.batch`) decodes a fixed list of prompts on the eager path and takes no requests
-  while it runs, so the server does not use it yet.
+  already wait for a slot (running jobs are not counted).
+* Every request, at every concurrency (1 included), decodes in the continuous-batching engine: one engine
+  thread runs :meth:`repro.engine.batch._Scheduler.serve`, which takes waiting jobs in arrival order whenever
+  one of its ``max_batch`` slots is free, and runs one forward per round over all running requests — on the
+  LLM's CUDA-graph path with a greedy default decoder (32-token blocks) the batched graph engine
+  (:mod:`repro.engine.batch_graph`, ``max_batch`` slots of ``slot_positions`` positions, captured when the
+  worker starts), otherwise the eager batched forward (:mod:`repro.engine.batch`). Each request's tokens
+  equal the same request alone on that engine (batch invariance, :mod:`repro.engine.batch`; on the CPU also
+  equal to :meth:`~repro.engine.llm.LLM.generate`). The scheduler still drives one thread per request
+  (``generate_ids`` unchanged); an error of one request fails that request only, an error of a round fails
+  the requests of that round and the worker starts a fresh scheduler.
 * Events reach the job's handler on its asyncio loop (``loop.call_soon_threadsafe`` into ``job.events``):
   ``("block", text, n_tokens)`` once per committed block (``n_tokens``: its generated ids before the first
   EOS; ``text``: the new completion text, possibly "" while an incomplete UTF-8 character or a possible
@@ -15,9 +22,8 @@ Contract
   ``("done", result_dict)`` (:func:`result_dict`; its ``tail`` is the held-back end of the text) or
   ``("error", message)``.
 * :meth:`Job.cancel` (the client went away): a waiting job is answered and its queue place freed at once (it is
-  skipped when it reaches the front), a running one
-  stops after its current block (the ``on_block`` hook of :func:`repro.engine.decode_loop.generate_ids` returns
-  True); either way the handler gets ``("done", ...)`` with ``finish_reason`` ``"cancelled"``.
+  skipped when it reaches the front), a running one stops after its current block and frees its slot (the
+  ``on_block`` hook of :func:`repro.engine.decode_loop.generate_ids` returns True); either way the handler gets ``("done", ...)`` with ``finish_reason`` ``"cancelled"``.
 * Text: the completion is cut before the first ``<|endoftext|>`` (as :class:`~repro.engine.llm.GenerateOutput`
   does) and before the first occurrence of any stop string (then ``finish_reason`` is ``"stop"`` and decoding
   ends after that block). The streamed pieces always concatenate to the final ``text``.
@@ -33,7 +39,9 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 log = logging.getLogger("repro.serve")
 
@@ -135,6 +143,11 @@ class Job:
 
     worker: "EngineWorker | None" = None
     state: str = "new"  # new | waiting | running | dropped (guarded by the worker's lock)
+    stream: "TextStream | None" = None  # the completion text so far (set when the job joins the batch)
+    blocks: int = 0  # committed blocks streamed
+    tokens: int = 0  # their generated ids before the first EOS
+
+    __hash__ = object.__hash__  # jobs are kept in the worker's set of running jobs (by identity)
 
     def cancel(self) -> None:
         """Ask the worker to drop (waiting: its queue place is freed at once) or stop (running) this job; safe
@@ -168,29 +181,65 @@ def result_dict(job: Job, out, text: str, finish: str, blocks: int, tail: str = 
 
 
 class EngineWorker:
-    """Runs admitted :class:`Job`\\ s on ``llm`` in one daemon thread (module docstring).
+    """Runs admitted :class:`Job`\\ s on ``llm``'s continuous-batching engine from one daemon thread (module
+    docstring).
 
-    ``max_queue``: jobs allowed to wait (≥ 1); ``progress_s``: seconds between progress log lines of one
-    request. Counters in :meth:`stats`.
+    ``max_queue``: jobs allowed to wait (≥ 1); ``max_batch``: slots, the most requests decoded together (≥ 1);
+    ``slot_positions``: positions (prompt + completion, rounded up to whole blocks) of one slot of the batched
+    CUDA-graph engine (None: the model's context; unused on the eager engine, where each request allocates its
+    own cache); ``progress_s``: seconds between progress log lines of one request; ``block_hook(job, ids)``:
+    called in the request's thread after each committed block was handed to its client (tests pace requests
+    or simulate a device fault with it; an exception it raises fails that request only). Counters in
+    :meth:`stats`. Raises ValueError for a bad ``max_queue`` / ``max_batch`` / ``slot_positions``.
     """
 
-    def __init__(self, llm, max_queue: int = 64, progress_s: float = 10.0):
+    def __init__(self, llm, max_queue: int = 64, progress_s: float = 10.0, max_batch: int = 8,
+                 slot_positions: int | None = None, block_hook=None):
         if max_queue < 1:
             raise ValueError(f"max_queue must be ≥ 1, got {max_queue}")
-        self.llm, self.max_queue, self.progress_s = llm, max_queue, progress_s
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be ≥ 1, got {max_batch}")
+        context = int(llm.config.max_position_embeddings)
+        if slot_positions is not None and not 1 <= slot_positions <= context:
+            raise ValueError(f"slot_positions must be in [1, {context}] (the model's context), got {slot_positions}")
+        self.llm, self.max_queue, self.progress_s, self.max_batch = llm, max_queue, progress_s, max_batch
+        self.block_hook = block_hook
+        self.engine = self._engine_kind()
+        # positions one request may use: a graph slot's (whole blocks), else the context
+        self.slot_positions = context
+        if self.engine == "cuda-graph":
+            B = llm.default_decoder().block_size
+            self.slot_positions = min(context, -(-(slot_positions or context) // B) * B)
         self._q: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._waiting = 0
-        self.running: Job | None = None
+        self._running: set[Job] = set()
+        self._closing = False
         self.counts = {"served": 0, "cancelled": 0, "failed": 0, "rejected": 0}
         self._thread = threading.Thread(target=self._run, name="repro-engine", daemon=True)
         self._thread.start()
 
-    def stats(self) -> dict:
-        """``{"waiting", "running", "max_queue", "served", "cancelled", "failed", "rejected"}``."""
+    @property
+    def running(self) -> Job | None:
+        """One running job (None when none runs)."""
         with self._lock:
-            return {"waiting": self._waiting, "running": self.running is not None, "max_queue": self.max_queue,
-                    **self.counts}
+            return next(iter(self._running), None)
+
+    def _engine_kind(self) -> str:
+        """``"cuda-graph"`` (:mod:`repro.engine.batch_graph`: the LLM runs CUDA graphs and its default decoder
+        is greedy with 32-token blocks) or ``"eager"`` (:mod:`repro.engine.batch`)."""
+        from repro.engine.decoders.device import supported
+
+        cfg = self.llm.default_decoder()
+        ok = self.llm.engine_path == "cuda-graph" and supported(cfg) and cfg.block_size == 32
+        return "cuda-graph" if ok else "eager"
+
+    def stats(self) -> dict:
+        """``{"waiting", "running" (requests decoding now), "max_queue", "max_batch", "engine", "served",
+        "cancelled", "failed", "rejected"}``."""
+        with self._lock:
+            return {"waiting": self._waiting, "running": len(self._running), "max_queue": self.max_queue,
+                    "max_batch": self.max_batch, "engine": f"batched {self.engine}", **self.counts}
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; raises :class:`QueueFull` when ``max_queue`` jobs already wait."""
@@ -216,79 +265,148 @@ class EngineWorker:
         job.emit("done", result_dict(job, None, "", "cancelled", 0))
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread once the queue is drained (jobs whose clients are gone are dropped at once); waits
-        at most ``timeout`` seconds (the thread is a daemon)."""
+        """Stop the thread once the queue is drained and the running requests ended (jobs whose clients are
+        gone are dropped at once); waits at most ``timeout`` seconds (the thread is a daemon)."""
         self._q.put(None)
         self._thread.join(timeout)
 
+    # ------------------------------------------------------------------ the engine thread
+    def _scheduler(self):
+        """A fresh round scheduler over the batched engine (built once per worker on the graph path)."""
+        from repro.engine.batch import _Scheduler
+
+        llm = self.llm
+        if self.engine == "cuda-graph":
+            from repro.engine.batch_graph import BatchGraphEngine, _GraphScheduler
+
+            if getattr(self, "_graph", None) is None:
+                t0 = time.perf_counter()
+                max_len = -(-self.slot_positions // 1024) * 1024
+                self._graph = BatchGraphEngine(llm.model, llm.mask_id, llm.default_decoder(), self.max_batch, max_len)
+                self._graph.capture()
+                log.info("batched CUDA-graph engine: %d slots of %d positions, captured in %.1f s", self.max_batch,
+                         max_len, time.perf_counter() - t0)
+            return _GraphScheduler(llm.model, llm.mask_id, llm.eos_id, self._graph)
+        return _Scheduler(llm.model, llm.mask_id, llm.eos_id)
+
     def _run(self) -> None:
+        import torch
+
+        from repro.engine.batch import BatchStats
+
         dev = getattr(getattr(self.llm, "model", None), "device", None)
         if dev is not None and dev.type == "cuda" and dev.index is not None:
-            import torch  # the current CUDA device is per thread (Triton launches on it): make it the model's
+            torch.cuda.set_device(dev.index)  # the current CUDA device is per thread (Triton launches on it)
+        while not self._closing:
+            stats = BatchStats()  # a server runs for days: keep only the last rounds' times
+            stats.round_s, stats.round_prefill = deque(maxlen=4096), deque(maxlen=4096)
+            try:
+                with torch.inference_mode():
+                    sched = self._scheduler()
+            except Exception:  # noqa: BLE001 - e.g. no memory for the graph engine's slots: serve eagerly
+                log.exception("cannot build the batched CUDA-graph engine; serving on the eager batched engine")
+                self.engine, self._graph = "eager", None
+                continue
+            try:
+                with torch.inference_mode():
+                    sched.serve(self._take, self.max_batch, stats, self._finished)
+            except Exception as e:  # noqa: BLE001 - a round failed: its requests fail, the server keeps serving
+                log.exception("the batched engine failed; failing its %d running requests", len(self._running))
+                with self._lock:
+                    jobs, self._running = list(self._running), set()
+                    self.counts["failed"] += len(jobs)
+                for job in jobs:
+                    job.emit("error", f"engine error: {type(e).__name__}: {e}")
 
-            torch.cuda.set_device(dev.index)
-        while True:
-            job = self._q.get()
+    def _take(self, idle: bool):
+        """The scheduler's source (:meth:`repro.engine.batch._Scheduler.serve`): the next job to admit as
+        ``(job, BatchRequest)``; blocks while ``idle``; None when none waits, or (idle) at shutdown."""
+        from repro.engine.batch import BatchRequest
+
+        while not self._closing:
+            if idle:
+                job = self._q.get()
+            else:
+                try:
+                    job = self._q.get_nowait()
+                except queue.Empty:
+                    return None
             if job is None:
+                self._closing = True
                 break
             with self._lock:
                 if job.state == "dropped":  # cancelled while waiting: already answered and counted
                     continue
                 self._waiting -= 1
                 job.state = "running"
-                self.running = job
-            ev = ("error", "engine error: the worker failed (see the server log)")
+                self._running.add(job)
+            job.queue_s = time.perf_counter() - job.created
+            if job.cancelled.is_set():
+                log.info("%s dropped before it started: client disconnected (waited %.2f s)", job.id, job.queue_s)
+                self._end(job, ("done", result_dict(job, None, "", "cancelled", 0)))
+                continue
             try:
-                ev = self._execute(job)
-            finally:
-                with self._lock:  # counters and state are final before the client hears the outcome
-                    self.running = None
-                    kind = "failed" if ev[0] == "error" else (
-                        "cancelled" if ev[1]["finish_reason"] == "cancelled" else "served")
-                    self.counts[kind] += 1
-                job.emit(*ev)
+                ids = self.llm.tokenizer_.encode(job.prompt)
+            except Exception as e:  # noqa: BLE001 - answered as a 500, the server keeps serving
+                log.exception("%s failed before decoding", job.id)
+                self._end(job, ("error", f"engine error: {type(e).__name__}: {e}"))
+                continue
+            log.info("%s start %s: prompt %d tokens, max_new_tokens %d, waited %.2f s, %d waiting, %d running",
+                     job.id, job.endpoint, job.prompt_tokens, job.max_new_tokens, job.queue_s, self._waiting,
+                     len(self._running))
+            return job, BatchRequest(ids, job.decoder, job.max_new_tokens, job.seed, on_block=self._hook(job))
+        return None
 
-    def _execute(self, job: Job) -> tuple:
-        """Run ``job``; return its final event (``("done", result)`` or ``("error", message)``)."""
-        job.queue_s = time.perf_counter() - job.created
-        if job.cancelled.is_set():
-            log.info("%s dropped before it started: client disconnected (waited %.2f s)", job.id, job.queue_s)
-            return ("done", result_dict(job, None, "", "cancelled", 0))
-        llm = self.llm
-        stream = TextStream(llm.tokenizer_.decode, llm.eos_id, job.stop)
-        st = {"blocks": 0, "tokens": 0, "last_log": time.perf_counter()}
-        log.info("%s start %s: prompt %d tokens, max_new_tokens %d, waited %.2f s, %d waiting", job.id,
-                 job.endpoint, job.prompt_tokens, job.max_new_tokens, job.queue_s, self.stats()["waiting"])
+    def _hook(self, job: Job):
+        """The request's ``on_block``: stream the block's settled text; True (stop) on a stop string or cancel."""
+        job.stream = TextStream(self.llm.tokenizer_.decode, self.llm.eos_id, job.stop)
+        job.blocks, job.tokens, last_log = 0, 0, [time.perf_counter()]
 
         def on_block(ids: list[int]) -> bool:
-            st["blocks"] += 1
+            stream = job.stream
+            job.blocks += 1
             kept = len(stream.ids)
             text = stream.push(ids)
             kept = len(stream.ids) - kept  # the block's ids before the first EOS
-            st["tokens"] += kept
+            job.tokens += kept
             job.emit("block", text, kept)
             now = time.perf_counter()
-            if now - st["last_log"] >= self.progress_s:
-                st["last_log"] = now
-                log.info("%s progress: %d blocks, %d tokens", job.id, st["blocks"], st["tokens"])
+            if now - last_log[0] >= self.progress_s:
+                last_log[0] = now
+                log.info("%s progress: %d blocks, %d tokens", job.id, job.blocks, job.tokens)
+            if self.block_hook is not None:
+                self.block_hook(job, ids)
             return stream.stopped or job.cancelled.is_set()
 
-        try:
-            out = llm.generate(job.prompt, decoder=job.decoder, max_new_tokens=job.max_new_tokens, seed=job.seed,
-                               on_block=on_block)
-        except Exception as e:  # noqa: BLE001 - reported to the client as a 500, logged with its traceback here
-            log.exception("%s failed in the engine", job.id)
-            return ("error", f"engine error: {type(e).__name__}: {e}")
+        return on_block
+
+    def _end(self, job: Job, ev: tuple) -> None:
+        """Count ``job``'s outcome and free its place (before the client hears it), then answer it."""
+        with self._lock:
+            self._running.discard(job)
+            kind = "failed" if ev[0] == "error" else (
+                "cancelled" if ev[1]["finish_reason"] == "cancelled" else "served")
+            self.counts[kind] += 1
+        job.emit(*ev)
+
+    def _finished(self, job: Job, res, wall_s: float, error) -> None:
+        """A request left the batch (the scheduler's ``finished``): answer it (module docstring)."""
+        if error is not None:
+            log.error("%s failed in the engine", job.id, exc_info=error)
+            return self._end(job, ("error", f"engine error: {type(error).__name__}: {error}"))
+        stream = job.stream
         tail = stream.finish()
-        finish = out.finish_reason
+        out = SimpleNamespace(generated_tokens=res.generated_tokens, forwards=res.forwards, tpf=res.tpf,
+                              wall_s=wall_s, request_tps=res.generated_tokens / wall_s if wall_s > 0 else 0.0)
+        finish = res.finish_reason
         if job.cancelled.is_set():  # the client went away (the engine stopped after that block, or just ended)
             finish = "cancelled"
         elif stream.stopped:
             finish = "stop"
-        res = result_dict(job, out, stream.text, finish, st["blocks"], tail)
-        u = res["usage"]
+        r = result_dict(job, out, stream.text, finish, job.blocks, tail)
+        u = r["usage"]
         log.info("%s done: %d tokens, forwards %s (prefill/denoise/commit), TPF %s, %.3f s, %.1f tokens/s, "
                  "finish %s; %d waiting", job.id, u["generated_tokens"],
                  "/".join(str(v) for v in u["forwards"].values()), "-" if u["tpf"] is None else f"{u['tpf']:.2f}",
                  u["wall_s"], u["tokens_per_s"], finish, self._waiting)
-        return ("done", res)
+        self._end(job, ("done", r))
