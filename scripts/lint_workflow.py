@@ -34,6 +34,10 @@ JUSTIFIED = {
     (r"images\.smk", "Mixed rules and functions in same snakefile"):
         "images.smk is the container set-up in one place (with repro/containers.py); its helpers image_for / "
         "image_input / image_sidecars must exist before the other rule files are included",
+    (r"cluster\.smk", "Mixed rules and functions in same snakefile"):
+        "cluster.smk is the cluster set-up in one place (with repro/cluster.py): the resource helpers the generation "
+        "rules read (GPUs per job for tensor parallelism, GPU model, memory) and the start-up checks in onstart; "
+        "the helpers must exist before generate.smk is included",
     (r"checkpoints\.smk", "Mixed rules and functions in same snakefile"):
         "the NVFP4 -> BF16 copy for SGLang is one feature: its helpers (dequantized_key, generation_checkpoint) "
         "and start-up checks sit beside its three rules, and must exist before generate.smk is included",
