@@ -348,11 +348,11 @@ def main(argv=None) -> int:
 
             return serve_main(a, _precision(a))
         if a.cmd == "generate":
-            llm = LLM(a.model, role=a.role, precision=_precision(a), device=a.device,
-                      tensor_parallel_size=a.tensor_parallel_size)
-            dec = {**llm.default_decoder().to_dict(), **a.decoder_overrides}
-            prompt = a.prompt if a.raw else [{"role": "user", "content": a.prompt}]
-            o = llm.generate(prompt, decoder=dec, seed=a.seed)
+            with LLM(a.model, role=a.role, precision=_precision(a), device=a.device,
+                     tensor_parallel_size=a.tensor_parallel_size) as llm:  # leaves the ranks' group before exit
+                dec = {**llm.default_decoder().to_dict(), **a.decoder_overrides}
+                prompt = a.prompt if a.raw else [{"role": "user", "content": a.prompt}]
+                o = llm.generate(prompt, decoder=dec, seed=a.seed)
             print(o.text)
             print(json.dumps({**{k: getattr(o, k) for k in ("prompt_tokens", "generated_tokens", "forwards", "tpf",
                                                             "wall_s", "request_tps", "finish_reason")},

@@ -22,6 +22,7 @@ and refuses further requests. Nothing is written by a rank: results exist only o
 
 from __future__ import annotations
 
+import atexit
 import json
 import multiprocessing as mp
 import socket
@@ -223,6 +224,9 @@ class Ranks:
                                                pass_fds=[b.fileno()]))
             b.close()
             self.conns.append(a)
+        # a script that never calls close() still leaves the group before the interpreter tears down: a live
+        # gloo/NCCL group at exit aborts the process ("terminate called without an active exception")
+        atexit.register(self.close)
         try:
             self.model = load_rank(spec, 0, n)
             for r in range(1, n):
@@ -324,6 +328,7 @@ class Ranks:
         for c in self.conns:
             c.close()
         self.conns, self.broken = [], self.broken or "closed"
+        atexit.unregister(self.close)
         if dist.is_initialized():
             dist.destroy_process_group()
 

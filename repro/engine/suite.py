@@ -134,6 +134,7 @@ def run_suite(model: str, role: str, decoder: dict, problem_files: list[str], ou
                         s["forwards"][k] += v
     finally:
         bar.close()
+        llm.close()  # a tensor-parallel LLM's ranks stop here
     for s in per.values():
         d = s["forwards"]["denoise"] + s["forwards"]["commit"]
         s["tpf"] = s["generated_tokens"] / d if d else None
