@@ -199,7 +199,7 @@ class LLaDA2Model:
         sizes = [x.shape[0] for x in hs]
         h = hs[0] if len(hs) == 1 else torch.cat(hs)
         n = h.shape[0]
-        H, K, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        (H, K), hd = self._local_heads(), c.head_dim
         pos = torch.cat([torch.arange(ch.start, ch.start + m, device=h.device) for ch, m in zip(chunks, sizes)])
         cos, sin = rope_cos_sin(pos, c.rotary_dim, c.rope_theta, h.dtype)
         bounds = [0]
@@ -219,9 +219,9 @@ class LLaDA2Model:
                 kk, vv = ch.cache.view(l, ch.start + r1 - r0)
                 outs.append(attention_forward(q[r0:r1], kk, vv, ch.start, ch.block_size))
             o = outs[0] if len(outs) == 1 else torch.cat(outs)
-            h = h + linear(o.reshape(n, H * hd), p[q_ + "wo"])
+            h = h + self._combine(linear(o.reshape(n, H * hd), p[q_ + "wo"]), h.dtype)
             m = rms_norm(h, p[q_ + "mlp_norm"], c.rms_norm_eps)
-            h = h + (self._dense(l, m) if l < c.first_k_dense_replace else self._moe(l, m))
+            h = h + self._combine(self._dense(l, m) if l < c.first_k_dense_replace else self._moe(l, m), h.dtype)
         want = [i for i, ch in enumerate(chunks) if ch.logits]
         result: list[torch.Tensor | None] = [None] * len(chunks)
         if not want:
@@ -233,6 +233,16 @@ class LLaDA2Model:
             result[i] = lg[at:at + sizes[i]]
             at += sizes[i]
         return result
+
+    def _local_heads(self) -> tuple[int, int]:
+        """(query heads, KV heads) this model computes: all of them here; a rank's share in
+        :class:`repro.engine.parallel.ShardedModel`."""
+        return self.cfg.num_attention_heads, self.cfg.num_key_value_heads
+
+    def _combine(self, partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A layer's attention or MLP output ``[n, D]`` before the residual add: unchanged here (one device holds
+        the whole sum); the sum over ranks, cast to ``dtype``, in :class:`repro.engine.parallel.ShardedModel`."""
+        return partial
 
     def _dense(self, l: int, x: torch.Tensor) -> torch.Tensor:
         return swiglu(x, self.params[f"layers.{l}.mlp.w_gate_up"], self.params[f"layers.{l}.mlp.w_down"])

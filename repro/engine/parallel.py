@@ -40,12 +40,9 @@ import torch.nn.functional as F
 
 from repro.engine.cache import KVCache
 from repro.engine.config import LLaDA2Config
-from repro.engine.layers.attention import attention_forward
 from repro.engine.layers.linear import linear
 from repro.engine.layers.mlp import swiglu
 from repro.engine.layers.moe import _ACTIVE_NAME, moe_forward, route
-from repro.engine.layers.norm import rms_norm
-from repro.engine.layers.rotary import apply_rope, rope_cos_sin
 from repro.engine.model import LLaDA2Model
 
 
@@ -265,51 +262,14 @@ class ShardedModel(LLaDA2Model):
         c = self.cfg
         return KVCache(c.num_hidden_layers, capacity, len(self.plan.kv_heads), c.head_dim, self.dtype, self.device)
 
-    def forward_chunks(self, chunks):
-        """:meth:`LLaDA2Model.forward_chunks` on this rank's shards; two partial sums per layer (attention
-        output, MLP/MoE output). Returns per chunk the rank's vocabulary-slice logits or None."""
-        c, p, comm = self.cfg, self.params, self.comm
-        for ch in chunks:
-            if ch.start % ch.block_size:
-                raise ValueError(f"forward start {ch.start} is not a multiple of block_size {ch.block_size}")
-        hs = [ch.embeds if ch.embeds is not None else self.embed(ch.ids) for ch in chunks]
-        sizes = [x.shape[0] for x in hs]
-        h = hs[0] if len(hs) == 1 else torch.cat(hs)
-        n = h.shape[0]
-        H, K, hd = len(self.plan.q_heads), len(self.plan.kv_heads), c.head_dim
-        pos = torch.cat([torch.arange(ch.start, ch.start + m, device=h.device) for ch, m in zip(chunks, sizes)])
-        cos, sin = rope_cos_sin(pos, c.rotary_dim, c.rope_theta, h.dtype)
-        bounds = [0]
-        for m in sizes:
-            bounds.append(bounds[-1] + m)
-        for l in range(c.num_hidden_layers):
-            q_ = f"layers.{l}."
-            a = rms_norm(h, p[q_ + "attn_norm"], c.rms_norm_eps)
-            qkv = linear(a, p[q_ + "wqkv"]).view(n, H + 2 * K, hd)
-            q, k, v = qkv[:, :H], qkv[:, H:H + K], qkv[:, H + K:]
-            q = apply_rope(rms_norm(q, p[q_ + "q_norm"], c.rms_norm_eps), cos, sin)
-            k = apply_rope(rms_norm(k, p[q_ + "k_norm"], c.rms_norm_eps), cos, sin)
-            outs = []
-            for i, ch in enumerate(chunks):
-                r0, r1 = bounds[i], bounds[i + 1]
-                ch.cache.write(l, ch.start, k[r0:r1], v[r0:r1])
-                kk, vv = ch.cache.view(l, ch.start + r1 - r0)
-                outs.append(attention_forward(q[r0:r1], kk, vv, ch.start, ch.block_size))
-            o = outs[0] if len(outs) == 1 else torch.cat(outs)
-            h = h + comm.sum(linear(o.reshape(n, H * hd), p[q_ + "wo"])).to(h.dtype)
-            m = rms_norm(h, p[q_ + "mlp_norm"], c.rms_norm_eps)
-            h = h + comm.sum(self._dense(l, m) if l < c.first_k_dense_replace else self._moe(l, m)).to(h.dtype)
-        want = [i for i, ch in enumerate(chunks) if ch.logits]
-        result = [None] * len(chunks)
-        if not want:
-            return result
-        rows = h if len(want) == len(chunks) else torch.cat([h[bounds[i]:bounds[i + 1]] for i in want])
-        lg = linear(rms_norm(rows, p["final_norm"], c.rms_norm_eps), p["lm_head"]).float()
-        at = 0
-        for i in want:
-            result[i] = lg[at:at + sizes[i]]
-            at += sizes[i]
-        return result
+    def _local_heads(self) -> tuple[int, int]:
+        """This rank's (query heads, KV heads): :meth:`LLaDA2Model.forward_chunks` runs unchanged on them."""
+        return len(self.plan.q_heads), len(self.plan.kv_heads)
+
+    def _combine(self, partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The sum over ranks of a layer's partial attention or MLP output (two all-reduces per layer), in
+        ``dtype``; each rank's logits are then over its vocabulary slice ``[n, |plan.vocab|]`` fp32."""
+        return self.comm.sum(partial).to(dtype)
 
     def _moe(self, l: int, x: torch.Tensor) -> torch.Tensor:
         """This rank's MoE partial ``[n, D]`` fp32: its routed experts plus its columns of the shared expert."""
