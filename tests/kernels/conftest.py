@@ -9,6 +9,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import triton_interpreter  # noqa: E402  (tests/: on sys.path through tests/conftest.py)
+
+triton_interpreter.install()  # a helper's repeated language patch skipped under the interpreter (its docstring)
+
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
