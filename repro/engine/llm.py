@@ -216,9 +216,10 @@ ValueError when unsupported) or ``"off"``. ``tensor_parallel_size``: N > 1 split
         if backend != "engine" or graphs == "on":
             raise ValueError("tensor_parallel_size > 1 runs the eager engine (backend='engine', graphs 'auto' or "
                              "'off'); the CUDA-graph and reference paths run on one rank")
-        if self.precision == "nvfp4-w4a16":
-            raise ValueError("precision 'nvfp4-w4a16' keeps experts packed, which are not split across ranks yet; "
-                             "use 'bf16' (experts dequantized at load) with tensor_parallel_size > 1")
+        if self.precision == "nvfp4-w4a16" and self.config.quantization is None:
+            raise ValueError(f"{self.path}: precision 'nvfp4-w4a16' keeps an NVFP4 checkpoint's routed experts "
+                             "packed, but config.json has no quantization_config (not an NVFP4 checkpoint); use "
+                             "precision 'bf16' or 'fp32'")
         check_devices(self.device, n)
         spec = dict(path=str(self.path), role=self.role, precision=self.precision, device=str(self.device),
                     adapter_map=None if adapter_map is None else str(adapter_map), kernels=self.kernels)

@@ -11,7 +11,10 @@ Layout of rank r of N (:class:`ShardPlan`; docs/engine.md §15):
 * routed experts by expert (expert parallelism): experts ``[r·E/N, (r+1)·E/N)``. The router (fp32) runs on
   every rank over every token, so every rank knows every token's experts; a rank computes the tokens routed to
   its experts and the partial outputs are combined with the other partials of the layer (for the 32-row
-  rounds of block decoding a sum of partials moves as few bytes as an all-to-all dispatch would);
+  rounds of block decoding a sum of partials moves as few bytes as an all-to-all dispatch would). Packed
+  4-bit experts (precision ``nvfp4-w4a16``, :class:`~repro.checkpoint.nvfp4.NVFP4Experts`) split the same way
+  and stay packed: each rank holds the bytes of its experts (:func:`shard_nvfp4_experts`) and runs them as the
+  one-rank eager model does (dequantized per expert in torch on the CPU, the 4-bit Triton kernels on a GPU);
 * ``lm_head`` by vocabulary rows ``[r·⌈V/N⌉, …)``: a rank's forward returns logits over its vocabulary slice
   only; the decoder step reduces argmax / softmax / confidence / the ORL residual across ranks on the device
   (:class:`VocabShard`). Embeddings, norms, router and adapter are replicated.
@@ -38,12 +41,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from repro.checkpoint.nvfp4 import NVFP4Experts
 from repro.engine.cache import KVCache
 from repro.engine.config import LLaDA2Config
 from repro.engine.layers.linear import linear
 from repro.engine.layers.mlp import swiglu
 from repro.engine.layers.moe import _ACTIVE_NAME, moe_forward, route
-from repro.engine.model import LLaDA2Model
+from repro.engine.model import LLaDA2Model, resolve_precision
+from repro.engine.weights import FP32_PARAMS
 
 
 def _split_problem(cfg: LLaDA2Config, n: int) -> str | None:
@@ -162,9 +167,52 @@ class Comm:
         return bool(t.item())
 
 
-def shard_params(params: dict[str, torch.Tensor], plan: ShardPlan, device) -> dict[str, torch.Tensor]:
+def _gate_up_rows(t: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
+    """The rank's rows of a fused gate/up ``[2I, D]`` (dense layer, shared expert): ``I/N`` rows of each half."""
+    half = t.shape[-2] // 2
+    w = half // plan.size
+    a, b = plan.rank * w, (plan.rank + 1) * w
+    return torch.cat([t[..., a:b, :], t[..., half + a:half + b, :]], -2)
+
+
+def _down_cols(t: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
+    """The rank's columns of a down projection ``[D, I]``: ``I/N`` columns (a partial sum over ranks)."""
+    w = t.shape[-1] // plan.size
+    return t[..., plan.rank * w:(plan.rank + 1) * w]
+
+
+def shard_nvfp4_experts(w: NVFP4Experts, plan: ShardPlan, device, dtype: torch.dtype | None = None,
+                        gate_up: bool = True) -> NVFP4Experts:
+    """The rank's share of one layer's packed routed experts, still packed: experts ``plan.experts`` of
+    ``w`` (``q`` ``[E_r, out, in/2]``, ``s`` ``[E_r, out, in/16]``, ``g`` ``[E_r, parts]``: slices along E, the
+    bytes and the ``layout`` unchanged, so local expert ``e - plan.experts.start`` dequantizes to exactly the
+    values of expert ``e``), copied to ``device``; values dequantize to ``dtype`` (default ``w.dtype``).
+    ``w.shared`` (the dense shared expert a kernel layout attaches, :meth:`NVFP4Experts.with_shared`) is split as
+    the bf16 shared expert is: ``gate_up`` True (``w_gate_up``, shared ``[2S, D]``) the rank's ``S/N`` rows of
+    each half, False (``w_down``, shared ``[D, S]``) its ``S/N`` columns, so the ranks' outputs sum to the
+    shared expert's. Raises ValueError when ``w`` does not hold the config's ``num_experts`` experts."""
+    ex = plan.experts
+    if w.E != plan.cfg.num_experts:
+        raise ValueError(f"NVFP4 experts: {w.E} experts in the tensor, the config has {plan.cfg.num_experts} "
+                         f"(split over {plan.size} ranks as experts [{ex.start}, {ex.stop}) on rank {plan.rank})")
+    o = NVFP4Experts(len(ex), w.out_f, w.in_f, w.parts, w.dtype if dtype is None else dtype, device, w.layout)
+    o.q.copy_(w.q[ex.start:ex.stop])
+    o.s.copy_(w.s[ex.start:ex.stop])
+    o.g.copy_(w.g[ex.start:ex.stop])
+    if w.shared is not None:
+        sh = _gate_up_rows(w.shared, plan) if gate_up else _down_cols(w.shared, plan)
+        o.shared = sh.to(device=device, dtype=o.dtype).contiguous()
+    return o
+
+
+def shard_params(params: dict[str, torch.Tensor], plan: ShardPlan, device,
+                 dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The rank's slices of a full parameter dict (layout of :mod:`repro.engine.weights`), copied to
-    ``device`` (contiguous). Raises ValueError for packed (NVFP4) experts, which are not split yet."""
+    ``device`` (contiguous). Packed routed experts (:class:`~repro.checkpoint.nvfp4.NVFP4Experts`, precision
+    ``nvfp4-w4a16``) are split by experts and stay packed (:func:`shard_nvfp4_experts`). ``dtype``: the model
+    dtype on ``device`` when it differs from the loaded one (``nvfp4-w4a16`` is read as fp32 on the CPU and
+    runs in bf16 on a GPU): floating tensors are cast to it, except the fp32 router and expert bias. Raises
+    ValueError for a packed tensor anywhere but the routed experts."""
     c, hd = plan.cfg, plan.cfg.head_dim
     H, K = c.num_attention_heads, c.num_key_value_heads
     q, kv, ex, vo = plan.q_heads, plan.kv_heads, plan.experts, plan.vocab
@@ -172,42 +220,46 @@ def shard_params(params: dict[str, torch.Tensor], plan: ShardPlan, device) -> di
     def rows(t, r: range, width: int = 1):
         return t[r.start * width:r.stop * width]
 
-    def halves(t, r: range, width: int):  # fused gate/up rows: slice each half
-        half = t.shape[-2] // 2
-        return torch.cat([t[..., r.start * width:r.stop * width, :], t[..., half + r.start * width:half + r.stop * width, :]], -2)
-
     out = {}
     for n, t in params.items():
+        if isinstance(t, NVFP4Experts) and n.endswith(("moe.w_gate_up", "moe.w_down")):
+            out[n] = shard_nvfp4_experts(t, plan, device, dtype, gate_up=n.endswith("w_gate_up"))
+            continue
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{n}: packed 4-bit experts are not split across ranks yet; load with precision "
-                             "'bf16' (dequantized) for tensor_parallel_size > 1")
+            raise ValueError(f"{n}: a {type(t).__name__} cannot be split across ranks (only the routed experts "
+                             "moe.w_gate_up / moe.w_down may be packed NVFP4Experts)")
         if n.endswith(".wqkv"):
             t = torch.cat([rows(t, q, hd), rows(t[H * hd:], kv, hd), rows(t[(H + K) * hd:], kv, hd)])
         elif n.endswith(".wo"):
             t = t[:, q.start * hd:q.stop * hd]
         elif n.endswith(("mlp.w_gate_up", "moe.shared_gate_up")):
-            w = t.shape[0] // 2 // plan.size
-            t = halves(t, range(plan.rank, plan.rank + 1), w)
+            t = _gate_up_rows(t, plan)
         elif n.endswith(("mlp.w_down", "moe.shared_down")):
-            w = t.shape[1] // plan.size
-            t = t[:, plan.rank * w:(plan.rank + 1) * w]
+            t = _down_cols(t, plan)
         elif n.endswith(("moe.w_gate_up", "moe.w_down")):
             t = t[ex.start:ex.stop]
         elif n == "lm_head":
             t = t[vo.start:vo.stop]
+        if dtype is not None and t.is_floating_point() and not FP32_PARAMS.match(n):
+            t = t.to(dtype)
         out[n] = t.to(device).contiguous()
     return out
 
 
-def _routed_local(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, weights: torch.Tensor,
+def _routed_local(x: torch.Tensor, w_gate_up, w_down, weights: torch.Tensor,
                   ids: torch.Tensor, lo: int) -> torch.Tensor:
     """This rank's routed-expert partial ``[n, D]`` fp32: experts ``lo .. lo+E_r-1`` (``w_gate_up`` /
-    ``w_down`` are their ``[E_r, …]`` slices). The torch seam: the loop of ``moe_forward_torch`` over the
-    local experts (same products, ascending order). Another seam (Triton): the seam on local ids, tokens of
-    other ranks' experts sent to local expert 0 with weight 0."""
+    ``w_down`` are their ``[E_r, …]`` slices: tensors, or :class:`~repro.checkpoint.nvfp4.NVFP4Experts` of the
+    rank's experts, precision ``nvfp4-w4a16``). The torch seam: the loop of ``moe_forward_torch`` over the
+    local experts (same products, ascending order; ``w[e - lo]`` of packed experts dequantizes that one expert
+    to the values dequantize-at-load holds, as on one rank). Another seam (Triton): the seam on local ids,
+    tokens of other ranks' experts sent to local expert 0 with weight 0 — for packed experts the same 4-bit
+    kernels (dequantizing in registers) the one-rank eager model runs, over ``E_r`` experts."""
     e_r = w_gate_up.shape[0]
     local = (ids >= lo) & (ids < lo + e_r)
     if _ACTIVE_NAME[0] != "torch":
+        if getattr(w_gate_up, "shared", None) is not None:  # the shared expert is added by the caller
+            w_gate_up, w_down = w_gate_up.with_shared(None), w_down.with_shared(None)
         lid = torch.where(local, ids - lo, torch.zeros_like(ids))
         return moe_forward(x, w_gate_up, w_down, torch.where(local, weights, torch.zeros_like(weights)),
                            lid).float()
@@ -225,11 +277,16 @@ class ShardedModel(LLaDA2Model):
     """One rank's :class:`~repro.engine.model.LLaDA2Model`: the slices of :func:`shard_params`, a KV cache of its
     own KV heads, and a forward whose logits are over the rank's vocabulary slice ``[n, |plan.vocab|]`` fp32
     (reduced in the decoder step through :attr:`vocab`). Every rank must run the same forwards in the same
-    order (the collectives pair up): :mod:`repro.engine.ranks` drives that."""
+    order (the collectives pair up): :mod:`repro.engine.ranks` drives that. ``dtype``: the rank's model dtype
+    (default: the precision's on ``device``; ``full`` may have been read in another, see :func:`shard_params`)."""
 
-    def __init__(self, full: LLaDA2Model, plan: ShardPlan, comm: Comm, device):
-        super().__init__(full.cfg, shard_params(full.params, plan, device), full.dtype, device, full.with_adapter)
-        self.precision = getattr(full, "precision", None)
+    def __init__(self, full: LLaDA2Model, plan: ShardPlan, comm: Comm, device, dtype: torch.dtype | None = None):
+        precision = getattr(full, "precision", None)
+        if dtype is None:  # nvfp4-w4a16 is read on the CPU in fp32 and runs in bf16 on a GPU (resolve_precision)
+            dtype = resolve_precision(precision, device)[0] if precision == "nvfp4-w4a16" else full.dtype
+        params = shard_params(full.params, plan, device, None if dtype == full.dtype else dtype)
+        super().__init__(full.cfg, params, dtype, device, full.with_adapter)
+        self.precision = precision
         self.plan, self.comm = plan, comm
         self.vocab = VocabShard(plan, comm)
 
@@ -240,12 +297,18 @@ class ShardedModel(LLaDA2Model):
         full model (shapes from slicing a ``meta``-device model): norms ``1 + N(0, 0.1²)``, expert bias ``N(0, 0.1²)``, embeddings ``N(0, 1)``, the rest
         ``N(0, 1/fan_in)`` (lm_head ×6), as :meth:`LLaDA2Model.random`. Replicated tensors (embeddings, norms,
         router, expert bias) are the same on every rank, split ones are seeded per rank. For benchmarks
-        (:mod:`repro.engine.bench.parallel`)."""
+        (:mod:`repro.engine.bench.parallel`). ``dtype`` ``"nvfp4-w4a16"``: the rank's routed experts are random
+        packed NVFP4 (:func:`repro.engine.kernels.moe_w4.random_nvfp4_experts`), the rest as for bf16."""
         meta = LLaDA2Model.empty(cfg, "meta", dtype, with_adapter=False)
-        self = cls(meta, plan, comm, "meta")
+        self = cls(meta, plan, comm, "meta", resolve_precision(dtype, device)[0])
         for i, (name, t) in enumerate(sorted(self.params.items())):
             split = not name.endswith(("norm", "embed", "router", "expert_bias"))
             g = torch.Generator(device=device).manual_seed((int(seed) * 1_000_003 + i) * 64 + (plan.rank if split else 0))
+            if isinstance(t, NVFP4Experts):
+                from repro.engine.kernels.moe_w4 import random_nvfp4_experts
+
+                self.params[name] = random_nvfp4_experts(t.E, t.out_f, t.in_f, t.parts, t.dtype, device, g)
+                continue
             buf = torch.empty(t.shape, dtype=torch.float32, device=device)
             if name.endswith("norm"):
                 buf.normal_(1.0, 0.1, generator=g)

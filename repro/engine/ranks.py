@@ -85,7 +85,8 @@ def select_kernels(kernels: str) -> None:
 
 def load_rank(spec: dict, rank: int, n: int):
     """This rank's :class:`~repro.engine.parallel.ShardedModel` from ``spec`` (``path``, ``role``, ``precision``,
-    ``device``, ``adapter_map``): the checkpoint is read on the CPU, sliced, and the slices moved to the device.
+    ``device``, ``adapter_map``): the checkpoint is read on the CPU, sliced, and the slices moved to the device
+    (``nvfp4-w4a16``: the routed experts stay packed, split by expert; the rest in the precision's dtype there).
     With ``config`` (a config.json dict) and ``seed`` instead of ``path``: random slices in those shapes
     (:meth:`~repro.engine.parallel.ShardedModel.random`, benchmarks)."""
     from repro.engine.config import LLaDA2Config

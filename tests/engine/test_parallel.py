@@ -1,6 +1,7 @@
 """Tensor / expert parallelism on the CPU (gloo, fp32, the tiny checkpoint): one request over 2 and 4 ranks
-gives one rank's greedy tokens and forward counts on real benchmark prompts; bad sizes, missing devices, a dead
-rank and a hung rank each end in one clear error without a hang (repro.engine.parallel, repro.engine.ranks)."""
+gives one rank's greedy tokens and forward counts on real benchmark prompts, also at precision nvfp4-w4a16 on the
+tiny NVFP4 checkpoint (packed experts split by expert); bad sizes, missing devices, a dead rank and a hung rank
+each end in one clear error without a hang (repro.engine.parallel, repro.engine.ranks)."""
 
 import dataclasses
 import os
@@ -235,3 +236,111 @@ def test_teacher_forced_logits_of_n_ranks_match_one_rank(tiny_dir, tiny_model, t
     assert rest == [None] * (n - 1) and got.shape == want.shape
     assert torch.equal(got, want) if n == 1 else (got - want).abs().max().item() < 1e-4
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+# ---------------------------------------------------------------- precision nvfp4-w4a16: packed experts split
+
+W4_BUDGET = 32  # one block of the tiny model's paper block size: prefill, denoising rounds and the commit
+
+
+@pytest.fixture(scope="module")
+def nvfp4_dir(tmp_path_factory):
+    from repro.checkpoint.tiny import write_tiny
+
+    d = tmp_path_factory.mktemp("tiny_nvfp4_tp")
+    write_tiny(d, seed=1, nvfp4=True)
+    return d
+
+
+def test_split_nvfp4_experts_dequantize_to_the_full_experts_rows_and_columns(nvfp4_dir):
+    """Each rank's packed shard holds the bytes of experts plan.experts (layout kept) and dequantizes to exactly
+    those experts of the full tensor; the attached shared expert is split by gate/up rows and down columns, so the
+    ranks' shared-expert outputs sum to the full one; the ranks' routed partials (torch loop and the local-id seam)
+    sum to the one-rank MoE; a rank model built for a GPU casts to bf16 but keeps the router fp32."""
+    import torch
+
+    from repro.checkpoint.nvfp4 import NVFP4Experts
+    from repro.engine.layers import moe as seam
+    from repro.engine.layers.mlp import swiglu
+    from repro.engine.model import LLaDA2Model
+    from repro.engine.parallel import Comm, ShardedModel, _routed_local, shard_nvfp4_experts, shard_params
+
+    full = LLaDA2Model.from_pretrained(nvfp4_dir, "cpu", "nvfp4-w4a16")
+    cfg, p, q = full.cfg, full.params, "layers.1.moe."
+    gu, dn = p[q + "w_gate_up"].with_shared(p[q + "shared_gate_up"]), p[q + "w_down"].with_shared(p[q + "shared_down"])
+    deq = {"gu": gu.dequantize(), "dn": dn.dequantize()}
+    S = p[q + "shared_down"].shape[1]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, cfg.hidden_size, generator=g)
+    w, ids = seam.route(x, p[q + "router"], p.get(q + "expert_bias"), cfg.num_experts_per_tok, cfg.n_group,
+                        cfg.topk_group, cfg.routed_scaling_factor, cfg.norm_topk_prob)
+    want_routed = seam.moe_forward_torch(x, p[q + "w_gate_up"], p[q + "w_down"], w, ids)
+    assert torch.unique(ids).numel() > cfg.num_experts // 2  # the routing reaches most experts, so every rank works
+    seam.register_moe_impl("torch-by-local-ids", seam.moe_forward_torch)  # the non-torch branch, on the CPU
+    try:
+        for n in (2, 4):
+            shared_sum, routed = 0, {"torch": 0, "torch-by-local-ids": 0}
+            for r in range(n):
+                plan = ShardPlan(cfg, n, r)
+                ex = plan.experts
+                a, b = shard_nvfp4_experts(gu, plan, "cpu"), shard_nvfp4_experts(dn, plan, "cpu", gate_up=False)
+                for sh, src, key in ((a, gu, "gu"), (b, dn, "dn")):
+                    assert isinstance(sh, NVFP4Experts) and sh.layout == src.layout == "lut"
+                    assert sh.shape == (cfg.num_experts // n,) + src.shape[1:] and sh.parts == src.parts
+                    assert torch.equal(sh.q, src.q[ex.start:ex.stop]) and torch.equal(sh.g, src.g[ex.start:ex.stop])
+                    assert torch.equal(sh.dequantize(), deq[key][ex.start:ex.stop])
+                    assert torch.equal(sh[1], src[ex.start + 1])
+                w_ = S // n
+                assert torch.equal(a.shared, torch.cat([gu.shared[r * w_:(r + 1) * w_],
+                                                        gu.shared[S + r * w_:S + (r + 1) * w_]]))
+                assert torch.equal(b.shared, dn.shared[:, r * w_:(r + 1) * w_])
+                shared_sum = shared_sum + swiglu(x, a.shared, b.shared).float()
+                for impl in routed:
+                    seam.set_moe_impl(impl)
+                    routed[impl] = routed[impl] + _routed_local(x, a, b, w, ids, ex.start)
+                half = shard_nvfp4_experts(gu, plan, "cpu", torch.bfloat16)
+                assert torch.equal(half.dequantize(), deq["gu"][ex.start:ex.stop].to(torch.bfloat16))
+            torch.testing.assert_close(shared_sum, swiglu(x, gu.shared, dn.shared), rtol=0, atol=1e-5)
+            for impl, got in routed.items():
+                torch.testing.assert_close(got, want_routed, rtol=0, atol=1e-5, msg=impl)
+    finally:
+        seam.set_moe_impl("torch")
+        seam._IMPLS.pop("torch-by-local-ids")
+
+    plan = ShardPlan(cfg, 2, 1)  # a rank for a GPU: nvfp4-w4a16 runs in bf16 there (here built on the CPU)
+    m = ShardedModel(full, plan, Comm(1, 2), "cpu", torch.bfloat16)
+    assert m.dtype == torch.bfloat16 and m.precision == "nvfp4-w4a16"
+    assert m.params[q + "router"].dtype == torch.float32 and m.params["embed"].dtype == torch.bfloat16
+    assert m.params[q + "w_down"].dtype == torch.bfloat16 and m.params[q + "w_down"].E == cfg.num_experts // 2
+    assert torch.equal(m.params["lm_head"], p["lm_head"][plan.vocab.start:plan.vocab.stop].to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"layers.1.moe.shared_down: a NVFP4Experts cannot be split"):
+        shard_params({q + "shared_down": dn}, plan, "cpu")
+    rnd = ShardedModel.random(cfg, plan, Comm(1, 2), "cpu", "nvfp4-w4a16")  # bench round --precision nvfp4-w4a16
+    assert isinstance(rnd.params[q + "w_gate_up"], NVFP4Experts) and rnd.params[q + "w_gate_up"].E == 8
+    assert rnd.params[q + "w_gate_up"].q.any() and rnd.params[q + "shared_down"].dtype == torch.float32
+
+
+@pytest.fixture(scope="module")
+def w4_one_rank(nvfp4_dir, prompts):
+    """One rank's nvfp4-w4a16 outputs on the GSM8K prompt: {decoder: (token ids, forwards)}."""
+    llm = LLM(nvfp4_dir, role="orl", device="cpu", precision="nvfp4-w4a16")
+    return {alg: (o.token_ids, o.forwards) for alg in ("joint_threshold", "orl")
+            for o in [llm.generate(prompts[0], {"algorithm": alg, "max_new_tokens": W4_BUDGET})]}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_n_ranks_with_packed_4bit_experts_give_one_ranks_tokens_and_forwards(nvfp4_dir, prompts, w4_one_rank, n):
+    with LLM(nvfp4_dir, role="orl", device="cpu", precision="nvfp4-w4a16", tensor_parallel_size=n) as llm:
+        from repro.checkpoint.nvfp4 import NVFP4Experts
+
+        w = llm.model.params["layers.1.moe.w_gate_up"]
+        assert isinstance(w, NVFP4Experts) and w.E == llm.config.num_experts // n
+        for alg in ("joint_threshold", "orl"):
+            o = llm.generate(prompts[0], {"algorithm": alg, "max_new_tokens": W4_BUDGET})
+            assert (o.token_ids, o.forwards) == w4_one_rank[alg], alg
+            assert o.generated_tokens > 0 and o.forwards["denoise"] > 1
+
+
+def test_packed_4bit_on_a_checkpoint_that_is_not_nvfp4_is_refused_before_ranks_start(tiny_dir):
+    with pytest.raises(ValueError, match=r"no quantization_config \(not an NVFP4 checkpoint\); use precision 'bf16'"):
+        LLM(tiny_dir, device="cpu", precision="nvfp4-w4a16", tensor_parallel_size=2)

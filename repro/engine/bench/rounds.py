@@ -390,8 +390,8 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     ap.add_argument("--algorithms", default="joint_threshold,orl", help="batch mode: decoders of the invariance check "
                     "(default: %(default)s)")
     ap.add_argument("--precision", default="bf16", choices=["bf16", "nvfp4-w4a16"],
-                    help="decode and batch modes: the model's precision (nvfp4-w4a16: random NVFP4 routed experts, "
-                    "kept packed; batch mode: sections batched-graph and invariance-graph only) (default: %(default)s)")
+                    help="decode and batch modes, round with --tensor-parallel-size: the model's precision "
+                    "(nvfp4-w4a16: random NVFP4 routed experts, kept packed; batch mode: sections batched-graph and invariance-graph only) (default: %(default)s)")
     ap.add_argument("--variants", default=None, help="round: comma-separated BlockForward variants to time (names "
                     "of bench.variants.VARIANTS; default ROUND_VARIANTS); the fastest is the round's engine")
     ap.add_argument("--w4-variants", default=None, help="round: also time these variants on the 4-bit round (default "
@@ -399,8 +399,9 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     ap.add_argument("--breakdown", action="store_true", help="round: per-kernel table of one round (torch.profiler "
                     "over graph replays) for the BF16 and 4-bit rounds, P = first prefix, default and best variants")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                    help="round: split the round over N GPUs (repro/engine/bench/parallel.py: eager, BF16; times N = 1 "
-                         "and N in the same call, and the time in collectives; default: %(default)s, the single-GPU round)")
+                    help="round: split the round over N GPUs (repro/engine/bench/parallel.py: eager, at --precision: "
+                         "bf16, or nvfp4-w4a16 with the packed experts split by expert; times N = 1 and N in the same "
+                         "call, and the time in collectives; default: %(default)s, the single-GPU round)")
     ap.add_argument("--no-w4", action="store_true", help="round/all: skip the weights-only 4-bit (nvfp4-w4a16) "
                     "round (repro/engine/bench/w4.py) that otherwise follows the BF16 round")
     return ap
