@@ -13,6 +13,7 @@ A uniquely named module (several test folders have a conftest): ``from eval_data
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -57,3 +58,16 @@ def require(*files: str) -> Path:
     if d is None:
         pytest.skip(SKIP_REASON)
     return d
+
+
+def chat_prompts(n_each: int, benchmarks: tuple[str, ...] = ("gsm8k", "humaneval")) -> list[list[dict]]:
+    """The chat messages (``build_prompt(...).messages``) of the first ``n_each`` problems of each of
+    ``benchmarks``, in that order, from the real data files; skips the calling test (:func:`require`) without them."""
+    from repro.prompts import build_prompt
+
+    d = require(*(f"{b}.jsonl" for b in benchmarks))
+    out = []
+    for bench in benchmarks:
+        with (d / f"{bench}.jsonl").open() as f:
+            out += [build_prompt(bench, json.loads(next(f))).messages for _ in range(n_each)]
+    return out

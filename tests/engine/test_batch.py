@@ -9,22 +9,10 @@ from repro.engine import LLM
 from repro.engine.batch import BatchRequest, BatchStats, generate_batch
 from repro.engine.layers.linear import ROW_TILE, linear
 from repro.engine.model import Chunk
-from repro.prompts import build_prompt
 
 import eval_data
 
 DATA = eval_data.looked_at()
-
-
-def _real_prompts(n_each: int) -> list:
-    """Chat messages of the first ``n_each`` GSM8K and HumanEval problems of the real data (eval_data)."""
-    eval_data.require("humaneval.jsonl")
-    out = []
-    for bench in ("gsm8k", "humaneval"):
-        with (DATA / f"{bench}.jsonl").open() as f:
-            rows = [json.loads(next(f)) for _ in range(n_each)]
-        out += [build_prompt(bench, r).messages for r in rows]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +64,7 @@ def test_forward_chunks_bit_identical_to_each_chunk_alone(tiny_model):
 @pytest.mark.parametrize("algorithm", ["orl", "joint_threshold"])
 def test_greedy_batch_invariance_on_real_problems(llm, algorithm):
     """10 real GSM8K/HumanEval prompts: token ids and forward counts equal one at a time, batch 1, 3, 8."""
-    prompts = _real_prompts(5)
+    prompts = eval_data.chat_prompts(5)
     dec = {"algorithm": algorithm, "max_new_tokens": 64}
     single = [llm.generate(p, decoder=dec) for p in prompts]
     lengths = {o.generated_tokens for o in single}
@@ -133,7 +121,7 @@ def test_bench_suite_batch_size_8_records_equal_batch_1(tiny_dir, tmp_path):
     path, which are not bit-identical to each other (docs/perf_history.md "Batched generation")."""
     from repro.engine.__main__ import main
 
-    _real_prompts(0)  # skips without the real problem files
+    eval_data.require("humaneval.jsonl")  # skips without the real problem files
     recs = {}
     for bs in (1, 8):
         out = tmp_path / f"bs{bs}"

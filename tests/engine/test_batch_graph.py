@@ -2,7 +2,6 @@
 scheduler, the per-slot on-device step and the round protocol run unchanged over the torch forward
 (TorchSlotForward; graphs need CUDA), on the tiny checkpoint and real problems from ../shared/data."""
 
-import json
 import threading
 
 import pytest
@@ -14,21 +13,8 @@ from repro.engine.decode_loop import EagerStepBackend, generate_ids
 from repro.engine.decoders import DecoderConfig
 from repro.engine.decoders.device import DeviceStep
 from repro.engine.decoders.device_batch import BatchedDeviceStep
-from repro.prompts import build_prompt
 
 import eval_data
-
-DATA = eval_data.looked_at()
-
-
-def _real_prompts(n_each: int) -> list:
-    """Chat messages of the first ``n_each`` GSM8K and HumanEval problems of the real data (eval_data)."""
-    eval_data.require("humaneval.jsonl")
-    out = []
-    for bench in ("gsm8k", "humaneval"):
-        with (DATA / f"{bench}.jsonl").open() as f:
-            out += [build_prompt(bench, json.loads(next(f))).messages for _ in range(n_each)]
-    return out
 
 
 @pytest.mark.parametrize("algorithm,extra", [("orl", {}), ("joint_threshold", {"max_post_steps": 1}),
@@ -89,7 +75,7 @@ def test_graph_path_batch_invariance_and_continuous_batching(tiny_model, tiny_to
     single-request on-device-step engine (EagerStepBackend, prompt prefilled block by block)."""
     m, tok = tiny_model, tiny_tok
     dec = {"algorithm": algorithm, "max_new_tokens": 48}
-    prompts = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in _real_prompts(5)]
+    prompts = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in eval_data.chat_prompts(5)]
     kw = dict(mask_id=tok.mask_id, eos_id=tok.eos_id)
     alone = [generate_ids(_BlockPrefill(m, tok.mask_id), p, dec, **kw) for p in prompts]
     assert len({a.generated_tokens for a in alone}) > 1 and len({sum(a.forwards.values()) for a in alone}) > 1
@@ -138,7 +124,7 @@ def test_llm_generate_list_takes_the_batched_graph_path_on_the_graph_engine(tiny
 
     llm = LLM(tiny_dir, role="orl", precision="fp32", device="cpu")
     monkeypatch.setattr(llm, "engine_path", "cuda-graph")
-    prompts = _real_prompts(2)
+    prompts = eval_data.chat_prompts(2)
     dec = {"algorithm": "orl", "max_new_tokens": 40}
     one = llm.generate(prompts, decoder=dec, batch_size=1)
     assert llm._batch_engine.S == 1
@@ -197,7 +183,7 @@ def test_cuda_graph_batch_invariance_on_the_tiny_model(tiny_dir, forward):
     llm = LLM(tiny_dir, role="orl", precision="bf16", device="cuda")
     assert llm.engine_path == "cuda-graph"
     tok = llm.tokenizer_
-    prompts = [tok.encode(llm.apply_chat_template(p)) for p in _real_prompts(3)]
+    prompts = [tok.encode(llm.apply_chat_template(p)) for p in eval_data.chat_prompts(3)]
     kw = dict(mask_id=llm.mask_id, eos_id=llm.eos_id, forward=forward)
     for algorithm in ("orl", "joint_threshold"):
         reqs = [BatchRequest(p, {"algorithm": algorithm, "max_new_tokens": 64}) for p in prompts]
@@ -268,7 +254,7 @@ def test_graph_path_wakes_a_request_only_at_block_boundaries(tiny_model, tiny_to
 
     m, tok = tiny_model, tiny_tok
     dec = {"algorithm": "joint_threshold", "max_new_tokens": 64}
-    prompts = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in _real_prompts(2)]
+    prompts = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in eval_data.chat_prompts(2)]
     submits: list = []
     real = batch_mod._Scheduler.submit
     monkeypatch.setattr(batch_mod._Scheduler, "submit", lambda self, slot, job: submits.append(job) or real(self, slot, job))
