@@ -15,26 +15,7 @@ from repro.backends import generation_job as gen
 from repro.checkpoint.manifest import write_manifest
 from repro.data import load_problems
 
-
-class Backend:
-    """Stand-in model (completion = the question's start), so the test is about the writes."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def generate(self, prompts, decoder):
-        for p in prompts:
-            self.calls += 1
-            text = p.messages[-1]["content"][:20]
-            yield {"prompt_text": text, "completion": text, "prompt_tokens": 5, "generated_tokens": 4,
-                   "forwards": {"prefill": 1, "denoise": 1, "commit": 1}, "tpf": 2.0, "wall_s": 0.01,
-                   "tokens_per_s": 400.0, "finish_reason": "eos", "device": "cpu"}
-
-    def describe(self):
-        return {"backend": "stand-in"}
-
-    def close(self):
-        pass
+from fake_backend import FakeBackend
 
 
 @pytest.fixture
@@ -69,7 +50,7 @@ def _one_error_line(err: str, folder: Path) -> str:
 
 def test_enospc_while_appending_records_is_one_line_and_the_rerun_resumes(argv, monkeypatch, capsys):
     out, ids, args = argv
-    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: Backend())
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: FakeBackend())
     real_append, n = gen.append_jsonl, [0]
 
     def append(f, rec):  # the third record finds the disk full, after writing half a line
@@ -88,7 +69,7 @@ def test_enospc_while_appending_records_is_one_line_and_the_rerun_resumes(argv, 
     assert not out.exists() and not Path(str(out) + ".meta.json").exists()
     assert [r["id"] for r in rio.read_jsonl_tolerant(partial)] == ids[:2]  # whole records; the torn one dropped
     monkeypatch.setattr(gen, "append_jsonl", real_append)
-    backend = Backend()
+    backend = FakeBackend()
     monkeypatch.setattr(gen, "get_backend", lambda *a, **k: backend)
     assert gen.main(args) == 0 and backend.calls == len(ids) - 2
     assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == ids and not partial.exists()
@@ -96,7 +77,7 @@ def test_enospc_while_appending_records_is_one_line_and_the_rerun_resumes(argv, 
 
 def test_enospc_while_writing_the_shard_leaves_no_shard_and_no_temp_file(argv, monkeypatch, capsys):
     out, ids, args = argv
-    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: Backend())
+    monkeypatch.setattr(gen, "get_backend", lambda *a, **k: FakeBackend())
     real_fsync = rio.os.fsync
 
     def fsync(fd):  # the shard's atomic write (temp file + rename) fails at its fsync, as a full disk does

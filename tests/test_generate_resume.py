@@ -11,34 +11,7 @@ from repro.backends import generation_job as gen
 from repro.backends.merge import merge
 from repro.checkpoint.manifest import write_manifest
 
-
-class Killed(Exception):
-    pass
-
-
-class FakeBackend:
-    """Deterministic stand-in for a model: completion = prompt id; can 'die' after k problems."""
-
-    name = "engine"
-
-    def __init__(self, die_after=None):
-        self.die_after, self.calls = die_after, 0
-
-    def generate(self, prompts, decoder):
-        for p in prompts:
-            if self.die_after is not None and self.calls >= self.die_after:
-                raise Killed()
-            self.calls += 1
-            text = p.messages[-1]["content"][:20]
-            yield {"prompt_text": text, "completion": text, "prompt_tokens": 5, "generated_tokens": 4,
-                   "forwards": {"prefill": 1, "denoise": 1, "commit": 1}, "tpf": 2.0, "wall_s": 0.01,
-                   "tokens_per_s": 400.0, "finish_reason": "eos", "device": "cpu"}
-
-    def describe(self):
-        return {"backend": "fake"}
-
-    def close(self):
-        self.closed = True
+from fake_backend import FakeBackend, Killed
 
 
 class LazyBackend(FakeBackend):
