@@ -217,10 +217,16 @@ def bench_throughput(model, mask_id: int, prefix: int, tokens: int, batch_sizes,
             f"floor {floor_ms:.2f} ms ({by['total'] / 1e9:.1f} GB), x{row['round_over_floor']:.2f}, "
             f"{row['distinct_experts_per_layer_mean']:.0f} experts/layer")
         out.append(row)
-    base = next((r for r in out if r["batch_size"] == 1), None)
-    for r in out:
+    return _with_speedup_vs_batch1(out)
+
+
+def _with_speedup_vs_batch1(rows: list[dict]) -> list[dict]:
+    """``rows`` (one per batch size), each given ``speedup_vs_batch1``: its ``tokens_per_s_decode`` over the batch
+    size 1 row's (None in every row when no row has batch size 1)."""
+    base = next((r for r in rows if r["batch_size"] == 1), None)
+    for r in rows:
         r["speedup_vs_batch1"] = r["tokens_per_s_decode"] / base["tokens_per_s_decode"] if base else None
-    return out
+    return rows
 
 
 def _schedule(steps: int, tokens: int) -> dict:
@@ -286,10 +292,7 @@ def bench_batched_graph(model, mask_id: int, prefix: int, tokens: int, batch_siz
             f"floor {floor_ms:.2f} ms, x{row['round_over_floor']:.2f}, capture {warm.capture_s:.1f} s "
             f"({row['forward']}, {row['engine']})")
         out.append(row)
-    base = next((r for r in out if r["batch_size"] == 1), None)
-    for r in out:
-        r["speedup_vs_batch1"] = r["tokens_per_s_decode"] / base["tokens_per_s_decode"] if base else None
-    return out
+    return _with_speedup_vs_batch1(out)
 
 
 class _NullForward:

@@ -1,7 +1,7 @@
 """Command-line plumbing shared by the engine benchmarks (``python -m repro.engine.bench route``,
-``slot-attention``, ``graph-round``; :func:`int_list` and :func:`emit_json` also by ``round``/``decode``/``batch``):
-one way to parse their arguments, refuse a machine without CUDA, read a JSON file named by a flag, log progress,
-and end with the JSON document. Imports no other benchmark module.
+``slot-attention``, ``graph-round``; :func:`int_list` and :func:`emit_json` also by ``round``/``decode``/``batch``,
+:func:`emit_json` and :func:`log` by ``serve``): one way to parse their arguments, refuse a machine without CUDA, read
+a JSON file named by a flag, log progress, and end with the JSON document. Imports no other benchmark module.
 
 Contract (every such benchmark CLI):
 

@@ -215,33 +215,28 @@ def main(argv=None) -> int:
             ap.error(f"--concurrency {a.concurrency!r}: give positive integers separated by commas, e.g. 8,32")
     import torch
 
+    from repro.engine.bench.cli import emit_json, log
+
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "CUDA not available; use --checkpoint DIR --device cpu for a CPU run"}))
         return 2
-
-    def log(msg):
-        print(msg, file=sys.stderr, flush=True)
 
     t = time.perf_counter()
     llm = build_llm(a.checkpoint, a.device, a.role, a.seed)
     log(f"model ready in {time.perf_counter() - t:.1f} s: engine path {llm.engine_path}, {llm.precision}, "
         f"{llm.device}, decoder {llm.default_decoder().algorithm}")
+    on_gpu = torch.cuda.is_available() and str(llm.device).startswith("cuda")
+    gpu = {"gpu": torch.cuda.get_device_name(0)} if on_gpu else {}  # the JSON documents' last key
     if conc:
         rows = [bench_concurrency(llm, c, a.prompt_tokens, a.tokens, a.repeats, a.seed, log) for c in conc]
         doc = {"bench": "repro.engine.bench serve --concurrency", "device": str(llm.device),
                "engine_path": llm.engine_path, "model": a.checkpoint or "llada2.1-mini random bf16",
-               "prompt_tokens": a.prompt_tokens, "max_new_tokens": a.tokens, "concurrency": rows}
-        if torch.cuda.is_available() and str(llm.device).startswith("cuda"):
-            doc["gpu"] = torch.cuda.get_device_name(0)
+               "prompt_tokens": a.prompt_tokens, "max_new_tokens": a.tokens, "concurrency": rows, **gpu}
         for r in rows:
             print(f"{r['concurrency']} concurrent streaming clients: server {r['server_tokens_per_s']:.1f} tokens/s, "
                   f"batched engine at batch {r['concurrency']}: {r['batch_tokens_per_s']:.1f} tokens/s, ratio "
                   f"{r['ratio']:.3f} (target ≥ 0.8), same tokens: {r['same_tokens']}")
-        text = json.dumps(doc)
-        if a.json:
-            Path(a.json).write_text(text + "\n")
-        print(text)
-        return 0
+        return emit_json(doc, a.json)
     g = torch.Generator().manual_seed(a.seed)
     letters = "abcdefghijklmnopqrstuvwxyz "
     prompt = "".join(letters[i] for i in torch.randint(0, len(letters), (a.prompt_tokens,), generator=g).tolist())
@@ -281,16 +276,10 @@ def main(argv=None) -> int:
     doc = {"bench": "repro.engine.bench serve", "device": str(llm.device), "engine_path": llm.engine_path,
            "model": a.checkpoint or "llada2.1-mini random bf16", "prompt_tokens": a.prompt_tokens,
            "max_new_tokens": a.tokens, "direct_tokens_per_s": d, "server_tokens_per_s": s, "ratio": s / d,
-           "target_ratio": 0.95, "runs_direct": runs_d, "runs_server": runs_s}
-    if torch.cuda.is_available() and str(llm.device).startswith("cuda"):
-        doc["gpu"] = torch.cuda.get_device_name(0)
+           "target_ratio": 0.95, "runs_direct": runs_d, "runs_server": runs_s, **gpu}
     print(f"LLM.generate: {d:.1f} tokens/s   server (streamed /generate): {s:.1f} tokens/s   "
           f"ratio server/direct: {s / d:.3f} (target ≥ 0.95)")
-    text = json.dumps(doc)
-    if a.json:
-        Path(a.json).write_text(text + "\n")
-    print(text)
-    return 0
+    return emit_json(doc, a.json)
 
 
 if __name__ == "__main__":
