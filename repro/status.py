@@ -219,9 +219,11 @@ def table(work: Path, suite: str, now: float | None = None) -> str:
 
 
 def suites_in(work: Path) -> list[str]:
-    """Suites with a decoders or generations folder under ``work``, in name order."""
+    """Suites under ``work`` (a folder with a generations folder or rendered decoder configs
+    ``decoders/<model>/<bench>/seed*.yaml``; the run's ``logs/decoders`` holds logs only), in name order."""
     return sorted(p.name for p in Path(work).iterdir()
-                  if p.is_dir() and ((p / "generations").is_dir() or (p / "decoders").is_dir())) \
+                  if p.is_dir() and ((p / "generations").is_dir() or next(p.glob("decoders/*/*/seed*.yaml"), None)
+                                     is not None)) \
         if Path(work).is_dir() else []
 
 

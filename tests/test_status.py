@@ -125,6 +125,10 @@ def test_progress_of_a_stopped_run_then_of_the_finished_one(suite, monkeypatch, 
 
 def test_the_command_names_a_wrong_work_directory_or_suite(suite, tmp_path, capsys):
     work, _ = suite
+    log = work / "logs" / "decoders" / "s" / "tiny-orl" / "gsm8k" / "seed12345.log"  # as a real run's logs lie
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("rendered\n")
+    assert status.suites_in(work) == ["s"]  # the logs folder is no suite (a fresh user saw "suite logs: ...")
     assert status.main(["--work", str(tmp_path)]) == 2
     assert f"no suite has generation files under {tmp_path}: give the run's work directory" in capsys.readouterr().err
     assert status.main(["--work", str(work), "--suite", "paper"]) == 2
