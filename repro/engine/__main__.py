@@ -356,7 +356,8 @@ def main(argv=None) -> int:
             print(o.text)
             print(json.dumps({**{k: getattr(o, k) for k in ("prompt_tokens", "generated_tokens", "forwards", "tpf",
                                                             "wall_s", "request_tps", "finish_reason")},
-                              "engine_path": llm.engine_path}))
+                              "engine_path": llm.engine_path, "precision": llm.precision,
+                              "tensor_parallel_size": llm.tensor_parallel_size}))
             return 0
         from repro.engine.suite import run_suite
         seed = a.seed if a.seed is not None else a.decoder_overrides.get("seed", 12345)
