@@ -36,7 +36,7 @@ def verdicts(data):
     return {r["id"]: r for r in results}, summary
 
 
-@pytest.mark.parametrize("case", CASES or [pytest.param(None, marks=pytest.mark.skip(reason=f"no cases at {cases_path()}"))],
+@pytest.mark.parametrize("case", CASES or [pytest.param(None, marks=pytest.mark.skip(reason=f"scoring cases not found at {cases_path()} (set ORL_EVAL_CASES)"))],
                          ids=[c["id"] for c in CASES] or ["no-cases"])
 def test_case_verdict(case, verdicts):
     got = verdicts[0][case["id"]]
@@ -45,7 +45,7 @@ def test_case_verdict(case, verdicts):
 
 def test_cases_cli(data, tmp_path):
     if not CASES:
-        pytest.skip(f"scoring cases not found at {cases_path()}")
+        pytest.skip(f"scoring cases not found at {cases_path()} (set ORL_EVAL_CASES)")
     slow = ("while True", "setrecursionlimit")  # run to the 10 s timeout; covered by test_case_verdict
     subset = [c for c in CASES if c["benchmark"] != "humaneval" or not any(s in c["model_output"] for s in slow)]
     tmp = tmp_path / "cases.jsonl"
