@@ -128,13 +128,15 @@ def test_clients_that_disconnect_cancel_their_requests(tiny_llm, long_messages, 
 
 def test_non_streaming_client_that_disconnects_while_running_is_cancelled(tiny_llm, long_messages, caplog):
     # blocks come faster than the disconnect poll (as on a GPU: every few ms against 0.25 s); the poll used to
-    # run only when no event came for that long, so a non-streaming request was never cancelled
+    # run only when no event came for that long, so a non-streaming request was never cancelled. Blocks are paced
+    # (≥ 0.3 s each, poll 0.6 s) so that the request is still running when the cancel can land, however fast the
+    # machine decodes: unpaced, the tiny model reached its EOS (410 tokens) in 1.8 s, inside sleep + poll.
     caplog.set_level(logging.INFO, logger="repro.serve")
-    srv = InProcess(tiny_llm, delay=0.0, disconnect_poll_s=2.0)
+    srv = InProcess(tiny_llm, delay=0.3, disconnect_poll_s=0.6)
     try:
         c = _open(srv.port, {"messages": long_messages, "max_new_tokens": 4096, "stream": False})
         assert _wait_for(lambda: srv.stats()["running"], 30)
-        time.sleep(1.0)  # a few blocks decoded
+        time.sleep(0.2)  # a block under way
         c.close()
         assert _wait_for(lambda: srv.stats()["cancelled"] == 1 and not srv.stats()["running"], 30), srv.stats()
         done = next(x for x in caplog.text.splitlines() if " done: " in x)
