@@ -219,7 +219,8 @@ def test_concurrent_streaming_clients_get_the_tokens_each_gets_alone(tiny_llm):
 
 
 def test_a_disconnect_frees_its_batch_slot_for_a_waiting_request(tiny_llm, long_messages):
-    srv = InProcess(tiny_llm, delay=0.25, max_batch=2)
+    # blocks paced at 0.5 s: the tiny model's EOS (410 tokens, 13 blocks) lies ≥ 6.5 s out, far behind the steps
+    srv = InProcess(tiny_llm, delay=0.5, max_batch=2)
     try:
         long = {"messages": long_messages, "max_new_tokens": 4096}
         a, b = _open(srv.port, long), _open(srv.port, long)
