@@ -110,8 +110,10 @@ class EngineBackend:
             path = "batched-cuda-graph" if st.engine == "cuda-graph" else "batched-eager"
         else:
             path = "batched-cuda-graph" if self.llm.engine_path == "cuda-graph" else "batched-eager"
+        from repro.engine.kernels.configs import tiles_report
+
         return {"backend": "engine", "device": dev, "precision": self.precision, "torch": torch.__version__,
-                "engine_path": path,
+                "engine_path": path, "tiles": tiles_report()["summary"] if dev.startswith("cuda") else None,
                 "kernels": self.llm.kernels, "adapter": self.llm.adapter_note, "batch_size": self.batch_size,
                 "tensor_parallel_size": self.tensor_parallel_size, "load_s": self.load_s, "graph_capture_s": self.graph_capture_s,
                 **({"batch": {"rounds": st.rounds, "wall_s": st.wall_s, "max_active": st.max_active,

@@ -62,6 +62,7 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int, q
         "num_shards": len(shards), "prompt_template_version": tv,
         "torch": (first.get("backend_info") or {}).get("torch"), "decoder": first.get("decoder"),
         "engine_path": (first.get("backend_info") or {}).get("engine_path"),
+        "kernel_tiles": (first.get("backend_info") or {}).get("tiles"),  # which tuned tile entry ran (GPU)
         "generation_code_version": first.get("code_version"),
         # per shard: the job that finished it and its fixed costs (model load s, graph capture s, benchmarks
         # sharing the load, GPU, start/end), and the batch size it generated at (repro.backends.generation_job)

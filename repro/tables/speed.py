@@ -181,6 +181,7 @@ def cell_sums(records: list[dict], metas: list[dict], cell: str = "", probe: tup
         "devices": sorted({str(i.get("device")) for i in infos if i.get("device")}),
         "precisions": sorted({str(m.get("precision")) for m in metas if m.get("precision")}),
         "engine_paths": sorted({str(i.get("engine_path")) for i in infos if i.get("engine_path")}),
+        "tiles": sorted({str(i["tiles"]) for i in infos if i.get("tiles")}),
     }
 
 
@@ -328,8 +329,19 @@ def caption(total: dict, suite: str, latex: bool = False) -> str:
             "TPF = generated tokens / (denoise + commit forwards); tokens/s (batch N) = generated tokens / "
             "generation seconds of the jobs; ms/round (batch N) = the batched engine's mean round; load s = "
             "model load per generation job; capture s = CUDA-graph capture per generation job." + prec_sentence
+            + tiles_sentence(total.get("tiles") or [])
             + last_session_sentence(total.get("last_session_only") or []))
     return latex_escape(text) if latex else text
+
+
+def tiles_sentence(tiles: list[str]) -> str:
+    """The caption's words on the GPU kernel tiles that ran (``repro.engine.kernels.configs.tiles_report``'s
+    summaries, as the generation jobs recorded them), e.g. " Kernel tiles: tuned on NVIDIA H200, used on NVIDIA
+    H100 80GB HBM3."; "" when no job ran on a GPU."""
+    if not tiles:
+        return ""
+    said = "; ".join(t[len("tiles "):] if t.startswith("tiles ") else t for t in tiles)
+    return f" Kernel tiles: {said}."
 
 
 def _subset_words(total: dict) -> tuple[str, str]:

@@ -382,10 +382,10 @@ def test_batched_tile_file(monkeypatch):
 
     shape = F.preset_shape()  # the file is keyed by the full-size shapes (E=257, N=512, H=2048)
     W = {"layers": [{"w13": torch.zeros(1)}]}
-    monkeypatch.setattr(C, "device_name", lambda device=None: "cpu")
+    monkeypatch.setattr(C, "current_card", lambda device=None: None)  # the CPU
     assert batched_tiles(W, shape, 32, None) == {}
     assert batched_tiles(W, shape, 32, SMALL_TILES) == SMALL_TILES
-    monkeypatch.setattr(C, "device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(C, "current_card", lambda device=None: C.Card("NVIDIA H200", (9, 0), 132, 4800.0))
     got = batched_tiles(W, shape, 32, None)
     for (fam, kern), name in (("moe", "gate_up"), "moe_gate_up"), (("moe", "down"), "moe_down"), \
             (("dense", "gate_up"), "dense_gate_up"), (("linear", "qkv"), "qkv"), (("linear", "lm_head"), "lm_head"):

@@ -24,3 +24,73 @@ def test_best_of_picks_the_fastest_candidate_and_skips_failures(monkeypatch):
     assert rows[1][2] == "2 GB/s" and rows[2][2].startswith("RuntimeError")
     with pytest.raises(RuntimeError, match="no tile candidate ran"):
         tune._best_of(cands[2:3], lambda c: f"k {c}", lambda cfg: (lambda: None), 1.0, [])
+
+
+# --- the batched round's tiles by slot count (repro/engine/bench/tune_batched.py), timings injected -------------
+
+from repro.engine.bench import tune_batched as TB  # noqa: E402
+from repro.engine.kernels.fastpath_batch import for_slots  # noqa: E402
+
+
+def _times(table):
+    """{candidate index: {S: ms}} -> the list unit_times returns."""
+    return [table[j] for j in range(len(table))]
+
+
+def test_choose_per_slot_keeps_the_previous_tile_within_the_hysteresis():
+    times = _times({0: {1: 1.00, 8: 5.00, 32: 20.0}, 1: {1: 1.50, 8: 4.95, 32: 15.0}, 2: {1: 9.0, 8: 9.0}})
+    # S=8: candidate 1 is 1 % faster than keeping 0 (within 2 %): keep 0; S=32: 25 % faster: switch
+    assert TB.choose_per_slot(times, (1, 8, 32)) == [(1, 0), (8, 0), (32, 1)]
+    with pytest.raises(RuntimeError, match="S=64"):
+        TB.choose_per_slot(times, (1, 64))
+
+
+def test_choose_writes_base_and_whole_steps_that_for_slots_reads_back():
+    cands = [(TB._t(16, 32, 128, 4, 4), TB._t(16, 64, 64, 2, 4)), (TB._t(64, 64, 64, 4, 4), TB._t(64, 128, 64, 4, 3, 1))]
+    times = _times({0: {1: 1.0, 8: 10.0, 32: 40.0}, 1: {1: 2.0, 8: 6.0, 32: 20.0}})
+    out = TB.choose("moe", cands, times, (1, 8, 32))
+    assert set(out) == {"moe_gate_up", "moe_down"}
+    for side, name in enumerate(("moe_gate_up", "moe_down")):
+        assert for_slots(out[name], 1) == cands[0][side]
+        assert for_slots(out[name], 4) == cands[0][side]
+        want = {**cands[1][side], "TMA": cands[1][side].get("TMA", 0)}  # TMA written out: no base key leaks in
+        assert for_slots(out[name], 8) == want and for_slots(out[name], 32) == want
+    assert out["moe_gate_up"]["by_slots"] == {"8": {**cands[1][0], "TMA": 0}}
+
+
+def test_choose_w4_keeps_one_group_and_steps_only_block_m_and_stages():
+    cands = TB.W4[:8]  # two groups (BLOCK_N/BLOCK_K/warps), each at BLOCK_M 16 / 32 and 3 / 4 stages
+    ms = {}
+    for j, (gu, _) in enumerate(cands):
+        group_a = gu["BLOCK_N"] == 64
+        # group A: fastest at S=1 (BLOCK_M 16, 3 stages) and at S=32 (BLOCK_M 32, 4 stages); group B wins only S=8
+        ms[j] = {1: (1.0 if (gu["BLOCK_M"], gu["num_stages"]) == (16, 3) else 1.2) if group_a else 1.1,
+                 8: 2.0 if group_a else 1.5,
+                 32: ((3.0 if (gu["BLOCK_M"], gu["num_stages"]) == (32, 4) else 4.0) if group_a else 3.5)}
+    out = TB.choose("w4", cands, _times(ms), (1, 8, 32))
+    gu = out["moe_w4_gate_up"]
+    assert (gu["BLOCK_N"], gu["BLOCK_M"], gu["num_stages"]) == (64, 16, 3)
+    assert gu["by_slots"] == {"32": {"BLOCK_M": 32, "num_stages": 4}}
+    got = for_slots(gu, 32, w4=True)
+    assert (got["BLOCK_M"], got["num_stages"], got["BLOCK_N"]) == (32, 4, 64)
+    assert for_slots(out["moe_w4_down"], 32, w4=True)["BLOCK_N"] == 128
+
+
+def test_choose_router_takes_the_least_sum_over_slots_and_sets_of_the_cycle():
+    times = _times({0: {1: 1.0, 32: 5.0}, 1: {1: 2.0, 32: 3.0}, 2: {1: 0.5}})  # 2 did not run at S=32
+    out = TB.choose("router", TB.ROUTER[:3], times, (1, 32))
+    assert out == {"moe_router": TB.ROUTER[1][0], "moe_route": {"num_warps": TB.ROUTER[1][1]}}
+    cands = TB.candidates("bf16", quick=True)
+    assert all(len(v) == TB.QUICK for v in cands.values())
+    cfg = TB.set_configs(cands, 5)  # set 5 takes candidate 5 % 4 = 1 of each unit
+    assert cfg["linear"]["qkv"] == TB.LINEAR[1] and cfg["moe"]["down"] == TB.MOE[1][1]
+    assert cfg["moe"]["route"] == {"num_warps": TB.ROUTER[1][1]}
+    assert TB.set_configs(TB.candidates("nvfp4-w4a16", quick=True), 0) == {"moe": dict(zip(("gate_up", "down"), TB.W4[0]))}
+
+
+def test_unit_times_take_each_candidate_from_the_sets_that_ran_it():
+    cands = {"qkv": [1, 2], "moe": [1, 2, 3]}
+    bd = lambda q, g, d: {"qkv": q, "gate_up": g, "down": d}  # noqa: E731
+    sets = [{1: bd(1.0, 1.0, 1.0)}, {1: bd(2.0, 2.0, 2.0)}, {"error": "x"}, {1: bd(0.5, 3.0, 3.0)}]
+    assert TB.unit_times("qkv", cands, sets, (1,)) == [{1: 1.0}, {1: 0.5}]
+    assert TB.unit_times("moe", cands, sets, (1,)) == [{1: 2.0}, {1: 4.0}, {}]

@@ -31,8 +31,10 @@ def env_info() -> dict:
         info["triton"] = None
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
+        from ..kernels.configs import tiles_report
+
         info.update(gpu=p.name, sms=p.multi_processor_count, gpu_mem_GiB=round(p.total_memory / 2**30, 1),
-                    cuda=torch.version.cuda)
+                    cuda=torch.version.cuda, tiles=tiles_report()["summary"])
     return info
 
 

@@ -167,8 +167,9 @@ def kernel_configs(W, shape: ModelShape, T: int, configs: dict | None = None) ->
     """Launch configs of the block forward for ``T``-token blocks: ``{"attn", "moe", "dense", "linear"}``.
 
     ``configs`` (optional) overrides per family: ``attn`` (keys merged into the tuned split-attention config),
-    ``moe`` (kernel name -> tiles; None here means "look the tuned files up by T at call time", or the 4-bit
-    kernels' own tiles :data:`~repro.engine.kernels.moe_w4.W4_TILES_DEFAULT` when ``W``'s experts are packed),
+    ``moe`` (kernel name -> tiles; None here means "look the tuned files up by T at call time", or, when ``W``'s
+    experts are packed, the moe file's tuned ``w4_gate_up`` / ``w4_down`` entries over the 4-bit kernels' own tiles
+    :data:`~repro.engine.kernels.moe_w4.W4_TILES_DEFAULT`),
     ``dense`` (gate_up/down tiles of layer 0), ``linear`` (tiles of the Triton QKV/O GEMMs, merged). Without
     overrides the tuned JSON files of :mod:`repro.engine.kernels.configs` for this device and T, else defaults.
     """
@@ -179,9 +180,10 @@ def kernel_configs(W, shape: ModelShape, T: int, configs: dict | None = None) ->
     attn.update(configs.get("attn", {}))
     moe = configs.get("moe")
     if moe is None and any(not isinstance(L["w13"], torch.Tensor) for L in W["layers"]):
-        from .moe_w4 import W4_TILES_DEFAULT  # packed NVFP4 experts: the 4-bit kernels' own tiles
+        from .moe_w4 import W4_TILES_DEFAULT  # packed NVFP4 experts: the tuned 4-bit entries, else their own tiles
 
-        moe = W4_TILES_DEFAULT
+        key = dict(E=shape.experts + 1, N=shape.moe_inter, H=H, T=T)
+        moe = {k: load_config("moe", "w4_" + k, W4_TILES_DEFAULT[k], **key) for k in ("gate_up", "down")}
     dense = configs.get("dense") or {
         "gate_up": load_config("dense", "gate_up", dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4,
                                                          num_stages=4), N=shape.dense_inter, H=H, T=T),

@@ -1,14 +1,19 @@
-"""Small tuner for the kernels' block sizes at the LLaDA2.1-mini decode shapes; writes configs/*.json.
+"""The tuner of every tile family the engine reads, at the LLaDA2.1-mini decode shapes; writes configs/*.json.
 
-``python -m repro.engine.kernels.tune [--quick] [--out-dir DIR]`` on a CUDA machine. For each kernel it
-times a few candidate configs (CUDA-graph replay of 10 launches, median of 5 replays, after warm-up),
-prints ms and achieved GB/s (bytes the launch must read / time) per config, and saves the fastest
-under this device's name (``torch.cuda.get_device_name()``) in ``configs/<family>_<shape>.json``.
+``python -m repro.engine.kernels.tune [--quick] [--only FAMILIES] [--no-save] [--json FILE]`` on a CUDA machine
+tunes this card (``torch.cuda.get_device_name()``) and saves its entries, with the card's record, in
+``configs/<family>_<shape>.json`` (:func:`~repro.engine.kernels.configs.save_config`); other cards' entries are
+kept. ``--quick`` (a new card, about 10 minutes on an H100) times a few likely candidates per kernel and the batched
+round at 1, 8 and 32 slots; the full run every candidate and 1, 2, 4, 8, 16, 32 slots.
 
-Families / files: ``moe`` (router, route, gate_up, down; E=257 incl. the shared expert, N=512, H=2048,
-T=32), ``dense`` (layer-0 FFN as one expert: gate_up, down; N=5120), ``attn`` (split: NSPLIT, BLOCK_N,
-warps, stages; chosen for the sum of the times at prefix 1024 and 4096). Speed targets are not checked
-here: this only ranks configs.
+Families (``--only``, default all): ``moe`` (single-request router, route, gate_up, down; E=257 incl. the shared
+expert, N=512, H=2048, T=32), ``w4`` (the same expert GEMMs over packed NVFP4 experts: entries ``w4_gate_up`` /
+``w4_down`` of the moe file), ``dense`` (layer-0 FFN as one expert; N=5120), ``linear`` (the Triton QKV / O GEMM),
+``attn`` (split attention: NSPLIT, BLOCK_N, warps, stages; the sum of the times at prefix 1024 and 4096),
+``batched`` and ``batched-w4`` (the batched round's tiles by slot count, BF16 and 4-bit experts:
+:mod:`repro.engine.bench.tune_batched`, which also checks row invariance with what it saved). Single kernels are
+timed as a CUDA-graph replay of 10 launches, median of 5 replays, after warm-up; each row prints ms and GB/s
+(bytes the launch must read / time). Speed targets are not checked here: this only ranks configs.
 """
 from __future__ import annotations
 
@@ -144,6 +149,46 @@ def tune_moe(T=32, H=2048, N=512, E=256, top_k=8, quick=False, seed=0):
     return best, rows
 
 
+W4_CANDS = [  # BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages (gate_up and down alike; K a multiple of 32)
+    (16, 64, 64, 4, 3), (16, 128, 64, 4, 3), (16, 32, 64, 4, 3), (16, 64, 128, 4, 3), (16, 64, 64, 4, 4),
+    (16, 128, 128, 4, 2), (16, 64, 64, 8, 3), (16, 128, 64, 8, 3), (16, 32, 128, 4, 4),
+]
+
+
+def tune_moe_w4(T=32, H=2048, N=512, E=256, top_k=8, quick=False, seed=0):
+    """The single-request expert GEMMs over packed NVFP4 routed experts (+ a BF16 shared expert): entries
+    ``w4_gate_up`` / ``w4_down`` of the moe file (:func:`~repro.engine.kernels.fastpath.kernel_configs` reads them
+    for packed experts). Bytes per launch: the touched experts' 4-bit codes + E4M3 block scales (0.5 + 1/16 byte
+    per weight) and the shared expert in BF16."""
+    from .moe_w4 import random_nvfp4_experts
+
+    dev = "cuda"
+    g = torch.Generator(device=dev)
+    g.manual_seed(seed)
+    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
+    gate = torch.randn(E, H, device=dev, generator=g) * 0.02
+    bias = torch.randn(E, device=dev, generator=g) * 0.01
+    w13 = random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, dev, g).with_shared(
+        torch.randn(2 * N, H, device=dev, generator=g, dtype=torch.bfloat16) * 0.02)
+    w2 = random_nvfp4_experts(E, H, N, 1, torch.bfloat16, dev, g).with_shared(
+        torch.randn(H, N, device=dev, generator=g, dtype=torch.bfloat16) * 0.02)
+    ws = M.MoEWorkspace.create(T, H, N, E, E + 1, top_k, x.dtype, dev)
+    M.moe_route_align(x, gate, bias, ws, E + 1, top_k)
+    torch.cuda.synchronize()
+    D = int((ws.counts[:E] > 0).sum().item())
+    per_w = 0.5 + 1 / 16
+    rows, best = [], {}
+    M.moe_gate_up(x, w13, ws, top_k, {"gate_up": _as_cfg(W4_CANDS[0])})  # a valid intermediate for down
+    for name, nbytes, fn in (
+        ("gate_up", D * 2 * N * H * per_w + 2 * N * H * 2,
+         lambda c: (lambda: M.moe_gate_up(x, w13, ws, top_k, {"gate_up": c}))),
+        ("down", D * H * N * per_w + H * N * 2, lambda c: (lambda: M.moe_down(w2, ws, {"down": c}))),
+    ):
+        best["w4_" + name] = _best_of(W4_CANDS[:3] if quick else W4_CANDS, lambda c: f"w4 {name} {c}", fn, nbytes,
+                                      rows)[1]
+    return best, rows
+
+
 def tune_dense(T=32, H=2048, I=5120, quick=False, seed=0):
     dev = "cuda"
     g = torch.Generator(device=dev)
@@ -220,18 +265,31 @@ def tune_linear(T=32, H=2048, shapes=(("qkv", 3072), ("o", 2048)), quick=False, 
     return best, rows
 
 
+FAMILIES = ("moe", "w4", "dense", "linear", "attn", "batched", "batched-w4")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="few candidates (smoke test)")
-    ap.add_argument("--only", default="moe,dense,attn")
-    ap.add_argument("--no-save", action="store_true")
+    import time
+
+    ap = argparse.ArgumentParser(prog="python -m repro.engine.kernels.tune", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a few likely candidates per kernel, batched round at 1, 8 "
+                                                         "and 32 slots: a new card in about 10 minutes")
+    ap.add_argument("--only", default=",".join(FAMILIES), help=f"comma-separated families of {', '.join(FAMILIES)}")
+    ap.add_argument("--no-save", action="store_true", help="print the choices, write no config file")
+    ap.add_argument("--json", default=None, help="also write the summary (every timing) to this file")
     args = ap.parse_args(argv)
+    parts = [p for p in args.only.split(",") if p]
+    bad = [p for p in parts if p not in FAMILIES]
+    if bad:
+        ap.error(f"--only: unknown famil{'ies' if len(bad) > 1 else 'y'} {', '.join(bad)}; choose from "
+                 f"{', '.join(FAMILIES)}")
     if not torch.cuda.is_available():
-        print("tune: CUDA not available", file=sys.stderr)
+        print("tune: CUDA not available (the tuner times kernels on the card it tunes)", file=sys.stderr)
         return 2
     dev = device_name()
-    summary = {"device": dev, "saved": []}
-    parts = args.only.split(",")
+    t_start = time.perf_counter()
+    summary = {"device": dev, "quick": args.quick, "saved": [], "seconds": {}}
+    print(f"tune: {dev}, families {', '.join(parts)}{' (quick)' if args.quick else ''}", file=sys.stderr)
     if "moe" in parts:
         best, rows = tune_moe(quick=args.quick)
         _print(rows)
@@ -239,6 +297,12 @@ def main(argv=None):
         summary["moe"] = best
         if not args.no_save:
             summary["saved"].append(str(save_config("moe", best, extra=meta, E=257, N=512, H=2048, T=32)))
+    if "w4" in parts:
+        best, rows = tune_moe_w4(quick=args.quick)
+        _print(rows)
+        summary["w4"] = best
+        if not args.no_save:
+            summary["saved"].append(str(save_config("moe", best, E=257, N=512, H=2048, T=32)))
     if "dense" in parts:
         best, rows = tune_dense(quick=args.quick)
         _print(rows)
@@ -257,7 +321,24 @@ def main(argv=None):
         summary["attn"] = best
         if not args.no_save:
             summary["saved"].append(str(save_config("attn", best, NQ=16, NKV=4, D=128, T=32)))
-    print(json.dumps(summary))
+    precisions = [p for f, p in (("batched", "bf16"), ("batched-w4", "nvfp4-w4a16")) if f in parts]
+    if precisions:  # the batched round's tiles by slot count (measured with the bench layer's tools)
+        from repro.engine.bench.tune_batched import summary_table, tune_batched
+
+        res = tune_batched(quick=args.quick, precisions=precisions, save=not args.no_save,
+                           log=lambda m: print(m, file=sys.stderr, flush=True))
+        print(summary_table(res["times"], res["entries"]), file=sys.stderr)
+        summary["batched"] = res
+        if not args.no_save:
+            summary["saved"].append("batched_E=257_N=512_H=2048_T=32.json")
+    summary["seconds"] = round(time.perf_counter() - t_start, 1)
+    print(f"tune: {dev} done in {summary['seconds']:.0f} s; saved {', '.join(summary['saved']) or 'nothing'}",
+          file=sys.stderr)
+    text = json.dumps(summary)
+    if args.json:
+        with open(args.json, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
     return 0
 
 
