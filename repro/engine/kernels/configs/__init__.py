@@ -210,9 +210,9 @@ def _warn_once(card: Card) -> None:
         return
     _warned.add(card.name)
     rep = tiles_report()
-    print(f"repro engine: no kernel tiles tuned for {card.name} ({card.arch}, {card.family}): {rep['summary']}; "
-          f"speed may be well below what this card can do. Tune it (about 10 min): {TUNE_COMMAND}",
-          file=sys.stderr, flush=True)
+    what = ("not every kernel family is tuned for" if rep["status"] == "mixed" else "no kernel tiles tuned for")
+    print(f"repro engine: {what} {card.name} ({card.arch}, {card.family}): {rep['summary']}; speed may be well "
+          f"below what this card can do. Tune it (about 10 min): {TUNE_COMMAND}", file=sys.stderr, flush=True)
 
 
 def save_config(family: str, kernel_cfgs: dict, device=None, extra: dict | None = None, **shape) -> Path:
