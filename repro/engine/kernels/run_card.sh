@@ -3,7 +3,8 @@
 # each step only if named. Usage on the device machine, from the repo root:
 #   bash repro/engine/kernels/run_card.sh STEP [STEP ...]
 # STEPS: card (name, SMs, memory clock), tune-quick, tune (full; TUNE_ONLY=families), tests, round, round-w4,
-#        batch (BF16, 1/8/32), batch-w4, serve (bench serve --concurrency 1,8,32)
+#        batch (BF16, 1/8/32), batch-w4, serve (bench serve --concurrency 1,8,32), spread (batched vs single-request
+#        logits over 12 seeds: scripts/gpu/batched_vs_single_spread.py)
 # Writes under $OUT: card.log, tune.log + tune.json + configs.tar, tests.log, round*.json, batch*.json, serve.json,
 # and each step's seconds in steps.log. Every step is bounded (timeout, and BUDGET_S for the whole call, default
 # 580 s) so the call returns what it measured.
@@ -36,6 +37,7 @@ from repro.engine.kernels.configs import current_card, tiles_report; print(curre
     batch) step batch 240 python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes 1,8,32 --json "$OUT/batch.json" 2>&1 | grep -v '^{' | tail -25 ;;
     batch-w4) step batch-w4 240 python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes 32 --precision nvfp4-w4a16 --json "$OUT/batch_w4.json" 2>&1 | grep -v '^{' | tail -25 ;;
     serve) step serve 300 python3 -m repro.engine.bench serve --concurrency 1,8,32 --tokens 256 --prompt-tokens 512 --repeats 2 --json "$OUT/serve.json" 2>&1 | grep -v '^{' | tail -25 ;;
+    spread) step spread 200 python3 scripts/gpu/batched_vs_single_spread.py --seeds 12 --json "$OUT/spread.json" 2>&1 | grep -v '^{' | tail -16 ;;
     *) echo "run_card.sh: unknown step $s (card, tune-quick, tune, tests, round, round-w4, batch, batch-w4, serve)"; exit 2 ;;
   esac
 done
