@@ -24,7 +24,7 @@ import importlib
 
 from repro import benchmarks
 
-__all__ = ["get", "for_benchmark", "missing", "require", "GradersUnavailable", "FIX"]
+__all__ = ["get", "for_benchmark", "missing", "missing_line", "require", "GradersUnavailable", "FIX"]
 
 #: The one command that makes every grader available (scripts/setup.sh and the scoring image run it).
 FIX = "bash scripts/setup.sh (or: pip install -e '.[graders]' && python -m repro.scoring.graders install)"
@@ -63,9 +63,15 @@ def missing(names) -> list[str]:
     return out
 
 
-def require(names) -> None:
-    """Raise :class:`GradersUnavailable` (one line: what is missing and the fix) unless every grader the
-    benchmarks ``names`` declare can run here."""
+def missing_line(names) -> str | None:
+    """One line naming every grader of the benchmarks ``names`` that cannot run here and the fix; None if all can."""
     lines = missing(names)
-    if lines:
-        raise GradersUnavailable(f"independent grader(s) cannot run here ({'; '.join(lines)}); fix: {FIX}")
+    return f"independent grader(s) cannot run here ({'; '.join(lines)}); fix: {FIX}" if lines else None
+
+
+def require(names) -> None:
+    """Raise :class:`GradersUnavailable` (:func:`missing_line`) unless every grader the benchmarks ``names``
+    declare can run here."""
+    line = missing_line(names)
+    if line:
+        raise GradersUnavailable(line)
