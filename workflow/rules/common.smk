@@ -582,7 +582,7 @@ def table_inputs(wildcards):
     cells = suite_cells(config)
     return {
         "summaries": [W(P.SUMMARY, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
-        # the second grader's disagreements: counted in the caption and provenance (repro/scoring/second_grader.py)
+        # the independent graders' listed verdicts: the caption's band, listed_verdicts.md, provenance (repro/scoring/second_grader.py)
         "disagreements": [W(P.DISAGREEMENTS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "generations": [W(P.GENERATIONS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "images": image_sidecars(),
