@@ -19,7 +19,6 @@ indented block of a list item -- the very kinds to see.
 from __future__ import annotations
 
 import ast
-import textwrap
 
 from ..truncate import truncate_for
 
@@ -59,10 +58,12 @@ def commonmark_code(text: str) -> tuple[str, str]:
 
 
 def _key(code: str) -> str:
+    """The code's AST, or its text when it does not parse (a body continuation); indentation is kept: a
+    block that keeps its list item's indentation is a different program."""
     try:
-        return ast.dump(ast.parse(textwrap.dedent(code)))
+        return ast.dump(ast.parse(code))
     except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return code.strip()
+        return code.rstrip()
 
 
 def grade(benchmark: str, problems: list[dict], completions: dict, scores: list[dict], workers: int,
