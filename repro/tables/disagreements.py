@@ -7,8 +7,8 @@ Contract:
   "listed", "seeds": [{"seed", "n", "accuracy", "band", "listed", "graders", "problems", "report"}]}``.
   ``accuracy`` and ``band`` (percent) are the means over seeds, as the table's accuracy; ``listed`` the sum;
   ``report`` the absolute path of the seed's JSON report. A missing report raises ``WorkFileDamaged`` naming it
-  and the fix (remake the scores): a cell is never shown without its graders. A report that does not parse
-  does too.
+  and the fix (remake the scores) when it does not parse. A seed without a report (scored before the graders
+  existed, or by hand) is kept under ``not_graded`` and the sentence says so: never shown as "0 listed".
 - ``sentence(cells, details) -> str``: the caption's one sentence, e.g. "Independent graders: 1 verdict
   listed (a grader disagrees with ours), counted both ways: tiny LLaDA2 GSM8K 33.3 [0.0, 33.3]; no other
   cell has one; details: results/smoke/listed_verdicts.md." -- per cell, the n of the table (the cell's own
@@ -48,22 +48,22 @@ def collect(work: Path, suite: str, models: list[dict], benchmarks: list[str], s
             for s in seeds:
                 fmt = dict(suite=suite, model=m["name"], bench=b, seed=s)
                 f = Path(work) / paths.DISAGREEMENTS.format(**fmt)
-                if not f.is_file():
-                    raise WorkFileDamaged(f"{f} is missing (scored before the independent graders existed): delete "
-                                          f"{Path(work) / paths.SCORES.format(**fmt)} and rerun to score it again")
-                rep = read_json(f, remake=Path(work) / paths.SCORES.format(**fmt))
-                if "band" not in rep:
-                    raise WorkFileDamaged(f"{f} is from an older scorer (no band): delete "
-                                          f"{Path(work) / paths.SCORES.format(**fmt)} and rerun to score it again")
+                rep = read_json(f, remake=Path(work) / paths.SCORES.format(**fmt)) if f.is_file() else {}
+                if "band" not in rep:  # scored before the independent graders (or by hand): said, never hidden
+                    per_seed.append({"seed": s, "missing": f"{f} {'is missing' if not rep else 'has no band'}",
+                                     "report": str(f.resolve())})
+                    continue
                 per_seed.append({"seed": s, "n": rep["n"], "accuracy": rep["accuracy"], "band": rep["band"],
                                  "listed": rep["listed"], "graders": rep["graders"], "problems": rep["problems"],
                                  "ungraded": len(rep.get("ungraded") or []), "report": str(f.resolve())})
-            k = max(1, len(per_seed))
+            graded = [c for c in per_seed if "missing" not in c]
+            k = max(1, len(graded))
             cells.append({"model": m["name"], "label": m.get("label", m["name"]), "benchmark": b,
-                          "title": declared_benchmark(b).title, "n": sorted({c["n"] for c in per_seed}),
-                          "accuracy": sum(c["accuracy"] for c in per_seed) / k,
-                          "band": [sum(c["band"][0] for c in per_seed) / k, sum(c["band"][1] for c in per_seed) / k],
-                          "listed": sum(c["listed"] for c in per_seed), "seeds": per_seed})
+                          "title": declared_benchmark(b).title, "n": sorted({c["n"] for c in graded}),
+                          "accuracy": sum(c["accuracy"] for c in graded) / k,
+                          "band": [sum(c["band"][0] for c in graded) / k, sum(c["band"][1] for c in graded) / k],
+                          "listed": sum(c["listed"] for c in graded), "seeds": graded,
+                          "not_graded": [c["missing"] for c in per_seed if "missing" in c]})
     return cells
 
 
@@ -76,6 +76,14 @@ def sentence(cells: list[dict], details: str) -> str:
     """The caption's sentence (module docstring); ``details``: the details file's path as the reader opens it."""
     if not cells:
         return ""
+    lost = [c for c in cells if c.get("not_graded")]
+    if lost:  # a cell scored before the graders existed: said, with the fix, never shown as "0 listed"
+        names = ", ".join(f"{c['label']} {c['title']}" for c in lost[:4]) + (", ..." if len(lost) > 4 else "")
+        head = sentence([c for c in cells if not c.get("not_graded")], details).rstrip(".")
+        head = head or "Independent graders"
+        return (f"{head}; not graded (no report: rescore to grade them): {names}."
+                if head != "Independent graders" else f"Independent graders: not run on {names} (no report: "
+                f"rescore to grade them); details: {details}.")
     hit = [c for c in cells if c["listed"]]
     total = sum(c["listed"] for c in cells)
     if not hit:

