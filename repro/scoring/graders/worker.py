@@ -13,8 +13,6 @@ item counts as not graded by any of them. ``pool(workers)`` returns the process-
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 
 __all__ = ["pool", "serve", "TIMEOUT_S"]
@@ -44,20 +42,12 @@ def pool(workers: int):
 
 def serve() -> None:
     """Worker loop (module docstring)."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.CRITICAL)
+    from ..verify_serve import serve_loop
     from . import get
 
     loaded = {}
-    out = sys.stdout
-    sys.stdout = sys.stderr  # stray library prints must not corrupt the protocol stream
-    out.write('{"ready": true}\n')
-    out.flush()
-    for line in sys.stdin:
-        req = json.loads(line)
+
+    def answer(req):
         verdicts = {}
         for name in req["graders"]:
             try:
@@ -66,8 +56,9 @@ def serve() -> None:
             except Exception as exc:  # noqa: BLE001 - one grader's failure is its verdict's status
                 verdicts[name] = {"status": "error", "correct": False, "extracted": None,
                                   "detail": f"{type(exc).__name__}: {exc}"[:300]}
-        out.write(json.dumps({"status": "ok", "verdicts": verdicts}) + "\n")
-        out.flush()
+        return {"status": "ok", "verdicts": verdicts}
+
+    serve_loop(answer)
 
 
 if __name__ == "__main__":
