@@ -3,7 +3,9 @@ that go wrong on ``scoring_cases_turn4.jsonl`` do the independent graders list? 
 
 The figure is asserted as measured, with the verdicts no grader lists named: kinds no grader from the field
 reads (a repeating-decimal bar, a Unicode radical, an "Answer:" line followed by a check with other numbers, a
-Unicode fraction in GSM8K prose). A grader change that loses or gains one shows here.
+Unicode fraction in GSM8K prose). A grader change that loses or gains one shows here. It takes minutes (each fix switched off is a fresh scoring
+process with its worker pools), so it runs in the CI's later stage (``.ci/run``: ``ORL_EVAL_COVERAGE=1``), not in
+the README's test command.
 """
 
 import json
@@ -19,6 +21,8 @@ TURN4 = cases_path().parent / "scoring_cases_turn4.jsonl"
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("ORL_EVAL_COVERAGE") != "1",
+                    reason="minutes long: set ORL_EVAL_COVERAGE=1 (the CI's later stage does)")
 def test_graders_list_the_verdicts_each_disabled_fix_gets_wrong(tmp_path):
     if not TURN4.is_file():
         pytest.skip(f"{TURN4} not found (set ORL_EVAL_CASES)")
