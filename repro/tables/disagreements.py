@@ -87,7 +87,8 @@ def sentence(cells: list[dict], details: str) -> str:
     hit = [c for c in cells if c["listed"]]
     total = sum(c["listed"] for c in cells)
     if not hit:
-        return (f"Independent graders: no verdict listed in any of the {len(cells)} cells (none differs from ours); "
+        return (f"Independent graders: 0 verdicts listed in each of the {len(cells)} cells (no grader differs from "
+                f"ours), so every cell's band, its accuracy with listed verdicts counted both ways, is its accuracy; "
                 f"details: {details}.")
     rest = len(cells) - len(hit)
     others = f"; the other {rest} cells: 0 listed" if rest else ""

@@ -220,7 +220,7 @@ def test_caption_sentence_counts_per_cell_and_links_a_details_file(tmp_path):
     assert "3 verdicts listed" in line and "the other 6 cells: 0 listed" in line and " of 12" not in line
     assert line.endswith("details: results/smoke/listed_verdicts.md.") and line.count(". ") == 0 and len(line) < 400
     quiet = [dict(c, listed=0) for c in cells]
-    assert "no verdict listed in any of the 8 cells" in disagreements.sentence(quiet, "x.md")
+    assert "0 verdicts listed in each of the 8 cells" in disagreements.sentence(quiet, "x.md")
     text = disagreements.details(cells, "smoke")
     for c in cells:
         for s in c["seeds"]:
@@ -234,7 +234,7 @@ def test_a_cell_without_its_report_is_said_not_graded(tmp_path):
     _report(tmp_path, "m", "gsm8k", 3, 2)
     cells = disagreements.collect(tmp_path, "smoke", [{"name": "m", "label": "M"}], ["gsm8k", "mbpp"], [1])
     line = disagreements.sentence(cells, "d.md")
-    assert "no verdict listed in any of the 1 cells" in line and "not graded (no report: rescore" in line
+    assert "0 verdicts listed in each of the 1 cells" in line and "not graded (no report: rescore" in line
     assert "M MBPP" in line and "0 listed" not in line.split("not graded")[1]
 
 
