@@ -118,6 +118,14 @@ class VerifyPool:
             self._all.append(w)
         return w
 
+    def start(self) -> "VerifyPool":
+        """Start every worker now (their imports then overlap the caller's work); returns the pool."""
+        with self._lock:
+            missing = self.size - len(self._all)
+        for _ in range(max(0, missing)):
+            self._idle.put(self._spawn())
+        return self
+
     def check(self, gold: str, pred: str, timeout: float | None = None, **extra) -> dict:
         """One request ``{"gold", "pred", **extra}`` answered by a worker (see module docstring)."""
         timeout = self.timeout if timeout is None else timeout
