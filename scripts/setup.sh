@@ -19,7 +19,7 @@ else KERNELS=kernels-cpu; DEFAULT_TORCH=torch==2.13.0; fi
 # unchanged since the last install here (.venv/.repro-install holds their sha256) and every requirement of those
 # extras is installed at a version it accepts, with this checkout as the installed `repro` (checked from /, so the
 # checkout's own folder on sys.path cannot pass for an install)
-EXTRAS=workflow,$KERNELS,serve,dev
+EXTRAS=workflow,$KERNELS,serve,dev,graders
 STAMP=.venv/.repro-install
 WANT=$( (cat pyproject.toml; echo "$EXTRAS") | .venv/bin/python -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
 installed_ok() {
@@ -54,8 +54,7 @@ else
   PYTHONWARNINGS=ignore::UserWarning .venv/bin/python -m pip install -q -e ".[$EXTRAS]"
   echo "$WANT" > "$STAMP"
 fi
-# the second grader's private antlr4 4.11 (sympy's LaTeX parser needs it; Math-Verify pins 4.13.2): docs/scoring.md
-A411=.venv/share/repro/antlr4-4.11
-ls "$A411"/antlr4_python3_runtime-4.11*.dist-info >/dev/null 2>&1 || \
-  .venv/bin/python -m pip install -q --no-deps --target "$A411" "antlr4-python3-runtime==4.11.0"
+# the independent graders' two steps pip cannot express (lm-eval without its dependencies, a private antlr4 4.11 for
+# sympy's LaTeX parser; Math-Verify pins 4.13.2): each only when missing, then a check (docs/scoring.md)
+.venv/bin/python -m repro.scoring.graders install
 .venv/bin/python -c 'import repro, torch, snakemake; print(f"setup ok: repro {repro.__version__}, torch {torch.__version__}, snakemake ready in .venv")'

@@ -6,14 +6,14 @@ becomes a problem id and gold, its reference solution written as a completion (t
 backend's self-test, which must score 100 %), prompt template and the fields it reads, stop strings,
 kind (``math``:
 the answer is extracted and compared; ``code``: a program runs in the sandbox), the scorer module
-under ``repro.scoring``, and the hub dataset (path, config, split, pinned revision). ``get(name)``
+under ``repro.scoring``, the independent graders (modules of ``repro.scoring.graders``), and the hub dataset (path, config, split, pinned revision). ``get(name)``
 returns one declaration (``ValueError`` naming the known benchmarks otherwise), ``names()`` all names,
 ``declarations()`` all declarations -- math benchmarks first, then code, alphabetical within a kind
 (gsm8k, math500, humaneval, mbpp). Discovery imports every module of this package, so adding a
 benchmark is one module plus its template and tests (docs/benchmarks.md).
 
 Who reads what: ``repro.data`` (file, fields, ids, gold, hub), ``repro.prompts`` (template, prompt
-fields, stop strings), ``repro.scoring`` (kind, scorer), ``repro.backends.replay`` (reference
+fields, stop strings), ``repro.scoring`` (kind, scorer, graders), ``repro.backends.replay`` (reference
 completion), ``repro.tables`` (title), ``repro.config`` (allowed names in a suite or sweep), the
 workflow (the ``{bench}`` wildcard, the scoring timeout for code); ``repro.provenance`` counts this
 package as code of the prepare, generate, score and table stages.
@@ -57,6 +57,9 @@ class Benchmark:
     reference_completion: Callable[[dict], str]  # record -> its reference solution written as a completion
     from_hub: Callable[[list[dict]], list[dict]] | None = None  # hub rows -> original layout, if they differ
     case_files: tuple[str, ...] = ()       # extra files whose tasks regression cases may name (code)
+    # independent graders (modules of repro.scoring.graders) whose differing verdicts are listed beside
+    # ours and counted both ways in the table's band; none changes a score (docs/scoring.md)
+    graders: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -32,6 +32,7 @@ BENCHMARK = Benchmark(
     stop=("\nQuestion:",),
     reference_completion=lambda r: r["answer"],  # the worked answer, ending "#### N"
     scorer="gsm8k",
+    graders=("lm_eval_gsm8k", "math_verify"),  # independent graders (repro/scoring/graders/; docs/scoring.md)
     hub_path="openai/gsm8k",
     hub_config="main",
     hub_split="test",

@@ -23,6 +23,7 @@ BENCHMARK = Benchmark(
     stop=(),
     reference_completion=lambda r: f"```python\n{r['prompt']}{r['canonical_solution']}```",
     scorer="humaneval",
+    graders=("commonmark_code", "human_eval_checker"),  # independent graders (repro/scoring/graders/; docs/scoring.md)
     hub_path="openai/openai_humaneval",
     hub_config=None,
     hub_split="test",

@@ -23,6 +23,7 @@ BENCHMARK = Benchmark(
     stop=("\nProblem:",),
     reference_completion=lambda r: r["solution"],  # the worked solution, its answer in \\boxed{}
     scorer="math",
+    graders=("minerva", "prm800k", "math_verify"),  # independent graders (repro/scoring/graders/; docs/scoring.md)
     hub_path="HuggingFaceH4/MATH-500",
     hub_config=None,
     hub_split="test",

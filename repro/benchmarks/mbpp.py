@@ -31,6 +31,7 @@ BENCHMARK = Benchmark(
     stop=("[DONE]",),
     reference_completion=lambda r: f"```python\n{r['code']}\n```",
     scorer="mbpp",
+    graders=("commonmark_code",),  # independent graders (repro/scoring/graders/; docs/scoring.md)
     hub_path="google-research-datasets/mbpp",
     hub_config="full",
     hub_split="test",

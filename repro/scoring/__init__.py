@@ -14,9 +14,11 @@ sandbox verdict and the tail of stderr). ``strict_correct``: GSM8K/MATH answer g
 Problems are the normalized records of ``repro.data`` (``id``, ``benchmark``, ``gold``, ``source``).
 Dispatch: the benchmark's declaration (``repro.benchmarks``) names its kind and scorer module; a ``math``
 scorer exposes ``score_many``, a ``code`` scorer ``build_program`` (run here in the sandbox).
-One module per concept: ``truncate`` (EOS/stop cut), ``boxed``, ``gsm8k``, ``math`` + ``verify_worker`` + ``verify_serve``
+One module per concept: ``truncate`` (EOS/stop cut), ``boxed``, ``gsm8k``, ``math`` + ``math_normalize`` + ``math_forms``
++ ``verify_worker`` + ``verify_serve``
 (Math-Verify in a killable process: the pool, the process's loop), ``code/extract``, ``code/sandbox``, ``humaneval``, ``mbpp``,
-``stats``, ``cases`` (the regression-case runner), ``__main__`` (CLI). Design notes and peer behaviour:
+``stats``, ``cases`` (the regression-case runner), ``fixes`` (the turn-4 fixes' switches, a diagnostic),
+``graders/`` + ``second_grader`` (the independent graders and the listed verdicts), ``__main__`` (CLI). Design notes and peer behaviour:
 ``docs/scoring_rules.md``; regression cases: ``../shared/cases/scoring_cases.jsonl``.
 """
 
@@ -39,7 +41,10 @@ __all__ = ["SCORER_VERSION", "score_records", "summarize", "score_programs", "sc
 # 4: turn-3 kinds (docs/scoring_rules.md §2-§5, §9): partial Math-Verify parses, plain-text maths, option
 # letters, contradicting units, unboxed "the answer is", scale and number words, stray fence, last block,
 # private writable /tmp and /dev/shm.
-SCORER_VERSION = 4
+# 5: turn-4 kinds (docs/scoring_rules.md §2 item 8, §3 item 11, §4): list words, sets vs intervals and tuples,
+# repeating decimals, Unicode maths, E-notation, roman constants; GSM8K "Answer:" lines, remarks in a box, powers of
+# ten, hedges, fractions; CommonMark fences, list-item indentation, split answers. Independent graders per benchmark.
+SCORER_VERSION = 5
 
 _STDERR_IN_REASON = 400
 

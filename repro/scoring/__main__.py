@@ -7,8 +7,11 @@ against its problem; an id absent from the problems file, a duplicate id, or a r
 (``repro.backends.merge.check_merged``: delete it to merge again from the shards); problems without a generation are skipped with a warning on
 stderr (the summary's ``n`` says how many were scored). Both outputs are written atomically
 (temporary file + rename), so a killed job never leaves a partial file behind. Beside the summary
-(``--disagreements``, default ``S.disagreements.json``): the problems whose verdict an independent grader
-gives differently, with both extractions and verdicts (``second_grader``; never changes a score).
+(``--disagreements``, default ``S.disagreements.json``): the problems whose verdict any independent grader the
+benchmark declares gives differently, with every extraction and verdict, and the accuracy band with them counted
+both ways (``second_grader``; never changes a score). At start-up: a grader that cannot run here stops the
+command with one line naming the fix (``graders.require``), and so does a scoring fix switched off
+(``fixes.ENV``, a diagnostic of the case files only).
 
 ``python -m repro.scoring cases FILE.jsonl --data-dir DIR [--workers N]``: prints one JSON line per
 case ``{id, correct, extracted, reason}`` then a summary line; exit status 1 when a case disagrees with
@@ -24,12 +27,17 @@ import sys
 from repro import benchmarks
 from repro.backends.merge import check_merged
 
-from . import score_records, second_grader, summarize
+from . import fixes, graders, score_records, second_grader, summarize
 from .cases import run_cases
 from .jsonl import read_jsonl, write_json_atomic, write_jsonl_atomic
 
 
 def _score(args) -> int:
+    # start-up: every declared grader must run here (never a thinner check), and no scoring fix may be off
+    graders.require([args.benchmark])
+    if fixes.disabled():
+        raise SystemExit(f"error: {fixes.ENV}={','.join(fixes.disabled())} switches scoring fixes off (a diagnostic "
+                         f"for the case files only, scripts/grader_coverage.py); unset it to score")
     check_merged(args.generations)  # a hand-edited merged file is refused, not re-scored
     problems = read_jsonl(args.problems)
     gens = read_jsonl(args.generations)
@@ -55,6 +63,11 @@ def _score(args) -> int:
               f"in {args.generations}; scoring {len(scored)}", file=sys.stderr)
     if not scored:
         raise SystemExit(f"{args.generations}: no generations to score")
+    if any(g.IN_WORKER for g in graders.for_benchmark(args.benchmark)):
+        from .code.sandbox import default_workers
+        from .graders.worker import pool
+
+        pool(max(1, int(args.workers or default_workers()))).start()  # their imports overlap our scoring
     scores = score_records(args.benchmark, scored, completions, args.workers, args.timeout)
     summary = summarize(args.benchmark, scores)
     write_jsonl_atomic(args.out, scores)
@@ -98,7 +111,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         return _score(args) if args.cmd == "score" else _cases(args)
-    except (ValueError, FileNotFoundError, TypeError) as exc:
+    except (ValueError, FileNotFoundError, TypeError, graders.GradersUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

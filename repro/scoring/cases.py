@@ -20,7 +20,7 @@ from repro import benchmarks
 
 from .jsonl import read_jsonl
 
-__all__ = ["load_problems", "run_cases"]
+__all__ = ["load_problems", "run_cases", "case_problems"]
 
 
 def load_problems(data_dir, benchmark: str, filename: str | None = None) -> list[dict]:
@@ -46,10 +46,9 @@ def _find_task(data_dir, benchmark: str, task_id, cache: dict) -> dict:
         raise ValueError(f"{benchmark} task_id {task_id!r} not found in {data_dir}") from None
 
 
-def run_cases(cases: list[dict], data_dir, workers: int | None = None) -> tuple[list[dict], dict]:
-    """Score regression cases grouped by benchmark; results keep the input order."""
-    from . import score_records
-
+def case_problems(cases: list[dict], data_dir) -> dict[str, list[tuple[int, dict]]]:
+    """``{benchmark: [(index in cases, problem record)]}`` for regression cases (module docstring); a code case's
+    problem is its task's, renamed to the case id. ValueError for a case without the fields it needs."""
     cache: dict = {}
     groups: dict[str, list[tuple[int, dict]]] = {}
     for i, c in enumerate(cases):
@@ -71,6 +70,14 @@ def run_cases(cases: list[dict], data_dir, workers: int | None = None) -> tuple[
             base = _find_task(data_dir, b, c["task_id"], cache)
             problem = {**base, "id": c["id"]}
         groups.setdefault(b, []).append((i, problem))
+    return groups
+
+
+def run_cases(cases: list[dict], data_dir, workers: int | None = None) -> tuple[list[dict], dict]:
+    """Score regression cases grouped by benchmark; results keep the input order."""
+    from . import score_records
+
+    groups = case_problems(cases, data_dir)
     results: list[dict | None] = [None] * len(cases)
     for b, items in groups.items():
         problems = [p for _, p in items]

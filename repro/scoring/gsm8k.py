@@ -30,6 +30,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
+from . import fixes
 from .boxed import last_boxed_at
 from .number_words import scale_after, word_numbers
 from .truncate import truncate_for
@@ -42,6 +43,17 @@ _LATEX_SEP = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\[,!;:]|\{\\,\}|\\thinspace\s*|\
 _ANSWER_IS = re.compile(r"answer\s+is\b[:\s]*", re.IGNORECASE)
 _HASHES = re.compile(r"####\s*")
 _FRAC = re.compile(r"^\s*(-)?\s*\\[dt]?frac\{(\d+)\}\{([1-9]\d*)\}\s*$")
+# "Answer: 18", "**Answer: 18**", "Final Answer: 18 (...)" at the start of a line (turn-4 kind)
+_ANSWER_LINE = re.compile(r"^[ \t>*_#-]*(?:final\s+)?answer\s*(?:\*\*|__)?\s*:\s*(?:\*\*|__)?", re.IGNORECASE | re.MULTILINE)
+_VULGAR = {"½": (1, 2), "⅓": (1, 3), "⅔": (2, 3), "¼": (1, 4), "¾": (3, 4), "⅕": (1, 5), "⅖": (2, 5), "⅗": (3, 5),
+           "⅘": (4, 5), "⅙": (1, 6), "⅚": (5, 6), "⅛": (1, 8), "⅜": (3, 8), "⅝": (5, 8), "⅞": (7, 8)}
+_AFTER_VULGAR = re.compile(r" ?([" + "".join(_VULGAR) + "])")
+_AFTER_MIXED = re.compile(r"[ \t]+(\d+)/([1-9]\d*)(?![\d/])")  # 4 1/2
+_AFTER_SLASH = re.compile(r"/([1-9]\d*)(?![\d/.,])")  # 9/2 (not a date 1/2/2020, not 1/2.5)
+_AFTER_POWER = re.compile(r"\s*(?:\\times|\\cdot|×|·|\*|x)\s*10\s*\^\s*\{?\s*([+-]?\d+)\s*\}?")  # 4 \times 10^{4}
+_OR_GAP = re.compile(r"[\s$(]*(?:\\text\s*\{\s*)?\bor\b(?:\s*\})?[\s$(]*", re.IGNORECASE)
+_PARENTHETICAL = re.compile(r"\([^()]*\)")
+HEDGE = object()  # a marker stating two different values ("the answer is 18 or 26"): no answer
 
 
 def _normalise_text(text: str) -> str:
@@ -61,15 +73,55 @@ def _numbers_with_end(text: str) -> list[tuple[str, Fraction, int]]:
     """``find_numbers`` plus the end offset of each number in the normalised text."""
     out = []
     text = _normalise_text(text)
+    end = 0
     for m in _NUM.finditer(text):
+        if m.start() < end:  # inside the previous number's written form (the 10 and 4 of 4 \times 10^{4})
+            continue
         digits = (m.group(1) + m.group(2).replace(",", "") + (m.group(3) or ""))
         try:
             value = Fraction(Decimal(digits))
         except (InvalidOperation, ValueError):  # pragma: no cover - regex guarantees a number
             continue
-        scale, length = scale_after(text, m.end())
-        out.append((text[m.start():m.end() + length], value * scale, m.end() + length))
+        value, end = _written_value(text, m, value)
+        scale, length = scale_after(text, end)
+        end += length
+        out.append((text[m.start():end], value * scale, end))
     return out
+
+
+def _written_value(text: str, m: re.Match, value: Fraction) -> tuple[Fraction, int]:
+    """The value of the number ``m`` with what is written right after it, and where that ends: a fraction
+    (``5½``, ``4 1/2``, ``9/2``) and a power of ten (``4 \\times 10^{4}``). Turn-4 kinds: read as the whole
+    part alone, ``5½`` would score as 5 (inspect_ai #897) and ``4 \\times 10^{4}`` as 4 (moodle-qtype_stack #316)."""
+    end, integer = m.end(), m.group(3) is None
+    sign = -1 if value < 0 else 1
+    if fixes.on("gsm8k_fractions") and integer:
+        f = _AFTER_VULGAR.match(text, end)
+        mixed = _AFTER_MIXED.match(text, end)
+        slash = _AFTER_SLASH.match(text, end)
+        if f:
+            num, den = _VULGAR[f.group(1)]
+            value, end = value + sign * Fraction(num, den), f.end()
+        elif mixed and 0 < int(mixed.group(1)) < int(mixed.group(2)):
+            value, end = value + sign * Fraction(int(mixed.group(1)), int(mixed.group(2))), mixed.end()
+        elif slash:
+            value, end = value / int(slash.group(1)), slash.end()
+    power = _AFTER_POWER.match(text, end) if fixes.on("gsm8k_sci_notation") else None
+    if power:
+        value, end = value * Fraction(10) ** int(power.group(1)), power.end()
+    return value, end
+
+
+def _hedged(sentence: str) -> bool:
+    """Whether ``sentence`` states two different values joined by "or" ("18 or 26"); the same value restated
+    ("18 (or $18.00)") is no hedge. Turn-4 kind (Visual-RFT #79: "A or B" must not earn the reward)."""
+    nums = _numbers_with_end(sentence)
+    text = _normalise_text(sentence)
+    for (_, a, end), (written, b, end_b) in zip(nums, nums[1:]):
+        gap = text[end:end_b - len(written)]
+        if a != b and _OR_GAP.fullmatch(gap):
+            return True
+    return False
 
 
 def _with_words(text: str, allow_one: bool) -> tuple[str, Fraction] | None:
@@ -102,6 +154,8 @@ def _stated_value(tail: str) -> tuple[str, Fraction] | None:
     (``9 * 2 = 18`` -> 18, ``18 = 9 * 2`` -> 18)."""
     line = tail.split("\n", 1)[0]
     sentence = re.split(r"\.(?=\s|$)", line, maxsplit=1)[0]
+    if fixes.on("gsm8k_hedge") and _hedged(sentence):
+        return sentence.strip(), HEDGE
     if "=" in sentence:
         sides = [find_numbers(side) for side in sentence.split("=")]
         lone = [nums[0] for nums in sides if len(nums) == 1]
@@ -120,6 +174,11 @@ def _boxed_value(box: str) -> tuple[str, Fraction] | None:
         sign = -1 if frac.group(1) else 1
         return frac.group(0), sign * Fraction(int(frac.group(2)), int(frac.group(3)))
     box = re.sub(r"\\(?:text|mathrm|textbf|mathbf|mbox)\s*\{([^{}]*)\}", r"\1", box)
+    if fixes.on("gsm8k_box_remark"):  # "18 dollars (9 eggs at $2 each)": the remark is not the answer
+        bare = _PARENTHETICAL.sub(" ", box)
+        box = bare if find_numbers(bare) else box
+    if fixes.on("gsm8k_hedge") and _hedged(box):
+        return box.strip(), HEDGE
     nums = find_numbers(box)
     return nums[-1] if nums else _with_words(box, allow_one=True)
 
@@ -127,9 +186,11 @@ def _boxed_value(box: str) -> tuple[str, Fraction] | None:
 def extract(completion: str) -> tuple[str | None, Fraction | None, str]:
     """``(as written, value, rule)`` of the predicted answer of an already truncated completion.
 
-    ``rule`` is ``boxed`` | ``answer_is`` | ``hashes`` | ``number_words`` | ``last_number`` | ``none``. Among the explicit
-    answer markers (last ``\\boxed{}``, last "the answer is", last ``####``) the one written *last* wins:
-    an earlier recited "the answer is 6" does not outrank the model's own final ``#### 18``.
+    ``rule`` is ``boxed`` | ``answer_is`` | ``answer_line`` | ``hashes`` | ``number_words`` | ``last_number`` |
+    ``hedge`` | ``none``. Among the explicit answer markers (last ``\\boxed{}``, last "the answer is", last line
+    starting "Answer:" / "**Answer:" / "Final Answer:", last ``####``) the one written *last* wins: an earlier
+    recited "the answer is 6" does not outrank the model's own final ``#### 18``. A winning marker that states
+    two different values joined by "or" is a hedge: ``(as written, None, "hedge")``, no answer.
     """
     found = []  # (position, written, value, rule)
     box = last_boxed_at(completion)
@@ -137,7 +198,10 @@ def extract(completion: str) -> tuple[str | None, Fraction | None, str]:
         v = _boxed_value(box[0])
         if v is not None:
             found.append((box[1], *v, "boxed"))
-    for rule, pattern in (("answer_is", _ANSWER_IS), ("hashes", _HASHES)):
+    markers = [("answer_is", _ANSWER_IS), ("hashes", _HASHES)]
+    if fixes.on("gsm8k_answer_line"):
+        markers.append(("answer_line", _ANSWER_LINE))
+    for rule, pattern in markers:
         for m in reversed(list(pattern.finditer(completion))):
             v = _stated_value(completion[m.end():])
             if v is not None:
@@ -145,7 +209,7 @@ def extract(completion: str) -> tuple[str | None, Fraction | None, str]:
                 break
     if found:
         _, written, value, rule = max(found, key=lambda f: f[0])
-        return written, value, rule
+        return (written, None, "hedge") if value is HEDGE else (written, value, rule)
     nums = _numbers_with_end(completion)
     after = _normalise_text(completion)[nums[-1][2]:] if nums else completion
     words = _with_words(after, allow_one=False)
@@ -163,7 +227,9 @@ def score(problem: dict, completion: str, benchmark: str = "gsm8k") -> dict:
     written, value, rule = extract(text)
     correct = value is not None and value == gold
     strict = correct and rule in ("boxed", "hashes")
-    if value is None:
+    if rule == "hedge":
+        reason = f"hedge: {written!r} states more than one answer; gold {_fmt(gold)}"
+    elif value is None:
         reason = f"no number found in the completion; gold {_fmt(gold)}"
     else:
         reason = f"{rule}: {written!r} -> {_fmt(value)} {'==' if correct else '!='} gold {_fmt(gold)}"

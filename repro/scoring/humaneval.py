@@ -25,7 +25,7 @@ from .code.extract import defines, extract_code
 from .code.strict_compare import harden
 from .truncate import truncate_for
 
-__all__ = ["build_program", "canonical_program"]
+__all__ = ["build_program", "assemble", "canonical_program"]
 
 
 def _check_source(source: dict) -> None:
@@ -46,6 +46,16 @@ def build_program(source: dict, completion: str) -> tuple[str, str, str]:
     # An unfenced body continues the prompt; a restated function stands alone.
     restated = defines(text, entry)
     code, how = extract_code(text, entry, context="" if restated else prompt)
+    program, how = assemble(source, code, how)
+    return program, code, how
+
+
+def assemble(source: dict, code: str, how: str = "raw") -> tuple[str, str]:
+    """``(program with its tests, how)`` for extracted ``code`` (module docstring: a restated function stands
+    alone after the prompt's imports, a body continues the prompt); ``how`` gains ``+restated`` /
+    ``+indented``. Also used by the independent extraction check (``graders/commonmark_code.py``)."""
+    _check_source(source)
+    prompt, entry = source["prompt"], source["entry_point"]
     if defines(code, entry):
         m = re.search(rf"^(?:async\s+)?def\s+{re.escape(entry)}\s*\(", prompt, re.MULTILINE)
         head = prompt[: m.start()] if m else ""
@@ -58,7 +68,7 @@ def build_program(source: dict, completion: str) -> tuple[str, str, str]:
             body = "\n".join(("    " + ln) if ln.strip() else ln for ln in body.split("\n"))
             how += "+indented"
         program = prompt + body
-    return program + _tests(source), code, how
+    return program + _tests(source), how
 
 
 def canonical_program(source: dict) -> str:

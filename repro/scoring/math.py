@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import re
 
+from . import fixes
 from .boxed import last_boxed
+from .math_forms import connectives_to_commas, e_notation, repeating_to_fraction, unicode_to_latex, uses_euler
 from .math_normalize import accounts_for, contradicts, mc_letter, plain_to_latex, strip_unit, unit_of
 
 __all__ = ["extract", "prepare", "equivalent", "score_many"]
@@ -124,10 +126,21 @@ def _mixed_number(s: str) -> str:
     return f"{m.group(1) or ''}\\frac{{{whole * den + num}}}{{{den}}}{m.group(5) or ''}"
 
 
-def prepare(answer: str) -> str:
-    """Text handed to Math-Verify's parser: malformed-LaTeX fixes, LaTeX thousands spacing dropped, a
-    plain mixed number rewritten as a fraction, unescaped ``$`` removed, ``$``-wrapped."""
-    s = _fix_sqrt_parens(plain_to_latex(answer.strip()))
+def prepare(answer: str, e_is_notation: bool = False) -> str:
+    """Text handed to Math-Verify's parser: Unicode mathematics as LaTeX, malformed-LaTeX fixes, repeating
+    decimals as fractions, list words as commas, ``6.72e-5`` as E-notation when ``e_is_notation`` (the gold
+    does not use Euler's number), LaTeX thousands spacing dropped, a plain mixed number rewritten as a
+    fraction, unescaped ``$`` removed, ``$``-wrapped (``math_forms``; docs/scoring_rules.md §3)."""
+    s = answer.strip()
+    if fixes.on("math_unicode"):
+        s = unicode_to_latex(s)
+    s = _fix_sqrt_parens(plain_to_latex(s))
+    if fixes.on("math_repeating_decimal"):
+        s = repeating_to_fraction(s)
+    if fixes.on("math_connectives"):
+        s = connectives_to_commas(s)
+    if e_is_notation and fixes.on("math_e_notation"):
+        s = e_notation(s)
     s = re.sub(r"(?<!\\)\$", "", s)
     s = _LATEX_THOUSANDS.sub("", s)
     s = _mixed_number(s)
@@ -158,6 +171,15 @@ def _exact_mismatch(g, p) -> bool:
     return diff.is_zero is False
 
 
+def _set_for_ordered(g, p) -> bool:
+    """True when the answer is a set (a bare or braced list) and the gold an interval, a union of intervals
+    or an ordered tuple: Math-Verify compares them element-wise in written order (case t4-math500-06/08,
+    Math-Verify #10); a list never says which end is open nor which element comes first."""
+    import sympy
+
+    return isinstance(p, sympy.FiniteSet) and isinstance(g, (sympy.Interval, sympy.Union, sympy.Tuple))
+
+
 def _norm_str(s: str) -> str:
     """Normalised string form for the string comparison (no parse, or a parse that dropped a part)."""
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
@@ -183,7 +205,8 @@ def equivalent(gold: str, pred: str) -> dict:
     if contradicts(gu, pu):
         return {"gold_parsed": None, "pred_parsed": None, "equal": False,
                 "detail": f"unit {pu!r} contradicts the gold's unit {gu!r}"}
-    gs, ps = prepare(strip_unit(gold)), prepare(strip_unit(pred))
+    e_notation_ok = not uses_euler(gold)  # policy: 6.72e-5 is E-notation unless the gold uses Euler's e
+    gs, ps = prepare(strip_unit(gold), e_notation_ok), prepare(strip_unit(pred), e_notation_ok)
     g = parse(gs, parsing_timeout=None)
     p = parse(ps, parsing_timeout=None)
     info = {"gold_parsed": str(g[0]) if g else None, "pred_parsed": str(p[0]) if p else None}
@@ -207,6 +230,9 @@ def equivalent(gold: str, pred: str) -> dict:
         p2 = parse(prepare(_drop_percent(pred)), parsing_timeout=None)
         if g2 and p2 and verify(g2, p2, timeout_seconds=None) and not _exact_mismatch(g2[0], p2[0]):
             return {**info, "equal": True, "detail": "math-verify after dropping the percent sign"}
+    if eq and fixes.on("math_set_vs_ordered") and _set_for_ordered(g[0], p[0]):
+        return {**info, "equal": False,
+                "detail": "math-verify said equal, but a set answers an interval or ordered-tuple gold"}
     if eq and _exact_mismatch(g[0], p[0]):
         same_without_percent = False
         if _has_percent(gold) or _has_percent(pred):  # Math-Verify equates 10\% and 10 on purpose

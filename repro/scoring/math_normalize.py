@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import re
 
+from . import fixes
+
 __all__ = ["plain_to_latex", "mc_letter", "unit_of", "contradicts", "accounts_for", "strip_unit"]
 
 _FUNCS = ("arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "sin", "cos", "tan", "cot", "sec", "csc",
@@ -104,6 +106,7 @@ _UNITS = {
 }
 _UNIT_OF = {w: canon for canon, words in _UNITS.items() for w in words}
 _TRAILING_UNIT = re.compile(r"(?<=[\d}\s])\s*\\(?:text|mbox|textrm|mathrm)\s*\{\s*([^{}]*?)\s*\}\s*(?:\^\s*\{?\d\}?)?\s*$")
+_CONSTANT_LETTERS = ("e", "i")  # \mathrm{e}, \text{i}: Euler's number, the imaginary unit
 _TRAILING_WORD = re.compile(r"(?<=\d)\s+([A-Za-z]+)\s*$")
 
 
@@ -139,8 +142,11 @@ def contradicts(gold_unit: str | None, pred_unit: str | None) -> bool:
 
 def strip_unit(s: str) -> str:
     """``s`` without a trailing ``\\text{...}`` unit, or without a trailing plain unit word after a number
-    (``5.4 cents``: Math-Verify would read ``5.4*c*e*n*t*s``)."""
-    s = _TRAILING_UNIT.sub("", s)
+    (``5.4 cents``: Math-Verify would read ``5.4*c*e*n*t*s``). ``\\mathrm{e}`` / ``\\mathrm{i}`` after a number
+    are the constants e and i, never a unit: ``3\\mathrm{e}`` is not 3 (turn-4 kind, docs/scoring_rules.md §3)."""
+    m = _TRAILING_UNIT.search(s)
+    if m and not (m.group(1).strip() in _CONSTANT_LETTERS and fixes.on("math_roman_constant")):
+        s = s[:m.start()]
     m = _TRAILING_WORD.search(s)
     if m and unit_of(s) is not None:
         s = s[:m.start()]

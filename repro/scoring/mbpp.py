@@ -21,7 +21,7 @@ from .code.extract import extract_code
 from .code.strict_compare import harden
 from .truncate import truncate_for
 
-__all__ = ["build_program", "reference_program"]
+__all__ = ["build_program", "assemble", "reference_program"]
 
 
 def _check_source(source: dict) -> None:
@@ -41,7 +41,13 @@ def build_program(source: dict, completion: str) -> tuple[str, str, str]:
     _check_source(source)
     text = truncate_for("mbpp", completion)
     code, how = extract_code(text, _entry_point(source, text))
-    return code + _tests(source), code, how
+    return assemble(source, code), code, how
+
+
+def assemble(source: dict, code: str) -> str:
+    """The program for extracted ``code``: the code, ``test_setup_code``, every assert (hardened)."""
+    _check_source(source)
+    return code + _tests(source)
 
 
 def _entry_point(source: dict, text: str) -> str | None:

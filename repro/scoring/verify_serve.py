@@ -15,16 +15,16 @@ import json
 import sys
 
 
-def serve() -> None:
-    """Worker loop: one JSON request per stdin line, one JSON answer per stdout line."""
-    import warnings
+def serve_loop(answer, prepare=lambda: None) -> None:
+    """The protocol loop shared by the worker processes: quiet logging and warnings, ``prepare()`` (imports paid
+    before "ready"), ``{"ready": true}``, then ``answer(request) -> dict`` per stdin line, one JSON line out; an
+    exception becomes ``{"status": "error", "equal": false, "detail"}`` and the loop goes on."""
     import logging
+    import warnings
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.CRITICAL)
-    import math_verify  # noqa: F401  (import cost paid before "ready")
-    from repro.scoring.math import equivalent
-
+    prepare()
     out = sys.stdout
     sys.stdout = sys.stderr  # stray library prints must not corrupt the protocol stream
     out.write('{"ready": true}\n')
@@ -32,12 +32,25 @@ def serve() -> None:
     for line in sys.stdin:
         req = json.loads(line)
         try:
-            ans = {"status": "ok", **equivalent(req["gold"], req["pred"])}
+            ans = answer(req)
         except Exception as exc:  # report, keep serving
             ans = {"status": "error", "equal": False, "detail": f"{type(exc).__name__}: {exc}"[:500],
                    "gold_parsed": None, "pred_parsed": None}
         out.write(json.dumps(ans) + "\n")
         out.flush()
+
+
+def serve() -> None:
+    """Worker loop: one JSON request per stdin line, one JSON answer per stdout line."""
+    def prepare():
+        import math_verify  # noqa: F401  (import cost paid before "ready")
+
+    def answer(req):
+        from repro.scoring.math import equivalent
+
+        return {"status": "ok", **equivalent(req["gold"], req["pred"])}
+
+    serve_loop(answer, prepare)
 
 
 if __name__ == "__main__":

@@ -36,11 +36,11 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, module: str = "repro.scoring.verify_serve", path_first: tuple[str, ...] = ()) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-        env["PYTHONPATH"] = _REPO_ROOT
+        env["PYTHONPATH"] = os.pathsep.join([*path_first, _REPO_ROOT])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "repro.scoring.verify_serve"],
+            [sys.executable, "-m", module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -96,25 +96,38 @@ class _Worker:
 
 
 class VerifyPool:
-    """Up to ``size`` worker processes shared by all calling threads (see module docstring)."""
+    """Up to ``size`` worker processes shared by all calling threads (see module docstring). ``module``: what
+    the workers run (default the Math-Verify loop; ``repro.scoring.graders.worker`` for the independent
+    graders), ``path_first``: directories put before the checkout on their ``PYTHONPATH``."""
 
-    def __init__(self, size: int = 1, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, size: int = 1, timeout: float = DEFAULT_TIMEOUT_S, module: str = "repro.scoring.verify_serve",
+                 path_first: tuple[str, ...] = ()) -> None:
         if size < 1:
             raise ValueError(f"VerifyPool size must be >= 1, got {size}")
         self.size = size
         self.timeout = timeout
+        self.module, self.path_first = module, tuple(path_first)
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._slots = threading.Semaphore(size)
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
 
     def _spawn(self) -> _Worker:
-        w = _Worker()
+        w = _Worker(self.module, self.path_first)
         with self._lock:
             self._all.append(w)
         return w
 
-    def check(self, gold: str, pred: str, timeout: float | None = None) -> dict:
+    def start(self) -> "VerifyPool":
+        """Start every worker now (their imports then overlap the caller's work); returns the pool."""
+        with self._lock:
+            missing = self.size - len(self._all)
+        for _ in range(max(0, missing)):
+            self._idle.put(self._spawn())
+        return self
+
+    def check(self, gold: str, pred: str, timeout: float | None = None, **extra) -> dict:
+        """One request ``{"gold", "pred", **extra}`` answered by a worker (see module docstring)."""
         timeout = self.timeout if timeout is None else timeout
         with self._slots:
             try:
@@ -123,7 +136,7 @@ class VerifyPool:
                 w = self._spawn()
             for attempt in (1, 2):
                 try:
-                    ans = w.ask({"gold": gold, "pred": pred}, timeout)
+                    ans = w.ask({"gold": gold, "pred": pred, **extra}, timeout)
                 except (EOFError, BrokenPipeError, OSError, ValueError) as exc:
                     w.kill()
                     w = self._spawn()

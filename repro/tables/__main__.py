@@ -9,9 +9,10 @@ original data file's hash and source), seed, code revision, backend, device, pre
 ``precision_label`` as the model cards name it, with the checkpoint's ``quantization``), for a dequantized
 NVFP4 checkpoint (SGLang) ``quant_provenance`` (the copy's quant_provenance.json), prompt template version,
 and each shard's generation job (fixed costs, GPU, batch size);
-for the run: the Apptainer images' sha256 sidecars (when containers are enabled), and per benchmark how many
-verdicts the second grader gives differently and where they are listed (``second_grader``; also a sentence of
-the ``.md`` caption and a ``%`` line of the ``.tex``: ``repro/tables/disagreements.py``).
+for the run: the Apptainer images' sha256 sidecars (when containers are enabled), and per benchmark the
+independent graders with their versions and per cell its listed verdicts and band (``independent_graders``; also
+one sentence under the ``.md`` caption, a ``%`` line of the ``.tex`` and ``listed_verdicts.md`` beside the table:
+``repro/tables/disagreements.py``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,15 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int, q
     }
 
 
+def _openable(path: Path) -> str:
+    """``path`` as a reader opens it: relative to the checkout when inside it, else absolute."""
+    checkout = Path(__file__).resolve().parents[2]
+    try:
+        return str(path.resolve().relative_to(checkout))
+    except ValueError:
+        return str(path.resolve())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["compare"]:  # python -m repro.tables compare RUN_A RUN_B (repro/tables/compare.py)
@@ -118,19 +128,21 @@ def main(argv: list[str] | None = None) -> int:
             if not s["correct"]]
         notes_md += " " + replay_caption(m["label"], samples, has_tpf, rejected=rejected)
         notes_tex += " " + replay_caption(m["label"], samples, has_tpf, latex=True, rejected=rejected)
-    # the second grader's disagreements (never a number of the table): counted in the .md caption and provenance
+    # the independent graders' listed verdicts (never a number of the table): one sentence under the caption with
+    # each cell's band, the details in listed_verdicts.md beside the table, the graders and versions in provenance
     try:
         second = disagreements.collect(a.work, a.suite, spec["models"], spec["benchmarks"], spec["seeds"])
     except WorkFileDamaged as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    second_md = disagreements.sentence(second)
-    notes_md += (" " + second_md) if second_md else ""
+    details_path = a.out_dir / disagreements.DETAILS_FILE
+    second_md = disagreements.sentence(second, _openable(details_path))
     md_table, csv_text = to_markdown(rows, spec["benchmarks"]), to_csv(rows, spec["benchmarks"])
     label = spec.get("latex_label") or f"tab:main-{a.suite}"
     tex = to_latex(rows, spec["benchmarks"], caption(cap_long, latex=True, **cap) + notes_tex, label,
                    escape_caption=False, header=tex_header(a.suite, cap["backend"], spec["seeds"])
                    + ([f"% {second_md}"] if second_md else []))
+    atomic_write_text(details_path, disagreements.details(second, a.suite))
     footer = ""
     out = a.out_dir
     if spec.get("reported"):  # reference rows: the paper's numbers beside ours (repro/tables/reference.py)
@@ -144,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                               pd.DataFrame(csv_rows(ref, spec["benchmarks"], list(cols)))]).to_csv(
             index=False, lineterminator="\n")
         atomic_write_text(out / "main_table_reported.csv", long_csv(ref, spec["benchmarks"]))
-    atomic_write_text(out / "main_table.md", caption(cap_long, **cap) + notes_md + "\n\n" + md_table + footer)
+    atomic_write_text(out / "main_table.md", caption(cap_long, **cap) + notes_md + "\n\n"
+                      + (second_md + "\n\n" if second_md else "") + md_table + footer)
     atomic_write_text(out / "main_table.tex", tex)
     atomic_write_text(out / "main_table.csv", csv_text)
     atomic_write_text(out / "main_table_long.csv", long.to_csv(index=False, lineterminator="\n"))
@@ -155,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             "images": [json.loads(p.read_text()) for p in a.image_sidecars] or "none (containers disabled: native run)",
             "tpf_convention": "generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); "
                               "prefill forwards excluded",
-            "cells": cells, "second_grader": second}
+            "cells": cells, "independent_graders": disagreements.provenance(second)}
     if spec.get("reported"):
         prov["reported"] = {"file": "repro/tables/reported.json", "sha256": sha256_path(REPORTED_PATH),
                             "sources": [{k: s.get(k) for k in ("key", "citation", "url", "table", "date_read")}

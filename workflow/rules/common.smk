@@ -176,6 +176,17 @@ if _unsafe:
     print("\n".join(_unsafe), file=sys.stderr)
     sys.exit(1)
 
+# Every independent grader the suite's benchmarks declare must run where the scoring jobs run (repro/scoring/
+# graders/; docs/scoring.md): one line naming what is missing and the fix, before any job, never a thinner check.
+# With containers the scoring image installs them (containers/scoring.def.j2 tests it when built).
+if not config["containers"]["enabled"]:
+    from repro.scoring.graders import missing_line as _graders_missing
+
+    _graders_line = _graders_missing(_needed)
+    if _graders_line:
+        print(f"Setup error: {_graders_line}", file=sys.stderr)
+        sys.exit(1)
+
 # Snakemake's job records (params, code, input lists: what makes it re-run a job whose settings changed) are
 # also kept inside the work and results directories, so a copied or moved directory keeps them and a config
 # change after the copy re-runs exactly what it affects (workflow/workdir_records.py; docs/workflow.md 7.2a).
@@ -571,7 +582,7 @@ def table_inputs(wildcards):
     cells = suite_cells(config)
     return {
         "summaries": [W(P.SUMMARY, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
-        # the second grader's disagreements: counted in the caption and provenance (repro/scoring/second_grader.py)
+        # the independent graders' listed verdicts: the caption's band, listed_verdicts.md, provenance (repro/scoring/second_grader.py)
         "disagreements": [W(P.DISAGREEMENTS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "generations": [W(P.GENERATIONS, suite=SUITE, model=c.model, bench=c.benchmark, seed=c.seed) for c in cells],
         "images": image_sidecars(),

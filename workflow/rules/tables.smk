@@ -15,6 +15,7 @@ rule write_table:
         csv=os.path.join(RESULTS, "main_table.csv"),
         long=os.path.join(RESULTS, "main_table_long.csv"),  # tidy per-cell numbers, full precision
         prov=os.path.join(RESULTS, "provenance.json"),
+        listed=os.path.join(RESULTS, "listed_verdicts.md"),  # the independent graders' listed verdicts, per cell
     params:
         # a function: Snakemake would read braces in a label or samples path as wildcards; quoted (:q) in the
         # command, so a label's apostrophe cannot end the shell word

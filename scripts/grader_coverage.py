@@ -1,0 +1,87 @@
+"""How many of the verdicts a scoring fix repairs would the independent graders list, had the fix not been made?
+
+    .venv/bin/python scripts/grader_coverage.py [CASES.jsonl] [--data-dir DIR] [--json OUT]
+
+For each fix of ``repro.scoring.fixes.FIXES`` in turn, the case file (default ``../shared/cases/
+scoring_cases_turn4.jsonl``) is scored with that fix switched off (``REPRO_SCORING_DISABLE``, in a fresh process,
+so the worker processes inherit it); every case whose verdict then disagrees with its ``expected_correct`` is a
+verdict "gone wrong", and it is *listed* when any independent grader its benchmark declares gives it differently
+from that (wrong) verdict -- the acceptance measure of issue 39 (at least 80 %). Prints one line per fix and a
+total line ``listed L of W (P %)``; ``--json`` writes the per-fix details. Exit status 0 (a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+_BENCH = {"math": ("math500",), "gsm8k": ("gsm8k",), "code": ("humaneval", "mbpp")}
+
+
+def one(cases_file: str, data_dir: str) -> dict:
+    """In the child process: the cases gone wrong under the current switches, and whether each is listed."""
+    from repro.scoring import second_grader
+    from repro.scoring.cases import case_problems, run_cases
+    from repro.scoring.fixes import disabled
+    from repro.scoring.jsonl import read_jsonl
+
+    off = disabled()
+    benches = {b for f in off for b in _BENCH[f.split("_", 1)[0]]}
+    cases = [c for c in read_jsonl(cases_file) if c["benchmark"] in benches]
+    results, _ = run_cases(cases, data_dir, 2)
+    by_id = {r["id"]: r for r in results}
+    wrong = []
+    for b, items in case_problems(cases, data_dir).items():
+        bad = [(i, p) for i, p in items if not by_id[cases[i]["id"]]["agrees"]]
+        if not bad:
+            continue
+        probs = [p for _, p in bad]
+        scores = [{**by_id[p["id"]], "status": "x"} for p in probs]
+        rep = second_grader.compare(b, probs, {cases[i]["id"]: cases[i]["model_output"] for i, _ in bad}, scores, 2)
+        listed = {r["id"]: r for r in rep["problems"]}
+        for p in probs:
+            wrong.append({"id": p["id"], "listed": p["id"] in listed,
+                          "by": sorted(n for n, v in (listed.get(p["id"]) or {}).get("graders", {}).items()
+                                       if v["status"] == "ok" and bool(v["correct"]) != bool(by_id[p["id"]]["correct"]))})
+    return {"fix": ",".join(off), "wrong": wrong}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases", nargs="?", default=str(ROOT.parent / "shared" / "cases" / "scoring_cases_turn4.jsonl"))
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.one:
+        print(json.dumps(one(a.cases, a.data_dir)))
+        return 0
+    from repro.scoring.fixes import ENV, FIXES
+
+    rows, total, listed = [], 0, 0
+    for fix in FIXES:
+        env = dict(os.environ, **{ENV: fix})
+        out = subprocess.run([sys.executable, __file__, a.cases, "--data-dir", a.data_dir, "--one"], env=env,
+                             capture_output=True, text=True, check=True, cwd=ROOT)
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        n, k = len(row["wrong"]), sum(w["listed"] for w in row["wrong"])
+        total, listed = total + n, listed + k
+        print(f"{fix}: {n} verdict(s) go wrong, {k} listed "
+              + " ".join(f"{w['id']}{'[' + ','.join(w['by']) + ']' if w['listed'] else '[-]'}" for w in row["wrong"]))
+    pct = 100.0 * listed / total if total else 100.0
+    print(f"total: listed {listed} of {total} verdicts gone wrong ({pct:.1f} %)")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"fixes": rows, "listed": listed, "wrong": total, "percent": pct}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
