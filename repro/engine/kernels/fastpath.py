@@ -9,7 +9,8 @@ cache, activations, MoE/attention workspaces) and runs, per layer (docs/engine.m
 
   add+RMSNorm (Triton; fuses the previous MoE top-k sum + shared expert + residual) -> QKV GEMM (cuBLAS)
   -> QK-norm + RoPE + KV write (Triton) -> split-KV attention + combine (Triton) -> O GEMM (cuBLAS)
-  -> add+RMSNorm (Triton) -> router GEMM + route/align (Triton) -> gate+up and down grouped GEMMs (Triton)
+  -> add+RMSNorm (Triton) -> router GEMM + route/align (Triton; two launches, or one with ``fused_route``)
+  -> gate+up and down grouped GEMMs (Triton)
 
 then the final norm, the lm_head over the T block positions only (cuBLAS, bf16 logits [T, V]) and the
 decode statistics in fp32 on device (argmax, max probability, entropy). The layer-0 dense FFN runs
@@ -281,6 +282,9 @@ class BlockForward(GraphCapture):
         # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts.
         # On by default: the fastest measured variant (H200, docs/perf_history.md v8/v9: 5.54 vs 5.61 ms at P=1k)
         self.norm_in_route = True
+        # MoE layers: router GEMM + route/align in one launch (route_fused, issue 41) instead of two; the same bits.
+        # The router config's ``FUSED`` key (tile files; off unless set): the lead's device call chooses
+        self.fused_route = bool(M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T).get("FUSED", False))
         self.lin_cfg = kc["linear"]
         self.qkv32 = torch.zeros(T, shape.qkv_out, dtype=torch.float32, device=device)
         self.attn32 = torch.zeros(T, H, dtype=torch.float32, device=device)
@@ -346,9 +350,10 @@ class BlockForward(GraphCapture):
             else:
                 E1 = M.expert_slots(L["w13"])
                 cslot = li - s.first_dense if s.layers - s.first_dense > 1 else None  # 1 MoE layer: own memset
-                M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                                  s.scaling, s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw, eps=s.eps,
-                                  norm_out=self.a if route_norm else None)
+                route = M.moe_route_align_fused if self.fused_route else M.moe_route_align
+                route(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group, s.scaling,
+                      s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw, eps=s.eps,
+                      norm_out=self.a if route_norm else None)
                 if route_norm:
                     x_ffn, nw = self.a, None
                 if stats is not None:
