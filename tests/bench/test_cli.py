@@ -97,6 +97,11 @@ def test_route_reads_sets_and_keeps_the_table(tmp_path, monkeypatch, capsys):
     assert doc["table"].splitlines()[2].startswith("| mine | err |")
     assert json.loads((tmp_path / "r.json").read_text()) == doc
     assert R.main(["--rows", "32"]) == 0 and got["sets"] is R.DEFAULT_SETS
+    assert R.main(["--rows", "32", "--sets", "fused"]) == 0 and got["sets"] is R.FUSED_SETS
+    for name, spec in R.FUSED_SETS.items():  # every fused set is compared with a two-kernel set of the same tiles
+        if spec.get("fused"):
+            partner = R.FUSED_SETS[spec["compare"]]
+            assert not partner.get("fused") and partner["configs"] == spec["configs"], name
     f.write_text("[]")
     assert _exit_code(R.main, ["--sets", str(f)]) == 2
     assert "want a JSON object {name: variant}, got list" in capsys.readouterr().err
