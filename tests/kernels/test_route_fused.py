@@ -113,6 +113,35 @@ def test_fused_bit_identical_to_two_kernels(dev, mma_model, T, E, ng, tg, k, be,
     torch.testing.assert_close(new[-1]["w"][same], ref_w[same], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("offset", [1, 2])
+def test_fused_independent_of_the_last_program(dev, mma_model, offset):
+    """Phases 2 and 3 run in the program that takes the last ticket. Route once, then again on the same inputs with
+    every counter started at ``offset``: earlier programs (in the interpreter's order) now sum the partials and
+    select, reading the later programs' stores from the first launch (the same values). Same bits: every sum is
+    read back from memory in a fixed order, whichever program does it."""
+    if dev == "cuda":
+        pytest.skip("the interpreter runs programs in a fixed order; the GPU graph test covers CUDA")
+    g = torch.Generator().manual_seed(9)
+    T, H, E, k, ng, tg = 24, 64, 32, 4, 4, 2
+    x = torch.randn(T, H, generator=g) * 2
+    gate = torch.randn(E, H, generator=g) / H ** 0.5
+    bias = torch.randn(E, generator=g) * 0.05
+    nw = torch.rand(H, generator=g) + 0.5
+    cfg = _cfg(4, 4)  # units of 2 tiles x 4 splits: 8 programs per unit, 4 units
+    ws = M.MoEWorkspace.create(T, H, 32, E, E + 1, k, torch.float32, dev, split_k=4)
+    states = []
+    for start in (0, offset):
+        if start:
+            ws.fused_route.cnt1.fill_(start)
+            ws.fused_route.cnt2.fill_(start)
+        out = torch.full_like(x, float("nan"))
+        moe_route_align_fused(x, gate, bias, ws, E + 1, k, ng, tg, 2.5, True, cfg, norm_w=nw, norm_out=out,
+                              row_block=16)
+        states.append(_state(ws, E, out))
+    _assert_same(states[0], states[1])
+    assert (ws.fused_route.cnt1 == offset).all() and (ws.fused_route.cnt2 == offset).all()
+
+
 @pytest.mark.parametrize("R,block_m,rows", [(48, 8, 16), (40, 16, None)])
 def test_fused_tile_table(dev, R, block_m, rows):
     """``tile_block_m``: the tile table written by the fused launch's last row block equals the two-kernel path's
