@@ -113,7 +113,7 @@ def test_attention_reads_sets_and_keeps_the_table(tmp_path, monkeypatch, capsys)
     _fake_cuda(monkeypatch)
     got = {}
 
-    def fake_bench(sets, prefixes, layers, iters, log):
+    def fake_bench(sets, prefixes, layers, iters, log, json_path=None):
         got.update(sets=sets, prefixes=prefixes, layers=layers)
         return {"rows": [{"variant": "unfused", "prefix": 0, "us_per_layer": 9.0, "rel_err": 0.0, "v_equal": True,
                           "repeat_equal": True, "tickets_zero": None},

@@ -47,8 +47,10 @@ def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def bench(sets: dict, prefixes, layers=20, iters=50, log=print) -> dict:
-    """Time ``unfused`` and every set of ``sets`` at every prefix (module doc); returns the JSON document."""
+def bench(sets: dict, prefixes, layers=20, iters=50, log=print, json_path=None) -> dict:
+    """Time ``unfused`` and every set of ``sets`` at every prefix (module doc); returns the JSON document (also
+    written to ``json_path`` after every measurement, so a run cut short keeps what it measured)."""
+    import json
     from .common import copy_bandwidth, env_info, time_replays
     from ..kernels import attention as A
     from ..kernels import attention_fused as AF
@@ -115,6 +117,9 @@ def bench(sets: dict, prefixes, layers=20, iters=50, log=print) -> dict:
             except Exception as exc:  # noqa: BLE001 - one failing set must not end the run
                 row["error"] = repr(exc)[:300]
             doc["rows"].append(row)
+            if json_path:
+                with open(json_path, "w") as fh:
+                    fh.write(json.dumps(doc) + "\n")
             log(f"[P={P:>5}] {name:26s} " + (row["error"] if "error" in row else
                 f"{row['us_per_layer']:7.2f} µs/layer (floor {floor:.2f}), rel err {row['rel_err']:.1e}, "
                 f"k {row['k_rel_err']:.1e}, v equal {row['v_equal']}, repeat equal {row['repeat_equal']}, "
@@ -147,7 +152,7 @@ def main(argv=None) -> int:
 
     args, prefixes = gpu_args(ap, argv, "--prefixes", "0,1024,4096")
     sets = read_json_object(ap, "--sets", args.sets, "{name: tiles}") if args.sets else FUSED_SETS
-    doc = bench(sets, prefixes, args.layers, args.iters, log=log)
+    doc = bench(sets, prefixes, args.layers, args.iters, log=log, json_path=args.json)
     doc["table"] = table(doc)
     print(doc["table"], file=sys.stderr)
     return emit_json(doc, args.json)

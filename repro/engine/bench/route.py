@@ -93,16 +93,12 @@ def _fused_pair(name, mode, route_warps, cmp_to=None, tiles="launch", **router):
 FUSED_SETS = {
     **_fused_pair("single_h200", "single", 2, SPLIT_K=32),
     **_fused_pair("single_h200_w4", "single", 4, SPLIT_K=32),
-    **_fused_pair("single_r16x16", "single", 4, SPLIT_K=16),
     **_fused_pair("single_r32x8", "single", 4, BLOCK_E=32, SPLIT_K=8),
     **_fused_pair("single_r32x16", "single", 4, BLOCK_E=32, SPLIT_K=16),
     **_fused_pair("single_r16x32_rows16", "single", 4, SPLIT_K=32, ROWS=16),
     **_fused_pair("single_r32x8_rows16", "single", 4, BLOCK_E=32, SPLIT_K=8, ROWS=16),
-    **_fused_pair("single_r64x8", "single", 4, BLOCK_E=64, SPLIT_K=8),
-    **_fused_pair("single_r32x8_w8", "single", 8, BLOCK_E=32, SPLIT_K=8, num_warps=8),
     **_fused_pair("batched_h200", "batched", 2, BLOCK_E=64, SPLIT_K=8, ROWS=64),
     **_fused_pair("batched_h200_w4", "batched", 4, BLOCK_E=64, SPLIT_K=8, ROWS=64),
-    **_fused_pair("batched_r32x8_rows32", "batched", 4, BLOCK_E=32, SPLIT_K=8, ROWS=32),
 }
 FUSED_SETS["batched_h200_tiles_fused"] = dict(FUSED_SETS["batched_h200_fused"], tiles="fused")
 
