@@ -13,7 +13,7 @@ from repro.engine.kernels import norm as Nm  # noqa: E402
 from repro.engine.kernels.route_fused import moe_route_align_fused  # noqa: E402
 
 from .test_batched_forward import mma_model  # noqa: E402,F401 - fixture: the interpreter's dot as an MMA does it
-from .test_route_select import _exact_inputs  # noqa: E402
+from .test_route_select import _exact_inputs, batched_round  # noqa: E402
 
 
 def _cfg(be, split, bk=16, warps=4):
@@ -202,27 +202,11 @@ def test_batched_forward_fused_route_bit_identical(dev, mma_model):
     tile table, ``tiles_in_select``) gives the two-kernel path's round bit for bit."""
     if dev == "cuda":
         pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
-    from repro.engine.graph import SMALL_TILES
-    from repro.engine.kernels import fastpath as F
-    from repro.engine.kernels.fastpath_batch import BatchedBlockForward
-
-    from .test_batched_forward import MAX_LEN, T, TINY
-
-    W = F.random_weights(TINY, dev, torch.float32, seed=11, std=0.1)
-    g = torch.Generator().manual_seed(3)
-    kv = torch.randn(TINY.layers, 2, 3, TINY.nkv, MAX_LEN, TINY.head_dim, generator=g)
-    ids = torch.randint(0, TINY.vocab, (3, T), generator=g)
-    outs = []
-    for fused, in_select in ((False, False), (True, False), (True, True)):
-        fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev, configs=SMALL_TILES)
-        fw.fused_route, fw.tiles_in_select = fused, in_select
-        fw.kv.copy_(kv)
-        fw.ids.copy_(ids)
-        fw.cache_len.copy_(torch.tensor([9, 0, 30], dtype=torch.int32))
-        fw.forward()
-        outs.append((fw.logits.clone(), fw.kv.clone()))
-    for o in outs[1:]:
-        assert torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1])
+    old = batched_round(dev)
+    assert old[2].router_rows == 16 and old[2].ws.T_PAD == 32
+    for in_select in (False, True):
+        new = batched_round(dev, fused_route=True, tiles_in_select=in_select)
+        assert torch.equal(new[0], old[0]) and torch.equal(new[1], old[1]), in_select
 
 
 @pytest.mark.gpu
