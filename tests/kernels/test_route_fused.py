@@ -210,17 +210,20 @@ def test_batched_forward_fused_route_bit_identical(dev, mma_model):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("R,router", [
     (32, dict(BLOCK_E=16, SPLIT_K=32, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3")),  # H200 single file
     (32, dict(BLOCK_E=32, SPLIT_K=8, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3")),
     (32, dict(BLOCK_E=16, SPLIT_K=16, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", ROWS=16)),
     (256, dict(BLOCK_E=64, SPLIT_K=8, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", ROWS=64)),  # batched
 ])
-def test_fused_bf16_model_shape_graph(R, router):
+def test_fused_bf16_model_shape_graph(R, router, pdl):
     """LLaDA2.1-mini routing shapes in bf16 (H 2048, 256 experts + shared, top-8 of 8 groups / 4): the fused launch
     vs the two-kernel path with the same tiles and warps, eager and as CUDA-graph replays of two layers (the
     counters reset by each launch): ids, pair lists and tile tables equal, weights and normalised rows equal (a
-    last-bit difference of r on the GPU would show here)."""
+    last-bit difference of r on the GPU would show here). ``pdl``: the fused launch with programmatic dependent
+    launch (its weight tile loaded before the wait when one K step covers its split)."""
+    from repro.engine.kernels import _triton
     H, E, k, ng, tg = 2048, 256, 8, 8, 4
     g = torch.Generator(device="cuda").manual_seed(R)
     h = torch.randn(R, H, device="cuda", generator=g).to(torch.bfloat16)
@@ -230,6 +233,7 @@ def test_fused_bf16_model_shape_graph(R, router):
     cfg = {"router": router, "route": dict(num_warps=router["num_warps"])}
     states = {}
     for name, fn in (("old", M.moe_route_align), ("new", moe_route_align_fused)):
+        _triton.set_pdl(pdl and name == "new")
         ws = M.MoEWorkspace.create(R, H, 512, E, E + 1, k, torch.bfloat16, "cuda", split_k=router["SPLIT_K"],
                                    n_slots=2)
         out = torch.zeros_like(h)
@@ -250,6 +254,7 @@ def test_fused_bf16_model_shape_graph(R, router):
             torch.cuda.synchronize()
             _assert_same(eager, _state(ws, E, out))
         states[name] = eager
+        _triton.set_pdl(False)
         if name == "new":
             assert not ws.fused_route.cnt1.any() and not ws.fused_route.cnt2.any() and int(ws.ticket[0]) == 0
     _assert_same(states["old"], states["new"])

@@ -154,17 +154,20 @@ if HAS_TRITON:
         if b0 < end:  # the block's own keys last
             m_i, l_i, acc = _softmax_step(q1, q2, qr, kb1, kb2, kbr, vb, bm, m_i, l_i, acc, qk_scale)
         o_ptrs = o_ptr + t[:, None] * (NQ * D) + (h * G + g)[:, None] * D + od[None, :]
-        if TICKET and nsp == 1:
-            tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=tm[:, None])
-        else:
-            _store_partials(po_ptr, pm_ptr, pl_ptr, (h * NSPLIT + sp) * M, rows, acc, m_i, l_i, D)
-            if TICKET:
+        pbase = (h * NSPLIT + sp) * M
+        if TICKET:
+            if nsp == 1:
+                tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=tm[:, None])
+            else:
+                _store_partials(po_ptr, pm_ptr, pl_ptr, pbase, rows, acc, m_i, l_i, D)
                 tl.debug_barrier()  # every thread's partial stores precede the (release) ticket
                 cnt = cnt_ptr + h * NRB + rb
                 if tl.atomic_add(cnt, 1, sem="acq_rel") == nsp - 1:
                     tl.atomic_xchg(cnt, 0, sem="relaxed")
                     L, ACC = _fold_chunks(po_ptr, pm_ptr, pl_ptr, h, rows, nsp, M, NSPLIT, BLOCK_M, D)
                     tl.store(o_ptrs, (ACC / L[:, None]).to(o_ptr.dtype.element_ty), mask=tm[:, None])
+        else:  # partials for _attn_combine_kernel
+            _store_partials(po_ptr, pm_ptr, pl_ptr, pbase, rows, acc, m_i, l_i, D)
 
 
 def fused_workspace(T, nq, nkv, d, device, cfg: dict) -> "A.AttnWorkspace":

@@ -118,11 +118,13 @@ if HAS_TRITON:
     @triton.jit
     def _router_partial(x_ptr, w_ptr, nw_ptr, offs_t, T, stride_xt, pid_e, pid_k, H: tl.constexpr,
                         BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
-                        NORM: tl.constexpr, WRITE_SS: tl.constexpr, ROWS: tl.constexpr):
+                        NORM: tl.constexpr, WRITE_SS: tl.constexpr, ROWS: tl.constexpr, wpre=None,
+                        PRE: tl.constexpr = False):
         """(acc [ROWS, BLOCK_E], ss [ROWS]) of one router program: Σ_{k in split pid_k} x[t, k]·(nw[k])·w[e, k] over
         the rows ``offs_t`` (>= T read as 0) and the experts of tile pid_e, fp32 dots in BLOCK_K steps (ascending),
         and with NORM and WRITE_SS the split's Σx² per row. Shared by ``_router_logits_kernel`` and
-        :mod:`.route_fused` (the same code, so the same partial logits)."""
+        :mod:`.route_fused` (the same code, so the same partial logits). PRE (one K step: H / SPLIT_K = BLOCK_K):
+        the weight tile [BLOCK_K, BLOCK_E] is ``wpre``, loaded by the caller (e.g. before its PDL wait)."""
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
         offs_k = tl.arange(0, BLOCK_K)
         K_PER: tl.constexpr = H // SPLIT_K
@@ -136,7 +138,10 @@ if HAS_TRITON:
                 if WRITE_SS:
                     ssv += tl.sum(xv * xv, axis=1)
                 xv = xv * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
-            wv = tl.load(w_ptr + offs_e[None, :] * H + kk[:, None]).to(tl.float32)
+            if PRE:
+                wv = wpre
+            else:
+                wv = tl.load(w_ptr + offs_e[None, :] * H + kk[:, None]).to(tl.float32)
             acc = tl.dot(xv, wv, acc, input_precision=PREC)
         return acc, ssv
 

@@ -52,7 +52,7 @@ if HAS_TRITON:
     def _unit_candidates(part_ptr, bias_ptr, rbuf_ptr, gsc_ptr, ckey_ptr, cw_ptr, u, offs_t, T,
                          E: tl.constexpr, T_PAD: tl.constexpr, SPLIT_K: tl.constexpr, U: tl.constexpr,
                          N_GROUP: tl.constexpr, CAND: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         NORM: tl.constexpr, RTOT: tl.constexpr):
+                         NORM: tl.constexpr, RTOT: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
         """Phase 2 for unit u and the rows ``offs_t`` [ROWS]: logits = Σ_s part[s] (split order, from 0), x r, sigmoid,
         + bias; per group of the unit and row the group score m1 + m2 (``gsc[t, g]``) and the CAND best (key, score)
         pairs in key order (``ckey / cw[t, g·CAND + i]``). Partials and r are read at L2 (``.cg``: other programs
@@ -65,9 +65,11 @@ if HAS_TRITON:
         ucols = u * U + tl.arange(0, U)
         rm = (offs_t < T_PAD)[:, None]
         logits = tl.zeros((ROWS, U), dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            logits += tl.load(part_ptr + s * (T_PAD * E) + offs_t[:, None] * E + ucols[None, :], mask=rm, other=0.0,
-                              cache_modifier=".cg")
+        SCH: tl.constexpr = SPLIT_K if SPLIT_K < SPLIT_CHUNK else SPLIT_CHUNK
+        for s0 in range(0, SPLIT_K, SCH):  # SCH splits' loads in flight at a time (registers), added in order
+            for s1 in tl.static_range(SCH):
+                logits += tl.load(part_ptr + (s0 + s1) * (T_PAD * E) + offs_t[:, None] * E + ucols[None, :], mask=rm,
+                                  other=0.0, cache_modifier=".cg")
         if NORM:
             r = tl.load(rbuf_ptr + u * RTOT + offs_t, mask=offs_t < T, other=1.0, cache_modifier=".cg")
             logits = logits * r[:, None]
@@ -141,24 +143,33 @@ if HAS_TRITON:
         SCALE: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, MAXC: tl.constexpr,
         NACT_IDX: tl.constexpr, ZERO_NEXT: tl.constexpr, NORM: tl.constexpr, WRITE_NORMED: tl.constexpr,
         BLOCK_H: tl.constexpr, ACTIVE: tl.constexpr, TILES: tl.constexpr, E1: tl.constexpr, E1P: tl.constexpr,
-        TILE_M: tl.constexpr, USE_PDL: tl.constexpr = False,
+        TILE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr = 8, SEL_ROWS: tl.constexpr = 16,
+        USE_PDL: tl.constexpr = False,
     ):
         """Program (expert tile pid_e, split pid_k, row block rb): the three phases of the module doc.
 
         Buffers: part [SPLIT_K, T_PAD, E] fp32; rbuf [E/U, NRB·ROWS] fp32 (r per unit and row); gsc [NRB·ROWS,
         N_GROUP] fp32; ckey / cw [NRB·ROWS, N_GROUP·CAND] int64 / fp32; cnt1 [NRB, E/U], cnt2 [NRB], ticket [1]
         int32 (0 on entry, 0 again on exit). The rest as ``_route_select_kernel`` (ZERO_NEXT: program (0, 0, 0)
-        clears the next layer's counts row)."""
-        if USE_PDL:
-            gdc_launch_dependents()
-            gdc_wait()
+        clears the next layer's counts row). With PDL and one K step per split the weight tile is loaded before the
+        wait (PRE). SPLIT_CHUNK / SEL_ROWS: phase 2's partial tiles in flight, phase 3's rows per step."""
         pid_e = tl.program_id(0)
         pid_k = tl.program_id(1)
         rb = tl.program_id(2)
+        K_PER: tl.constexpr = H // SPLIT_K
+        PRE: tl.constexpr = USE_PDL and K_PER == BLOCK_K  # one K step: its weight tile before the PDL wait
+        if USE_PDL:
+            gdc_launch_dependents()
+            if PRE:  # the router weights are never written by an earlier launch: their HBM latency overlaps it
+                kk = pid_k * K_PER + tl.arange(0, BLOCK_K)
+                wpre = tl.load(w_ptr + (pid_e * BLOCK_E + tl.arange(0, BLOCK_E))[None, :] * H + kk[:, None])
+                wpre = wpre.to(tl.float32)
+            gdc_wait()
         TPU: tl.constexpr = U // BLOCK_E  # expert tiles per unit
         NPU: tl.constexpr = SPLIT_K * TPU  # programs per (unit, row block)
         NU: tl.constexpr = E // U
         RTOT: tl.constexpr = NRB * ROWS
+        SR: tl.constexpr = ROWS if ROWS < SEL_ROWS else SEL_ROWS  # phase 3's rows per step (registers)
         u = pid_e // TPU
         j = pid_k * TPU + pid_e % TPU  # the program's index inside its unit: rows j, j + NPU, ... of the row block
         offs_t = rb * ROWS + tl.arange(0, ROWS)
@@ -167,20 +178,24 @@ if HAS_TRITON:
                 oe = tl.arange(0, E)
                 tl.store(next_counts_ptr + oe, tl.zeros((E,), dtype=tl.int32))
                 tl.store(next_counts_ptr + NACT_IDX, 0)
-        if NORM:  # the first row's loads issue before the GEMM's, so that both latencies overlap
+        if NORM:  # the first row's load issues before the GEMM's, so that both latencies overlap
             offs_h = tl.arange(0, BLOCK_H)
             mh = offs_h < H
             t0 = rb * ROWS + j
             xv = tl.load(x_ptr + t0 * stride_xt + offs_h, mask=offs_h < tl.where((t0 < T) & (j < ROWS), H, 0),
                          other=0.0)
-            nwv = tl.load(nw_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
         # ---- phase 1: the router partial of this program (the router kernel's code and store)
-        acc, _ = _router_partial(x_ptr, w_ptr, nw_ptr, offs_t, T, stride_xt, pid_e, pid_k, H, BLOCK_E, SPLIT_K,
-                                 BLOCK_K, PREC, NORM, False, ROWS)
+        if PRE:
+            acc, _ = _router_partial(x_ptr, w_ptr, nw_ptr, offs_t, T, stride_xt, pid_e, pid_k, H, BLOCK_E, SPLIT_K,
+                                     BLOCK_K, PREC, NORM, False, ROWS, wpre, True)
+        else:
+            acc, _ = _router_partial(x_ptr, w_ptr, nw_ptr, offs_t, T, stride_xt, pid_e, pid_k, H, BLOCK_E, SPLIT_K,
+                                     BLOCK_K, PREC, NORM, False, ROWS)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
         tl.store(part_ptr + pid_k * (T_PAD * E) + offs_t[:, None] * E + offs_e[None, :], acc,
                  mask=(offs_t < T_PAD)[:, None])
         if NORM:  # r of the unit's rows (each unit its own copy: its phase 2 reads only what its programs wrote)
+            nwv = tl.load(nw_ptr + offs_h, mask=mh, other=0.0).to(tl.float32)
             if (j < ROWS) & (t0 < T):
                 r, y = _rms_row(xv, nwv, eps, H)
                 tl.store(rbuf_ptr + u * RTOT + t0, r)
@@ -204,21 +219,23 @@ if HAS_TRITON:
             # ---- phase 2: the last program of (unit, row block)
             tl.atomic_xchg(c1, 0, sem="relaxed")
             _unit_candidates(part_ptr, bias_ptr, rbuf_ptr, gsc_ptr, ckey_ptr, cw_ptr, u, offs_t, T, E, T_PAD,
-                             SPLIT_K, U, N_GROUP, CAND, ROWS, HAS_BIAS, NORM, RTOT)
+                             SPLIT_K, U, N_GROUP, CAND, ROWS, HAS_BIAS, NORM, RTOT, SPLIT_CHUNK)
             tl.debug_barrier()
             c2 = cnt2_ptr + rb
             if tl.atomic_add(c2, 1, sem="acq_rel") == NU - 1:
                 # ---- phase 3: the last unit of the row block
                 tl.atomic_xchg(c2, 0, sem="relaxed")
-                ids, wts = _select_rows(gsc_ptr, ckey_ptr, cw_ptr, offs_t, E, N_GROUP, TOPK_GROUP, TOPK, CAND, ROWS,
-                                        SCALE, RENORM)
                 kidx = tl.arange(0, TOPK)[None, :]
-                p = offs_t[:, None] * TOPK + kidx
-                pm = (offs_t < T)[:, None] & (kidx < TOPK)
-                tl.store(ids_ptr + p, ids, mask=pm)
-                tl.store(topw_ptr + p, wts, mask=pm)
-                tl.store(pairw_ptr + p, wts, mask=pm)
-                _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, pm, MAXC, NACT_IDX, ACTIVE)
+                for r0 in range(0, ROWS, SR):
+                    offs_s = rb * ROWS + r0 + tl.arange(0, SR)
+                    ids, wts = _select_rows(gsc_ptr, ckey_ptr, cw_ptr, offs_s, E, N_GROUP, TOPK_GROUP, TOPK, CAND,
+                                            SR, SCALE, RENORM)
+                    p = offs_s[:, None] * TOPK + kidx
+                    pm = (offs_s < T)[:, None] & (kidx < TOPK)
+                    tl.store(ids_ptr + p, ids, mask=pm)
+                    tl.store(topw_ptr + p, wts, mask=pm)
+                    tl.store(pairw_ptr + p, wts, mask=pm)
+                    _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, pm, MAXC, NACT_IDX, ACTIVE)
                 if TILES:
                     tl.debug_barrier()
                     if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == NRB - 1:
@@ -259,7 +276,10 @@ def moe_route_align_fused(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8,
     """:func:`.route.moe_route_align` (same arguments, shapes, dtypes and results in ``ws``) in one launch (module
     doc). The router config's tiles (BLOCK_E, SPLIT_K = ``ws.part.shape[0]``, BLOCK_K, PREC, ROWS / ``row_block``,
     num_stages) are the two-kernel path's, so the partial logits and their split order are the same; num_warps is
-    the router config's (``FUSED_WARPS`` overrides it). With ``norm_w`` but no ``norm_out``, r is computed from the
+    the router config's (``FUSED_WARPS`` overrides it). Register knobs that leave the numbers unchanged:
+    ``SPLIT_CHUNK`` (default 8) partial tiles loaded at a time in phase 2, ``SEL_ROWS`` (default 8) rows per
+    selection step in phase 3 (offline sm_90a compile, BLOCK_E 16 x SPLIT_K 32, 4 warps: 127 registers with 8 / 8,
+    142 with all splits and 32 rows at once, against 119 for the router kernel alone). With ``norm_w`` but no ``norm_out``, r is computed from the
     whole row (the numerics of the ``norm_out`` case; the two-kernel path sums the router's split Σh² instead).
     Needs E / n_group experts per group, BLOCK_E and the group size powers of two, and top_k within the kept
     groups (topk_group x group size >= top_k). Raises ValueError as ``moe_route_align``."""
@@ -290,5 +310,6 @@ def moe_route_align_fused(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8,
         RENORM=bool(renormalize), HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, NACT_IDX=E1,
         ZERO_NEXT=slot is not None, NORM=norm_w is not None, WRITE_NORMED=norm_out is not None,
         BLOCK_H=next_pow2(H), ACTIVE=bool(ws.compact or slot is None), **tiles,
+        SPLIT_CHUNK=int(rc.get("SPLIT_CHUNK", 8)), SEL_ROWS=int(rc.get("SEL_ROWS", 8)),
         num_warps=int(rc.get("FUSED_WARPS") or rc["num_warps"]), num_stages=rc["num_stages"], **pdl(),
     )
