@@ -24,14 +24,15 @@ def _inputs(dev, dtype, T, NQ, NKV, D, MAXLEN, g):
 
 
 def _run(dev, dtype, T, NQ, NKV, D, ROT, P, nsplit, block_n, min_keys, block_m=None, seed=0, calls=2,
-         combine="ticket"):
+         combine="ticket", prefetch=False, fold_chunk=4):
     """``calls`` fused calls on one workspace, each with fresh inputs, a NaN-poisoned ``out`` and cache rows >= P."""
     g = torch.Generator().manual_seed(seed)
     MAXLEN = P + T + 19
     cos, sin = A.rope_tables(MAXLEN, ROT, 600000.0, dev)
     cl = torch.tensor([P], dtype=torch.int32, device=dev)
-    ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=nsplit, block_n=block_n, min_keys=min_keys, block_m=block_m)
-    ws.fused_combine = combine
+    ws = AF.fused_workspace(T, NQ, NKV, D, dev, dict(NSPLIT=nsplit, BLOCK_N=block_n, MIN_KEYS=min_keys,
+                                                     BLOCK_M=block_m or (NQ // NKV) * max(16, T), COMBINE=combine,
+                                                     PREFETCH=prefetch, FOLD_CHUNK=fold_chunk))
     ws.po.fill_(float("nan"))  # splits not in use must not be read
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     for _ in range(calls):
@@ -62,11 +63,15 @@ def _run(dev, dtype, T, NQ, NKV, D, ROT, P, nsplit, block_n, min_keys, block_m=N
     (torch.float16, 32, 48, 8, 16, 32),  # P on a tile boundary; two row blocks (only row block 0 writes)
     (torch.float32, 8, 5, 8, 1, 16),  # more splits than key tiles: empty splits; two row blocks
 ])
-@pytest.mark.parametrize("combine", ["ticket", "kernel"])
-def test_fused_small(dev, dtype, T, P, nsplit, min_keys, block_m, combine):
+@pytest.mark.parametrize("combine,prefetch,fold_chunk", [("ticket", False, 4), ("kernel", False, 4),
+                                                         ("ticket", True, 3)])
+def test_fused_small(dev, dtype, T, P, nsplit, min_keys, block_m, combine, prefetch, fold_chunk):
+    """Against the reference and the cache rows it must (not) write; ``prefetch``: the first key tile loaded with
+    the query rows; ``fold_chunk`` 3: chunks folded 3 at a time (7 chunks: a partial last step)."""
     if dev == "cuda" and dtype == torch.float32:
         pytest.skip("tf32 dot on GPU; covered by the bf16 GPU test")
-    _run(dev, dtype, T, 4, 2, 64, 32, P, nsplit, 16, min_keys, block_m, seed=P + T, combine=combine)
+    _run(dev, dtype, T, 4, 2, 64, 32, P, nsplit, 16, min_keys, block_m, seed=P + T, combine=combine,
+         prefetch=prefetch, fold_chunk=fold_chunk)
 
 
 @pytest.mark.parametrize("block_m,offset", [(None, 1), (16, 1), (16, 3)])
@@ -147,7 +152,8 @@ def _unfused(qkv, qw, kw, cos, sin, cl, kc, vc, ws, NQ, NKV, ROT):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_m,min_keys,combine", [(None, 256, "ticket"), (64, 64, "ticket"), (32, 128, "ticket"),
-                                                      (64, 64, "kernel"), (16, 64, "ticket"), (16, 128, "ticket")])
+                                                      (64, 64, "kernel"), (16, 64, "ticket"), (16, 128, "ticket"),
+                                                      (16, 64, "ticket+prefetch")])
 def test_fused_bf16_model_shape_graph(block_m, min_keys, combine):
     """Model shape in bf16: one CUDA graph of the fused kernel replayed at P in {0, 1000, 4000} vs unfused kernels."""
     T, NQ, NKV, D, ROT, MAXLEN = 32, 16, 4, 128, 64, 4096 + 64
@@ -157,7 +163,8 @@ def test_fused_bf16_model_shape_graph(block_m, min_keys, combine):
     cl = torch.zeros(1, dtype=torch.int32, device="cuda")
     ws = A.AttnWorkspace(T, NQ, NKV, D, "cuda", nsplit=32, block_n=64, num_warps=4, num_stages=3,
                          min_keys=min_keys, block_m=block_m)
-    ws.fused_combine = combine
+    ws.fused_combine = combine.split("+")[0]
+    ws.fused_opts = dict(PREFETCH=combine.endswith("prefetch"), FOLD_CHUNK=4)
     ws_ref = A.AttnWorkspace(T, NQ, NKV, D, "cuda", nsplit=32, block_n=64, min_keys=min_keys, block_m=block_m)
     kf, vf = kc.clone(), vc.clone()
     out = torch.empty(T, NQ * D, dtype=torch.bfloat16, device="cuda")

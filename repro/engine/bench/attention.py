@@ -28,17 +28,17 @@ import torch
 
 NQ, NKV, D, T, ROT = 16, 4, 128, 32, 64
 
-#: tile sets timed by default: the default, row blocks of 16 / 32 / 64 rows, longer chunks, fewer splits, 2 warps,
-#: and the two-launch combine
+#: tile sets timed by default: the default (16-row blocks, 128-key chunks), 64-key chunks, the first key tile
+#: prefetched, row blocks of 32 / 64 rows, and the two-launch combine
 FUSED_SETS = {
     "fused_default": {},
-    "fused_m16_mk128": {"MIN_KEYS": 128},
-    "fused_m16_ns16": {"NSPLIT": 16},
-    "fused_m16_w2": {"num_warps": 2},
+    "fused_mk64": {"MIN_KEYS": 64},
+    "fused_prefetch": {"PREFETCH": 1},
+    "fused_mk64_prefetch": {"MIN_KEYS": 64, "PREFETCH": 1},
     "fused_m32": {"BLOCK_M": 32},
-    "fused_m32_mk128": {"BLOCK_M": 32, "MIN_KEYS": 128},
-    "fused_m64": {"BLOCK_M": 64},
-    "fused_m16_kernel_combine": {"COMBINE": "kernel"},
+    "fused_m32_mk64": {"BLOCK_M": 32, "MIN_KEYS": 64},
+    "fused_m64_mk64": {"BLOCK_M": 64, "MIN_KEYS": 64},
+    "fused_kernel_combine": {"COMBINE": "kernel"},
 }
 
 

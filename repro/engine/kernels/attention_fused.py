@@ -9,14 +9,15 @@ Per program: QK-norm (fp32) + partial NeoX RoPE of its BLOCK_M query rows in reg
 like the unfused q), the keys < P of its chunk from the cache and the block's own keys [P, P + T) computed from
 ``qkv`` the same way (V raw; row block 0 writes them into the cache rows [P, P + T): each block key lies in one
 chunk, so it is written once). The first cached key tile is loaded with the query rows and the block's rows, so
-those memory round trips overlap. The chunk's online softmax (exp2, fp32) runs from the empty state over its cached
-tiles in key order, then its block tile (:func:`_softmax_step`: QKᵀ as three dots over the RoPE column pieces).
+those memory round trips overlap. The chunk's online softmax (exp2, fp32) runs from the empty state over its block
+tile (if the chunk holds block keys), then its cached tiles in key order (:func:`_softmax_step`: QKᵀ as three dots
+over the RoPE column pieces).
 
 Combine ("ticket", one launch): with one chunk in use the program writes ``o = acc / l``. Otherwise every program
 stores its chunk's (m, l, acc) in fp32 and takes a ticket on the counter of its (KV head, row block)
 (``tl.atomic_add``, ``sem="acq_rel"``, after a CTA barrier); the program with the last ticket resets the counter to 0
 and folds ALL the chunks of its rows from memory, in chunk order 0, 1, ..., n-1 (the left fold of
-:mod:`.attention_slots`: ``_fold_rows``, explicit FMAs, every chunk's loads issued at once), then writes o. The
+:mod:`.attention_slots`: ``_fold_rows``, explicit FMAs, FOLD_CHUNK chunks' loads in flight at a time), then writes o. The
 result therefore never depends on which program finishes last (the fused kernel before issue 41 merged the others
 into its own state, in an order that did). ``ws.fused_combine = "kernel"``: the partials are merged by
 ``attention._attn_combine_kernel`` instead (two launches).
@@ -41,8 +42,11 @@ __all__ = ["FUSED_DEFAULT", "block_attention_fused", "fused_workspace"]
 
 #: launch tiles of the fused kernel where the device has no tuned ``attn``/``fused`` entry: small row blocks (16 of the
 #: G·T_PAD = 128 query rows of a KV head: 8 row blocks) so that the fold of each (head, row block) reads few bytes
-#: (chunks x 16 x 128 x 4 B) and the grid has many programs (P = 1k: 17 chunks x 4 heads x 8 = 544)
-FUSED_DEFAULT = dict(NSPLIT=32, BLOCK_N=64, BLOCK_M=16, MIN_KEYS=64, num_warps=4, num_stages=3)
+#: (chunks x 16 x 128 x 4 B); chunks of 128 keys, so that at P = 1k the 9 chunks x 4 heads x 8 row blocks = 288
+#: programs fit the GPU at once (offline sm_90a compile: 163 registers, 3 programs of 4 warps per SM; with
+#: ``PREFETCH`` 182, 2 per SM). FOLD_CHUNK: chunks' partial loads in flight during the fold.
+FUSED_DEFAULT = dict(NSPLIT=32, BLOCK_N=64, BLOCK_M=16, MIN_KEYS=128, num_warps=4, num_stages=3, PREFETCH=0,
+                     FOLD_CHUNK=4)
 
 if HAS_TRITON:
 
@@ -56,41 +60,48 @@ if HAS_TRITON:
         return _online_softmax(tl.where(nm[None, :], s, float("-inf")), v, m_i, l_i, acc)
 
     @triton.jit
-    def _load_key_tile(kbase, vbase, offs_n, nm, stride_ks, HALF: tl.constexpr, ROT: tl.constexpr,
-                       D: tl.constexpr):
-        """Cached keys ``offs_n`` (rows with ``nm`` False read as 0) as the three RoPE column pieces, and their V."""
+    def _load_keys(kbase, offs_n, nm, stride_ks, HALF: tl.constexpr, ROT: tl.constexpr, D: tl.constexpr):
+        """Cached keys ``offs_n`` (rows with ``nm`` False read as 0) as the three RoPE column pieces."""
         oh = tl.arange(0, HALF)
         orr = tl.arange(0, D - ROT)
-        od = tl.arange(0, D)
         krow = kbase + offs_n[:, None] * stride_ks
         k1 = tl.load(krow + oh[None, :], mask=nm[:, None], other=0.0)
         k2 = tl.load(krow + HALF + oh[None, :], mask=nm[:, None], other=0.0)
         kr = tl.load(krow + ROT + orr[None, :], mask=nm[:, None], other=0.0)
-        v = tl.load(vbase + offs_n[:, None] * stride_ks + od[None, :], mask=nm[:, None], other=0.0)
-        return k1, k2, kr, v
+        return k1, k2, kr
+
+    @triton.jit
+    def _load_values(vbase, offs_n, nm, stride_ks, D: tl.constexpr):
+        """Cached values ``offs_n`` [BLOCK_N, D] (rows with ``nm`` False read as 0)."""
+        od = tl.arange(0, D)
+        return tl.load(vbase + offs_n[:, None] * stride_ks + od[None, :], mask=nm[:, None], other=0.0)
 
     @triton.jit
     def _fold_chunks(po_ptr, pm_ptr, pl_ptr, h, rows, nsp, M: tl.constexpr, NSPLIT: tl.constexpr,
-                     BLOCK_M: tl.constexpr, D: tl.constexpr):
+                     BLOCK_M: tl.constexpr, D: tl.constexpr, FOLD_CHUNK: tl.constexpr):
         """(L, ACC) of the left fold of chunks 0 .. nsp-1 of (KV head h, rows) from their stored (m, l, acc), in
-        chunk order (``attention_slots._fold_rows``); unrolled over NSPLIT, so every chunk's loads issue at once.
+        chunk order (``attention_slots._fold_rows``); FOLD_CHUNK chunks' loads issued at once (unrolled; registers).
         Read at L2 (``.cg``): other programs wrote them."""
         od = tl.arange(0, D)
         ar = tl.arange(0, BLOCK_M)
         Mx = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         L = tl.zeros((BLOCK_M,), dtype=tl.float32)
         ACC = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        for c in tl.static_range(NSPLIT):
-            ok = c < nsp
-            rm = ar < tl.where(ok, BLOCK_M, 0)
-            b = (h * NSPLIT + c) * M + rows
-            m = tl.load(pm_ptr + b, mask=rm, other=0.0, cache_modifier=".cg")
-            l = tl.load(pl_ptr + b, mask=rm, other=0.0, cache_modifier=".cg")
-            a = tl.load(po_ptr + b[:, None] * D + od[None, :], mask=rm[:, None], other=0.0, cache_modifier=".cg")
-            M2, L2, ACC2 = _fold_rows(Mx, L, ACC, m, l, a)
-            Mx = tl.where(ok, M2, Mx)
-            L = tl.where(ok, L2, L)
-            ACC = tl.where(ok, ACC2, ACC)
+        FC: tl.constexpr = NSPLIT if NSPLIT < FOLD_CHUNK else FOLD_CHUNK
+        for c0 in range(0, nsp, FC):
+            for c1 in tl.static_range(FC):
+                c = c0 + c1
+                ok = c < nsp
+                rm = ar < tl.where(ok, BLOCK_M, 0)
+                b = (h * NSPLIT + c) * M + rows
+                m = tl.load(pm_ptr + b, mask=rm, other=0.0, cache_modifier=".cg")
+                l = tl.load(pl_ptr + b, mask=rm, other=0.0, cache_modifier=".cg")
+                a = tl.load(po_ptr + b[:, None] * D + od[None, :], mask=rm[:, None], other=0.0,
+                            cache_modifier=".cg")
+                M2, L2, ACC2 = _fold_rows(Mx, L, ACC, m, l, a)
+                Mx = tl.where(ok, M2, Mx)
+                L = tl.where(ok, L2, L)
+                ACC = tl.where(ok, ACC2, ACC)
         return L, ACC
 
     @triton.jit
@@ -99,11 +110,12 @@ if HAS_TRITON:
         T, stride_qkv, stride_kh, stride_ks, qk_scale, eps,
         NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, G: tl.constexpr,
         T_PAD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr,
-        BLOCK_M: tl.constexpr, TICKET: tl.constexpr, USE_PDL: tl.constexpr = False,
+        BLOCK_M: tl.constexpr, TICKET: tl.constexpr, FOLD_CHUNK: tl.constexpr = 4, PREFETCH: tl.constexpr = False,
+        USE_PDL: tl.constexpr = False,
     ):
         """Program (h, chunk, row block) of ``block_attention_fused`` (module doc); the chunk/row layout of
         ``attention._attn_split_kernel``. TICKET: one launch (the last program of each (h, row block) folds the
-        chunks); else every program stores its partials for ``_attn_combine_kernel``."""
+        chunks, FOLD_CHUNK of them per step); else every program stores its partials for ``_attn_combine_kernel``."""
         M: tl.constexpr = G * T_PAD
         HALF: tl.constexpr = ROT // 2
         NRB: tl.constexpr = M // BLOCK_M
@@ -119,10 +131,12 @@ if HAS_TRITON:
         kbase = kc_ptr + h * stride_kh
         vbase = vc_ptr + h * stride_kh
         cend = tl.minimum(end, P)  # cached keys of this chunk: [start, cend)
-        # loads of the first cached tile, the query rows and the block's keys in this chunk ([b0, end), at most T of
-        # them; none: all masked), with no branch in between, so that their memory round trips overlap
+        # PREFETCH: the first cached key tile loaded with the query rows and the block's keys in this chunk ([b0, end),
+        # at most T of them; none: all masked), no branch in between, so that their memory round trips overlap
         offs_n = start + tl.arange(0, BLOCK_N)
-        k1, k2, kr, v = _load_key_tile(kbase, vbase, offs_n, offs_n < cend, stride_ks, HALF, ROT, D)
+        nm0 = offs_n < cend
+        if PREFETCH:
+            k1, k2, kr = _load_keys(kbase, offs_n, nm0, stride_ks, HALF, ROT, D)
         b0 = tl.maximum(start, P)
         offs_b = b0 + tl.arange(0, T_PAD)
         bm = offs_b < end
@@ -144,15 +158,19 @@ if HAS_TRITON:
         m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        if b0 < end:  # the block's own keys first (their registers are free before the cached tiles')
+            m_i, l_i, acc = _softmax_step(q1, q2, qr, kb1, kb2, kbr, vb, bm, m_i, l_i, acc, qk_scale)
         if start < cend:
-            m_i, l_i, acc = _softmax_step(q1, q2, qr, k1, k2, kr, v, offs_n < cend, m_i, l_i, acc, qk_scale)
+            if not PREFETCH:
+                k1, k2, kr = _load_keys(kbase, offs_n, nm0, stride_ks, HALF, ROT, D)
+            v = _load_values(vbase, offs_n, nm0, stride_ks, D)
+            m_i, l_i, acc = _softmax_step(q1, q2, qr, k1, k2, kr, v, nm0, m_i, l_i, acc, qk_scale)
         for n0 in range(start + BLOCK_N, cend, BLOCK_N):  # the chunk's other cached tiles, in key order
             offs_c = n0 + tl.arange(0, BLOCK_N)
             nm = offs_c < cend
-            c1, c2, cr, cv = _load_key_tile(kbase, vbase, offs_c, nm, stride_ks, HALF, ROT, D)
+            c1, c2, cr = _load_keys(kbase, offs_c, nm, stride_ks, HALF, ROT, D)
+            cv = _load_values(vbase, offs_c, nm, stride_ks, D)
             m_i, l_i, acc = _softmax_step(q1, q2, qr, c1, c2, cr, cv, nm, m_i, l_i, acc, qk_scale)
-        if b0 < end:  # the block's own keys last
-            m_i, l_i, acc = _softmax_step(q1, q2, qr, kb1, kb2, kbr, vb, bm, m_i, l_i, acc, qk_scale)
         o_ptrs = o_ptr + t[:, None] * (NQ * D) + (h * G + g)[:, None] * D + od[None, :]
         pbase = (h * NSPLIT + sp) * M
         if TICKET:
@@ -164,7 +182,7 @@ if HAS_TRITON:
                 cnt = cnt_ptr + h * NRB + rb
                 if tl.atomic_add(cnt, 1, sem="acq_rel") == nsp - 1:
                     tl.atomic_xchg(cnt, 0, sem="relaxed")
-                    L, ACC = _fold_chunks(po_ptr, pm_ptr, pl_ptr, h, rows, nsp, M, NSPLIT, BLOCK_M, D)
+                    L, ACC = _fold_chunks(po_ptr, pm_ptr, pl_ptr, h, rows, nsp, M, NSPLIT, BLOCK_M, D, FOLD_CHUNK)
                     tl.store(o_ptrs, (ACC / L[:, None]).to(o_ptr.dtype.element_ty), mask=tm[:, None])
         else:  # partials for _attn_combine_kernel
             _store_partials(po_ptr, pm_ptr, pl_ptr, pbase, rows, acc, m_i, l_i, D)
@@ -172,11 +190,13 @@ if HAS_TRITON:
 
 def fused_workspace(T, nq, nkv, d, device, cfg: dict) -> "A.AttnWorkspace":
     """An :class:`.attention.AttnWorkspace` for :func:`block_attention_fused` with the launch tiles ``cfg`` (keys of
-    :data:`FUSED_DEFAULT`; missing ones from it; ``COMBINE``: "ticket" (default) or "kernel")."""
+    :data:`FUSED_DEFAULT`; missing ones from it; ``COMBINE``: "ticket" (default) or "kernel"), the kernel-only
+    keys kept as ``ws.fused_opts``."""
     c = {**FUSED_DEFAULT, **cfg}
     ws = A.AttnWorkspace(T, nq, nkv, d, device, nsplit=c["NSPLIT"], block_n=c["BLOCK_N"], num_warps=c["num_warps"],
                          num_stages=c["num_stages"], min_keys=c["MIN_KEYS"], block_m=c["BLOCK_M"])
     ws.fused_combine = c.get("COMBINE", "ticket")
+    ws.fused_opts = dict(PREFETCH=bool(c["PREFETCH"]), FOLD_CHUNK=int(c["FOLD_CHUNK"]))
     return ws
 
 
@@ -220,8 +240,8 @@ def block_attention_fused(qkv, q_w, k_w, cos, sin, cache_len, k_cache, v_cache, 
         qkv, q_w, k_w, cos, sin, cache_len, k_cache, v_cache, ws.po, ws.pm, ws.pl, ws.tickets, out,
         T, qkv.stride(0), k_cache.stride(0), k_cache.stride(1), scale * 1.4426950408889634, eps,
         NQ=nq, NKV=nkv, D=D, ROT=rot, G=G, T_PAD=ws.T_PAD, NSPLIT=ws.nsplit, BLOCK_N=ws.block_n,
-        MIN_KEYS=ws.min_keys, BLOCK_M=ws.block_m, TICKET=ticket, num_warps=ws.num_warps,
-        num_stages=ws.num_stages, **pdl(),
+        MIN_KEYS=ws.min_keys, BLOCK_M=ws.block_m, TICKET=ticket, **getattr(ws, "fused_opts", {}),
+        num_warps=ws.num_warps, num_stages=ws.num_stages, **pdl(),
     )
     if not ticket:
         A._attn_combine_kernel[(nq, T)](ws.po, ws.pm, ws.pl, out, cache_len, T, NQ=nq, D=D, G=G, T_PAD=ws.T_PAD,
