@@ -209,13 +209,16 @@ def test_batched_forward_fused_route_bit_identical(dev, mma_model):
         assert torch.equal(new[0], old[0]) and torch.equal(new[1], old[1]), in_select
 
 
+H200_SINGLE = dict(BLOCK_E=16, SPLIT_K=32, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3")  # single-request file
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("R,router", [
-    (32, dict(BLOCK_E=16, SPLIT_K=32, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3")),  # H200 single file
-    (32, dict(BLOCK_E=32, SPLIT_K=8, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3")),
-    (32, dict(BLOCK_E=16, SPLIT_K=16, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", ROWS=16)),
-    (256, dict(BLOCK_E=64, SPLIT_K=8, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", ROWS=64)),  # batched
+@pytest.mark.parametrize("R,router,pdl", [
+    (32, H200_SINGLE, False),
+    (32, H200_SINGLE, True),  # one K step per split: the weight tile loaded before the PDL wait
+    (32, dict(BLOCK_E=32, SPLIT_K=8, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", SEL_ROWS=16), False),
+    (32, dict(BLOCK_E=16, SPLIT_K=16, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", ROWS=16), False),
+    (256, dict(BLOCK_E=64, SPLIT_K=8, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", ROWS=64), False),
 ])
 def test_fused_bf16_model_shape_graph(R, router, pdl):
     """LLaDA2.1-mini routing shapes in bf16 (H 2048, 256 experts + shared, top-8 of 8 groups / 4): the fused launch

@@ -36,6 +36,8 @@ config's ``FUSED`` key (``BlockForward.fused_route`` / ``BatchedBlockForward.fus
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, next_pow2, pdl, tl, triton  # noqa: F401
@@ -270,6 +272,20 @@ def _buffers(ws: MoEWorkspace, nrb, rows, nu, n_group, cand) -> FusedRouteBuffer
     return fb
 
 
+def _split_chunk(rc: dict, split: int, rows: int, U: int, warps: int) -> int:
+    """Phase 2's partial tiles in flight: the router config's ``SPLIT_CHUNK``, else as many [rows, U] fp32 tiles as
+    fit about 64 registers a thread (8 at 32 x 32 with 4 warps, 2 at 64 x 64); a power of two dividing SPLIT_K.
+    Raises ValueError for a ``SPLIT_CHUNK`` that does not divide SPLIT_K."""
+    if "SPLIT_CHUNK" in rc:
+        chunk = int(rc["SPLIT_CHUNK"])
+        if chunk < 1 or split % chunk:
+            raise ValueError(f"moe_route_align_fused: SPLIT_CHUNK {chunk} does not divide SPLIT_K {split}")
+        return chunk
+    per_tile = max(1, rows * U // (32 * warps))
+    chunk = 1 << max(0, (64 // per_tile).bit_length() - 1)
+    return math.gcd(split, chunk)
+
+
 def moe_route_align_fused(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_group=8, topk_group=4,
                           scaling=2.5, renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6,
                           norm_out=None, row_block=None, tile_block_m=None):
@@ -277,9 +293,9 @@ def moe_route_align_fused(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8,
     doc). The router config's tiles (BLOCK_E, SPLIT_K = ``ws.part.shape[0]``, BLOCK_K, PREC, ROWS / ``row_block``,
     num_stages) are the two-kernel path's, so the partial logits and their split order are the same; num_warps is
     the router config's (``FUSED_WARPS`` overrides it). Register knobs that leave the numbers unchanged:
-    ``SPLIT_CHUNK`` (default 8) partial tiles loaded at a time in phase 2, ``SEL_ROWS`` (default 8) rows per
-    selection step in phase 3 (offline sm_90a compile, BLOCK_E 16 x SPLIT_K 32, 4 warps: 127 registers with 8 / 8,
-    142 with all splits and 32 rows at once, against 119 for the router kernel alone). With ``norm_w`` but no ``norm_out``, r is computed from the
+    ``SPLIT_CHUNK`` partial tiles loaded at a time in phase 2 (default: :func:`_split_chunk`), ``SEL_ROWS``
+    (default 8) rows per selection step in phase 3 (offline sm_90a compile, BLOCK_E 16 x SPLIT_K 32, 4 warps: 127
+    registers with 8 / 8, 142 with all splits and 32 rows at once, against 119 for the router kernel alone). With ``norm_w`` but no ``norm_out``, r is computed from the
     whole row (the numerics of the ``norm_out`` case; the two-kernel path sums the router's split Σh² instead).
     Needs E / n_group experts per group, BLOCK_E and the group size powers of two, and top_k within the kept
     groups (topk_group x group size >= top_k). Raises ValueError as ``moe_route_align``."""
@@ -300,6 +316,8 @@ def moe_route_align_fused(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8,
         tiles = dict(TILES=True, ticket_ptr=ws.ticket, tiles_ptr=table, MAXT=table.shape[0], E1=ws.E1,
                      E1P=next_pow2(ws.E1), TILE_M=int(tile_block_m))
     no = norm_out if norm_out is not None else x
+    warps = int(rc.get("FUSED_WARPS") or rc["num_warps"])
+    chunk = _split_chunk(rc, split, rows, U, warps)
     _fused_route_kernel[(E // be, split, nrb)](
         x, gate_w, ws.part, norm_w if norm_w is not None else x, expert_bias if expert_bias is not None else ws.part,
         no, fb.rbuf, fb.gsc, fb.ckey, fb.cw, fb.cnt1, fb.cnt2, ws.topk_ids, ws.topk_w, ws.pair_w, ws.counts,
@@ -310,6 +328,5 @@ def moe_route_align_fused(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8,
         RENORM=bool(renormalize), HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, NACT_IDX=E1,
         ZERO_NEXT=slot is not None, NORM=norm_w is not None, WRITE_NORMED=norm_out is not None,
         BLOCK_H=next_pow2(H), ACTIVE=bool(ws.compact or slot is None), **tiles,
-        SPLIT_CHUNK=int(rc.get("SPLIT_CHUNK", 8)), SEL_ROWS=int(rc.get("SEL_ROWS", 8)),
-        num_warps=int(rc.get("FUSED_WARPS") or rc["num_warps"]), num_stages=rc["num_stages"], **pdl(),
+        SPLIT_CHUNK=chunk, SEL_ROWS=int(rc.get("SEL_ROWS", 8)), num_warps=warps, num_stages=rc["num_stages"], **pdl(),
     )

@@ -23,7 +23,7 @@ if [[ " $STAGES " == *" tests "* ]]; then
   echo "pytest rc=$?"
 fi
 if [[ " $STAGES " == *" route "* ]]; then
-  timeout ${ROUTE_S:-120} python3 -m repro.engine.bench route --sets fused --rows 32,1024 --layers 48 --iters 20 \
+  timeout ${ROUTE_S:-150} python3 -m repro.engine.bench route --sets fused --rows 32,1024 --layers 48 --iters 20 \
     --json "$OUT/route.json" 2>&1 | tee "$OUT/route.log" | grep -v "^{" | tail -30
   echo "route rc=$?"
 fi
@@ -34,7 +34,7 @@ if [[ " $STAGES " == *" attention "* ]]; then
 fi
 if [[ " $STAGES " == *" round "* ]]; then
   V=norm_in_route,norm_in_route+fused_route,norm_in_route+fused_attn,norm_in_route+fused_route+fused_attn
-  timeout ${ROUND_S:-200} python3 -m repro.engine.bench round --prefixes 1024 --naive-iters 0 --iters 30 --no-w4 \
+  timeout ${ROUND_S:-180} python3 -m repro.engine.bench round --prefixes 1024 --naive-iters 0 --iters 30 --no-w4 \
     --variants "$V" --breakdown --breakdown-variants norm_in_route,norm_in_route+fused_route+fused_attn \
     ${ROUND_ARGS:-} --json "$OUT/round.json" 2>&1 | tee "$OUT/round.log" | grep -v "^{" | tail -60
   echo "round rc=$?"
