@@ -216,7 +216,7 @@ H200_SINGLE = dict(BLOCK_E=16, SPLIT_K=32, BLOCK_K=64, num_warps=4, num_stages=2
 @pytest.mark.parametrize("R,router,pdl", [
     (32, H200_SINGLE, False),
     (32, H200_SINGLE, True),  # one K step per split: the weight tile loaded before the PDL wait
-    (32, dict(BLOCK_E=32, SPLIT_K=8, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", SEL_ROWS=16), False),
+    (32, dict(BLOCK_E=32, SPLIT_K=8, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", SEL_ROWS=8), False),
     (32, dict(BLOCK_E=16, SPLIT_K=16, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", ROWS=16), False),
     (256, dict(BLOCK_E=64, SPLIT_K=8, BLOCK_K=64, num_warps=4, num_stages=2, PREC="tf32x3", ROWS=64), False),
 ])

@@ -97,7 +97,7 @@ FUSED_SETS = {
     **_fused_pair("single_r32x16", "single", 4, BLOCK_E=32, SPLIT_K=16),
     **_fused_pair("single_r16x32_rows16", "single", 4, SPLIT_K=32, ROWS=16),
     **_fused_pair("single_r32x8_rows16", "single", 4, BLOCK_E=32, SPLIT_K=8, ROWS=16),
-    **_fused_pair("single_r32x8_sel16", "single", 4, BLOCK_E=32, SPLIT_K=8, SEL_ROWS=16),
+    **_fused_pair("single_h200_w4_sel8", "single", 4, SPLIT_K=32, SEL_ROWS=8),
     **_fused_pair("batched_h200", "batched", 2, BLOCK_E=64, SPLIT_K=8, ROWS=64),
     **_fused_pair("batched_h200_w4", "batched", 4, BLOCK_E=64, SPLIT_K=8, ROWS=64),
 }

@@ -17,8 +17,8 @@ Combine ("ticket", one launch): with one chunk in use the program writes ``o = a
 stores its chunk's (m, l, acc) in fp32 and takes a ticket on the counter of its (KV head, row block)
 (``tl.atomic_add``, ``sem="acq_rel"``, after a CTA barrier); the program with the last ticket resets the counter to 0
 and folds ALL the chunks of its rows from memory, in chunk order 0, 1, ..., n-1 (the left fold of
-:mod:`.attention_slots`: ``_fold_rows``, explicit FMAs, FOLD_CHUNK chunks' loads in flight at a time), then writes o. The
-result therefore never depends on which program finishes last (the fused kernel before issue 41 merged the others
+:mod:`.attention_slots`: ``_fold_rows``, explicit FMAs, FOLD_CHUNK chunks' loads in flight at a time), then writes
+o. The result therefore never depends on which program finishes last (the fused kernel before issue 41 merged the others
 into its own state, in an order that did). ``ws.fused_combine = "kernel"``: the partials are merged by
 ``attention._attn_combine_kernel`` instead (two launches).
 

@@ -23,7 +23,7 @@ deadlock and the interpreter (programs run one after another) runs it as is.
    SPLIT_K·U/BLOCK_E programs sums the unit's partials in split order, scales by r, takes sigmoid and bias, and per
    group and row writes the group score (sum of the two largest biased scores) and the group's CAND = min(top_k,
    group size) best experts (int64 keys of ``route._desc_key``: biased score descending, then expert index
-   ascending) with their unbiased scores.
+   ascending), and the unit's unbiased scores.
 3. The last unit of a row block selects for its rows: top ``topk_group`` groups by score, then the top_k keys
    among the kept groups' candidates (the top_k of all kept experts are among them: a group holds at most top_k
    of them, and its candidates are its best CAND), renormalises x scale, stores ids / weights and appends the
@@ -51,14 +51,14 @@ __all__ = ["moe_route_align_fused", "FusedRouteBuffers"]
 if HAS_TRITON:
 
     @triton.jit
-    def _unit_candidates(part_ptr, bias_ptr, rbuf_ptr, gsc_ptr, ckey_ptr, cw_ptr, u, offs_t, T,
+    def _unit_candidates(part_ptr, bias_ptr, rbuf_ptr, gsc_ptr, ckey_ptr, sc_ptr, u, offs_t, T,
                          E: tl.constexpr, T_PAD: tl.constexpr, SPLIT_K: tl.constexpr, U: tl.constexpr,
                          N_GROUP: tl.constexpr, CAND: tl.constexpr, ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
                          NORM: tl.constexpr, RTOT: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
-        """Phase 2 for unit u and the rows ``offs_t`` [ROWS]: logits = Σ_s part[s] (split order, from 0), x r, sigmoid,
-        + bias; per group of the unit and row the group score m1 + m2 (``gsc[t, g]``) and the CAND best (key, score)
-        pairs in key order (``ckey / cw[t, g·CAND + i]``). Partials and r are read at L2 (``.cg``: other programs
-        wrote them)."""
+        """Phase 2 for unit u and the rows ``offs_t`` [ROWS]: logits = Σ_s part[s] (split order, from 0), x r, sigmoid
+        (``sc[t, e]``, the unbiased scores the weights are gathered from), + bias; per group of the unit and row the
+        group score m1 + m2 (``gsc[t, g]``) and the keys of its CAND best experts in key order (``ckey[t, g·CAND +
+        i]``; each step one max). Partials and r are read at L2 (``.cg``: other programs wrote them)."""
         GS: tl.constexpr = E // N_GROUP
         UG: tl.constexpr = U // GS
         NEG: tl.constexpr = float("-inf")
@@ -76,6 +76,7 @@ if HAS_TRITON:
             r = tl.load(rbuf_ptr + u * RTOT + offs_t, mask=offs_t < T, other=1.0, cache_modifier=".cg")
             logits = logits * r[:, None]
         scores = tl.sigmoid(logits)
+        tl.store(sc_ptr + offs_t[:, None] * E + ucols[None, :], scores)
         if HAS_BIAS:
             biased = scores + tl.load(bias_ptr + ucols)[None, :]
         else:
@@ -88,55 +89,51 @@ if HAS_TRITON:
         gcols = u * UG + tl.arange(0, UG)
         tl.store(gsc_ptr + offs_t[:, None] * N_GROUP + gcols[None, :], m1 + m2)
         key3 = tl.reshape(_desc_key(biased, ucols[None, :], E), (ROWS, UG, GS))
-        s3 = tl.reshape(scores, (ROWS, UG, GS))
         cbase = offs_t[:, None] * NC + gcols[None, :] * CAND
         for i in tl.static_range(CAND):
             km = tl.max(key3, axis=2)
-            sel = key3 == km[:, :, None]
             tl.store(ckey_ptr + cbase + i, km)
-            tl.store(cw_ptr + cbase + i, tl.sum(tl.where(sel, s3, 0.0), axis=2))
-            key3 = tl.where(sel, KEY_MIN, key3)
+            key3 = tl.where(key3 == km[:, :, None], KEY_MIN, key3)
 
     @triton.jit
-    def _select_rows(gsc_ptr, ckey_ptr, cw_ptr, offs_t, E: tl.constexpr, N_GROUP: tl.constexpr,
+    def _select_rows(gsc_ptr, ckey_ptr, sc_ptr, offs_t, E: tl.constexpr, N_GROUP: tl.constexpr,
                      TOPK_GROUP: tl.constexpr, TOPK: tl.constexpr, CAND: tl.constexpr, ROWS: tl.constexpr,
                      SCALE: tl.constexpr, RENORM: tl.constexpr):
         """Phase 3 for the rows ``offs_t``: (ids [ROWS, TOPK] int32, weights [ROWS, TOPK] fp32) from the group scores
         and candidates of phase 2, with the select kernel's rules (groups and experts by int64 key maxima; ties to
-        the lower index) and its renormalisation x SCALE."""
+        the lower index) and its renormalisation x SCALE. Each top-k step is one max: the candidates' keys carry
+        their position c instead of the expert (same order: equal scores fall in one group sorted by expert, or in
+        groups ordered like their experts); the experts and their scores are gathered after the loop."""
         KEY_MIN: tl.constexpr = -(2139095041 << 32) - 1
+        HIGH: tl.constexpr = -(1 << 32)  # the value bits of a key
         NC: tl.constexpr = N_GROUP * CAND
         gidx = tl.arange(0, N_GROUP)
         cidx = tl.arange(0, NC)
         gkey = _desc_key(tl.load(gsc_ptr + offs_t[:, None] * N_GROUP + gidx[None, :], cache_modifier=".cg"),
                          gidx[None, :], N_GROUP)
         ck = tl.load(ckey_ptr + offs_t[:, None] * NC + cidx[None, :], cache_modifier=".cg")
-        cw = tl.load(cw_ptr + offs_t[:, None] * NC + cidx[None, :], cache_modifier=".cg")
         keep = tl.zeros((ROWS, N_GROUP), dtype=tl.int32)
         for _ in tl.static_range(TOPK_GROUP):
             hit = gkey == tl.max(gkey, axis=1)[:, None]
             keep = tl.where(hit, 1, keep)
             gkey = tl.where(hit, KEY_MIN, gkey)
         keepc = tl.reshape(tl.broadcast_to(keep[:, :, None], (ROWS, N_GROUP, CAND)), (ROWS, NC))
-        key = tl.where(keepc != 0, ck, KEY_MIN)
+        key = tl.where(keepc != 0, (ck & HIGH) | (NC - 1 - cidx[None, :]).to(tl.int64), KEY_MIN)
         kidx = tl.arange(0, TOPK)[None, :]
-        ids = tl.zeros((ROWS, TOPK), dtype=tl.int32)
-        wts = tl.zeros((ROWS, TOPK), dtype=tl.float32)
+        pos = tl.zeros((ROWS, TOPK), dtype=tl.int32)
         for i in tl.static_range(TOPK):
             km = tl.max(key, axis=1)
-            a = (E - 1) - (km & (E - 1)).to(tl.int32)
-            sel = key == km[:, None]
-            wi = tl.sum(tl.where(sel, cw, 0.0), axis=1)
-            key = tl.where(sel, KEY_MIN, key)
-            ids = tl.where(kidx == i, a[:, None], ids)
-            wts = tl.where(kidx == i, wi[:, None], wts)
+            pos = tl.where(kidx == i, (NC - 1) - (km & (NC - 1)).to(tl.int32)[:, None], pos)
+            key = tl.where(key == km[:, None], KEY_MIN, key)
+        ids = (E - 1) - (tl.load(ckey_ptr + offs_t[:, None] * NC + pos, cache_modifier=".cg") & (E - 1)).to(tl.int32)
+        wts = tl.load(sc_ptr + offs_t[:, None] * E + ids, cache_modifier=".cg")
         if RENORM:
             wts = wts / (tl.sum(wts, axis=1)[:, None] + 1e-20)
         return ids, wts * SCALE
 
     @triton.jit
     def _fused_route_kernel(
-        x_ptr, w_ptr, part_ptr, nw_ptr, bias_ptr, normed_ptr, rbuf_ptr, gsc_ptr, ckey_ptr, cw_ptr, cnt1_ptr, cnt2_ptr,
+        x_ptr, w_ptr, part_ptr, nw_ptr, bias_ptr, normed_ptr, rbuf_ptr, gsc_ptr, ckey_ptr, sc_ptr, cnt1_ptr, cnt2_ptr,
         ids_ptr, topw_ptr, pairw_ptr, counts_ptr, pairs_ptr, next_counts_ptr, active_ptr, ticket_ptr, tiles_ptr,
         T, stride_xt, stride_nt, eps, MAXT,
         H: tl.constexpr, E: tl.constexpr, T_PAD: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -145,16 +142,16 @@ if HAS_TRITON:
         SCALE: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, MAXC: tl.constexpr,
         NACT_IDX: tl.constexpr, ZERO_NEXT: tl.constexpr, NORM: tl.constexpr, WRITE_NORMED: tl.constexpr,
         BLOCK_H: tl.constexpr, ACTIVE: tl.constexpr, TILES: tl.constexpr, E1: tl.constexpr, E1P: tl.constexpr,
-        TILE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr = 8, SEL_ROWS: tl.constexpr = 16,
+        TILE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr = 8, SEL_ROWS: tl.constexpr = 32,
         USE_PDL: tl.constexpr = False,
     ):
         """Program (expert tile pid_e, split pid_k, row block rb): the three phases of the module doc.
 
         Buffers: part [SPLIT_K, T_PAD, E] fp32; rbuf [E/U, NRB·ROWS] fp32 (r per unit and row); gsc [NRB·ROWS,
-        N_GROUP] fp32; ckey / cw [NRB·ROWS, N_GROUP·CAND] int64 / fp32; cnt1 [NRB, E/U], cnt2 [NRB], ticket [1]
-        int32 (0 on entry, 0 again on exit). The rest as ``_route_select_kernel`` (ZERO_NEXT: program (0, 0, 0)
-        clears the next layer's counts row). With PDL and one K step per split the weight tile is loaded before the
-        wait (PRE). SPLIT_CHUNK / SEL_ROWS: phase 2's partial tiles in flight, phase 3's rows per step."""
+        N_GROUP] fp32; ckey [NRB·ROWS, N_GROUP·CAND] int64; sc [NRB·ROWS, E] fp32; cnt1 [NRB, E/U], cnt2 [NRB],
+        ticket [1] int32 (0 on entry, 0 again on exit). The rest as ``_route_select_kernel`` (ZERO_NEXT: program
+        (0, 0, 0) clears the next layer's counts row). With PDL and one K step per split the weight tile is loaded
+        before the wait (PRE). SPLIT_CHUNK / SEL_ROWS: phase 2's partial tiles in flight, phase 3's rows per step."""
         pid_e = tl.program_id(0)
         pid_k = tl.program_id(1)
         rb = tl.program_id(2)
@@ -220,7 +217,7 @@ if HAS_TRITON:
         if tl.atomic_add(c1, 1, sem="acq_rel") == NPU - 1:
             # ---- phase 2: the last program of (unit, row block)
             tl.atomic_xchg(c1, 0, sem="relaxed")
-            _unit_candidates(part_ptr, bias_ptr, rbuf_ptr, gsc_ptr, ckey_ptr, cw_ptr, u, offs_t, T, E, T_PAD,
+            _unit_candidates(part_ptr, bias_ptr, rbuf_ptr, gsc_ptr, ckey_ptr, sc_ptr, u, offs_t, T, E, T_PAD,
                              SPLIT_K, U, N_GROUP, CAND, ROWS, HAS_BIAS, NORM, RTOT, SPLIT_CHUNK)
             tl.debug_barrier()
             c2 = cnt2_ptr + rb
@@ -230,7 +227,7 @@ if HAS_TRITON:
                 kidx = tl.arange(0, TOPK)[None, :]
                 for r0 in range(0, ROWS, SR):
                     offs_s = rb * ROWS + r0 + tl.arange(0, SR)
-                    ids, wts = _select_rows(gsc_ptr, ckey_ptr, cw_ptr, offs_s, E, N_GROUP, TOPK_GROUP, TOPK, CAND,
+                    ids, wts = _select_rows(gsc_ptr, ckey_ptr, sc_ptr, offs_s, E, N_GROUP, TOPK_GROUP, TOPK, CAND,
                                             SR, SCALE, RENORM)
                     p = offs_s[:, None] * TOPK + kidx
                     pm = (offs_s < T)[:, None] & (kidx < TOPK)
@@ -246,29 +243,29 @@ if HAS_TRITON:
 
 
 class FusedRouteBuffers:
-    """The fused kernel's scratch for one (rows, units, groups, candidates) layout: rbuf [NU, R] fp32, gsc [R, NG]
-    fp32, ckey [R, NG·CAND] int64, cw [R, NG·CAND] fp32 with R = row blocks x ROWS; counters cnt1 [NRB, NU] and
+    """The fused kernel's scratch for one (rows, units, groups, candidates, experts) layout: rbuf [NU, R] fp32, gsc
+    [R, NG] fp32, ckey [R, NG·CAND] int64, sc [R, E] fp32 with R = row blocks x ROWS; counters cnt1 [NRB, NU] and
     cnt2 [NRB] int32 (zeros; each launch leaves them at zero)."""
 
-    def __init__(self, nrb, rows, nu, n_group, cand, device):
+    def __init__(self, nrb, rows, nu, n_group, cand, E, device):
         R = nrb * rows
         f32 = dict(dtype=torch.float32, device=device)
-        self.key = (nrb, rows, nu, n_group, cand)
+        self.key = (nrb, rows, nu, n_group, cand, E)
         self.rbuf = torch.ones(nu, R, **f32)
         self.gsc = torch.zeros(R, n_group, **f32)
         self.ckey = torch.zeros(R, n_group * cand, dtype=torch.int64, device=device)
-        self.cw = torch.zeros(R, n_group * cand, **f32)
+        self.sc = torch.zeros(R, E, **f32)
         self.cnt1 = torch.zeros(nrb, nu, dtype=torch.int32, device=device)
         self.cnt2 = torch.zeros(nrb, dtype=torch.int32, device=device)
 
 
-def _buffers(ws: MoEWorkspace, nrb, rows, nu, n_group, cand) -> FusedRouteBuffers:
+def _buffers(ws: MoEWorkspace, nrb, rows, nu, n_group, cand, E) -> FusedRouteBuffers:
     """``ws.fused_route`` for this layout, allocated on the first call or when the layout changes (so never inside a
     graph capture once the forward has run, like the tile table)."""
-    key = (nrb, rows, nu, n_group, cand)
+    key = (nrb, rows, nu, n_group, cand, E)
     fb = getattr(ws, "fused_route", None)
     if fb is None or fb.key != key:
-        fb = ws.fused_route = FusedRouteBuffers(nrb, rows, nu, n_group, cand, ws.part.device)
+        fb = ws.fused_route = FusedRouteBuffers(nrb, rows, nu, n_group, cand, E, ws.part.device)
     return fb
 
 
@@ -294,8 +291,9 @@ def moe_route_align_fused(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8,
     num_stages) are the two-kernel path's, so the partial logits and their split order are the same; num_warps is
     the router config's (``FUSED_WARPS`` overrides it). Register knobs that leave the numbers unchanged:
     ``SPLIT_CHUNK`` partial tiles loaded at a time in phase 2 (default: :func:`_split_chunk`), ``SEL_ROWS``
-    (default 8) rows per selection step in phase 3 (offline sm_90a compile, BLOCK_E 16 x SPLIT_K 32, 4 warps: 127
-    registers with 8 / 8, 142 with all splits and 32 rows at once, against 119 for the router kernel alone). With ``norm_w`` but no ``norm_out``, r is computed from the
+    (default 32) rows per selection step in phase 3. Offline sm_90a compile (Triton 3.9, 4 warps): 127 registers at
+    BLOCK_E 16 x SPLIT_K 32 (the router kernel alone: 119; both give 4 programs per SM), 168 at 32 x 8 (router: 217),
+    255 at the batched 64 x 8 x 64 rows (router: 255). With ``norm_w`` but no ``norm_out``, r is computed from the
     whole row (the numerics of the ``norm_out`` case; the two-kernel path sums the router's split Σh² instead).
     Needs E / n_group experts per group, BLOCK_E and the group size powers of two, and top_k within the kept
     groups (topk_group x group size >= top_k). Raises ValueError as ``moe_route_align``."""
@@ -308,7 +306,7 @@ def moe_route_align_fused(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8,
     U = max(be, gs)
     cand = min(top_k, gs)
     nrb = triton.cdiv(ws.T_PAD, rows)
-    fb = _buffers(ws, nrb, rows, E // U, n_group, cand)
+    fb = _buffers(ws, nrb, rows, E // U, n_group, cand, E)
     nxt = _clear_counts(ws, slot)
     tiles = dict(TILES=False, ticket_ptr=ws.ticket, tiles_ptr=ws.ticket, MAXT=1, E1=1, E1P=1, TILE_M=16)
     if tile_block_m is not None:
@@ -320,7 +318,7 @@ def moe_route_align_fused(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8,
     chunk = _split_chunk(rc, split, rows, U, warps)
     _fused_route_kernel[(E // be, split, nrb)](
         x, gate_w, ws.part, norm_w if norm_w is not None else x, expert_bias if expert_bias is not None else ws.part,
-        no, fb.rbuf, fb.gsc, fb.ckey, fb.cw, fb.cnt1, fb.cnt2, ws.topk_ids, ws.topk_w, ws.pair_w, ws.counts,
+        no, fb.rbuf, fb.gsc, fb.ckey, fb.sc, fb.cnt1, fb.cnt2, ws.topk_ids, ws.topk_w, ws.pair_w, ws.counts,
         ws.pairs, nxt, ws.active, tiles.pop("ticket_ptr"), tiles.pop("tiles_ptr"),
         T, x.stride(0), no.stride(0), eps, tiles.pop("MAXT"),
         H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split, BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), ROWS=rows,
@@ -328,5 +326,5 @@ def moe_route_align_fused(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8,
         RENORM=bool(renormalize), HAS_BIAS=expert_bias is not None, MAXC=ws.T_PAD, NACT_IDX=E1,
         ZERO_NEXT=slot is not None, NORM=norm_w is not None, WRITE_NORMED=norm_out is not None,
         BLOCK_H=next_pow2(H), ACTIVE=bool(ws.compact or slot is None), **tiles,
-        SPLIT_CHUNK=chunk, SEL_ROWS=int(rc.get("SEL_ROWS", 8)), num_warps=warps, num_stages=rc["num_stages"], **pdl(),
+        SPLIT_CHUNK=chunk, SEL_ROWS=int(rc.get("SEL_ROWS", 32)), num_warps=warps, num_stages=rc["num_stages"], **pdl(),
     )
