@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+import repro.engine.bench.attention as AT
 import repro.engine.bench.cli as C
 import repro.engine.bench.graph_round as G
 import repro.engine.bench.route as R
@@ -24,6 +25,7 @@ def _exit_code(fn, *a):
     (R.main, ["--rows", "32,33"], ["--rows '32,33'", "multiple of 32"]),
     (SA.main, ["--slots", "1;8"], ["--slots '1;8'", "1,8,32"]),
     (G.main, ["--slots", "eight"], ["--slots 'eight'", "1,8,32"]),
+    (AT.main, ["--prefixes", "1k"], ["--prefixes '1k'", "0,1024,4096"]),
 ])
 def test_bad_list_named_before_the_cuda_check(main, argv, words, capsys):
     assert _exit_code(main, argv) == 2
@@ -31,7 +33,7 @@ def test_bad_list_named_before_the_cuda_check(main, argv, words, capsys):
     assert all(w in err for w in words), err
 
 
-@pytest.mark.parametrize("main", [R.main, SA.main, G.main])
+@pytest.mark.parametrize("main", [R.main, SA.main, G.main, AT.main])
 def test_no_cuda_prints_the_error_json(main, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _exit_code(main, []) == 2
@@ -97,9 +99,34 @@ def test_route_reads_sets_and_keeps_the_table(tmp_path, monkeypatch, capsys):
     assert doc["table"].splitlines()[2].startswith("| mine | err |")
     assert json.loads((tmp_path / "r.json").read_text()) == doc
     assert R.main(["--rows", "32"]) == 0 and got["sets"] is R.DEFAULT_SETS
+    assert R.main(["--rows", "32", "--sets", "fused"]) == 0 and got["sets"] is R.FUSED_SETS
+    for name, spec in R.FUSED_SETS.items():  # every fused set is compared with a two-kernel set of the same tiles
+        if spec.get("fused"):
+            partner = R.FUSED_SETS[spec["compare"]]
+            assert not partner.get("fused") and partner["configs"] == spec["configs"], name
     f.write_text("[]")
     assert _exit_code(R.main, ["--sets", str(f)]) == 2
     assert "want a JSON object {name: variant}, got list" in capsys.readouterr().err
+
+
+def test_attention_reads_sets_and_keeps_the_table(tmp_path, monkeypatch, capsys):
+    _fake_cuda(monkeypatch)
+    got = {}
+
+    def fake_bench(sets, prefixes, layers, iters, log, json_path=None):
+        got.update(sets=sets, prefixes=prefixes, layers=layers)
+        return {"rows": [{"variant": "unfused", "prefix": 0, "us_per_layer": 9.0, "rel_err": 0.0, "v_equal": True,
+                          "repeat_equal": True, "tickets_zero": None},
+                         {"variant": "mine", "prefix": 0, "error": "x"}]}
+
+    monkeypatch.setattr(AT, "bench", fake_bench)
+    f = tmp_path / "sets.json"
+    f.write_text(json.dumps({"mine": {"BLOCK_M": 32}}))
+    assert AT.main(["--prefixes", "0", "--sets", str(f), "--layers", "3"]) == 0
+    doc = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert got == {"sets": {"mine": {"BLOCK_M": 32}}, "prefixes": [0], "layers": 3}
+    assert "| unfused | 9.00 | True |" in doc["table"] and "| mine | err | None |" in doc["table"]
+    assert AT.main([]) == 0 and got["sets"] is AT.FUSED_SETS and got["prefixes"] == [0, 1024, 4096]
 
 
 def test_graph_round_sweep_file_checked(tmp_path, monkeypatch, capsys):

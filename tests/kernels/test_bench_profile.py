@@ -5,13 +5,14 @@ import torch
 from repro.engine.bench.profiling import ROLES, breakdown_table, classify_round
 
 
-def _layer(qkv, o, fused_attn=False):
+def _layer(qkv, o, fused_attn=False, fused_route=False):
     """Kernel names of one MoE layer of BlockForward (norm_in_route) in launch order (``o`` a list: the O GEMM's
-    kernels; ``fused_attn``: QK-norm/RoPE/KV write and attention in one launch)."""
+    kernels; ``fused_attn``: QK-norm/RoPE/KV write and attention in one launch; ``fused_route``: router and route
+    in one launch)."""
     attn = ["_attn_fused_kernel"] if fused_attn else ["_qk_norm_rope_kv_kernel", "_attn_split_kernel",
                                                       "_attn_combine_kernel"]
-    return (["_add_rmsnorm_kernel", qkv, *attn, *o, "_router_logits_kernel", "_route_select_kernel",
-             "_moe_gate_up_kernel", "_moe_down_kernel"])
+    route = ["_fused_route_kernel"] if fused_route else ["_router_logits_kernel", "_route_select_kernel"]
+    return ["_add_rmsnorm_kernel", qkv, *attn, *o, *route, "_moe_gate_up_kernel", "_moe_down_kernel"]
 
 
 def test_classify_round_cublas_and_fused_attn():
@@ -21,7 +22,7 @@ def test_classify_round_cublas_and_fused_attn():
                                           "_add_rmsnorm_kernel", "_moe_gate_up_kernel", "_moe_down_kernel"]
              # a cuBLAS split-K reduction after the O GEMM: the O GEMM's role
              + _layer("sm90_xmma_gemm_bf16bf16_bf16f32", ["cutlass_80_wmma_tensorop_gemm", "splitKreduce_kernel"])
-             + _layer(cublas, [cublas], fused_attn=True)
+             + _layer(cublas, [cublas], fused_attn=True, fused_route=True)
              + ["_add_rmsnorm_kernel", cublas, "_logits_partial_stats_kernel", "_logits_stats_combine_kernel"])
     roles = classify_round(names, first_dense=1)
     assert set(roles) <= set(ROLES)
@@ -30,7 +31,8 @@ def test_classify_round_cublas_and_fused_attn():
     assert roles.count("qkv_gemm") == 3 and roles.count("o_gemm") == 4  # one O GEMM + its split-K reduction
     assert roles[names.index("splitKreduce_kernel")] == "o_gemm"
     assert roles.count("qk_norm_rope_kv") == 2 and roles.count("attn_fused") == 1  # the fused layer has none
-    assert roles.count("gate_up") == 2 and roles.count("route_select") == 2 and roles.count("router") == 2
+    assert roles.count("gate_up") == 2 and roles.count("route_select") == 1 and roles.count("router") == 1
+    assert roles.count("route_fused") == 1  # the fused layer's router + route
     assert roles[-3:] == ["lm_head", "logits_stats", "logits_stats"]
     assert "other" not in roles
 

@@ -141,32 +141,44 @@ def test_tile_table_from_select_kernel(dev, R, block_m):
     assert max(counts[:E]) >= 1
 
 
-def test_batched_forward_tile_table_in_select(dev, mma_model):
-    """BatchedBlockForward: the tile table written by the select kernel (``tiles_in_select = True``, an option, off
-    by default) and by its own launch (the default) give the same round bit for bit, also with router tiles of 64 rows (ROWS > the
-    3 x 8 rows of the round)."""
+def batched_round(dev, moe=None, **attrs):
+    """(logits, kv) of one BatchedBlockForward round of the tiny model (3 slots of 8 tokens, prefixes 9 / 0 / 30,
+    fixed random weights, cache and ids; fp32 under the interpreter) with the MoE tiles ``moe`` (default the small
+    tiles) and the forward's attributes ``attrs`` (e.g. ``tiles_in_select=True``)."""
     from repro.engine.graph import SMALL_TILES
     from repro.engine.kernels import fastpath as F
     from repro.engine.kernels.fastpath_batch import BatchedBlockForward
 
     from .test_batched_forward import MAX_LEN, T, TINY
 
-    if dev == "cuda":
-        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
     W = F.random_weights(TINY, dev, torch.float32, seed=11, std=0.1)
     g = torch.Generator().manual_seed(3)
     kv = torch.randn(TINY.layers, 2, 3, TINY.nkv, MAX_LEN, TINY.head_dim, generator=g)
     ids = torch.randint(0, TINY.vocab, (3, T), generator=g)
+    fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev,
+                             configs={**SMALL_TILES, "moe": moe or SMALL_TILES["moe"]})
+    for k, v in attrs.items():
+        setattr(fw, k, v)
+    fw.kv.copy_(kv)
+    fw.ids.copy_(ids)
+    fw.cache_len.copy_(torch.tensor([9, 0, 30], dtype=torch.int32))
+    fw.forward()
+    return fw.logits.clone(), fw.kv.clone(), fw
+
+
+def test_batched_forward_tile_table_in_select(dev, mma_model):
+    """BatchedBlockForward: the tile table written by the select kernel (``tiles_in_select = True``, an option, off
+    by default) and by its own launch (the default) give the same round bit for bit, also with router tiles of 64
+    rows (ROWS > the 3 x 8 rows of the round)."""
+    from repro.engine.graph import SMALL_TILES
+
+    if dev == "cuda":
+        pytest.skip("fp32 on GPU uses tf32 dots; the bf16 GPU test covers CUDA")
     outs = []
     for in_select, rows in ((True, None), (False, None), (True, 64)):
         moe = dict(SMALL_TILES["moe"], router=dict(SMALL_TILES["moe"]["router"], **({"ROWS": rows} if rows else {})))
-        fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=3, T=T, device=dev, configs={**SMALL_TILES, "moe": moe})
+        logits, kv, fw = batched_round(dev, moe, tiles_in_select=in_select)
         assert fw.router_rows == (rows or 16)
-        fw.tiles_in_select = in_select
-        fw.kv.copy_(kv)
-        fw.ids.copy_(ids)
-        fw.cache_len.copy_(torch.tensor([9, 0, 30], dtype=torch.int32))
-        fw.forward()
-        outs.append((fw.logits.clone(), fw.kv.clone()))
+        outs.append((logits, kv))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     assert rel_err(outs[2][0], outs[0][0]) < 1e-5  # other router tiles: the same up to fp32 rounding

@@ -9,6 +9,7 @@ One command, ``python -m repro.engine.bench NAME [options]`` (:mod:`.__main__`; 
 * ``graph-round``: the batched CUDA-graph round per number of request slots (:mod:`.graph_round`);
 * ``slot-attention``: the batched round's attention and norms alone (:mod:`.slot_attention`);
 * ``route``: the MoE router / route-select / tile table alone (:mod:`.route`);
+* ``attention``: one block's QK-norm/RoPE/KV + attention, three launches vs the fused one (:mod:`.attention`);
 * ``w4``: one MoE layer's 4-bit expert GEMMs per tile set (:mod:`.w4`);
 * ``serve``: one streamed HTTP request vs ``LLM.generate`` (:mod:`.serve`; runs on the CPU too).
 
@@ -25,6 +26,7 @@ COMMANDS = {
     "graph-round": ("graph_round", "the batched CUDA-graph round, per number of request slots"),
     "slot-attention": ("slot_attention", "the batched round's attention and norms alone"),
     "route": ("route", "the MoE router / route-select / tile table alone"),
+    "attention": ("attention", "one block's QK-norm/RoPE/KV + attention: three launches vs the fused one"),
     "w4": ("w4", "one MoE layer's 4-bit (NVFP4) expert GEMMs per tile set vs the BF16 kernels"),
     "serve": ("serve", "one streamed HTTP /generate request vs LLM.generate (CUDA, or --device cpu)"),
 }

@@ -47,13 +47,13 @@ def cuda_kernels(run, calls: int = 1) -> list[dict]:
 
 #: roles of the single-request round's kernels, in table order (per layer, then the head)
 ROLES = ("embed", "add_rmsnorm", "qkv_gemm", "qk_norm_rope_kv", "attn_split", "attn_combine", "attn_fused", "o_gemm",
-         "router", "route_select", "gate_up", "down", "dense_gate_up", "dense_down", "lm_head", "logits_stats",
-         "other")
+         "router", "route_select", "route_fused", "gate_up", "down", "dense_gate_up", "dense_down", "lm_head",
+         "logits_stats", "other")
 
 _BY_NAME = (("_add_rmsnorm", "add_rmsnorm"), ("_qk_norm_rope_kv", "qk_norm_rope_kv"), ("_attn_split", "attn_split"),
             ("_attn_combine", "attn_combine"), ("_attn_fused", "attn_fused"), ("_router_logits", "router"),
-            ("_route_select", "router_select"), ("_moe_gate_up", "gate_up"), ("_moe_down", "down"),
-            ("_logits_", "logits_stats"), ("index", "embed"), ("_rows_linear", "linear"))
+            ("_route_select", "router_select"), ("_fused_route", "route_fused"), ("_moe_gate_up", "gate_up"),
+            ("_moe_down", "down"), ("_logits_", "logits_stats"), ("index", "embed"), ("_rows_linear", "linear"))
 _GEMM_WORDS = ("gemm", "nvjet", "xmma", "cutlass", "gemv", "sm90_", "sm80_")
 
 

@@ -2,6 +2,7 @@
 
     python -m repro.engine.bench round     [--prefixes 1024,4096] [--iters 50] [--naive-iters 3] [--no-w4]
                                            [--variants a,b] [--w4-variants a,b] [--breakdown]
+                                           [--breakdown-variants a,b]
     python -m repro.engine.bench generate  [--prefix 1024] [--tokens 1024] [--steps-per-block 8]
     python -m repro.engine.bench all       (both, one model build; last line = one JSON with both)
     python -m repro.engine.bench decode    [--prefix 1024] [--decode-tokens 256] [--precision bf16|nvfp4-w4a16]
@@ -398,6 +399,9 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
                     "tiles), e.g. norm_in_route,norm_in_route+pdl")
     ap.add_argument("--breakdown", action="store_true", help="round: per-kernel table of one round (torch.profiler "
                     "over graph replays) for the BF16 and 4-bit rounds, P = first prefix, default and best variants")
+    ap.add_argument("--breakdown-variants", default=None, help="round: the variants of the --breakdown tables "
+                    "(comma-separated; default norm_in_route and the fastest), e.g. the old and the new path of a "
+                    "change side by side")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                     help="round: split the round over N GPUs (repro/engine/bench/parallel.py: eager, at --precision: "
                          "bf16, or nvfp4-w4a16 with the packed experts split by expert; times N = 1 and N in the same "
@@ -441,7 +445,9 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                               "BLOCK_M": fw.aws.block_m}
     if args.mode in ("round", "all"):
         names = [v for v in (args.variants or "").split(",") if v] or list(ROUND_VARIANTS)
-        unknown = [v for v in names + [v for v in (args.w4_variants or "").split(",") if v] if v not in VARIANTS]
+        bnames = [v for v in (args.breakdown_variants or "").split(",") if v]
+        unknown = [v for v in names + bnames + [v for v in (args.w4_variants or "").split(",") if v]
+                   if v not in VARIANTS]
         if unknown:
             ap.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
         doc["round"] = bench_round(shape, W, fw, prefixes, args.iters, args.naive_iters, copy_bw, args.profile, log,
@@ -449,7 +455,7 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         best = doc["round"][0]["engine"]["variant"]
         fw4 = _round_w4(args, doc, shape, W, fw, prefixes, copy_bw, best, log)
         if args.breakdown:
-            doc["breakdown"] = _breakdowns(shape, fw, fw4, prefixes[0], best, log)
+            doc["breakdown"] = _breakdowns(shape, fw, fw4, prefixes[0], best, log, names=bnames or None)
     if args.mode in ("generate", "all"):
         doc["generate"] = bench_generate(shape, W, fw, args.prefix, args.tokens, args.steps_per_block, log)
     doc["copy_GBps_end"] = copy_bandwidth()

@@ -12,7 +12,10 @@ captured in one CUDA graph; the figure is the replay's median / layers (µs per 
 under torch.profiler gives µs per layer by kernel (router GEMM, select, tile table).
 
 Variants (``--sets FILE``: JSON ``{name: {"configs": {"router": {...}, "route": {...}}, "mode": "batched" |
-"single", "tiles": "fused" | "launch" | null, "module": "before" | "after"}}``; default :data:`DEFAULT_SETS`):
+"single", "tiles": "fused" | "launch" | null, "module": "before" | "after" | "fused", "fused": bool, "compare":
+name}}``; default :data:`DEFAULT_SETS`; ``--sets fused``: :data:`FUSED_SETS`, issue 41's one-launch router + route
+(``"fused": true``, :mod:`repro.engine.kernels.route_fused`) against the two-kernel path, each compared bit for bit
+with its ``"compare"`` partner instead of the mode's first set):
 ``batched`` = the batched forward's call (router tiles of ``router["ROWS"]`` rows, default 32, tile table for
 BLOCK_M 64), ``single`` =
 ``BlockForward``'s (one router row block, no tile table; timed at R = 32 only). ``--before FILE``: another
@@ -72,6 +75,35 @@ DEFAULT_SETS = {
 }
 
 
+def _fused_pair(name, mode, route_warps, cmp_to=None, tiles="launch", **router):
+    """An issue-41 A/B pair: ``name`` = the two-kernel path, ``name + "_fused"`` = the fused launch with the same
+    tiles and warps, compared with it bit for bit (``compare``)."""
+    old = _set("after", mode, tiles if mode == "batched" else None, route_warps, **router)
+    new = dict(old, fused=True, compare=name, module="fused")
+    if cmp_to:
+        old = dict(old, compare=cmp_to)
+    return {name: old, name + "_fused": new}
+
+
+#: ``--sets fused`` (issue 41): the fused router + route launch (route_fused) against the two-kernel path, each pair
+#: with the same tiles and warps (``_fused`` compared bit for bit with its partner). "single_h200" / "batched_h200" =
+#: the tile files' H200 entries (route 2 warps: the fused launch then runs the router's 4, so its Σh² and Σ weights
+#: may differ in the last bit; the "_w4" pairs have 4 warps in both and must be equal). The rest: tiles for the
+#: fused launch (fewer partials to read back: SPLIT_K 8-16; ROWS 16 = two row blocks, two selecting programs).
+FUSED_SETS = {
+    **_fused_pair("single_h200", "single", 2, SPLIT_K=32),
+    **_fused_pair("single_h200_w4", "single", 4, SPLIT_K=32),
+    **_fused_pair("single_r32x8", "single", 4, BLOCK_E=32, SPLIT_K=8),
+    **_fused_pair("single_r32x16", "single", 4, BLOCK_E=32, SPLIT_K=16),
+    **_fused_pair("single_r16x32_rows16", "single", 4, SPLIT_K=32, ROWS=16),
+    **_fused_pair("single_r32x8_rows16", "single", 4, BLOCK_E=32, SPLIT_K=8, ROWS=16),
+    **_fused_pair("single_h200_w4_sel8", "single", 4, SPLIT_K=32, SEL_ROWS=8),
+    **_fused_pair("batched_h200", "batched", 2, BLOCK_E=64, SPLIT_K=8, ROWS=64),
+    **_fused_pair("batched_h200_w4", "batched", 4, BLOCK_E=64, SPLIT_K=8, ROWS=64),
+}
+FUSED_SETS["batched_h200_tiles_fused"] = dict(FUSED_SETS["batched_h200_fused"], tiles="fused")
+
+
 def load_before(path: str):
     """``route.py`` of another version, loaded as a module named ``_route_before`` inside this package's
     ``kernels`` (so its relative imports resolve). Raises FileNotFoundError for a missing file."""
@@ -110,8 +142,9 @@ class _Case:
                 kw["row_block"] = sp["configs"]["router"].get("ROWS", 32)
                 if sp["tiles"] == "fused":
                     kw["tile_block_m"] = TILE_M
-            mod.moe_route_align(self.h, self.gates[layer], self.biases[layer], ws, E + 1, TOPK, N_GROUP,
-                                TOPK_GROUP, SCALE, True, sp["configs"], **kw)
+            route = mod.moe_route_align_fused if sp.get("fused") else mod.moe_route_align
+            route(self.h, self.gates[layer], self.biases[layer], ws, E + 1, TOPK, N_GROUP, TOPK_GROUP, SCALE, True,
+                  sp["configs"], **kw)
             if batched and sp["tiles"] == "launch":
                 mod.moe_tiles(ws, TILE_M)
 
@@ -166,7 +199,7 @@ def _profile_kernels(case) -> dict:
     out = {}
     for ev in prof.key_averages():
         name = ev.key
-        for short in ("_router_logits", "_route_select", "_tile_table", "Memset", "fill", "zero"):
+        for short in ("_router_logits", "_route_select", "_fused_route", "_tile_table", "Memset", "fill", "zero"):
             if short in name:
                 t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
                 out[short.strip("_")] = out.get(short.strip("_"), 0.0) + t / case.layers
@@ -177,9 +210,10 @@ def bench(sets: dict, rows, layers=48, iters=30, before=None, log=print, json_pa
     """Every set of ``sets`` at every R of ``rows`` (``single`` sets at R = 32 only); returns the JSON document
     (also written to ``json_path`` after every measurement, so a run cut short keeps what it measured)."""
     from .common import env_info, time_replays
+    from ..kernels import moe as fused
     from ..kernels import route as after
 
-    mods = {"after": after, "before": before}
+    mods = {"after": after, "before": before, "fused": fused}
     doc = {"bench": "repro.engine.bench route", **env_info(), "layers": layers, "iters": iters, "results": []}
     first = {}
     for name, spec in sets.items():
@@ -197,6 +231,9 @@ def bench(sets: dict, rows, layers=48, iters=30, before=None, log=print, json_pa
                 st = case.layer0_state()
                 key = (spec["mode"], R)
                 first.setdefault(key, (name, st))
+                first[(name, R)] = (name, st)
+                if spec.get("compare") and (spec["compare"], R) in first:
+                    key = (spec["compare"], R)  # its A/B partner, measured before it
                 f0 = first[key][1]
                 r["same_as_first"] = {"first": first[key][0], "equal": _same(st, f0),
                                       "ids_equal": bool(torch.equal(st["ids"], f0["ids"])),
@@ -255,12 +292,16 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--before", default=None, help="another version's route.py for the 'before' sets")
-    ap.add_argument("--sets", default=None, help="JSON file {name: variant} (module doc); default DEFAULT_SETS")
+    ap.add_argument("--sets", default=None, help="JSON file {name: variant} (module doc), or 'fused' (FUSED_SETS: "
+                    "issue 41's fused router + route against the two-kernel path); default DEFAULT_SETS")
     from .cli import emit_json, gpu_args, log, read_json_object
 
     args, rows = gpu_args(ap, argv, "--rows", "32,256,1024", check=lambda rows: (
         "every R must be a multiple of 32 (whole request blocks)" if any(R % 32 for R in rows) else None))
-    sets = read_json_object(ap, "--sets", args.sets, "{name: variant}") if args.sets else DEFAULT_SETS
+    if args.sets == "fused":
+        sets = FUSED_SETS
+    else:
+        sets = read_json_object(ap, "--sets", args.sets, "{name: variant}") if args.sets else DEFAULT_SETS
     before = load_before(args.before) if args.before else None
     doc = bench(sets, rows, args.layers, args.iters, before, log, json_path=args.json)
     doc["table"] = table(doc)

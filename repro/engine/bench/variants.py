@@ -12,10 +12,10 @@ from __future__ import annotations
 # ``prefetch`` (L2 prefetch of the next layer's weights), ``fuse_norm`` (post-attention RMSNorm folded into the
 # FFN GEMMs), ``triton_linear`` (QKV/O through the Triton skinny GEMM), ``compact`` (expert GEMM grids over the
 # active-expert list; a MoE-workspace attribute), ``norm_in_route`` (MoE layers: post-attention RMSNorm written
-# by the route-select kernel), ``fused_attn`` (QK-norm + RoPE + KV write + attention + combine in one launch).
-# Unnamed settings keep BlockForward's defaults (``BASE``).
+# by the route-select kernel), ``fused_attn`` (QK-norm + RoPE + KV write + attention + combine in one launch),
+# ``fused_route`` (router GEMM + route/align in one launch, issue 41). Unnamed settings take ``BASE``'s values.
 BASE = {"pdl": False, "prefetch": False, "fuse_norm": False, "triton_linear": False, "compact": False,
-        "norm_in_route": False, "fused_attn": False}
+        "norm_in_route": False, "fused_attn": False, "fused_route": False}
 VARIANTS = {
     "base": {},
     "pdl": {"pdl": True},
@@ -29,6 +29,9 @@ VARIANTS = {
     "norm_in_route+pdl": {"norm_in_route": True, "pdl": True},
     "norm_in_route+fused_attn": {"norm_in_route": True, "fused_attn": True},
     "norm_in_route+fused_attn+pdl": {"norm_in_route": True, "fused_attn": True, "pdl": True},
+    "norm_in_route+fused_route": {"norm_in_route": True, "fused_route": True},
+    "norm_in_route+fused_route+pdl": {"norm_in_route": True, "fused_route": True, "pdl": True},
+    "norm_in_route+fused_route+fused_attn": {"norm_in_route": True, "fused_route": True, "fused_attn": True},
 }
 
 #: the variants ``bench round`` times by default (``--variants`` picks others)
@@ -107,9 +110,10 @@ def round_w4(args, doc, shape, W, fw, prefixes, copy_bw, best, log):
     return held[0]
 
 
-def breakdowns(shape, fw, fw4, P, best, log) -> dict:
+def breakdowns(shape, fw, fw4, P, best, log, names=None) -> dict:
     """Per-kernel tables (bench.profiling.round_breakdown) of the BF16 and 4-bit rounds at prefix P, issue block, for
-    the variant ``norm_in_route`` (the session-5 default) and ``best``; printed as one markdown table."""
+    the variants ``names`` (default: ``norm_in_route``, the session-5 default, and ``best``); printed as one
+    markdown table."""
     from .common import block_ids
     from .profiling import breakdown_table, round_breakdown
 
@@ -117,7 +121,7 @@ def breakdowns(shape, fw, fw4, P, best, log) -> dict:
     for prec, f in (("bf16", fw), ("w4", fw4)):
         if f is None:
             continue
-        for v in dict.fromkeys(["norm_in_route", best]):
+        for v in dict.fromkeys(names or ["norm_in_route", best]):
             set_variant(f, v)
             f.ids.copy_(block_ids(shape, 100 + P, "issue"))
             f.cache_len.fill_(P)

@@ -26,15 +26,10 @@ Kernels:
   G·T_PAD query rows of one KV head (GQA rows share K/V tiles, K/V never repeated), keeps an online
   softmax (exp2, fp32), writes partial (acc, max, sum); ``_attn_combine_kernel`` (grid (NQ, T)) merges
   the splits into o [T, NQ·D]. Bytes read ≈ (P+T)·NKV·D·2·2 per layer: 41 kB/token over 20 layers.
-* ``block_attention_fused``: the three launches above in one (same grid as the split kernel). Each program
-  applies QK-norm + RoPE to its query rows in registers, reads keys < P from the cache and computes the
-  block's own keys [P, P+T) from ``qkv`` (row block 0 also writes them into the cache), and the last split
-  program of each (KV head, row block) to finish (ticket counter in the workspace) combines the splits;
-  or, with ``ws.fused_combine = "kernel"``, two launches: the fused split kernel + ``_attn_combine_kernel``.
-  H200, bf16, model shape, 20 layers' caches in one CUDA graph, µs per layer at P = 0 / 1024 / 4096:
-  unfused (BLOCK_M 64, MIN_KEYS 64) 8.3 / 11.4 / 15.4; fused "ticket" 5.3 / 36.6 / 64.2 (MIN_KEYS 64) and
-  5.4 / 18.4 / 32.8 (MIN_KEYS 512): the last split merges the others serially (≈1.3 µs each), so it only
-  wins while one split is in use; fused "kernel" 8.7 / 13.0 / 17.4.
+* The three launches above in one: :mod:`.attention_fused` (``block_attention_fused``; QK-norm + RoPE in the
+  split programs, the combine by the last program of each (KV head, row block) in a fixed chunk order). Its
+  first version (here until issue 41) merged the other splits serially into the last one's own state (H200, µs
+  per layer at P = 0 / 1024 / 4096: 5.3 / 36.6 / 64.2 against 8.3 / 11.4 / 15.4 unfused).
 """
 from __future__ import annotations
 
@@ -51,7 +46,6 @@ __all__ = [
     "qk_norm_rope_kv",
     "AttnWorkspace",
     "block_attention",
-    "block_attention_fused",
 ]
 
 
@@ -305,106 +299,6 @@ if HAS_TRITON:
         sn = tl.load(sin_ptr + tab, mask=m, other=0.0)
         return x1 * c - x2 * sn, x2 * c + x1 * sn, xr
 
-    @triton.jit
-    def _softmax_step(q1, q2, qr, k1, k2, kr, v, nm, m_i, l_i, acc, qk_scale):
-        """Online-softmax update of (m_i, l_i, acc) with one key tile (keys with ``nm`` False ignored); Q and
-        K as the column pieces of ``_norm_rope_rows`` (QK^T = a sum of three dots)."""
-        s = tl.dot(q1, tl.trans(k1))
-        s = tl.dot(q2, tl.trans(k2), s)
-        s = tl.dot(qr, tl.trans(kr), s) * qk_scale
-        return _online_softmax(tl.where(nm[None, :], s, float("-inf")), v, m_i, l_i, acc)
-
-    @triton.jit
-    def _attn_fused_kernel(
-        qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, len_ptr, kc_ptr, vc_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, o_ptr,
-        T, stride_qkv, stride_kh, stride_ks, qk_scale, eps,
-        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, G: tl.constexpr,
-        T_PAD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr, MIN_KEYS: tl.constexpr,
-        BLOCK_M: tl.constexpr, TICKET: tl.constexpr, USE_PDL: tl.constexpr = False,
-    ):
-        """Program (h, split, row block) of ``block_attention_fused``; the split/row layout of _attn_split_kernel.
-        Of its key range [start, end), the block's own keys (>= P, one T_PAD tile computed from qkv) come first,
-        then the cached keys (< P, BLOCK_N tiles): no tile mixes the two sources. TICKET: combine in-kernel
-        (last split of each (h, row block) to finish); else store the partials for _attn_combine_kernel."""
-        M: tl.constexpr = G * T_PAD
-        HALF: tl.constexpr = ROT // 2
-        NRB: tl.constexpr = M // BLOCK_M
-        h, sp, rb, P, nsp, start, end, rows, g, t, _ = _split_range(len_ptr, T, NSPLIT, MIN_KEYS, BLOCK_N, BLOCK_M,
-                                                                    T_PAD, USE_PDL, NRB)
-        if sp >= nsp:
-            return
-        tm = t < T
-        od = tl.arange(0, D)
-        oh = tl.arange(0, HALF)
-        orr = tl.arange(0, D - ROT)
-        kty = kc_ptr.dtype.element_ty
-        # the block's own keys in this split's range: [b0, end), at most T <= T_PAD of them (none: all masked).
-        # Loaded with the query rows (no branch in between) so that both memory round trips overlap.
-        b0 = tl.maximum(start, P)
-        offs_b = b0 + tl.arange(0, T_PAD)
-        bm = offs_b < end
-        jb = offs_b - P
-        q1, q2, qr = _norm_rope_rows(qkv_ptr + t * stride_qkv + (h * G + g) * D, tm, P + t, qw_ptr, cos_ptr, sin_ptr,
-                                     eps, D, ROT)
-        kb1, kb2, kbr = _norm_rope_rows(qkv_ptr + jb * stride_qkv + (NQ + h) * D, bm, offs_b, kw_ptr, cos_ptr,
-                                        sin_ptr, eps, D, ROT)
-        vb = tl.load(qkv_ptr + jb[:, None] * stride_qkv + (NQ + NKV + h) * D + od[None, :], mask=bm[:, None],
-                     other=0.0)
-        q1, q2, qr = q1.to(kty), q2.to(kty), qr.to(kty)
-        kb1, kb2, kbr, vb = kb1.to(kty), kb2.to(kty), kbr.to(kty), vb.to(kty)
-        kbase = kc_ptr + h * stride_kh
-        vbase = vc_ptr + h * stride_kh
-        if rb == 0:  # each block key lies in one split's range: written once over the grid
-            krow = kbase + offs_b[:, None] * stride_ks
-            tl.store(krow + oh[None, :], kb1, mask=bm[:, None])
-            tl.store(krow + HALF + oh[None, :], kb2, mask=bm[:, None])
-            tl.store(krow + ROT + orr[None, :], kbr, mask=bm[:, None])
-            tl.store(vbase + offs_b[:, None] * stride_ks + od[None, :], vb, mask=bm[:, None])
-        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        if b0 < end:
-            m_i, l_i, acc = _softmax_step(q1, q2, qr, kb1, kb2, kbr, vb, bm, m_i, l_i, acc, qk_scale)
-        cend = tl.minimum(end, P)
-        for n0 in range(start, cend, BLOCK_N):  # cached keys
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            nm = offs_n < cend
-            krow = kbase + offs_n[:, None] * stride_ks
-            k1 = tl.load(krow + oh[None, :], mask=nm[:, None], other=0.0)
-            k2 = tl.load(krow + HALF + oh[None, :], mask=nm[:, None], other=0.0)
-            kr = tl.load(krow + ROT + orr[None, :], mask=nm[:, None], other=0.0)
-            v = tl.load(vbase + offs_n[:, None] * stride_ks + od[None, :], mask=nm[:, None], other=0.0)
-            m_i, l_i, acc = _softmax_step(q1, q2, qr, k1, k2, kr, v, nm, m_i, l_i, acc, qk_scale)
-        pbase = (h * NSPLIT + sp) * M
-        if TICKET:
-            last = nsp == 1
-            if nsp > 1:
-                _store_partials(po_ptr, pm_ptr, pl_ptr, pbase, rows, acc, m_i, l_i, D)
-                tl.debug_barrier()  # every thread's partial stores precede the (release) ticket
-                cnt = cnt_ptr + h * (M // BLOCK_M) + rb
-                ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
-                last = ticket == nsp - 1
-                if last:  # every other split of (h, rb) has stored its partials: merge them into this one's
-                    tl.store(cnt, 0)
-                    for s2 in range(0, nsp):
-                        if s2 != sp:  # split 0 (never empty) comes first unless it is this one: no -inf - -inf
-                            b = (h * NSPLIT + s2) * M + rows
-                            m_s = tl.load(pm_ptr + b, cache_modifier=".cg")
-                            l_s = tl.load(pl_ptr + b, cache_modifier=".cg")
-                            a_s = tl.load(po_ptr + b[:, None] * D + od[None, :], cache_modifier=".cg")
-                            m_new = tl.maximum(m_i, m_s)
-                            alpha = tl.exp2(m_i - m_new)
-                            beta = tl.exp2(m_s - m_new)
-                            acc = acc * alpha[:, None] + a_s * beta[:, None]
-                            l_i = l_i * alpha + l_s * beta
-                            m_i = m_new
-            if last:
-                o = acc / l_i[:, None]
-                tl.store(o_ptr + t[:, None] * (NQ * D) + (h * G + g)[:, None] * D + od[None, :],
-                         o.to(o_ptr.dtype.element_ty), mask=tm[:, None])
-        else:  # partials for _attn_combine_kernel
-            _store_partials(po_ptr, pm_ptr, pl_ptr, pbase, rows, acc, m_i, l_i, D)
-
 
 def _slots(k_cache, v_cache, rows: int, cache_len, what: str):
     """(S, T, slot stride) of caches [NKV, MAXLEN, D] (S = 1, stride 0) or [S, NKV, MAXLEN, D] for ``rows``
@@ -437,9 +331,9 @@ def qk_norm_rope_kv(qkv, q_w, k_w, cos, sin, cache_len, q_out, k_cache, v_cache,
 class AttnWorkspace:
     """Split-KV partials for T queries: o [NKV, NSPLIT, G·T_PAD, D] fp32, m/l [NKV, NSPLIT, G·T_PAD] (with
     ``slots`` S > 1: [S·NKV, …], row s·NKV + h for KV head h of slot s); for
-    :func:`block_attention_fused`, int32 ticket counters ``tickets`` [NKV, G·T_PAD / block_m] (zeros) and
-    ``fused_combine``: "ticket" (combine inside the fused kernel, one launch; default) or "kernel" (the fused
-    kernel stores partials and ``_attn_combine_kernel`` merges them, two launches).
+    :func:`.attention_fused.block_attention_fused`, int32 ticket counters ``tickets`` [NKV, G·T_PAD / block_m]
+    (zeros) and ``fused_combine``: "ticket" (combine inside the fused kernel, one launch; default) or "kernel"
+    (the fused kernel stores partials and ``_attn_combine_kernel`` merges them, two launches).
 
     At run time the number of splits in use is min(NSPLIT, cdiv(P + T, min_keys)) (device-side), so short
     caches use few programs and little partial traffic; the rest of the grid exits at once.
@@ -490,62 +384,6 @@ def block_attention(q, k_cache, v_cache, cache_len, out, ws: AttnWorkspace, scal
     )
     _attn_combine_kernel[(NQ, S * T)](ws.po, ws.pm, ws.pl, out, cache_len, T, NQ=NQ, D=D, G=G, T_PAD=ws.T_PAD,
                                       NSPLIT=ws.nsplit, MIN_KEYS=ws.min_keys, NKV=NKV, num_warps=4, **pdl())
-    return out
-
-
-def block_attention_fused(qkv, q_w, k_w, cos, sin, cache_len, k_cache, v_cache, out, ws: AttnWorkspace, nq, nkv,
-                          rot=64, eps=1e-6, scale=None):
-    """``qk_norm_rope_kv`` + ``block_attention`` (split + combine) in one kernel launch (two with
-    ``ws.fused_combine == "kernel"``): the same math and roundings, up to the order of the split merge.
-
-    qkv [T, (nq+2nkv)·D] (model dtype or fp32, last dim contiguous; row t: q heads | k heads | v heads);
-    q_w, k_w [D] QK-norm weights; cos, sin [>= MAXLEN, rot/2] fp32 from :func:`rope_tables`; cache_len int32 [1]
-    on device (P); k_cache, v_cache [nkv, MAXLEN, D] (same strides, last dim contiguous); out [T, nq·D]
-    contiguous (any float dtype); ws an :class:`AttnWorkspace` built for (T, nq, nkv, D).
-
-    Per (KV head, split, row block) program: QK-norm (fp32, eps) + partial NeoX RoPE (first ``rot``
-    channels, position P + t) of its query rows in registers (rounded to the cache dtype, like the unfused
-    q); keys < P from the cache, keys [P, P+T) computed from qkv the same way (V raw), and written into the
-    cache rows [P, P+T) by row block 0; online softmax (exp2, fp32) as in ``block_attention``. With
-    ``ws.fused_combine == "ticket"`` (one launch), when more than one split is in use each program stores
-    its partials and takes a ticket on ``ws.tickets``; the last one of each (KV head, row block) merges the
-    other splits' partials (serially), writes its rows of ``out`` and resets the counter to 0. With
-    "kernel" (two launches) the partials are merged by ``_attn_combine_kernel`` as in ``block_attention``.
-    No host sync and no allocation: CUDA-graph capturable. Returns ``out``.
-
-    Raises ValueError when the shapes, strides or the workspace do not match, when rot/2 and D - rot are
-    not powers of two (at least 16 on CUDA: they are dot operand widths), or for an unknown
-    ``ws.fused_combine``.
-    """
-    T = qkv.shape[0]
-    NKV, MAXLEN, D = k_cache.shape
-    G = nq // nkv
-    half, rest = rot // 2, D - rot
-    if (nkv != NKV or nq != G * nkv or qkv.shape[1] != (nq + 2 * nkv) * D or rot % 2 or half < 1 or rest < 1
-            or half & (half - 1) or rest & (rest - 1) or (qkv.is_cuda and min(half, rest) < 16)
-            or cos.dim() != 2 or cos.shape[0] < MAXLEN or cos.shape[1] != half or cos.shape != sin.shape):
-        raise ValueError(f"block_attention_fused: qkv {tuple(qkv.shape)}, caches {tuple(k_cache.shape)}, "
-                         f"cos {tuple(cos.shape)} do not fit nq={nq}, nkv={nkv}, rot={rot}")
-    if (qkv.stride(1) != 1 or k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1
-            or not cos.is_contiguous() or not sin.is_contiguous() or not out.is_contiguous()
-            or tuple(out.shape) != (T, nq * D)):
-        raise ValueError("block_attention_fused: qkv/cache last dim, cos/sin and out [T, nq·D] must be contiguous")
-    if ws.T_PAD < T or tuple(ws.po.shape[0::2]) != (nkv, G * ws.T_PAD) or ws.po.shape[3] != D:
-        raise ValueError(f"block_attention_fused: workspace built for T={ws.T}, not for T={T}, nq={nq}, D={D}")
-    if ws.fused_combine not in ("ticket", "kernel"):
-        raise ValueError(f"block_attention_fused: fused_combine {ws.fused_combine!r} is not 'ticket' or 'kernel'")
-    ticket = ws.fused_combine == "ticket"
-    scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    _attn_fused_kernel[(NKV, ws.nsplit, (G * ws.T_PAD) // ws.block_m)](
-        qkv, q_w, k_w, cos, sin, cache_len, k_cache, v_cache, ws.po, ws.pm, ws.pl, ws.tickets, out,
-        T, qkv.stride(0), k_cache.stride(0), k_cache.stride(1), scale * 1.4426950408889634, eps,
-        NQ=nq, NKV=nkv, D=D, ROT=rot, G=G, T_PAD=ws.T_PAD, NSPLIT=ws.nsplit, BLOCK_N=ws.block_n,
-        MIN_KEYS=ws.min_keys, BLOCK_M=ws.block_m, TICKET=ticket, num_warps=ws.num_warps,
-        num_stages=ws.num_stages, **pdl(),
-    )
-    if not ticket:
-        _attn_combine_kernel[(nq, T)](ws.po, ws.pm, ws.pl, out, cache_len, T, NQ=nq, D=D, G=G, T_PAD=ws.T_PAD,
-                                      NSPLIT=ws.nsplit, MIN_KEYS=ws.min_keys, NKV=nkv, num_warps=4, **pdl())
     return out
 
 

@@ -8,8 +8,10 @@ keeps every buffer static (ids, cache length, KV
 cache, activations, MoE/attention workspaces) and runs, per layer (docs/engine.md §2):
 
   add+RMSNorm (Triton; fuses the previous MoE top-k sum + shared expert + residual) -> QKV GEMM (cuBLAS)
-  -> QK-norm + RoPE + KV write (Triton) -> split-KV attention + combine (Triton) -> O GEMM (cuBLAS)
-  -> add+RMSNorm (Triton) -> router GEMM + route/align (Triton) -> gate+up and down grouped GEMMs (Triton)
+  -> QK-norm + RoPE + KV write (Triton) -> split-KV attention + combine (Triton; with ``fused_attn`` these three
+  are one launch) -> O GEMM (cuBLAS)
+  -> add+RMSNorm (Triton) -> router GEMM + route/align (Triton; two launches, or one with ``fused_route``)
+  -> gate+up and down grouped GEMMs (Triton)
 
 then the final norm, the lm_head over the T block positions only (cuBLAS, bf16 logits [T, V]) and the
 decode statistics in fp32 on device (argmax, max probability, entropy). The layer-0 dense FFN runs
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import attention as A
+from . import attention_fused as AF
 from . import moe as M
 from . import logits as Lg
 from . import norm as Nm
@@ -164,9 +167,12 @@ class _Stats:
 
 
 def kernel_configs(W, shape: ModelShape, T: int, configs: dict | None = None) -> dict:
-    """Launch configs of the block forward for ``T``-token blocks: ``{"attn", "moe", "dense", "linear"}``.
+    """Launch configs of the block forward for ``T``-token blocks: ``{"attn", "attn_fused", "moe", "dense",
+    "linear"}``.
 
     ``configs`` (optional) overrides per family: ``attn`` (keys merged into the tuned split-attention config),
+    ``attn_fused`` (keys merged into the fused attention's: the tuned ``attn``/``fused`` entry, else
+    :data:`.attention_fused.FUSED_DEFAULT`),
     ``moe`` (kernel name -> tiles; None here means "look the tuned files up by T at call time", or, when ``W``'s
     experts are packed, the moe file's tuned ``w4_gate_up`` / ``w4_down`` entries over the 4-bit kernels' own tiles
     :data:`~repro.engine.kernels.moe_w4.W4_TILES_DEFAULT`),
@@ -178,6 +184,8 @@ def kernel_configs(W, shape: ModelShape, T: int, configs: dict | None = None) ->
     attn = load_config("attn", "split", dict(NSPLIT=32, BLOCK_N=64, num_warps=4, num_stages=3, MIN_KEYS=256),
                        NQ=shape.nq, NKV=shape.nkv, D=D, T=T)
     attn.update(configs.get("attn", {}))
+    attn_fused = load_config("attn", "fused", AF.FUSED_DEFAULT, NQ=shape.nq, NKV=shape.nkv, D=D, T=T)
+    attn_fused.update(configs.get("attn_fused", {}))
     moe = configs.get("moe")
     if moe is None and any(not isinstance(L["w13"], torch.Tensor) for L in W["layers"]):
         from .moe_w4 import W4_TILES_DEFAULT  # packed NVFP4 experts: the tuned 4-bit entries, else their own tiles
@@ -193,7 +201,7 @@ def kernel_configs(W, shape: ModelShape, T: int, configs: dict | None = None) ->
     lin_default = dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3)
     linear = {k: load_config("linear", k, lin_default, H=H, T=T) for k in ("qkv", "o")}
     linear.update(configs.get("linear", {}))
-    return {"attn": attn, "moe": moe, "dense": dense, "linear": linear}
+    return {"attn": attn, "attn_fused": attn_fused, "moe": moe, "dense": dense, "linear": linear}
 
 
 class GraphCapture:
@@ -277,12 +285,17 @@ class BlockForward(GraphCapture):
         self.fuse_norm = False  # slower on the H200 (6.2 vs 4.35 ms: the K loop no longer pipelines); kept as an option
         # QKV and O projections through the Triton skinny GEMM (fp32 outputs consumed by the next kernels)
         self.triton_linear = False
-        # QK-norm + RoPE + KV write + split attention + combine in one launch (attention.block_attention_fused);
-        # slower on the H200 once the cache needs several splits (6.03 vs 5.56 ms at P=1k, docs/perf_history.md v9)
+        # QK-norm + RoPE + KV write + split attention + combine in one launch (attention_fused, issue 41: its own
+        # tiles, kernel_configs' "attn_fused"; the combine by the last program in a fixed chunk order). Its first
+        # version was slower on the H200 (6.03 vs 5.56 ms at P=1k, docs/perf_history.md v9); the lead's call decides
         self.fused_attn = False
+        self.aws_fused = AF.fused_workspace(T, shape.nq, shape.nkv, D, device, kc["attn_fused"])
         # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts.
         # On by default: the fastest measured variant (H200, docs/perf_history.md v8/v9: 5.54 vs 5.61 ms at P=1k)
         self.norm_in_route = True
+        # MoE layers: router GEMM + route/align in one launch (route_fused, issue 41) instead of two; the same bits.
+        # The router config's ``FUSED`` key (tile files; off unless set): the lead's device call chooses
+        self.fused_route = bool(M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T).get("FUSED", False))
         self.lin_cfg = kc["linear"]
         self.qkv32 = torch.zeros(T, shape.qkv_out, dtype=torch.float32, device=device)
         self.attn32 = torch.zeros(T, H, dtype=torch.float32, device=device)
@@ -319,8 +332,8 @@ class BlockForward(GraphCapture):
             else:
                 qkv = torch.mm(self.a, L["wqkv"].t(), out=self.qkv)
             if self.fused_attn:
-                A.block_attention_fused(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, kc, vc,
-                                        self.o, self.aws, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
+                AF.block_attention_fused(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, kc, vc,
+                                         self.o, self.aws_fused, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
             else:
                 A.qk_norm_rope_kv(qkv, L["q_norm"], L["k_norm"], self.cos, self.sin, self.cache_len, self.q,
                                   kc, vc, s.nq, s.nkv, rot=s.rot_dim, eps=s.eps)
@@ -348,9 +361,10 @@ class BlockForward(GraphCapture):
             else:
                 E1 = M.expert_slots(L["w13"])
                 cslot = li - s.first_dense if s.layers - s.first_dense > 1 else None  # 1 MoE layer: own memset
-                M.moe_route_align(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                                  s.scaling, s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw, eps=s.eps,
-                                  norm_out=self.a if route_norm else None)
+                route = M.moe_route_align_fused if self.fused_route else M.moe_route_align
+                route(x_ffn, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group, s.scaling,
+                      s.renormalize, self.moe_cfg, slot=cslot, norm_w=nw, eps=s.eps,
+                      norm_out=self.a if route_norm else None)
                 if route_norm:
                     x_ffn, nw = self.a, None
                 if stats is not None:

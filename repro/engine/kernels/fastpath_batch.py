@@ -22,7 +22,8 @@ Every kernel here computes a row with a launch configuration that does not depen
   table (``route.moe_tiles``, one small launch after routing, or with ``tiles_in_select`` the route-select
   kernel's last program: one program per (expert, m-block) in use and n-tile, so the grid grows with the pairs
   routed, not with E1 x cdiv(S·T, BLOCK_M)); the dense layer 0 is one expert with S·T rows. Router/route launch
-  configs: the batched tile file's ``moe_router`` / ``moe_route`` where it has them.
+  configs: the batched tile file's ``moe_router`` / ``moe_route`` where it has them; with ``fused_route`` (the
+  router config's ``FUSED`` key) router and route are one launch (:mod:`.route_fused`: the same bits, same tiles).
 * RMSNorms: ``NORM_WARPS`` warps and ``configs["norm"]["rows"]`` rows per program (0: one row per program; >= 1:
   rows in turn with a prefetch of the next, the same per-row arithmetic for any grid), one setting for every S;
   embeddings, the top-k sum and the decode statistics are one row per program.
@@ -408,6 +409,9 @@ class BatchedBlockForward(GraphCapture):
         # the MoE tile table written by the route-select kernel's last program instead of its own launch (kernel 4);
         # off: measured slower on the H200 (docs/perf_history.md "Session 5: router and route at batch 1 and many slots")
         self.tiles_in_select = False
+        # router GEMM + route/align in one launch (route_fused, issue 41): the same bits; the batched router config's
+        # ``FUSED`` key (off unless a tile file sets it)
+        self.fused_route = bool(self.moe_cfg["router"].get("FUSED", False))
         self.lin_cfg = dict(kc["linear"])
         self.lin_cfg.setdefault("lm_head", dict(LM_HEAD_TILES))
         _apply_by_slots(self.lin_cfg, S, "linear")
@@ -450,10 +454,11 @@ class BatchedBlockForward(GraphCapture):
             # the route-select kernel writes a = RMSNorm(h)·w for the experts (BlockForward's ``norm_in_route``)
             rows_linear(self.o, L["wo"], self.h, self.lin_cfg["o"], add=True)
             E1 = M.expert_slots(L["w13"])
-            M.moe_route_align(self.h, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group,
-                              s.scaling, s.renormalize, self.moe_cfg, slot=self._count_row(li), eps=s.eps,
-                              norm_w=L["mlp_norm"], norm_out=self.a, row_block=self.router_rows,
-                              tile_block_m=self.tiles.get("moe") if self.tiles_in_select else None)
+            route = M.moe_route_align_fused if self.fused_route else M.moe_route_align
+            route(self.h, L["router"], L["expert_bias"], self.ws, E1, s.top_k, s.n_group, s.topk_group, s.scaling,
+                  s.renormalize, self.moe_cfg, slot=self._count_row(li), eps=s.eps, norm_w=L["mlp_norm"],
+                  norm_out=self.a, row_block=self.router_rows,
+                  tile_block_m=self.tiles.get("moe") if self.tiles_in_select else None)
             if stats is not None:
                 stats.counts.append(self.ws.counts[: s.experts].clone())
             if "moe" in self.tiles and not self.tiles_in_select:

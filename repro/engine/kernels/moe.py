@@ -40,6 +40,7 @@ from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, trito
 from .moe_gemm import expert_gemms_reference, expert_slots, linear_rows, moe_down, moe_gate_up
 from .moe_ref import moe_naive_loop, moe_reference
 from .route import DEFAULT_CONFIGS, MoEWorkspace, _cfg, moe_align, moe_route_align, moe_tiles, route_reference
+from .route_fused import moe_route_align_fused
 
 if HAS_TRITON:  # the kernels themselves, for tools that compile them (scripts/sass_count.py, the tuner)
     from .moe_gemm import _moe_down_kernel, _moe_gate_up_kernel  # noqa: F401
@@ -61,6 +62,7 @@ __all__ = [
     "route_reference",
     "MoEWorkspace",
     "moe_route_align",
+    "moe_route_align_fused",
     "moe_align",
     "moe_tiles",
     "DEFAULT_CONFIGS",

@@ -91,19 +91,59 @@ DEFAULT_CONFIGS = {
 if HAS_TRITON:
 
     @triton.jit
-    def _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK: tl.constexpr, MAXC: tl.constexpr,
-                      NACT_IDX: tl.constexpr, ACTIVE: tl.constexpr = True):
-        """Append the TOPK pairs ``p`` of one token to their experts' lists ``pairs[ids, slot]`` (slot by
-        atomics on ``counts[ids]``); with ACTIVE, an expert's first pair also appends it to ``active`` (length
-        ``counts[NACT_IDX]``; a second atomic that waits for the first). Relaxed atomics: only atomicity is
-        needed inside the launch (the consumers are later launches), so no acquire/release fence per atomic."""
-        slot = tl.atomic_add(counts_ptr + ids, tl.full((TOPK,), 1, tl.int32), sem="relaxed")
-        tl.store(pairs_ptr + ids * MAXC + slot, p)
+    def _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, m, MAXC: tl.constexpr, NACT_IDX: tl.constexpr,
+                      ACTIVE: tl.constexpr = True):
+        """Append the pairs ``p`` (int32, any shape, e.g. [TOPK] of one token or [ROWS, TOPK]) where ``m`` is True
+        to their experts' lists ``pairs[ids, slot]`` (slot by atomics on ``counts[ids]``); with ACTIVE, an
+        expert's first pair also appends it to ``active`` (length ``counts[NACT_IDX]``; a second atomic that waits
+        for the first). Relaxed atomics: only atomicity is needed inside the launch (the consumers are later
+        launches), so no acquire/release fence per atomic."""
+        one = ids * 0 + 1
+        slot = tl.atomic_add(counts_ptr + ids, one, mask=m, sem="relaxed")
+        tl.store(pairs_ptr + ids * MAXC + slot, p, mask=m)
         if ACTIVE:
-            first = slot == 0
-            pos = tl.atomic_add(counts_ptr + NACT_IDX + 0 * ids, tl.full((TOPK,), 1, tl.int32), mask=first,
-                                sem="relaxed")
+            first = (slot == 0) & m
+            pos = tl.atomic_add(counts_ptr + NACT_IDX + 0 * ids, one, mask=first, sem="relaxed")
             tl.store(active_ptr + pos, ids, mask=first)
+
+    @triton.jit
+    def _rms_row(xv, nwv, eps, H: tl.constexpr):
+        """(r, y) of one row xv [BLOCK_H] (masked tail 0; nwv the RMSNorm weight in fp32): r = rsqrt(Σx²/H + eps) in
+        fp32 (one reduction over the row) and the normalised row y = (x·r).to(x.dtype)·w in fp32 (the numerics of
+        ``norm.add_rmsnorm``); shared by the select kernel and :mod:`.route_fused`, so both give the same bits."""
+        xf = xv.to(tl.float32)
+        r = tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
+        return r, (xf * r).to(xv.dtype).to(tl.float32) * nwv
+
+    @triton.jit
+    def _router_partial(x_ptr, w_ptr, nw_ptr, offs_t, T, stride_xt, pid_e, pid_k, H: tl.constexpr,
+                        BLOCK_E: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
+                        NORM: tl.constexpr, WRITE_SS: tl.constexpr, ROWS: tl.constexpr, wpre=None,
+                        PRE: tl.constexpr = False):
+        """(acc [ROWS, BLOCK_E], ss [ROWS]) of one router program: Σ_{k in split pid_k} x[t, k]·(nw[k])·w[e, k] over
+        the rows ``offs_t`` (>= T read as 0) and the experts of tile pid_e, fp32 dots in BLOCK_K steps (ascending),
+        and with NORM and WRITE_SS the split's Σx² per row. Shared by ``_router_logits_kernel`` and
+        :mod:`.route_fused` (the same code, so the same partial logits). PRE (one K step: H / SPLIT_K = BLOCK_K):
+        the weight tile [BLOCK_K, BLOCK_E] is ``wpre``, loaded by the caller (e.g. before its PDL wait)."""
+        offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+        offs_k = tl.arange(0, BLOCK_K)
+        K_PER: tl.constexpr = H // SPLIT_K
+        acc = tl.zeros((ROWS, BLOCK_E), dtype=tl.float32)
+        ssv = tl.zeros((ROWS,), dtype=tl.float32)
+        for k0 in range(0, K_PER, BLOCK_K):
+            kk = pid_k * K_PER + k0 + offs_k
+            xv = tl.load(x_ptr + offs_t[:, None] * stride_xt + kk[None, :],
+                         mask=offs_t[:, None] < T, other=0.0).to(tl.float32)
+            if NORM:
+                if WRITE_SS:
+                    ssv += tl.sum(xv * xv, axis=1)
+                xv = xv * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
+            if PRE:
+                wv = wpre
+            else:
+                wv = tl.load(w_ptr + offs_e[None, :] * H + kk[:, None]).to(tl.float32)
+            acc = tl.dot(xv, wv, acc, input_precision=PREC)
+        return acc, ssv
 
     @triton.jit
     def _desc_key(v, idx, N: tl.constexpr):
@@ -162,20 +202,8 @@ if HAS_TRITON:
         pid_k = tl.program_id(1)
         offs_t = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
         offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
-        offs_k = tl.arange(0, BLOCK_K)
-        K_PER: tl.constexpr = H // SPLIT_K
-        acc = tl.zeros((ROWS, BLOCK_E), dtype=tl.float32)
-        ssv = tl.zeros((ROWS,), dtype=tl.float32)
-        for k0 in range(0, K_PER, BLOCK_K):
-            kk = pid_k * K_PER + k0 + offs_k
-            xv = tl.load(x_ptr + offs_t[:, None] * stride_xt + kk[None, :],
-                         mask=offs_t[:, None] < T, other=0.0).to(tl.float32)
-            if NORM:
-                if WRITE_SS:
-                    ssv += tl.sum(xv * xv, axis=1)
-                xv = xv * tl.load(nw_ptr + kk).to(tl.float32)[None, :]
-            wv = tl.load(w_ptr + offs_e[None, :] * H + kk[:, None]).to(tl.float32)
-            acc = tl.dot(xv, wv, acc, input_precision=PREC)
+        acc, ssv = _router_partial(x_ptr, w_ptr, nw_ptr, offs_t, T, stride_xt, pid_e, pid_k, H, BLOCK_E, SPLIT_K,
+                                   BLOCK_K, PREC, NORM, WRITE_SS, ROWS)
         tm = offs_t < T_PAD  # ROWS > T_PAD: one program, rows past the buffer not stored
         tl.store(part_ptr + pid_k * (T_PAD * E) + offs_t[:, None] * E + offs_e[None, :], acc, mask=tm[:, None])
         if NORM and WRITE_SS:
@@ -226,10 +254,8 @@ if HAS_TRITON:
         for s in tl.static_range(SPLIT_K):
             logits += tl.load(part_ptr + s * (T_PAD * E) + t * E + offs_e)
         if WRITE_NORMED:
-            xf = xv.to(tl.float32)
-            r = tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
+            r, y = _rms_row(xv, nwv, eps, H)
             logits = logits * r
-            y = (xf * r).to(xv.dtype).to(tl.float32) * nwv
             tl.store(normed_ptr + t * stride_nt + offs_h, y.to(normed_ptr.dtype.element_ty), mask=mh)
         elif NORM:
             ss = tl.load(ss_ptr + tl.arange(0, SPLIT_K) * T_PAD + t)
@@ -274,7 +300,7 @@ if HAS_TRITON:
         tl.store(ids_ptr + p, ids)
         tl.store(topw_ptr + p, wts)
         tl.store(pairw_ptr + p, wts)
-        _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK, MAXC, NACT_IDX, ACTIVE)
+        _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, kidx < TOPK, MAXC, NACT_IDX, ACTIVE)
         if ZERO_NEXT:
             if t == 0:
                 tl.store(next_counts_ptr + offs_e, tl.zeros((E,), dtype=tl.int32))
@@ -301,7 +327,7 @@ if HAS_TRITON:
         p = t * TOPK + kidx
         ids = tl.load(ids_ptr + p).to(tl.int32)
         tl.store(pairw_ptr + p, tl.load(w_ptr + p).to(tl.float32))
-        _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, TOPK, MAXC, NACT_IDX)
+        _append_pairs(counts_ptr, pairs_ptr, active_ptr, ids, p, kidx < TOPK, MAXC, NACT_IDX)
 
     @triton.jit
     def _tile_table_kernel(counts_ptr, tiles_ptr, MAXT, E1: tl.constexpr, E1P: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -379,6 +405,41 @@ def _cfg(kernel, configs, H, N, E1, T):
 
 
 
+def _router_tiles(x, gate_w, ws: MoEWorkspace, E1, n_group, top_k, configs, norm_w, norm_out, row_block, what):
+    """Checks of :func:`moe_route_align`'s arguments and the router launch tiles (rc, SPLIT_K, BLOCK_E, BLOCK_K,
+    rows per program); shared with :func:`.route_fused.moe_route_align_fused`, which must split the GEMM alike.
+    Raises ValueError for norm_out without norm_w or of the wrong shape / stride, or a row_block that is not a
+    power of two."""
+    T, H = x.shape
+    E = gate_w.shape[0]
+    if norm_out is not None and (norm_w is None or norm_out.shape != x.shape or norm_out.stride(1) != 1):
+        raise ValueError("norm_out needs norm_w and the shape [T, H] of x with unit stride along H")
+    assert x.stride(1) == 1 and gate_w.is_contiguous() and gate_w.shape[1] == H
+    assert E & (E - 1) == 0 and n_group & (n_group - 1) == 0 and top_k & (top_k - 1) == 0
+    rc = _cfg("router", configs, H, ws.inter.shape[1], E1, T)
+    split = ws.part.shape[0]
+    be = min(rc["BLOCK_E"], E)
+    bk = min(rc["BLOCK_K"], H // split)
+    assert H % (split * bk) == 0 and E % be == 0
+    rows = int(row_block or rc.get("ROWS") or ws.T_PAD)
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"{what}: row_block {row_block} is not a power of two (router rows per program)")
+    return rc, split, be, bk, rows
+
+
+def _clear_counts(ws: MoEWorkspace, slot):
+    """The counts row for this routing (``ws.slot``) and the row its kernel clears for the next MoE layer: slot None
+    (standalone) uses row 0, cleared here by a memset (and returned as the "next" row, cleared again harmlessly);
+    slot l uses row l and the kernel clears row (l + 1) % n_slots."""
+    if slot is None:
+        ws.slot = 0
+        ws.counts_all[0, :ws.E].zero_()
+        ws.counts_all[0, ws.E1:].zero_()
+        return ws.counts_all[0]
+    ws.slot = slot
+    return ws.counts_all[(slot + 1) % ws.counts_all.shape[0]]
+
+
 def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_group=8, topk_group=4,
                     scaling=2.5, renormalize=True, configs=None, slot=None, norm_w=None, eps=1e-6, norm_out=None,
                     row_block=None, tile_block_m=None):
@@ -406,18 +467,8 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
     """
     T, H = x.shape
     E = gate_w.shape[0]
-    if norm_out is not None and (norm_w is None or norm_out.shape != x.shape or norm_out.stride(1) != 1):
-        raise ValueError("norm_out needs norm_w and the shape [T, H] of x with unit stride along H")
-    assert x.stride(1) == 1 and gate_w.is_contiguous() and gate_w.shape[1] == H
-    assert E & (E - 1) == 0 and n_group & (n_group - 1) == 0 and top_k & (top_k - 1) == 0
-    rc = _cfg("router", configs, H, ws.inter.shape[1], E1, T)
-    split = ws.part.shape[0]
-    be = min(rc["BLOCK_E"], E)
-    bk = min(rc["BLOCK_K"], H // split)
-    assert H % (split * bk) == 0 and E % be == 0
-    rows = int(row_block or rc.get("ROWS") or ws.T_PAD)
-    if rows < 1 or rows & (rows - 1):
-        raise ValueError(f"moe_route_align: row_block {row_block} is not a power of two (router rows per program)")
+    rc, split, be, bk, rows = _router_tiles(x, gate_w, ws, E1, n_group, top_k, configs, norm_w, norm_out, row_block,
+                                            "moe_route_align")
     _router_logits_kernel[(E // be, split, triton.cdiv(ws.T_PAD, rows))](
         x, gate_w, ws.part, norm_w if norm_w is not None else gate_w, ws.ss, T, x.stride(0), H=H, E=E, T_PAD=ws.T_PAD, BLOCK_E=be, SPLIT_K=split,
         BLOCK_K=bk, PREC=rc.get("PREC", "ieee"), NORM=norm_w is not None, WRITE_SS=norm_out is None,
@@ -425,14 +476,7 @@ def moe_route_align(x, gate_w, expert_bias, ws: MoEWorkspace, E1, top_k=8, n_gro
         num_stages=rc["num_stages"],
         **pdl(),
     )
-    if slot is None:
-        ws.slot = 0
-        ws.counts_all[0, :E].zero_()
-        ws.counts_all[0, E1:].zero_()
-        nxt = ws.counts_all[0]
-    else:
-        ws.slot = slot
-        nxt = ws.counts_all[(slot + 1) % ws.counts_all.shape[0]]
+    nxt = _clear_counts(ws, slot)
     ac = _cfg("route", configs, H, ws.inter.shape[1], E1, T)
     no = norm_out if norm_out is not None else x
     tiles = {}
