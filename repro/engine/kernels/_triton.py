@@ -6,6 +6,9 @@ interpreter; fp32/fp16 are correct there, bf16 loads are not, seen with triton 3
 ``require_tested_triton()`` (the engine calls it when it selects the Triton kernels on CUDA) and
 ``kernels_usable(t)`` on a CUDA tensor refuse a Triton other than the tested one (``repro/stack.py``: RuntimeError,
 one line naming the version needed; ``REPRO_ALLOW_UNTESTED_TRITON=1`` lets it run); the interpreter takes any.
+``compiled(t)`` / ``capability(t)``: whether launches on ``t`` run compiled for a GPU, and for which compute
+capability — the one place the host code asks (e.g. the 4-bit decode a card builds). While :mod:`repro.engine.aot`
+records the launches for a card, every tensor counts as a tensor on a card of that capability.
 """
 from __future__ import annotations
 
@@ -30,11 +33,36 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+#: the compute capability whose launches :mod:`repro.engine.aot` is recording (``recording``), or None
+_RECORDING: list = [None]
+
+
+def compiled(t) -> bool:
+    """Whether kernels launched on tensor ``t`` run compiled for a GPU: a CUDA tensor outside the interpreter, or any
+    tensor while :mod:`repro.engine.aot` records launches."""
+    return _RECORDING[0] is not None or (bool(t.is_cuda) and not INTERPRET)
+
+
+def capability(t) -> tuple[int, int] | None:
+    """Compute capability (major, minor) of the card ``t``'s kernels are compiled for, None when they are not
+    (:func:`compiled`)."""
+    if _RECORDING[0] is not None:
+        return _RECORDING[0]
+    if not compiled(t):
+        return None
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(t.device))
+
+
 def kernels_usable(t) -> bool:
-    """True when Triton kernels can run on tensor ``t``: CUDA tensor, or any tensor under the interpreter.
-    RuntimeError on a CUDA tensor when the installed Triton is not the tested one (module docstring)."""
+    """True when Triton kernels can run on tensor ``t``: CUDA tensor, or any tensor under the interpreter (or while
+    :mod:`repro.engine.aot` records launches). RuntimeError on a CUDA tensor when the installed Triton is not the
+    tested one (module docstring)."""
     if not HAS_TRITON:
         return False
+    if _RECORDING[0] is not None:
+        return True
     if t.is_cuda:
         require_tested_triton()
     return bool(t.is_cuda) or INTERPRET

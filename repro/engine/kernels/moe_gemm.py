@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import HAS_TRITON, gdc_launch_dependents, gdc_wait, pdl, tl, triton
+from ._triton import HAS_TRITON, compiled, gdc_launch_dependents, gdc_wait, pdl, tl, triton
 from .moe_w4 import check_w4_tiles, derived_tables_ok, pick_decode
 from .route import MoEWorkspace, _cfg
 
@@ -302,7 +302,7 @@ def _expert_operand(w, ws: MoEWorkspace, kernel: str, block_k: int, decode: int 
                          f"{parts} (gate+up: gate and up; down: one; build them with NVFP4Experts(..., parts={parts}))")
     check_w4_tiles(min(block_k, in_f), in_f)
     decode = pick_decode(w.layout, ws.inter, decode, kernel, w4_decode_tile(block_k, tile, in_f, out_f, parts),
-                         experts_derived_ok(w) if w.layout == "lut" and ws.inter.is_cuda else None)
+                         experts_derived_ok(w) if w.layout == "lut" and compiled(ws.inter) else None)
     # the shared expert's rows (never read without one: then any tensor of the activation dtype will do)
     dense = w.shared.contiguous() if w.shared is not None else ws.inter
     if swap and decode < 5:

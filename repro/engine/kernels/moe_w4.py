@@ -16,17 +16,18 @@ the activation dtype (``.shared``) and is expert index E of the same launch (a r
 
 Decodes (``W4_DECODE``, :func:`pick_decode`):
 
-* 3 (layout "lut"; the GPU default where decode 4 is not exact): per 16-weight block, four byte tables of the 8
-  magnitudes ``bf16(fl32(e2m1(c) · s32))`` — the reference's own products and rounding, so exact by construction —
-  then per 32-bit word (8 weights) 13 integer instructions: the selectors, 4 byte-permute (PRMT) lookups, the signs,
-  4 PRMT interleaving low and high bytes into bf16 pairs (inline PTX, ``tl.inline_asm_elementwise``, 4 bytes
-  per call; bf16 activations). PRMT: PTX ISA, "prmt"; decoding several packed values per 32-bit instruction
+* 3 (layout "lut"; the GPU default where decode 4 is not exact or not built: sm_89): per 16-weight block, four byte
+  tables of the 8 magnitudes ``bf16(fl32(e2m1(c) · s32))`` — the reference's own products and rounding, so exact by
+  construction — then per 32-bit word (8 weights) 13 integer instructions: the selectors, 4 byte-permute (PRMT)
+  lookups, the signs, 4 PRMT interleaving low and high bytes into bf16 pairs (inline PTX,
+  ``tl.inline_asm_elementwise``, 4 bytes per call; bf16 activations). PRMT: PTX ISA, "prmt"; decoding several packed values per 32-bit instruction
   follows the mixed-precision Marlin kernels (Frantar et al., arXiv:2408.11743).
-* 4 (default on the GPU when every global scale g is in ``DERIVED_G_RANGE``): decode 3 with cheaper tables —
-  only A = bf16(s32) and B = bf16(fl32(1.5 · s32)) are rounded from fp32; the other magnitudes are exact
+* 4 (default on the GPU, from sm_90, when every global scale g is in ``DERIVED_G_RANGE``): decode 3 with cheaper
+  tables — only A = bf16(s32) and B = bf16(fl32(1.5 · s32)) are rounded from fp32; the other magnitudes are exact
   power-of-two multiples of them (bf16x2 multiplies: A/2, 2A, 2B, 4A, 4B) and the zero entry a sign-replicated
   byte, 9 instructions per block after s32 instead of 14 (:func:`derived_tables_ok` says when that is exact).
-* 2: its pure-Triton twin (same layout and values; runs under the interpreter and for fp16 / fp32).
+* 2: its pure-Triton twin (same layout and values; runs under the interpreter and for fp16 / fp32, and is the
+  GPU default below sm_89, e.g. on an A100).
 * 1 / 0 (layout "modelopt"): the session-3 arithmetic decodes (fp32 bit patterns, one multiply per weight).
 * 5 / 6 (layout "hop"): the shift-and-mask decode of :mod:`.moe_w4_hop` (inline PTX / its pure-Triton twin), with
   another numeric contract: exact block products e2m1 · e4m3 in bf16, the global scale g on the fp32 accumulator
@@ -47,7 +48,7 @@ import torch
 from ._triton import HAS_TRITON, tl, triton
 
 __all__ = ["moe_w4_reference", "random_nvfp4_experts", "check_w4_tiles", "pick_decode", "derived_tables_ok",
-           "W4_TILES_DEFAULT", "DERIVED_G_RANGE"]
+           "W4_TILES_DEFAULT", "DERIVED_G_RANGE", "DECODE_MIN_CC"]
 
 #: MoE tiles of the full-size 4-bit round (:class:`~repro.engine.kernels.fastpath.BlockForward` uses them when
 #: the experts are packed and no tiles are given; the decode is :func:`pick_decode`'s default for the layout):
@@ -76,6 +77,15 @@ def derived_tables_ok(g: torch.Tensor) -> bool:
     return bool(((g >= lo) & (g <= hi)).all())
 
 
+#: the compute capability each decode needs on a GPU (found by the ahead-of-time build, :mod:`repro.engine.aot`):
+#: 3-6 convert the E4M3 block scales in hardware (``.to(tl.float8e4nv)``: ``cvt.rn.f16x2.e4m3x2``, sm_89; Triton
+#: refuses fp8e4nv below 8.9), 4 and 5 multiply bf16 pairs (``mul.rn.bf16x2``, sm_90: PTX ISA, "mul (half
+#: precision)"); 0-2 use integer and fp32 arithmetic only (any card)
+DECODE_MIN_CC = {3: (8, 9), 4: (9, 0), 5: (9, 0), 6: (8, 9)}
+_DECODE_NEEDS = {3: "the E4M3 hardware conversion", 4: "mul.rn.bf16x2", 5: "mul.rn.bf16x2",
+                 6: "the E4M3 hardware conversion"}
+
+
 def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kernel: str = "moe",
                 tile: tuple[int, int, int] = (128, 64, 4), derived_ok: bool | None = True) -> int:
     """The ``W4_DECODE`` of a launch over experts in ``layout`` with activations like ``act``: ``decode`` when
@@ -84,20 +94,42 @@ def pick_decode(layout: str, act: torch.Tensor, decode: int | None = None, kerne
     gate+up packs 2·BLOCK_N columns: ``moe_gemm.w4_decode_tile``) that gives every thread >= 16 consecutive packed bytes along K (the PTX decodes 4 bytes of one word per call,
     ``pack=4``, which needs a thread's registers to hold whole words) — 4 when ``derived_ok`` (the experts'
     :func:`derived_tables_ok`; None = unknown, e.g. first seen inside CUDA-graph capture: 3) —, 2 (the
-    pure-Triton twin) for "lut" otherwise (interpreter, fp32, small tiles), 1 for "modelopt".
-    Raises ValueError when the decode does not read ``layout`` or needs what ``act``, the tile or g is not."""
-    from ._triton import INTERPRET
+    pure-Triton twin) for "lut" otherwise (interpreter, fp32, small tiles), 1 for "modelopt". On a GPU only the
+    decodes its compute capability builds (:data:`DECODE_MIN_CC`): 4 from sm_90, 3 from sm_89, 2 below (A100).
+    Raises ValueError when the decode does not read ``layout`` or needs what ``act``, the tile, g or the card is
+    not (one line naming what works)."""
+    from ._triton import capability, compiled
 
     bk, bn, nw = tile
-    asm_ok = (act.is_cuda and not INTERPRET and act.dtype == torch.bfloat16
+    asm_ok = (compiled(act) and act.dtype == torch.bfloat16
               and bk // 2 >= 16 and (bk // 2) * bn >= 16 * 32 * nw)
+    cc = capability(act)
+
+    def builds(d):
+        return cc is None or tuple(cc) >= DECODE_MIN_CC.get(d, (0, 0))
+
     if decode is None:
         if layout == "hop":
-            return 5 if asm_ok else 6
-        return ((4 if derived_ok else 3) if asm_ok else 2) if layout == "lut" else 1
+            picks = (5, 6) if asm_ok else (6,)
+        elif layout == "lut":
+            picks = ((4, 3, 2) if derived_ok else (3, 2)) if asm_ok else (2,)
+        else:
+            picks = (1,)
+        for d in picks:
+            if builds(d):
+                return d
+        raise ValueError(f"{kernel}: NVFP4 experts in layout {layout!r} need compute capability 8.9 on the GPU "
+                         f"({_DECODE_NEEDS[6]}); this card is {cc[0]}.{cc[1]}: use layout 'lut' (decode 2, "
+                         f"NVFP4Experts.with_layout('lut'))")
     if DECODE_LAYOUT.get(decode) != layout:
         raise ValueError(f"{kernel}: W4_DECODE {decode} reads experts in layout {DECODE_LAYOUT.get(decode)!r}, these "
                          f"are {layout!r} (convert with NVFP4Experts.with_layout, or drop W4_DECODE)")
+    if not builds(decode):
+        need = DECODE_MIN_CC[decode]
+        works = [d for d, lay in DECODE_LAYOUT.items() if lay == layout and builds(d)]
+        raise ValueError(f"{kernel}: W4_DECODE {decode} needs compute capability {need[0]}.{need[1]} "
+                         f"({_DECODE_NEEDS[decode]}); this card is {cc[0]}.{cc[1]}: use "
+                         f"{' or '.join(map(str, works)) or 'layout lut with decode 2'}, or drop W4_DECODE")
     if decode == 4 and derived_ok is False:
         raise ValueError(f"{kernel}: W4_DECODE 4 (derived tables) is exact only for global scales g in "
                          f"[2^-116, 2^115]; these experts have one outside (use 3, or drop W4_DECODE)")
