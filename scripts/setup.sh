@@ -57,4 +57,11 @@ fi
 # the independent graders' two steps pip cannot express (lm-eval without its dependencies, a private antlr4 4.11 for
 # sympy's LaTeX parser; Math-Verify pins 4.13.2): each only when missing, then a check (docs/scoring.md)
 .venv/bin/python -m repro.scoring.graders install
+# the GPU machines' Triton (repro/stack.py), beside the interpreter's, for the ahead-of-time build of every kernel for
+# the cards users own (repro/engine/aot.py, tests/kernels/test_aot.py): on a GPU machine .venv has it already
+if [ "$KERNELS" = kernels-cpu ]; then
+  TT=$(.venv/bin/python -c 'from repro.stack import TESTED; print(TESTED["triton"])')
+  ls ".venv/share/repro/triton-$TT/triton-$TT.dist-info" >/dev/null 2>&1 || \
+    .venv/bin/python -m pip install -q --no-deps --target ".venv/share/repro/triton-$TT" "triton==$TT"
+fi
 .venv/bin/python -c 'import repro, torch, snakemake; print(f"setup ok: repro {repro.__version__}, torch {torch.__version__}, snakemake ready in .venv")'
