@@ -55,6 +55,7 @@ def _tested_triton_env():
     return env
 
 
+@pytest.mark.slow  # about 2 minutes on two cores (CI runs it)
 def test_every_launch_builds_for_every_card(tmp_path):
     from repro.stack import TESTED
 
@@ -176,3 +177,25 @@ def test_slot_counts_cover_every_step():
                     steps.update(int(s) for s in kern.get("by_slots", {}))
     counts = L.slot_counts()
     assert steps and steps <= set(counts) and {1, 32, attention_slots.WHOLE_MIN_SLOTS} <= set(counts)
+
+
+def test_size_constexprs_never_shape_a_tile():
+    """The build classes (repro.engine.aot.classes) merge launches that differ only in SIZE_CONSTEXPRS: sound while
+    those names only enter index arithmetic — never a block shape, an unrolled loop or a reshape in any kernel."""
+    from repro.engine.aot import SIZE_CONSTEXPRS
+
+    shaping = {"arange", "zeros", "full", "static_range", "reshape", "broadcast_to", "view", "expand_dims"}
+    found = []
+    for path in KERNELS.glob("*.py"):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(fn, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in fn.decorator_list)):
+                continue
+            for call in ast.walk(fn):
+                name = getattr(getattr(call, "func", None), "attr", None) or getattr(getattr(call, "func", None),
+                                                                                     "id", None)
+                if isinstance(call, ast.Call) and name in shaping:
+                    used = {n.id for a in call.args + [k.value for k in call.keywords] for n in ast.walk(a)
+                            if isinstance(n, ast.Name)}
+                    found += [f"{path.name}:{call.lineno} {fn.name}: {ast.unparse(call)[:80]}"
+                              for _ in used & set(SIZE_CONSTEXPRS)]
+    assert not found, found
