@@ -2,26 +2,29 @@
 
 Contract
 --------
-* :func:`record` runs the engine's own host code — the launch sites of :mod:`.fastpath` (single-request graph
-  forward), :mod:`.fastpath_batch` (batched graph forward) and the eager seams of :mod:`.moe` / :mod:`.attention` —
-  at the real model shapes (:data:`SCENARIOS`, :func:`scenario_launches`) on CPU tensors, with Triton's active
-  driver replaced by one that answers for card ``cc`` (:class:`_RecordingDriver`) and the host code's device
-  questions answered for that card (``_triton.recording``). Every ``kernel[grid](...)`` then goes through Triton's
-  own binder (argument types, 16-byte specialisation, constexprs, launch options for that target) up to the point
-  where it would compile; the ``jit_cache_hook`` keeps Triton's specialization data (the JSON of
-  ``JITFunction.preload``) and skips the compile and the launch. Nothing is computed by the kernels (their outputs
-  stay as allocated), so the weights are allocated but never filled. Returns the distinct launches.
-* The tile configs the launches use are looked up as on that card (``configs.current_card`` answers
-  :data:`CARDS`' card): the cards of sm_90a read the tuned H100 / H200 entries, the others the built-in defaults.
-* :func:`build` compiles one recorded launch for a target exactly as ``JITFunction.preload`` would on that card
-  (``triton.compile(ASTSource(fn, signature, constexprs, attrs), target, options)``, ptxas included) and checks
-  the kernel's shared memory against the card's per-block limit (:data:`SMEM_LIMIT`; a larger kernel compiles but
-  fails to launch). Returns a :class:`Built` (ok, or the first line of the error).
-* ``python -m repro.engine.aot [--targets sm_80,...] [--jobs N] [--json PATH]``: the whole matrix, one line
-  per failure and a summary per target; exit status 1 when any launch does not build.
+* :func:`record` (target) runs the engine's own launch sites (:func:`repro.engine.aot_launches.scenarios`: the
+  single-request and batched graph forwards and the eager seams, at LLaDA2.1-mini's shapes, on CPU tensors) inside
+  :func:`recording`: Triton's active driver answers for the target's card (target, device, stream; no GPU behind
+  it), the host code's device questions (``kernels._triton.compiled`` / ``capability``) and the tile lookup
+  (``kernels.configs.current_card``: the cards of :data:`CARDS`) answer for that card. Every ``kernel[grid](...)``
+  then goes through Triton's own binder (argument types, 16-byte specialisation, constexprs, launch options for
+  that target) up to the compile, where ``knobs.runtime.jit_cache_hook`` keeps Triton's specialization data (the
+  JSON ``JITFunction.preload`` reads) and skips compile and launch. No kernel runs, so the weights are allocated
+  and never filled, and buffers of 1 MiB or more are not zeroed. Returns the distinct :class:`Launch` es.
+* :func:`classes` keeps one launch per :func:`build_class` (launches that differ only in :data:`SIZE_CONSTEXPRS`
+  and in their arguments' alignment build the same code).
+* :func:`build` compiles one launch for its target as ``JITFunction.preload`` would on that card
+  (``triton.compile(ASTSource(fn, signature, constexprs, attrs), target, options)``, ptxas included) and fails it
+  when its shared memory exceeds the card's per-block limit (:data:`SMEM_LIMIT`: it would compile and not launch).
+  :class:`Builds` runs builds in forked children, ``jobs`` at a time (a compiler that aborts the process fails only
+  its launch); :func:`run_matrix` records and builds targets in a pipeline. Results: :class:`Built`.
+* ``python -m repro.engine.aot [--targets sm_80,...] [--jobs N] [--exact] [--only TEXT] [--json PATH]``: one line
+  per failure, one per target; exit status 1 when any launch does not build. It runs itself again on the tested
+  Triton (``repro/stack.py``) when this environment has another one and ``scripts/setup.sh`` installed the tested
+  one beside it (:func:`tested_triton_dir`; ``--any-triton``: no).
 
-Needs a Triton with an NVIDIA backend (ptxas bundled); the tested one is ``repro/stack.py``'s. The kernels must not
-run under ``TRITON_INTERPRET=1`` here (the interpreter replaces the compiler). Raises RuntimeError otherwise.
+Needs a Triton with its NVIDIA backend (ptxas bundled). RuntimeError under ``TRITON_INTERPRET=1`` (the interpreter
+replaces the compiler) or without triton.
 """
 from __future__ import annotations
 
@@ -65,14 +68,12 @@ class Launch:
 
     @property
     def short(self) -> str:
+        """``kernel[w=warps s=stages](scalar constexprs)``: the launch in one line."""
         d = json.loads(self.spec)
         o = d["options"]
-        consts = {k[0] if len(k) == 1 else tuple(k): v for k, v in zip(map(tuple, d["constant_keys"]),
-                                                                        d["constant_vals"])}
         names = list(d["signature"])
-        cs = ", ".join(f"{names[k]}={v}" for k, v in consts.items() if isinstance(k, int) and
-                       not (isinstance(v, (int, float)) and v in (None,)))
-        return (f"{self.kernel.rsplit('.', 1)[-1]}[w={o['num_warps']} s={o['num_stages']}]({cs})")
+        cs = ", ".join(f"{names[k[0]]}={v}" for k, v in zip(d["constant_keys"], d["constant_vals"]) if len(k) == 1)
+        return f"{self.kernel.rsplit('.', 1)[-1]}[w={o['num_warps']} s={o['num_stages']}]({cs})"
 
 
 @dataclass
@@ -161,18 +162,19 @@ def recording(cc: tuple[int, int], card=None):
     knobs.runtime.jit_cache_hook = hook
     _triton._RECORDING[0] = tuple(cc)
     configs.current_card = lambda device=None: card
-    torch.zeros, torch.zeros_like = _lazy(torch.zeros, torch.empty), _lazy(torch.zeros_like, torch.empty_like)
+    torch.zeros, torch.zeros_like = _lazy(torch.empty), _lazy(torch.empty_like)
     try:
-        with contextlib.redirect_stderr(sys.stdout if os.environ.get("REPRO_AOT_VERBOSE") else _Null()):
+        with contextlib.redirect_stderr(_Null()):
             yield found  # (the lookup's once-per-card "no tiles tuned" line is for users, not for this build)
     finally:
         (knobs.runtime.jit_cache_hook, _triton._RECORDING[0], configs.current_card, driver._active, torch.zeros,
          torch.zeros_like) = old
 
 
-def _lazy(zeros, empty, big: int = 1 << 20):
-    """``zeros`` for tensors under ``big`` bytes, ``empty`` above: the large buffers (KV caches, logits, workspaces)
-    are only read by kernels, which do not run while recording; writing their zeros was most of its time."""
+def _lazy(empty, big: int = 1 << 20):
+    """A ``torch.zeros`` (``empty``: ``torch.empty``) / ``zeros_like`` (``torch.empty_like``) that zeroes tensors
+    under ``big`` bytes only: the large buffers (KV caches, logits, workspaces) are read by kernels alone, which do
+    not run while recording; writing their zeros was most of its time."""
 
     def make(*args, **kwargs):
         t = empty(*args, **kwargs)
@@ -182,6 +184,8 @@ def _lazy(zeros, empty, big: int = 1 << 20):
 
 
 class _Null:
+    """A text stream that drops what is written."""
+
     def write(self, s):
         return len(s)
 
@@ -203,7 +207,7 @@ def record(target: str, only: str | None = None, between=None) -> list[Launch]:
     shape = L.model_shape()
     Ws = {p: L.weights(shape, torch.bfloat16, prec, g) for p, (prec, g) in L.PRECISIONS.items()}
     seen: dict = {}
-    for name, bw, sms, mem in [(c[0], c[2], c[1], c[3]) for c in CARDS[target]]:
+    for name, sms, bw, mem in CARDS[target]:
         card = configs.Card(name, cc, sms, bw, mem)
         for sc, run in L.scenarios():
             if only and only not in sc:
@@ -236,7 +240,8 @@ def _why(e: BaseException) -> str:
         e = e.__cause__
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     errs = [ln for ln in lines if "error" in ln and "ptxas" in ln]
-    return f"{type(e).__name__}: {(errs or lines or [''])[0 if errs else -1][:300]}"
+    line = errs[0] if errs else (lines[-1] if lines else "")
+    return f"{type(e).__name__}: {line[:300]}"
 
 
 def build(target: str, launch: Launch) -> Built:
@@ -284,8 +289,7 @@ def build_class(launch: Launch) -> tuple:
     names = list(d["signature"])
     consts = tuple((tuple(k), json.dumps(v)) for k, v in zip(d["constant_keys"], d["constant_vals"])
                    if not (len(k) == 1 and names[k[0]] in SIZE_CONSTEXPRS))
-    opts = {k: v for k, v in d["options"].items()}
-    return launch.kernel, json.dumps(d["signature"]), consts, json.dumps(opts, sort_keys=True)
+    return launch.kernel, json.dumps(d["signature"]), consts, json.dumps(d["options"], sort_keys=True)
 
 
 def classes(launches: list[Launch]) -> list[Launch]:

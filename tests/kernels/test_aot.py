@@ -38,21 +38,18 @@ def _kernels_in_package() -> set[str]:
     return out
 
 
-def _tested_triton_env():
-    """Environment for the build: the tested Triton first on the path (or this one's, when it is that release)."""
+def _build_env():
+    """The environment of the build: no interpreter; the tested Triton must be this one or installed beside it (the
+    command then runs itself on it)."""
     from importlib.metadata import version
 
+    from repro.engine.aot import tested_triton_dir
     from repro.stack import TESTED, release
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    if release(version("triton")) == TESTED["triton"]:
-        return env
-    d = Path(sys.prefix) / "share" / "repro" / f"triton-{TESTED['triton']}"
-    if not (d / "triton").is_dir():
-        pytest.fail(f"the tested Triton {TESTED['triton']} is not installed in {d}: run bash scripts/setup.sh")
-    env["PYTHONPATH"] = os.pathsep.join([str(d)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env["REPRO_AOT_TRITON"] = str(d)
-    return env
+    if release(version("triton")) != TESTED["triton"] and tested_triton_dir() is None:
+        pytest.fail(f"the tested Triton {TESTED['triton']} is not installed beside this one ({version('triton')}): "
+                    f"run bash scripts/setup.sh")
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
 @pytest.mark.slow  # about 2 minutes on two cores (CI runs it)
@@ -60,7 +57,7 @@ def test_every_launch_builds_for_every_card(tmp_path):
     from repro.stack import TESTED
 
     out = tmp_path / "aot.json"
-    env = dict(_tested_triton_env(), TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(_build_env(), TRITON_CACHE_DIR=str(tmp_path / "cache"))
     p = subprocess.run([sys.executable, "-m", "repro.engine.aot", "--json", str(out), "--jobs", "2"], cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=1800)
     report = json.loads(out.read_text()) if out.exists() else None

@@ -35,6 +35,7 @@ def next_pow2(n: int) -> int:
 
 #: the compute capability whose launches :mod:`repro.engine.aot` is recording (``recording``), or None
 _RECORDING: list = [None]
+_CAPABILITY: dict = {}  # CUDA device index -> (major, minor), read once per device
 
 
 def compiled(t) -> bool:
@@ -50,9 +51,13 @@ def capability(t) -> tuple[int, int] | None:
         return _RECORDING[0]
     if not compiled(t):
         return None
-    import torch
+    cc = _CAPABILITY.get(t.device.index)
+    if cc is None:
+        import torch
 
-    return tuple(torch.cuda.get_device_capability(t.device))
+        cc = _CAPABILITY[t.device.index] = tuple(torch.cuda.get_device_capability(t.device))
+    return cc
+
 
 
 def kernels_usable(t) -> bool:
