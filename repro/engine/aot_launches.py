@@ -107,16 +107,28 @@ def slot_counts() -> list[int]:
     return sorted(out)
 
 
-def _single(cfg, W, precision, head=True):
+def _single(cfg, W, precision, head=True, options=None):
     """The single-request graph path (``graph.GraphBackend``, eager replays of its ``BlockForward``): one
     denoising forward (lm_head and decode statistics included), or with ``head`` False one prompt-block prefill
-    (the commit forward: the same launches without the head's two, and no CPU lm_head GEMM to wait for)."""
+    (the commit forward: the same launches without the head's two, and no CPU lm_head GEMM to wait for).
+    ``options``: ``BlockForward`` attributes set first (its variants: ``fused_attn``, ``fused_route`` — the router
+    tiles' ``FUSED`` key —, ``triton_linear``, ``fuse_norm``, ``norm_in_route``), and ``"prefetch"``: its L2 prefetch
+    launch (``BlockForward`` runs it on a CUDA side stream only), with the arguments it passes."""
     import torch
 
     from repro.engine.graph import GraphBackend
+    from repro.engine.kernels import moe as M
 
     gb = GraphBackend(_Model(cfg, W, precision), mask_id=_mask_id(), use_graphs=False)
     gb.begin(MAX_LEN - T, T)
+    opts = dict(options or {})
+    if opts.pop("prefetch", False):
+        L = W["layers"][-1]
+        M.l2_prefetch([L["wqkv"], L["wo"], L["router"]], gb.fw.pf_dummy)
+    for k, v in opts.items():
+        if not hasattr(gb.fw, k):
+            raise AttributeError(f"BlockForward has no option {k!r}")
+        setattr(gb.fw, k, v)
     ids = torch.full((T,), _mask_id(), dtype=torch.long)
     if head:
         gb.denoise(ids, T, None)
@@ -124,9 +136,10 @@ def _single(cfg, W, precision, head=True):
         gb.prefill(ids)
 
 
-def _batched(cfg, W, precision, slots):
+def _batched(cfg, W, precision, slots, fused_route=False):
     """The batched graph path (``batch_graph.make_forward("batched")``: ``BatchedBlockForward`` with the model's
-    kernel configs) over ``slots`` slots: one forward with lm_head."""
+    kernel configs) over ``slots`` slots: one forward with lm_head; ``fused_route``: its one-launch router + route
+    (the router tiles' ``FUSED`` key)."""
     from repro.engine.graph import kernel_configs
 
     from repro.engine.kernels.fastpath import ModelShape
@@ -134,6 +147,7 @@ def _batched(cfg, W, precision, slots):
 
     fw = BatchedBlockForward(W, ModelShape.from_config(cfg, _mask_id()), MAX_LEN, slots, T, "cpu",
                              configs=kernel_configs(_Model(cfg, W, precision)))
+    fw.fused_route = fw.fused_route or fused_route
     fw.forward(head=True)
 
 
@@ -206,4 +220,15 @@ def scenarios() -> list[tuple[str, object]]:
     for p in ("bf16", "nvfp4-w4a16"):
         for r in (1, 2, 4, 8):
             out.append((f"eager seams {p} ranks={r}", lambda cfg, Ws, p=p, r=r: _seams(cfg, Ws[p], r)))
+    # the variants a flag or a tile key turns on (off in the engine today; the router / route kernels do not see the
+    # experts' precision, the folded norm is refused for 4-bit experts): BF16
+    for name, opts in OPTIONS.items():
+        out.append((f"single bf16 {name}", lambda cfg, Ws, o=opts: _single(cfg, Ws["bf16"], "bf16", False, o)))
+    for s in (1, max(slot_counts())):
+        out.append((f"batched S={s} bf16 fused route", lambda cfg, Ws, s=s: _batched(cfg, Ws["bf16"], "bf16", s, True)))
     return out
+
+
+#: ``BlockForward`` variants recorded besides its defaults (:func:`_single`'s ``options``)
+OPTIONS = {"fused attention, route and linear": dict(fused_attn=True, fused_route=True, triton_linear=True),
+           "folded norm, prefetch": dict(fuse_norm=True, norm_in_route=False, prefetch=True)}
