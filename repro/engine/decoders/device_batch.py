@@ -34,7 +34,7 @@ import torch
 
 from repro.engine.adapter import normalized_entropy, residual_inputs
 from repro.engine.decoders.base import DecoderConfig, algorithms, candidate_logits, t2t_set
-from repro.engine.decoders.device import supported
+from repro.engine.decoders.device import device_step_problem
 from repro.engine.decoders.orl import residual_temperature
 from repro.engine.layers.linear import linear
 
@@ -50,15 +50,17 @@ class BatchedDeviceStep:
     ``cfg``: greedy :class:`DecoderConfig` shared by all slots; ``mask_id``: the ``<|mask|>`` id; ``model``:
     the :class:`~repro.engine.model.LLaDA2Model` (embedding table, adapter); ``tokens``: the ``[S, B]`` int64
     buffer the forward reads; ``embeds``: the ``[S, B, D]`` buffer it reads for self-conditioning (unused
-    otherwise). Raises ValueError for sampling settings (``temperature > 0``: the host decoders' job).
+    otherwise). Raises ValueError (one line) for settings the on-device step does not implement
+(:func:`~repro.engine.decoders.device.device_step_problem`: sampling, a decoder that declares no on-device step).
     """
 
     STAT_CHUNKS = 16  # vocabulary chunks per row of the fused proposals (a constant: a row's order never varies)
 
     def __init__(self, cfg: DecoderConfig, mask_id: int, model, tokens: torch.Tensor, embeds: torch.Tensor | None,
                  fused_stats: bool | None = None):
-        if not supported(cfg):
-            raise ValueError("BatchedDeviceStep implements greedy decoding only (temperature 0)")
+        why = device_step_problem(cfg)
+        if why is not None:
+            raise ValueError(f"BatchedDeviceStep cannot run this decoder: {why}")
         self.cfg, self.mask_id, self.model = cfg, mask_id, model
         S, B = tokens.shape
         dev = tokens.device
