@@ -21,11 +21,12 @@ Contract
   stop-string prefix is held back), then exactly one of
   ``("done", result_dict)`` (:func:`result_dict`; its ``tail`` is the held-back end of the text) or
   ``("error", message)``.
-* :meth:`Job.cancel` (the client went away): a waiting job is answered and its queue place freed at once; a
-  running one is cancelled in the engine loop (it ends at the next round and frees its slot); either way the
-  handler gets ``("done", ...)`` with ``finish_reason`` ``"cancelled"``.
+* :meth:`Job.cancel` (the client went away): a waiting job is answered and its queue place freed at once (the
+  engine loop drops it); a running one stops after its current block and frees its slot (the ``on_block`` hook
+  answers True); either way the handler gets ``("done", ...)`` with ``finish_reason`` ``"cancelled"``.
 * :meth:`EngineWorker.abort` (shutdown past the grace period): every remaining job gets ``("error", reason)``
-  and its request is cancelled in the engine; :meth:`EngineWorker.close` does that and retires the scheduler.
+  and its request is cancelled in the engine loop (it ends at the next round); :meth:`EngineWorker.close` does
+  that and retires the scheduler.
 * Text: the completion is cut before the first ``<|endoftext|>`` (as :class:`~repro.engine.llm.GenerateOutput`
   does) and before the first occurrence of any stop string (then ``finish_reason`` is ``"stop"`` and decoding
   ends after that block). The streamed pieces always concatenate to the final ``text``.
@@ -259,8 +260,8 @@ class EngineWorker:
         self.scheduler.submit(job.request)
 
     def _cancel(self, job: Job) -> None:
-        """The job's client went away: a waiting job is answered now (its queue place freed); the engine loop
-        drops it, or ends a running one at its next round."""
+        """The job's client went away: a waiting job is answered now (its queue place freed) and the engine loop
+        drops it; a running one stops after its current block (its ``on_block`` answers True)."""
         with self._lock:
             dropped = job.state == "waiting"
             if dropped:
@@ -268,9 +269,8 @@ class EngineWorker:
                 self._waiting -= 1
                 self._jobs.discard(job)
                 self.counts["cancelled"] += 1
-        if job.request is not None:
-            job.request.cancel()
         if dropped:
+            job.request.cancel()
             job.queue_s = time.perf_counter() - job.created
             log.info("%s dropped before it started: client disconnected (waited %.2f s)", job.id, job.queue_s)
             self._answer(job, ("done", result_dict(job, None, "", "cancelled", 0)))
@@ -284,6 +284,7 @@ class EngineWorker:
         for job in jobs:
             self._answer(job, ("error", reason))
             job.cancel()
+            job.request.cancel()  # a running one too: it ends at the next round, not at its next block
         if jobs:
             log.warning("shutdown: %d request(s) still open; each gets an error event and is cancelled", len(jobs))
         return len(jobs)
