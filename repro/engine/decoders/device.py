@@ -10,7 +10,8 @@ forward (:class:`repro.engine.graph.GraphBackend`). It computes exactly what the
 ``exclude_mask_token``; ``m2t_set``; ``t2t_set``) and the ORL decoder's ``residual_temperature``, with the host
 branches replaced by ``torch.where`` — and additionally evaluates the next round's "is the block final?"
 check (their ``before_forward``) at the end of the step, into the device flag :attr:`DeviceStep.final`.
-The loop (:func:`repro.engine.decode_loop.generate_ids`) reads that one flag per round; nothing else syncs.
+The executor running a block's :class:`~repro.engine.request.Steps` op reads that one flag per round; nothing
+else syncs.
 
 State per block (static tensors): ``tokens`` ``[B]`` int64 (the forward's input ids — the backend's own
 buffer), ``editable`` ``[B]`` bool, ``last_input`` ``[B]`` (input of the latest forward), ``post`` (post-edit
@@ -35,7 +36,7 @@ def device_step_problem(cfg: DecoderConfig) -> str | None:
         return (f"decoder {cfg.algorithm!r} has no on-device step (its module does not declare ON_DEVICE = True; "
                 "the on-device step implements low_confidence, joint_threshold and orl)")
     if cfg.temperature > 0:
-        return f"sampling (temperature {cfg.temperature}) runs on the host decoders"
+        return f"sampling (temperature {cfg.temperature}) runs on the host decoders (the on-device step is greedy)"
     return None
 
 

@@ -93,7 +93,7 @@ class BatchedDeviceStep:
         self.editing = cfg.edits
 
     def view(self, slot: int) -> "SlotStepper":
-        """The per-slot stepper of row ``slot`` (what :func:`repro.engine.decode_loop.generate_ids` drives)."""
+        """The per-slot stepper of row ``slot`` (what a :class:`~repro.engine.request.Steps` op drives)."""
         return SlotStepper(self, slot)
 
     # ------------------------------------------------------------------ block start (one slot, outside the graph)
@@ -207,7 +207,7 @@ def _m2t_rows(masked: torch.Tensor, p: torch.Tensor, threshold: float, num_to_tr
 
 class SlotStepper:
     """One slot of a :class:`BatchedDeviceStep`, with the interface of
-    :class:`~repro.engine.decoders.device.DeviceStep` that :func:`repro.engine.decode_loop.generate_ids` uses:
+    :class:`~repro.engine.decoders.device.DeviceStep` that a :class:`~repro.engine.request.Steps` op uses:
     ``start_block``, ``final`` (a host bool), ``tokens`` (the slot's ``[B]`` row), ``reuse()`` (host bool),
     ``self_conditioning``. ``final`` / ``reuse`` are host copies the batched scheduler sets after each round
     from the one ``[2, S]`` flags read (:meth:`set_flags`); after :meth:`start_block` the first read of

@@ -295,8 +295,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
     allowed to wait; ``max_body_bytes``: largest request body; ``progress_s``: seconds between progress log
     lines of a long request; ``disconnect_poll_s``: seconds between checks whether the client of a
     non-streaming request is still there; ``max_batch``, ``slot_positions``, ``block_hook``: as
-    :class:`~repro.engine.serve.worker.EngineWorker`. The engine worker thread stops with the application's
-    lifespan."""
+    :class:`~repro.engine.serve.worker.EngineWorker`. The worker's scheduler is retired with the application's
+    lifespan (what remains is answered and cancelled)."""
     srv = Server(llm, model_name, api_key, max_queue, max_body_bytes, progress_s, disconnect_poll_s, max_batch,
                  slot_positions, block_hook)
 
