@@ -35,7 +35,7 @@ from repro.engine.decoders import DecoderConfig
 from repro.engine.decoders.device import DeviceStep, supported
 from repro.engine.loop import PENDING, BatchStats, EngineLoop, OpError, Request
 from repro.engine.model import Chunk, LLaDA2Model
-from repro.engine.request import Begin, Commit, Denoise, GenerationResult, Prefill, Steps, steps_reply
+from repro.engine.request import Begin, Commit, Denoise, GenerationResult, Steps, steps_reply
 
 __all__ = ["BatchRequest", "BatchStats", "EagerExecutor", "GenerationResult", "generate_batch", "run_requests"]
 

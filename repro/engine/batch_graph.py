@@ -42,7 +42,7 @@ from repro.engine.decoders import DecoderConfig
 from repro.engine.decoders.device import device_step_problem
 from repro.engine.decoders.device_batch import BatchedDeviceStep
 from repro.engine.loop import PENDING, BatchStats, EngineLoop
-from repro.engine.request import Begin, Commit, Denoise, Prefill, Steps, canvas_positions, steps_reply
+from repro.engine.request import Begin, Commit, Denoise, Prefill, canvas_positions, steps_reply
 
 IDLE, FORWARD, STEP, LOGITS = 0, 1, 2, 3
 

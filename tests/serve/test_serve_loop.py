@@ -13,15 +13,9 @@ import threading
 import time
 
 import pytest
-from serve_util import ServerProc, stream_lines
+from serve_util import ServerProc, collect as _collect, open_post as _open, wait_for as _wait_for
 
 from repro.engine.bench.serve import start_server
-
-
-def _open(port: int, body: dict, path: str = "/generate") -> http.client.HTTPConnection:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    c.request("POST", path, body=json.dumps(body).encode())
-    return c
 
 
 def _get(port: int, path: str) -> dict:
@@ -31,15 +25,6 @@ def _get(port: int, path: str) -> dict:
         return json.loads(c.getresponse().read())
     finally:
         c.close()
-
-
-def _wait_for(pred, timeout: float = 60.0) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _worker(server):
@@ -108,14 +93,6 @@ def test_a_request_past_the_positions_one_request_may_hold_is_a_400_and_the_limi
         assert _worker(server).stats()["failed"] == 0
     finally:
         server.should_exit = True
-
-
-def _collect(port: int, body: dict, out: dict, key) -> None:
-    try:
-        it = stream_lines(port, "/generate", body)
-        out[key] = (next(it), [json.loads(x) for x in it])
-    except Exception as e:  # noqa: BLE001 - recorded, asserted below
-        out[key] = ("error", repr(e))
 
 
 def test_an_allocation_failure_fails_that_request_only(tiny_llm):
