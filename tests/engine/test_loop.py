@@ -123,7 +123,6 @@ def test_one_thread_owns_every_capture_and_round_of_a_shared_llm(tiny_dir):
     so a capture never meets another thread's GPU work (bench serve's "operation cannot be performed in the
     present state")."""
     from repro.engine.batch_graph import BatchGraphEngine
-    from repro.engine.loop import Request
 
     llm = LLM(tiny_dir, role="orl", precision="fp32", device="cpu")
     llm.engine_path = "cuda-graph"  # the batched graph path's scheduling, eager forward (no CUDA here)
@@ -142,22 +141,31 @@ def test_one_thread_owns_every_capture_and_round_of_a_shared_llm(tiny_dir):
     try:
         server = llm.scheduler(2, 1024)  # built (captured) before it returns
         assert server.kind == "graph-path eager"
-        tok, prompts = llm.tokenizer_, eval_data.chat_prompts(2)
-        served = [server.submit(Request(tok.encode(llm.apply_chat_template(p)), llm.default_decoder(), 40))
-                  for p in prompts[:2]]
-        got = {}
-        other = threading.Thread(target=lambda: got.setdefault("b", llm.generate_batch(prompts, max_new_tokens=40,
-                                                                                      batch_size=3)))
-        other.start()
-        one = llm.generate(prompts[0], max_new_tokens=40)
-        other.join(300)
-        res = [r.wait(300) for r in served]
+        served, batched, one = _share(llm, server, 40)
     finally:
         BatchGraphEngine.capture, BatchGraphEngine.run_round = real_capture, real_round
         llm.close()
     names = {name for _, name in seen}
     assert names == {"repro-engine"} and sum(k == "capture" for k, _ in seen) == 2, seen[:5]
-    assert [r.token_ids for r in res] == [o.token_ids for o in got["b"][:2]] and one.generated_tokens > 0
+    assert [r.token_ids for r in served] == [o.token_ids for o in batched[:2]] and one.generated_tokens > 0
+
+
+def _share(llm, server, budget: int):
+    """Two real prompts submitted to ``server`` (a scheduler of ``llm``) while another thread runs
+    ``llm.generate_batch`` over four (batch 3) and this one ``llm.generate``: (the server's results, the batched
+    outputs, the single output)."""
+    from repro.engine.loop import Request
+
+    prompts = eval_data.chat_prompts(2)
+    ids = [llm.tokenizer_.encode(llm.apply_chat_template(p)) for p in prompts[:2]]
+    served = [server.submit(Request(x, llm.default_decoder(), budget)) for x in ids]
+    got = {}
+    other = threading.Thread(target=lambda: got.setdefault("b", llm.generate_batch(prompts, max_new_tokens=budget,
+                                                                                  batch_size=3)))
+    other.start()
+    one = llm.generate(prompts[0], max_new_tokens=budget)
+    other.join(600)
+    return [r.wait(600) for r in served], got["b"], one
 
 
 def test_a_decoder_the_device_step_does_not_know_is_refused_there_and_runs_on_the_host(llm, tiny_model, tiny_tok):
@@ -195,3 +203,23 @@ def test_a_decoder_the_device_step_does_not_know_is_refused_there_and_runs_on_th
         llm.engine_path = "eager"
         del algorithms()["fourth"]
         sys.modules.pop(mod.__name__, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_cuda_graph_captures_of_a_shared_llm_do_not_collide(tiny_dir):
+    """On a GPU (issue 38 item 4): a server scheduler (its batched graph captured), LLM.generate_batch from
+    another thread (a second batched graph captured while the server's requests decode) and LLM.generate (the
+    single-request graphs) share one LLM: no capture fails ("operation cannot be performed in the present
+    state"), and the server's tokens equal the batched call's (batch-invariant path)."""
+    llm = LLM(tiny_dir, role="orl", precision="bf16", device="cuda")
+    try:
+        assert llm.engine_path == "cuda-graph"
+        server = llm.scheduler(4, 1024)
+        assert server.kind == "cuda-graph"
+        served, batched, one = _share(llm, server, 64)
+        assert [r.token_ids for r in served] == [o.token_ids for o in batched[:2]] and one.generated_tokens > 0
+        assert llm.graph_capture_s > 0
+    finally:
+        llm.close()
