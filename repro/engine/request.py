@@ -14,7 +14,9 @@ prompt blocks ``ids [n]`` at ``start``, K/V kept; a prompt is prefilled in chunk
 :data:`PREFILL_CHUNK` tokens, one op each, so that others keep decoding between them), :class:`Denoise`
 (logits ``[B, V]`` fp32 of the block at ``start``), :class:`Commit` (the block's commit forward when
 ``run_forward``), :class:`Steps` (the whole denoising loop of one block on the on-device step:
-``(tokens [B], forwards, reuse, finished)``).
+``(tokens [B], forwards, reuse, finished)``). The program refuses (one line) an executor's offer of the
+on-device step for a decoder whose module does not declare ``ON_DEVICE``
+(:func:`repro.engine.decoders.device.device_step_problem`): such a decoder runs on its host rules only.
 
 Layout (docs/engine.md §4): ``num_blocks = ceil((P + G) / B)``; the canvas is the prompt followed by
 ``<|mask|>`` up to ``num_blocks·B``; blocks are aligned to absolute multiples of B from position 0. The full
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from repro.engine.decoders import DecoderConfig, make_decoder
+from repro.engine.decoders.device import device_step_problem
 
 #: Most prompt tokens one prefill op carries (rounded down to whole blocks, at least one block): a long prompt
 #: is prefilled in chunks between the other requests' rounds (as SGLang's chunked prefill), and a chunk's
@@ -196,6 +199,8 @@ def decode(model, prompt_ids: list[int], decoder, *, mask_id: int, eos_id: int, 
     per_block: list[int] = []
     stalled: list[int] = []
     on_device = yield Begin(T, B, cfg)
+    if on_device and (why := device_step_problem(cfg)) is not None:  # never the device step's rules by mistake
+        raise ValueError(f"the on-device step was offered for this request, but {why}")
     first = P // B
     cap = cfg.max_denoise_forwards()
     finish, end = "length", P
