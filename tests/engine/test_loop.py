@@ -191,6 +191,15 @@ def test_a_decoder_the_device_step_does_not_know_is_refused_there_and_runs_on_th
             DeviceStep(cfg, tiny_tok.mask_id, tiny_model, torch.zeros(B, dtype=torch.long), torch.zeros(B, D))
         with pytest.raises(ValueError, match="has no on-device step"):
             BatchGraphEngine(tiny_model, tiny_tok.mask_id, cfg, 2, 256, use_graphs=False)
+        from repro.engine.decode_loop import EagerStepBackend, generate_ids
+
+        class Offering(EagerStepBackend):  # an executor that would run any decoder on the device step
+            def device_stepper(self, c):
+                return object()
+
+        with pytest.raises(ValueError, match="the on-device step was offered for this request, but decoder 'fourth'"):
+            generate_ids(Offering(tiny_model, tiny_tok.mask_id), [5, 6, 7], cfg, mask_id=tiny_tok.mask_id,
+                         eos_id=tiny_tok.eos_id)
         llm.engine_path = "cuda-graph"
         assert llm.engine_for(cfg, batch=True) == "eager"
         assert llm.engine_for(DecoderConfig.from_dict({"algorithm": "joint_threshold"}), batch=True) \
