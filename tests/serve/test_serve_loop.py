@@ -135,9 +135,8 @@ def test_an_allocation_failure_fails_that_request_only(tiny_llm):
     assert stats["failed"] == 1 and stats["served"] == 3
 
 
-def _sse_events(conn: http.client.HTTPConnection) -> list[str]:
+def _sse_events(r: http.client.HTTPResponse) -> list[str]:
     """The ``data:`` payloads of a server-sent event stream, until it ends."""
-    r = conn.getresponse()
     assert r.status == 200
     out = []
     while True:
@@ -165,6 +164,8 @@ def test_shutdown_past_the_grace_period_ends_every_request_with_an_error_and_can
         assert json.loads(rg.readline())["block"] == 1
         prompt = tiny_llm.apply_chat_template(long_messages)
         sse = _open(port, {"model": "tiny", "prompt": prompt, "max_tokens": 4000, "stream": True}, "/v1/completions")
+        rs = sse.getresponse()
+        ids = {rg.getheader("x-request-id"), rs.getheader("x-request-id")}
         assert _wait_for(lambda: w.stats()["running"] == 2, 30)
         queued = _open(port, {"messages": long_messages, "max_new_tokens": 4096, "stream": False})
         assert _wait_for(lambda: w.stats()["waiting"] == 1, 30)
@@ -172,7 +173,7 @@ def test_shutdown_past_the_grace_period_ends_every_request_with_an_error_and_can
         lines = []
         while line := rg.readline():
             lines.append(json.loads(line))
-        events = _sse_events(sse)
+        events = _sse_events(rs)
         rq = queued.getresponse()
         body = json.loads(rq.read())
     finally:
@@ -182,7 +183,7 @@ def test_shutdown_past_the_grace_period_ends_every_request_with_an_error_and_can
     assert rq.status == 500 and "shutting down" in body["error"]["message"]
     assert _wait_for(lambda: (h := w.stats())["running"] == 0 and h["waiting"] == 0 and h["cancelled"] == 3, 30), \
         w.stats()
-    done = [x for x in caplog.text.splitlines() if " done: " in x]
+    done = [x for x in caplog.text.splitlines() if " done: " in x and any(i in x for i in ids)]
     assert len(done) == 2 and all("finish cancelled" in x for x in done), done
     assert all(int(x.split("done: ")[1].split()[0]) < 1000 for x in done)  # stopped, not decoded to the end
 
