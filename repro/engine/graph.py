@@ -233,7 +233,8 @@ class GraphBackend:
 
     # ------------------------------------------------------------------ ForwardBackend protocol
     def prefill(self, ids: torch.Tensor, start: int = 0) -> None:
-        """Full prompt blocks ``ids`` ``[n]`` (n a multiple of B) at ``start``: one commit replay per block, in order."""
+        """Full prompt blocks ``ids`` ``[n]`` (n a multiple of B) at ``start``: one commit replay per block, in
+        order."""
         B = self.block_size
         for s in range(0, ids.shape[0], B):
             self.fw.ids.copy_(ids[s:s + B])

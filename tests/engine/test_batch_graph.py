@@ -260,7 +260,8 @@ def test_graph_path_resumes_a_request_only_at_block_boundaries(tiny_model, tiny_
     prompts = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in eval_data.chat_prompts(2)]
     resumed: list = []
     real = EngineLoop._advance
-    monkeypatch.setattr(EngineLoop, "_advance", lambda self, req, value: resumed.append(req.op) or real(self, req, value))
+    monkeypatch.setattr(EngineLoop, "_advance",
+                        lambda self, req, value: resumed.append(req.op) or real(self, req, value))
     stats = BatchStats()
     out, _ = generate_batch_graph(m, [BatchRequest(p, dec) for p in prompts], mask_id=tok.mask_id,
                                   eos_id=tok.eos_id, batch_size=2, stats=stats)

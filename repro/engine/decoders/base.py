@@ -25,9 +25,9 @@ Registry (as SGLang's ``dllm/algorithm/__init__.py``): every module of this pack
 ``Decoder`` (a :class:`BlockDecoder` subclass with a ``name``) and ``DEFAULTS`` (its setting defaults) is an
 algorithm, found by ``Decoder.name``; :func:`algorithms` lists them. A module whose greedy rules the on-device
 step implements says so with ``ON_DEVICE = True`` (:func:`repro.engine.decoders.device.device_step_problem`);
-without it the decoder runs on the host decoders only, never on the device step's rules. :class:`DecoderConfig` fills every
-setting left unset from the algorithm's ``DEFAULTS``, then from :data:`COMMON_DEFAULTS`, so
-``DecoderConfig()`` and ``DecoderConfig.from_dict({})`` are the same decoder.
+without it the decoder runs on the host decoders only, never on the device step's rules.
+:class:`DecoderConfig` fills every setting left unset from the algorithm's ``DEFAULTS``, then from
+:data:`COMMON_DEFAULTS`, so ``DecoderConfig()`` and ``DecoderConfig.from_dict({})`` are the same decoder.
 """
 
 from __future__ import annotations
