@@ -453,7 +453,11 @@ ValueError when unsupported) or ``"off"``. ``tensor_parallel_size``: N > 1 split
         self._check_fits(len(ids), cfg, max_new_tokens)
         req = self._submit(self._single(self.engine_for(cfg, batch=False)),
                            Request(ids, cfg, max_new_tokens, seed, on_block=on_block))
-        res = req.wait()
+        try:
+            res = req.wait()
+        except KeyboardInterrupt:
+            req.cancel()  # the caller gave up: the loop stops the request at its next round
+            raise
         return self._output(res, req.wall_s, prompt_text, len(ids), cfg, max_new_tokens, seed)
 
     def generate_batch(self, prompts: list, decoder=None, max_new_tokens: int | None = None,
