@@ -18,8 +18,9 @@ scheduler event loop, each iteration is **receive → next batch → run → pro
 A request is plain state (:class:`Request`: prompt, decoder, budget, hooks, its program and pending op); no
 thread per request. An :class:`LLM <repro.engine.llm.LLM>` owns one loop on one thread (started on first use,
 ended after ``idle_s`` seconds without work, started again on the next request), so one thread owns the model
-and the GPU: graph capture and replays of every caller happen there, one after the other (docs: issue 38
-item 4). Schedulers are visited in creation order; a scheduler's requests in admission order.
+and the GPU: graph capture and replays of every caller happen there, one after the other (a capture never
+meets another thread's GPU work, which a CUDA graph capture forbids). Schedulers are visited in creation order;
+a scheduler's requests in admission order.
 
 Executors (duck-typed): ``model``, ``slots`` (None: unbounded), ``kind`` (``BatchStats.engine``),
 ``start(req, op)`` → the op's reply at once, or :data:`PENDING` (it runs in the next round);

@@ -218,10 +218,10 @@ def test_a_decoder_the_device_step_does_not_know_is_refused_there_and_runs_on_th
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_cuda_graph_captures_of_a_shared_llm_do_not_collide(tiny_dir):
-    """On a GPU (issue 38 item 4): a server scheduler (its batched graph captured), LLM.generate_batch from
-    another thread (a second batched graph captured while the server's requests decode) and LLM.generate (the
-    single-request graphs) share one LLM: no capture fails ("operation cannot be performed in the present
-    state"), and the server's tokens equal the batched call's (batch-invariant path)."""
+    """On a GPU (graph capture safe with several users of one LLM): a server scheduler (its batched graph
+    captured), LLM.generate_batch from another thread (a second batched graph captured while the server's
+    requests decode) and LLM.generate (the single-request graphs) share one LLM: no capture fails ("operation
+    cannot be performed in the present state"), and the server's tokens equal the batched call's."""
     llm = LLM(tiny_dir, role="orl", precision="bf16", device="cuda")
     try:
         assert llm.engine_path == "cuda-graph"
