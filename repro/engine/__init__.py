@@ -3,8 +3,11 @@
 Public API (docs/interfaces.md "Engine API"): ``from repro.engine import LLM``. Modules, one concept each:
 ``config`` (config.json dataclass), ``weights`` (layout + rename table + loader), ``layers/`` (norm, rotary,
 mlp, attention seam, MoE seam), ``cache`` (preallocated KV), ``model`` (cached forward), ``adapter`` (ORL
-residual), ``decoders/`` (one per algorithm), ``generate`` (block loop + forward counts), ``reference``
-(naive no-cache oracle), ``tokenizer`` (tokenizer + chat template), ``llm`` (the API), ``suite`` (bench suite).
+residual), ``decoders/`` (one per algorithm), ``request`` (one request's block-diffusion program + forward
+counts), ``loop`` (the one engine loop every request goes through), ``batch`` / ``batch_graph`` /
+``decode_loop`` (its executors: eager batched forward, batched CUDA graph, one backend such as the
+single-request graph path), ``ranks`` (tensor parallelism in step), ``reference`` (naive no-cache oracle),
+``tokenizer`` (tokenizer + chat template), ``llm`` (the API), ``serve/`` (HTTP server), ``suite`` (bench suite).
 """
 
 __all__ = ["LLM", "GenerateOutput"]

@@ -1,52 +1,49 @@
-"""Batched, batch-invariant generation: many requests decode together, one forward per round.
+"""Batched, batch-invariant generation on the eager forward: many requests decode together, one forward per round.
 
-Contract:
+Where things stand: :class:`EagerExecutor` is the engine loop's executor over the eager forward
+(:meth:`~repro.engine.model.LLaDA2Model.forward_chunks`); every round runs **one** forward over the op each
+active request needs next — a chunk of its prompt prefill, a denoising forward of its current block, its
+block's commit forward, or (with ``device_steps``) a forward + on-device step of its block. Each request keeps
+its own prompt length, prefix KV cache (:class:`~repro.engine.cache.KVCache`), decoder state and forward counts.
+It runs ``LLM.generate`` and ``LLM.generate_batch`` on the CPU (and on a GPU when no graph path applies:
+sampling, other block sizes), the server's eager scheduler, and every rank under tensor parallelism (there with
+the on-device step for greedy decoders, as every rank must take the same decisions without a host round trip).
+:func:`generate_batch` decodes a fixed list on a private loop (:mod:`repro.engine.loop`) on the calling thread.
 
-* :func:`generate_batch` decodes a list of :class:`BatchRequest` with up to ``batch_size`` of them active at
-  once. Each active request keeps its own prompt length, prefix KV cache (:class:`~repro.engine.cache.KVCache`),
-  decoder state and forward counts; every **round** runs one forward
-  (:meth:`~repro.engine.model.LLaDA2Model.forward_chunks`) over the chunk each active request needs next — its
-  prompt prefill, a denoising forward of its current block, or its block's commit forward.
-* Continuous batching: when a request finishes, the next waiting request takes its slot before the next
-  round (a slot never idles while work waits); results come back in input order.
-* Same decoding as one request at a time: each request runs the unchanged
-  :func:`repro.engine.decode_loop.generate_ids` (the decoders' block functions, stopping rules, forward
-  counting, stall warnings, ``on_block``) in a worker thread whose backend (:class:`_SlotBackend`) hands its
-  forwards to the scheduler instead of running them. Worker threads only prepare inputs and step their
-  decoder; every forward runs on the calling thread, one per round.
-* Batch invariance: with greedy decoding each request's token ids and forward counts are bit-identical
-  alone (batch 1) or in any batch, because ``forward_chunks`` is row-invariant on the torch path (fixed GEMM
-  row tiles, :mod:`repro.engine.layers.linear`; attention per request over its own cache). Sampling
-  (``temperature > 0``) draws from each request's own seeded generator, so it too does not depend on the
-  batch. Tested on the tiny checkpoint over real problems (``tests/engine/test_batch.py``).
-* Paths: this engine runs the eager forward (torch layer functions, or whatever implementations are
-  selected in the layer seams); on a GPU with the Triton seams selected, invariance holds only as far as those
-  kernels' tiling does not depend on the number of rows (``docs/perf.md`` "Batched generation"). The CUDA-graph
-  form — one replay per round over all slots with the on-device decoder step — is
-  :mod:`repro.engine.batch_graph`, which reuses this scheduler through its hooks (``_backend``, ``_admit``,
-  ``_release``, ``_round``).
+* Continuous batching: a waiting request takes a free slot at the next round; results in input order.
+* Batch invariance: with greedy decoding each request's token ids and forward counts are bit-identical alone
+  (batch 1) or in any batch, because ``forward_chunks`` is row-invariant on the torch path (fixed GEMM row
+  tiles, :mod:`repro.engine.layers.linear`; attention per request over its own cache), and a prompt's prefill
+  chunks (:data:`repro.engine.request.PREFILL_CHUNK`) do not depend on the batch. Sampling draws from each
+  request's own seeded generator. Tested on the tiny checkpoint (``tests/engine/test_batch.py``). On a GPU with
+  the Triton seams, invariance holds as far as those kernels' tiling does not depend on the number of rows.
+* Isolation: when a round's forward fails (e.g. an allocation), each op of that round is run again alone
+  (the same bits: row-invariance), so only the requests whose own op fails, fail.
 
-Timing: a request's ``wall_s`` runs from its admission to its last forward (its latency inside the batch);
+Timing: a request's ``wall_s`` runs from its admission to its end (its latency inside the batch);
 :class:`BatchStats` gives the batch's rounds, forward rows and wall time (aggregate tokens/s).
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from repro.engine.decode_loop import GenerationResult, generate_ids
 from repro.engine.decoders import DecoderConfig
+from repro.engine.decoders.device import DeviceStep, supported
+from repro.engine.loop import PENDING, BatchStats, EngineLoop, OpError, Request
 from repro.engine.model import Chunk, LLaDA2Model
+from repro.engine.request import Begin, Commit, Denoise, GenerationResult, Steps, steps_reply
+
+__all__ = ["BatchRequest", "BatchStats", "EagerExecutor", "GenerationResult", "generate_batch", "run_requests"]
 
 
 @dataclass
 class BatchRequest:
     """One request: prompt ids ``[P]`` (ints), decoder settings, optional ``max_new_tokens`` / ``seed``
-    overrides and ``on_block`` streaming hook (as :func:`repro.engine.decode_loop.generate_ids`)."""
+    overrides and ``on_block`` streaming hook (as :func:`repro.engine.request.decode`)."""
 
     prompt_ids: list[int]
     decoder: DecoderConfig | dict
@@ -55,238 +52,151 @@ class BatchRequest:
     on_block: object = None
 
 
-@dataclass
-class BatchStats:
-    """What a :func:`generate_batch` call did: ``rounds`` (forwards run), ``rows`` (token rows over all
-    rounds), ``max_active`` (most requests in one round), ``wall_s`` (seconds, whole call),
-    ``round_s`` (seconds per round, list), ``admitted_at_round`` (per request, the round it joined),
-    ``engine`` (``"eager"`` or ``"cuda-graph"``: :mod:`repro.engine.batch_graph`), ``capture_s`` (seconds
-    spent capturing CUDA graphs in this call; 0 when reused or eager), ``round_prefill`` (graph path: per
-    round, whether it ran a prompt-prefill block)."""
+class _State:
+    """A request's KV cache, block size and (device steps) its DeviceStep with its round count."""
 
-    rounds: int = 0
-    rows: int = 0
-    max_active: int = 0
-    wall_s: float = 0.0
-    round_s: list[float] = field(default_factory=list)
-    admitted_at_round: list[int] = field(default_factory=list)
-    engine: str = "eager"
-    capture_s: float = 0.0
-    round_prefill: list[bool] = field(default_factory=list)
+    def __init__(self, cache, block_size: int, stepper):
+        self.cache, self.B, self.stepper, self.n = cache, block_size, stepper, 0
 
 
-class _Aborted(Exception):
-    """Raised inside a worker thread when the batch is being torn down after another request failed."""
+class EagerExecutor:
+    """Executor of the eager batched forward (module docstring). ``model``: a loaded
+    :class:`~repro.engine.model.LLaDA2Model` (a rank's ShardedModel under tensor parallelism); ``mask_id``;
+    ``device_steps``: greedy decoders run as forward + :class:`~repro.engine.decoders.device.DeviceStep` rounds
+    (one flag read per request and round) instead of the host decoders; ``isolate``: retry a failed round op by
+    op (off under tensor parallelism, where every rank must run the same forwards)."""
 
+    kind = "eager"
+    slots = None
+    capture_s = 0.0
 
-CONTINUE = object()
-"""What :meth:`_Scheduler._round` returns for a slot whose pending forward is a multi-round job that is not done
-(the graph path's :class:`repro.engine.batch_graph.StepJob`): the slot stays waiting and its worker is not woken."""
+    def __init__(self, model: LLaDA2Model, mask_id: int, device_steps: bool = False, isolate: bool = True):
+        self.model, self.mask_id, self.device_steps, self.isolate = model, mask_id, device_steps, isolate
+        self._st: dict = {}
 
+    def start(self, req, op):
+        """``Begin`` allocates the request's KV cache (and DeviceStep); a commit without forward and a block
+        final before any round answer at once; other ops wait for the round (:data:`PENDING`)."""
+        if isinstance(op, Begin):
+            m = self.model
+            stepper = None
+            if self.device_steps and supported(op.decoder):
+                ids = torch.zeros(op.block_size, dtype=torch.long, device=m.device)
+                emb = torch.zeros(op.block_size, m.cfg.hidden_size, dtype=m.dtype, device=m.device)
+                stepper = DeviceStep(op.decoder, self.mask_id, m, ids, emb)
+            self._st[req] = _State(m.new_cache(op.capacity), op.block_size, stepper)
+            return stepper is not None
+        if isinstance(op, Commit) and not op.run_forward:
+            return None
+        if isinstance(op, Steps):
+            st = self._st[req]
+            st.stepper.start_block(op.tokens, op.editable)
+            st.n = 0
+            done = steps_reply(st.stepper, 0, op.cap)
+            return PENDING if done is None else done
+        return PENDING
 
-class _Slot:
-    """A request in flight: its thread, its pending forward, its result or error."""
+    def _chunk(self, req) -> Chunk:
+        op, st = req.op, self._st[req]
+        if isinstance(op, Steps):
+            sp = st.stepper
+            return Chunk(op.start, st.cache, st.B, ids=sp.tokens, embeds=sp.embeds if sp.self_conditioning else None)
+        if isinstance(op, Denoise):
+            return Chunk(op.start, st.cache, st.B, ids=op.ids, embeds=op.embeds)
+        return Chunk(op.start, st.cache, st.B, ids=op.ids, logits=False)  # Prefill, Commit
 
-    def __init__(self, index: int):
-        self.index = index
-        self.state = "running"  # running | waiting (pending forward) | done
-        self.pending: Chunk | None = None
-        self.output = None
-        self.event = threading.Event()
-        self.result: GenerationResult | None = None
-        self.error: BaseException | None = None
-        self.wall_s = 0.0
-
-
-class _SlotBackend:
-    """:class:`repro.engine.decode_loop.ForwardBackend` of one request: its own KV cache; every forward is
-    handed to the scheduler (:meth:`_Scheduler.submit`), which runs it inside the round's batched forward."""
-
-    def __init__(self, sched: "_Scheduler", slot: _Slot):
-        self.sched, self.slot, self.model = sched, slot, sched.model
-        self.cache = None
-
-    def begin(self, capacity: int, block_size: int) -> None:
-        """Allocate this request's KV cache for ``capacity`` positions."""
-        self.cache = self.model.new_cache(capacity)
-        self.block_size = block_size
-
-    def prefill(self, ids: torch.Tensor) -> None:
-        """Full prompt blocks, block-causal, K/V kept (no logits)."""
-        self.sched.submit(self.slot, Chunk(0, self.cache, self.block_size, ids=ids, logits=False))
-
-    def denoise(self, ids, start, embeds):
-        """Logits ``[B, V]`` fp32 of the block at ``start``."""
-        return self.sched.submit(self.slot, Chunk(start, self.cache, self.block_size, ids=ids, embeds=embeds))
-
-    def commit_block(self, ids, start, run_forward):
-        """The commit forward (K/V of the final tokens) when needed."""
-        if run_forward:
-            self.sched.submit(self.slot, Chunk(start, self.cache, self.block_size, ids=ids, logits=False))
-
-
-class _Scheduler:
-    """Rounds over the active slots (module docstring). Worker threads call :meth:`submit`; the calling
-    thread runs :meth:`run`."""
-
-    def __init__(self, model: LLaDA2Model, mask_id: int, eos_id: int):
-        self.model, self.mask_id, self.eos_id = model, mask_id, eos_id
-        self.cond = threading.Condition()
-        self.abort = False
-
-    def submit(self, slot: _Slot, chunk: Chunk):
-        """Called from a worker: queue ``chunk`` for the next round and wait for its output."""
-        with self.cond:
-            if self.abort:
-                raise _Aborted()
-            slot.pending, slot.state = chunk, "waiting"
-            self.cond.notify_all()
-        slot.event.wait()
-        slot.event.clear()
-        if self.abort:
-            raise _Aborted()
-        out, slot.output = slot.output, None
-        return out
-
-    # ------------------------------------------------------------------ hooks (the graph path overrides them)
-    def _backend(self, slot: _Slot):
-        """The forward backend a worker's ``generate_ids`` runs on."""
-        return _SlotBackend(self, slot)
-
-    def _admit(self, slot: _Slot) -> None:
-        """A request joins (before its thread starts)."""
-
-    def _release(self, slot: _Slot) -> None:
-        """A request left (finished or failed)."""
-
-    def _round(self, active: list[_Slot], stats: BatchStats) -> list:
-        """Run one round over the pending forwards of ``active``; returns each slot's output, in order
-        (:data:`CONTINUE` for a slot whose pending job needs more rounds)."""
-        chunks = [s.pending for s in active]
-        with torch.inference_mode():
-            outs = self.model.forward_chunks(chunks)
+    def _forward(self, chunks: list[Chunk]) -> list:
+        outs = self.model.forward_chunks(chunks)
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
-        stats.rows += sum(int((c.embeds if c.embeds is not None else c.ids).shape[0]) for c in chunks)
         return outs
 
-    def _worker(self, slot: _Slot, req: BatchRequest) -> None:
-        dev = self.model.device
+    def round(self, reqs: list) -> None:
+        """One forward over every request's op; then each DeviceStep steps on its logits."""
+        chunks = [self._chunk(r) for r in reqs]
         try:
-            if dev.type == "cuda" and dev.index is not None:
-                torch.cuda.set_device(dev)
-            t0 = time.perf_counter()
-            with torch.inference_mode():  # thread-local: enter it in the worker too
-                slot.result = generate_ids(self._backend(slot), req.prompt_ids, req.decoder,
-                                           mask_id=self.mask_id, eos_id=self.eos_id,
-                                           max_new_tokens=req.max_new_tokens, seed=req.seed, on_block=req.on_block)
-            slot.wall_s = time.perf_counter() - t0
-        except _Aborted:
-            pass
-        except BaseException as e:  # noqa: BLE001 — handed to the calling thread and re-raised there
-            slot.error = e
-        finally:
-            with self.cond:
-                slot.state = "done"
-                self.cond.notify_all()
+            outs = self._forward(chunks)
+        except Exception:
+            if not self.isolate or len(chunks) == 1:
+                raise
+            outs = []
+            for c in chunks:  # the same bits alone (row-invariance): only a request whose own op fails, fails
+                try:
+                    outs.append(self._forward([c])[0])
+                except Exception as e:  # noqa: BLE001 - that request's failure
+                    outs.append(OpError(e))
+        for r, out in zip(reqs, outs):
+            op = r.op
+            if isinstance(out, OpError):
+                r.reply = out
+            elif isinstance(op, Steps):
+                st = self._st[r]
+                st.stepper.step(out)
+                st.n += 1
+                done = steps_reply(st.stepper, st.n, op.cap)
+                r.reply = PENDING if done is None else done
+            else:
+                r.reply = out if isinstance(op, Denoise) else None
 
-    def run(self, requests: list[BatchRequest], batch_size: int, stats: BatchStats,
-            on_result=None) -> list[tuple[GenerationResult, float]]:
-        """Decode the fixed list ``requests`` (:func:`generate_batch`); the first request error is re-raised."""
-        results: list = [None] * len(requests)
-        queue = list(range(len(requests)))
-        queue.reverse()
-        stats.admitted_at_round = [0] * len(requests)
+    def rows(self, req) -> int:
+        """Token rows of the request's op in this round."""
+        op = req.op
+        return int(op.tokens.shape[0]) if isinstance(op, Steps) else int(op.ids.shape[0])
 
-        def take(idle: bool):
-            if not queue:
-                return None
-            i = queue.pop()
-            stats.admitted_at_round[i] = stats.rounds
-            return i, requests[i]
+    def release(self, req) -> None:
+        """The request left: its cache is freed with its state."""
+        self._st.pop(req, None)
 
-        def finished(i, result, wall_s, error):
-            if error is not None:
-                raise error
-            results[i] = (result, wall_s)
-            if on_result is not None:
-                on_result(i, result, wall_s)
 
-        self.serve(take, batch_size, stats, finished)
-        return results
+def run_requests(loop: EngineLoop, sched, requests: list[BatchRequest], stats: BatchStats,
+                 on_result=None) -> list[tuple[GenerationResult, float]]:
+    """Submit ``requests`` to ``sched`` of the (non-threaded) ``loop`` and drive it on this thread until all are
+    done; returns ``(GenerationResult, wall_s)`` in input order. ``on_result(index, result, wall_s)`` is called
+    on this thread as each finishes (finishing order). The first request error cancels the others and is
+    raised once they stopped."""
+    finished: list[Request] = []
+    reqs = [Request(list(r.prompt_ids), r.decoder, r.max_new_tokens, r.seed, on_block=r.on_block, stats=stats,
+                    index=i, on_done=finished.append) for i, r in enumerate(requests)]
+    stats.admitted_at_round = [0] * len(reqs)
+    out: list = [None] * len(reqs)
+    error: list = []
 
-    def serve(self, take, batch_size: int, stats: BatchStats, finished) -> None:
-        """The round loop over requests that arrive while it runs (:func:`run` feeds it a fixed list; the server
-        its queue). ``take(idle)`` → ``(key, BatchRequest)`` or None: called while a slot is free, with
-        ``idle`` True when no request is active (it may then block until one arrives; None then ends the
-        loop). ``finished(key, result, wall_s, error)`` is called on this thread as each request leaves
-        (``error``: the exception its ``generate_ids`` raised, else None); an exception it raises stops
-        every other request and propagates."""
-        active: list[_Slot] = []
-        threads: dict[int, threading.Thread] = {}
-        keys: dict[int, object] = {}
-        n = 0
-        try:
-            while True:
-                while len(active) < batch_size:  # continuous batching: fill free slots
-                    got = take(not active)
-                    if got is None:
-                        break
-                    key, req = got
-                    slot = _Slot(n)
-                    keys[n] = key
-                    n += 1
-                    self._admit(slot)
-                    active.append(slot)
-                    threads[slot.index] = threading.Thread(target=self._worker, args=(slot, req), daemon=True,
-                                                           name=f"repro-batch-{slot.index}")
-                    threads[slot.index].start()
-                if not active:
-                    return
-                with self.cond:
-                    self.cond.wait_for(lambda: all(s.state != "running" for s in active))
-                done = [s for s in active if s.state == "done"]
-                if done:
-                    for s in done:
-                        threads.pop(s.index).join()
-                        active.remove(s)
-                        self._release(s)
-                        finished(keys.pop(s.index), s.result, s.wall_s, s.error)
-                    continue  # admit waiting requests first: they join this round
-                t0 = time.perf_counter()
-                outs = self._round(active, stats)
-                stats.round_s.append(time.perf_counter() - t0)
-                stats.rounds += 1
-                stats.max_active = max(stats.max_active, len(active))
-                with self.cond:
-                    for s, o in zip(active, outs):
-                        if o is CONTINUE:  # the slot's pending job runs on in the next round, its thread asleep
-                            continue
-                        s.output, s.pending, s.state = o, None, "running"
-                        s.event.set()
-        finally:
-            if threads:  # an error: release every waiting worker, then wait for them
-                with self.cond:
-                    self.abort = True
-                for s in active:
-                    s.event.set()
-                for t in threads.values():
-                    t.join()
+    def until() -> bool:
+        while finished:
+            r = finished.pop(0)
+            if r.error is not None and not error:
+                error.append(r.error)
+                for other in reqs:
+                    other.cancel()
+            elif not error and r.result is not None:
+                out[r.index] = (r.result, r.wall_s)
+                if on_result is not None:
+                    on_result(r.index, r.result, r.wall_s)
+        return all(r.done for r in reqs)
+
+    for r in reqs:
+        sched.submit(r)
+    loop.run(until)
+    until()
+    if error:
+        raise error[0]
+    return out
 
 
 def generate_batch(model: LLaDA2Model, requests: list[BatchRequest], *, mask_id: int, eos_id: int,
                    batch_size: int = 8, on_result=None, stats: BatchStats | None = None
                    ) -> list[tuple[GenerationResult, float]]:
-    """Decode ``requests`` with up to ``batch_size`` active at once (module docstring); returns, in input
-    order, ``(GenerationResult, wall_s)`` per request. ``on_result(index, result, wall_s)``, if given, is
-    called on the calling thread as each request finishes (in finishing order: write records as they come).
-    ``stats``: a :class:`BatchStats` to fill. Raises ValueError for ``batch_size < 1``; the first error of
-    any request (as :func:`~repro.engine.decode_loop.generate_ids` raises it) after stopping the others.
-    """
+    """Decode ``requests`` with up to ``batch_size`` active at once on the eager forward (module docstring);
+    returns, in input order, ``(GenerationResult, wall_s)`` per request. ``on_result(index, result, wall_s)``,
+    if given, is called on the calling thread as each request finishes (in finishing order). ``stats``: a
+    :class:`BatchStats` to fill. Raises ValueError for ``batch_size < 1``; the first error of any request (as
+    :func:`~repro.engine.request.decode` raises it) after stopping the others."""
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
     stats = stats if stats is not None else BatchStats()
     t0 = time.perf_counter()
-    out = _Scheduler(model, mask_id, eos_id).run(list(requests), batch_size, stats, on_result)
+    loop = EngineLoop()
+    sched = loop.scheduler(lambda: EagerExecutor(model, mask_id), slots=batch_size, mask_id=mask_id, eos_id=eos_id)
+    out = run_requests(loop, sched, list(requests), stats, on_result)
     stats.wall_s = time.perf_counter() - t0
     return out

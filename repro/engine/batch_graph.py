@@ -2,15 +2,14 @@
 
 Contract:
 
-* :func:`generate_batch_graph` decodes a list of :class:`~repro.engine.batch.BatchRequest` (greedy, one
-  shared :class:`~repro.engine.decoders.DecoderConfig`, 32-token blocks) with up to ``batch_size`` of them
-  active, like :func:`repro.engine.batch.generate_batch` (same scheduler: a worker thread per request runs the
-  unchanged :func:`repro.engine.decode_loop.generate_ids`; continuous batching; results in input order; the
-  first error of any request stops the batch and is re-raised), but every round is **one** replay of a
-  CUDA graph over ``S`` static slots (:class:`BatchGraphEngine`): the batched block forward
-  (``BatchedBlockForward`` of ``repro/engine/kernels/fastpath_batch.py`` when present, else
+* :class:`GraphExecutor` is the engine loop's executor (:mod:`repro.engine.loop`) over a
+  :class:`BatchGraphEngine`: every round is **one** replay of a CUDA graph over ``S`` static slots — the batched
+  block forward (``BatchedBlockForward`` of ``repro/engine/kernels/fastpath_batch.py`` when present, else
   :class:`PerSlotForward`) followed by the on-device decoder step of every slot
-  (:class:`repro.engine.decoders.device_batch.BatchedDeviceStep`).
+  (:class:`repro.engine.decoders.device_batch.BatchedDeviceStep`). It runs ``LLM.generate_batch`` on a GPU with a
+  greedy decoder and 32-token blocks, and the server's scheduler there; :func:`generate_batch_graph` decodes a
+  fixed list on a private loop on the calling thread (continuous batching; results in input order; the first
+  error of any request stops the others and is re-raised).
 * A round, on the host: per slot a mode — idle (no request: its forward runs at position 0 of its own,
   unused KV cache, which the slot's next request writes before it reads it), forward only (a prompt block
   of its prefill, one block per round, or its block's commit forward: ids copied into the slot's row),
@@ -19,10 +18,9 @@ Contract:
   embeddings in, step) in one host→device copy; the replay; then **one** device→host copy of the
   ``[2, S]`` flags (block final, last forward reused). The only other read is one ``[1]`` flag per block
   start (the "final before any forward" check of the new block).
-* Host work per round: a request's worker thread is woken only at block boundaries — its prefill
-  (:class:`PrefillJob`) and each block's denoising loop (:class:`StepJob`, the loop of
-  ``decode_loop._device_block``) are single submissions that the scheduler advances round by round from the
-  flags, so a round costs one Python pass over the slots, not one thread handoff per slot.
+* Host work per round: a request's program is resumed only at block boundaries — a prefill chunk
+  (:class:`PrefillJob`, one block per round) and each block's denoising loop (:class:`StepJob`) are single ops
+  that the executor advances round by round from the flags, so a round costs one Python pass over the slots.
 * Capture once per (slots, decoder settings, cache length) on first use (``capture_s``; the engine is kept
   by :class:`repro.engine.llm.LLM` between calls). ``use_graphs=False`` runs the same body eagerly (CPU tests
   use it with :class:`TorchSlotForward`).
@@ -39,10 +37,12 @@ import time
 
 import torch
 
-from repro.engine.batch import CONTINUE, BatchRequest, BatchStats, _Scheduler, _Slot
+from repro.engine.batch import BatchRequest, run_requests
 from repro.engine.decoders import DecoderConfig
-from repro.engine.decoders.device import supported
+from repro.engine.decoders.device import device_step_problem
 from repro.engine.decoders.device_batch import BatchedDeviceStep
+from repro.engine.loop import PENDING, BatchStats, EngineLoop
+from repro.engine.request import Begin, Commit, Denoise, Prefill, canvas_positions, steps_reply
 
 IDLE, FORWARD, STEP, LOGITS = 0, 1, 2, 3
 
@@ -177,15 +177,17 @@ class BatchGraphEngine:
 
     ``model``: a loaded :class:`~repro.engine.model.LLaDA2Model`; ``max_len``: KV rows per slot (every
     request's canvas must fit); ``use_graphs``: capture and replay (default: on CUDA) or run the body
-    eagerly; ``forward``: the batched forward's kind (:func:`make_forward`). Raises ValueError for a
-    sampling ``cfg``. ``capture_s``: seconds spent capturing; ``rounds``: rounds run.
+    eagerly; ``forward``: the batched forward's kind (:func:`make_forward`). Raises ValueError (one line) for a
+    ``cfg`` the on-device step does not implement (sampling; a decoder that declares no on-device step).
+    ``capture_s``: seconds spent capturing; ``rounds``: rounds run.
     """
 
     def __init__(self, model, mask_id: int, cfg: DecoderConfig, slots: int, max_len: int,
                  use_graphs: bool | None = None, forward: str = "auto"):
-        if not supported(cfg):
-            raise ValueError("the batched CUDA-graph path needs greedy decoding (temperature 0); "
-                             "sampling runs on the eager batched path")
+        why = device_step_problem(cfg)
+        if why is not None:
+            raise ValueError(f"the batched CUDA-graph path runs the on-device step, and {why}; it runs on the eager "
+                             "batched path")
         self.model, self.mask_id, self.cfg, self.S, self.T = model, mask_id, cfg, slots, cfg.block_size
         self.key = settings_key(cfg)
         dev = model.device
@@ -273,25 +275,24 @@ class BatchGraphEngine:
 
 
 class PrefillJob:
-    """A prompt's prefill as one submission: its full blocks, one FORWARD round each, in order."""
+    """A prefill op as one job: its full blocks ``ids`` at ``base`` onwards, one FORWARD round each, in order."""
 
-    def __init__(self, ids: torch.Tensor, block_size: int):
-        self.ids, self.B, self.start = ids, block_size, 0
+    def __init__(self, ids: torch.Tensor, block_size: int, base: int = 0):
+        self.ids, self.B, self.base, self.start = ids, block_size, base, 0
 
     def mode(self) -> tuple:
         """This round's mode for the slot (:meth:`BatchGraphEngine.run_round`)."""
-        return (FORWARD, self.ids[self.start:self.start + self.B], self.start, True)
+        return (FORWARD, self.ids[self.start:self.start + self.B], self.base + self.start, True)
 
     def advance(self, final: bool, reuse: bool):
-        """After the round: :data:`~repro.engine.batch.CONTINUE` or None (done)."""
+        """After the round: :data:`~repro.engine.loop.PENDING` or None (done)."""
         self.start += self.B
-        return CONTINUE if self.start < self.ids.shape[0] else None
+        return PENDING if self.start < self.ids.shape[0] else None
 
 
 class StepJob:
-    """A block's denoising rounds as one submission (``decode_loop._device_block``'s loop, run by the
-    scheduler): one STEP round after another until the flags say final or ``cap`` rounds ran; the worker
-    sleeps meanwhile. Output: ``(forwards, finished)``."""
+    """A block's denoising rounds as one job (a :class:`~repro.engine.request.Steps` op): one STEP round after
+    another until the flags say final or ``cap`` rounds ran. Output: ``(forwards, finished)``."""
 
     def __init__(self, stepper, start: int, cap: int):
         self.stepper, self.start, self.cap, self.n = stepper, start, cap, 0
@@ -301,103 +302,113 @@ class StepJob:
         return (STEP, self.start)
 
     def advance(self, final: bool, reuse: bool):
-        """After the round: the slot's flags; :data:`~repro.engine.batch.CONTINUE` or ``(forwards, finished)``."""
+        """After the round: the slot's flags; :data:`~repro.engine.loop.PENDING` or ``(forwards, finished)``."""
         self.stepper.set_flags(final, reuse)
         self.n += 1
         if final:
             return self.n, True
-        return (self.n, False) if self.n >= self.cap else CONTINUE
+        return (self.n, False) if self.n >= self.cap else PENDING
 
 
-class _GraphSlotBackend:
-    """:class:`repro.engine.decode_loop.ForwardBackend` of one request on a :class:`BatchGraphEngine` slot:
-    every forward is submitted to the scheduler and runs inside the round's replay."""
+class _Slot:
+    """A request's slot row, its step view (None: host decoders) and its pending job."""
 
-    def __init__(self, sched: "_GraphScheduler", slot: _Slot):
-        self.sched, self.slot, self.model = sched, slot, sched.model
-
-    def begin(self, capacity: int, block_size: int) -> None:
-        """Check the request fits its slot (the engine is sized for every request of the batch)."""
-        e = self.sched.engine
-        if block_size != e.T or capacity > e.max_len:
-            raise ValueError(f"request needs block size {block_size} and {capacity} positions; the batched graph "
-                             f"engine has {e.T}-token blocks and {e.max_len} positions per slot")
-        self.block_size = block_size
-
-    def prefill(self, ids: torch.Tensor) -> None:
-        """Full prompt blocks, one commit-style forward per block (one block per round; one submission)."""
-        self.sched.submit(self.slot, PrefillJob(ids, self.block_size))
-
-    def denoise(self, ids, start, embeds):
-        """Logits ``[B, V]`` fp32 of the block at ``start`` (host decoders)."""
-        return self.sched.submit(self.slot, (LOGITS, ids, start, embeds))
-
-    def commit_block(self, ids, start, run_forward):
-        """The commit forward (K/V of the final tokens) when needed."""
-        if run_forward:
-            self.sched.submit(self.slot, (FORWARD, ids, start, False))
-
-    def device_stepper(self, cfg: DecoderConfig):
-        """This slot's view of the engine's batched step; None (host decoders) for other decoder settings."""
-        e = self.sched.engine
-        if settings_key(cfg) != e.key:
-            return None
-        self.slot.stepper = e.step.view(self.slot.row)
-        return self.slot.stepper
-
-    def denoise_step(self, stepper, start: int) -> None:
-        """One denoising round (forward + on-device step) of the block at ``start``."""
-        self.sched.submit(self.slot, (STEP, start))
-
-    def denoise_steps(self, stepper, start: int, cap: int) -> tuple[int, bool]:
-        """The block's denoising rounds until final or ``cap`` (:class:`StepJob`): ``(forwards, finished)``."""
-        return self.sched.submit(self.slot, StepJob(stepper, start, cap))
+    def __init__(self, row: int):
+        self.row, self.stepper, self.job = row, None, None
 
 
-class _GraphScheduler(_Scheduler):
-    """:class:`repro.engine.batch._Scheduler` whose rounds are :meth:`BatchGraphEngine.run_round`."""
+class GraphExecutor:
+    """The loop's executor over a :class:`BatchGraphEngine` (module docstring): ``slots`` = the engine's ``S``;
+    ``kind``: ``"cuda-graph"`` (captured) or ``"graph-path eager"``. A request whose decoder settings are the
+    engine's runs its blocks as :class:`StepJob`\\ s on the batched on-device step; another decoder (e.g.
+    sampling) runs the host decoders on the logits of the same replay."""
 
-    def __init__(self, model, mask_id: int, eos_id: int, engine: BatchGraphEngine):
-        super().__init__(model, mask_id, eos_id)
-        self.engine = engine
+    def __init__(self, engine: BatchGraphEngine):
+        self.engine, self.model, self.slots = engine, engine.model, engine.S
+        self.kind = "cuda-graph" if engine.use_graphs else "graph-path eager"
         self.free = list(range(engine.S - 1, -1, -1))
+        self._st: dict = {}
 
-    def _backend(self, slot: _Slot):
-        return _GraphSlotBackend(self, slot)
+    @property
+    def capture_s(self) -> float:
+        """Seconds the engine spent capturing its round graph."""
+        return self.engine.capture_s
 
-    def _admit(self, slot: _Slot) -> None:
-        slot.row, slot.stepper = self.free.pop(), None
-
-    def _release(self, slot: _Slot) -> None:
-        self.free.append(slot.row)
-
-    def _round(self, active: list[_Slot], stats: BatchStats) -> list:
+    def start(self, req, op):
+        """``Begin`` takes a slot row (ValueError when the request does not fit a slot); a commit without forward
+        and a block final before any round answer at once; other ops become the slot's job."""
         e = self.engine
+        if isinstance(op, Begin):
+            if op.block_size != e.T or op.capacity > e.max_len:
+                raise ValueError(f"request needs block size {op.block_size} and {op.capacity} positions; the batched "
+                                 f"graph engine has {e.T}-token blocks and {e.max_len} positions per slot")
+            st = self._st[req] = _Slot(self.free.pop())
+            if settings_key(op.decoder) == e.key:
+                st.stepper = e.step.view(st.row)
+            return st.stepper is not None
+        st = self._st[req]
+        if isinstance(op, Prefill):
+            st.job = PrefillJob(op.ids, e.T, op.start)
+        elif isinstance(op, Denoise):
+            st.job = (LOGITS, op.ids, op.start, op.embeds)
+        elif isinstance(op, Commit):
+            if not op.run_forward:
+                return None
+            st.job = (FORWARD, op.ids, op.start, False)
+        else:  # Steps
+            st.stepper.start_block(op.tokens, op.editable)
+            done = steps_reply(st.stepper, 0, op.cap)
+            if done is not None:
+                return done
+            st.job = StepJob(st.stepper, op.start, op.cap)
+        return PENDING
+
+    def round(self, reqs: list) -> None:
+        """One :meth:`BatchGraphEngine.run_round` over the slots' jobs; each job advanced from the flags."""
+        e = self.engine
+        sts = [self._st[r] for r in reqs]
         modes: list[tuple] = [(IDLE,)] * e.S
-        for s in active:
-            modes[s.row] = s.pending if isinstance(s.pending, tuple) else s.pending.mode()
+        for st in sts:
+            modes[st.row] = st.job if isinstance(st.job, tuple) else st.job.mode()
         flags = e.run_round(modes)
-        stats.rows += e.T * len(active)
-        stats.round_prefill.append(any(modes[s.row][0] == FORWARD and modes[s.row][3] for s in active))
-        outs = []
-        for s in active:
-            final, reuse = flags[0][s.row], flags[1][s.row]
-            if not isinstance(s.pending, tuple):  # a multi-round job: CONTINUE, or its output when done
-                outs.append(s.pending.advance(final, reuse))
+        for r, st in zip(reqs, sts):
+            final, reuse = flags[0][st.row], flags[1][st.row]
+            job = st.job
+            if isinstance(job, tuple):
+                r.reply = e.fw.logits[st.row].to(torch.float32, copy=True) if job[0] == LOGITS else None
                 continue
-            kind = s.pending[0]
-            if kind == STEP:
-                s.stepper.set_flags(final, reuse)
-            outs.append(e.fw.logits[s.row].to(torch.float32, copy=True) if kind == LOGITS else None)
-        return outs
+            out = job.advance(final, reuse)
+            if out is PENDING:
+                r.reply = PENDING
+            elif isinstance(job, StepJob):
+                n, done = out
+                r.reply = (st.stepper.tokens.clone(), n, bool(st.stepper.reuse()), done)
+            else:
+                r.reply = None
+
+    def rows(self, req) -> int:
+        """Token rows a slot runs per round (its block)."""
+        return self.engine.T
+
+    def release(self, req) -> None:
+        """The request left: its row is free for the next one."""
+        st = self._st.pop(req, None)
+        if st is not None:
+            self.free.append(st.row)
 
 
-def canvas_positions(requests: list[BatchRequest], block_size: int) -> int:
-    """Largest canvas (positions) of ``requests``: ``ceil((P + G) / B) · B`` (decode_loop's layout)."""
+def graph_max_len(model, need: int, block_size: int) -> int:
+    """KV rows per slot for ``need`` positions: whole 1024s on a GPU (fewer recaptures), whole blocks elsewhere."""
+    rnd = 1024 if model.device.type == "cuda" else block_size
+    return -(-max(need, block_size) // rnd) * rnd
+
+
+def batch_positions(requests: list[BatchRequest], block_size: int) -> int:
+    """Largest canvas (positions) of ``requests`` (:func:`repro.engine.request.canvas_positions`)."""
     need = 0
     for r in requests:
         G = r.max_new_tokens if r.max_new_tokens is not None else DecoderConfig.coerce(r.decoder).max_new_tokens
-        need = max(need, -(-(len(r.prompt_ids) + int(G or 0)) // block_size) * block_size)
+        need = max(need, canvas_positions(len(r.prompt_ids), int(G or 0), block_size))
     return need
 
 
@@ -421,9 +432,7 @@ def generate_batch_graph(model, requests: list[BatchRequest], *, mask_id: int, e
     cfg = DecoderConfig.coerce(requests[0].decoder)
     stats = stats if stats is not None else BatchStats()
     S = min(batch_size, len(requests))
-    rnd = 1024 if model.device.type == "cuda" else cfg.block_size
-    need = max(canvas_positions(requests, cfg.block_size), cfg.block_size)
-    max_len = -(-need // rnd) * rnd
+    max_len = graph_max_len(model, batch_positions(requests, cfg.block_size), cfg.block_size)
     if engine is None or engine.S != S or engine.key != settings_key(cfg) or engine.max_len < max_len \
             or (use_graphs is not None and engine.use_graphs != use_graphs) or engine.forward_arg != forward:
         engine = None
@@ -435,8 +444,9 @@ def generate_batch_graph(model, requests: list[BatchRequest], *, mask_id: int, e
     cap0 = engine.capture_s
     with torch.inference_mode():
         engine.capture()
-        stats.engine = "cuda-graph" if engine.use_graphs else "graph-path eager"
-        out = _GraphScheduler(model, mask_id, eos_id, engine).run(requests, batch_size, stats, on_result)
+    loop = EngineLoop()
+    sched = loop.scheduler(lambda: GraphExecutor(engine), slots=S, mask_id=mask_id, eos_id=eos_id)
+    out = run_requests(loop, sched, requests, stats, on_result)
     stats.capture_s = engine.capture_s - cap0
     stats.wall_s = time.perf_counter() - t0
     return out, engine

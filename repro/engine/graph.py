@@ -232,12 +232,13 @@ class GraphBackend:
             fw.forward(head=name != "commit")
 
     # ------------------------------------------------------------------ ForwardBackend protocol
-    def prefill(self, ids: torch.Tensor) -> None:
-        """Full prompt blocks ``ids`` ``[n]`` (n a multiple of B): one commit replay per block, in order."""
+    def prefill(self, ids: torch.Tensor, start: int = 0) -> None:
+        """Full prompt blocks ``ids`` ``[n]`` (n a multiple of B) at ``start``: one commit replay per block, in
+        order."""
         B = self.block_size
         for s in range(0, ids.shape[0], B):
             self.fw.ids.copy_(ids[s:s + B])
-            self.fw.cache_len.fill_(s)
+            self.fw.cache_len.fill_(start + s)
             self._run("commit")
 
     def denoise(self, ids: torch.Tensor, start: int, embeds: torch.Tensor | None) -> torch.Tensor:

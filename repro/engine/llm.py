@@ -9,8 +9,12 @@
 * ``prompt_or_messages``: a ``str`` is used **as is** (already chat-formatted, as SGLang expects); a list of
   ``{"role", "content"}`` messages is rendered with the checkpoint's chat template (jinja2) with the
   generation prompt appended.
-* Timing: ``wall_s`` covers decoding (prefill through the last commit, CUDA synchronised), not
-  tokenisation or template rendering; ``request_tps = generated_tokens / wall_s`` (tokens/s).
+* Timing: ``wall_s`` covers decoding (from the request taking its slot in the engine loop through its last
+  op, CUDA synchronised), not tokenisation or template rendering; ``request_tps = generated_tokens / wall_s``.
+* Every request goes through the LLM's one engine loop (:mod:`repro.engine.loop`, its own thread): one rule,
+  :meth:`LLM.engine_for`, picks the engine; ``generate``, ``generate_batch`` and the server
+  (:meth:`LLM.scheduler`) may share one LLM from several threads — the loop's thread alone touches the model
+  and the GPU (CUDA-graph captures included).
 * TPF = generated tokens up to the first EOS (EOS excluded) / (denoise + commit forwards); prefill
   forwards are reported separately (docs/engine.md §6.10; :mod:`repro.engine.decode_loop`).
 """
@@ -18,6 +22,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import queue
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -25,11 +32,17 @@ from pathlib import Path
 
 import torch
 
+from repro.engine.batch import EagerExecutor
 from repro.engine.config import LLaDA2Config
 from repro.engine.decoders import DecoderConfig
-from repro.engine.decode_loop import CachedBackend, generate_ids
+from repro.engine.decoders.device import device_step_problem
+from repro.engine.decode_loop import BackendExecutor, CachedBackend
+from repro.engine.loop import BatchStats, EngineLoop, Request, Scheduler
 from repro.engine.model import LLaDA2Model, resolve_precision
+from repro.engine.request import budget_of, canvas_positions
 from repro.engine.tokenizer import ChatTokenizer
+
+log = logging.getLogger("repro.engine")
 
 ROLES = {"orl": "llada-orl", "base": "llada"}
 
@@ -196,7 +209,7 @@ ValueError when unsupported) or ``"off"``. ``tensor_parallel_size``: N > 1 split
         # capture seconds of every batched CUDA-graph engine built so far, rebuilt ones included (graph_capture_s)
         self._batch_capture_s, self._batch_running = 0.0, False
         if self.ranks is not None:
-            self.backend, self.engine_path = None, "eager"  # requests go through self.ranks
+            self.backend, self.engine_path = None, "eager"  # every rank runs the eager engine in step
         elif backend == "engine":
             self.backend, self.engine_path = self._engine_backend(graphs)
         else:
@@ -204,6 +217,13 @@ ValueError when unsupported) or ``"off"``. ``tensor_parallel_size``: N > 1 split
             from repro.engine.reference import ReferenceBackend
             self.backend = ReferenceBackend(self.model)
         self.paper_decoding = self._paper_decoding()
+        sync = None
+        if self.ranks is not None:  # rank 0 broadcasts each iteration's admissions; followers run the same loop
+            from repro.engine.ranks import RankSync
+            sync = RankSync(self.ranks)
+        self.loop = EngineLoop(threaded=True, device=self.model.device, sync=sync)
+        self._scheds: dict = {}
+        self._sched_lock = threading.Lock()
 
     def _start_ranks(self, n, backend: str, graphs: str, adapter_map, timeout_s):
         """Check that ``n`` ranks can split this model here, start them; returns rank 0's model."""
@@ -227,7 +247,11 @@ ValueError when unsupported) or ``"off"``. ``tensor_parallel_size``: N > 1 split
         return self.ranks.model
 
     def close(self) -> None:
-        """Stop the ranks of a tensor-parallel LLM (no-op on one rank). Idempotent."""
+        """Close the engine loop (queued and running requests fail) and stop the ranks of a tensor-parallel LLM.
+        Idempotent."""
+        loop = getattr(self, "loop", None)
+        if loop is not None:
+            loop.close(RuntimeError("the LLM is closed"))
         if self.ranks is not None:
             self.ranks.close()
 
@@ -308,6 +332,94 @@ ValueError when unsupported) or ``"off"``. ``tensor_parallel_size``: N > 1 split
         d.setdefault("temperature", eng.get("temperature", 0.0))
         return DecoderConfig.from_dict(d)
 
+    # ------------------------------------------------------------------ the path rule and the schedulers
+    def engine_for(self, cfg: DecoderConfig, batch: bool) -> str:
+        """The one rule that decides which engine decodes a request with decoder ``cfg``; ``batch``: it decodes
+        beside others (``generate_batch``, the server) rather than alone (``generate``). Returns
+        ``"reference"`` (``backend="reference"``), ``"cuda-graph"`` (alone, on the single-request graph path
+        :class:`~repro.engine.graph.GraphBackend`: ``engine_path`` ``"cuda-graph"`` and 32-token blocks; sampling
+        runs the host decoders over its graphs), ``"batched-cuda-graph"`` (beside others on the same conditions,
+        with a decoder the on-device step implements: :mod:`repro.engine.batch_graph`; in the server, requests
+        with another decoder run the host decoders on its replays) or ``"eager"`` (everything else: the CPU,
+        tensor parallelism, other block sizes, sampling in a batch: :mod:`repro.engine.batch`)."""
+        if self.engine_path == "reference":
+            return "reference"
+        if self.engine_path != "cuda-graph" or cfg.block_size != 32:
+            return "eager"
+        if not batch:
+            return "cuda-graph"
+        return "batched-cuda-graph" if device_step_problem(cfg) is None else "eager"
+
+    def _executor(self, path: str, cfg: DecoderConfig | None = None, slots: int = 1, max_len: int = 0):
+        """The executor of ``path`` (built on the loop's thread): graph engines are captured here."""
+        if path in ("cuda-graph", "reference"):
+            return BackendExecutor(self.backend)
+        if path == "eager":
+            tp = self.ranks is not None  # every rank steps on the device, and no rank retries a round alone
+            return EagerExecutor(self.model, self.mask_id, device_steps=tp, isolate=not tp)
+        from repro.engine.batch_graph import BatchGraphEngine, GraphExecutor
+
+        if self.model.device.type == "cuda":
+            torch.cuda.empty_cache()
+        engine = BatchGraphEngine(self.model, self.mask_id, cfg, slots, max_len)
+        engine.capture()
+        return GraphExecutor(engine)
+
+    def _scheduler(self, key: tuple, spec, build, slots: int) -> Scheduler:
+        """The kept scheduler ``key`` if it was built for ``spec`` (a graph engine also when it has at least the
+        positions asked), else a new one (the old one retires: freed once its requests ended)."""
+        with self._sched_lock:
+            s = self._scheds.get(key)
+            fits = s is not None and not s.retired and (
+                s.spec == spec or (isinstance(spec, tuple) and len(spec) == 3 and s.spec[:2] == spec[:2]
+                                   and s.spec[2] >= spec[2]))
+            if fits:
+                return s
+            if s is not None:
+                s.retire()
+            s = self._scheds[key] = self.loop.scheduler(build, slots, self.mask_id, self.eos_id, name="/".join(key))
+            s.spec = spec
+            return s
+
+    def _single(self, path: str) -> Scheduler:
+        return self._scheduler(("single", path), path, lambda: self._executor(path), 1)
+
+    def scheduler(self, max_batch: int, positions: int | None = None) -> Scheduler:
+        """A new scheduler of ``max_batch`` slots for the default decoder (the server's; public factory): on the
+        batched graph path (:meth:`engine_for`) a :class:`~repro.engine.batch_graph.BatchGraphEngine` whose slots hold
+        ``positions`` positions (default: the context; rounded up to 1024s), captured before this returns
+        (falls back to the eager engine, logged, when it cannot be built); otherwise the eager batched forward.
+        Submit :class:`~repro.engine.loop.Request`\\ s to it; ``retire()`` it when done."""
+        cfg = self.default_decoder()
+        path = self.engine_for(cfg, batch=True)
+
+        def build():
+            if path == "batched-cuda-graph":
+                from repro.engine.batch_graph import graph_max_len
+
+                try:
+                    need = positions or int(self.config.max_position_embeddings)
+                    return self._executor(path, cfg, max_batch, graph_max_len(self.model, need, cfg.block_size))
+                except Exception:  # noqa: BLE001 - e.g. no memory for the slots: serve on the eager engine
+                    log.exception("cannot build the batched CUDA-graph engine; serving on the eager batched engine")
+            return self._executor("eager")
+
+        s = self.loop.scheduler(build, max_batch, self.mask_id, self.eos_id, name=f"server/{path}")
+        s.ready()
+        return s
+
+    @property
+    def batch_engine(self):
+        """The batched CUDA-graph engine :meth:`generate_batch` keeps (None before one ran, or off the graph path)."""
+        s = self._scheds.get(("batch", "batched-cuda-graph"))
+        return getattr(s.executor, "engine", None) if s is not None and not s.retired else None
+
+    def _submit(self, sched: Scheduler, req: Request) -> Request:
+        if threading.current_thread() is self.loop.thread:
+            raise RuntimeError("LLM.generate / generate_batch called from the engine loop's own thread (an on_block "
+                               "hook?); call it from another thread")
+        return sched.submit(req)
+
     # ------------------------------------------------------------------ generation
     def generate(self, prompt_or_messages, decoder=None, max_new_tokens: int | None = None,
                  seed: int | None = None, on_block=None, batch_size: int | None = None):
@@ -319,11 +431,11 @@ ValueError when unsupported) or ``"off"``. ``tensor_parallel_size``: N > 1 split
         the batched CUDA-graph path or the eager batched engine; greedy outputs are bit-identical at every batch
         size of the path that runs — on the CPU also to one at a time). ``decoder``: dict of
         engine keys or :class:`DecoderConfig` (None → :meth:`default_decoder`); ``max_new_tokens`` / ``seed``
-        override the decoder's; ``on_block``: per-block streaming hook of
-        :func:`repro.engine.decode_loop.generate_ids` (single prompt only; its time is inside ``wall_s``;
-        returning True stops decoding, finish reason ``"stop"``). Raises TypeError for a prompt of another
-        type, ValueError for an empty list, ``on_block`` with a list, a bad ``batch_size``, or a prompt plus
-        ``max_new_tokens`` over the model's context, DecoderConfigError for bad settings."""
+        override the decoder's; ``on_block``: per-block streaming hook of :func:`repro.engine.request.decode`
+        (single prompt only; called on the engine loop's thread; its time is inside ``wall_s``; returning True
+        stops decoding, finish reason ``"stop"``). The path: :meth:`engine_for`. Raises TypeError for a prompt of
+        another type, ValueError for an empty list, ``on_block`` with a list, a bad ``batch_size``, or a prompt
+        plus ``max_new_tokens`` over the model's context, DecoderConfigError for bad settings."""
         if isinstance(prompt_or_messages, list) and not prompt_or_messages:
             raise ValueError("got an empty list: nothing to generate; pass a prompt (a str or a list of chat-message "
                              "dicts) or a non-empty list of prompts")
@@ -339,79 +451,84 @@ ValueError when unsupported) or ``"off"``. ``tensor_parallel_size``: N > 1 split
         cfg = self.default_decoder() if decoder is None else DecoderConfig.coerce(decoder)
         ids = self.tokenizer_.encode(prompt_text)
         self._check_fits(len(ids), cfg, max_new_tokens)
-        sync = self.model.device.type == "cuda"
-        if sync:
-            torch.cuda.synchronize(self.model.device)
-        t0 = time.perf_counter()
-        backend = self.backend
-        if self.engine_path == "cuda-graph" and cfg.block_size != 32:
-            backend = CachedBackend(self.model)  # block shape the graph path does not take: eager for this request
-        if self.ranks is not None:  # every rank runs this request in lockstep (repro.engine.ranks)
-            res = self.ranks.generate(dict(ids=ids, decoder=cfg.to_dict(), max_new_tokens=max_new_tokens, seed=seed,
-                                           mask_id=self.mask_id, eos_id=self.eos_id), on_block)
-        else:
-            with torch.inference_mode():
-                res = generate_ids(backend, ids, cfg, mask_id=self.mask_id, eos_id=self.eos_id,
-                                   max_new_tokens=max_new_tokens, seed=seed, on_block=on_block)
-        if sync:
-            torch.cuda.synchronize(self.model.device)
-        wall = time.perf_counter() - t0
-        return self._output(res, wall, prompt_text, len(ids), cfg, max_new_tokens, seed)
+        req = self._submit(self._single(self.engine_for(cfg, batch=False)),
+                           Request(ids, cfg, max_new_tokens, seed, on_block=on_block))
+        try:
+            res = req.wait()
+        except KeyboardInterrupt:
+            req.cancel()  # the caller gave up: the loop stops the request at its next round
+            raise
+        return self._output(res, req.wall_s, prompt_text, len(ids), cfg, max_new_tokens, seed)
 
     def generate_batch(self, prompts: list, decoder=None, max_new_tokens: int | None = None,
                        seed: int | None = None, batch_size: int = 8, on_result=None, stats=None):
         """Batched :meth:`generate` over ``prompts`` (each a ``str`` or a message list; one decoder for all):
-        a list of :class:`GenerateOutput` in input order. ``on_result(index, GenerateOutput)`` is called as
-        each finishes; ``stats``: a :class:`repro.engine.batch.BatchStats` to fill (rounds, round times,
-        ``engine``, ``capture_s``; the latter is also added to :attr:`graph_capture_s`). Path: on the CUDA-graph engine (``engine_path == "cuda-graph"``) with
-        greedy decoding and 32-token blocks, the batched graph path (:mod:`repro.engine.batch_graph`: one
-        replay per round over ``batch_size`` slots, captured once and kept for the next call with the same
-        batch size and decoder); otherwise (sampling, other blocks, the CPU) the eager batched forward
-        (:mod:`repro.engine.batch`). ``wall_s`` = the request's time from admission to its last forward.
-        Raises as :meth:`generate`."""
-        from repro.engine.batch import BatchRequest, generate_batch
-        from repro.engine.decoders.device import supported
-
+        a list of :class:`GenerateOutput` in input order. ``on_result(index, GenerateOutput)`` is called on the
+        calling thread as each finishes; ``stats``: a :class:`repro.engine.loop.BatchStats` to fill (rounds,
+        round times, ``engine``, ``capture_s``; the latter is also added to :attr:`graph_capture_s`). Path
+        (:meth:`engine_for` with ``batch``): the batched graph path (:mod:`repro.engine.batch_graph`: one replay per
+        round over ``min(batch_size, len(prompts))`` slots, captured once and kept for the next call with the
+        same slots and decoder), or the eager batched forward (:mod:`repro.engine.batch`; also every rank under
+        tensor parallelism), ``batch_size`` requests at a time. ``wall_s`` = the request's time from admission
+        to its last op. The first request error stops the others and is raised. Raises as :meth:`generate`."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
         cfg = self.default_decoder() if decoder is None else DecoderConfig.coerce(decoder)
-        if self.ranks is not None:  # tensor parallelism serves one request at a time, in input order
-            outs = []
-            for i, p in enumerate(prompts):
-                outs.append(self.generate(p, cfg, max_new_tokens, seed))
-                if on_result is not None:
-                    on_result(i, outs[-1])
-            return outs
         texts = [self._prompt_text(p) for p in prompts]
         ids = [self.tokenizer_.encode(t) for t in texts]
         for i, x in enumerate(ids):
             self._check_fits(len(x), cfg, max_new_tokens, f"prompt {i}: ")
-        reqs = [BatchRequest(x, cfg, max_new_tokens, seed) for x in ids]
-        wrap = None
-        if on_result is not None:
-            def wrap(i, res, wall):
-                on_result(i, self._output(res, wall, texts[i], len(ids[i]), cfg, max_new_tokens, seed))
-        if self.engine_path == "cuda-graph" and supported(cfg) and cfg.block_size == 32:
-            from repro.engine.batch import BatchStats
-            from repro.engine.batch_graph import generate_batch_graph
+        stats = stats if stats is not None else BatchStats()
+        path = self.engine_for(cfg, batch=True)
+        if path == "batched-cuda-graph":
+            from repro.engine.batch_graph import graph_max_len, settings_key
 
-            # hand the engine over (not also kept here): if it must be rebuilt (another batch size or capacity),
-            # the old one's KV caches and graphs are freed before the new one is allocated
-            engine, self._batch_engine = getattr(self, "_batch_engine", None), None
-            stats = stats if stats is not None else BatchStats()
-            self._batch_running = True
-            try:
-                outs, self._batch_engine = generate_batch_graph(
-                    self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id, batch_size=batch_size,
-                    on_result=wrap, stats=stats, engine=engine)
-            finally:
+            S = min(batch_size, len(ids))
+            need = max(canvas_positions(len(x), budget_of(cfg, max_new_tokens) or 0, cfg.block_size) for x in ids)
+            max_len = graph_max_len(self.model, need, cfg.block_size)
+            sched = self._scheduler(("batch", path), (S, settings_key(cfg), max_len),
+                                    lambda: self._executor(path, cfg, S, max_len), S)
+        elif path == "eager":
+            sched = self._scheduler(("batch", path), batch_size, lambda: self._executor(path), batch_size)
+        else:  # the reference: one at a time
+            sched = self._single(path)
+        done: queue.Queue = queue.Queue()
+        reqs = [Request(x, cfg, max_new_tokens, seed, stats=stats, index=i, on_done=done.put)
+                for i, x in enumerate(ids)]
+        stats.admitted_at_round = [0] * len(reqs)
+        before = getattr(sched.executor, "capture_s", 0.0)
+        graph = path == "batched-cuda-graph"
+        self._batch_running = self._batch_running or graph
+        t0 = time.perf_counter()
+        outs: list = [None] * len(reqs)
+        error = None
+        try:
+            for r in reqs:
+                self._submit(sched, r)
+            for _ in reqs:
+                r = done.get()
+                if r.error is not None and error is None:
+                    error = r.error
+                    for other in reqs:
+                        other.cancel()
+                elif error is None:
+                    outs[r.index] = self._output(r.result, r.wall_s, texts[r.index], len(ids[r.index]), cfg,
+                                                 max_new_tokens, seed)
+                    if on_result is not None:
+                        on_result(r.index, outs[r.index])
+        except BaseException:
+            for r in reqs:
+                r.cancel()
+            raise
+        finally:
+            stats.wall_s = time.perf_counter() - t0
+            stats.capture_s = getattr(sched.executor, "capture_s", 0.0) - before if sched.executor else 0.0
+            if graph:
                 self._batch_running = False
-            # this call's capture (a rebuilt engine's all of it): counted here, as a new engine starts at 0
-            self._batch_capture_s += stats.capture_s
-            del engine
-        else:
-            outs = generate_batch(self.model, reqs, mask_id=self.mask_id, eos_id=self.eos_id,
-                                  batch_size=batch_size, on_result=wrap, stats=stats)
-        return [self._output(res, wall, texts[i], len(ids[i]), cfg, max_new_tokens, seed)
-                for i, (res, wall) in enumerate(outs)]
+                self._batch_capture_s += stats.capture_s  # this call's capture (a rebuilt engine's all of it)
+        if error is not None:
+            raise error
+        return outs
 
     def _check_fits(self, n_prompt: int, cfg, max_new_tokens: int | None, where: str = "") -> None:
         """Refuse a request the model's context cannot hold, before any cache is allocated (a 10^8-token budget

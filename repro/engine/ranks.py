@@ -1,4 +1,4 @@
-"""Launch and drive the ranks of one tensor-parallel request (``LLM(..., tensor_parallel_size=N)``).
+"""Launch the ranks of a tensor-parallel LLM and keep them in step with rank 0's engine loop.
 
 Launch (docs/engine.md §15): the process that builds the :class:`~repro.engine.llm.LLM` is rank 0 and owns
 every request; it starts ranks 1..N-1 itself, each a fresh ``python -m repro.engine.ranks`` process holding one
@@ -7,17 +7,22 @@ one command starts all of them — no ``torchrun``. Each rank loads the checkpoi
 (:class:`repro.engine.parallel.ShardedModel`) on its device (``cuda:r`` on GPUs, the CPU otherwise) and joins a
 ``torch.distributed`` group (NCCL on GPUs, gloo on the CPU) whose rendezvous is a TCP store on 127.0.0.1.
 
-Control and data are separate: rank 0 sends each request (prompt ids, decoder settings, budget, seed) to the
-followers over a pipe — a follower waits for requests there, without a collective timeout; then every rank runs
-:func:`repro.engine.decode_loop.generate_ids` on the same inputs in lockstep: the same forwards in the same order,
-the same decisions (every reduced value is bit-identical on every rank, :mod:`repro.engine.parallel`). An
-``on_block`` hook runs on rank 0 and its stop answer is broadcast (one flag per block). After the request each
-follower reports its forward counts and tokens, which must equal rank 0's.
+In step (as SGLang's rank 0 broadcasts each round's admitted requests): rank 0's engine loop
+(:mod:`repro.engine.loop`) holds every request — ``generate``, ``generate_batch``, the server's. At each
+iteration that runs anything, :class:`RankSync` sends every follower, over its pipe, the iteration's
+cancellations and admissions (prompt ids, decoder settings, budget, seed, scheduler); each follower runs the
+same iteration (:meth:`~repro.engine.loop.EngineLoop.follow`) on the same inputs: the same rounds, the same
+forwards in the same order, the same decisions (every reduced value is bit-identical on every rank,
+:mod:`repro.engine.parallel`). Every rank runs the eager batched forward with the on-device step for greedy
+decoders. A request's ``on_block`` hook runs on rank 0 and its stop answer is broadcast (one flag per block).
+When requests end, each follower reports their forward counts and tokens, which must equal rank 0's. A follower
+waits for the next iteration on its pipe, without a collective timeout.
 
 Failures (each a :class:`TensorParallelError` on rank 0, no hang): a follower that fails to load says why; a
-rank that dies mid-request breaks the next collective (gloo/NCCL report the closed peer) or, if it hangs, the
-collective times out after ``timeout_s``; rank 0 then names the dead rank and its exit code, stops the others
-and refuses further requests. Nothing is written by a rank: results exist only once rank 0 returns them.
+rank that dies mid-request breaks the next collective or pipe write (gloo/NCCL report the closed peer) or, if it
+hangs, the collective times out after ``timeout_s``; rank 0 then names the dead rank and its exit code, fails
+every request it holds, stops the others and refuses further requests. Nothing is written by a rank: results
+exist only once rank 0 returns them.
 """
 
 from __future__ import annotations
@@ -114,39 +119,16 @@ def init_group(rank: int, n: int, port: int, device: str, timeout_s: float) -> N
                             timeout=timedelta(seconds=timeout_s))
 
 
-def backend_for(model, cfg, mask_id: int):
-    """The decode-loop backend every rank uses for ``cfg``: the on-device step (greedy) or the host decoders."""
-    from repro.engine.decode_loop import CachedBackend, EagerStepBackend
-    from repro.engine.decoders.device import supported
-
-    return EagerStepBackend(model, mask_id) if supported(cfg) else CachedBackend(model)
-
-
-def run_request(model, req: dict, on_block=None):
-    """``generate_ids`` of request ``req`` (``ids``, ``decoder`` dict, ``max_new_tokens``, ``seed``,
-    ``mask_id``, ``eos_id``, ``hook``) on this rank; with ``hook`` the stop flag is rank 0's (broadcast)."""
-    from repro.engine.decode_loop import generate_ids
-    from repro.engine.decoders import DecoderConfig
-
-    cfg = DecoderConfig.from_dict(req["decoder"])
-    hook = None
-    if req["hook"]:
-        def hook(ids):
-            return model.comm.broadcast_flag(bool(on_block(ids)) if on_block is not None else None)
-    with torch.inference_mode():
-        return generate_ids(backend_for(model, cfg, req["mask_id"]), req["ids"], cfg, mask_id=req["mask_id"],
-                            eos_id=req["eos_id"], max_new_tokens=req["max_new_tokens"], seed=req["seed"],
-                            on_block=hook)
-
-
 def _follower(rank: int, n: int, port: int, spec: dict, conn, timeout_s: float) -> None:
-    """Rank ``rank``'s process: load, join, then run each request rank 0 sends until ``stop`` or EOF."""
+    """Rank ``rank``'s process: load, join, then follow rank 0's loop (``round`` messages) and run the handler
+    calls it sends (:meth:`Ranks.call`) until ``stop`` or EOF."""
     try:
         torch.set_num_threads(spec.get("threads", 1))
         select_kernels(spec.get("kernels", "torch"))
         model = load_rank(spec, rank, n)
         conn.send(("loaded",))
         init_group(rank, n, port, spec["device"], timeout_s)
+        follower = _Follower(model)
         while True:
             try:
                 cmd, req = conn.recv()
@@ -154,6 +136,11 @@ def _follower(rank: int, n: int, port: int, spec: dict, conn, timeout_s: float) 
                 break
             if cmd == "stop":
                 break
+            if cmd == "round":
+                ended = follower.round(req)
+                if ended:
+                    conn.send(("finished", ended))
+                continue
             conn.send(("done", _summary(_handler(cmd)(model, req))))
     except BaseException as e:  # noqa: BLE001 - reported to rank 0, which raises
         try:
@@ -178,10 +165,97 @@ def _summary(res):
     return (res.forwards, res.raw_ids) if hasattr(res, "raw_ids") else res
 
 
+class _Follower:
+    """A follower's engine loop (:meth:`~repro.engine.loop.EngineLoop.follow`), driven by rank 0's messages."""
+
+    def __init__(self, model):
+        from repro.engine.loop import EngineLoop
+
+        self.model, self.loop = model, EngineLoop()
+
+    def round(self, msg: dict) -> dict:
+        """One iteration as rank 0 ran it; returns ``{request id: (forwards, raw ids) or None}`` of the requests
+        that ended in it."""
+        from repro.engine.batch import EagerExecutor
+        from repro.engine.loop import Request, Scheduler
+
+        model, comm = self.model, self.model.comm
+        admits, masks = [], {}
+        for a in msg["admit"]:
+            hook = (lambda ids: comm.broadcast_flag(None)) if a["hook"] else None
+            req = Request(a["ids"], a["decoder"], a["max_new_tokens"], a["seed"], on_block=hook, id=a["id"])
+            admits.append((a["scheduler"], req))
+            masks[a["scheduler"]] = (a["mask_id"], a["eos_id"])
+
+        def build(sid):
+            mask_id, eos_id = masks[sid]
+            return Scheduler(self.loop, lambda: EagerExecutor(model, mask_id, device_steps=True, isolate=False), None,
+                             mask_id, eos_id, sid)
+
+        ended = self.loop.follow(msg["stop"], admits, build)
+        return {r.id: (None if r.result is None else (r.result.forwards, r.result.raw_ids)) for r in ended}
+
+
+class RankSync:
+    """Rank 0's side of the engine loop under tensor parallelism (the ``sync`` of
+    :class:`~repro.engine.loop.EngineLoop`; module docstring)."""
+
+    def __init__(self, ranks: "Ranks"):
+        self.ranks = ranks
+
+    def hook(self, on_block):
+        """A shared request's ``on_block``: rank 0's answer broadcast to every rank (None when it has none)."""
+        if on_block is None:
+            return None
+        comm = self.ranks.model.comm
+        return lambda ids: comm.broadcast_flag(bool(on_block(ids)))
+
+    def round(self, stops: list[int], admits: list) -> None:
+        """Send the iteration's cancellations and admissions to every follower (before its rounds run)."""
+        r = self.ranks
+        if r.broken:
+            raise TensorParallelError(f"this tensor-parallel LLM is closed ({r.broken}); build a new LLM")
+        from repro.engine.decoders import DecoderConfig
+
+        msg = {"stop": stops, "admit": [
+            {"id": q.id, "scheduler": q.scheduler.id, "ids": list(q.prompt_ids),
+             "decoder": DecoderConfig.coerce(q.decoder).to_dict(), "max_new_tokens": q.max_new_tokens,
+             "seed": q.seed, "mask_id": q.scheduler.mask_id, "eos_id": q.scheduler.eos_id,
+             "hook": q.on_block is not None} for q in admits]}
+        for c in r.conns:
+            c.send(("round", msg))
+
+    def finished(self, reqs: list) -> None:
+        """Check each follower's report on the shared requests that ended in this iteration (TensorParallelError
+        when a rank's forwards or tokens differ from rank 0's)."""
+        r = self.ranks
+        for k in range(1, r.n):
+            got = r._expect(k, "finished", r.timeout_s)[1]
+            for q in reqs:
+                if q.id not in got:
+                    r.broken = f"rank {k} diverged"
+                    raise TensorParallelError(f"rank {k} did not end request {q.id} when rank 0 did")
+                mine = None if q.result is None else (q.result.forwards, q.result.raw_ids)
+                if got[q.id] != mine:
+                    r.broken = f"rank {k} diverged"
+                    raise TensorParallelError(f"rank {k} diverged from rank 0 on request {q.id} (forwards "
+                                              f"{None if got[q.id] is None else got[q.id][0]} vs "
+                                              f"{None if mine is None else mine[0]})")
+
+    def fail(self, e: BaseException) -> BaseException:
+        """The error every request gets once the group failed mid-iteration (the ranks are stopped)."""
+        return self.ranks.abandon(e)
+
+    def closed_error(self) -> BaseException:
+        """The error of a request submitted after the group closed."""
+        return TensorParallelError(f"this tensor-parallel LLM is closed ({self.ranks.broken}); build a new LLM")
+
+
 class _Watch:
-    """While a request runs, print one stderr line as soon as a follower exits. With gloo the next collective
-    raises anyway; with NCCL a lost peer is noticed only by its watchdog after the timeout, which by default
-    (``TORCH_NCCL_ASYNC_ERROR_HANDLING``) ends the process — this line is then what names the rank."""
+    """While the group lives (one thread per group, not per request), print one stderr line as soon as a
+    follower exits. With gloo the next collective raises anyway; with NCCL a lost peer is noticed only by its
+    watchdog after the timeout, which by default (``TORCH_NCCL_ASYNC_ERROR_HANDLING``) ends the process — this
+    line is then what names the rank."""
 
     def __init__(self, procs):
         self._done = threading.Event()
@@ -192,8 +266,8 @@ class _Watch:
         while not self._done.wait(1.0):
             for r, p in enumerate(procs, 1):
                 if p.poll() is not None:
-                    print(f"tensor parallel: rank {r} (pid {p.pid}) exited with code {p.returncode} during a "
-                          "request", file=sys.stderr, flush=True)
+                    print(f"tensor parallel: rank {r} (pid {p.pid}) exited with code {p.returncode}",
+                          file=sys.stderr, flush=True)
                     return
 
     def stop(self) -> None:
@@ -233,6 +307,7 @@ class Ranks:
             for r in range(1, n):
                 self._expect(r, "loaded", LOAD_TIMEOUT_S)
             init_group(0, n, port, spec["device"], timeout_s)
+            self._watch = _Watch(self.procs)  # names a follower that exits while rank 0 waits in a collective
         except BaseException as e:
             self.close()
             if isinstance(e, TensorParallelError):
@@ -274,47 +349,48 @@ class Ranks:
             raise TensorParallelError(f"rank {rank} sent {msg[0]!r}, expected {what!r}")
         return msg
 
-    def generate(self, req: dict, on_block=None):
-        """Run request ``req`` (:func:`run_request`'s fields) on all ranks; returns rank 0's GenerationResult.
-        Raises TensorParallelError (and closes the group) when a rank fails, dies, hangs or diverges."""
-        req = dict(req, hook=on_block is not None)
-        res, others = self.call("repro.engine.ranks:run_request", req, on_block)
-        for r, (forwards, raw) in enumerate(others, 1):
-            if forwards != res.forwards or raw != res.raw_ids:
-                self.broken = f"rank {r} diverged"
-                self.close()
-                raise TensorParallelError(f"rank {r} diverged from rank 0 (forwards {forwards} vs {res.forwards}); "
-                                          "the ranks are stopped")
-        return res
+    def abandon(self, e: BaseException) -> "TensorParallelError":
+        """After a failure of the group (``e``): name the dead ranks (or the collective that failed), stop every
+        rank, and return the TensorParallelError every pending request gets."""
+        if isinstance(e, TensorParallelError) and self.broken and not self._dead():
+            self.close()
+            return e
+        dead = self._dead(wait_s=3.0)
+        why = "; ".join(dead) if dead else (
+            f"no rank exited, but a collective failed (a rank hung past the {self.timeout_s:g} s collective "
+            f"timeout, or the transport broke): {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
+        self.broken = why
+        self.close()
+        if isinstance(e, TensorParallelError) and not dead:
+            return e
+        err = TensorParallelError(f"tensor-parallel request abandoned, nothing returned: {why}. The ranks are "
+                                  "stopped; build a new LLM to continue")
+        err.__cause__ = e
+        return err
 
     def call(self, fn: str, req: dict, *local_args):
-        """Run ``fn(model, req)`` (``"module:function"``) on every rank in lockstep; returns (rank 0's result,
-        [each follower's :func:`_summary`]). ``local_args`` go to rank 0's call only. Raises
-        TensorParallelError (and closes the group) when a rank fails, dies or hangs."""
+        """Run ``fn(model, req)`` (``"module:function"``) on every rank in lockstep, outside the engine loop
+        (benchmarks, teacher-forced checks; not while the LLM decodes); returns (rank 0's result, [each
+        follower's :func:`_summary`]). ``local_args`` go to rank 0's call only. Raises TensorParallelError (and
+        closes the group) when a rank fails, dies or hangs."""
         if self.broken:
             raise TensorParallelError(f"this tensor-parallel LLM is closed ({self.broken}); build a new LLM")
-        watch = _Watch(self.procs)  # names a rank that exits while rank 0 waits inside a collective
         try:
             for c in self.conns:
                 c.send((fn, req))
             res = _handler(fn)(self.model, req, *local_args)
             return res, [self._expect(r, "done", self.timeout_s)[1] for r in range(1, self.n)]
         except BaseException as e:
-            dead = self._dead(wait_s=3.0)
-            why = "; ".join(dead) if dead else (
-                f"no rank exited, but a collective failed (a rank hung past the {self.timeout_s:g} s collective "
-                f"timeout, or the transport broke): {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
-            self.broken = why
-            self.close()
-            if isinstance(e, TensorParallelError) and not dead:
+            err = self.abandon(e)
+            if err is e:
                 raise
-            raise TensorParallelError(f"tensor-parallel request abandoned, nothing returned: {why}. The ranks are "
-                                      "stopped; build a new LLM to continue") from e
-        finally:
-            watch.stop()
+            raise err from e
 
     def close(self) -> None:
         """Stop the followers (``stop``, then terminate after 10 s) and leave the group. Idempotent."""
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.stop()
         for c in self.conns:
             try:
                 c.send(("stop", None))

@@ -35,7 +35,7 @@ from repro.engine.layers.rotary import apply_rope, rope_cos_sin
 from repro.engine.model import LLaDA2Model
 
 if TYPE_CHECKING:
-    from repro.engine.decode_loop import GenerationResult
+    from repro.engine.request import GenerationResult
 
 
 def block_causal_mask(T: int, B: int, device) -> torch.Tensor:
@@ -123,10 +123,13 @@ class ReferenceBackend:
         self.block_size = block_size
         self.prefix = torch.empty(0, dtype=torch.long, device=self.model.device)
 
-    def prefill(self, ids):
-        """Record the prompt blocks and run one full forward over them (result unused, as a prefill)."""
-        self.prefix = ids.clone()
-        naive_forward(self.model, self.model.embed(ids), self.block_size)
+    def prefill(self, ids, start: int = 0):
+        """Append prompt blocks ``ids`` (at ``start``, the prefix so far) and run one full forward over the
+        prefix (result unused, as a prefill)."""
+        if start != self.prefix.shape[0]:
+            raise RuntimeError(f"reference prefix has {self.prefix.shape[0]} tokens, prefill starts at {start}")
+        self.prefix = torch.cat([self.prefix, ids])
+        naive_forward(self.model, self.model.embed(self.prefix), self.block_size)
 
     def denoise(self, ids, start, embeds):
         """Full forward over ``prefix + block``; logits of the block positions."""
@@ -168,7 +171,7 @@ def reference_generate(model: LLaDA2Model, prompt_ids: list[int], decoder: dict,
     the block holding an EOS or the ``max_new_tokens``-th position. Returns a
     :class:`~repro.engine.decode_loop.GenerationResult`. Raises ValueError for sampling or self-conditioning.
     """
-    from repro.engine.decode_loop import GenerationResult
+    from repro.engine.request import GenerationResult
     from repro.engine.decoders import algorithm_defaults
 
     algo = decoder.get("algorithm", "joint_threshold")

@@ -62,9 +62,9 @@ class _BlockPrefill(EagerStepBackend):
     """The single-request on-device-step engine with its prompt prefilled block by block, as the graph paths
     do (one forward over all prompt blocks is equal in exact arithmetic, not in fp32 bits)."""
 
-    def prefill(self, ids):
+    def prefill(self, ids, start=0):
         for s in range(0, ids.shape[0], self.block_size):
-            self.model.forward(ids[s:s + self.block_size], s, self.cache, self.block_size, logits=False)
+            self.model.forward(ids[s:s + self.block_size], start + s, self.cache, self.block_size, logits=False)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # stalled blocks of the random tiny model: counted alike
@@ -99,18 +99,19 @@ def test_graph_path_batch_invariance_and_continuous_batching(tiny_model, tiny_to
 
 
 def test_graph_path_error_in_one_request_stops_the_batch(tiny_model, tiny_tok):
-    """A request whose prompt is invalid fails the batch with its own error; no worker thread is left."""
+    """A request whose prompt is invalid fails the batch with its own error; no thread was started for it."""
     tok = tiny_tok
     dec = {"algorithm": "joint_threshold", "max_new_tokens": 32}
     ok = BatchRequest(tok.encode("2+2=" * 12), dec)
     bad = BatchRequest([tiny_model.cfg.vocab_size + 5], dec)
+    before = threading.active_count()
     with pytest.raises(ValueError, match="outside vocabulary"):
         generate_batch_graph(tiny_model, [ok, ok, bad, ok], mask_id=tok.mask_id, eos_id=tok.eos_id, batch_size=2)
-    assert not [t for t in threading.enumerate() if t.name.startswith("repro-batch-")]
+    assert threading.active_count() == before
     with pytest.raises(ValueError, match="one decoder"):
         generate_batch_graph(tiny_model, [ok, BatchRequest(ok.prompt_ids, {"algorithm": "orl"})],
                              mask_id=tok.mask_id, eos_id=tok.eos_id)
-    with pytest.raises(ValueError, match="greedy"):
+    with pytest.raises(ValueError, match=r"sampling \(temperature 0.5\) runs on the host decoders"):
         generate_batch_graph(tiny_model, [BatchRequest(ok.prompt_ids, {**dec, "temperature": 0.5})],
                              mask_id=tok.mask_id, eos_id=tok.eos_id)
 
@@ -127,14 +128,14 @@ def test_llm_generate_list_takes_the_batched_graph_path_on_the_graph_engine(tiny
     prompts = eval_data.chat_prompts(2)
     dec = {"algorithm": "orl", "max_new_tokens": 40}
     one = llm.generate(prompts, decoder=dec, batch_size=1)
-    assert llm._batch_engine.S == 1
+    assert llm.batch_engine.S == 1
     engines, done = [], []
     for _ in range(2):
         stats = BatchStats()
         three = llm.generate_batch(prompts, decoder=dec, batch_size=3, stats=stats,
                                    on_result=lambda i, o: done.append(i))
-        engines.append(llm._batch_engine)
-        assert stats.engine == "graph-path eager" and llm._batch_engine.S == 3
+        engines.append(llm.batch_engine)
+        assert stats.engine == "graph-path eager" and llm.batch_engine.S == 3
         assert [o.token_ids for o in three] == [o.token_ids for o in one]
         assert [o.forwards for o in three] == [o.forwards for o in one]
     engine = engines[0]
@@ -142,7 +143,7 @@ def test_llm_generate_list_takes_the_batched_graph_path_on_the_graph_engine(tiny
     for other in ({**dec, "temperature": 0.7}, {**dec, "block_size": 16}):
         stats = BatchStats()
         llm.generate_batch(prompts[:2], decoder=other, batch_size=2, stats=stats)
-        assert stats.engine == "eager" and llm._batch_engine is engine
+        assert stats.engine == "eager" and llm.batch_engine is engine
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -198,9 +199,11 @@ def test_cuda_graph_batch_invariance_on_the_tiny_model(tiny_dir, forward):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_a_request_with_other_decoder_settings_gets_host_decoders_over_the_graph_forward(tiny_model, tiny_tok):
-    """The slot backend's logits mode: a request whose decoder is not the engine's runs the host decoders on
+    """The graph executor's logits mode: a request whose decoder is not the engine's runs the host decoders on
     the logits of the same batched round (beside a stepping request), with the results of running alone."""
-    from repro.engine.batch_graph import BatchGraphEngine, _GraphScheduler
+    from repro.engine.batch import run_requests
+    from repro.engine.batch_graph import BatchGraphEngine, GraphExecutor
+    from repro.engine.loop import EngineLoop
 
     m, tok = tiny_model, tiny_tok
     kw = dict(mask_id=tok.mask_id, eos_id=tok.eos_id)
@@ -209,8 +212,8 @@ def test_a_request_with_other_decoder_settings_gets_host_decoders_over_the_graph
     reqs = [BatchRequest(tok.encode("2+2=" * 10), {"algorithm": "orl", "max_new_tokens": 40}),  # embeddings in
             BatchRequest(tok.encode("hello " * 7), {"algorithm": "joint_threshold", "max_new_tokens": 40})]
     alone = [generate_ids(_BlockPrefill(m, tok.mask_id), r.prompt_ids, r.decoder, **kw) for r in reqs]
-    with torch.inference_mode():
-        out = _GraphScheduler(m, tok.mask_id, tok.eos_id, engine).run(reqs, 2, BatchStats())
+    loop = EngineLoop()
+    out = run_requests(loop, loop.scheduler(lambda: GraphExecutor(engine), 2, **kw), reqs, BatchStats())
     assert [r.token_ids for r, _ in out] == [a.token_ids for a in alone]
     assert [r.forwards for r, _ in out] == [a.forwards for a in alone]
     assert all(a.forwards["denoise"] > 2 for a in alone)
@@ -246,25 +249,26 @@ def test_cuda_graph_batch_invariance_with_the_batched_forward_at_model_width():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_graph_path_wakes_a_request_only_at_block_boundaries(tiny_model, tiny_tok, monkeypatch):
-    """A request's worker thread hands over once for its whole prefill and once per block's denoising loop
-    (plus its commit forward), not once per round: the scheduler advances PrefillJob / StepJob itself. The
-    rounds and results stay those of the per-round loop (test above)."""
-    import repro.engine.batch as batch_mod
+def test_graph_path_resumes_a_request_only_at_block_boundaries(tiny_model, tiny_tok, monkeypatch):
+    """A request's program is resumed once per prefill chunk and once per block's denoising loop (plus its commit
+    forward), not once per round: the graph executor advances PrefillJob / StepJob itself. The rounds and
+    results stay those of the per-round loop (test above)."""
+    from repro.engine.loop import EngineLoop
 
     m, tok = tiny_model, tiny_tok
     dec = {"algorithm": "joint_threshold", "max_new_tokens": 64}
     prompts = [tok.encode(tok.apply_chat_template(p, add_generation_prompt=True)) for p in eval_data.chat_prompts(2)]
-    submits: list = []
-    real = batch_mod._Scheduler.submit
-    monkeypatch.setattr(batch_mod._Scheduler, "submit", lambda self, slot, job: submits.append(job) or real(self, slot, job))
+    resumed: list = []
+    real = EngineLoop._advance
+    monkeypatch.setattr(EngineLoop, "_advance",
+                        lambda self, req, value: resumed.append(req.op) or real(self, req, value))
     stats = BatchStats()
     out, _ = generate_batch_graph(m, [BatchRequest(p, dec) for p in prompts], mask_id=tok.mask_id,
                                   eos_id=tok.eos_id, batch_size=2, stats=stats)
     blocks = sum(len(r.block_forwards) for r, _ in out)
     commits = sum(r.forwards["commit"] for r, _ in out)
-    prefills = sum(1 for p in prompts if len(p) >= 32)
-    steps = [j for j in submits if type(j).__name__ == "StepJob"]
-    assert len(submits) == prefills + len(steps) + commits and len(steps) <= blocks
-    assert sum(j.n for j in steps) == sum(r.forwards["denoise"] for r, _ in out) > len(steps)
-    assert stats.rounds > len(submits) / 2  # many rounds per hand-over
+    prefills = sum(-(-(len(p) // 32 * 32) // 512) for p in prompts)  # 512-token prefill chunks
+    steps = [op for op in resumed if type(op).__name__ == "Steps"]
+    assert len(resumed) == len(prompts) + prefills + len(steps) + commits and len(steps) <= blocks
+    assert sum(r.forwards["denoise"] for r, _ in out) > len(steps)
+    assert stats.rounds > len(resumed) / 2  # many rounds per resumption

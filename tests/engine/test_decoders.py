@@ -19,7 +19,7 @@ class Scripted:
     def begin(self, capacity, block_size):
         self.step = 0
 
-    def prefill(self, ids):
+    def prefill(self, ids, start=0):
         self.calls.append(("prefill", len(ids)))
 
     def denoise(self, ids, start, embeds):

@@ -37,9 +37,9 @@ class Recording(CachedBackend):
             super().begin(capacity, block_size)
         self.block_size = block_size
 
-    def prefill(self, ids):
+    def prefill(self, ids, start=0):
         if self.fn is None:
-            super().prefill(ids)
+            super().prefill(ids, start)
 
     def denoise(self, ids, start, embeds):
         lg = self.fn(len(self.steps)) if self.fn is not None else super().denoise(ids, start, embeds)

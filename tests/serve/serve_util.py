@@ -121,3 +121,29 @@ def paced(delay: float):
     def hook(job, ids):
         time.sleep(delay)
     return hook
+
+
+def wait_for(pred, timeout: float = 60.0) -> bool:
+    """Poll ``pred()`` every 0.05 s until true (True) or ``timeout`` seconds passed (False)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def open_post(port: int, body: dict, path: str = "/generate", headers=None) -> http.client.HTTPConnection:
+    """A connection that has sent ``POST path`` with ``body`` (JSON); read its answer with ``getresponse()``."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", path, body=json.dumps(body).encode(), headers=headers or {})
+    return c
+
+
+def collect(port: int, body: dict, out: dict, key) -> None:
+    """``out[key]`` = (status, parsed lines) of a streamed ``/generate`` (or ("error", repr) if it raised)."""
+    try:
+        it = stream_lines(port, "/generate", body)
+        out[key] = (next(it), [json.loads(x) for x in it])
+    except Exception as e:  # noqa: BLE001 - recorded, asserted by the caller
+        out[key] = ("error", repr(e))

@@ -142,6 +142,8 @@ BAD = [  # (body, status, field named in the error)
     ({"prompt": "x", "max_new_tokens": 8, "threshold": 1.5}, 400, "threshold"),
     ({"prompt": "x", "max_new_tokens": 8, "edit_threshold": "high"}, 400, "edit_threshold"),
     ({"prompt": "x", "max_new_tokens": 8, "stream": "yes"}, 400, "stream"),
+    ({"prompt": "x", "max_new_tokens": 8, "temperature": 3}, 400, "temperature"),  # capped at 2, as OpenAI's
+    (b'{"prompt": "x", "max_new_tokens": 8, "temperature": 1e400}', 400, "temperature"),  # parses to infinity
     ({"prompt": "x", "max_new_tokens": 8, "seed": 10 ** 30}, 400, "seed"),
     ({"prompt": "x", "max_new_tokens": 8, "stop": ["ok", ""]}, 400, "stop"),
     ({"prompt": "x", "max_new_tokens": 8, "stop": ["y" * 257]}, 400, "stop"),
@@ -195,3 +197,13 @@ def test_sampling_temperature_and_seed_reach_the_engine(server, llm, long_prompt
     assert a["text"] == ref.text and a["usage"]["forwards"] == ref.forwards
     b = server.request("POST", "/generate", {**body, "seed": 8})[2]
     assert (a["text"], a["usage"]["forwards"]) != (b["text"], b["usage"]["forwards"])
+
+
+def test_completions_max_tokens_null_is_the_default_16(server, long_prompt):
+    """``"max_tokens": null`` on /v1/completions behaves as leaving it out (OpenAI's 16), not "until EOS"."""
+    name = server.health()["model"]
+    body = {"model": name, "prompt": long_prompt}
+    st, _, null = server.request("POST", "/v1/completions", {**body, "max_tokens": None})
+    absent = server.request("POST", "/v1/completions", body)[2]
+    assert st == 200 and null["usage"]["completion_tokens"] == absent["usage"]["completion_tokens"] == 16
+    assert null["choices"][0]["text"] == absent["choices"][0]["text"]

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 
-from serve_util import paced, stream_lines
+from serve_util import collect as _collect, open_post, paced, stream_lines, wait_for as _wait_for
 
 from repro.engine.bench.serve import start_server
 
@@ -34,15 +34,6 @@ def _round(server, n: int = 32) -> dict:
     for t in threads:
         t.join(180)
     return out
-
-
-def _wait_for(pred, timeout: float = 60.0) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_32_concurrent_streaming_clients_all_complete_memory_stable(server):
@@ -89,9 +80,7 @@ class InProcess:
 
 
 def _open(port: int, body: dict, headers=None) -> http.client.HTTPConnection:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    c.request("POST", "/generate", body=json.dumps(body).encode(), headers=headers or {})
-    return c
+    return open_post(port, body, headers=headers)
 
 
 def test_clients_that_disconnect_cancel_their_requests(tiny_llm, long_messages, caplog):
@@ -180,14 +169,6 @@ def test_api_key_and_bounded_queue_answers_503(tiny_llm, long_messages):
                            headers=auth)[0] == 200
     finally:
         srv.server.should_exit = True
-
-
-def _collect(port: int, body: dict, out: dict, key) -> None:
-    try:
-        it = stream_lines(port, "/generate", body)
-        out[key] = (next(it), [json.loads(x) for x in it])
-    except Exception as e:  # noqa: BLE001 - recorded, asserted below
-        out[key] = ("error", repr(e))
 
 
 def test_concurrent_streaming_clients_get_the_tokens_each_gets_alone(tiny_llm):

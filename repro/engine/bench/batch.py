@@ -41,7 +41,7 @@ kernels in the layer seams, and runs the batched engine (:mod:`repro.engine.batc
    8 and of all of them; identical token ids and forward counts for every prompt is the pass condition.
    ``invariance-graph``: the same on the batched CUDA-graph path ("alone" = that path at batch 1).
 3. ``handoff``: rounds/s of the batched graph path's scheduler with a forward that computes nothing (the
-   per-round host cost: thread handoff, copies, the decoder step run eagerly), per batch size.
+   per-round host cost: the engine loop's pass over the slots, copies, the decoder step run eagerly), per batch size.
 
 Prints one line per measurement on stderr, then a short table, and as the last stdout line one JSON
 document (also written to ``--json``). Each section catches its own errors (recorded in the JSON as
@@ -297,7 +297,7 @@ def bench_batched_graph(model, mask_id: int, prefix: int, tokens: int, batch_siz
 
 class _NullForward:
     """The batched forward's buffers (:class:`repro.engine.batch_graph.TorchSlotForward`) with a forward that
-    computes nothing (logits stay 0): rounds then cost only the scheduler, the worker-thread handoff, the
+    computes nothing (logits stay 0): rounds then cost only the engine loop (its pass over the slots), the
     host→device / device→host copies and the on-device step."""
 
     def __init__(self, model, mask_id: int, max_len: int, slots: int, T: int):
@@ -312,7 +312,7 @@ class _NullForward:
 def bench_handoff(model, mask_id: int, batch_sizes, tokens: int, steps: int, seed: int, log,
                   use_graphs: bool = False) -> list[dict]:
     """Section ``handoff``: rounds/s of the batched graph path's scheduler with :class:`_NullForward` (no
-    model compute), per batch size: the per-round host overhead (thread handoff, control/flags copies, the
+    model compute), per batch size: the per-round host overhead (the loop's pass, control/flags copies, the
     decoder step) that a real round adds to its forward. Runs on the CPU (``use_graphs=False``)."""
     from repro.engine.batch import BatchRequest, BatchStats
     from repro.engine.batch_graph import generate_batch_graph

@@ -78,16 +78,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(llm, model_name: str = "bench", log_level: str = "warning", **app_kw):
-    """uvicorn serving ``llm`` (``create_app(llm, model_name, **app_kw)``) on 127.0.0.1 in a daemon thread;
-    returns (uvicorn server, port) once it listens. Stop it with ``server.should_exit = True``."""
-    import uvicorn
-
-    from repro.engine.serve.app import create_app
+def start_server(llm, model_name: str = "bench", log_level: str = "warning", graceful_s: float = 1.0, **app_kw):
+    """uvicorn serving ``llm`` (``create_app(llm, model_name, **app_kw)``, :func:`~repro.engine.serve.app.make_server`
+    with ``graceful_s``) on 127.0.0.1 in a daemon thread; returns (uvicorn server, port) once it listens. Stop it
+    with ``server.should_exit = True``."""
+    from repro.engine.serve.app import create_app, make_server
 
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(llm, model_name=model_name, **app_kw), host="127.0.0.1",
-                                           port=port, log_level=log_level))
+    server = make_server(create_app(llm, model_name=model_name, **app_kw), "127.0.0.1", port, graceful_s=graceful_s,
+                         log_level=log_level)
     threading.Thread(target=server.run, daemon=True, name="uvicorn").start()
     end = time.time() + 60
     while not server.started:

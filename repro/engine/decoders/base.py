@@ -1,7 +1,7 @@
 """Decoder settings, the decoder registry and the block-decoder interface shared by all algorithms.
 
 A decoder sees one block of ``block_size`` tokens at a time and is driven by
-:func:`repro.engine.decode_loop.generate_ids`:
+:func:`repro.engine.request.decode` (the program the engine loop advances):
 
 0. ``bind(model)`` — once per request: the :class:`~repro.engine.model.LLaDA2Model` whose embedding table
    and adapter self-conditioning uses;
@@ -23,9 +23,11 @@ request's seeded generator and ``p`` is its probability under that distribution 
 
 Registry (as SGLang's ``dllm/algorithm/__init__.py``): every module of this package that defines
 ``Decoder`` (a :class:`BlockDecoder` subclass with a ``name``) and ``DEFAULTS`` (its setting defaults) is an
-algorithm, found by ``Decoder.name``; :func:`algorithms` lists them. :class:`DecoderConfig` fills every
-setting left unset from the algorithm's ``DEFAULTS``, then from :data:`COMMON_DEFAULTS`, so
-``DecoderConfig()`` and ``DecoderConfig.from_dict({})`` are the same decoder.
+algorithm, found by ``Decoder.name``; :func:`algorithms` lists them. A module whose greedy rules the on-device
+step implements says so with ``ON_DEVICE = True`` (:func:`repro.engine.decoders.device.device_step_problem`);
+without it the decoder runs on the host decoders only, never on the device step's rules.
+:class:`DecoderConfig` fills every setting left unset from the algorithm's ``DEFAULTS``, then from
+:data:`COMMON_DEFAULTS`, so ``DecoderConfig()`` and ``DecoderConfig.from_dict({})`` are the same decoder.
 """
 
 from __future__ import annotations

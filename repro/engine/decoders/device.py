@@ -1,7 +1,8 @@
 """The block decoders as one on-device step: no host sync inside a denoising round.
 
 :class:`DeviceStep` runs the greedy (``temperature == 0``) form of ``low_confidence``, ``joint_threshold`` and
-``orl`` as tensor operations on static buffers, so the step can be captured in the same CUDA graph as the
+``orl`` — the decoders whose modules declare ``ON_DEVICE = True`` (:func:`device_step_problem`) — as tensor
+operations on static buffers, so the step can be captured in the same CUDA graph as the
 forward (:class:`repro.engine.graph.GraphBackend`). It computes exactly what the host-driven decoders
 (:mod:`repro.engine.decoders.low_confidence`, :mod:`~repro.engine.decoders.joint_threshold`,
 :mod:`~repro.engine.decoders.orl`) compute from the same logits — the same shared rules of
@@ -9,7 +10,8 @@ forward (:class:`repro.engine.graph.GraphBackend`). It computes exactly what the
 ``exclude_mask_token``; ``m2t_set``; ``t2t_set``) and the ORL decoder's ``residual_temperature``, with the host
 branches replaced by ``torch.where`` — and additionally evaluates the next round's "is the block final?"
 check (their ``before_forward``) at the end of the step, into the device flag :attr:`DeviceStep.final`.
-The loop (:func:`repro.engine.decode_loop.generate_ids`) reads that one flag per round; nothing else syncs.
+The executor running a block's :class:`~repro.engine.request.Steps` op reads that one flag per round; nothing
+else syncs.
 
 State per block (static tensors): ``tokens`` ``[B]`` int64 (the forward's input ids — the backend's own
 buffer), ``editable`` ``[B]`` bool, ``last_input`` ``[B]`` (input of the latest forward), ``post`` (post-edit
@@ -26,9 +28,21 @@ from repro.engine.decoders.base import DecoderConfig, algorithms, candidate_logi
 from repro.engine.decoders.orl import residual_temperature
 
 
+def device_step_problem(cfg: DecoderConfig) -> str | None:
+    """Why :class:`DeviceStep` cannot run ``cfg`` (one line), or None when it implements it: the decoder's
+    module must declare ``ON_DEVICE = True`` (a decoder the on-device step does not know never runs its rules
+    without a word) and decoding must be greedy (sampling stays on the host decoders)."""
+    if not getattr(algorithms()[cfg.algorithm], "ON_DEVICE", False):
+        return (f"decoder {cfg.algorithm!r} has no on-device step (its module does not declare ON_DEVICE = True; "
+                "the on-device step implements low_confidence, joint_threshold and orl)")
+    if cfg.temperature > 0:
+        return f"sampling (temperature {cfg.temperature}) runs on the host decoders (the on-device step is greedy)"
+    return None
+
+
 def supported(cfg: DecoderConfig) -> bool:
-    """True when :class:`DeviceStep` implements ``cfg`` (greedy decoding; sampling stays on the host path)."""
-    return cfg.temperature <= 0
+    """True when :class:`DeviceStep` implements ``cfg`` (:func:`device_step_problem` is None)."""
+    return device_step_problem(cfg) is None
 
 
 class DeviceStep:
@@ -40,8 +54,9 @@ class DeviceStep:
     """
 
     def __init__(self, cfg: DecoderConfig, mask_id: int, model, tokens: torch.Tensor, embeds: torch.Tensor | None):
-        if not supported(cfg):
-            raise ValueError("DeviceStep implements greedy decoding only (temperature 0)")
+        why = device_step_problem(cfg)
+        if why is not None:
+            raise ValueError(f"DeviceStep cannot run this decoder: {why}")
         self.cfg, self.mask_id, self.model = cfg, mask_id, model
         dev = tokens.device
         self.tokens, self.embeds = tokens, embeds

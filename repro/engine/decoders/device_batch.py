@@ -34,7 +34,7 @@ import torch
 
 from repro.engine.adapter import normalized_entropy, residual_inputs
 from repro.engine.decoders.base import DecoderConfig, algorithms, candidate_logits, t2t_set
-from repro.engine.decoders.device import supported
+from repro.engine.decoders.device import device_step_problem
 from repro.engine.decoders.orl import residual_temperature
 from repro.engine.layers.linear import linear
 
@@ -50,15 +50,17 @@ class BatchedDeviceStep:
     ``cfg``: greedy :class:`DecoderConfig` shared by all slots; ``mask_id``: the ``<|mask|>`` id; ``model``:
     the :class:`~repro.engine.model.LLaDA2Model` (embedding table, adapter); ``tokens``: the ``[S, B]`` int64
     buffer the forward reads; ``embeds``: the ``[S, B, D]`` buffer it reads for self-conditioning (unused
-    otherwise). Raises ValueError for sampling settings (``temperature > 0``: the host decoders' job).
+    otherwise). Raises ValueError (one line) for settings the on-device step does not implement
+(:func:`~repro.engine.decoders.device.device_step_problem`: sampling, a decoder that declares no on-device step).
     """
 
     STAT_CHUNKS = 16  # vocabulary chunks per row of the fused proposals (a constant: a row's order never varies)
 
     def __init__(self, cfg: DecoderConfig, mask_id: int, model, tokens: torch.Tensor, embeds: torch.Tensor | None,
                  fused_stats: bool | None = None):
-        if not supported(cfg):
-            raise ValueError("BatchedDeviceStep implements greedy decoding only (temperature 0)")
+        why = device_step_problem(cfg)
+        if why is not None:
+            raise ValueError(f"BatchedDeviceStep cannot run this decoder: {why}")
         self.cfg, self.mask_id, self.model = cfg, mask_id, model
         S, B = tokens.shape
         dev = tokens.device
@@ -91,7 +93,7 @@ class BatchedDeviceStep:
         self.editing = cfg.edits
 
     def view(self, slot: int) -> "SlotStepper":
-        """The per-slot stepper of row ``slot`` (what :func:`repro.engine.decode_loop.generate_ids` drives)."""
+        """The per-slot stepper of row ``slot`` (what a :class:`~repro.engine.request.Steps` op drives)."""
         return SlotStepper(self, slot)
 
     # ------------------------------------------------------------------ block start (one slot, outside the graph)
@@ -205,7 +207,7 @@ def _m2t_rows(masked: torch.Tensor, p: torch.Tensor, threshold: float, num_to_tr
 
 class SlotStepper:
     """One slot of a :class:`BatchedDeviceStep`, with the interface of
-    :class:`~repro.engine.decoders.device.DeviceStep` that :func:`repro.engine.decode_loop.generate_ids` uses:
+    :class:`~repro.engine.decoders.device.DeviceStep` that a :class:`~repro.engine.request.Steps` op uses:
     ``start_block``, ``final`` (a host bool), ``tokens`` (the slot's ``[B]`` row), ``reuse()`` (host bool),
     ``self_conditioning``. ``final`` / ``reuse`` are host copies the batched scheduler sets after each round
     from the one ``[2, S]`` flags read (:meth:`set_flags`); after :meth:`start_block` the first read of

@@ -31,6 +31,9 @@ from repro.engine.decoders.base import BlockDecoder, m2t_set, t2t_set
 #: Speed mode (model card); editing on.
 DEFAULTS = dict(threshold=0.5, edit_threshold=0.0, editing=True, max_post_steps=16, self_conditioning=False)
 
+#: The on-device step (:mod:`repro.engine.decoders.device`) implements this decoder's greedy rules.
+ON_DEVICE = True
+
 
 class JointThreshold(BlockDecoder):
     """M2T + T2T with post-edit steps (settings: threshold, edit_threshold, editing, max_post_steps)."""

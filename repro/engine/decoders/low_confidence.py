@@ -26,6 +26,9 @@ from repro.engine.decoders.base import BlockDecoder, commit_masked
 #: SGLang ``LowConfidence`` reads ``threshold`` with default 0.95; no editing.
 DEFAULTS = dict(threshold=0.95, editing=False, self_conditioning=False)
 
+#: The on-device step (:mod:`repro.engine.decoders.device`) implements this decoder's greedy rules.
+ON_DEVICE = True
+
 
 class LowConfidence(BlockDecoder):
     """Threshold M2T with top-``num_to_transfer`` fallback; no editing."""

@@ -26,6 +26,9 @@ from repro.engine.decoders.joint_threshold import JointThreshold
 DEFAULTS = dict(threshold=0.85, edit_threshold=0.5, editing=True, max_post_steps=16, max_new_tokens=4096,
                 self_conditioning=True)
 
+#: The on-device step (:mod:`repro.engine.decoders.device`) implements this decoder's greedy rules.
+ON_DEVICE = True
+
 
 def residual_temperature(cfg, model) -> float:
     """T_res in effect for decoder settings ``cfg`` on ``model``: ``cfg.residual_temperature`` if set, else

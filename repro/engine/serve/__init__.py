@@ -12,8 +12,10 @@ queue, streaming text, cancellation),
 Contract of :func:`serve_main`: loads the checkpoint (a directory, or a hub id fetched with
 ``huggingface_hub`` — cache or hub), runs one warm-up generation (CUDA-graph capture happens then, not in the
 first request), logs one line saying what is served where, then serves until SIGINT/SIGTERM (uvicorn;
-in-flight requests get ``--graceful-s`` seconds). Bad arguments or an unloadable checkpoint: one ``error:``
-line and exit status 2, before anything listens.
+in-flight requests get ``--graceful-s`` seconds, then each remaining client gets a final error event and its
+request is cancelled in the engine: :func:`~repro.engine.serve.app.make_server`). ``--tensor-parallel-size N``
+serves from N ranks in step (:mod:`repro.engine.ranks`). Bad arguments or an unloadable checkpoint: one
+``error:`` line and exit status 2, before anything listens.
 """
 
 from __future__ import annotations
@@ -37,16 +39,19 @@ def add_serve_args(p) -> None:
                    help="model id of /v1/models and the OpenAI 'model' field (default: the directory's name, "
                         "or the hub id)")
     p.add_argument("--revision", default="main", help="hub revision when --model is a hub id (default: %(default)s)")
-    p.add_argument("--max-queue", type=int, default=64, help="requests allowed to wait; more get 503 (default: %(default)s)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests allowed to wait beyond the free slots; more get 503 (default: %(default)s)")
     p.add_argument("--max-batch", type=int, default=8,
                    help="requests decoded together by the continuous-batching engine (default: %(default)s)")
     p.add_argument("--slot-positions", type=int, default=None,
-                   help="positions (prompt + completion) of one slot of the batched CUDA-graph engine; longer "
-                        "requests get 400 (default: min(8192, the model's context)); the eager engine has no limit")
+                   help="positions (prompt + completion: the KV cache) one request may hold, on every engine; "
+                        "longer requests get 400 (default: min(8192, the model's context); said in /health)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body in bytes; 413 beyond (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="server log level (default: %(default)s)")
-    p.add_argument("--graceful-s", type=float, default=10.0, help="seconds in-flight requests get on shutdown (default: %(default)s)")
+    p.add_argument("--graceful-s", type=float, default=10.0,
+                   help="seconds in-flight requests get on shutdown; then each gets a final error event and is "
+                        "cancelled (default: %(default)s)")
 
 
 def _looks_local(model: str) -> bool:
@@ -96,9 +101,9 @@ def _check_listen(host: str, port: int) -> None:
 def serve_main(a, precision: str) -> int:
     """Run the server for parsed CLI arguments ``a`` (see :func:`add_serve_args`); returns the exit status."""
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
 
-        from repro.engine.serve.app import create_app
+        from repro.engine.serve.app import create_app, make_server
     except ImportError as e:
         raise ValueError(f"the server needs FastAPI and uvicorn ({e}); install the 'serve' extra: "
                          f".venv/bin/python -m pip install -e '.[serve]' (scripts/setup.sh does)") from None
@@ -126,5 +131,8 @@ def serve_main(a, precision: str) -> int:
                      slot_positions=a.slot_positions or min(8192, context))
     log.info("serving %r on http://%s:%d — POST /generate, POST /v1/chat/completions, POST /v1/completions, "
              "GET /v1/models, GET /health%s", name, a.host, a.port, " (API key required)" if a.api_key else "")
-    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=a.graceful_s)
+    try:
+        make_server(app, a.host, a.port, graceful_s=a.graceful_s, log_level=a.log_level).run()
+    finally:
+        llm.close()  # the engine loop, and the ranks of a tensor-parallel server
     return 0

@@ -21,13 +21,15 @@ Endpoints (request bodies: :mod:`repro.engine.serve.schemas`; every error: ``{"e
 Behaviour: with ``api_key`` every endpoint but ``/health`` needs ``Authorization: Bearer <key>`` (401).
 Requests go through :class:`~repro.engine.serve.worker.EngineWorker` (concurrent requests decode together in
 the continuous-batching engine, up to ``max_batch``; bounded queue of those waiting for a slot: 503 with
-``Retry-After`` when full; on the batched CUDA-graph engine a request past one slot's ``slot_positions`` is a
-400 naming ``--slot-positions``); a client that disconnects cancels its request (streaming: Starlette cancels the
+``Retry-After`` when full, never while a slot is free; a request past ``slot_positions`` — the positions, i.e.
+the KV cache, one request may hold, on every engine — is a 400 naming ``--slot-positions``, the limit is
+``max_model_len`` in ``/v1/models`` and ``max_request_positions`` in ``/health``); a client that disconnects
+cancels its request (streaming: Starlette cancels the
 response; non-streaming: polled). Bodies over ``max_body_bytes`` → 413; invalid JSON, wrong types, unknown
 fields, a lone UTF-16 surrogate escape in a string, an empty message list, ``max_new_tokens`` ≤ 0 or past the
 context → 400 naming the field; a request for another model → 404. Nothing raises through to the client: an unexpected error is a 500 whose message
 points at the server log (where its traceback is); an engine failure after a stream began ends it with one
-``{"error": ...}`` line (``/generate``) or event (SSE).
+``{"error": ...}`` line (``/generate``) or event (SSE, then ``data: [DONE]``). Shutdown: :func:`make_server`.
 """
 
 from __future__ import annotations
@@ -158,7 +160,8 @@ class Server:
             text = prompt if isinstance(prompt, str) else llm.apply_chat_template(prompt)
         except TokenizerError as e:
             raise RequestError(400, f"field {prompt_field!r}: {e}", prompt_field) from None
-        n_prompt = len(llm.tokenizer_.encode(text))
+        ids = llm.tokenizer_.encode(text)
+        n_prompt = len(ids)
         if n_prompt < 1:
             raise RequestError(400, f"field {prompt_field!r} encodes to no tokens", prompt_field)
         problem = context_problem(n_prompt, None, self.context)
@@ -180,14 +183,20 @@ class Server:
         B = decoder.block_size
         if -(-(n_prompt + budget) // B) * B > self.worker.slot_positions:
             raise RequestError(400, f"prompt ({n_prompt} tokens) plus {budget_field!r} ({budget}) needs more than the "
-                                    f"{self.worker.slot_positions} positions of a batch slot of this server; ask for "
-                                    "fewer tokens, or start the server with a larger --slot-positions",
+                                    f"{self.worker.slot_positions} positions one request may hold on this server "
+                                    "(its KV cache; max_request_positions in /health and /v1/models); ask for fewer "
+                                    "tokens or a shorter prompt, or start the server with a larger --slot-positions",
                                budget_field)
         stop = req.stop_list()
         prefix = {"generate": "gen", "chat": "chatcmpl", "completions": "cmpl"}[endpoint]
         return Job(id=f"{prefix}-{uuid.uuid4().hex[:16]}", prompt=text, prompt_tokens=n_prompt, decoder=decoder,
                    max_new_tokens=budget, loop=loop, stop=stop, seed=req.seed,
-                   endpoint=endpoint)
+                   endpoint=endpoint, ids=ids)
+
+    def abort_remaining(self, graceful_s: float) -> None:
+        """Shutdown past the grace period: every open request gets a final error event and is cancelled."""
+        self.worker.abort(f"the server is shutting down and this request did not finish within the {graceful_s:g} s "
+                          "grace period (--graceful-s); it was cancelled")
 
     def submit(self, job: Job) -> None:
         """Queue ``job`` or answer 503."""
@@ -286,15 +295,15 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
     allowed to wait; ``max_body_bytes``: largest request body; ``progress_s``: seconds between progress log
     lines of a long request; ``disconnect_poll_s``: seconds between checks whether the client of a
     non-streaming request is still there; ``max_batch``, ``slot_positions``, ``block_hook``: as
-    :class:`~repro.engine.serve.worker.EngineWorker`. The engine worker thread stops with the application's
-    lifespan."""
+    :class:`~repro.engine.serve.worker.EngineWorker`. The worker's scheduler is retired with the application's
+    lifespan (what remains is answered and cancelled)."""
     srv = Server(llm, model_name, api_key, max_queue, max_body_bytes, progress_s, disconnect_poll_s, max_batch,
                  slot_positions, block_hook)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        srv.worker.close()
+        await asyncio.to_thread(srv.worker.close)  # never block the event loop (it still flushes final events)
 
     app = FastAPI(title="repro engine server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = srv
@@ -330,7 +339,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
     async def models(request: Request):
         srv.check_auth(request)
         return {"object": "list", "data": [{"id": srv.model_name, "object": "model", "created": srv.created,
-                                            "owned_by": "repro", "root": str(llm.path), "max_model_len": srv.context}]}
+                                            "owned_by": "repro", "root": str(llm.path),
+                                            "max_model_len": srv.worker.slot_positions, "context": srv.context}]}
 
     @app.post("/generate")
     async def generate(request: Request):
@@ -432,3 +442,28 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         return await openai_route(request, "completions")
 
     return app
+
+
+#: Seconds past the grace period uvicorn gives the final error events to reach their clients.
+FLUSH_S = 5.0
+
+
+def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 18080, graceful_s: float = 10.0,
+                log_level: str = "info"):
+    """The uvicorn server of ``app`` (from :func:`create_app`) with its shutdown (SIGINT/SIGTERM, or
+    ``should_exit``): no new connection is taken, open requests get ``graceful_s`` seconds to finish; past that
+    each remaining client gets a final error event (``{"error": ...}`` line on ``/generate``, an error event then
+    ``data: [DONE]`` on the OpenAI streams, a 500 when not streaming) and its request is cancelled in the engine;
+    then the application stops. Run it with ``.run()``."""
+    import uvicorn
+
+    class EngineServer(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            timer = asyncio.get_running_loop().call_later(graceful_s, app.state.server.abort_remaining, graceful_s)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    return EngineServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                       timeout_graceful_shutdown=graceful_s + FLUSH_S))

@@ -2,14 +2,15 @@
 shape every 4xx/5xx answer uses.
 
 * ``POST /generate`` — :class:`GenerateRequest`: ``messages`` (chat template applied) **or** ``prompt`` (used as
-  is), ``max_new_tokens``, the decoder overrides ``threshold`` / ``edit_threshold`` (and ``temperature``,
-  ``seed``), ``stop``, ``stream`` (default true: one JSON line per committed block).
+  is), ``max_new_tokens``, the decoder overrides ``threshold`` / ``edit_threshold`` (and ``temperature`` in
+  [0, 2] as the OpenAI endpoints, ``seed``), ``stop``, ``stream`` (default true: one JSON line per committed
+  block).
 * ``POST /v1/chat/completions`` — :class:`ChatRequest`, ``POST /v1/completions`` — :class:`CompletionRequest`:
   the OpenAI request fields (https://platform.openai.com/docs/api-reference/chat/create and /completions/create)
   plus ``threshold`` / ``edit_threshold``. OpenAI fields the engine cannot honour (``n`` > 1, ``top_p`` < 1,
   penalties, ``logprobs``, ``logit_bias``, ``echo``, ``best_of``, ``suffix``) are accepted only at their
   neutral value; any other value is a 400 naming the field. An absent ``temperature`` means the model's
-  decoder default (greedy), not OpenAI's 1.
+  decoder default (greedy), not OpenAI's 1. ``/v1/completions``' ``max_tokens``: absent or null → 16 (OpenAI's).
 
 Errors: :class:`RequestError` (HTTP status, offending field, message) rendered by :func:`error_body` as
 ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's error object); :func:`validation_error` turns a
@@ -21,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class RequestError(Exception):
@@ -113,7 +114,7 @@ class GenerateRequest(_DecoderOverrides):
     messages: list[Message] | None = None
     prompt: str | None = None
     max_new_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)  # as the OpenAI endpoints (1e400 parses to inf)
     stream: bool = True
 
     def prompt_or_messages(self) -> str | list[dict]:
@@ -191,6 +192,12 @@ class CompletionRequest(_OpenAICommon):
 
     prompt: str | list[str]
     max_tokens: int | None = Field(16, ge=1)
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _null_is_default(cls, v):
+        """``"max_tokens": null`` means the default (16), as leaving it out does — not "until EOS"."""
+        return 16 if v is None else v
     echo: bool | None = None
     logprobs: int | None = None
     best_of: int | None = None

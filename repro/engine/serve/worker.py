@@ -1,29 +1,32 @@
-"""The server's engine worker: one thread runs requests in the continuous-batching engine, admitted in arrival
-order from a bounded queue, and streams each request's committed blocks back to its handler.
+"""The server's side of the engine loop: admission from a bounded queue, streaming of each request's committed
+blocks to its handler, cancellation and shutdown.
 
 Contract
 --------
-* :meth:`EngineWorker.submit` admits a :class:`Job` or raises :class:`QueueFull` when ``max_queue`` jobs
-  already wait for a slot (running jobs are not counted).
-* Every request, at every concurrency (1 included), decodes in the continuous-batching engine: one engine
-  thread runs :meth:`repro.engine.batch._Scheduler.serve`, which takes waiting jobs in arrival order whenever
-  one of its ``max_batch`` slots is free, and runs one forward per round over all running requests — on the
-  LLM's CUDA-graph path with a greedy default decoder (32-token blocks) the batched graph engine
-  (:mod:`repro.engine.batch_graph`, ``max_batch`` slots of ``slot_positions`` positions, captured when the
-  worker starts), otherwise the eager batched forward (:mod:`repro.engine.batch`). Each request's tokens
-  equal the same request alone on that engine (batch invariance, :mod:`repro.engine.batch`; on the CPU also
-  equal to :meth:`~repro.engine.llm.LLM.generate`). The scheduler still drives one thread per request
-  (``generate_ids`` unchanged); an error of one request fails that request only, an error of a round fails
-  the requests of that round and the worker starts a fresh scheduler.
+* :class:`EngineWorker` owns one scheduler of the LLM's engine loop (:meth:`repro.engine.llm.LLM.scheduler`,
+  the public factory: ``max_batch`` slots; on the LLM's CUDA-graph path with a greedy default decoder the
+  batched graph engine of :mod:`repro.engine.batch_graph`, captured when the worker starts, else the eager
+  batched forward of :mod:`repro.engine.batch`; under tensor parallelism every rank runs it in step). The
+  worker has no thread of its own: the loop's thread runs every request, the server's and any other caller's
+  of the same LLM. Each request's tokens equal the same request alone on that engine (batch invariance).
+* :meth:`EngineWorker.submit` admits a :class:`Job` or raises :class:`QueueFull` when ``max_queue`` jobs already
+  wait **beyond the free slots**: a waiting job takes a free slot at the loop's next iteration, so a burst is
+  never refused while a slot is free (``max_batch + max_queue`` requests are held at most).
+* A request whose prompt plus budget needs more than ``slot_positions`` positions is refused before it starts
+  (HTTP 400, on every engine: the limit bounds the KV cache a request may take; ``/health`` and ``/v1/models``
+  say it). A request that fails in the engine (its allocation, its forward) fails alone.
 * Events reach the job's handler on its asyncio loop (``loop.call_soon_threadsafe`` into ``job.events``):
   ``("block", text, n_tokens)`` once per committed block (``n_tokens``: its generated ids before the first
   EOS; ``text``: the new completion text, possibly "" while an incomplete UTF-8 character or a possible
   stop-string prefix is held back), then exactly one of
   ``("done", result_dict)`` (:func:`result_dict`; its ``tail`` is the held-back end of the text) or
   ``("error", message)``.
-* :meth:`Job.cancel` (the client went away): a waiting job is answered and its queue place freed at once (it is
-  skipped when it reaches the front), a running one stops after its current block and frees its slot (the
-  ``on_block`` hook of :func:`repro.engine.decode_loop.generate_ids` returns True); either way the handler gets ``("done", ...)`` with ``finish_reason`` ``"cancelled"``.
+* :meth:`Job.cancel` (the client went away): a waiting job is answered and its queue place freed at once (the
+  engine loop drops it); a running one stops after its current block and frees its slot (the ``on_block`` hook
+  answers True); either way the handler gets ``("done", ...)`` with ``finish_reason`` ``"cancelled"``.
+* :meth:`EngineWorker.abort` (shutdown past the grace period): every remaining job gets ``("error", reason)``
+  and its request is cancelled in the engine loop (it ends at the next round); :meth:`EngineWorker.close` does
+  that and retires the scheduler.
 * Text: the completion is cut before the first ``<|endoftext|>`` (as :class:`~repro.engine.llm.GenerateOutput`
   does) and before the first occurrence of any stop string (then ``finish_reason`` is ``"stop"`` and decoding
   ends after that block). The streamed pieces always concatenate to the final ``text``.
@@ -36,10 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -123,9 +124,9 @@ class TextStream:
 
 @dataclass
 class Job:
-    """One admitted request. ``prompt``: chat-formatted prompt text (used as is); ``prompt_tokens``: its length
-    in tokens; ``decoder``: :class:`~repro.engine.decoders.DecoderConfig`; ``max_new_tokens``; ``stop``:
-    stop strings; ``events``: asyncio queue of the handler's loop (module docstring)."""
+    """One admitted request. ``prompt``: chat-formatted prompt text (used as is); ``ids``: its token ids
+    (``prompt_tokens`` of them); ``decoder``: :class:`~repro.engine.decoders.DecoderConfig`; ``max_new_tokens``;
+    ``stop``: stop strings; ``events``: asyncio queue of the handler's loop (module docstring)."""
 
     id: str
     prompt: str
@@ -136,14 +137,17 @@ class Job:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     endpoint: str = ""
+    ids: list[int] | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     created: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     queue_s: float = 0.0
 
     worker: "EngineWorker | None" = None
-    state: str = "new"  # new | waiting | running | dropped (guarded by the worker's lock)
-    stream: "TextStream | None" = None  # the completion text so far (set when the job joins the batch)
+    request: object = None  # its repro.engine.loop.Request once submitted
+    state: str = "new"  # new | waiting | running | dropped | ended (guarded by the worker's lock)
+    answered: bool = False  # its final event was sent (shutdown answers before the engine ends it)
+    stream: "TextStream | None" = None  # the completion text so far
     blocks: int = 0  # committed blocks streamed
     tokens: int = 0  # their generated ids before the first EOS
 
@@ -154,7 +158,7 @@ class Job:
         from any thread."""
         self.cancelled.set()
         if self.worker is not None:
-            self.worker._drop_waiting(self)
+            self.worker._cancel(self)
 
     def emit(self, *event) -> None:
         """Deliver an event to the handler's loop (ignored if that loop is gone)."""
@@ -181,16 +185,15 @@ def result_dict(job: Job, out, text: str, finish: str, blocks: int, tail: str = 
 
 
 class EngineWorker:
-    """Runs admitted :class:`Job`\\ s on ``llm``'s continuous-batching engine from one daemon thread (module
-    docstring).
+    """Runs admitted :class:`Job`\\ s on a scheduler of ``llm``'s engine loop (module docstring).
 
-    ``max_queue``: jobs allowed to wait (≥ 1); ``max_batch``: slots, the most requests decoded together (≥ 1);
-    ``slot_positions``: positions (prompt + completion, rounded up to whole blocks) of one slot of the batched
-    CUDA-graph engine (None: the model's context; unused on the eager engine, where each request allocates its
-    own cache); ``progress_s``: seconds between progress log lines of one request; ``block_hook(job, ids)``:
-    called in the request's thread after each committed block was handed to its client (tests pace requests
-    or simulate a device fault with it; an exception it raises fails that request only). Counters in
-    :meth:`stats`. Raises ValueError for a bad ``max_queue`` / ``max_batch`` / ``slot_positions``.
+    ``max_queue``: jobs allowed to wait beyond the free slots (≥ 1); ``max_batch``: slots, the most requests
+    decoded together (≥ 1); ``slot_positions``: positions (prompt + completion, rounded up to whole blocks) one
+    request may use, on every engine (None: the model's context); ``progress_s``: seconds between progress log
+    lines of one request; ``block_hook(job, ids)``: called on the engine loop's thread after each committed
+    block was handed to its client (tests pace requests or simulate a device fault with it; an exception it
+    raises fails that request only — on one rank). Counters in :meth:`stats`. Raises ValueError for a bad
+    ``max_queue`` / ``max_batch`` / ``slot_positions``.
     """
 
     def __init__(self, llm, max_queue: int = 64, progress_s: float = 10.0, max_batch: int = 8,
@@ -204,20 +207,21 @@ class EngineWorker:
             raise ValueError(f"slot_positions must be in [1, {context}] (the model's context), got {slot_positions}")
         self.llm, self.max_queue, self.progress_s, self.max_batch = llm, max_queue, progress_s, max_batch
         self.block_hook = block_hook
-        self.engine = self._engine_kind()
-        # positions one request may use: a graph slot's (whole blocks), else the context
-        self.slot_positions = context
+        B = llm.default_decoder().block_size
+        #: positions one request may use (whole blocks): the KV cache a request may take, on every engine
+        self.slot_positions = min(context, -(-(slot_positions or context) // B) * B)
+        t0 = time.perf_counter()
+        self.scheduler = llm.scheduler(max_batch, self.slot_positions)
+        self.engine = "cuda-graph" if self.scheduler.kind == "cuda-graph" else "eager"
         if self.engine == "cuda-graph":
-            B = llm.default_decoder().block_size
-            self.slot_positions = min(context, -(-(slot_positions or context) // B) * B)
-        self._q: queue.Queue = queue.Queue()
+            log.info("batched CUDA-graph engine: %d slots of %d positions, captured in %.1f s", max_batch,
+                     self.scheduler.executor.engine.max_len, time.perf_counter() - t0)
         self._lock = threading.Lock()
         self._waiting = 0
         self._running: set[Job] = set()
+        self._jobs: set[Job] = set()  # every job not yet ended (waiting or running)
         self._closing = False
         self.counts = {"served": 0, "cancelled": 0, "failed": 0, "rejected": 0}
-        self._thread = threading.Thread(target=self._run, name="repro-engine", daemon=True)
-        self._thread.start()
 
     @property
     def running(self) -> Job | None:
@@ -225,141 +229,87 @@ class EngineWorker:
         with self._lock:
             return next(iter(self._running), None)
 
-    def _engine_kind(self) -> str:
-        """``"cuda-graph"`` (:mod:`repro.engine.batch_graph`: the LLM runs CUDA graphs and its default decoder
-        is greedy with 32-token blocks) or ``"eager"`` (:mod:`repro.engine.batch`)."""
-        from repro.engine.decoders.device import supported
-
-        cfg = self.llm.default_decoder()
-        ok = self.llm.engine_path == "cuda-graph" and supported(cfg) and cfg.block_size == 32
-        return "cuda-graph" if ok else "eager"
-
     def stats(self) -> dict:
-        """``{"waiting", "running" (requests decoding now), "max_queue", "max_batch", "engine", "served",
-        "cancelled", "failed", "rejected"}``."""
+        """``{"waiting", "running" (requests decoding now), "max_queue", "max_batch", "engine",
+        "max_request_positions", "served", "cancelled", "failed", "rejected"}``."""
         with self._lock:
             return {"waiting": self._waiting, "running": len(self._running), "max_queue": self.max_queue,
-                    "max_batch": self.max_batch, "engine": f"batched {self.engine}", **self.counts}
+                    "max_batch": self.max_batch, "engine": f"batched {self.engine}",
+                    "max_request_positions": self.slot_positions, **self.counts}
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``; raises :class:`QueueFull` when ``max_queue`` jobs already wait."""
+        """Queue ``job``; raises :class:`QueueFull` when ``max_queue`` jobs already wait beyond the free slots
+        (or the server is shutting down)."""
+        from repro.engine.loop import Request
+
+        ids = job.ids if job.ids is not None else self.llm.tokenizer_.encode(job.prompt)
         with self._lock:
-            if self._waiting >= self.max_queue:
+            free = max(0, self.max_batch - len(self._running))
+            if self._closing or self._waiting >= self.max_queue + free:
                 self.counts["rejected"] += 1
-                raise QueueFull(f"{self._waiting} requests already wait (--max-queue {self.max_queue})")
+                why = "the server is shutting down" if self._closing else (
+                    f"{self._waiting} requests already wait for {free} free slot(s) (--max-queue {self.max_queue}, "
+                    f"--max-batch {self.max_batch})")
+                raise QueueFull(why)
             self._waiting += 1
+            self._jobs.add(job)
             job.worker, job.state = self, "waiting"
-        self._q.put(job)
+            job.stream = TextStream(self.llm.tokenizer_.decode, self.llm.eos_id, job.stop)
+            job.request = Request(ids, job.decoder, job.max_new_tokens, job.seed, on_block=self._hook(job),
+                                  on_start=lambda r: self._started(job), on_done=lambda r: self._done(job, r))
+        self.scheduler.submit(job.request)
 
-    def _drop_waiting(self, job: Job) -> None:
-        """A waiting job was cancelled: free its queue place now (it is skipped when it reaches the front) and
-        answer it (its handler, if still there, ends at once)."""
+    def _cancel(self, job: Job) -> None:
+        """The job's client went away: a waiting job is answered now (its queue place freed) and the engine loop
+        drops it; a running one stops after its current block (its ``on_block`` answers True)."""
         with self._lock:
-            if job.state != "waiting":
-                return
-            job.state = "dropped"
-            self._waiting -= 1
-            self.counts["cancelled"] += 1
-        job.queue_s = time.perf_counter() - job.created
-        log.info("%s dropped before it started: client disconnected (waited %.2f s)", job.id, job.queue_s)
-        job.emit("done", result_dict(job, None, "", "cancelled", 0))
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread once the queue is drained and the running requests ended (jobs whose clients are
-        gone are dropped at once); waits at most ``timeout`` seconds (the thread is a daemon)."""
-        self._q.put(None)
-        self._thread.join(timeout)
-
-    # ------------------------------------------------------------------ the engine thread
-    def _scheduler(self):
-        """A fresh round scheduler over the batched engine (built once per worker on the graph path)."""
-        from repro.engine.batch import _Scheduler
-
-        llm = self.llm
-        if self.engine == "cuda-graph":
-            from repro.engine.batch_graph import BatchGraphEngine, _GraphScheduler
-
-            if getattr(self, "_graph", None) is None:
-                t0 = time.perf_counter()
-                max_len = -(-self.slot_positions // 1024) * 1024
-                self._graph = BatchGraphEngine(llm.model, llm.mask_id, llm.default_decoder(), self.max_batch, max_len)
-                self._graph.capture()
-                log.info("batched CUDA-graph engine: %d slots of %d positions, captured in %.1f s", self.max_batch,
-                         max_len, time.perf_counter() - t0)
-            return _GraphScheduler(llm.model, llm.mask_id, llm.eos_id, self._graph)
-        return _Scheduler(llm.model, llm.mask_id, llm.eos_id)
-
-    def _run(self) -> None:
-        import torch
-
-        from repro.engine.batch import BatchStats
-
-        dev = getattr(getattr(self.llm, "model", None), "device", None)
-        if dev is not None and dev.type == "cuda" and dev.index is not None:
-            torch.cuda.set_device(dev.index)  # the current CUDA device is per thread (Triton launches on it)
-        while not self._closing:
-            stats = BatchStats()  # a server runs for days: keep only the last rounds' times
-            stats.round_s, stats.round_prefill = deque(maxlen=4096), deque(maxlen=4096)
-            try:
-                with torch.inference_mode():
-                    sched = self._scheduler()
-            except Exception:  # noqa: BLE001 - e.g. no memory for the graph engine's slots: serve eagerly
-                log.exception("cannot build the batched CUDA-graph engine; serving on the eager batched engine")
-                self.engine, self._graph = "eager", None
-                continue
-            try:
-                with torch.inference_mode():
-                    sched.serve(self._take, self.max_batch, stats, self._finished)
-            except Exception as e:  # noqa: BLE001 - a round failed: its requests fail, the server keeps serving
-                log.exception("the batched engine failed; failing its %d running requests", len(self._running))
-                with self._lock:
-                    jobs, self._running = list(self._running), set()
-                    self.counts["failed"] += len(jobs)
-                for job in jobs:
-                    job.emit("error", f"engine error: {type(e).__name__}: {e}")
-
-    def _take(self, idle: bool):
-        """The scheduler's source (:meth:`repro.engine.batch._Scheduler.serve`): the next job to admit as
-        ``(job, BatchRequest)``; blocks while ``idle``; None when none waits, or (idle) at shutdown."""
-        from repro.engine.batch import BatchRequest
-
-        while not self._closing:
-            if idle:
-                job = self._q.get()
-            else:
-                try:
-                    job = self._q.get_nowait()
-                except queue.Empty:
-                    return None
-            if job is None:
-                self._closing = True
-                break
-            with self._lock:
-                if job.state == "dropped":  # cancelled while waiting: already answered and counted
-                    continue
+            dropped = job.state == "waiting"
+            if dropped:
+                job.state = "dropped"
                 self._waiting -= 1
-                job.state = "running"
-                self._running.add(job)
+                self._jobs.discard(job)
+                self.counts["cancelled"] += 1
+        if dropped:
+            job.request.cancel()
             job.queue_s = time.perf_counter() - job.created
-            if job.cancelled.is_set():
-                log.info("%s dropped before it started: client disconnected (waited %.2f s)", job.id, job.queue_s)
-                self._end(job, ("done", result_dict(job, None, "", "cancelled", 0)))
-                continue
-            try:
-                ids = self.llm.tokenizer_.encode(job.prompt)
-            except Exception as e:  # noqa: BLE001 - answered as a 500, the server keeps serving
-                log.exception("%s failed before decoding", job.id)
-                self._end(job, ("error", f"engine error: {type(e).__name__}: {e}"))
-                continue
-            log.info("%s start %s: prompt %d tokens, max_new_tokens %d, waited %.2f s, %d waiting, %d running",
-                     job.id, job.endpoint, job.prompt_tokens, job.max_new_tokens, job.queue_s, self._waiting,
-                     len(self._running))
-            return job, BatchRequest(ids, job.decoder, job.max_new_tokens, job.seed, on_block=self._hook(job))
-        return None
+            log.info("%s dropped before it started: client disconnected (waited %.2f s)", job.id, job.queue_s)
+            self._answer(job, ("done", result_dict(job, None, "", "cancelled", 0)))
+
+    def abort(self, reason: str) -> int:
+        """Shutdown: every remaining job gets ``("error", reason)`` now and is cancelled in the engine; no new
+        job is admitted. Returns how many were answered."""
+        with self._lock:
+            self._closing = True
+            jobs = list(self._jobs)
+        for job in jobs:
+            self._answer(job, ("error", reason))
+            job.cancel()
+            job.request.cancel()  # a running one too: it ends at the next round, not at its next block
+        if jobs:
+            log.warning("shutdown: %d request(s) still open; each gets an error event and is cancelled", len(jobs))
+        return len(jobs)
+
+    def close(self) -> None:
+        """Stop: answer and cancel what remains (:meth:`abort`), retire the scheduler. Quick (no join)."""
+        self.abort("the server shut down before this request finished")
+        self.scheduler.retire()
+
+    # ------------------------------------------------------------------ called on the engine loop's thread
+    def _started(self, job: Job) -> None:
+        """The job's request took a slot."""
+        with self._lock:
+            if job.state != "waiting":  # dropped while it waited: the loop ends it at once
+                return
+            self._waiting -= 1
+            job.state = "running"
+            self._running.add(job)
+        job.queue_s = time.perf_counter() - job.created
+        log.info("%s start %s: prompt %d tokens, max_new_tokens %d, waited %.2f s, %d waiting, %d running",
+                 job.id, job.endpoint, job.prompt_tokens, job.max_new_tokens, job.queue_s, self._waiting,
+                 len(self._running))
 
     def _hook(self, job: Job):
         """The request's ``on_block``: stream the block's settled text; True (stop) on a stop string or cancel."""
-        job.stream = TextStream(self.llm.tokenizer_.decode, self.llm.eos_id, job.stop)
         job.blocks, job.tokens, last_log = 0, 0, [time.perf_counter()]
 
         def on_block(ids: list[int]) -> bool:
@@ -369,7 +319,8 @@ class EngineWorker:
             text = stream.push(ids)
             kept = len(stream.ids) - kept  # the block's ids before the first EOS
             job.tokens += kept
-            job.emit("block", text, kept)
+            if not job.answered:
+                job.emit("block", text, kept)
             now = time.perf_counter()
             if now - last_log[0] >= self.progress_s:
                 last_log[0] = now
@@ -380,26 +331,40 @@ class EngineWorker:
 
         return on_block
 
-    def _end(self, job: Job, ev: tuple) -> None:
-        """Count ``job``'s outcome and free its place (before the client hears it), then answer it."""
+    def _answer(self, job: Job, ev: tuple) -> None:
+        """Send ``job``'s final event once."""
         with self._lock:
-            self._running.discard(job)
-            kind = "failed" if ev[0] == "error" else (
-                "cancelled" if ev[1]["finish_reason"] == "cancelled" else "served")
-            self.counts[kind] += 1
+            if job.answered:
+                return
+            job.answered = True
         job.emit(*ev)
 
-    def _finished(self, job: Job, res, wall_s: float, error) -> None:
-        """A request left the batch (the scheduler's ``finished``): answer it (module docstring)."""
-        if error is not None:
-            log.error("%s failed in the engine", job.id, exc_info=error)
-            return self._end(job, ("error", f"engine error: {type(error).__name__}: {error}"))
+    def _done(self, job: Job, req) -> None:
+        """The job's request ended (the loop's ``on_done``): count it, free its place, answer it."""
+        with self._lock:
+            if job.state in ("dropped", "ended"):  # answered and counted when its client left while it waited
+                return
+            was = job.state
+            self._running.discard(job)
+            if was == "waiting":
+                self._waiting -= 1
+            job.state = "ended"
+            self._jobs.discard(job)
+            kind = "failed" if req.error is not None else (
+                "cancelled" if job.cancelled.is_set() or req.result.finish_reason == "cancelled" else "served")
+            self.counts[kind] += 1
+        if req.error is not None:
+            err = req.error
+            log.error("%s failed in the engine: %s: %s", job.id, type(err).__name__, err,
+                      exc_info=(type(err), err, err.__traceback__))
+            return self._answer(job, ("error", f"engine error: {type(err).__name__}: {err}"))
+        res, wall_s = req.result, req.wall_s
         stream = job.stream
         tail = stream.finish()
         out = SimpleNamespace(generated_tokens=res.generated_tokens, forwards=res.forwards, tpf=res.tpf,
                               wall_s=wall_s, request_tps=res.generated_tokens / wall_s if wall_s > 0 else 0.0)
         finish = res.finish_reason
-        if job.cancelled.is_set():  # the client went away (the engine stopped after that block, or just ended)
+        if job.cancelled.is_set() or finish == "cancelled":  # the client went away, or the server shut down
             finish = "cancelled"
         elif stream.stopped:
             finish = "stop"
@@ -409,4 +374,4 @@ class EngineWorker:
                  "finish %s; %d waiting", job.id, u["generated_tokens"],
                  "/".join(str(v) for v in u["forwards"].values()), "-" if u["tpf"] is None else f"{u['tpf']:.2f}",
                  u["wall_s"], u["tokens_per_s"], finish, self._waiting)
-        self._end(job, ("done", r))
+        self._answer(job, ("done", r))
