@@ -6,7 +6,7 @@ Per benchmark and round, two fresh processes (as the workflow's scoring job), al
 time of ``score_records`` alone -- and *all* -- the graders' workers started first (as the scoring CLI does, so
 their imports overlap ours), ``score_records``, then ``second_grader.compare`` with every declared grader; every
 problem answered by its own reference solution (``repro.backends.replay``). Prints one line per benchmark and
-round and the ratio of the totals ``all / ours`` -- the budget of issue 39 is 1.5x.
+round and the ratio of the totals ``all / ours`` -- the budget is 1.5x (docs/scoring.md "Independent graders").
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ VERBATIM_MARK = "<!-- verbatim output -->"
 OUTSIDE_WORDS = ("report", "paper", "cookbook", "card", "blog", "manual", "article", "thesis", "rfc")
 #: Markdown files the pipeline writes (not documents): a mention of one is not a citation. ``PREFIX`` is the
 #: ``--out PREFIX`` argument of ``repro.tables compare``; ``compare/`` its folder under ``results/<suite>/``.
-GENERATED = {"main_table.md", "speed_table.md", "PREFIX.md"}
+GENERATED = {"main_table.md", "speed_table.md", "listed_verdicts.md", "PREFIX.md"}
 GENERATED_DIRS = ("results/", "work/", "compare/")
 #: ``output.md`` in a Snakemake rule is the rule's named output, not a file called ``output.md``.
 SNAKEMAKE_OBJECTS = {"output", "input", "params", "log", "wildcards"}

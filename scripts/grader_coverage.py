@@ -6,7 +6,7 @@ For each fix of ``repro.scoring.fixes.FIXES`` in turn, the case file (default ``
 scoring_cases_turn4.jsonl``) is scored with that fix switched off (``REPRO_SCORING_DISABLE``, in a fresh process,
 so the worker processes inherit it); every case whose verdict then disagrees with its ``expected_correct`` is a
 verdict "gone wrong", and it is *listed* when any independent grader its benchmark declares gives it differently
-from that (wrong) verdict -- the acceptance measure of issue 39 (at least 80 %). Prints one line per fix and a
+from that (wrong) verdict -- the grader-coverage measure (at least 80 %, docs/scoring.md "Independent graders"). Prints one line per fix and a
 total line ``listed L of W (P %)``; ``--json`` writes the per-fix details. Exit status 0 (a measurement).
 """
 

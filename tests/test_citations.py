@@ -59,7 +59,7 @@ def test_resolving_citations_pass(tmp_path):
             f"Wrapped: see docs/engine{MD}\n{SEC}2 item 4; docs/engine{MD} sections 2 and 6.10.\n"
             f"Outside sources are not checked: LLaDA2.1 report {SEC}4.2, the cookbook {SEC}9;\n"
             f"https://github.com/snakemake/snakemake/{ISSUE}s/3478; snakemake#2872.\n"
-            f"Modules: repro.engine.llm.generate_ids, repro.engine.LLM; path repro/engine/llm.py.\n"
+            f"Modules: repro.engine.llm.LLM, repro.engine.LLM; path repro/engine/llm.py.\n"
             f'Generated outputs: results/smoke/main_table{MD}, main_table{MD}; abs /etc/slurm/x{MD}.\n"""\n'
             f"REPORT = out / 'a_vs_b{MD}'  # a file name in code, not a citation\n")
     root = make_tree(tmp_path, {"repro/engine/model.py": good})

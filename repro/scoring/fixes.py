@@ -6,7 +6,7 @@ fixes (docs/scoring_rules.md). ``disabled() -> list[str]`` names the switched-of
 ``python -m repro.scoring score`` refuses to run while any is (a table never rests on a disabled fix).
 ``on`` raises ``ValueError`` for a name not in ``FIXES`` (a typo must not silently enable nothing).
 
-Why: the acceptance of issue 39 measures how many of the verdicts a fix repairs the independent
+Why: the grader-coverage measure (docs/scoring.md "Independent graders") counts how many of the verdicts a fix repairs the independent
 graders would list, had the fix not been made (``scripts/grader_coverage.py``): each fix is switched
 off in turn, on the case files only.
 """

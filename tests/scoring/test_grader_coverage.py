@@ -1,4 +1,4 @@
-"""The acceptance measure of issue 39: with each turn-4 scoring fix switched off in turn, how many of the verdicts
+"""The grader-coverage measure (docs/scoring.md "Independent graders"): with each turn-4 scoring fix switched off in turn, how many of the verdicts
 that go wrong on ``scoring_cases_turn4.jsonl`` do the independent graders list? (``scripts/grader_coverage.py``.)
 
 The figure is asserted as measured, with the verdicts no grader lists named: kinds no grader from the field

@@ -1,6 +1,6 @@
 """The independent graders (repro/scoring/graders/, repro/scoring/second_grader.py) on real MATH-500, GSM8K, HumanEval
 and MBPP problems, the lm-eval sources they follow, the declarations that name them, the start-up check, a planted
-disagreement listed by the scoring CLI, and the table's caption sentence and details file (issue 42, item 3)."""
+disagreement listed by the scoring CLI, and the table's caption sentence and details file."""
 
 import json
 import subprocess
@@ -203,7 +203,7 @@ def _report(work, model, bench, n, correct, listed_ours_correct=0, listed_ours_w
 
 
 def test_caption_sentence_counts_per_cell_and_links_a_details_file(tmp_path):
-    """Issue 42 item 3: per cell (n = 3, the table's), no total over rows (the old caption said "0 of 12"), MBPP
+    """Per cell (n = 3, the table's), no total over rows (the old caption said "0 of 12"), MBPP
     included, "listed" only where something is, one short sentence, a details file whose paths open."""
     work = tmp_path / "work"
     models = [{"name": "tiny", "label": "tiny LLaDA2"}, {"name": "reference", "label": "reference solutions"}]

@@ -1,5 +1,5 @@
 """`python -m repro.engine.bench attention`: one block's QK-norm/RoPE/KV write + attention alone, today's three
-launches against the fused launch (:mod:`repro.engine.kernels.attention_fused`, issue 41) per tile set.
+launches against the fused launch (:mod:`repro.engine.kernels.attention_fused`) per tile set.
 
     python -m repro.engine.bench attention [--prefixes 0,1024,4096] [--layers 20] [--iters 50] [--sets FILE]
         [--json FILE]

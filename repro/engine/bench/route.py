@@ -13,7 +13,7 @@ under torch.profiler gives µs per layer by kernel (router GEMM, select, tile ta
 
 Variants (``--sets FILE``: JSON ``{name: {"configs": {"router": {...}, "route": {...}}, "mode": "batched" |
 "single", "tiles": "fused" | "launch" | null, "module": "before" | "after" | "fused", "fused": bool, "compare":
-name}}``; default :data:`DEFAULT_SETS`; ``--sets fused``: :data:`FUSED_SETS`, issue 41's one-launch router + route
+name}}``; default :data:`DEFAULT_SETS`; ``--sets fused``: :data:`FUSED_SETS`, the one-launch router + route
 (``"fused": true``, :mod:`repro.engine.kernels.route_fused`) against the two-kernel path, each compared bit for bit
 with its ``"compare"`` partner instead of the mode's first set):
 ``batched`` = the batched forward's call (router tiles of ``router["ROWS"]`` rows, default 32, tile table for
@@ -85,7 +85,7 @@ def _fused_pair(name, mode, route_warps, cmp_to=None, tiles="launch", **router):
     return {name: old, name + "_fused": new}
 
 
-#: ``--sets fused`` (issue 41): the fused router + route launch (route_fused) against the two-kernel path, each pair
+#: ``--sets fused``: the fused router + route launch (route_fused) against the two-kernel path, each pair
 #: with the same tiles and warps (``_fused`` compared bit for bit with its partner). "single_h200" / "batched_h200" =
 #: the tile files' H200 entries (route 2 warps: the fused launch then runs the router's 4, so its Σh² and Σ weights
 #: may differ in the last bit; the "_w4" pairs have 4 warps in both and must be equal). The rest: tiles for the
@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--before", default=None, help="another version's route.py for the 'before' sets")
     ap.add_argument("--sets", default=None, help="JSON file {name: variant} (module doc), or 'fused' (FUSED_SETS: "
-                    "issue 41's fused router + route against the two-kernel path); default DEFAULT_SETS")
+                    "the fused router + route against the two-kernel path); default DEFAULT_SETS")
     from .cli import emit_json, gpu_args, log, read_json_object
 
     args, rows = gpu_args(ap, argv, "--rows", "32,256,1024", check=lambda rows: (

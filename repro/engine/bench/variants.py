@@ -13,7 +13,7 @@ from __future__ import annotations
 # FFN GEMMs), ``triton_linear`` (QKV/O through the Triton skinny GEMM), ``compact`` (expert GEMM grids over the
 # active-expert list; a MoE-workspace attribute), ``norm_in_route`` (MoE layers: post-attention RMSNorm written
 # by the route-select kernel), ``fused_attn`` (QK-norm + RoPE + KV write + attention + combine in one launch),
-# ``fused_route`` (router GEMM + route/align in one launch, issue 41). Unnamed settings take ``BASE``'s values.
+# ``fused_route`` (router GEMM + route/align in one launch). Unnamed settings take ``BASE``'s values.
 BASE = {"pdl": False, "prefetch": False, "fuse_norm": False, "triton_linear": False, "compact": False,
         "norm_in_route": False, "fused_attn": False, "fused_route": False}
 VARIANTS = {

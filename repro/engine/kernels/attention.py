@@ -28,7 +28,7 @@ Kernels:
   the splits into o [T, NQ·D]. Bytes read ≈ (P+T)·NKV·D·2·2 per layer: 41 kB/token over 20 layers.
 * The three launches above in one: :mod:`.attention_fused` (``block_attention_fused``; QK-norm + RoPE in the
   split programs, the combine by the last program of each (KV head, row block) in a fixed chunk order). Its
-  first version (here until issue 41) merged the other splits serially into the last one's own state (H200, µs
+  first version (here until the deterministic fold) merged the other splits serially into the last one's own state (H200, µs
   per layer at P = 0 / 1024 / 4096: 5.3 / 36.6 / 64.2 against 8.3 / 11.4 / 15.4 unfused).
 """
 from __future__ import annotations

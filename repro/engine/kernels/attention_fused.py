@@ -1,4 +1,4 @@
-"""QK-norm + RoPE + KV write + split-KV attention + combine of one block in ONE launch (issue 41, deliverable 2).
+"""QK-norm + RoPE + KV write + split-KV attention + combine of one block in ONE launch.
 
 :func:`block_attention_fused` does what :func:`.attention.qk_norm_rope_kv` followed by
 :func:`.attention.block_attention` (split + combine) do, in one launch over the split kernel's grid (KV head h,
@@ -18,14 +18,14 @@ stores its chunk's (m, l, acc) in fp32 and takes a ticket on the counter of its 
 (``tl.atomic_add``, ``sem="acq_rel"``, after a CTA barrier); the program with the last ticket resets the counter to 0
 and folds ALL the chunks of its rows from memory, in chunk order 0, 1, ..., n-1 (the left fold of
 :mod:`.attention_slots`: ``_fold_rows``, explicit FMAs, FOLD_CHUNK chunks' loads in flight at a time), then writes
-o. The result therefore never depends on which program finishes last (the fused kernel before issue 41 merged the others
+o. The result therefore never depends on which program finishes last (the earlier fused kernel merged the others
 into its own state, in an order that did). ``ws.fused_combine = "kernel"``: the partials are merged by
 ``attention._attn_combine_kernel`` instead (two launches).
 
 Numerics against the unfused path: the same math up to fp32 rounding (the three-dot QKᵀ, the order of the block and
 cached tiles, the fold); not bit-identical, so the batched forward keeps :mod:`.attention_slots` (its row invariance
 is bit-level) and this kernel serves ``BlockForward(fused_attn=True)``, with its own launch tiles (``attn`` tile
-family, kernel ``fused``: :data:`FUSED_DEFAULT`). Measured figures: docs/perf.md (issue 41).
+family, kernel ``fused``: :data:`FUSED_DEFAULT`). Measured figures: docs/perf.md "Router + route in one launch, attention in one launch".
 """
 from __future__ import annotations
 

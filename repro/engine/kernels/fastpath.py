@@ -285,7 +285,7 @@ class BlockForward(GraphCapture):
         self.fuse_norm = False  # slower on the H200 (6.2 vs 4.35 ms: the K loop no longer pipelines); kept as an option
         # QKV and O projections through the Triton skinny GEMM (fp32 outputs consumed by the next kernels)
         self.triton_linear = False
-        # QK-norm + RoPE + KV write + split attention + combine in one launch (attention_fused, issue 41: its own
+        # QK-norm + RoPE + KV write + split attention + combine in one launch (attention_fused: its own
         # tiles, kernel_configs' "attn_fused"; the combine by the last program in a fixed chunk order). Its first
         # version was slower on the H200 (6.03 vs 5.56 ms at P=1k, docs/perf_history.md v9); the lead's call decides
         self.fused_attn = False
@@ -293,7 +293,7 @@ class BlockForward(GraphCapture):
         # MoE layers: O-proj adds into h in place; the route-select kernel writes RMSNorm(h) for the experts.
         # On by default: the fastest measured variant (H200, docs/perf_history.md v8/v9: 5.54 vs 5.61 ms at P=1k)
         self.norm_in_route = True
-        # MoE layers: router GEMM + route/align in one launch (route_fused, issue 41) instead of two; the same bits.
+        # MoE layers: router GEMM + route/align in one launch (route_fused) instead of two; the same bits.
         # The router config's ``FUSED`` key (tile files; off unless set): the lead's device call chooses
         self.fused_route = bool(M._cfg("router", self.moe_cfg, H, shape.moe_inter, E + 1, T).get("FUSED", False))
         self.lin_cfg = kc["linear"]

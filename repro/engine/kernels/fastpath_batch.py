@@ -409,7 +409,7 @@ class BatchedBlockForward(GraphCapture):
         # the MoE tile table written by the route-select kernel's last program instead of its own launch (kernel 4);
         # off: measured slower on the H200 (docs/perf_history.md "Session 5: router and route at batch 1 and many slots")
         self.tiles_in_select = False
-        # router GEMM + route/align in one launch (route_fused, issue 41): the same bits; the batched router config's
+        # router GEMM + route/align in one launch (route_fused): the same bits; the batched router config's
         # ``FUSED`` key (off unless a tile file sets it)
         self.fused_route = bool(self.moe_cfg["router"].get("FUSED", False))
         self.lin_cfg = dict(kc["linear"])

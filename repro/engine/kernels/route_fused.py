@@ -1,4 +1,4 @@
-"""Router GEMM and route/align in ONE launch (issue 41, deliverable 1), beside the two-kernel path of :mod:`.route`.
+"""Router GEMM and route/align in ONE launch, beside the two-kernel path of :mod:`.route`.
 
 :func:`moe_route_align_fused` has the contract of :func:`.route.moe_route_align` (same arguments, same results in
 the :class:`~.route.MoEWorkspace`: ids, weights, per-expert pair lists, active list, normalised rows, tile table)
@@ -31,7 +31,7 @@ deadlock and the interpreter (programs run one after another) runs it as is.
    table (``route._fill_tiles``).
 
 Results never depend on which program finishes last: every sum is read back from memory in a fixed order.
-Measured figures and the choice between the paths: docs/perf.md (issue 41); the path is chosen by the router
+Measured figures and the choice between the paths: docs/perf.md "Router + route in one launch, attention in one launch"; the path is chosen by the router
 config's ``FUSED`` key (``BlockForward.fused_route`` / ``BatchedBlockForward.fused_route``).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (≤ 10 min) for issue 41's first two deliverables: the one-launch router + route
+# One device call (≤ 10 min) for the one-launch router + route
 # (kernels/route_fused.py) and the one-launch QK-norm/RoPE/KV + attention + combine (kernels/attention_fused.py),
 # each against today's path in the same process. Usage on the device machine, from the repo root:
 #   bash repro/engine/kernels/run_device_fused.sh

@@ -22,7 +22,7 @@ due to the checker (hardened comparisons, isolation, what counts as finishing), 
   ``check_correctness``'s own wrapper (a ``multiprocessing.Manager`` and ``Process`` around
   ``unsafe_execute``, only a process boundary and a join timeout) is replaced by that sandboxed process:
   with the sandbox's read-only ``/tmp`` and ``/dev/shm`` of today, a ``Manager`` in it was killed in most
-  tries here (docs/scoring.md, "Second grader"), and the sandbox's boundary is the stronger one.
+  tries here (docs/scoring.md, "Independent graders"), and the sandbox's boundary is the stronger one.
 - Sample: the first ``SAMPLE`` (20) problems in problem order (the smoke suite and CI: all of theirs),
   each costing a second sandboxed run. MBPP has no official checker of its own (lm-eval and bigcode use
   ``evaluate``'s copy of this file with a different program layout): not compared.

@@ -7,7 +7,7 @@ plain expressions, boxed answers first, then its "final answer" anchors, then th
 call it). Why: for GSM8K it is independent of our scorer (regex extraction, exact decimals); for MATH-500 it
 is our primary's engine *without* our extraction, normalisations and guards, so every verdict those decide
 (a Unicode answer we read, a set we refuse for an interval, or a guard that breaks what Math-Verify did right,
-the kind of regression issue 39 began with) is listed. Math-Verify is a dependency of the primary already.
+the kind of regression the turn-4 cases began with) is listed. Math-Verify is a dependency of the primary already.
 """
 
 from __future__ import annotations
