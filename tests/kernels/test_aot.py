@@ -4,7 +4,9 @@
 at LLaDA2.1-mini's shapes, recorded through Triton's binder, then compiled with ptxas for each card, on the tested
 Triton of ``repro/stack.py`` that ``scripts/setup.sh`` installs beside the interpreter's) and checks that every
 launch built, that the 4-bit decode each card got is the one it builds, and that no kernel of the package is left
-out. The other tests check the pieces it rests on, without compiling.
+out. It takes about 4 minutes on two cores (4 min 2 s measured), so it runs in the CI's later stage (``.ci/run``:
+``ORL_EVAL_AOT=1``), not in the README's test command. The other tests check the pieces it rests on, without
+compiling.
 """
 import ast
 import json
@@ -44,7 +46,9 @@ def _build_env():
     return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
-@pytest.mark.slow  # about 2 minutes on two cores (CI runs it)
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("ORL_EVAL_AOT") != "1",
+                    reason="4 minutes on two cores: set ORL_EVAL_AOT=1 (the CI's later stage does)")
 def test_every_launch_builds_for_every_card(tmp_path):
     from repro.stack import TESTED
 
