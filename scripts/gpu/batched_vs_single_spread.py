@@ -14,8 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's repro, run as a script
 
 
 def one(seed: int, layers: int) -> tuple[float, float]:

@@ -125,3 +125,11 @@ def test_speed_caption_names_the_tiles_that_ran():
     assert tiles_sentence([]) == ""
     s = tiles_sentence(["tiles tuned on NVIDIA H200, used on NVIDIA H100 80GB HBM3"])
     assert s == " Kernel tiles: tuned on NVIDIA H200, used on NVIDIA H100 80GB HBM3."
+
+
+def test_a_kernel_no_entry_has_keeps_its_defaults_silently(card, capsys):
+    """The batched file's optional ``attn`` entry is in no card's entry: not a fallback, no line (the H100 printed
+    'no kernel tiles tuned' while running its own tiles)."""
+    card(C.Card("NVIDIA H200", (9, 0), 132, 4800.0, 150.0))
+    assert C.load_config("batched", "attn", {}, E=257, N=512, H=2048, T=32) == {}
+    assert capsys.readouterr().err == ""

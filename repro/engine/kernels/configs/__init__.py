@@ -165,7 +165,8 @@ def load_config(family: str, kernel: str, default: dict, device=None, **shape) -
             cfg = dict(default)
             cfg.update(entry[kernel])
             return cfg
-    _warn_once(card)
+    if card.name not in data and any(isinstance(e, dict) for e in data.values()):
+        _warn_once(card)  # a file tuned for other cards only; a kernel no entry has keeps its defaults silently
     return dict(default)
 
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# A/B of the batched round's tiles on this card, one call: bench batch at 32 slots (BF16, then 4-bit experts) with
+#   as_tuned   the tile files as they are,
+#   attn64     plus a batched "attn" entry for this card with the H200's attention keys (BLOCK_M 64, BLOCK_N 64,
+#              3 stages: the batched path's attention tiles; the single-request entry stays),
+#   h200       this card's batched and attn entries replaced by the H200's,
+# then the spread of the batched path's logits against the single-request path's (8 seeds). Writes under $OUT.
+set -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+CFG=repro/engine/kernels/configs
+cp -r $CFG /tmp/configs.orig
+edit() {  # edit VARIANT: rewrite this card's entries in the tile files
+python3 - "$1" <<'PY'
+import json, sys, torch, pathlib
+v, card = sys.argv[1], torch.cuda.get_device_name(0)
+cfg = pathlib.Path("repro/engine/kernels/configs")
+b = cfg / "batched_E=257_N=512_H=2048_T=32.json"; a = cfg / "attn_NQ=16_NKV=4_D=128_T=32.json"
+db, da = json.loads(b.read_text()), json.loads(a.read_text())
+if v == "attn64":
+    db[card]["attn"] = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 3}
+if v == "h200":
+    db[card] = dict(db["NVIDIA H200"]); da[card] = dict(da["NVIDIA H200"])
+b.write_text(json.dumps(db)); a.write_text(json.dumps(da))
+PY
+}
+for v in as_tuned attn64 h200; do
+  rm -rf $CFG && cp -r /tmp/configs.orig $CFG && edit $v
+  for p in bf16 nvfp4-w4a16; do
+    timeout 60 python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes 32 --precision $p \
+      --json "$OUT/ab_${v}_${p}.json" 2>&1 | grep -E "^\s+32 " | sed "s/^/$v $p: /"
+  done
+done
+rm -rf $CFG && cp -r /tmp/configs.orig $CFG
+timeout 90 python3 scripts/gpu/batched_vs_single_spread.py --seeds 8 --json "$OUT/spread.json" 2>&1 | grep -v '^{' | tail -10
