@@ -4,7 +4,8 @@
 #   attn64     plus a batched "attn" entry for this card with the H200's attention keys (BLOCK_M 64, BLOCK_N 64,
 #              3 stages: the batched path's attention tiles; the single-request entry stays),
 #   h200       this card's batched and attn entries replaced by the H200's,
-# then the spread of the batched path's logits against the single-request path's (8 seeds). Writes under $OUT.
+# then the spread of the batched path's logits against the single-request path's (SPREAD_SEEDS, default 8; 0: none).
+# PRECISIONS: default "bf16 nvfp4-w4a16". Writes under $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -26,10 +27,11 @@ PY
 }
 for v in as_tuned attn64 h200; do
   rm -rf $CFG && cp -r /tmp/configs.orig $CFG && edit $v
-  for p in bf16 nvfp4-w4a16; do
+  for p in ${PRECISIONS:-bf16 nvfp4-w4a16}; do
     timeout 60 python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes 32 --precision $p \
       --json "$OUT/ab_${v}_${p}.json" 2>&1 | grep -E "^\s+32 " | sed "s/^/$v $p: /"
   done
 done
 rm -rf $CFG && cp -r /tmp/configs.orig $CFG
-timeout 90 python3 scripts/gpu/batched_vs_single_spread.py --seeds 8 --json "$OUT/spread.json" 2>&1 | grep -v '^{' | tail -10
+[ "${SPREAD_SEEDS:-8}" -gt 0 ] && timeout 90 python3 scripts/gpu/batched_vs_single_spread.py --seeds "${SPREAD_SEEDS:-8}" \
+  --json "$OUT/spread.json" 2>&1 | grep -v '^{' | tail -10

@@ -32,8 +32,8 @@ from repro.engine.kernels.configs import current_card, tiles_report; print(curre
           tar cf "$OUT/configs.tar" repro/engine/kernels/configs/*.json ;;
     tune) step tune "${TUNE_S:-580}" python3 -m repro.engine.kernels.tune --only "${TUNE_ONLY:-moe,w4,dense,linear,attn,batched,batched-w4}" --json "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v '^{'
           tar cf "$OUT/configs.tar" repro/engine/kernels/configs/*.json ;;
-    tests) step tests "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/test_gpu.py tests/engine/test_batch_graph.py ${PYTEST_ARGS:-} -rs 2>&1 | grep -v "^$" | tee "$OUT/tests.log" | tail -30 ;;
-    round) step round 200 python3 -m repro.engine.bench round --breakdown --json "$OUT/round.json" 2>&1 | grep -v '^{' | tail -40 ;;
+    tests) step tests "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/kernels tests/engine/test_gpu.py tests/engine/test_batch_graph.py tests/engine/test_loop.py} ${PYTEST_ARGS:-} -rs 2>&1 | grep -v "^$" | tee "$OUT/tests.log" | tail -30 ;;
+    round) step round 200 python3 -m repro.engine.bench round --breakdown ${ROUND_ARGS:-} --json "$OUT/round.json" 2>&1 | grep -v '^{' | tail -40 ;;
     round-w4) step round-w4 200 python3 -m repro.engine.bench round --precision nvfp4-w4a16 --json "$OUT/round_w4.json" 2>&1 | grep -v '^{' | tail -25 ;;
     batch) step batch 240 python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes ${BATCH_SIZES:-1,8,32} --json "$OUT/batch.json" 2>&1 | grep -v '^{' | tail -25 ;;
     batch-w4) step batch-w4 240 python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes 32 --precision nvfp4-w4a16 --json "$OUT/batch_w4.json" 2>&1 | grep -v '^{' | tail -25 ;;
