@@ -84,7 +84,9 @@ def test_choose_router_takes_the_least_sum_over_slots_and_sets_of_the_cycle():
     assert all(len(v) == TB.QUICK for v in cands.values())
     cfg = TB.set_configs(cands, 5)  # set 5 takes candidate 5 % 4 = 1 of each unit
     assert cfg["linear"]["qkv"] == TB.LINEAR[1] and cfg["moe"]["down"] == TB.MOE[1][1]
-    assert cfg["moe"]["route"] == {"num_warps": TB.ROUTER[1][1]}
+    assert cfg["moe"]["route"] == {"num_warps": TB.ROUTER[1][1]} and cfg["attn"] == TB.ATTN[1]
+    attn = TB.choose("attn", TB.ATTN[:3], _times({0: {1: 1.0, 32: 9.0}, 1: {1: 2.0, 32: 5.0}, 2: {1: 0.1}}), (1, 32))
+    assert attn == {"attn": TB.ATTN[1]}  # one setting for every S; a candidate that missed an S is not chosen
     assert TB.set_configs(TB.candidates("nvfp4-w4a16", quick=True), 0) == {"moe": dict(zip(("gate_up", "down"), TB.W4[0]))}
 
 

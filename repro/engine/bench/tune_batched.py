@@ -8,7 +8,10 @@ measuring tools, hence the module lives here). LLaDA2.1-mini in its real shapes 
 Method. Each tuning *unit* is one GEMM or pair of GEMMs whose tiles are chosen together: ``qkv``, ``o``,
 ``lm_head``, ``moe`` (the routed+shared expert gate_up and down, sharing BLOCK_M so that both launch over one tile
 table), ``dense`` (layer 0's FFN, likewise), ``router`` (router GEMM + route kernel: one setting for every S, since
-its split-K fixes a row's summation order) and, with packed 4-bit experts, ``w4`` (their gate_up / down). Set i
+its split-K fixes a row's summation order), ``attn`` (the batched path's attention tiles, entry ``attn`` merged over
+the single-request ``attn`` file's: one setting for every S, since the key tile sets the order of a row's softmax
+chunks; the single-request tuner times them for one slot only, and a 16-row tile that wins there re-reads each
+slot's K/V four times as often at 32 slots) and, with packed 4-bit experts, ``w4`` (their gate_up / down). Set i
 takes candidate i of every unit (cycling shorter lists), so one eager forward per set and slot count S times every
 unit at once: the device time of each kernel family comes from a torch.profiler trace
 (:func:`~repro.engine.bench.graph_round.kernel_breakdown`; 20 layers, so no weight is re-read from L2). Per unit:
@@ -19,7 +22,7 @@ unit at once: the device time of each kernel family comes from a torch.profiler 
 * ``w4``: ``by_slots`` may change only BLOCK_M (16 / 32) and stages (:data:`~repro.engine.kernels.fastpath_batch.
   SLOT_KEYS_W4`), so candidates are grouped by their other keys; the group with the least sum over S of its
   members' best times wins, then per S its fastest member;
-* ``router``: the candidate with the least sum over S.
+* ``router``, ``attn``: the candidate with the least sum over S.
 
 Row invariance is then checked, not assumed: with the saved file, slot 0's logits at every S must equal those at
 the smallest S (:func:`verify`); if not, the steps are dropped (one setting for every S) and it is checked again.
@@ -68,6 +71,11 @@ ROUTER = [(dict(BLOCK_E=64, BLOCK_K=64, PREC="tf32x3", ROWS=64, SPLIT_K=8, num_w
           (dict(BLOCK_E=64, BLOCK_K=64, PREC="tf32x3", ROWS=64, SPLIT_K=16, num_warps=4, num_stages=2), 4),
           (dict(BLOCK_E=64, BLOCK_K=128, PREC="tf32x3", ROWS=64, SPLIT_K=4, num_warps=4, num_stages=2), 2),
           (dict(BLOCK_E=32, BLOCK_K=64, PREC="ieee", ROWS=32, SPLIT_K=16, num_warps=4, num_stages=2), 1)]
+#: the batched path's attention tiles (merged over the single-request ``attn`` entry; one setting for every S: the
+#: key tile BLOCK_N sets the order of a row's softmax chunks)
+ATTN = [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+        dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=2), dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
+        dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2), dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3)]
 W4 = [(_t(bm, 64, 64, 4, st), _t(bm, 128, 64, 4, st)) for bm in (16, 32) for st in (3, 4)] + \
      [(_t(bm, 32, 64, 4, st), _t(bm, 64, 64, 4, st)) for bm in (16, 32) for st in (3, 4)] + \
      [(_t(bm, 64, 128, 4, 3), _t(bm, 128, 128, 4, 3)) for bm in (16, 32)] + \
@@ -78,7 +86,7 @@ QUICK = 4
 UNITS = {"qkv": (("qkv",), ("qkv",)), "o": (("o",), ("o",)), "lm_head": (("lm_head",), ("lm_head",)),
          "moe": (("gate_up", "down"), ("moe_gate_up", "moe_down")),
          "dense": (("dense_gate_up", "dense_down"), ("dense_gate_up", "dense_down")),
-         "router": (("router/route",), ("moe_router", "moe_route")),
+         "router": (("router/route",), ("moe_router", "moe_route")), "attn": (("attention",), ("attn",)),
          "w4": (("gate_up", "down"), ("moe_w4_gate_up", "moe_w4_down"))}
 
 
@@ -86,7 +94,8 @@ def candidates(precision: str, quick: bool) -> dict:
     """``{unit: [candidate, ...]}`` tuned at ``precision`` ("bf16": every 16-bit unit and the router;
     "nvfp4-w4a16": the 4-bit experts only, the rest as the bf16 pass chose)."""
     if precision == "bf16":
-        c = {"qkv": LINEAR, "o": LINEAR, "lm_head": LM_HEAD, "moe": MOE, "dense": DENSE, "router": ROUTER}
+        c = {"qkv": LINEAR, "o": LINEAR, "lm_head": LM_HEAD, "moe": MOE, "dense": DENSE, "router": ROUTER,
+             "attn": ATTN}
     else:
         c = {"w4": W4}
     if quick:  # 4-bit: the two likeliest groups, each at BLOCK_M 16 / 32, 3 stages
@@ -104,6 +113,7 @@ def set_configs(cands: dict, i: int) -> dict:
         router, route_warps = pick["router"]
         cfg["moe"] = {"gate_up": pick["moe"][0], "down": pick["moe"][1], "router": router,
                       "route": {"num_warps": route_warps}}
+        cfg["attn"] = dict(pick["attn"])
     if "w4" in pick:
         cfg["moe"] = {"gate_up": pick["w4"][0], "down": pick["w4"][1]}
     return cfg
@@ -199,11 +209,14 @@ def choose(unit: str, cands: list, times: list[dict], slots) -> dict:
     from ..kernels.fastpath_batch import SLOT_KEYS_W4
 
     _, entries = UNITS[unit]
-    if unit == "router":
+    if unit in ("router", "attn"):  # one setting for every S: the least sum over S
         ran = [(sum(t.values()), j) for j, t in enumerate(times) if len(t) == len(slots)]
         if not ran:
-            raise RuntimeError("no router candidate ran at every S")
-        router, warps = cands[min(ran)[1]]
+            raise RuntimeError(f"no {unit} candidate ran at every S")
+        best = cands[min(ran)[1]]
+        if unit == "attn":
+            return {"attn": dict(best)}
+        router, warps = best
         return {"moe_router": dict(router), "moe_route": {"num_warps": warps}}
     allowed = None
     if unit == "w4":  # one group of non-slot keys for every S: the least sum over S of its members' best

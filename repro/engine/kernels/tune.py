@@ -222,7 +222,8 @@ def tune_attn(T=32, NQ=16, NKV=4, D=128, prefixes=(1024, 4096), quick=False, see
     rows, bestc = [], None
     cands = [(32, mk, bm, bn, w, st) for mk in (64, 128, 256) for bm in (16, 32, 64)
              for bn, w, st in ((64, 4, 3), (32, 4, 2), (64, 2, 3))] + [(32, 128, 128, 32, 4, 2)]
-    for ns, mk, bm, bn, w, st in cands[:3] if quick else cands:
+    quick_cands = [(32, 64, 64, 64, 4, 3), (32, 64, 16, 32, 4, 2), (32, 64, 32, 64, 4, 3)]  # row tiles 64 / 16 / 32
+    for ns, mk, bm, bn, w, st in quick_cands if quick else cands:
         ws = A.AttnWorkspace(T, NQ, NKV, D, dev, nsplit=ns, block_n=bn, num_warps=w, num_stages=st, min_keys=mk,
                              block_m=bm)
         tot = 0.0
