@@ -138,12 +138,13 @@ class Workflow:
         return out
 
     def kill_mid_generation(self, partial: Path, records: int, marker: Path, *args: str,
-                            timeout: float = 300) -> int:
+                            timeout: float = 300, before_kill=None) -> int:
         """Start Snakemake (with ``args``, as :meth:`cmd`); once ``partial`` holds ``records`` complete records,
         while a generation job naming ``marker`` runs, SIGKILL Snakemake alone (its jobs are left to themselves:
         they must die with it, repro.backends.lifeline). Asserts that no such job is left 20 s later (any left
-        is killed, also when the test fails); skips the test when generation finished before the kill. Returns
-        the killed Snakemake's pid."""
+        is killed, also when the test fails); skips the test when generation finished before the kill.
+        ``before_kill()``, when given, is called once the records are there, Snakemake and the job still alive.
+        Returns the killed Snakemake's pid."""
         p = subprocess.Popen(self.cmd(*args), cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True, env=self.env)
         deadline, killed = time.time() + timeout, False
@@ -151,6 +152,8 @@ class Workflow:
             while time.time() < deadline and p.poll() is None:
                 if partial.exists() and partial.read_text().count("\n") >= records:
                     assert generation_processes(marker)
+                    if before_kill is not None:
+                        before_kill()
                     os.kill(p.pid, signal.SIGKILL)
                     killed = True
                     break

@@ -1,7 +1,11 @@
 """`python -m repro.status` against a real Snakemake run on the tiny model (the built-in problems, which every
-clone has): the run's start-up names the command (with the run's work directory); after a kill -9 of Snakemake
-mid-generation the table counts the partial file's records; after the rerun every cell is done."""
+clone has): while it generates, the cell is "running" and the run alive; after a kill -9 of Snakemake
+mid-generation (no process left) the table counts the partial file's records and says "stopped (rerun to resume)"
+(it once said "running" for 600 s after a Ctrl-C); the run's start-up names the command (with the run's work
+directory) and writes the plan of its cells; after the rerun
+every cell is done."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -28,11 +32,21 @@ def test_status_of_a_killed_run_and_of_its_rerun(tmp_path):
                                          "max_new_tokens": 64, "group_benchmarks": True})
     index = wf.work / "smoke/generations/tiny-orl/seed12345/shard0of1.json"
     partial = wf.work / "smoke/generations/tiny-orl/seed12345/shard0of1/gsm8k.jsonl.partial.jsonl"
-    wf.kill_mid_generation(partial, 2, index, str(index))
+    alive = []
+    wf.kill_mid_generation(partial, 2, index, str(index), before_kill=lambda: alive.append(_status(wf)))
+    rows = {tuple(line.split()[:2]): line for line in alive[0].splitlines()}
+    assert rows[("tiny-orl", "gsm8k")].endswith(" running"), alive[0]
+    assert alive[0].splitlines()[-1].startswith("run: alive (Snakemake pid "), alive[0]
     done = len(read_jsonl_tolerant(partial))
-    rows = {tuple(line.split()[:2]): line.split() for line in _status(wf).splitlines()}
+    text = _status(wf)
+    rows = {tuple(line.split()[:2]): line.split() for line in text.splitlines()}
     assert 2 <= done < 4 and rows[("tiny-orl", "gsm8k")][2:4] == [f"{done}/4", f"{100 * done / 4:.0f}%"], rows
-    assert rows[("tiny-orl", "humaneval")][2] == "0/4"
+    assert " ".join(rows[("tiny-orl", "gsm8k")][6:]).startswith("stopped (rerun to resume; last write"), text
+    assert rows[("tiny-orl", "humaneval")][2] == "0/4" and " ".join(rows[("tiny-orl", "humaneval")][6:]) == \
+        "not started", text
+    assert "run: stopped (no Snakemake holds this work directory); rerun the same command to resume" in text
+    plan = json.loads((wf.work / "smoke" / "plan.json").read_text())
+    assert {(c["model"], c["benchmark"]) for c in plan["cells"]} == {("tiny-orl", "gsm8k"), ("tiny-orl", "humaneval")}
     out = wf.run(str(index))
     assert (f"note: progress per model × benchmark (problems done, tokens/s, ETA): python -m repro.status --suite "
             f"smoke --work {wf.work} (from the checkout") in out, out[-3000:]
@@ -40,4 +54,5 @@ def test_status_of_a_killed_run_and_of_its_rerun(tmp_path):
     for bench in ("gsm8k", "humaneval"):
         line = next(x for x in text.splitlines() if x.split()[:2] == ["tiny-orl", bench])
         assert line.split()[2:4] == ["4/4", "100%"] and line.endswith("done"), text
+    assert text.splitlines()[-1] == "run: every cell done"
     assert Path(index).is_file()

@@ -151,8 +151,12 @@ onstart:
         if _decision:
             _es.status_command = "squeue"
             print(f"Note: {_decision[1]}", file=sys.stderr)
-    # where to watch generation (its jobs' bars go to their logs): repro/status.py, from any shell, also on Slurm
-    if any(j.rule.name in ("generate_shard", "generate_group") for j in workflow.dag.needrun_jobs()):
+    # where to watch generation (its jobs' bars go to their logs): repro/status.py, from any shell, also on Slurm;
+    # it counts the cells of each generated suite's plan, written now (common.smk: write_status_plans)
+    _generating = {j.wildcards["suite"] for j in workflow.dag.needrun_jobs()
+                   if j.rule.name in ("generate_shard", "generate_group")}
+    if _generating:
+        write_status_plans(sorted(_generating))
         import shlex
 
         _w = os.path.realpath(WORK) != os.path.realpath(os.path.join(workflow.basedir, "work"))

@@ -489,6 +489,23 @@ def generation_outputs(suite, model, bench, seed):
     return [W(P.SHARD, suite=suite, model=model, bench=bench, seed=seed, shard=k, nshards=n) for k in range(n)]
 
 
+def write_status_plans(suites):
+    """Write each suite's plan for `python -m repro.status` (repro.status.write_plan): every generated model ×
+    benchmark × seed of the config, with the records file of each shard, so progress counts a cell before its
+    decoder config is rendered. Called at the start of a real run (cluster.smk: onstart) for the suites it
+    generates; replayed models generate nothing and are left out."""
+    from repro.status import write_plan
+
+    for su in suites:
+        s = suite_cfg(su)
+        n, records = s["shards"], P.GROUP_SHARD if s.get("group_benchmarks") else P.SHARD
+        write_plan(Path(WORK), su, [
+            {"model": m, "benchmark": b, "seeds": list(s["seeds"]),
+             "records": [records.format(suite=su, model=m, bench=b, seed=seed, shard=k, nshards=n)
+                         for seed in s["seeds"] for k in range(n)]}
+            for m in s["models"] if not is_replay(config, m) for b in s["benchmarks"]])
+
+
 def shard_files(wildcards):
     return generation_outputs(wildcards.suite, wildcards.model, wildcards.bench, wildcards.seed)
 
