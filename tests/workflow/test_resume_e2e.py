@@ -1,5 +1,6 @@
-"""End to end through Snakemake on the tiny model: kill -9 of Snakemake mid-generation leaves no orphaned
-generation process, and the same command again gives every problem exactly once; a finished DAG reruns nothing; deleting one generation output re-runs only it and its
+"""End to end through Snakemake on the tiny model: a Ctrl-C mid-generation ends with one line saying to rerun; kill -9
+of Snakemake mid-generation leaves no orphaned generation process, and the same command again gives every problem
+exactly once; a finished DAG reruns nothing; deleting one generation output re-runs only it and its
 downstream jobs (on a copy of the shared smoke run, conftest.py). Real problems (GSM8K) from the shared data
 directory."""
 
@@ -9,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from _e2e import Workflow, job_counts
+
+INTERRUPTED_LINE = ("Interrupted: the jobs were stopped; finished problems and outputs are kept. Rerun the same "
+                    "command to resume.")  # workflow/rules/analysis_common.smk
 
 pytestmark = pytest.mark.slow
 
@@ -22,12 +26,20 @@ def setup(tmp_path, data_dir):
     return wf, gen, shard
 
 
-def test_kill9_of_snakemake_then_the_same_command_recovers(setup):
-    """kill -9 of Snakemake alone (not its jobs): the generation job dies with it, and rerunning the very
-    same command (no --unlock, no --rerun-incomplete) finishes with every problem exactly once."""
+def test_ctrl_c_then_kill9_of_snakemake_then_the_same_command_recovers(setup):
+    """A Ctrl-C mid-generation ends with one line saying to rerun the same command (no RuleException blocks);
+    kill -9 of Snakemake alone (not its jobs): the generation job dies with it; rerunning the very same command
+    (no --unlock, no --rerun-incomplete) after each finishes with every problem exactly once."""
     wf, gen, shard = setup
-    # Snakemake only, once two records are in: its job processes are left to themselves, and must stop
-    pid = wf.kill_mid_generation(Path(str(shard) + ".partial.jsonl"), 2, shard, str(gen))
+    partial = Path(str(shard) + ".partial.jsonl")
+    out = wf.interrupt_mid_generation(partial, 1, str(gen))
+    assert wf.returncode != 0 and out.rstrip().splitlines()[-1] == INTERRUPTED_LINE, out[-3000:]
+    assert "RuleException" not in out and "did not complete successfully" not in out, out[-3000:]
+    assert out.count("Rerun the same command") == 1
+    kept = partial.read_text().count("\n")
+    assert kept >= 1 and not shard.exists()
+    # Snakemake only, once one more record is in: its job processes are left to themselves, and must stop
+    pid = wf.kill_mid_generation(partial, kept + 1, shard, str(gen))
     assert not shard.exists() and (wf.root / ".snakemake" / "locks").exists()
     log = wf.work / "logs/generate/smoke/tiny-orl/gsm8k/seed12345/shard0of1.log"
     assert f"Snakemake (pid {pid}) has exited: stopping this job" in log.read_text()

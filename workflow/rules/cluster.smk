@@ -130,6 +130,23 @@ def gpu_mem_mb(wildcards):
 CPU_ONLY = {"gpu": 0, "gpu_model": "", "gres": ""}
 
 
+def write_status_plans(suites):
+    """Write each suite's plan for `python -m repro.status` (repro.status.write_plan): every generated model ×
+    benchmark × seed of the config, with the records file of each shard, so progress counts a cell before its
+    decoder config is rendered. Called at the start of a real run (onstart below) for the suites it
+    generates; replayed models generate nothing and are left out."""
+    from repro.status import write_plan
+
+    for su in suites:
+        s = suite_cfg(su)
+        n, records = s["shards"], P.GROUP_SHARD if s.get("group_benchmarks") else P.SHARD
+        write_plan(Path(WORK), su, [
+            {"model": m, "benchmark": b, "seeds": list(s["seeds"]),
+             "records": [records.format(suite=su, model=m, bench=b, seed=seed, shard=k, nshards=n)
+                         for seed in s["seeds"] for k in range(n)]}
+            for m in s["models"] if not is_replay(config, m) for b in s["benchmarks"]])
+
+
 # A run whose GPU jobs would execute on this machine (no cluster executor) on a machine without a CUDA GPU stops
 # before any job, so before the checkpoint downloads, with one line (repro/cluster.py: gpu_preflight_problem).
 # Not in dry runs (Snakemake runs onstart only when it executes).
@@ -152,7 +169,7 @@ onstart:
             _es.status_command = "squeue"
             print(f"Note: {_decision[1]}", file=sys.stderr)
     # where to watch generation (its jobs' bars go to their logs): repro/status.py, from any shell, also on Slurm;
-    # it counts the cells of each generated suite's plan, written now (common.smk: write_status_plans)
+    # it counts the cells of each generated suite's plan, written now (write_status_plans)
     _generating = {j.wildcards["suite"] for j in workflow.dag.needrun_jobs()
                    if j.rule.name in ("generate_shard", "generate_group")}
     if _generating:

@@ -17,7 +17,7 @@ from repro.checkpoint.dequantize import declared_quantization
 from repro.checkpoint.suspect import remove_generated_under
 from repro.checkpoint.verify import failed_marker, refresh_stale_stamp, rerun_trigger
 from repro.config import (
-    ConfigError, data_dir, data_dir_origin, is_replay, results_dir, suite_cells,
+    ConfigError, data_dir, data_dir_origin, is_replay, missing_local_checkpoints, results_dir, suite_cells,
     validate_config, work_dir)
 from repro.io import not_a
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
@@ -185,19 +185,11 @@ if _unsafe:
     print("\n".join(_unsafe), file=sys.stderr)
     sys.exit(1)
 
-# A local checkpoint folder ({type: local, path: ...}) that is not there: said now, once (Snakemake alone finds it
-# only when the model's download job runs, deep in the output and once per retry). Not for --unlock and the like.
-_local_models = dict.fromkeys(config["suites"][SUITE]["models"] + list(
+# A local checkpoint folder ({type: local, path: ...}) that is not there: said now, once (repro/config.py)
+_bad_local = missing_local_checkpoints(config, config["suites"][SUITE]["models"] + list(
     (config["suites"][SUITE].get("sweep") or {}).get("models") or []
-    if "sweep" in (getattr(_CLI_ARGS, "targets", None) or ()) else []))
-_bad_local = [(m, config["models"][m]["source"]["path"], not_a(Path(config["models"][m]["source"]["path"]).expanduser(),
-                                                                "folder"))
-              for m in _local_models if config["models"][m]["source"]["type"] == "local"]
-_bad_local = [f"Config error: models.{m}.source.path {p} ({_source}) {why}; point it at the checkpoint folder (the "
-              f"one holding config.json, the *.safetensors and checkpoint_manifest.json), e.g. models: {{{m}: "
-              f"{{source: {{type: local, path: /data/LLaDA2.1-mini-ORL}}}}}} in your overlay, or drop {m} from suite "
-              f"{SUITE!r}" for m, p, why in _bad_local if why]
-if _bad_local and workflow.is_main_process and _NO_JOB_FLAG is None:
+    if "sweep" in (getattr(_CLI_ARGS, "targets", None) or ()) else []), _source, SUITE)
+if _bad_local and workflow.is_main_process and _NO_JOB_FLAG is None:  # not for --unlock and the like
     print("\n".join(_bad_local), file=sys.stderr)
     sys.exit(1)
 
@@ -515,23 +507,6 @@ def generation_outputs(suite, model, bench, seed):
     if suite_cfg(suite).get("group_benchmarks"):
         return [W(P.GROUP, suite=suite, model=model, seed=seed, shard=k, nshards=n) for k in range(n)]
     return [W(P.SHARD, suite=suite, model=model, bench=bench, seed=seed, shard=k, nshards=n) for k in range(n)]
-
-
-def write_status_plans(suites):
-    """Write each suite's plan for `python -m repro.status` (repro.status.write_plan): every generated model ×
-    benchmark × seed of the config, with the records file of each shard, so progress counts a cell before its
-    decoder config is rendered. Called at the start of a real run (cluster.smk: onstart) for the suites it
-    generates; replayed models generate nothing and are left out."""
-    from repro.status import write_plan
-
-    for su in suites:
-        s = suite_cfg(su)
-        n, records = s["shards"], P.GROUP_SHARD if s.get("group_benchmarks") else P.SHARD
-        write_plan(Path(WORK), su, [
-            {"model": m, "benchmark": b, "seeds": list(s["seeds"]),
-             "records": [records.format(suite=su, model=m, bench=b, seed=seed, shard=k, nshards=n)
-                         for seed in s["seeds"] for k in range(n)]}
-            for m in s["models"] if not is_replay(config, m) for b in s["benchmarks"]])
 
 
 def shard_files(wildcards):
