@@ -69,8 +69,17 @@ def command_line_configfiles(argv: list[str]) -> list[str]:
 
 def check_command_line(argv: list[str] | None = None) -> None:
     """Check the ``--configfile`` files of this Snakemake command line (``sys.argv[1:]`` by default); print one
-    line per bad file and exit 1 when any is bad (module docstring)."""
-    errors = configfile_errors(command_line_configfiles(sys.argv[1:] if argv is None else argv))
+    line per bad file and exit 1 when any is bad (module docstring).
+
+    Then it forgets every ``repro`` module it loaded (``sys.modules``): the profile imports the installed
+    ``repro``, while the workflow must import the one of its own checkout (the Snakefile puts that first on
+    ``sys.path``), which may be another folder (a copy of the checkout, a second clone); a cached ``repro``
+    would make the workflow hash and run that other checkout's code."""
+    try:
+        errors = configfile_errors(command_line_configfiles(sys.argv[1:] if argv is None else argv))
+    finally:
+        for name in [m for m in sys.modules if m == "repro" or m.startswith("repro.")]:
+            del sys.modules[name]
     if errors:
         print("\n".join(errors), file=sys.stderr)
         sys.exit(1)
