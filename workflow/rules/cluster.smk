@@ -134,17 +134,22 @@ def write_status_plans(suites):
     """Write each suite's plan for `python -m repro.status` (repro.status.write_plan): every generated model ×
     benchmark × seed of the config, with the records file of each shard, so progress counts a cell before its
     decoder config is rendered. Called at the start of a real run (onstart below) for the suites it
-    generates; replayed models generate nothing and are left out."""
+    generates; replayed models generate nothing and are left out. A plan that cannot be written (a full disk) is a
+    note, never a failed start."""
     from repro.status import write_plan
 
     for su in suites:
         s = suite_cfg(su)
         n, records = s["shards"], P.GROUP_SHARD if s.get("group_benchmarks") else P.SHARD
-        write_plan(Path(WORK), su, [
-            {"model": m, "benchmark": b, "seeds": list(s["seeds"]),
-             "records": [records.format(suite=su, model=m, bench=b, seed=seed, shard=k, nshards=n)
-                         for seed in s["seeds"] for k in range(n)]}
-            for m in s["models"] if not is_replay(config, m) for b in s["benchmarks"]])
+        try:
+            write_plan(Path(WORK), su, [
+                {"model": m, "benchmark": b, "seeds": list(s["seeds"]),
+                 "records": [records.format(suite=su, model=m, bench=b, seed=seed, shard=k, nshards=n)
+                             for seed in s["seeds"] for k in range(n)]}
+                for m in s["models"] if not is_replay(config, m) for b in s["benchmarks"]])
+        except OSError as e:  # a full disk, say: the run goes on (its jobs say what is wrong); status shows less
+            print(f"note: the progress plan of suite {su} was not written ({e.strerror or e}); python -m "
+                  "repro.status shows its cells once their decoder configs are rendered", file=sys.stderr)
 
 
 # A run whose GPU jobs would execute on this machine (no cluster executor) on a machine without a CUDA GPU stops
