@@ -16,31 +16,36 @@ import eval_data
 REPO = eval_data.REPO
 
 
-#: Test files by their duration in one run of the suite (the longest first; seconds of ``--durations`` summed per
-#: file on a loaded 2-core machine, 2026-12-07). Only the order depends on it: a file missing here runs after these,
-#: a stale figure costs some balance and nothing else.
+#: Test files by their duration in one run of the README's command (seconds per file, from --junitxml, on the
+#: shared 2-core development machine under load, 2026-12-07): the longest first. Only the order depends on it: a
+#: file missing here runs after these, a stale figure costs some balance and nothing else.
 LONGEST_FIRST = (
-    "workflow/test_tracked_inputs.py",        # 658 s: three models' run, then a dozen reruns
-    "kernels/test_batched_forward.py",        # 314
-    "engine/test_parallel.py",                # 241
-    "workflow/test_startup.py",               # 214
-    "engine/test_batch_graph.py",             # 191
-    "engine/test_batch.py",                   # 169
-    "kernels/test_fastpath.py",               # 135
-    "workflow/test_copied_work_dir.py",       # 124 (makes the shared smoke run: workflow/conftest.py)
-    "plumbing/test_container_exec.py",        # 118
-    "workflow/test_precision_label_e2e.py",   # 105
-    "engine/test_llm.py",                     # 102
-    "plumbing/test_checkpoint_verify.py",     # 102
-    "workflow/test_resume_e2e.py",            # 90
-    "workflow/test_rerun_triggers.py",        # 73
-    "kernels/test_graph_backend.py",          # 71
-    "workflow/test_speed_probe_e2e.py",       # 66
-    "engine/test_parity.py",                  # 64
-    "kernels/test_route_select.py",           # 62
-    "plumbing/test_cluster.py",               # 61
-    "engine/test_nvfp4.py",                   # 59
-    "workflow/test_grouped_e2e.py",           # 56
+    "tests/workflow/test_tracked_inputs.py",        # 291 s: three models' run, then a dozen reruns
+    "tests/engine/test_parallel.py",                # 182
+    "tests/workflow/test_startup.py",               # 167
+    "tests/workflow/test_copied_work_dir.py",       # 149 s: with the shared smoke run: tests/workflow/conftest.py
+    "tests/engine/test_batch.py",                   # 100
+    "tests/engine/test_batch_graph.py",             # 95
+    "tests/kernels/test_batched_forward.py",        # 94
+    "tests/plumbing/test_cluster.py",               # 92
+    "tests/plumbing/test_container_exec.py",        # 85
+    "tests/workflow/test_resume_e2e.py",            # 83
+    "tests/workflow/test_precision_label_e2e.py",   # 76
+    "tests/kernels/test_graph_backend.py",          # 73
+    "tests/workflow/test_grouped_e2e.py",           # 67
+    "tests/engine/test_parity.py",                  # 64
+    "tests/plumbing/test_nvfp4_pipeline.py",        # 64
+    "tests/engine/test_mask_candidate.py",          # 57
+    "tests/kernels/test_fastpath.py",               # 52
+    "tests/plumbing/test_checkpoint_verify.py",     # 50
+    "tests/engine/test_llm.py",                     # 48
+    "tests/engine/test_device_step.py",             # 46
+    "tests/serve/test_lm_eval.py",                  # 45
+    "tests/workflow/test_analysis_targets.py",      # 45
+    "tests/workflow/test_rerun_triggers.py",        # 44
+    "tests/kernels/test_route_select.py",           # 44
+    "tests/workflow/test_speed_probe_e2e.py",       # 39
+    "tests/plumbing/test_two_gpu_check.py",         # 35
 )
 
 
@@ -54,12 +59,11 @@ def pytest_collection_modifyitems(config, items):
     """Run the files of :data:`LONGEST_FIRST` first, in its order (a stable sort: each file's tests stay together
     and in their own order)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    tests = Path(__file__).resolve().parent
 
     def key(item):
         try:
-            return rank.get(Path(str(item.path)).resolve().relative_to(tests).as_posix(), len(rank))
-        except ValueError:  # outside tests/
+            return rank.get(Path(str(item.path)).resolve().relative_to(REPO).as_posix(), len(rank))
+        except ValueError:  # outside the checkout
             return len(rank)
 
     items.sort(key=key)
