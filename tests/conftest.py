@@ -1,72 +1,41 @@
 """Shared fixtures: where the real benchmark data lives (never copied into the repo; ``eval_data.py``), and one
-summary line at the end counting the tests skipped for lack of it and saying how to run them.
-
-The order the test files run in: the longest first (:data:`LONGEST_FIRST`), then the rest in collection order. Under
-the README's ``-n 2 --dist loadfile`` pytest-xdist hands each worker whole files in that order, so the files left
-for the end are short and both workers finish together (xdist's own order, most tests first, left the long
-single-test end-to-end files for the end, where one worker ran them while the other had nothing left).
-"""
+summary line at the end counting the tests skipped for lack of it and saying how to run them. When each test runs
+(the longest files first; the tests left for CI's later stage, marker ``later``): ``schedule.py``."""
 
 from pathlib import Path
 
 import pytest
 
 import eval_data
+import schedule
 
 REPO = eval_data.REPO
 
 
-#: Test files by their duration in one run of the README's command (seconds per file, from --junitxml, on the
-#: shared 2-core development machine under load, 2026-12-07): the longest first. Only the order depends on it: a
-#: file missing here runs after these, a stale figure costs some balance and nothing else.
-LONGEST_FIRST = (
-    "tests/workflow/test_tracked_inputs.py",        # 291 s: three models' run, then a dozen reruns
-    "tests/engine/test_parallel.py",                # 182
-    "tests/workflow/test_startup.py",               # 167
-    "tests/workflow/test_copied_work_dir.py",       # 149 s: with the shared smoke run: tests/workflow/conftest.py
-    "tests/engine/test_batch.py",                   # 100
-    "tests/engine/test_batch_graph.py",             # 95
-    "tests/kernels/test_batched_forward.py",        # 94
-    "tests/plumbing/test_cluster.py",               # 92
-    "tests/plumbing/test_container_exec.py",        # 85
-    "tests/workflow/test_resume_e2e.py",            # 83
-    "tests/workflow/test_precision_label_e2e.py",   # 76
-    "tests/kernels/test_graph_backend.py",          # 73
-    "tests/workflow/test_grouped_e2e.py",           # 67
-    "tests/engine/test_parity.py",                  # 64
-    "tests/plumbing/test_nvfp4_pipeline.py",        # 64
-    "tests/engine/test_mask_candidate.py",          # 57
-    "tests/kernels/test_fastpath.py",               # 52
-    "tests/plumbing/test_checkpoint_verify.py",     # 50
-    "tests/engine/test_llm.py",                     # 48
-    "tests/engine/test_device_step.py",             # 46
-    "tests/serve/test_lm_eval.py",                  # 45
-    "tests/workflow/test_analysis_targets.py",      # 45
-    "tests/workflow/test_rerun_triggers.py",        # 44
-    "tests/kernels/test_route_select.py",           # 44
-    "tests/workflow/test_speed_probe_e2e.py",       # 39
-    "tests/plumbing/test_two_gpu_check.py",         # 35
-)
+def pytest_addoption(parser):
+    parser.addoption("--run-later", action="store_true", dest="run_later",
+                     help="also run the tests left for CI's later stage (marker later; tests/schedule.py)")
 
 
 def pytest_configure(config):
     eval_data.configure()
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order below (module docstring)
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep schedule.order's order of the files
         config.option.loadscopereorder = False
 
 
+def pytest_itemcollected(item):  # marked as collected, so that -m later selects them
+    schedule.mark_later(item, pytest.mark.later)
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected theirs: the count of those left for later is exact
 def pytest_collection_modifyitems(config, items):
-    """Run the files of :data:`LONGEST_FIRST` first, in its order (a stable sort: each file's tests stay together
-    and in their own order)."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    schedule.order(items)
+    schedule.leave_for_later(config, items)
 
-    def key(item):
-        try:
-            return rank.get(Path(str(item.path)).resolve().relative_to(REPO).as_posix(), len(rank))
-        except ValueError:  # outside the checkout
-            return len(rank)
 
-    items.sort(key=key)
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # pytest-xdist, in the controller
+    schedule.worker_done(node)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -76,6 +45,9 @@ def pytest_terminal_summary(terminalreporter):
     if n:
         terminalreporter.write_line(f"{n} tests skipped: no real benchmark files in {eval_data.looked_at()}; "
                                     f"{eval_data.HOW}")
+    later = schedule.summary_line()
+    if later:
+        terminalreporter.write_line(later)
 
 
 @pytest.fixture(scope="session")
