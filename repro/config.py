@@ -351,6 +351,25 @@ def missing_replay_samples(cfg: dict, suite: str, source: str = "config.yaml") -
     return errors
 
 
+def missing_local_checkpoints(cfg: dict, models, source: str = "config.yaml", suite: str = "SUITE") -> list[str]:
+    """One error line per model of ``models`` whose checkpoint source is a local folder (``{type: local, path}``)
+    that is not one (missing, a dangling link, a file), naming the model, the path, the config files and the fix;
+    [] when all are there. Checked at start-up: Snakemake alone finds it only when the model's download job runs,
+    deep in the output and once per retry."""
+    from repro.io import not_a
+
+    errors = []
+    for m in dict.fromkeys(models):
+        src = (cfg["models"].get(m) or {}).get("source") or {}
+        why = not_a(Path(src["path"]).expanduser(), "folder") if src.get("type") == "local" else None
+        if why:
+            errors.append(f"Config error: models.{m}.source.path {src['path']} ({source}) {why}; point it at the "
+                          "checkpoint folder (the one holding config.json, the *.safetensors and "
+                          f"checkpoint_manifest.json), e.g. models: {{{m}: {{source: {{type: local, path: "
+                          f"/data/LLaDA2.1-mini-ORL}}}}}} in your overlay, or drop {m} from suite {suite!r}")
+    return errors
+
+
 def yaml_syntax_error(path: str | os.PathLike) -> str | None:
     """One line naming the file, line and column of a YAML syntax error in ``path`` (None if it parses).
 

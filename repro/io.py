@@ -1,5 +1,7 @@
 """Atomic file writes and append-only JSON Lines, so a killed job never leaves a half-written output; a file's
-sha256; the one line said when a disk is full (:func:`disk_full`). Imports nothing of repro (the bottom layer:
+sha256; the one line said when a disk is full (:func:`disk_full`); what a path that should be a file or a folder
+is instead (:func:`not_a`: missing, a dangling symlink, the other kind); a JSON Lines line cut off mid-record said
+as such (:func:`read_jsonl`). Imports nothing of repro (the bottom layer:
 data, provenance, backends read and write through it)."""
 
 from __future__ import annotations
@@ -89,24 +91,48 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def not_a(path: str | os.PathLike, kind: str = "file") -> str | None:
+    """What ``path``, which should be a ``kind`` (``"file"`` or ``"folder"``), is instead, as words to follow the
+    path: ``"does not exist"``, ``"is a symlink to X, which does not exist"``, ``"is a folder, not a file"``, ...;
+    None when it is one (a symlink to one counts)."""
+    p = Path(path)
+    if kind == "file" and p.is_file() or kind == "folder" and p.is_dir():
+        return None
+    if p.is_symlink() and not p.exists():
+        return f"is a symlink to {os.readlink(p)}, which does not exist (a dangling link)"
+    if not p.exists():
+        return "does not exist"
+    other = "a folder" if p.is_dir() else "a file" if p.is_file() else "neither a file nor a folder"
+    return f"is {other}, not a {kind}"
+
+
 def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[dict]:
     """Read JSON Lines strictly: every non-blank line must be a JSON object. ``error`` (default
-    ValueError) is raised naming the file and 1-based line; FileNotFoundError names a missing file."""
+    ValueError) is raised naming the file and 1-based line: a line whose JSON ends before its record does (the
+    parser ran out of text: ``{"a": 1, "b": "x``) is "cut off mid-record", the file's last line adding "(file
+    truncated?)"; FileNotFoundError names a missing file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     out = []
     with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise error(f"{path}:{n}: not valid JSON ({exc.msg}, column {exc.colno})") from None
-            if not isinstance(rec, dict):
-                raise error(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
-            out.append(rec)
+        lines = f.read().split("\n")
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            ran_out = exc.pos >= len(line.rstrip()) or exc.msg.startswith("Unterminated string")
+            if ran_out and line.lstrip().startswith(("{", "[")):
+                why = "file truncated?" if n == last else "the line ends before its JSON object does"
+                raise error(f"{path}:{n}: line {n} is cut off mid-record ({why}); restore the file from its "
+                            "source") from None
+            raise error(f"{path}:{n}: not valid JSON ({exc.msg}, column {exc.colno})") from None
+        if not isinstance(rec, dict):
+            raise error(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
+        out.append(rec)
     return out
 
 

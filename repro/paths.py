@@ -9,6 +9,8 @@
                                                  repro.checkpoint.dequantize), with its own manifest
     verified/dequantized/<model>.json            its verification stamp
     sources/dequantized/<model>.json             what it is made from (source key + dequantize code + dtype)
+    <suite>/plan.json                            the cells and shard files a run generates, written at its start
+                                                 (repro.status: progress counts every planned cell)
     <suite>/problems/<bench>.jsonl               normalized problems (+ .meta.json): scoring, tables
     <suite>/problems/<bench>.for-generation.jsonl the same, as generation reads them: re-prepared only when
                                                  a rendered prompt changes (a gold fix re-scores, no more)
@@ -31,6 +33,7 @@ CHECKPOINT_SOURCE = "sources/{model}.json"
 DEQUANTIZED = "dequantized/{model}"
 DEQUANTIZED_VERIFIED = "verified/dequantized/{model}.json"
 DEQUANTIZED_SOURCE = "sources/dequantized/{model}.json"
+PLAN = "{suite}/plan.json"
 PROBLEMS = "{suite}/problems/{bench}.jsonl"
 GENERATION_PROBLEMS = "{suite}/problems/{bench}.for-generation.jsonl"
 DECODER = "{suite}/decoders/{model}/{bench}/seed{seed}.yaml"

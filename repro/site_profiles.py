@@ -151,7 +151,10 @@ def _profile_data(profile) -> dict:
         data = yaml.safe_load(f.read_text()) if f else None
     except (OSError, yaml.YAMLError):
         return {}
-    return {str(k).replace("_", "-"): v for k, v in data.items()} if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    # YTE keys (__use_yte__, __definitions__: the workflow profiles' overlay check) are no settings
+    return {str(k).replace("_", "-"): v for k, v in data.items() if not str(k).startswith("__")}
 
 
 def profile_layers(argv: list[str], environ=os.environ, basedir: str | os.PathLike = ".") -> tuple[list[str], str | None]:

@@ -1,17 +1,41 @@
 """Shared fixtures: where the real benchmark data lives (never copied into the repo; ``eval_data.py``), and one
-summary line at the end counting the tests skipped for lack of it and saying how to run them."""
+summary line at the end counting the tests skipped for lack of it and saying how to run them. When each test runs
+(the longest files first; the tests left for CI's later stage, marker ``later``): ``schedule.py``."""
 
 from pathlib import Path
 
 import pytest
 
 import eval_data
+import schedule
 
 REPO = eval_data.REPO
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-later", action="store_true", dest="run_later",
+                     help="also run the tests left for CI's later stage (marker later; tests/schedule.py)")
+
+
 def pytest_configure(config):
     eval_data.configure()
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep schedule.order's order of the files
+        config.option.loadscopereorder = False
+
+
+def pytest_itemcollected(item):  # marked as collected, so that -m later selects them
+    schedule.mark_later(item, pytest.mark.later)
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected theirs: the count of those left for later is exact
+def pytest_collection_modifyitems(config, items):
+    schedule.order(items)
+    schedule.leave_for_later(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # pytest-xdist, in the controller
+    schedule.worker_done(node)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -21,6 +45,9 @@ def pytest_terminal_summary(terminalreporter):
     if n:
         terminalreporter.write_line(f"{n} tests skipped: no real benchmark files in {eval_data.looked_at()}; "
                                     f"{eval_data.HOW}")
+    later = schedule.summary_line()
+    if later:
+        terminalreporter.write_line(later)
 
 
 @pytest.fixture(scope="session")

@@ -111,7 +111,10 @@ def test_start_up_check_reads_the_real_files(data_dir, bench, total):
 @pytest.mark.parametrize("content, says", [
     ("", "holds no problems"),
     ("\n\n", "holds no problems"),
-    ('{"question": "cut short\n', ":1: not valid JSON"),
+    ('{"question": "cut short\n', ":1: line 1 is cut off mid-record (file truncated?)"),
+    ('{"question": "q", "answer": "#### 4"}\n{"question": "cut\n{"question": "q", "answer": "#### 4"}\n',
+     ":2: line 2 is cut off mid-record (the line ends before its JSON object does)"),
+    ('{"question": "q"} x\n', ":1: not valid JSON (Extra data"),
     ('[1, 2]\n', ":1: expected a JSON object"),
     (b"\xff\xfe not utf-8\n", "cannot be read (UnicodeDecodeError"),
 ])

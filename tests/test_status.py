@@ -3,13 +3,16 @@ stopped mid-shard in a one-benchmark job and in a grouped job, as a crash leaves
 benchmark the problems done out of the total, tokens/s, an ETA while running and the state; after the reruns every
 cell is done."""
 
+import fcntl
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from repro import status
+from repro import liveness, status
 from repro.backends import generation_job as gen
 from repro.checkpoint.tiny import write_tiny
 from repro.data import load_problems
@@ -78,7 +81,7 @@ def _rows(text):
 
     out = {}
     for line in text.splitlines()[3:]:
-        if not line.startswith("-"):
+        if not line.startswith(("-", "run: ")):
             cols = re.split(r"\s{2,}", line.strip())
             out[(cols[0], cols[1]) if cols[0] != "all" else ("all", "")] = cols[2:] if cols[0] != "all" else cols[1:]
     return out
@@ -96,22 +99,58 @@ def test_progress_of_a_stopped_run_then_of_the_finished_one(suite, monkeypatch, 
     last = json.loads(Path(str(partial)[: -len(".jsonl")] + ".sessions.json").read_text())[-1]
     assert last["problems"] == 1 and not last["finished"]
 
-    now = partial.stat().st_mtime + 1  # just after the crash: still counted as running
+    # the plan of the run (written at its start from the config) names a model whose decoder configs are not
+    # rendered yet: it counts (a fresh user saw "all 12/21" while 36 cells were planned)
+    plan = [{"model": m, "benchmark": b, "seeds": [1], "records": [
+        f"s/generations/{m}/{b}/seed1/shard{k}of{n}.jsonl" if m != "grouped" else f"s/generations/{m}/seed1/shard0of1/{b}.jsonl"
+        for k in range(n)]} for m, n in (("tiny-orl", 2), ("grouped", 1), ("later", 1), ("unrendered", 1)) for b in BENCHES]
+    status.write_plan(work, "s", plan)
+
+    now = partial.stat().st_mtime + 1  # just after the crash: no Snakemake and no job alive, so stopped
     text = status.table(work, "s", now=now)
     rows = _rows(text)
-    assert rows[("tiny-orl", "gsm8k")][:2] == ["1/3", "33%"] and rows[("tiny-orl", "gsm8k")][-1] == "running", text
+    assert rows[("tiny-orl", "gsm8k")][:2] == ["1/3", "33%"], text
+    assert rows[("tiny-orl", "gsm8k")][-1].startswith("stopped (rerun to resume; last write "), text
     assert float(rows[("tiny-orl", "gsm8k")][2]) == pytest.approx(last["generated_tokens"] / last["wall_s"], abs=0.06)
-    assert rows[("tiny-orl", "gsm8k")][3] == status.duration(last["wall_s"] / last["problems"])  # 1 left in shard 0
+    assert rows[("tiny-orl", "gsm8k")][3] == "-"  # no ETA: nothing writes
     assert rows[("grouped", "gsm8k")][:2] == ["3/3", "100%"] and rows[("grouped", "gsm8k")][-1] == "done", text
-    assert rows[("grouped", "humaneval")][:2] == ["1/2", "50%"] and rows[("grouped", "humaneval")][-1] == "running"
-    assert rows[("later", "gsm8k")] == ["0/3", "0%", "-", "-", "waiting"]
+    assert rows[("grouped", "humaneval")][:2] == ["1/2", "50%"] and rows[("grouped", "humaneval")][-1].startswith(
+        "stopped (rerun to resume")
+    assert rows[("later", "gsm8k")] == ["0/3", "0%", "-", "-", "not started"]
+    assert rows[("unrendered", "gsm8k")] == ["0/3", "0%", "-", "-", "not started"], text
     assert rows[("tiny-orl", "humaneval")][0] == "0/2"
-    assert rows[("all", "")][0] == f"{1 + 3 + 1}/{3 * 5}", text
+    assert rows[("all", "")][0] == f"{1 + 3 + 1}/{4 * 5}", text
+    assert text.splitlines()[-1].startswith("run: stopped (no Snakemake holds this work directory); rerun the same "
+                                            "command to resume")
 
-    rows = _rows(status.table(work, "s", now=now + 3600))  # an hour on, nobody writes: stopped, no ETA
-    assert rows[("tiny-orl", "gsm8k")][3] == "-"
-    assert rows[("tiny-orl", "gsm8k")][4].startswith("stopped (last write 1 h")
-    assert rows[("tiny-orl", "gsm8k")][2] != "-"  # the tokens/s its sessions reached
+    # the run alive (a Snakemake holds its claim on the work directory) and the shard's job alive: running
+    claim = work / ".repro-runs" / "4242.lock"
+    claim.parent.mkdir(exist_ok=True)
+    claim.write_text(json.dumps({"pid": 4242, "directory": str(work.parent), "host": liveness.hostname()}))
+    sessions = Path(str(partial)[: -len(".jsonl")] + ".sessions.json")
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", liveness.JOB_MODULE])
+    try:
+        with open(claim) as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # as the live Snakemake holds it (workflow/run_claims.py)
+            figures = json.loads(sessions.read_text())
+            figures[-1]["job"]["pid"] = job.pid
+            sessions.write_text(json.dumps(figures))
+            text = status.table(work, "s", now=now)
+            rows = _rows(text)
+            assert rows[("tiny-orl", "gsm8k")][-1] == "running", text
+            assert rows[("tiny-orl", "gsm8k")][3] == status.duration(last["wall_s"] / last["problems"])  # 1 left
+            assert rows[("grouped", "humaneval")][-1] == "waiting"  # its job is gone, the run goes on: queued
+            assert rows[("later", "gsm8k")][-1] == "waiting"
+            assert text.splitlines()[-1] == f"run: alive (Snakemake pid 4242 in {work.parent})", text
+            job.kill()
+            job.wait()
+            assert _rows(status.table(work, "s", now=now))[("tiny-orl", "gsm8k")][-1] == "waiting"  # the job died
+        rows = _rows(status.table(work, "s", now=now + 3600))  # and the run: stopped an hour ago
+        assert rows[("tiny-orl", "gsm8k")][-1].startswith("stopped (rerun to resume; last write "), rows
+    finally:
+        job.kill()
+        job.wait()
+        claim.unlink()
 
     monkeypatch.setattr(gen, "append_jsonl", append_jsonl)
     for model, benches, shard in (("tiny-orl", ["gsm8k"], 0), ("tiny-orl", ["gsm8k"], 1),

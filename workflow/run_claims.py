@@ -17,7 +17,7 @@ inside a job):
   ``.snakemake`` to DIR while ``work/`` and ``results/`` stay the checkout's, and two checkouts can share one
   ``ORL_EVAL_WORK``. Two such runs cannot see each other's locks and write the same shards (seen: "3 problem(s)
   missing after generation" in one, "Missing files after 5 seconds" in the other). So every run also holds an
-  flock on a file of its own, ``<root>/.repro-runs/<pid>.lock`` (JSON: ``pid``, ``directory``), in each root; a
+  flock on a file of its own, ``<root>/.repro-runs/<pid>.lock`` (JSON: ``pid``, ``directory``, ``host``), in each root; a
   live run there from another directory stops this one at start-up (exit 1, one line per other run naming its
   directory and pid). Runs from the same directory are left to Snakemake's own locks: on different outputs they
   run side by side (docs/workflow.md §7.2).
@@ -39,6 +39,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
+from repro.liveness import hostname, probe_flock
 
 _HELD: list[int] = []  # the descriptors whose flocks mark this run alive: open for the process's lifetime
 
@@ -70,33 +72,24 @@ def _hold(path: Path, content: str = "") -> bool:
 def live_claims(folder: Path, mine: Path | None = None, remove_stale: bool = True) -> list[tuple[str, str]]:
     """``[(pid, directory)]`` of the runs holding a claim in ``folder`` now (their flock is held; ``directory``
     is ``"?"`` when the claim does not say, or belongs to another user); claims whose run is gone are removed
-    when ``remove_stale``."""
+    when ``remove_stale``. (repro.liveness.probe_flock tells held from free; ``python -m repro.status`` reads the
+    same claims to tell a live run from a stopped one.)"""
     live = []
     for other in sorted(Path(folder).glob("*.lock")) if Path(folder).is_dir() else []:
         if mine is not None and other == mine:
             continue
-        try:
-            fd = os.open(other, os.O_RDONLY)  # flock works on a read-only descriptor
-        except FileNotFoundError:
-            continue
-        except PermissionError:  # another user's run: treat as alive
+        state = probe_flock(other)
+        if state == "other-user":  # another user's run: treat as alive
             live.append((other.stem, "?"))
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        elif state == "held":
             try:
                 info = json.loads(other.read_text() or "{}")
             except (OSError, ValueError):
                 info = {}
             live.append((str(info.get("pid", other.stem)), str(info.get("directory", "?"))))
-        except OSError:  # no file locks here: nothing can be told of this claim
-            pass
-        else:
-            if remove_stale:
-                other.unlink(missing_ok=True)  # its Snakemake is gone
-        finally:
-            os.close(fd)
+        elif state == "free" and remove_stale:
+            other.unlink(missing_ok=True)  # its Snakemake is gone
+        # "gone": removed meanwhile; "unknown": no file locks here, nothing can be told of this claim
     return live
 
 
@@ -148,7 +141,8 @@ def claim_work_and_results_dirs(roots: list[tuple[str, str]], dry_run: bool, no_
     for what, root in roots:
         folder = Path(root) / ".repro-runs"
         mine = folder / f"{os.getpid()}.lock"
-        if not dry_run and not _hold(mine, json.dumps({"pid": os.getpid(), "directory": here})):
+        claim = {"pid": os.getpid(), "directory": here, "host": hostname()}
+        if not dry_run and not _hold(mine, json.dumps(claim)):
             continue
         for pid, d in live_claims(folder, mine, remove_stale=not dry_run):
             if d != here:  # one line per other run, naming each directory it holds

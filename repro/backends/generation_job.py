@@ -36,7 +36,8 @@ seconds of the session that finished the shard: its throughput; null when a reru
 ``job``: the fixed costs the shard's session shared — ``model_load_s`` (building the backend: reading the
 checkpoint onto the device), ``graph_capture_s`` (CUDA-graph capture seconds spent while generating this
 benchmark: the first benchmark of a job pays them; null on a path without graphs),
-``benchmarks_sharing_load`` (how many benchmarks that one load generated), the job's ``id`` and ``pid``, its
+``benchmarks_sharing_load`` (how many benchmarks that one load generated), the job's ``id``, ``pid``, ``host`` and
+``slurm_job_id`` (``$SLURM_JOB_ID``, null outside Slurm: how ``python -m repro.status`` tells a live job), its
 claimed ``gpu`` and ``started_at`` (after the claim) / ``ended_at`` (Unix seconds). ``generation_sessions`` lists
 every session that generated records of the shard, a killed one included (kept beside the partial file in
 ``OUT.partial.sessions.json`` until the shard completes): ``problems``, ``generated_tokens`` and ``wall_s`` it
@@ -68,6 +69,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -250,7 +252,8 @@ class Job:
         return float(v) if isinstance(v, (int, float)) else None
 
     def facts(self, **kw) -> dict:
-        return {"id": self.id, "pid": os.getpid(), "model_load_s": self.model_load_s,
+        return {"id": self.id, "pid": os.getpid(), "host": socket.gethostname(),
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "model_load_s": self.model_load_s,
                 "benchmarks_sharing_load": self.sharing,
                 "gpu": self.gpu, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "started_at": self.started_at, **kw}

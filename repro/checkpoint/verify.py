@@ -123,7 +123,10 @@ def load_manifest(path: str | Path, expect_manifest_sha256: str | None = None) -
                             "(the manifest's file list was edited); restore the manifest from the source")
     if expect_manifest_sha256 and manifest["manifest_sha256"] != expect_manifest_sha256:
         raise ManifestError(f"{path}: manifest_sha256 expected {expect_manifest_sha256} (pinned), actual "
-                            f"{manifest['manifest_sha256']}; this is not the pinned checkpoint")
+                            f"{manifest['manifest_sha256']}; this is not the pinned checkpoint: repair or replace "
+                            "its files from the pinned source, or, if this checkpoint is the one you mean to use, "
+                            f"pin it: set manifest_sha256: {manifest['manifest_sha256']} in the model's source "
+                            "(config.yaml or your overlay)")
     return manifest
 
 

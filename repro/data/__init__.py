@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro import benchmarks
-from repro.io import read_jsonl, sha256_path
+from repro.io import not_a, read_jsonl, sha256_path
 
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 
@@ -102,7 +102,8 @@ def check_file(benchmark: str, path: Path) -> int:
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: missing")
+        why = not_a(path)
+        raise DataError(f"{path}: missing" if why == "does not exist" else f"{path}: {why}")
     try:
         rows = read_jsonl(path, error=DataError)
     except (OSError, UnicodeDecodeError) as e:
@@ -165,8 +166,9 @@ def load_problems(benchmark: str, data_dir: Path | None, limit: int | None = Non
     if data_dir is not None:
         path = Path(data_dir) / decl.file
         if not path.is_file():
-            raise DataError(f"{path}: missing; the data directory must hold {decl.file} "
-                            f"(original {benchmark} layout), or unset data_dir / ORL_EVAL_DATA")
+            why = not_a(path)
+            raise DataError(f"{path}: {'missing' if why == 'does not exist' else why}; the data directory must hold "
+                            f"{decl.file} (original {benchmark} layout), or unset data_dir / ORL_EVAL_DATA")
         loaded = _from_file(benchmark, path, "data_dir")
     else:
         loaded = None

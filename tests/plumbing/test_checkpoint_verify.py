@@ -104,8 +104,12 @@ def test_edited_or_missing_manifest_is_an_error(ckpt):
 
 def test_pinned_manifest_sha256(ckpt):
     r = verify_cli(ckpt, "--expect-manifest-sha256", "0" * 64)
-    assert r.returncode == 2 and "pinned" in r.stderr
     man = json.loads((ckpt / MANIFEST_NAME).read_text())
+    assert r.returncode == 2 and "pinned" in r.stderr
+    # both fixes: the files from the pinned source, or this checkpoint pinned instead (a user who meant it)
+    assert "repair or replace its files from the pinned source" in r.stderr, r.stderr
+    assert (f"pin it: set manifest_sha256: {man['manifest_sha256']} in the model's source (config.yaml or your "
+            "overlay)") in r.stderr, r.stderr
     assert verify_cli(ckpt, "--expect-manifest-sha256", man["manifest_sha256"]).returncode == 0
 
 

@@ -4,7 +4,8 @@
   metadata and locks stay there, not in the checkout), with the suite's benchmark files copied from the shared
   data into ``root/data`` (a test may edit them) and an overlay config that puts data, work and results under
   ``root``; ``run(*args)`` runs Snakemake and returns its output, ``kill_mid_generation(...)`` starts it and
-  kills it with SIGKILL while it generates.
+  kills it with SIGKILL while it generates, ``interrupt_mid_generation(...)`` sends it a Ctrl-C (SIGINT to its
+  process group) then.
   ``copy_to(dest)`` copies such a run as ``cp -a`` does (the shared smoke run of conftest.py is handed out so).
 * :func:`checkout_copy`: a checkout of the workflow of a test's own (entries linked or copied), for a test that
   runs Snakemake in it or changes its files.
@@ -137,13 +138,38 @@ class Workflow:
             assert r.returncode == 0, out[-3000:]
         return out
 
+    def interrupt_mid_generation(self, partial: Path, records: int, *args: str, timeout: float = 300) -> str:
+        """Start Snakemake (with ``args``, as :meth:`cmd`) in a session of its own; once ``partial`` holds ``records``
+        complete records, send SIGINT to its whole process group, as a terminal's Ctrl-C does. Returns its output
+        (stdout + stderr) once it has ended; skips the test when generation finished first."""
+        p = subprocess.Popen(self.cmd(*args), cwd=self.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True, env=self.env)
+        deadline, sent = time.time() + timeout, False
+        try:
+            while time.time() < deadline and p.poll() is None:
+                if partial.exists() and partial.read_text().count("\n") >= records:
+                    os.killpg(p.pid, signal.SIGINT)
+                    sent = True
+                    break
+                time.sleep(0.05)
+            out, _ = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        if not sent:
+            pytest.skip("generation finished before it could be interrupted (machine too fast for this check)")
+        self.returncode = p.returncode
+        return out
+
     def kill_mid_generation(self, partial: Path, records: int, marker: Path, *args: str,
-                            timeout: float = 300) -> int:
+                            timeout: float = 300, before_kill=None) -> int:
         """Start Snakemake (with ``args``, as :meth:`cmd`); once ``partial`` holds ``records`` complete records,
         while a generation job naming ``marker`` runs, SIGKILL Snakemake alone (its jobs are left to themselves:
         they must die with it, repro.backends.lifeline). Asserts that no such job is left 20 s later (any left
-        is killed, also when the test fails); skips the test when generation finished before the kill. Returns
-        the killed Snakemake's pid."""
+        is killed, also when the test fails); skips the test when generation finished before the kill.
+        ``before_kill()``, when given, is called once the records are there, Snakemake and the job still alive.
+        Returns the killed Snakemake's pid."""
         p = subprocess.Popen(self.cmd(*args), cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True, env=self.env)
         deadline, killed = time.time() + timeout, False
@@ -151,6 +177,8 @@ class Workflow:
             while time.time() < deadline and p.poll() is None:
                 if partial.exists() and partial.read_text().count("\n") >= records:
                     assert generation_processes(marker)
+                    if before_kill is not None:
+                        before_kill()
                     os.kill(p.pid, signal.SIGKILL)
                     killed = True
                     break

@@ -28,7 +28,7 @@ def test_failed_then_good_preparation_regenerates_nothing(tmp_path, smoke_run):
     out = wf.run(check=False)
     errors = [line for line in out.splitlines() if line.startswith("Config error:")]
     assert wf.returncode != 0 and len(errors) == 1, out[-3000:]
-    assert f"{gsm}:1: not valid JSON" in errors[0] and "Error in rule" not in out, out[-3000:]
+    assert f"{gsm}:1: line 1 is cut off mid-record" in errors[0] and "Error in rule" not in out, out[-3000:]
     assert [(p.read_bytes(), p.stat().st_mtime_ns) for p in problems] == before  # untouched: no job ran
     gsm.write_text(original)
     assert "Nothing to be done" in wf.run("-n")

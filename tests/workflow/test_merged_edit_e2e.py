@@ -1,23 +1,21 @@
-"""A hand-edited merged generation file is refused, not re-scored: the tiny model on two real GSM8K problems
-through the workflow, one completion of the merged file edited, the rerun stops naming the file and the fix
-(delete it), and after the fix the file is merged again from the unchanged shards and the table is as before."""
+"""A hand-edited merged generation file is refused, not re-scored: on a copy of the shared smoke run (conftest.py:
+the tiny model on one real GSM8K and one HumanEval problem), the completion of the merged GSM8K file edited, the
+rerun stops naming the file and the fix (delete it), and after the fix the file is merged again from the unchanged
+shards and the table is as before."""
 
 import json
 
 import pytest
 
-from _e2e import Workflow
-
 pytestmark = pytest.mark.slow
 
 
-def test_edited_merged_file_is_refused_and_deleting_it_re_merges(tmp_path, data_dir):
-    wf = Workflow(tmp_path, data_dir, {"models": ["tiny-orl"], "benchmarks": ["gsm8k"], "limit": 2,
-                                       "max_new_tokens": 32}, target="main_table")
-    wf.run()
+def test_edited_merged_file_is_refused_and_deleting_it_re_merges(tmp_path, smoke_run):
+    wf = smoke_run.copy_to(tmp_path)
+    wf.run()  # the copy's tables made again (their records name the work directory they read)
     table = wf.results / "smoke" / "main_table.csv"
     before = table.read_text()
-    merged = wf.work / "smoke" / "generations" / "tiny-orl" / "gsm8k" / "seed12345.jsonl"
+    merged = wf.work / "smoke" / "generations" / "tiny" / "gsm8k" / "seed12345.jsonl"
     original = merged.read_bytes()
     meta = json.loads((merged.parent / (merged.name + ".meta.json")).read_text())
     assert meta["shards"] and len(meta["sha256"]) == 64

@@ -1,15 +1,15 @@
 """Rerun triggers of the scoring stage: a changed scoring setting that changes verdicts (scoring.timeout_s)
 re-scores -- only the benchmarks it affects, without regenerating -- and one that does not
-(scoring.workers) re-runs nothing; switching the generation backend regenerates. Tiny model, one problem of
-GSM8K and HumanEval, 32 new tokens."""
+(scoring.workers) re-runs nothing; switching the generation backend regenerates. On a copy of the shared smoke run
+(conftest.py: the tiny model, one problem of GSM8K and HumanEval)."""
 
 import pytest
 
-from _e2e import Workflow, job_counts
+from _e2e import SMOKE_SUITE, job_counts
 
 pytestmark = pytest.mark.slow
 
-SUITE = {"models": ["tiny-orl"], "benchmarks": ["gsm8k", "humaneval"], "limit": 1, "max_new_tokens": 32}
+SUITE = SMOKE_SUITE
 
 
 def snakemake(wf, scoring, *args, extra=None, suite_extra=None):
@@ -17,10 +17,10 @@ def snakemake(wf, scoring, *args, extra=None, suite_extra=None):
     return wf.run(*args)
 
 
-def test_changed_timeout_rescores_code_benchmarks_only_and_workers_reruns_nothing(tmp_path, data_dir):
-    wf = Workflow(tmp_path, data_dir, SUITE, target="main_table")
-    snakemake(wf, {"timeout_s": 10, "workers": 2})
-    cell = "smoke/{}/tiny-orl/{}/seed12345{}"
+def test_changed_timeout_rescores_code_benchmarks_only_and_workers_reruns_nothing(tmp_path, smoke_run):
+    wf = smoke_run.copy_to(tmp_path)
+    snakemake(wf, {"timeout_s": 10, "workers": 2})  # the copy's tables made again (and its scores, at this timeout)
+    cell = "smoke/{}/tiny/{}/seed12345{}"
     gens = [wf.work / cell.format("generations", b, ".jsonl") for b in ("gsm8k", "humaneval")]
     scores = {b: wf.work / cell.format("scores", b, ".summary.json") for b in ("gsm8k", "humaneval")}
     before = {p: p.stat().st_mtime_ns for p in [*gens, *scores.values()]}

@@ -181,13 +181,15 @@ def failed_marker_exists(stamp):
     return (stamp.parent / f"{stamp.name}.FAILED").is_file()
 
 
-@pytest.mark.parametrize("mtime_kept", [False, True], ids=["byte-flipped", "byte-flipped-mtime-restored"])
-def test_damaged_checkpoint_stops_every_real_run_until_repaired(run, mtime_kept):
-    """A byte flipped in a checkpoint file after a complete run (size kept; with its mtime put back too): the
-    real run stops non-zero naming the checkpoint, the file and the fix, and so does every later run (none goes
-    silent on the removed stamp); the first removes the shards generated under the stamp that no longer holds
-    (they may have read the damaged bytes); a dry run only reports (rc 0, the stamp kept); the restored file
-    verifies again, that model's cell is generated again, and the tree is up to date."""
+def test_damaged_checkpoint_stops_every_real_run_until_repaired(run):
+    """A byte flipped in a checkpoint file after a complete run, size and mtime put back (only the inode change
+    time tells): the real run stops non-zero naming the checkpoint, the file and the fix, and so does every later
+    run (none goes silent on the removed stamp); the first removes the shards generated under the stamp that no
+    longer holds (they may have read the damaged bytes); a dry run only reports (rc 0, the stamp kept); commands
+    that run no job only report; the restored file verifies again, that model's cell is generated again, and the
+    tree is up to date. Then a byte flipped with the mtime left changed: found and handled the same way (the
+    first run stops and removes the cell; the steps that follow the failure are the same code and are not
+    repeated)."""
     run.snakemake()
     stamp = run.work / "verified" / "tiny-orl.json"
     # tiny-orl's cell made again under the current stamp (an earlier test may have verified the folder again since
@@ -199,41 +201,44 @@ def test_damaged_checkpoint_stops_every_real_run_until_repaired(run, mtime_kept)
     assert json.loads(Path(f"{shard}.meta.json").read_text())["checkpoint_stamp"]["stat_fingerprint"] == \
         json.loads(stamp.read_text())["stat_fingerprint"]
     weights = run.work / "hf" / "tiny-orl" / "model-00002-of-00002.safetensors"  # written by the tiny model's rule
-    original, st = weights.read_bytes(), weights.stat()
-    try:
-        with open(weights, "r+b") as f:  # in place: same inode, same size
-            f.seek(len(original) // 2)
-            f.write(bytes([original[len(original) // 2] ^ 1]))
-        if mtime_kept:  # size and mtime as verified: only the inode change time tells
-            os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
-        out = run.snakemake("-n")  # a dry run only reports
-        assert "note: dry run: " in out and stamp.exists(), out[-3000:]
-        for attempt in range(2):  # the first run and a later one: both stop, naming file and fix
-            out = run.snakemake(check=False)
-            assert run.returncode != 0, out[-3000:]
-            assert f"checkpoint {run.work / 'hf' / 'tiny-orl'} failed verification" in out, out[-3000:]
-            assert f"altered: {weights.name}" in out and "fix: delete the folder" in out, out[-3000:]
-            assert not stamp.exists() and "Nothing to be done" not in out
-            # the first failure removes what was generated under the stamp that no longer holds (it may have read
-            # the damaged bytes): that model's shard and merged file, nothing of the other models
-            removed = "note: removed the shards (seed 12345) of tiny-orl/gsm8k (suite smoke)" in out
-            assert removed == (attempt == 0), out[-3000:]
-            assert not shard.exists() and all(f.exists() for f in others)
-            assert not (run.work / "smoke/generations/tiny-orl/gsm8k/seed12345.jsonl").exists()
-        out = run.snakemake("-n")
-        assert "failed verification in an earlier run" in out, out[-3000:]
-        # commands that run no job only report (rc 0), also abbreviated (--unl) or combined (-pS), as Snakemake's
-        # own parser reads them
-        for flag, name in (("--unl", "--unlock"), ("-pS", "--summary"), ("--list-rules", "--list-rules")):
-            out = run.snakemake(flag)
-            assert f"note: {name} (runs no job): " in out and "Error:" not in out, (flag, out[-3000:])
-        assert failed_marker_exists(stamp) and not stamp.exists()
-    finally:
-        weights.write_bytes(original)
-    out = run.snakemake()  # restored: verified again, a fresh stamp; the removed cell (only) generated again
-    assert "verifying it again by content" in out and job_counts(out).get("generate_shard") == 1, out[-3000:]
-    assert shard.exists()
-    assert stamp.exists() and not (stamp.parent / "tiny-orl.json.FAILED").exists()
+    original = weights.read_bytes()
+    for mtime_kept in (True, False):
+        st = weights.stat()
+        try:
+            with open(weights, "r+b") as f:  # in place: same inode, same size
+                f.seek(len(original) // 2)
+                f.write(bytes([original[len(original) // 2] ^ 1]))
+            if mtime_kept:  # size and mtime as verified: only the inode change time tells
+                os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+            out = run.snakemake("-n")  # a dry run only reports
+            assert "note: dry run: " in out and stamp.exists(), out[-3000:]
+            for attempt in range(2 if mtime_kept else 1):  # the first run and a later one: both stop
+                out = run.snakemake(check=False)
+                assert run.returncode != 0, out[-3000:]
+                assert f"checkpoint {run.work / 'hf' / 'tiny-orl'} failed verification" in out, out[-3000:]
+                assert f"altered: {weights.name}" in out and "fix: delete the folder" in out, out[-3000:]
+                assert not stamp.exists() and "Nothing to be done" not in out
+                # the first failure removes what was generated under the stamp that no longer holds (it may have
+                # read the damaged bytes): that model's shard and merged file, nothing of the other models
+                removed = "note: removed the shards (seed 12345) of tiny-orl/gsm8k (suite smoke)" in out
+                assert removed == (attempt == 0), out[-3000:]
+                assert not shard.exists() and all(f.exists() for f in others)
+                assert not (run.work / "smoke/generations/tiny-orl/gsm8k/seed12345.jsonl").exists()
+            if mtime_kept:
+                out = run.snakemake("-n")
+                assert "failed verification in an earlier run" in out, out[-3000:]
+                # commands that run no job only report (rc 0), also abbreviated (--unl) or combined (-pS), as
+                # Snakemake's own parser reads them
+                for flag, name in (("--unl", "--unlock"), ("-pS", "--summary"), ("--list-rules", "--list-rules")):
+                    out = run.snakemake(flag)
+                    assert f"note: {name} (runs no job): " in out and "Error:" not in out, (flag, out[-3000:])
+            assert failed_marker_exists(stamp) and not stamp.exists()
+        finally:
+            weights.write_bytes(original)
+        out = run.snakemake()  # restored: verified again, a fresh stamp; the removed cell (only) generated again
+        assert "verifying it again by content" in out and job_counts(out).get("generate_shard") == 1, out[-3000:]
+        assert shard.exists()
+        assert stamp.exists() and not (stamp.parent / "tiny-orl.json.FAILED").exists()
     assert "Nothing to be done" in run.snakemake("-n")
 
 

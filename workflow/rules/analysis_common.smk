@@ -170,8 +170,44 @@ def _watch_nothing_to_be_done():
     atexit.register(_at_exit)
 
 
+# A Ctrl-C (or a kill signal) during a run: Snakemake says "Terminating processes on user request", then prints a
+# RuleException block for every job it stopped and "At least one job did not complete successfully", and nothing on
+# how to go on. From that message on, the console drops those error blocks (the log file keeps them) and the run
+# ends with one line saying to rerun the same command, which resumes (finished problems are kept).
+INTERRUPTED_LINE = ("Interrupted: the jobs were stopped; finished problems and outputs are kept. Rerun the same "
+                    "command to resume.")
+
+
+def _watch_interrupt():
+    import atexit
+    import logging
+
+    seen = []
+
+    class _ConsoleQuiet(logging.Filter):  # on the console handlers only, once interrupted
+        def filter(self, record):
+            return record.levelno < logging.WARNING
+
+    class _Interrupted(logging.Filter):
+        def filter(self, record):
+            if not seen and record.getMessage().startswith("Terminating processes on user request"):
+                seen.append(True)
+                for h in logging.getLogger("snakemake.logging").handlers + logging.getLogger().handlers:
+                    if not isinstance(h, logging.FileHandler):
+                        h.addFilter(_ConsoleQuiet())
+            return True
+
+    def _at_exit():
+        if seen:
+            print(INTERRUPTED_LINE, file=sys.stderr)
+
+    logging.getLogger("snakemake.logging").addFilter(_Interrupted())
+    atexit.register(_at_exit)
+
+
 if workflow.is_main_process:
     _watch_nothing_to_be_done()
+    _watch_interrupt()
 
 
 # A target that names neither a target of this workflow nor a path (a typo, `main_tabel`): one line naming the

@@ -130,6 +130,28 @@ def gpu_mem_mb(wildcards):
 CPU_ONLY = {"gpu": 0, "gpu_model": "", "gres": ""}
 
 
+def write_status_plans(suites):
+    """Write each suite's plan for `python -m repro.status` (repro.status.write_plan): every generated model ×
+    benchmark × seed of the config, with the records file of each shard, so progress counts a cell before its
+    decoder config is rendered. Called at the start of a real run (onstart below) for the suites it
+    generates; replayed models generate nothing and are left out. A plan that cannot be written (a full disk) is a
+    note, never a failed start."""
+    from repro.status import write_plan
+
+    for su in suites:
+        s = suite_cfg(su)
+        n, records = s["shards"], P.GROUP_SHARD if s.get("group_benchmarks") else P.SHARD
+        try:
+            write_plan(Path(WORK), su, [
+                {"model": m, "benchmark": b, "seeds": list(s["seeds"]),
+                 "records": [records.format(suite=su, model=m, bench=b, seed=seed, shard=k, nshards=n)
+                             for seed in s["seeds"] for k in range(n)]}
+                for m in s["models"] if not is_replay(config, m) for b in s["benchmarks"]])
+        except OSError as e:  # a full disk, say: the run goes on (its jobs say what is wrong); status shows less
+            print(f"note: the progress plan of suite {su} was not written ({e.strerror or e}); python -m "
+                  "repro.status shows its cells once their decoder configs are rendered", file=sys.stderr)
+
+
 # A run whose GPU jobs would execute on this machine (no cluster executor) on a machine without a CUDA GPU stops
 # before any job, so before the checkpoint downloads, with one line (repro/cluster.py: gpu_preflight_problem).
 # Not in dry runs (Snakemake runs onstart only when it executes).
@@ -151,8 +173,12 @@ onstart:
         if _decision:
             _es.status_command = "squeue"
             print(f"Note: {_decision[1]}", file=sys.stderr)
-    # where to watch generation (its jobs' bars go to their logs): repro/status.py, from any shell, also on Slurm
-    if any(j.rule.name in ("generate_shard", "generate_group") for j in workflow.dag.needrun_jobs()):
+    # where to watch generation (its jobs' bars go to their logs): repro/status.py, from any shell, also on Slurm;
+    # it counts the cells of each generated suite's plan, written now (write_status_plans)
+    _generating = {j.wildcards["suite"] for j in workflow.dag.needrun_jobs()
+                   if j.rule.name in ("generate_shard", "generate_group")}
+    if _generating:
+        write_status_plans(sorted(_generating))
         import shlex
 
         _w = os.path.realpath(WORK) != os.path.realpath(os.path.join(workflow.basedir, "work"))

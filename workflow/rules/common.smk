@@ -17,8 +17,9 @@ from repro.checkpoint.dequantize import declared_quantization
 from repro.checkpoint.suspect import remove_generated_under
 from repro.checkpoint.verify import failed_marker, refresh_stale_stamp, rerun_trigger
 from repro.config import (
-    ConfigError, data_dir, data_dir_origin, is_replay, results_dir, suite_cells,
+    ConfigError, data_dir, data_dir_origin, is_replay, missing_local_checkpoints, results_dir, suite_cells,
     validate_config, work_dir)
+from repro.io import not_a
 from repro.provenance import checkpoint_source_key, data_source_key, prompt_source_key, stage_code_version
 
 # the config files in the order they apply (each overrides the ones before): the checkout's config.yaml (the
@@ -101,11 +102,19 @@ if DATA is not None and not DATA.is_dir():
 _needed = dict.fromkeys(config["suites"][SUITE]["benchmarks"] + list(
     (config["suites"][SUITE].get("sweep") or {}).get("benchmarks") or []
     if "sweep" in (getattr(_CLI_ARGS, "targets", None) or ()) else []))  # (workflow.dag_settings: None here)
-_missing = [benchmarks.get(b).file for b in _needed if DATA is not None and not (DATA / benchmarks.get(b).file).is_file()]
+_not_files = {benchmarks.get(b).file: not_a(DATA / benchmarks.get(b).file) for b in _needed} if DATA else {}
+_missing = [f for f, why in _not_files.items() if why == "does not exist"]
+_wrong = [f"{f} {why}" for f, why in _not_files.items() if why and why != "does not exist"]  # a dangling link, a folder
 if _missing:
     print(f"Config error: data directory {DATA} (from {_DATA_FROM}) lacks {', '.join(_missing)}, which suite "
           f"{SUITE!r} needs; copy the file(s) there, point {_DATA_FIX} at a folder holding them, or drop those "
           "benchmarks from the suite", file=sys.stderr)
+    sys.exit(1)
+if _wrong:
+    print(f"Config error: data directory {DATA} (from {_DATA_FROM}): {'; '.join(_wrong)}; suite {SUITE!r} reads "
+          f"{'it' if len(_wrong) == 1 else 'them'} as benchmark files: put the JSON Lines file(s) there (or a link "
+          f"to an existing one), point {_DATA_FIX} at another folder, or drop those benchmarks from the suite",
+          file=sys.stderr)
     sys.exit(1)
 if DATA is not None and workflow.is_main_process and _NO_JOB_FLAG is None:  # not in job processes, not --unlock
     from repro.data import DataError as _DataError, check_file as _check_data_file
@@ -186,6 +195,14 @@ if not config["containers"]["enabled"]:
     if _graders_line:
         print(f"Setup error: {_graders_line}", file=sys.stderr)
         sys.exit(1)
+
+# A local checkpoint folder ({type: local, path: ...}) that is not there: said now, once (repro/config.py)
+_bad_local = missing_local_checkpoints(config, config["suites"][SUITE]["models"] + list(
+    (config["suites"][SUITE].get("sweep") or {}).get("models") or []
+    if "sweep" in (getattr(_CLI_ARGS, "targets", None) or ()) else []), _source, SUITE)
+if _bad_local and workflow.is_main_process and _NO_JOB_FLAG is None:  # not for --unlock and the like
+    print("\n".join(_bad_local), file=sys.stderr)
+    sys.exit(1)
 
 # Snakemake's job records (params, code, input lists: what makes it re-run a job whose settings changed) are
 # also kept inside the work and results directories, so a copied or moved directory keeps them and a config
@@ -432,8 +449,11 @@ def reverify_stale_stamps(pairs, what="checkpoint"):
                     print(f"note: {line}", file=sys.stderr)
     for folder, stamp, marker in failed:
         lines = "\n".join(f"  {line}" for line in marker.read_text().splitlines())
+        # a pinned manifest_sha256 that the checkpoint does not carry: pinning the new one is a fix too
+        pin_fix = ("if this checkpoint is the one you mean to use, pin its manifest_sha256 in the model's source "
+                   "as the line above says, and run again; else " if "(pinned)" in lines else "")
         print(f"Error: {what} {folder} failed verification against its manifest, so no job may read it (its stamp "
-              f"{stamp} is removed):\n{lines}\n  fix: delete the folder (rm -rf {folder}): the next run that needs "
+              f"{stamp} is removed):\n{lines}\n  fix: {pin_fix}delete the folder (rm -rf {folder}): the next run that needs "
               f"it fetches or writes it again and verifies it (to do that now, run your command with {stamp} as its "
               "target); or restore the named files. A checkpoint fetched from the hub or a local folder is hard-linked "
               "to its source (the hub cache's blob, or your folder's file), which a file changed in place has changed "
