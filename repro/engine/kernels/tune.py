@@ -106,13 +106,19 @@ def _best_of(cands, label, make_fn, nbytes, rows):
     return kb
 
 
+def _router_inputs(T, H, E, seed):
+    """(generator, x [T, H] bf16, router weight [E, H] fp32, expert bias [E] fp32) on CUDA, drawn from ``seed``."""
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+    gate = torch.randn(E, H, device="cuda", generator=g) * 0.02
+    bias = torch.randn(E, device="cuda", generator=g) * 0.01
+    return g, x, gate, bias
+
+
 def tune_moe(T=32, H=2048, N=512, E=256, top_k=8, quick=False, seed=0):
     dev = "cuda"
-    g = torch.Generator(device=dev)
-    g.manual_seed(seed)
-    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
-    gate = torch.randn(E, H, device=dev, generator=g) * 0.02
-    bias = torch.randn(E, device=dev, generator=g) * 0.01
+    g, x, gate, bias = _router_inputs(T, H, E, seed)
     w13 = (torch.randn(E + 1, 2 * N, H, device=dev, generator=g, dtype=torch.bfloat16) * 0.02)
     w2 = (torch.randn(E + 1, H, N, device=dev, generator=g, dtype=torch.bfloat16) * 0.02)
     rows, best = [], {}
@@ -163,11 +169,7 @@ def tune_moe_w4(T=32, H=2048, N=512, E=256, top_k=8, quick=False, seed=0):
     from .moe_w4 import random_nvfp4_experts
 
     dev = "cuda"
-    g = torch.Generator(device=dev)
-    g.manual_seed(seed)
-    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
-    gate = torch.randn(E, H, device=dev, generator=g) * 0.02
-    bias = torch.randn(E, device=dev, generator=g) * 0.01
+    g, x, gate, bias = _router_inputs(T, H, E, seed)
     w13 = random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, dev, g).with_shared(
         torch.randn(2 * N, H, device=dev, generator=g, dtype=torch.bfloat16) * 0.02)
     w2 = random_nvfp4_experts(E, H, N, 1, torch.bfloat16, dev, g).with_shared(
