@@ -73,15 +73,6 @@ def cell_provenance(work: Path, suite: str, model: str, bench: str, seed: int, q
     }
 
 
-def _openable(path: Path) -> str:
-    """``path`` as a reader opens it: relative to the checkout when inside it, else absolute."""
-    checkout = Path(__file__).resolve().parents[2]
-    try:
-        return str(path.resolve().relative_to(checkout))
-    except ValueError:
-        return str(path.resolve())
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["compare"]:  # python -m repro.tables compare RUN_A RUN_B (repro/tables/compare.py)
@@ -136,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     details_path = a.out_dir / disagreements.DETAILS_FILE
-    second_md = disagreements.sentence(second, _openable(details_path))
+    # named beside the table, not by a path: the table reads the same wherever the run wrote it (the CI compares a
+    # local and a Slurm run's tables byte for byte)
+    second_md = disagreements.sentence(second, f"{disagreements.DETAILS_FILE} (beside this table)")
     md_table, csv_text = to_markdown(rows, spec["benchmarks"]), to_csv(rows, spec["benchmarks"])
     label = spec.get("latex_label") or f"tab:main-{a.suite}"
     tex = to_latex(rows, spec["benchmarks"], caption(cap_long, latex=True, **cap) + notes_tex, label,

@@ -11,7 +11,7 @@ Contract:
   existed, or by hand) is kept under ``not_graded`` and the sentence says so: never shown as "0 listed".
 - ``sentence(cells, details) -> str``: the caption's one sentence, e.g. "Independent graders: 1 verdict
   listed (a grader disagrees with ours), counted both ways: tiny LLaDA2 GSM8K 33.3 [0.0, 33.3]; no other
-  cell has one; details: results/smoke/listed_verdicts.md." -- per cell, the n of the table (the cell's own
+  cell has one; details: listed_verdicts.md (beside this table)." -- per cell, the n of the table (the cell's own
   problems; never a total over rows). Cells with nothing listed are named only as a count.
 - ``details(cells, suite) -> str``: the Markdown of ``listed_verdicts.md`` (beside the table): per cell and seed
   its n, accuracy, band, listed count and each grader's differ / graded, then every listed problem with our

@@ -36,14 +36,15 @@ def test_nvfp4_checkpoint_label_names_the_precision_that_ran(tmp_path, data_dir)
     speed = (wf.results / "smoke" / "speed_table.md").read_text()
     assert f"| {w4} | GSM8K |" in speed and f"| {deq} | GSM8K |" in speed, speed
     # the independent graders: a report beside each summary, one sentence under the caption with each cell's band,
-    # listed_verdicts.md beside the table (its path opens from the checkout), graders and versions in provenance
+    # listed_verdicts.md beside the table (named so: the table reads the same wherever it was written), graders and
+    # versions in provenance
     for bench in ("gsm8k", "math500", "humaneval"):
         reports = [json.loads((wf.work / paths.DISAGREEMENTS.format(suite="smoke", model=m, bench=bench, seed=12345))
                               .read_text()) for m in ("tiny-orl-nvfp4", "nvfp4-fp32")]
         assert [r["n"] for r in reports] == [1, 1] and all(r["listed"] == len(r["problems"]) for r in reports), reports
         assert all(len(r["band"]) == 2 and r["graders"] for r in reports), reports
     line = next(ln for ln in md.splitlines() if ln.startswith("Independent graders:"))
-    assert line.endswith("listed_verdicts.md.") and len(line) < 600, line
+    assert line.endswith("details: listed_verdicts.md (beside this table).") and len(line) < 600, line
     assert (wf.results / "smoke" / "listed_verdicts.md").is_file()
     prov = json.loads((wf.results / "smoke" / "provenance.json").read_text())
     assert set(prov["independent_graders"]["math500"]["graders"]) == {"minerva", "prm800k", "math_verify"}
