@@ -5,7 +5,7 @@
 #              3 stages: the batched path's attention tiles; the single-request entry stays),
 #   h200       this card's batched and attn entries replaced by the H200's,
 # then the spread of the batched path's logits against the single-request path's (SPREAD_SEEDS, default 8; 0: none).
-# PRECISIONS: default "bf16 nvfp4-w4a16". Writes under $OUT.
+# PRECISIONS: default "bf16 nvfp4-w4a16"; VARIANTS: default "as_tuned attn64 h200". Writes under $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -25,7 +25,7 @@ if v == "h200":
 b.write_text(json.dumps(db)); a.write_text(json.dumps(da))
 PY
 }
-for v in as_tuned attn64 h200; do
+for v in ${VARIANTS:-as_tuned attn64 h200}; do
   rm -rf $CFG && cp -r /tmp/configs.orig $CFG && edit $v
   for p in ${PRECISIONS:-bf16 nvfp4-w4a16}; do
     timeout 60 python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes 32 --precision $p \
