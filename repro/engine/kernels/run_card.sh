@@ -2,7 +2,7 @@
 # One device call for a card: the tuner, the GPU tests, the speed figures of docs/perf.md's table, in that order,
 # each step only if named. Usage on the device machine, from the repo root:
 #   bash repro/engine/kernels/run_card.sh STEP [STEP ...]
-# STEPS: card (name, SMs, memory clock), tune-quick, tune (full; TUNE_ONLY=families), tests, round, round-w4,
+# STEPS: card (name, SMs, memory clock), tune-quick and tune (quick / full; TUNE_ONLY=families), tests, round, round-w4,
 #        batch (BF16, 1/8/32), batch-w4, serve (bench serve --concurrency 1,8,32), spread (batched vs single-request
 #        logits over 12 seeds: scripts/gpu/batched_vs_single_spread.py), fused-round (the BF16 round with the fused
 #        router/route and attention as variants), old-batch (bench batch 1,32 in an older tree at $OLD, default .old)
@@ -28,7 +28,7 @@ for s in "$@"; do
     card) step card 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
           python3 -c "import torch,triton,json; p=torch.cuda.get_device_properties(0); print(json.dumps({\"torch\":torch.__version__,\"triton\":triton.__version__,\"name\":p.name,\"cc\":[p.major,p.minor],\"sms\":p.multi_processor_count,\"mem\":p.total_memory,\"memory_clock_rate\":getattr(p,\"memory_clock_rate\",None),\"memory_bus_width\":getattr(p,\"memory_bus_width\",None)}))
 from repro.engine.kernels.configs import current_card, tiles_report; print(current_card()); print(tiles_report()[\"summary\"])"' 2>&1 | tee "$OUT/card.log" ;;
-    tune-quick) step tune-quick "${TUNE_S:-560}" python3 -m repro.engine.kernels.tune --quick --json "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v '^{'
+    tune-quick) step tune-quick "${TUNE_S:-560}" python3 -m repro.engine.kernels.tune --quick --only "${TUNE_ONLY:-moe,w4,dense,linear,attn,batched,batched-w4}" --json "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v '^{'
           tar cf "$OUT/configs.tar" repro/engine/kernels/configs/*.json ;;
     tune) step tune "${TUNE_S:-580}" python3 -m repro.engine.kernels.tune --only "${TUNE_ONLY:-moe,w4,dense,linear,attn,batched,batched-w4}" --json "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | grep -v '^{'
           tar cf "$OUT/configs.tar" repro/engine/kernels/configs/*.json ;;
