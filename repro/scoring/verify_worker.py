@@ -36,9 +36,11 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class _Worker:
-    def __init__(self, module: str = "repro.scoring.verify_serve", path_first: tuple[str, ...] = ()) -> None:
+    def __init__(self, module: str = "repro.scoring.verify_serve", path_first: tuple[str, ...] = (),
+                 extra_env: dict | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
         env["PYTHONPATH"] = os.pathsep.join([*path_first, _REPO_ROOT])
+        env.update(extra_env or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module],
             stdin=subprocess.PIPE,
@@ -98,22 +100,23 @@ class _Worker:
 class VerifyPool:
     """Up to ``size`` worker processes shared by all calling threads (see module docstring). ``module``: what
     the workers run (default the Math-Verify loop; ``repro.scoring.graders.worker`` for the independent
-    graders), ``path_first``: directories put before the checkout on their ``PYTHONPATH``."""
+    graders), ``path_first``: directories put before the checkout on their ``PYTHONPATH``, ``extra_env``: variables
+    set in their environment."""
 
     def __init__(self, size: int = 1, timeout: float = DEFAULT_TIMEOUT_S, module: str = "repro.scoring.verify_serve",
-                 path_first: tuple[str, ...] = ()) -> None:
+                 path_first: tuple[str, ...] = (), extra_env: dict | None = None) -> None:
         if size < 1:
             raise ValueError(f"VerifyPool size must be >= 1, got {size}")
         self.size = size
         self.timeout = timeout
-        self.module, self.path_first = module, tuple(path_first)
+        self.module, self.path_first, self.extra_env = module, tuple(path_first), dict(extra_env or {})
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._slots = threading.Semaphore(size)
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
 
     def _spawn(self) -> _Worker:
-        w = _Worker(self.module, self.path_first)
+        w = _Worker(self.module, self.path_first, self.extra_env)
         with self._lock:
             self._all.append(w)
         return w

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "problem", "version", "verdict", "minerva_file", "ANTLR_DIR",
+__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "problem", "version", "prepare", "verdict", "minerva_file", "ANTLR_DIR",
            "ANTLR_PIP", "LM_EVAL_PIP"]
 
 NAME = "minerva"
@@ -73,6 +73,11 @@ def _load():
         _MOD = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(_MOD)
     return _MOD
+
+
+def prepare() -> None:
+    """Load lm-eval's file (in a worker, before it reports ready)."""
+    _load()
 
 
 def verdict(benchmark: str, gold: str, completion: str) -> dict:

@@ -22,7 +22,9 @@ the Minerva grader first on ``sys.path``; the symbolic check has no time limit o
 
 from __future__ import annotations
 
-__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "PIP", "problem", "version", "verdict"]
+__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "PIP", "problem", "version", "prepare", "verdict"]
+
+from functools import lru_cache
 
 NAME = "qwen_math"
 TITLE = ("Qwen2.5-Math's grader (evaluation/parser.py extract_answer + strip_string, grader.py math_equal; "
@@ -59,15 +61,30 @@ def version() -> dict:
             "word2number": v("word2number"), "regex": v("regex"), "sympy": v("sympy"), "antlr4_dir": ANTLR_DIR}
 
 
+def _modules():
+    """The vendored ``parser`` and ``grader`` modules; on first use, upstream's ``strip_string`` (a pure function of
+    its arguments: the same string in, the same string out, no state) is wrapped in a cache, so the many answers
+    and golds a run shares (``18``, and each prediction's second pass, which meets the first pass's output) are
+    normalised once: about 600 regular-expression substitutions a call, the grader's main cost."""
+    from ._qwen25_math import grader, parser
+
+    if not hasattr(parser.strip_string, "cache_info"):
+        parser.strip_string = lru_cache(maxsize=65536)(parser.strip_string)
+    return parser, grader
+
+
+def prepare() -> None:
+    """Import the vendored parser and grader (in a worker, before it reports ready)."""
+    _modules()
+
+
 def verdict(benchmark: str, gold: str, completion: str) -> dict:
     """One Qwen2.5-Math verdict (module docstring); runs in the grader worker."""
-    from ._qwen25_math.grader import math_equal
-    from ._qwen25_math.parser import extract_answer, strip_string
-
+    parser, grader = _modules()
     data_name = _DATA_NAME.get(benchmark)
     if data_name is None:
         raise ValueError(f"qwen_math grades {sorted(_DATA_NAME)} only, not {benchmark!r}")
-    gt = strip_string(gold.split("####")[-1])  # parse_ground_truth("gsm8k"): the text after ####, strip_string
-    pred = strip_string(extract_answer(completion, data_name), skip_unit=False)  # run_execute
-    ok = bool(math_equal(pred, gt))  # math_equal_process: math_equal(pred, gt)
+    gt = parser.strip_string(gold.split("####")[-1])  # parse_ground_truth("gsm8k"): the text after ####, strip_string
+    pred = parser.strip_string(parser.extract_answer(completion, data_name), skip_unit=False)  # run_execute
+    ok = bool(grader.math_equal(pred, gt))  # math_equal_process: math_equal(pred, gt)
     return {"correct": ok, "extracted": pred, "detail": f"{pred!r} {'==' if ok else '!='} gold {gt!r}"}
