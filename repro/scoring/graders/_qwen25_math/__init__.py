@@ -5,7 +5,9 @@ The files are the upstream files (:data:`FILES`: upstream path -> sha256 of the 
 lines ``# [repro] ...`` (source, commit, licence) and the lines that had to change marked on the line itself:
 ``<new line>  # [repro] was: <upstream line>`` (or ``# [repro] was: <upstream line>`` for a line removed). The only
 changes are imports, to load the files as this package instead of from upstream's working directory:
-``from latex2sympy2 import latex2sympy`` -> ``from .latex2sympy2 ...`` (parser.py, grader.py), ``from gen.PS* import``
+``from latex2sympy2 import latex2sympy`` -> ``from . import latex2sympy`` (parser.py, grader.py: :func:`latex2sympy`
+below, which imports upstream's ``latex2sympy2.latex2sympy`` at its first call -- its ANTLR parser takes about 0.2 s
+to load, and a GSM8K answer rarely reaches the symbolic check that uses it), ``from gen.PS* import``
 -> ``from .gen.PS* import`` (latex2sympy2.py: upstream tries the top-level name first, which another ``gen`` on
 ``sys.path`` could shadow), and ``from utils import *`` removed (parser.py: ``utils`` is upstream's prompt and I/O
 module, whose names the parser does not use; it imports ``examples`` and numpy). ``tests/scoring/test_qwen_math.py``
@@ -37,3 +39,10 @@ FILES = {
     "LICENSE.latex2sympy.txt": ("evaluation/latex2sympy/LICENSE.txt",
                                 "007bc30a58fa40a996e772047120de4eaf31f5110e4f9c3b5f93fcdfbe2eaca1"),
 }
+
+
+def latex2sympy(*args, **kwargs):
+    """Upstream's ``latex2sympy2.latex2sympy``, imported at the first call (module docstring)."""
+    from .latex2sympy2 import latex2sympy as upstream
+
+    return upstream(*args, **kwargs)

@@ -18,7 +18,7 @@ from collections import defaultdict
 from sympy import simplify, N
 from sympy.parsing.sympy_parser import parse_expr
 from sympy.parsing.latex import parse_latex
-from .latex2sympy2 import latex2sympy  # [repro] was: from latex2sympy2 import latex2sympy
+from . import latex2sympy  # [repro] was: from latex2sympy2 import latex2sympy
 
 # from .parser import choice_answer_clean, strip_string
 # from parser import choice_answer_clean

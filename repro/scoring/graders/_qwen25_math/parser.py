@@ -4,7 +4,7 @@ import random
 import regex
 import re
 import sympy
-from .latex2sympy2 import latex2sympy  # [repro] was: from latex2sympy2 import latex2sympy
+from . import latex2sympy  # [repro] was: from latex2sympy2 import latex2sympy
 from typing import TypeVar, Iterable, List, Union, Any, Dict
 from word2number import w2n
 # [repro] was: from utils import *
