@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
-import sys
 from pathlib import Path
+
+from ..verify_worker import ANTLR_DIR  # where the scoring workers find antlr4 4.11
 
 __all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "problem", "version", "prepare", "verdict", "minerva_file", "ANTLR_DIR",
            "ANTLR_PIP", "LM_EVAL_PIP"]
@@ -29,7 +29,6 @@ TITLE = "the Minerva grader of lm-evaluation-harness (minerva_math/utils.py: nor
 SHORT = "Minerva (lm-eval)"
 IN_WORKER = True
 
-ANTLR_DIR = os.environ.get("REPRO_ANTLR4_11_DIR") or os.path.join(sys.prefix, "share", "repro", "antlr4-4.11")
 ANTLR_PIP = "antlr4-python3-runtime==4.11.0"
 LM_EVAL_PIP = "lm-eval==0.4.13"
 _MOD = None
