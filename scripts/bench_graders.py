@@ -32,8 +32,8 @@ def one(bench: str, data_dir: str, workers: int, mode: str) -> dict:
     probs = load_problems(bench, data_dir).problems
     comps = {p["id"]: reference_completion(bench, p) for p in probs}
     t0 = time.perf_counter()
-    if mode == "all" and any(g.IN_WORKER for g in graders.for_benchmark(bench)):
-        pool(workers).start()
+    if mode == "all" and graders.in_worker(bench):
+        pool(workers, preload=graders.in_worker(bench)).start()
     scores = score_records(bench, probs, comps, workers)
     rep = second_grader.compare(bench, probs, comps, scores, workers) if mode == "all" else None
     return {"bench": bench, "n": len(probs), "seconds": time.perf_counter() - t0,

@@ -16,7 +16,7 @@ Dispatch: the benchmark's declaration (``repro.benchmarks``) names its kind and 
 scorer exposes ``score_many``, a ``code`` scorer ``build_program`` (run here in the sandbox).
 One module per concept: ``truncate`` (EOS/stop cut), ``boxed``, ``gsm8k``, ``math`` + ``math_normalize`` + ``math_forms``
 + ``verify_worker`` + ``verify_serve``
-(Math-Verify in a killable process: the pool, the process's loop), ``code/extract``, ``code/sandbox``, ``humaneval``, ``mbpp``,
+(Math-Verify in a killable process: the pool, the process's loop; ``graders/worker`` is what that process runs), ``code/extract``, ``code/sandbox``, ``humaneval``, ``mbpp``,
 ``stats``, ``cases`` (the regression-case runner), ``fixes`` (the turn-4 fixes' switches, a diagnostic),
 ``graders/`` + ``second_grader`` (the independent graders and the listed verdicts), ``__main__`` (CLI). Design notes and peer behaviour:
 ``docs/scoring_rules.md``; regression cases: ``../shared/cases/scoring_cases.jsonl``.

@@ -63,11 +63,12 @@ def _score(args) -> int:
               f"in {args.generations}; scoring {len(scored)}", file=sys.stderr)
     if not scored:
         raise SystemExit(f"{args.generations}: no generations to score")
-    if any(g.IN_WORKER for g in graders.for_benchmark(args.benchmark)):
+    if graders.in_worker(args.benchmark):
         from .code.sandbox import default_workers
         from .graders.worker import pool
 
-        pool(max(1, int(args.workers or default_workers()))).start()  # their imports overlap our scoring
+        # started first: their imports (preloaded for this benchmark's graders) overlap our scoring
+        pool(max(1, int(args.workers or default_workers())), preload=graders.in_worker(args.benchmark)).start()
     scores = score_records(args.benchmark, scored, completions, args.workers, args.timeout)
     summary = summarize(args.benchmark, scores)
     write_jsonl_atomic(args.out, scores)

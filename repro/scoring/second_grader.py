@@ -51,13 +51,13 @@ def _in_workers(benchmark: str, problems: list[dict], completions: dict, names: 
     """``{grader name: [verdict per problem]}`` for the ``IN_WORKER`` graders, one worker request per problem."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .graders.worker import pool
+    from .graders.worker import TIMEOUT_S, pool
 
     workers_pool = pool(workers)
 
     def one(p):
         ans = workers_pool.check(str(p["gold"]), truncate_for(benchmark, completions[p["id"]]),
-                                 benchmark=benchmark, graders=names)
+                                 timeout=TIMEOUT_S, benchmark=benchmark, graders=names)
         if ans.get("status") != "ok":
             why = f"grader worker: {ans.get('status')}: {ans.get('detail', '')}"[:300]
             return {n: {"extracted": None, "correct": None, "status": "error", "detail": why} for n in names}

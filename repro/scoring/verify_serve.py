@@ -1,12 +1,10 @@
-"""The Math-Verify worker process: ``python -m repro.scoring.verify_serve`` (started by
+"""The protocol loop of the scoring worker processes (``repro.scoring.graders.worker`` runs it; started by
 :class:`repro.scoring.verify_worker.VerifyPool`, never by hand).
 
-Protocol: after importing Math-Verify it writes ``{"ready": true}``; then for each stdin line ``{"gold", "pred"}`` it
-writes one stdout line ``{"status": "ok", **repro.scoring.math.equivalent(gold, pred)}``, or ``{"status": "error",
-"equal": false, "detail": "<exception>", ...}`` when the check raised (the worker keeps serving). Library output
-goes to stderr so it cannot corrupt the protocol stream. The hard timeout is the pool's: it kills this process.
-Kept apart from the pool so that :mod:`repro.scoring.math` (which uses the pool) and this loop (which uses the
-scorer) import each other through no cycle.
+Protocol: after ``prepare()`` it writes ``{"ready": true}``; then for each stdin line one stdout line, the
+``answer`` to it, or ``{"status": "error", "equal": false, "detail": "<exception>", ...}`` when answering raised
+(the worker keeps serving). Library output goes to stderr so it cannot corrupt the protocol stream. The hard
+timeout is the pool's: it kills this process.
 """
 
 from __future__ import annotations
@@ -38,20 +36,3 @@ def serve_loop(answer, prepare=lambda: None) -> None:
                    "gold_parsed": None, "pred_parsed": None}
         out.write(json.dumps(ans) + "\n")
         out.flush()
-
-
-def serve() -> None:
-    """Worker loop: one JSON request per stdin line, one JSON answer per stdout line."""
-    def prepare():
-        import math_verify  # noqa: F401  (import cost paid before "ready")
-
-    def answer(req):
-        from repro.scoring.math import equivalent
-
-        return {"status": "ok", **equivalent(req["gold"], req["pred"])}
-
-    serve_loop(answer, prepare)
-
-
-if __name__ == "__main__":
-    serve()

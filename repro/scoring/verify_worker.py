@@ -3,15 +3,23 @@
 Why: Math-Verify's timeouts use SIGALRM, which raises "signal only works in main thread" in worker
 threads (Math-Verify #50/#55, scoring case math500-05), and a pathological expression can make sympy
 run for minutes. Here each check is sent as one JSON line to a long-lived worker *process*
-(``python -m repro.scoring.verify_serve``, which runs :func:`repro.scoring.math.equivalent`); the calling thread waits on the pipe with ``select`` and,
+(``python -m repro.scoring.graders.worker``: :func:`repro.scoring.math.equivalent` for a ``{"gold", "pred"}``
+request, the independent graders for one that names them); the calling thread waits on the pipe with ``select`` and,
 past ``timeout`` seconds, kills the worker's process group and starts a fresh one. No signals are used
 in the caller, so ``VerifyPool.check`` works from any thread or process. A worker that dies while
 checking is restarted and the item retried once; a second failure is reported as ``error``.
 
 Contract: ``VerifyPool(size, timeout).check(gold, pred) -> {"status": "ok"|"timeout"|"error",
-"equal": bool, "detail": str, "gold_parsed", "pred_parsed"}``. ``get_pool(size)`` returns a shared
-pool (closed at interpreter exit). Imports nothing of the scorers: the worker process runs
-:mod:`repro.scoring.verify_serve`, which imports :mod:`repro.scoring.math` (so the scorer may import this pool).
+"equal": bool, "detail": str, "gold_parsed", "pred_parsed"}``. ``get_pool(size, preload=())`` returns *the*
+process-wide pool (closed at interpreter exit): our Math-Verify verdicts and the independent graders share its
+workers, so Math-Verify, sympy and the ANTLR parser's learned decisions are paid for once per worker, not once
+per pool, and a gold or answer parsed for our verdict is found in the worker's parse cache by the Math-Verify
+grader (``graders/worker.py``). Its workers run with :data:`ANTLR_DIR` (antlr4-python3-runtime 4.11: sympy's
+``parse_latex``, used by the Minerva grader, requires it; Math-Verify's parser ships its grammar generated for
+4.9.3, 4.11 and 4.13.2 and loads the one of the runtime it finds) first on their ``PYTHONPATH``; the graders
+named in ``preload`` are imported before a new pool's workers report ready (:data:`PRELOAD_ENV`). Imports nothing
+of the scorers: the worker process runs :mod:`repro.scoring.graders.worker`, which imports
+:mod:`repro.scoring.math` (so the scorer may import this pool).
 """
 
 from __future__ import annotations
@@ -28,17 +36,26 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["VerifyPool", "get_pool", "DEFAULT_TIMEOUT_S"]
+__all__ = ["VerifyPool", "get_pool", "DEFAULT_TIMEOUT_S", "WORKER_MODULE", "ANTLR_DIR", "PRELOAD_ENV"]
 
+#: wall-clock seconds for one Math-Verify check of ours; past it the worker is killed (the item: "timeout")
 DEFAULT_TIMEOUT_S = 10.0
+#: what the workers run: our Math-Verify check and the independent graders (module docstring)
+WORKER_MODULE = "repro.scoring.graders.worker"
+#: antlr4-python3-runtime 4.11, first on the workers' PYTHONPATH (``python -m repro.scoring.graders install``)
+ANTLR_DIR = os.environ.get("REPRO_ANTLR4_11_DIR") or os.path.join(sys.prefix, "share", "repro", "antlr4-4.11")
+#: comma-separated grader names a new pool's workers import before they report ready
+PRELOAD_ENV = "REPRO_GRADERS_PRELOAD"
 _STARTUP_TIMEOUT_S = 120.0
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class _Worker:
-    def __init__(self, module: str = "repro.scoring.verify_serve", path_first: tuple[str, ...] = ()) -> None:
+    def __init__(self, module: str = WORKER_MODULE, path_first: tuple[str, ...] = (),
+                 extra_env: dict | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
         env["PYTHONPATH"] = os.pathsep.join([*path_first, _REPO_ROOT])
+        env.update(extra_env or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module],
             stdin=subprocess.PIPE,
@@ -96,24 +113,24 @@ class _Worker:
 
 
 class VerifyPool:
-    """Up to ``size`` worker processes shared by all calling threads (see module docstring). ``module``: what
-    the workers run (default the Math-Verify loop; ``repro.scoring.graders.worker`` for the independent
-    graders), ``path_first``: directories put before the checkout on their ``PYTHONPATH``."""
+    """Up to ``size`` worker processes shared by all calling threads (see module docstring). ``timeout``: the
+    default of :meth:`check`, seconds; ``module``: what the workers run; ``path_first``: directories put before the
+    checkout on their ``PYTHONPATH``; ``extra_env``: variables set in their environment."""
 
-    def __init__(self, size: int = 1, timeout: float = DEFAULT_TIMEOUT_S, module: str = "repro.scoring.verify_serve",
-                 path_first: tuple[str, ...] = ()) -> None:
+    def __init__(self, size: int = 1, timeout: float = DEFAULT_TIMEOUT_S, module: str = WORKER_MODULE,
+                 path_first: tuple[str, ...] = (ANTLR_DIR,), extra_env: dict | None = None) -> None:
         if size < 1:
             raise ValueError(f"VerifyPool size must be >= 1, got {size}")
         self.size = size
         self.timeout = timeout
-        self.module, self.path_first = module, tuple(path_first)
+        self.module, self.path_first, self.extra_env = module, tuple(path_first), dict(extra_env or {})
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._slots = threading.Semaphore(size)
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
 
     def _spawn(self) -> _Worker:
-        w = _Worker(self.module, self.path_first)
+        w = _Worker(self.module, self.path_first, self.extra_env)
         with self._lock:
             self._all.append(w)
         return w
@@ -165,14 +182,16 @@ _POOL: VerifyPool | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def get_pool(size: int) -> VerifyPool:
-    """A process-wide pool with at least ``size`` slots (recreated when a larger one is needed)."""
+def get_pool(size: int, preload=()) -> VerifyPool:
+    """The process-wide pool with at least ``size`` slots (recreated when a larger one is needed); a new pool's
+    workers import the graders named in ``preload`` before they report ready. A pool is made once per size: a
+    later ``preload`` does not restart it (those graders load at their first request)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL.size < size:
             if _POOL is not None:
                 _POOL.close()
-            _POOL = VerifyPool(size)
+            _POOL = VerifyPool(size, extra_env={PRELOAD_ENV: ",".join(preload)})
         return _POOL
 
 

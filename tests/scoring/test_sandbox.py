@@ -333,7 +333,7 @@ def test_scorer_from_a_venv_under_tmp_imports_installed_packages(data):
         cases.write_text(json.dumps(case) + "\n")
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         proc = subprocess.run([str(py), "-m", "repro.scoring", "cases", str(cases), "--data-dir",
-                               str(data), "--workers", "1"],
+                               str(Path(data).resolve()), "--workers", "1"],  # it runs in another folder
                               capture_output=True, text=True, cwd=root, env=env, timeout=120)
         lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.strip()]
         assert proc.returncode == 0 and lines and lines[0]["correct"], (proc.stdout, proc.stderr[-2000:])

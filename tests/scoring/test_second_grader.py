@@ -114,6 +114,64 @@ def test_math_graders_on_real_math500_golds(data):
 
 
 @needs_graders
+def test_ours_and_the_graders_share_the_same_worker_processes(data):
+    """Our Math-Verify check and the graders run in one pool: the graders' requests are answered by the very
+    processes that answered ours (their imports and parse caches paid once), and the verdicts are unchanged."""
+    from repro.scoring import score_records
+    from repro.scoring.graders.worker import pool as graders_pool
+    from repro.scoring.verify_worker import get_pool
+
+    probs = load_problems("math500", data).problems[:30]
+    comps = {p["id"]: reference_completion("math500", p) for p in probs}
+    comps[probs[0]["id"]] = "\\boxed{" + probs[1]["gold"] + "}"  # one wrong answer: both sides must see it
+    ours = score_records("math500", probs, comps, 2)
+    pool = get_pool(2)
+    pids = sorted(w.proc.pid for w in pool._all)
+    rep = sg.compare("math500", probs, comps, ours, workers=2)
+    assert graders_pool(2) is pool and get_pool(2) is pool and sorted(w.proc.pid for w in pool._all) == pids and len(pids) == 2
+    assert [s["correct"] for s in ours] == [False] + [True] * 29
+    assert rep["errors"] == 0 and rep["listed"] == 0
+    assert all(r["graders"]["math_verify"]["correct"] is False for r in rep["problems"][:1])
+
+
+def test_math_verify_sped_up_in_the_workers_gives_the_same_parses(data):
+    """The worker refits Math-Verify's 20-entry parse caches with PARSE_CACHE entries and hands sympy's parse_expr
+    its default namespace built once: the same parses of real golds and worked answers, cached longer."""
+    import sys
+
+    import math_verify.parser as parser
+    import sympy
+    import sympy.parsing.sympy_parser as sympy_parser
+    from math_verify import parse
+
+    from repro.scoring.graders import worker
+
+    texts = [f"${p['gold']}$" for p in load_problems("math500", data).problems[:40]]
+    texts += [reference_completion("gsm8k", p) for p in load_problems("gsm8k", data).problems[:40]]
+    texts += ["x = max(3, 7) + min(2, 5)", "2 * pi", "sqrt(8)/2", "E**2", "10%"]
+    before = [[str(x) for x in parse(t, parsing_timeout=None)] for t in texts]
+    numbers = [sympy.Number(t) for t in ("72", "0.125", "1e3")]
+    saved = parser.parse_latex_cached, parser.parse_expr_cached, sympy_parser.parse_expr
+    try:
+        worker._speed_up_math_verify()
+        worker._speed_up_math_verify()  # twice: wrapped once
+        assert parser.parse_latex_cached.cache_info().maxsize == worker.PARSE_CACHE
+        assert sympy_parser.parse_expr.__wrapped__ is saved[2] and parser.parse_expr is sympy_parser.parse_expr
+        assert sympy_parser.parse_expr("max(2, x)") == saved[2]("max(2, x)")
+        after = [[str(x) for x in parse(t, parsing_timeout=None)] for t in texts]
+        assert after == before and [sympy.Number(t) for t in ("72", "0.125", "1e3")] == numbers
+        hits = parser.parse_latex_cached.cache_info().hits
+        assert [[str(x) for x in parse(t, parsing_timeout=None)] for t in texts] == before
+        assert parser.parse_latex_cached.cache_info().hits >= hits + 30
+    finally:
+        wrapped = sympy_parser.parse_expr
+        parser.parse_latex_cached, parser.parse_expr_cached = saved[:2]
+        for module in list(sys.modules.values()):
+            if getattr(module, "parse_expr", None) is wrapped and wrapped is not saved[2]:
+                module.parse_expr = saved[2]
+
+
+@needs_graders
 def test_each_math_grader_sees_what_its_parser_sees():
     probs = [{"id": f"p{i}", "benchmark": "math500", "gold": g} for i, g in
              enumerate(["\\frac{1}{2}", "1 - \\frac{1}{\\mathrm{e}}", "(-\\sqrt{3}, \\sqrt{3})", "3, 5, 7"])]

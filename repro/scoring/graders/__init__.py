@@ -8,10 +8,13 @@ Contract: a grader is a module ``repro/scoring/graders/<name>.py`` defining
 - either ``IN_WORKER = True`` and ``verdict(benchmark, gold, completion) -> {"extracted", "correct",
   "detail"}``, run inside a grader worker process (``worker.py``: a killable process, sympy may hang), or
   ``IN_WORKER = False`` and ``grade(benchmark, problems, completions, scores, workers, timeout_s) ->
-  [{"extracted", "correct", "status": "ok"|"error"|"skipped", "detail"}]``, one per problem, in order.
+  [{"extracted", "correct", "status": "ok"|"error"|"skipped", "detail"}]``, one per problem, in order;
+- optionally (``IN_WORKER`` graders) ``prepare()``: import what ``verdict`` needs, called in a worker before it
+  reports ready when the pool was started for this grader's benchmark (``worker.pool(n, preload=...)``).
 
 Which graders a benchmark has is declared in its ``repro/benchmarks/<name>.py`` (``graders=(...)``): a fifth
-benchmark names its graders there. ``for_benchmark(b)`` returns those modules; ``get(name)`` one;
+benchmark names its graders there. ``for_benchmark(b)`` returns those modules (``in_worker(b)``: the names of its
+``IN_WORKER`` ones); ``get(name)`` one;
 ``missing(benchmarks) -> list[str]`` one line per grader that cannot run here (empty when all can) -- the
 scoring CLI and the workflow stop at start-up on it (``require``), never scoring with a thinner check.
 ``python -m repro.scoring.graders install`` installs the two pieces pip's dependency resolution cannot
@@ -24,7 +27,7 @@ import importlib
 
 from repro import benchmarks
 
-__all__ = ["get", "for_benchmark", "missing", "missing_line", "require", "GradersUnavailable", "FIX"]
+__all__ = ["get", "for_benchmark", "in_worker", "missing", "missing_line", "require", "GradersUnavailable", "FIX"]
 
 #: The one command that makes every grader available (scripts/setup.sh and the scoring image run it).
 FIX = "bash scripts/setup.sh (or: pip install -e '.[graders]' && python -m repro.scoring.graders install)"
@@ -50,6 +53,11 @@ def get(name: str):
 def for_benchmark(benchmark: str) -> list:
     """The grader modules ``benchmark`` declares, in declaration order."""
     return [get(n) for n in benchmarks.get(benchmark).graders]
+
+
+def in_worker(benchmark: str) -> list[str]:
+    """The names of the ``IN_WORKER`` graders ``benchmark`` declares (what a grader worker pool preloads for it)."""
+    return [g.NAME for g in for_benchmark(benchmark) if g.IN_WORKER]
 
 
 def missing(names) -> list[str]:

@@ -12,7 +12,7 @@ the kind of regression the turn-4 cases began with) is listed. Math-Verify is a 
 
 from __future__ import annotations
 
-__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "problem", "version", "verdict"]
+__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "problem", "version", "prepare", "verdict"]
 
 NAME = "math_verify"
 TITLE = "Math-Verify 0.9.0 as its README uses it: verify(parse(gold), parse(whole completion))"
@@ -32,6 +32,11 @@ def version() -> dict:
     from importlib.metadata import version as v
 
     return {"math_verify": v("math-verify"), "latex2sympy2_extended": v("latex2sympy2_extended")}
+
+
+def prepare() -> None:
+    """Import Math-Verify (in a worker, before it reports ready)."""
+    import math_verify  # noqa: F401
 
 
 def verdict(benchmark: str, gold: str, completion: str) -> dict:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
-import sys
 from pathlib import Path
 
-__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "problem", "version", "verdict", "minerva_file", "ANTLR_DIR",
+from ..verify_worker import ANTLR_DIR  # where the scoring workers find antlr4 4.11
+
+__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "problem", "version", "prepare", "verdict", "minerva_file", "ANTLR_DIR",
            "ANTLR_PIP", "LM_EVAL_PIP"]
 
 NAME = "minerva"
@@ -29,7 +29,6 @@ TITLE = "the Minerva grader of lm-evaluation-harness (minerva_math/utils.py: nor
 SHORT = "Minerva (lm-eval)"
 IN_WORKER = True
 
-ANTLR_DIR = os.environ.get("REPRO_ANTLR4_11_DIR") or os.path.join(sys.prefix, "share", "repro", "antlr4-4.11")
 ANTLR_PIP = "antlr4-python3-runtime==4.11.0"
 LM_EVAL_PIP = "lm-eval==0.4.13"
 _MOD = None
@@ -73,6 +72,11 @@ def _load():
         _MOD = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(_MOD)
     return _MOD
+
+
+def prepare() -> None:
+    """Load lm-eval's file (in a worker, before it reports ready)."""
+    _load()
 
 
 def verdict(benchmark: str, gold: str, completion: str) -> dict:

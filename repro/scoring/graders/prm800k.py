@@ -16,7 +16,7 @@ and needs ``latex2sympy2`` with antlr4 4.7.2 (a third ANTLR version).
 
 from __future__ import annotations
 
-__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "problem", "version", "verdict"]
+__all__ = ["NAME", "TITLE", "SHORT", "IN_WORKER", "problem", "version", "prepare", "verdict"]
 
 NAME = "prm800k"
 TITLE = "OpenAI's PRM800K grader (openai/prm800k grading/grader.py) as packaged in mathruler 0.1.0"
@@ -40,6 +40,11 @@ def version() -> dict:
     from importlib.metadata import version as v
 
     return {"mathruler": v("mathruler"), "pylatexenc": v("pylatexenc"), "sympy": v("sympy")}
+
+
+def prepare() -> None:
+    """Import the grader (in a worker, before it reports ready)."""
+    import mathruler.grader  # noqa: F401
 
 
 def verdict(benchmark: str, gold: str, completion: str) -> dict:
