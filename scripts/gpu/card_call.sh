@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One device call for the open GPU work (issues 38, 40, 41), on whatever card the device tool lends:
+#   bash scripts/gpu/card_call.sh PLAN      (device tool: carry [".whl"]: the wheels bench serve needs and the device
+#   image lacks, fastapi starlette pydantic pydantic_core annotated-types typing-inspection typing_extensions uvicorn,
+#   from: pip download --python-version 3.12 --only-binary=:all: --no-deps -d .whl <those>)
+# PLAN: auto (H100: quick-measure; other cards: measure) | quick-measure | measure | lean (about 450 s) |
+#       min (about 230 s: the loop's GPU tests and the batched-vs-single spread) | tune | serve-fused. Tiles tuned by an earlier call of the same machine are kept in .tuned/ and copied back in.
+# Every step is bounded (run_card.sh's BUDGET_S); results under $OUT (t/ tune, ab/ A/B of tiles, m/ measurements).
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo WHEELS-FAILED
+R=repro/engine/kernels/run_card.sh; O=$OUT
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "card: $CARD"; git log --oneline -1 2>/dev/null
+[ -d .tuned ] && cp .tuned/*.json repro/engine/kernels/configs/ && echo "tiles from .tuned"
+ENGINE_TESTS="tests/engine/test_gpu.py tests/engine/test_batch_graph.py tests/engine/test_loop.py"
+PLAN=$1; [ "$PLAN" = auto ] && case $CARD in *H100*) PLAN=quick-measure;; *) PLAN=measure;; esac
+echo "plan: $PLAN"
+case $PLAN in
+  tune)  # H100 only: full batched tune, then A/B tuned vs H200 tiles
+    case $CARD in *H100*) ;; *) echo "not an H100: no tune"; exit 3;; esac
+    OUT=$O/bf16 BUDGET_S=330 TUNE_S=330 TUNE_ONLY=batched bash $R card tune 2>&1 | cut -c1-400 | tail -22
+    OUT=$O/w4 BUDGET_S=185 TUNE_S=185 TUNE_ONLY=batched-w4 bash $R tune 2>&1 | cut -c1-400 | tail -18
+    mkdir -p .tuned && cp repro/engine/kernels/configs/*.json .tuned/
+    OUT=$O/ab VARIANTS="as_tuned h200" SPREAD_SEEDS=0 timeout 75 bash scripts/gpu/batched_tiles_ab.sh 2>&1 | tail -8 ;;
+  measure)  # GPU tests, spread, benches (any card)
+    OUT=$O/m BUDGET_S=${BUDGET_S:-555} TEST_S=${TEST_S:-250} TESTS="tests/kernels $ENGINE_TESTS" PYTEST_ARGS="-n 4 --dist loadfile --durations=15" \
+      PYTHONPATH=/tmp/site bash $R ${STEPS:-card batch batch-w4 round spread tests serve} 2>&1 | cut -c1-300 ;;
+  quick-measure)  # H100: the batched tiles quick-tuned again (its attention unit now tuned), A/B vs H200 tiles, then measure
+    case $CARD in *H100*) ;; *) echo "not an H100: no tune"; exit 3;; esac
+    OUT=$O/t BUDGET_S=150 TUNE_S=150 TUNE_ONLY=batched bash $R tune-quick 2>&1 | cut -c1-300 | tail -14
+    mkdir -p .tuned && cp repro/engine/kernels/configs/*.json .tuned/
+    OUT=$O/ab VARIANTS="as_tuned h200" SPREAD_SEEDS=0 timeout 75 bash scripts/gpu/batched_tiles_ab.sh 2>&1 | tail -8
+    OUT=$O/m BUDGET_S=${BUDGET_S:-320} TEST_S=${TEST_S:-190} TESTS="tests/kernels $ENGINE_TESTS" PYTEST_ARGS="-n 4 --dist loadfile --durations=15" \
+      PYTHONPATH=/tmp/site bash $R ${STEPS:-card batch round spread tests} 2>&1 | cut -c1-300 ;;
+  lean)  # short budget: H100 -> batched tiles quick-tuned, A/B BF16 vs H200 tiles + spread, loop/graph/batched tests
+    case $CARD in
+      *H100*)
+        OUT=$O/t BUDGET_S=130 TUNE_S=130 TUNE_ONLY=batched bash $R tune-quick 2>&1 | cut -c1-300 | tail -14
+        mkdir -p .tuned && cp repro/engine/kernels/configs/*.json .tuned/
+        OUT=$O/ab VARIANTS="as_tuned h200" PRECISIONS=bf16 SPREAD_SEEDS=6 timeout 150 bash scripts/gpu/batched_tiles_ab.sh 2>&1 | tail -12
+        OUT=$O/m BUDGET_S=${BUDGET_S:-170} TEST_S=${TEST_S:-165} TESTS="tests/kernels/test_batched_forward.py $ENGINE_TESTS" PYTEST_ARGS="-n 4 --dist loadfile --durations=15" \
+          PYTHONPATH=/tmp/site bash $R tests 2>&1 | cut -c1-300 ;;
+      *)
+        OUT=$O/m BUDGET_S=${BUDGET_S:-440} TEST_S=${TEST_S:-200} TESTS="tests/kernels $ENGINE_TESTS" PYTEST_ARGS="-n 4 --dist loadfile --durations=15" \
+          PYTHONPATH=/tmp/site bash $R card batch spread tests 2>&1 | cut -c1-300 ;;
+    esac ;;
+  min)  # the engine loop's GPU tests (issue 40) and the batched-vs-single spread (issue 38's test bound)
+    OUT=$O/m BUDGET_S=${BUDGET_S:-230} TEST_S=${TEST_S:-150} TESTS="$ENGINE_TESTS tests/kernels/test_batched_forward.py" PYTEST_ARGS="-n 4 --dist loadfile --durations=15" \
+      PYTHONPATH=/tmp/site bash $R card tests spread 2>&1 | cut -c1-300 ;;
+  serve-fused)  # serve bench, then the fused kernels (issue 41)
+    OUT=$O/s BUDGET_S=150 PYTHONPATH=/tmp/site bash $R serve 2>&1 | cut -c1-300 | tail -20
+    OUT=$O/f TESTS_S=90 ROUTE_S=110 ATTN_S=70 ROUND_S=170 bash repro/engine/kernels/run_device_fused.sh 2>&1 | cut -c1-300 ;;
+  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused"; exit 2 ;;
+esac
