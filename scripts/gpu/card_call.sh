@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the open GPU work (issues 38, 40, 41), on whatever card the device tool lends:
+# One device call for the GPU work in docs/perf.md ("Tiles per card", the fused round) on whatever card the device tool lends:
 #   bash scripts/gpu/card_call.sh PLAN      (device tool: carry [".whl"]: the wheels bench serve needs and the device
 #   image lacks, fastapi starlette pydantic pydantic_core annotated-types typing-inspection typing_extensions uvicorn,
 #   from: pip download --python-version 3.12 --only-binary=:all: --no-deps -d .whl <those>)
@@ -43,10 +43,10 @@ case $PLAN in
         OUT=$O/m BUDGET_S=${BUDGET_S:-440} TEST_S=${TEST_S:-200} TESTS="tests/kernels $ENGINE_TESTS" PYTEST_ARGS="-n 4 --dist loadfile --durations=15" \
           PYTHONPATH=/tmp/site bash $R card batch spread tests 2>&1 | cut -c1-300 ;;
     esac ;;
-  min)  # the engine loop's GPU tests (issue 40) and the batched-vs-single spread (issue 38's test bound)
+  min)  # the engine loop's GPU tests and the batched-vs-single spread (the bound of tests/kernels/test_batched_forward.py)
     OUT=$O/m BUDGET_S=${BUDGET_S:-230} TEST_S=${TEST_S:-150} TESTS="$ENGINE_TESTS tests/kernels/test_batched_forward.py" PYTEST_ARGS="-n 4 --dist loadfile --durations=15" \
       PYTHONPATH=/tmp/site bash $R card tests spread 2>&1 | cut -c1-300 ;;
-  serve-fused)  # serve bench, then the fused kernels (issue 41)
+  serve-fused)  # serve bench, then the fused router/route and attention kernels (docs/perf.md)
     OUT=$O/s BUDGET_S=150 PYTHONPATH=/tmp/site bash $R serve 2>&1 | cut -c1-300 | tail -20
     OUT=$O/f TESTS_S=90 ROUTE_S=110 ATTN_S=70 ROUND_S=170 bash repro/engine/kernels/run_device_fused.sh 2>&1 | cut -c1-300 ;;
   *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused"; exit 2 ;;
