@@ -96,3 +96,91 @@ def test_unit_times_take_each_candidate_from_the_sets_that_ran_it():
     sets = [{1: bd(1.0, 1.0, 1.0)}, {1: bd(2.0, 2.0, 2.0)}, {"error": "x"}, {1: bd(0.5, 3.0, 3.0)}]
     assert TB.unit_times("qkv", cands, sets, (1,)) == [{1: 1.0}, {1: 0.5}]
     assert TB.unit_times("moe", cands, sets, (1,)) == [{1: 2.0}, {1: 4.0}, {}]
+
+
+# --- the round check: the per-unit choice against other cards' entries, as whole rounds ---------------------------
+
+import json  # noqa: E402
+
+import repro.engine.kernels.configs as C  # noqa: E402
+
+H100 = C.Card("NVIDIA H100 80GB HBM3", (9, 0), 132, 3352.3, 85.0)
+BATCHED = dict(E=257, N=512, H=2048, T=32)
+ATTN_FILE = dict(NQ=16, NKV=4, D=128, T=32)
+
+
+def _per_unit_choice(h200: dict) -> dict:
+    """A per-unit choice as the H100's quick tune made it: the H200's GEMM tiles, a 16-row batched attention tile."""
+    tuned = {k: v for k, v in h200.items() if k in TB.unit_keys("bf16")}
+    tuned["attn"] = dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=2)
+    return tuned
+
+
+def test_seed_entries_from_the_shipped_files_take_a_cards_attention_from_its_attn_file():
+    batched = json.loads(C.config_path("batched", **BATCHED).read_text())
+    attn = json.loads(C.config_path("attn", **ATTN_FILE).read_text())
+    h200 = batched["NVIDIA H200"]
+    tuned = _per_unit_choice(h200)
+    keys = TB.unit_keys("bf16")
+    assert "attn" in keys and "moe_router" in keys and "moe_w4_gate_up" not in keys
+    assert TB.unit_keys("nvfp4-w4a16") == ("moe_w4_gate_up", "moe_w4_down")
+    cands = TB.seed_entries(tuned, keys, batched, attn, H100.name, ["NVIDIA H200"])
+    # the H100's shipped entry is the H200's, so the H200's seed is the same entry and is left out
+    assert list(cands) == ["tuned", "previous"]
+    assert cands["tuned"]["attn"]["BLOCK_M"] == 16
+    split = attn["NVIDIA H200"]["split"]
+    assert cands["previous"]["attn"] == {k: split[k] for k in TB.ATTN_KEYS} and split["BLOCK_M"] == 64
+    assert cands["previous"]["qkv"] == h200["qkv"] and set(cands["previous"]) == set(cands["tuned"])
+    # a card with no previous entry gets the H200's as a seed; 4-bit keys only for the 4-bit check
+    no_h100 = {k: v for k, v in batched.items() if k != H100.name}
+    cands = TB.seed_entries(tuned, keys, no_h100, attn, H100.name, ["NVIDIA H200"])
+    assert list(cands) == ["tuned", "NVIDIA H200"]
+    w4 = TB.seed_entries({k: h200[k] for k in TB.unit_keys("nvfp4-w4a16")}, TB.unit_keys("nvfp4-w4a16"), no_h100,
+                         attn, H100.name, ["NVIDIA H200"])
+    assert list(w4) == ["tuned"]  # the same tiles as the H200's: one candidate
+
+
+def test_pick_by_rounds_needs_a_gain_beyond_the_hysteresis_at_every_slot_count():
+    tuned = {1: 4.50, 8: 8.90, 32: 14.97}
+    assert TB.pick_by_rounds({"tuned": tuned, "NVIDIA H200": {1: 4.52, 8: 8.84, 32: 13.77}}) == "NVIDIA H200"
+    assert TB.pick_by_rounds({"tuned": tuned, "NVIDIA H200": {1: 4.45, 8: 8.85, 32: 14.90}}) == "tuned"  # < 2 %
+    # faster at 32 slots but much slower at one: the mean relative time decides
+    assert TB.pick_by_rounds({"tuned": tuned, "x": {1: 6.0, 8: 8.9, 32: 13.5}}) == "tuned"
+    # a seed that did not run, or ran only some slot counts, is out
+    assert TB.pick_by_rounds({"tuned": tuned, "x": {}, "y": {32: 1.0}}) == "tuned"
+    with pytest.raises(RuntimeError, match="did not run"):
+        TB.pick_by_rounds({"tuned": {}, "x": tuned})
+
+
+def test_round_check_times_each_seed_as_this_cards_entry_and_leaves_the_file_with_the_choice(monkeypatch, tmp_path):
+    """bench_slots is replaced by a fake that reads the file the way BatchedBlockForward does (the card's entry):
+    a 64-row attention tile runs 32 slots 8 % faster. The check must time the H200's seed under the H100's name,
+    pick it, and leave the file holding the per-unit choice for the caller to overwrite."""
+    from repro.engine.bench import common, graph_round
+
+    for p in C.CONFIG_DIR.glob("*.json"):
+        (tmp_path / p.name).write_text(p.read_text())
+    monkeypatch.setattr(C, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(C, "_warned", set())
+    monkeypatch.setattr(C, "current_card", lambda device=None: H100)
+    path = C.config_path("batched", **BATCHED)
+    data = json.loads(path.read_text())
+    h200 = data["NVIDIA H200"]
+    del data[H100.name]  # a card tuned for the first time
+    path.write_text(json.dumps(data))
+    seen = []
+
+    def fake_bench(slots, *a, **kw):
+        entry = json.loads(path.read_text())[H100.name]
+        seen.append(entry["attn"]["BLOCK_M"])
+        f = 0.92 if entry["attn"]["BLOCK_M"] == 64 else 1.0
+        return {"rounds": [{"slots": S, "ms": (4.5 if S == 1 else 15.0 * f)} for S in slots]}
+
+    monkeypatch.setattr(graph_round, "bench_slots", fake_bench)
+    monkeypatch.setattr(graph_round, "_model", lambda *a: None)
+    monkeypatch.setattr(common, "copy_bandwidth", lambda: 3000.0)
+    win, rec = TB.round_check(_per_unit_choice(h200), (1, 32), "bf16", log=lambda m: None)
+    assert seen == [16, 64] and rec["chosen"] == "NVIDIA H200"
+    assert win["attn"]["BLOCK_M"] == 64 and win["qkv"] == h200["qkv"]
+    assert rec["ms"]["NVIDIA H200"] == {"1": 4.5, "32": 13.8}
+    assert json.loads(path.read_text())[H100.name]["attn"]["BLOCK_M"] == 16  # the choice, until the caller saves

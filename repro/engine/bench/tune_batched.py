@@ -24,6 +24,14 @@ unit at once: the device time of each kernel family comes from a torch.profiler 
   members' best times wins, then per S its fastest member;
 * ``router``, ``attn``: the candidate with the least sum over S.
 
+The per-unit choice is then checked as a whole round (:func:`round_check`): the batched graph round is timed at
+every tuned S with the per-unit choice and with each tuned entry of another card of this compute capability (and
+this card's previous entry), their missing keys filled from the per-unit choice (:func:`seed_entries`); the entry
+with the least mean time relative to the best at each S is saved (:func:`pick_by_rounds`; another entry must beat the
+per-unit choice by more than :data:`HYSTERESIS`). Kernel times summed per unit miss what the round sees between
+kernels (on an H100 the H200's entry ran batch 32 at 13.77 ms where its own per-unit choice ran 14.97 ms,
+docs/perf.md), so the round decides; the entry saved records every candidate's round times.
+
 Row invariance is then checked, not assumed: with the saved file, slot 0's logits at every S must equal those at
 the smallest S (:func:`verify`); if not, the steps are dropped (one setting for every S) and it is checked again.
 """
@@ -242,6 +250,93 @@ def choose(unit: str, cands: list, times: list[dict], slots) -> dict:
     return out
 
 
+#: the split-attention keys the batched ``attn`` unit sets (the rest, NSPLIT and MIN_KEYS, stay the ``attn`` file's)
+ATTN_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+
+def unit_keys(precision: str) -> tuple[str, ...]:
+    """The batched file's entries tuned at ``precision`` (the units of :func:`candidates`, their ``UNITS`` entries)."""
+    return tuple(name for unit in candidates(precision, quick=False) for name in UNITS[unit][1])
+
+
+def seed_entries(tuned: dict, keys, batched_file: dict, attn_file: dict, card: str, others: list[str]) -> dict:
+    """Candidate entries for :func:`round_check`: ``{label: {file key: tiles}}`` over ``keys``, ``"tuned"`` (the
+    per-unit choice, ``tuned``) first, then ``"previous"`` (``card``'s entry in ``batched_file``, if any) and each
+    card of ``others`` (names in ``batched_file``, nearest first). A key an entry lacks comes from ``tuned``, except
+    ``attn``: a card whose batched entry has none ran its ``attn_file`` entry's split keys (:data:`ATTN_KEYS`), so
+    those are used. An entry equal to an earlier one, or with none of ``keys``, is left out."""
+    out = {"tuned": {k: tuned[k] for k in keys if k in tuned}}
+    for label, name in [("previous", card)] + [(n, n) for n in others]:
+        entry = batched_file.get(name)
+        if not isinstance(entry, dict) or not any(k in entry for k in keys):
+            continue
+        cand = {k: entry.get(k, out["tuned"].get(k)) for k in keys if k in entry or k in out["tuned"]}
+        split = ((attn_file.get(name) or {}).get("split") or {}) if isinstance(attn_file.get(name), dict) else {}
+        if "attn" in keys and "attn" not in entry and split:
+            cand["attn"] = {k: split[k] for k in ATTN_KEYS if k in split}
+        if cand not in out.values():
+            out[label] = cand
+    return out
+
+
+def pick_by_rounds(times: dict) -> str:
+    """The label of ``times`` (``{label: {S: round ms}}``, ``"tuned"`` among them) to save: the least mean over S of
+    ms / the best ms at that S, over the S ``"tuned"`` ran (a label missing one of them is out); another label
+    replaces ``"tuned"`` only when its mean is lower by more than :data:`HYSTERESIS`. Raises RuntimeError when ``"tuned"`` has no time."""
+    if not times.get("tuned"):
+        raise RuntimeError("round check: the per-unit choice did not run")
+    common = set(times["tuned"])
+    ran = {lab: t for lab, t in times.items() if t and common <= set(t)}
+    best = {S: min(t[S] for t in ran.values()) for S in common}
+    score = {lab: sum(t[S] / best[S] for S in common) / len(common) for lab, t in ran.items()}
+    lab = min(score, key=lambda k: (score[k], k != "tuned"))
+    return lab if score[lab] < score["tuned"] - HYSTERESIS else "tuned"
+
+
+def round_check(tuned: dict, slots, precision: str, seed: int = 0, log=print, iters: int = 20) -> tuple[dict, dict]:
+    """Time the batched graph round (:func:`~repro.engine.bench.graph_round.bench_slots`) at each S of ``slots`` with
+    each entry of :func:`seed_entries` written as this card's, and return ``(entries to save, record)``: the
+    :func:`pick_by_rounds` winner's tiles for :func:`unit_keys` of ``precision``, and ``{"chosen", "ms": {label:
+    {S: ms}}, "entries": {label: tiles}}``. Leaves the file with the per-unit choice (the caller saves the winner)."""
+    from ..kernels.configs import config_path, current_card, nearest_cards, save_config
+    from .common import copy_bandwidth
+    from .graph_round import _model, bench_slots
+
+    key = dict(E=257, N=512, H=2048, T=32)
+    card = current_card()
+    path = config_path("batched", **key)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    apath = config_path("attn", NQ=16, NKV=4, D=128, T=32)
+    adata = json.loads(apath.read_text()) if apath.exists() else {}
+    keys = unit_keys(precision)
+    cands = seed_entries(tuned, keys, data, adata, card.name, nearest_cards(data, card))
+    model, bw = _model(None, precision, seed), copy_bandwidth()
+    ms: dict = {}
+    try:
+        for label, entry in cands.items():
+            save_config("batched", entry, **key)
+            try:
+                doc = bench_slots(slots, PREFIX, iters, None, precision, seed, log=lambda *a: None, model=model,
+                                  single=False, copy_bw=bw)
+                ms[label] = {r["slots"]: r["ms"] for r in doc["rounds"]}
+            except Exception as exc:  # noqa: BLE001 - a seed that does not run here is skipped
+                ms[label] = {}
+                log(f"round check {precision} {label}: failed ({type(exc).__name__}: {str(exc)[:120]})")
+                continue
+            log(f"round check {precision} {label}: " + ", ".join(f"S={S} {v:.3f} ms" for S, v in ms[label].items()))
+            torch.cuda.empty_cache()
+    finally:
+        save_config("batched", cands["tuned"], **key)
+        del model
+        torch.cuda.empty_cache()
+    chosen = pick_by_rounds(ms)
+    log(f"round check {precision}: saving {chosen!r}" + ("" if chosen == "tuned" else " (faster round than the "
+                                                          "per-unit choice)"))
+    rec = {"chosen": chosen, "ms": {lab: {str(S): round(v, 4) for S, v in t.items()} for lab, t in ms.items()},
+           "entries": cands}
+    return dict(cands[chosen]), rec
+
+
 def verify(slots, precision: str, seed: int = 0, log=print) -> bool:
     """Slot 0's logits at every S bit-identical to those at the smallest S, with the tiles the files give now."""
     from ..kernels.fastpath_batch import BatchedBlockForward
@@ -265,10 +360,11 @@ def verify(slots, precision: str, seed: int = 0, log=print) -> bool:
 
 
 def tune_batched(quick: bool = False, precisions=("bf16", "nvfp4-w4a16"), seed: int = 0, save: bool = True,
-                 log=print) -> dict:
-    """Tune, save under this card's name in ``configs/batched_E=257_N=512_H=2048_T=32.json`` and verify (module
-    doc). Returns ``{"entries", "times", "verified", "seconds"}`` (``times``: per precision and unit, per
-    candidate ``{S: ms}``)."""
+                 log=print, check: bool = True) -> dict:
+    """Tune, check as a round (``check``, with ``save``), save under this card's name in
+    ``configs/batched_E=257_N=512_H=2048_T=32.json`` and verify (module doc). Returns ``{"entries", "times",
+    "round_check", "verified", "seconds"}`` (``times``: per precision and unit, per candidate ``{S: ms}``;
+    ``round_check``: per precision, :func:`round_check`'s record)."""
     from ..kernels.configs import save_config
 
     slots = QUICK_SLOTS if quick else SLOTS
@@ -284,12 +380,20 @@ def tune_batched(quick: bool = False, precisions=("bf16", "nvfp4-w4a16"), seed: 
                                  for c, t in zip(cands[unit], ut)]
             entries.update(choose(unit, cands[unit], ut, slots))
     meta = {"source": f"python -m repro.engine.kernels.tune{' --quick' if quick else ''} (repro/engine/bench/"
-                      f"tune_batched.py): per unit the fastest candidate at each S of {list(slots)}, prefix {PREFIX}",
+                      f"tune_batched.py): per unit the fastest candidate at each S of {list(slots)}, prefix {PREFIX}"
+                      + ("; then the round check of that choice against other cards' entries (round_check_*)"
+                         if save and check else ""),
             "date": time.strftime("%Y-%m-%d")}
-    verified = {}
+    verified, checked = {}, {}
     if save:
         key = dict(E=257, N=512, H=2048, T=32)
         save_config("batched", entries, extra=meta, **key)
+        for prec in precisions if check else ():  # BF16 first: the 4-bit round runs the BF16 pass's other kernels
+            win, checked[prec] = round_check({k: entries[k] for k in unit_keys(prec) if k in entries}, slots, prec,
+                                             seed, log)
+            entries.update(win)
+            meta[f"round_check_{prec}"] = {"chosen": checked[prec]["chosen"], "ms": checked[prec]["ms"]}
+            save_config("batched", entries, extra=meta, **key)
         for prec in precisions:
             verified[prec] = verify(slots, prec, seed, log)
         if not all(verified.values()):  # one setting for every S, then check again
@@ -299,7 +403,8 @@ def tune_batched(quick: bool = False, precisions=("bf16", "nvfp4-w4a16"), seed: 
             verified = {prec: verify(slots, prec, seed, log) for prec in precisions}
             if not all(verified.values()):
                 raise RuntimeError(f"batched tiles: slot 0 differs across S even with one tile set ({verified})")
-    return {"entries": entries, "times": times, "verified": verified, "seconds": time.perf_counter() - t0}
+    return {"entries": entries, "times": times, "round_check": checked, "verified": verified,
+            "seconds": time.perf_counter() - t0}
 
 
 def summary_table(times: dict, entries: dict) -> str:
