@@ -1,0 +1,327 @@
+"""Warp-specialised 4-bit expert gate+up GEMM in Gluon (Triton's low-level dialect) for Hopper (sm_90a), beside its
+torch reference :func:`gate_up_ws_reference`. A variant, not wired into the engine's default path.
+
+Contract (the hop-layout launch of :func:`.moe_gemm.moe_gate_up`: same inputs, same output buffer, so it can stand
+in for that launch): x [T, H] bf16; w13 an :class:`~repro.checkpoint.nvfp4.NVFP4Experts` [E, 2N, H] in layout
+"hop" (q uint8 [E, 2N, H/2], s uint8 [E, 2N, H/16] E4M3 bits, g fp32 [E, 2] gate / up) with the shared expert in
+``.shared`` ([2N, H] bf16, expert index E); a :class:`~.route.MoEWorkspace` ``ws`` after the routing (counts [E1+1],
+pairs [E1, T_PAD], pair_w [P1] fp32, optionally the tile table of :func:`.route.moe_tiles`). Result: for every pair
+p = (token t, expert e) ``ws.inter[p, n]`` (bf16 [P1, N]) = bf16(silu(a_g) · a_u · pair_w[p]) with
+``a_g = (Σ_k x[t, k] · w'[e, n, k]) · g[e, 0] · 2^8`` and ``a_u`` likewise over rows N + n with g[e, 1].
+
+Numeric contract (decode 5 of :mod:`.moe_w4_hop`): each weight enters the MMA as the exact bf16 block product
+``w' = e2m1(code) · e4m3(s) · 2^-8`` (:func:`.moe_w4_hop.hop_decode_reference`), the MMA accumulates in fp32, the
+global scale g · 2^8 multiplies the fp32 accumulator. The K order is the Triton swap-AB kernel's (``W4_SWAP``:
+BLOCK_K steps in order, wgmma with the weights as operand A), so the two should agree bit for bit; the default
+(non-swap) decode-5 kernel splits K into even / odd inputs and agrees to fp32 rounding only.
+
+Pipeline (per program: one expert, BLOCK_N gate rows + the same BLOCK_N up rows = R = 2·BLOCK_N weight rows, up to
+BLOCK_M token rows): ``gl.warp_specialize`` forks
+
+* a loader partition (``LOADER_WARPS`` warps, few registers): for each K step, ``STAGES`` ahead, ``cp.async`` of the
+  packed words [R, BK/8] (as [R, BK/16, 2] int32), the scale bytes [R, BK/16] and the gathered activation rows
+  [BLOCK_M, BK] bf16 into ring slot k % STAGES; the copies' completion arrives on ``ready[slot]``
+  (``cp.async.mbarrier.arrive.noinc``, one arrival per loader thread). It waits on ``empty[slot]`` before refilling.
+* the default partition (one warpgroup, 4 warps): waits on ``ready``, reads the words and scales of step k into
+  registers, decodes them (inline PTX ``mul.rn.bf16x2``, decode 5: 13 integer and 4 bf16x2 instructions per 8
+  weights) into the wgmma's register operand A [R, BK], issues ``wgmma`` (swap-AB: M = R weight rows, N = BLOCK_M
+  tokens, B = the activation tile in shared memory, transposed view) asynchronously and keeps one in flight
+  (``warpgroup_mma_wait(1)``): the decode of step k+1 runs while the MMA of step k does. It then frees the slot of
+  step k-1. Epilogue: the accumulator through shared memory, split into gate / up, scaled, SiLU · up · pair_w,
+  stored to inter.
+
+Programs: the grid of :func:`.moe_gemm._launch_grid` (plain (E1, N/BLOCK_N, m-blocks) or the tile table; not the
+compact active list). The shared expert (bf16) is not in this kernel: its programs exit and :func:`moe_gate_up_ws`
+runs it through the Triton kernel over a static tile table of its m-blocks (one more launch).
+
+Where it stands: built ahead of time for sm_90a on Triton 3.6 (tests/kernels/test_moe_w4_ws.py); the GPU test and
+``scripts/bench_w4_ws.py`` have not been run on a GPU yet. ``HAS_GLUON`` is False (and the module still imports)
+without ``triton.experimental.gluon`` or with a Gluon whose API differs from 3.6's (``warp_specialize`` taking a list
+of (function, args) pairs).
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ._triton import HAS_TRITON, triton
+
+__all__ = ["HAS_GLUON", "gate_up_ws_reference", "moe_gate_up_ws", "WS_TILES_DEFAULT"]
+
+#: tiles of the Gluon gate+up kernel: BLOCK_N gate rows (R = 2·BLOCK_N = 128 MMA rows over one warpgroup), BLOCK_M
+#: tokens (the MMA's N), BLOCK_K inputs per K step (a multiple of 64: the scale bytes of a row per step are >= 4 bytes,
+#: the smallest cp.async), STAGES ring slots, LOADER_WARPS / LOADER_REGS of the loader partition
+WS_TILES_DEFAULT = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, STAGES=4, LOADER_WARPS=1, LOADER_REGS=48)
+
+HAS_GLUON = False
+if HAS_TRITON:
+    try:  # pragma: no cover - depends on the installed Triton
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.ampere import async_copy
+        from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                      warpgroup_mma_wait)
+
+        HAS_GLUON = "worker_num_regs" in inspect.signature(gl.warp_specialize).parameters and \
+            "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
+    except Exception:  # noqa: BLE001 - no Gluon, or another API
+        HAS_GLUON = False
+
+
+def gate_up_ws_reference(x, w13, ids, weights):
+    """torch reference of the contract for explicit pairs: x [T, H] bf16; w13 NVFP4Experts [E, 2N, H] in layout "hop"
+    (shared expert in ``.shared`` as index E, bf16 weights as they are); ids [T, k] int64, weights [T, k] fp32.
+    Returns inter [T, k, N] bf16: w' = hop_decode_reference (exact bf16 products), fp32 matmul, g · 2^8 on the
+    accumulator, SiLU(gate) · up · weight in fp32, one rounding."""
+    from .moe_w4_hop import hop_decode_reference, hop_shift
+
+    assert w13.layout == "hop" and w13.parts == 2
+    E, twoN, H = w13.shape
+    N = twoN // 2
+    xf = x.float()
+    out = torch.empty(*ids.shape, N, dtype=x.dtype, device=x.device)
+    unit = 2.0 ** hop_shift(x.dtype)
+    for e in ids.unique().tolist():
+        sel = ids == e
+        t = sel.nonzero()[:, 0]
+        if e == E:
+            acc = xf[t] @ w13.shared.float().t()
+            a_g, a_u = acc[:, :N], acc[:, N:]
+        else:
+            w = hop_decode_reference(w13.q[e], w13.s[e], x.dtype).float()  # [2N, H]
+            acc = xf[t] @ w.t()
+            a_g = acc[:, :N] * (w13.g[e, 0] * unit)
+            a_u = acc[:, N:] * (w13.g[e, 1] * unit)
+        h = a_g * (1.0 / (1.0 + torch.exp(-a_g))) * a_u * weights.float()[sel][:, None]
+        out[sel] = h.to(x.dtype)
+    return out
+
+
+if HAS_GLUON:
+    # one "hop" word ($8) and its block's scale pair bf16x2(e4m3 · 2^118) ($9) -> the 8 inputs' w' ($0..$7 = inputs
+    # 0..7): the instructions of moe_w4_hop._HOP_WORD_ASM
+    _HOP_WORD_ASM = gl.constexpr("""{
+    .reg .b32 a, b, c, r;
+    and.b32 r, $8, 0x81C081C0;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$0, $2}, r;
+    shl.b32 a, $8, 3;
+    and.b32 r, a, 0x81C081C0;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$4, $6}, r;
+    shl.b32 a, $8, 6;
+    and.b32 r, a, 0x81C081C0;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$1, $3}, r;
+    shl.b32 a, $8, 1;
+    and.b32 a, a, 0x80008000;
+    shr.u32 b, $8, 3;
+    and.b32 b, b, 0x01800180;
+    or.b32 a, a, b;
+    shr.u32 c, $8, 7;
+    and.b32 c, c, 0x00400040;
+    or.b32 r, a, c;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$5, $7}, r;
+    }""")
+
+    @gluon.jit
+    def _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M: gl.constexpr, MAXC: gl.constexpr, TILES: gl.constexpr,
+                 layout: gl.constexpr):
+        """(e, pid_n, mmask, p, idle) of this program, as ``moe_gemm._expert_slot`` (plain grid or tile table)."""
+        if TILES:
+            pid_n = gl.program_id(1)
+            e_raw = gl.load(tiles_ptr + 2 * gl.program_id(0))
+            pid_m = gl.load(tiles_ptr + 2 * gl.program_id(0) + 1)
+            e = gl.maximum(e_raw, 0)
+            cnt = gl.load(counts_ptr + e)
+            cnt = gl.where(e_raw >= 0, cnt, 0)
+        else:
+            e = gl.program_id(0)
+            pid_n = gl.program_id(1)
+            pid_m = gl.program_id(2)
+            cnt = gl.load(counts_ptr + e)
+        offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=layout)
+        mmask = offs_m < cnt
+        p = gl.load(pairs_ptr + e * MAXC + offs_m, mask=mmask, other=0)
+        return e, pid_n, mmask, p, pid_m * BLOCK_M >= cnt
+
+    @gluon.jit
+    def _ws_loader(x_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_xt, q_ring, s_ring, x_ring,
+                   ready, empty, H: gl.constexpr, N: gl.constexpr, TOPK: gl.constexpr, MAXC: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                   TILES: gl.constexpr, LOADER_WARPS: gl.constexpr):
+        """Worker partition: cp.async of the packed words, scale bytes and gathered activation rows of every K step
+        into ring slot k % STAGES, STAGES steps ahead of the consumer."""
+        R: gl.constexpr = 2 * BLOCK_N
+        HB: gl.constexpr = BLOCK_K // 16
+        LQ: gl.constexpr = gl.BlockedLayout([1, HB, 2], [32, 1, 1], [LOADER_WARPS, 1, 1], [2, 1, 0])
+        LS: gl.constexpr = gl.BlockedLayout([1, HB], [32, 1], [LOADER_WARPS, 1], [1, 0])
+        LX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
+        e, pid_n, mmask, p, _ = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES,
+                                         gl.SliceLayout(1, LX))
+        tok = gl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
+        # weight rows: gate n0 .. n0+BN-1, then up N+n0 .. ; packed words as [R, BK/16, 2] int32 per K step
+        rq = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, LQ)))
+        rows_q = gl.where(rq < BLOCK_N, pid_n * BLOCK_N + rq, N + pid_n * BLOCK_N + rq - BLOCK_N)
+        bq = gl.arange(0, HB, layout=gl.SliceLayout(0, gl.SliceLayout(2, LQ)))
+        wq = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, LQ)))
+        qbase = q_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + e.to(gl.int64) * (N * H // 4)
+        q_off = gl.expand_dims(gl.expand_dims(rows_q * (H // 8), 1) + gl.expand_dims(bq * 2, 0), 2) + \
+            gl.expand_dims(gl.expand_dims(wq, 0), 1)
+        rs = gl.arange(0, R, layout=gl.SliceLayout(1, LS))
+        rows_s = gl.where(rs < BLOCK_N, pid_n * BLOCK_N + rs, N + pid_n * BLOCK_N + rs - BLOCK_N)
+        s_off = gl.expand_dims(rows_s * (H // 16), 1) + gl.expand_dims(gl.arange(0, HB, layout=gl.SliceLayout(0, LS)), 0)
+        sbase = s_ptr + e.to(gl.int64) * (N * H // 8)
+        x_off = gl.expand_dims(tok * stride_xt, 1) + gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LX)), 0)
+        xm = gl.expand_dims(mmask, 1)
+        for k in range(H // BLOCK_K):
+            slot = k % STAGES
+            mbarrier.wait(empty.index(slot), ((k // STAGES) & 1) ^ 1, pred=k >= STAGES)
+            k0 = k * BLOCK_K
+            async_copy.async_copy_global_to_shared(q_ring.index(slot), qbase + q_off + k0 // 8,
+                                                   eviction_policy="evict_first")
+            async_copy.async_copy_global_to_shared(s_ring.index(slot), sbase + s_off + k0 // 16,
+                                                   eviction_policy="evict_first")
+            async_copy.async_copy_global_to_shared(x_ring.index(slot), x_ptr + x_off + k0, mask=xm)
+            async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+
+    @gluon.jit
+    def _ws_decode(qw, sb):
+        """w' [R, BK] bf16 of packed words qw [R, BK/16, 2] int32 and scale bytes sb [R, BK/16] uint8 (decode 5)."""
+        sf = sb.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+        sv = (sf * 3.3230699894622895e35).to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        sp = gl.expand_dims(sv | (sv << 16), 2)  # bf16x2(e4m3 · 2^118), one per word
+        sp = gl.broadcast(sp, qw)[0]
+        v0, v1, v2, v3, v4, v5, v6, v7 = gl.inline_asm_elementwise(
+            _HOP_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [qw, sp],
+            dtype=(gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16,
+                   gl.bfloat16), is_pure=True, pack=1)
+        t = gl.join(gl.join(gl.join(v0, v4), gl.join(v2, v6)), gl.join(gl.join(v1, v5), gl.join(v3, v7)))
+        return gl.reshape(t, (qw.shape[0], 16 * qw.shape[1]))
+
+    @gluon.jit
+    def _ws_consumer(q_ring, s_ring, x_ring, ready, empty, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     BLOCK_K: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr):
+        """Default partition (one warpgroup): decode step k into operand A while the wgmma of step k-1 runs; returns
+        the fp32 accumulator [R, BLOCK_M] (weight rows x tokens)."""
+        R: gl.constexpr = 2 * BLOCK_N
+        HB: gl.constexpr = BLOCK_K // 16
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_M, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        LQ: gl.constexpr = gl.BlockedLayout([1, HB, 2], [32, 1, 1], [4, 1, 1], [2, 1, 0])
+        acc = gl.zeros((R, BLOCK_M), dtype=gl.float32, layout=mma)
+        for k in range(H // BLOCK_K):
+            slot = k % STAGES
+            mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+            qw = q_ring.index(slot).load(LQ)
+            sb = s_ring.index(slot).load(gl.SliceLayout(2, LQ))
+            w = gl.convert_layout(_ws_decode(qw, sb), a_layout)
+            acc = warpgroup_mma(w, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            gl.thread_barrier()  # every warp is past the wgmma of step k-1 before slot k-1 is handed back
+            mbarrier.arrive(empty.index((k + STAGES - 1) % STAGES), pred=k > 0)
+        return (warpgroup_mma_wait(num_outstanding=0, deps=(acc,)),)  # a tuple: warp_specialize flattens it
+
+    @gluon.jit
+    def _w4_ws_gate_up(x_ptr, q_ptr, s_ptr, g_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, tiles_ptr, T,
+                       stride_xt, H: gl.constexpr, N: gl.constexpr, TOPK: gl.constexpr, MAXC: gl.constexpr,
+                       E_SH: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                       STAGES: gl.constexpr, TILES: gl.constexpr, LOADER_WARPS: gl.constexpr,
+                       LOADER_REGS: gl.constexpr):
+        """inter[p, n] = silu(a_g) · a_u · pair_w[p] over the routed experts' pairs (module docstring); programs of
+        the shared expert E_SH exit."""
+        gl.static_assert(BLOCK_K % 64 == 0, "BLOCK_K must be a multiple of 64")
+        gl.static_assert(2 * BLOCK_N == 128, "one warpgroup of 128 MMA rows: BLOCK_N 64")
+        R: gl.constexpr = 2 * BLOCK_N
+        HB: gl.constexpr = BLOCK_K // 16
+        EL: gl.constexpr = gl.BlockedLayout([2, 1], [32, 1], [1, 4], [0, 1])  # [BLOCK_N, BLOCK_M], n fastest
+        e, pid_n, mmask, p, idle = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES,
+                                            gl.SliceLayout(0, EL))
+        if idle or e == E_SH:
+            return
+        # ring buffers [STAGES, tile]; the layouts are the tile's
+        q_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R, HB, 2],
+                                           gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+        s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, R, HB], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K],
+                                           gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)
+            mbarrier.init(empty.index(i), count=1)
+        acc = gl.warp_specialize([
+            (_ws_consumer, (q_ring, s_ring, x_ring, ready, empty, BLOCK_M, BLOCK_N, BLOCK_K, H, STAGES)),
+            (_ws_loader, (x_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_xt, q_ring, s_ring,
+                          x_ring, ready, empty, H, N, TOPK, MAXC, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, TILES,
+                          LOADER_WARPS)),
+        ], [LOADER_WARPS], [LOADER_REGS])[0]
+        # epilogue: accumulator [R, BLOCK_M] through shared memory, gate rows 0..BN-1, up rows BN..R-1
+        acc_s = gl.allocate_shared_memory(gl.float32, [R, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        acc_s.store(acc)
+        gl.thread_barrier()
+        unit: gl.constexpr = 256.0  # 2^SHIFT of decode 5 (moe_w4_hop.hop_shift)
+        a_g = acc_s.slice(0, BLOCK_N).load(EL) * (gl.load(g_ptr + 2 * e) * unit)
+        a_u = acc_s.slice(BLOCK_N, BLOCK_N).load(EL) * (gl.load(g_ptr + 2 * e + 1) * unit)
+        pw = gl.load(pairw_ptr + p, mask=mmask, other=0.0)
+        h = a_g * (1 / (1 + gl.exp(-a_g))) * a_u * gl.expand_dims(pw, 0)  # as tl.sigmoid
+        offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, EL))
+        gl.store(inter_ptr + gl.expand_dims(p, 0) * N + gl.expand_dims(offs_n, 1), h.to(gl.bfloat16),
+                 mask=gl.expand_dims(mmask, 0))
+
+
+_SHARED_TILES: dict = {}
+
+
+def _shared_tiles(ws, block_m: int) -> torch.Tensor:
+    """Static tile table [(E, m) for each m-block of the shared expert's T rows]: the Triton kernel's launch over it
+    computes the shared expert alone."""
+    key = (ws.E, ws.T, block_m, str(ws.pairs.device))
+    t = _SHARED_TILES.get(key)
+    if t is None:
+        nb = triton.cdiv(ws.T, block_m)
+        t = _SHARED_TILES[key] = torch.tensor([[ws.E, m] for m in range(nb)], dtype=torch.int32,
+                                              device=ws.pairs.device)
+    return t
+
+
+def moe_gate_up_ws(x, w13, ws, top_k, tiles: dict | None = None, shared: bool = True):
+    """The Gluon kernel's launch over the routed experts (grid of ``moe_gemm._launch_grid``) and, with ``shared``
+    and a shared expert, the Triton kernel over the shared expert's m-blocks; writes ``ws.inter``. Raises
+    RuntimeError without Gluon 3.6 or a Hopper GPU, ValueError for experts or a workspace it does not take."""
+    from repro.checkpoint.nvfp4 import NVFP4Experts
+
+    from .moe_gemm import _launch_grid, moe_gate_up
+
+    if not HAS_GLUON:
+        raise RuntimeError("moe_gate_up_ws: needs triton.experimental.gluon with the Triton 3.6 API")
+    if not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9):
+        raise RuntimeError("moe_gate_up_ws: needs a Hopper GPU (sm_90a)")
+    if not isinstance(w13, NVFP4Experts) or w13.layout != "hop" or x.dtype != torch.bfloat16:
+        raise ValueError("moe_gate_up_ws: needs NVFP4Experts in layout 'hop' and bf16 activations")
+    if ws.compact:
+        raise ValueError("moe_gate_up_ws: the compact active-list grid is not implemented")
+    c = dict(WS_TILES_DEFAULT, **(tiles or {}))
+    T, H = x.shape
+    E, twoN, _ = w13.shape
+    N = twoN // 2
+    E1 = E + (w13.shared is not None)
+    assert x.stride(1) == 1 and H % c["BLOCK_K"] == 0 and N % c["BLOCK_N"] == 0
+    grid, kw = _launch_grid(ws, E1, c["BLOCK_M"], N // c["BLOCK_N"], "moe_gate_up_ws")
+    _w4_ws_gate_up[grid](
+        x, w13.q, w13.s, w13.g, ws.counts, ws.pairs, ws.pair_w, ws.inter, kw.get("tiles_ptr", ws.counts), T,
+        x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, E_SH=E if w13.shared is not None else -1,
+        BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], STAGES=c["STAGES"],
+        TILES=bool(kw.get("TILES")), LOADER_WARPS=c["LOADER_WARPS"], LOADER_REGS=c["LOADER_REGS"], num_warps=4)
+    if shared and w13.shared is not None:
+        saved = (ws.tiles, ws.tiles_block_m)
+        ws.tiles, ws.tiles_block_m = _shared_tiles(ws, 16), 16
+        try:
+            moe_gate_up(x, w13, ws, top_k, {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4,
+                                                            num_stages=3)})
+        finally:
+            ws.tiles, ws.tiles_block_m = saved
