@@ -156,20 +156,18 @@ if HAS_GLUON:
         into ring slot k % STAGES, STAGES steps ahead of the consumer."""
         R: gl.constexpr = 2 * BLOCK_N
         HB: gl.constexpr = BLOCK_K // 16
-        LQ: gl.constexpr = gl.BlockedLayout([1, HB, 2], [32, 1, 1], [LOADER_WARPS, 1, 1], [2, 1, 0])
+        LQ: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_K // 32), BLOCK_K // 32], [LOADER_WARPS, 1], [1, 0])
         LS: gl.constexpr = gl.BlockedLayout([1, HB], [32, 1], [LOADER_WARPS, 1], [1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
         e, pid_n, mmask, p, _ = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES,
                                          gl.SliceLayout(1, LX))
         tok = gl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
-        # weight rows: gate n0 .. n0+BN-1, then up N+n0 .. ; packed words as [R, BK/16, 2] int32 per K step
-        rq = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, LQ)))
+        # weight rows: gate n0 .. n0+BN-1, then up N+n0 .. ; the packed bytes as [R, BK/8] int32 words per K step
+        rq = gl.arange(0, R, layout=gl.SliceLayout(1, LQ))
         rows_q = gl.where(rq < BLOCK_N, pid_n * BLOCK_N + rq, N + pid_n * BLOCK_N + rq - BLOCK_N)
-        bq = gl.arange(0, HB, layout=gl.SliceLayout(0, gl.SliceLayout(2, LQ)))
-        wq = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, LQ)))
         qbase = q_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + e.to(gl.int64) * (N * H // 4)
-        q_off = gl.expand_dims(gl.expand_dims(rows_q * (H // 8), 1) + gl.expand_dims(bq * 2, 0), 2) + \
-            gl.expand_dims(gl.expand_dims(wq, 0), 1)
+        q_off = gl.expand_dims(rows_q * (H // 8), 1) + gl.expand_dims(gl.arange(0, BLOCK_K // 8,
+                                                                               layout=gl.SliceLayout(0, LQ)), 0)
         rs = gl.arange(0, R, layout=gl.SliceLayout(1, LS))
         rows_s = gl.where(rs < BLOCK_N, pid_n * BLOCK_N + rs, N + pid_n * BLOCK_N + rs - BLOCK_N)
         s_off = gl.expand_dims(rows_s * (H // 16), 1) + gl.expand_dims(gl.arange(0, HB, layout=gl.SliceLayout(0, LS)), 0)
@@ -217,7 +215,7 @@ if HAS_GLUON:
             slot = k % STAGES
             mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            qw = q_ring.index(slot).load(LQ)
+            qw = q_ring.index(slot).reshape([R, HB, 2]).load(LQ)
             sb = s_ring.index(slot).load(gl.SliceLayout(2, LQ))
             w = gl.convert_layout(_ws_decode(qw, sb), a_layout)
             acc = warpgroup_mma(w, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
@@ -244,8 +242,8 @@ if HAS_GLUON:
         if idle or e == E_SH:
             return
         # ring buffers [STAGES, tile]; the layouts are the tile's
-        q_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R, HB, 2],
-                                           gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+        q_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R, BLOCK_K // 8],
+                                           gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, R, HB], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
@@ -325,3 +323,32 @@ def moe_gate_up_ws(x, w13, ws, top_k, tiles: dict | None = None, shared: bool = 
                                                             num_stages=3)})
         finally:
             ws.tiles, ws.tiles_block_m = saved
+
+
+#: the real shapes' constexprs (LLaDA2.1-mini: H 2048, N 512, top-8 of 256 experts + the shared one at index 256,
+#: a 32-token block: T_PAD 32) of the ahead-of-time build
+AOT_SHAPES = dict(H=2048, N=512, TOPK=8, MAXC=32, E_SH=256)
+
+
+def aot_build(cc: tuple[int, int] = (9, 0), tiles: dict | None = None, **shapes):
+    """Compile the Gluon gate+up kernel for compute capability ``cc`` (sm_90a) without a GPU, as
+    ``repro.engine.aot.build`` does for the Triton kernels (``triton.compile`` on Gluon's ``GluonASTSource``, ptxas
+    included), at :data:`AOT_SHAPES` (overridden by ``shapes``) and ``tiles`` (:data:`WS_TILES_DEFAULT` plus TILES).
+    Returns the compiled kernel (``.asm["ptx"]``, ``["ttgir"]``, ``["cubin"]``, ``.metadata``). Needs Triton 3.6's
+    Gluon (RuntimeError otherwise) and no TRITON_INTERPRET."""
+    if not HAS_GLUON:
+        raise RuntimeError("aot_build: needs triton.experimental.gluon with the Triton 3.6 API")
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _w4_ws_gate_up
+    c = {**WS_TILES_DEFAULT, "TILES": False, **(tiles or {})}
+    const = dict(AOT_SHAPES, **shapes, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "TILES",
+                                                            "LOADER_WARPS", "LOADER_REGS")})
+    ptrs = dict(x_ptr="*bf16", q_ptr="*u8", s_ptr="*u8", g_ptr="*fp32", counts_ptr="*i32", pairs_ptr="*i32",
+                pairw_ptr="*fp32", inter_ptr="*bf16", tiles_ptr="*i32", T="i32", stride_xt="i32")
+    sig = {n: ptrs.get(n, "constexpr") for n in fn.arg_names}
+    # the launch-time specialisation of 16-byte aligned pointers and the row stride (a multiple of 16 elements)
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs if n.endswith("_ptr") or n == "stride_xt"}
+    return triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
+                          options=dict(num_warps=4))

@@ -1,0 +1,178 @@
+"""The warp-specialised Gluon gate+up GEMM (repro/engine/kernels/moe_w4_ws.py): its torch reference against the
+Triton hop-layout kernels (CPU, interpreter), its ahead-of-time build for sm_90a on the tested Triton 3.6 (CPU, a
+subprocess), and on a Hopper GPU its output against the Triton decode-5 kernel's at the real shapes."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from repro.checkpoint import nvfp4 as Q  # noqa: E402
+from repro.engine.kernels import moe as M  # noqa: E402
+from repro.engine.kernels import moe_w4 as W4  # noqa: E402
+from repro.engine.kernels.moe_w4_hop import hop_decode_reference, hop_shift  # noqa: E402
+from repro.engine.kernels.moe_w4_ws import gate_up_ws_reference  # noqa: E402
+
+from .conftest import rel_err  # noqa: E402
+from .test_moe_w4 import CFG, _experts  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _routed(T, E, k, shared, dev, seed):
+    """Random distinct expert ids [T, k] and routing weights; with ``shared`` the shared expert E appended as a
+    last column of weight 1 (the pairs T·k + t of the workspace)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(dev)
+    w = torch.rand(T, k, generator=g).to(dev)
+    return ids, w
+
+
+def _workspace_inter(ws, T, k, shared):
+    """ws.inter as [T, k(+1), N]: routed pairs t·k + j, then the shared expert's T·k + t."""
+    r = ws.inter[: T * k].view(T, k, -1)
+    return torch.cat([r, ws.inter[T * k:][:, None]], 1) if shared else r
+
+
+def test_reference_weights_are_dequantize_exactly():
+    """The reference's MMA operand times its accumulator scale is dequantize-at-load in fp32, bit for bit:
+    w' = e2m1 · e4m3 · 2^-8 exact in bf16, then one fp32 rounding of w' · (g · 2^8) = fl32(e2m1 · e4m3 · g)."""
+    g = torch.Generator().manual_seed(3)
+    w = W4.random_nvfp4_experts(2, 64, 128, 2, torch.bfloat16, "cpu", g)
+    h = w.with_layout("hop")
+    wp = hop_decode_reference(h.q, h.s, torch.bfloat16).float()  # [E, 2N, H]
+    gs = h.g.repeat_interleave(32, dim=1)[:, :, None] * 2.0 ** hop_shift(torch.bfloat16)
+    want = torch.stack([Q.dequantize(Q.from_hop_layout(h.q[e]), h.s[e].view(torch.float8_e4m3fn), torch.tensor(1.0)) for e in range(2)])
+    want = want * h.g.repeat_interleave(32, dim=1)[:, :, None]
+    assert torch.equal(wp * gs, want)
+
+
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("dtype,T,shared,seed", [(torch.float32, 8, True, 0), (torch.float32, 5, False, 1),
+                                                 (torch.float16, 6, True, 2)])
+def test_reference_matches_triton_hop_gate_up(dev, dtype, T, shared, seed, swap):
+    """gate_up_ws_reference against the Triton hop-layout gate+up kernel (decode 6 under the interpreter, 5 on the
+    GPU; swapped operands and not) on small shapes: fp32 to 1e-6 (only the fp32 summation order differs), fp16 /
+    bf16 to the rounding of inter."""
+    if dev == "cuda":
+        dtype = torch.bfloat16
+    H, N, E, k = 128, 64, 16, 4
+    x, _, _, w13, _ = _experts(T, H, N, E, shared, dtype, dev, seed)
+    w13 = w13.with_layout("hop")
+    ids, wts = _routed(T, E, k, shared, dev, seed)
+    ws = M.MoEWorkspace(T, H, N, E, E + int(shared), k, dtype, dev, split_k=1)
+    M.moe_align(ids, wts, ws)
+    decode = 5 if dev == "cuda" else 6
+    cfg = {**CFG, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=2, W4_DECODE=decode,
+                                  W4_SWAP=swap)}
+    M.moe_gate_up(x, w13, ws, k, cfg)
+    got = _workspace_inter(ws, T, k, shared)
+    ids_r = torch.cat([ids, torch.full((T, 1), E, device=dev)], 1) if shared else ids
+    wts_r = torch.cat([wts, torch.ones(T, 1, device=dev)], 1) if shared else wts
+    ref = gate_up_ws_reference(x, w13, ids_r, wts_r)
+    assert ref.dtype == dtype and ref.shape == got.shape
+    assert rel_err(got, ref) < (1e-6 if dtype == torch.float32 else 4e-3)
+
+
+def _tested_triton_path():
+    """PYTHONPATH entry of the tested Triton (repro/stack.py) when this environment's own is another release, ""
+    when it is the tested one; None when the tested Triton is absent."""
+    from importlib.metadata import version
+
+    from repro.engine.aot import tested_triton_dir
+    from repro.stack import TESTED, release
+
+    if release(version("triton")) == TESTED["triton"]:
+        return ""
+    return tested_triton_dir()
+
+
+_AOT = """
+from repro.engine.kernels.moe_w4_ws import HAS_GLUON, aot_build
+import json, sys, triton
+assert HAS_GLUON, "no Gluon 3.6 API"
+out = {}
+for tiles in (False, True):
+    k = aot_build((9, 0), dict(TILES=tiles))
+    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+    out[str(tiles)] = dict(cubin=len(k.asm["cubin"]), shared=int(k.metadata.shared), triton=triton.__version__,
+                           target=".target sm_90a" in ptx,
+                           wgmma=ptx.count("wgmma.mma_async"), setmaxnreg=ptx.count("setmaxnreg"),
+                           cp_async_mbar=ptx.count("cp.async.mbarrier.arrive.noinc"),
+                           bf16x2=ptx.count("mul.rn.bf16x2"), ws=ttgir.count("ttg.warp_specialize"),
+                           partitions=ttgir.count("partition0("))
+print(json.dumps(out))
+"""
+
+
+def test_gluon_gate_up_builds_for_sm90a():
+    """The Gluon kernel compiles for sm_90a on the tested Triton (3.6) without a GPU, plain grid and tile table, at
+    the real shapes: a cubin, wgmma with the register operand, the warp-specialised region with its loader
+    partition and register reallocation, the cp.async ring's mbarrier arrivals, the decode-5 bf16x2 multiplies."""
+    path = _tested_triton_path()
+    if path is None:
+        pytest.skip("the tested Triton 3.6 is not installed beside this one (bash scripts/setup.sh installs it)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([p for p in (path, str(REPO)) if p])
+    p = subprocess.run([sys.executable, "-c", _AOT], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    import json
+
+    for tiles, r in json.loads(p.stdout.strip().splitlines()[-1]).items():
+        assert r["triton"].startswith("3.6"), r
+        assert r["cubin"] > 0 and r["target"], (tiles, r)
+        assert r["wgmma"] > 0 and r["ws"] == 1 and r["partitions"] == 1 and r["setmaxnreg"] > 0, (tiles, r)
+        assert r["cp_async_mbar"] > 0 and r["bf16x2"] > 0, (tiles, r)
+        assert r["shared"] <= 227 * 1024, r
+
+
+def _real_case(slots, seed=0):
+    """x [32·slots, H] bf16, hop experts [256, 2N, H] (+ the bf16 shared expert), a workspace routed top-8 with
+    random weights, its tile table: the batched round's gate+up at ``slots`` requests."""
+    from repro.engine.kernels.route import moe_tiles
+
+    dev = "cuda"
+    H, N, E, k = 2048, 512, 256, 8
+    T = 32 * slots
+    g = torch.Generator(device=dev).manual_seed(seed)
+    w13 = W4.random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, dev, g).with_layout("hop")
+    w13 = w13.with_shared((torch.randn(2 * N, H, device=dev, generator=g) * 0.02).to(torch.bfloat16))
+    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
+    ids, wts = _routed(T, E, k, True, dev, seed)
+    ws = M.MoEWorkspace(T, H, N, E, E + 1, k, torch.bfloat16, dev, split_k=1)
+    M.moe_align(ids, wts, ws)
+    moe_tiles(ws, 16, static=True)
+    return x, w13, ws, k
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slots", [1, 32])
+def test_gluon_gate_up_matches_triton_decode5(slots):
+    """On sm_90: the Gluon kernel's inter equals the Triton decode-5 swap-AB kernel's (same tiles BLOCK_N 64 /
+    BLOCK_K 64, same K order, wgmma on both) bit for bit, and the default (non-swap) decode-5 kernel's within the
+    bf16 rounding of inter (it sums even / odd inputs in separate MMAs: another fp32 order)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs sm_90 (Hopper)")
+    from repro.engine.kernels.moe_w4_ws import HAS_GLUON, moe_gate_up_ws
+
+    if not HAS_GLUON:
+        pytest.skip("no Triton 3.6 Gluon")
+    x, w13, ws, k = _real_case(slots)
+    ws.inter.fill_(float("nan"))
+    moe_gate_up_ws(x, w13, ws, k)
+    got = ws.inter.clone()
+    assert not torch.isnan(got).any()
+    tiles = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, W4_DECODE=5)
+    ws.inter.fill_(float("nan"))
+    M.moe_gate_up(x, w13, ws, k, {"gate_up": dict(tiles, W4_SWAP=True)})
+    swap = ws.inter.clone()
+    ws.inter.fill_(float("nan"))
+    M.moe_gate_up(x, w13, ws, k, {"gate_up": tiles})
+    plain = ws.inter.clone()
+    assert rel_err(got, plain) < 4e-3
+    diff = (got.float() - swap.float()).abs().max().item()
+    assert torch.equal(got, swap), f"max |Gluon - Triton swap-AB| = {diff}"
