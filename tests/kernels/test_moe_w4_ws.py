@@ -130,25 +130,6 @@ def test_gluon_gate_up_builds_for_sm90a():
         assert r["shared"] <= 227 * 1024, r
 
 
-def _real_case(slots, seed=0):
-    """x [32·slots, H] bf16, hop experts [256, 2N, H] (+ the bf16 shared expert), a workspace routed top-8 with
-    random weights, its tile table: the batched round's gate+up at ``slots`` requests."""
-    from repro.engine.kernels.route import moe_tiles
-
-    dev = "cuda"
-    H, N, E, k = 2048, 512, 256, 8
-    T = 32 * slots
-    g = torch.Generator(device=dev).manual_seed(seed)
-    w13 = W4.random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, dev, g).with_layout("hop")
-    w13 = w13.with_shared((torch.randn(2 * N, H, device=dev, generator=g) * 0.02).to(torch.bfloat16))
-    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16)
-    ids, wts = _routed(T, E, k, True, dev, seed)
-    ws = M.MoEWorkspace(T, H, N, E, E + 1, k, torch.bfloat16, dev, split_k=1)
-    M.moe_align(ids, wts, ws)
-    moe_tiles(ws, 16, static=True)
-    return x, w13, ws, k
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("slots", [1, 32])
 def test_gluon_gate_up_matches_triton_decode5(slots):
@@ -157,11 +138,11 @@ def test_gluon_gate_up_matches_triton_decode5(slots):
     bf16 rounding of inter (it sums even / odd inputs in separate MMAs: another fp32 order)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs sm_90 (Hopper)")
-    from repro.engine.kernels.moe_w4_ws import HAS_GLUON, moe_gate_up_ws
+    from repro.engine.kernels.moe_w4_ws import HAS_GLUON, moe_gate_up_ws, real_gate_up_case
 
     if not HAS_GLUON:
         pytest.skip("no Triton 3.6 Gluon")
-    x, w13, ws, k = _real_case(slots)
+    x, w13, ws, k = real_gate_up_case(slots)
     ws.inter.fill_(float("nan"))
     moe_gate_up_ws(x, w13, ws, k)
     got = ws.inter.clone()

@@ -352,3 +352,25 @@ def aot_build(cc: tuple[int, int] = (9, 0), tiles: dict | None = None, **shapes)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs if n.endswith("_ptr") or n == "stride_xt"}
     return triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
                           options=dict(num_warps=4))
+
+
+def real_gate_up_case(slots: int, seed: int = 0, device="cuda"):
+    """``(x, w13, ws, top_k)`` of the batched round's gate+up at ``slots`` requests of a 32-token block (T = 32 ·
+    slots), LLaDA2.1-mini's shapes: random hop-layout NVFP4 experts [256, 1024, 2048] plus a bf16 shared expert,
+    random top-8 routing with random weights aligned into a workspace with its tile table (BLOCK_M 16). For the GPU
+    test and ``scripts/bench_w4_ws.py``."""
+    from .moe_w4 import random_nvfp4_experts
+    from .route import MoEWorkspace, moe_align, moe_tiles
+
+    H, N, E, k = 2048, 512, 256, 8
+    T = 32 * slots
+    g = torch.Generator(device=device).manual_seed(seed)
+    w13 = random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, device, g).with_layout("hop")
+    w13 = w13.with_shared((torch.randn(2 * N, H, device=device, generator=g) * 0.02).to(torch.bfloat16))
+    x = torch.randn(T, H, device=device, generator=g).to(torch.bfloat16)
+    gc = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=gc)[:k] for _ in range(T)]).to(device)
+    ws = MoEWorkspace(T, H, N, E, E + 1, k, torch.bfloat16, device, split_k=1)
+    moe_align(ids, torch.rand(T, k, generator=gc).to(device), ws)
+    moe_tiles(ws, 16, static=True)
+    return x, w13, ws, k
