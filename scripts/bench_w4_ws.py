@@ -1,10 +1,11 @@
-"""Time the 4-bit gate+up GEMM per launch at LLaDA2.1-mini's shapes: the warp-specialised Gluon kernel
+"""Time the 4-bit gate+up and down GEMMs per launch at LLaDA2.1-mini's shapes: the warp-specialised Gluon kernel
 (repro/engine/kernels/moe_w4_ws.py, plus its separate shared-expert launch) against the Triton hop-layout decode-5
 kernels (default and swap-AB), in the same process on the same routed workspace (tile table, BLOCK_M 16).
 
     python3 scripts/bench_w4_ws.py [--slots 1,32] [--iters 200]
 
-GB/s = the packed bytes of the routed experts touched (q + s, each once) plus the shared expert's bf16 rows, over the
+GB/s = the packed bytes of the routed experts touched (q + s of w13 or w2, each once) plus the shared expert's bf16
+rows, over the
 time per launch (CUDA events around ``iters`` launches after a warm-up). The last line is one JSON document.
 """
 from __future__ import annotations
@@ -40,7 +41,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from repro.engine.kernels import moe as M
-    from repro.engine.kernels.moe_w4_ws import moe_gate_up_ws, real_gate_up_case
+    from repro.engine.kernels.moe_w4 import random_nvfp4_experts
+    from repro.engine.kernels.moe_w4_ws import moe_down_ws, moe_gate_up_ws, real_gate_up_case
 
     rows = []
     for slots in [int(s) for s in args.slots.split(",")]:
@@ -55,12 +57,24 @@ def main(argv=None) -> int:
             "gluon_ws": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages)),
             "gluon_ws_routed_only": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages), shared=False),
         }
-        for name, fn in cases.items():
+        g = torch.Generator(device="cuda").manual_seed(7)
+        w2 = random_nvfp4_experts(256, H, N, 1, torch.bfloat16, "cuda", g).with_layout("hop")
+        w2 = w2.with_shared((torch.randn(H, N, device="cuda", generator=g) * 0.02).to(torch.bfloat16))
+        dt = dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3, W4_DECODE=5)
+        down = {
+            "down_triton_decode5": lambda: M.moe_down(w2, ws, {"down": dt}),
+            "down_triton_decode5_swap": lambda: M.moe_down(w2, ws, {"down": dict(dt, W4_SWAP=True)}),
+            "down_gluon_ws": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages)),
+            "down_gluon_ws_routed_only": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages), shared=False),
+        }
+        for name, fn in {**cases, **down}.items():
             us = _time(fn, args.iters)
+            nb = nbytes if not name.startswith("down") else \
+                touched * (w2.q[0].numel() + w2.s[0].numel()) + w2.shared.numel() * 2
             rows.append(dict(slots=slots, T=x.shape[0], experts_touched=touched, kernel=name, us=round(us, 2),
-                             gbps=round(nbytes / us / 1e3, 1)))
-            print(f"slots {slots:>3}  T {x.shape[0]:>5}  experts {touched:>3}  {name:<22} {us:9.2f} µs "
-                  f"{nbytes / us / 1e3:8.1f} GB/s")
+                             gbps=round(nb / us / 1e3, 1)))
+            print(f"slots {slots:>3}  T {x.shape[0]:>5}  experts {touched:>3}  {name:<26} {us:9.2f} µs "
+                  f"{nb / us / 1e3:8.1f} GB/s")
     dev = torch.cuda.get_device_name()
     print(json.dumps(dict(device=dev, H=H, N=N, rows=rows)))
     return 0

@@ -96,10 +96,10 @@ from repro.engine.kernels.moe_w4_ws import HAS_GLUON, aot_build
 import json, sys, triton
 assert HAS_GLUON, "no Gluon 3.6 API"
 out = {}
-for tiles in (False, True):
-    k = aot_build((9, 0), dict(TILES=tiles))
+for kernel, tiles in (("gate_up", False), ("gate_up", True), ("down", False), ("down", True)):
+    k = aot_build(kernel, (9, 0), dict(TILES=tiles))
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
-    out[str(tiles)] = dict(cubin=len(k.asm["cubin"]), shared=int(k.metadata.shared), triton=triton.__version__,
+    out[f"{kernel} tiles={tiles}"] = dict(cubin=len(k.asm["cubin"]), shared=int(k.metadata.shared), triton=triton.__version__,
                            target=".target sm_90a" in ptx,
                            wgmma=ptx.count("wgmma.mma_async"), setmaxnreg=ptx.count("setmaxnreg"),
                            cp_async_mbar=ptx.count("cp.async.mbarrier.arrive.noinc"),
@@ -109,8 +109,8 @@ print(json.dumps(out))
 """
 
 
-def test_gluon_gate_up_builds_for_sm90a():
-    """The Gluon kernel compiles for sm_90a on the tested Triton (3.6) without a GPU, plain grid and tile table, at
+def test_gluon_kernels_build_for_sm90a():
+    """The Gluon kernels (gate+up, down) compile for sm_90a on the tested Triton (3.6) without a GPU, plain grid and tile table, at
     the real shapes: a cubin, wgmma with the register operand, the warp-specialised region with its loader
     partition and register reallocation, the cp.async ring's mbarrier arrivals, the decode-5 bf16x2 multiplies."""
     path = _tested_triton_path()
@@ -122,7 +122,9 @@ def test_gluon_gate_up_builds_for_sm90a():
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     import json
 
-    for tiles, r in json.loads(p.stdout.strip().splitlines()[-1]).items():
+    built = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(built) == 4, built
+    for tiles, r in built.items():
         assert r["triton"].startswith("3.6"), r
         assert r["cubin"] > 0 and r["target"], (tiles, r)
         assert r["wgmma"] > 0 and r["ws"] == 1 and r["partitions"] == 1 and r["setmaxnreg"] > 0, (tiles, r)
@@ -157,3 +159,32 @@ def test_gluon_gate_up_matches_triton_decode5(slots):
     assert rel_err(got, plain) < 4e-3
     diff = (got.float() - swap.float()).abs().max().item()
     assert torch.equal(got, swap), f"max |Gluon - Triton swap-AB| = {diff}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slots", [1, 32])
+def test_gluon_down_matches_triton_decode5(slots):
+    """On sm_90: the Gluon down kernel's pair_out equals the Triton decode-5 swap-AB kernel's (BLOCK_N 128, BLOCK_K
+    64, same K order) bit for bit, and the default decode-5 kernel's to fp32 summation order."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs sm_90 (Hopper)")
+    from repro.engine.kernels.moe_w4 import random_nvfp4_experts
+    from repro.engine.kernels.moe_w4_ws import HAS_GLUON, moe_down_ws, real_gate_up_case
+
+    if not HAS_GLUON:
+        pytest.skip("no Triton 3.6 Gluon")
+    x, w13, ws, k = real_gate_up_case(slots)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    w2 = random_nvfp4_experts(256, 2048, 512, 1, torch.bfloat16, "cuda", g).with_layout("hop")
+    w2 = w2.with_shared((torch.randn(2048, 512, device="cuda", generator=g) * 0.02).to(torch.bfloat16))
+    ws.inter.copy_((torch.randn(ws.inter.shape, device="cuda", generator=g)).to(torch.bfloat16))
+    ws.pair_out.fill_(float("nan"))
+    moe_down_ws(w2, ws)
+    got = ws.pair_out.clone()
+    assert not torch.isnan(got).any()
+    tiles = dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3, W4_DECODE=5)
+    M.moe_down(w2, ws, {"down": dict(tiles, W4_SWAP=True)})
+    swap = ws.pair_out.clone()
+    M.moe_down(w2, ws, {"down": tiles})
+    assert rel_err(got, ws.pair_out) < 1e-5
+    assert torch.equal(got, swap), f"max |Gluon - Triton swap-AB| = {(got - swap).abs().max().item()}"

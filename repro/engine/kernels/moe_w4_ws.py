@@ -47,12 +47,15 @@ import torch
 
 from ._triton import HAS_TRITON, triton
 
-__all__ = ["HAS_GLUON", "gate_up_ws_reference", "moe_gate_up_ws", "WS_TILES_DEFAULT"]
+__all__ = ["HAS_GLUON", "gate_up_ws_reference", "down_ws_reference", "moe_gate_up_ws", "moe_down_ws", "aot_build",
+           "WS_TILES_DEFAULT"]
 
-#: tiles of the Gluon gate+up kernel: BLOCK_N gate rows (R = 2·BLOCK_N = 128 MMA rows over one warpgroup), BLOCK_M
+#: tiles of the Gluon kernels: BLOCK_N gate rows (gate+up: R = 2·BLOCK_N = 128 MMA rows over one warpgroup; down:
+#: BLOCK_N = R = 128 output rows), BLOCK_M
 #: tokens (the MMA's N), BLOCK_K inputs per K step (a multiple of 64: the scale bytes of a row per step are >= 4 bytes,
 #: the smallest cp.async), STAGES ring slots, LOADER_WARPS / LOADER_REGS of the loader partition
-WS_TILES_DEFAULT = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, STAGES=4, LOADER_WARPS=1, LOADER_REGS=48)
+_WS = dict(BLOCK_M=16, BLOCK_K=64, STAGES=4, LOADER_WARPS=1, LOADER_REGS=48)
+WS_TILES_DEFAULT = {"gate_up": dict(_WS, BLOCK_N=64), "down": dict(_WS, BLOCK_N=128)}
 
 HAS_GLUON = False
 if HAS_TRITON:
@@ -148,33 +151,41 @@ if HAS_GLUON:
         return e, pid_n, mmask, p, pid_m * BLOCK_M >= cnt
 
     @gluon.jit
-    def _ws_loader(x_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_xt, q_ring, s_ring, x_ring,
-                   ready, empty, H: gl.constexpr, N: gl.constexpr, TOPK: gl.constexpr, MAXC: gl.constexpr,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                   TILES: gl.constexpr, LOADER_WARPS: gl.constexpr):
-        """Worker partition: cp.async of the packed words, scale bytes and gathered activation rows of every K step
-        into ring slot k % STAGES, STAGES steps ahead of the consumer."""
-        R: gl.constexpr = 2 * BLOCK_N
+    def _ws_loader(a_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_at, q_ring, s_ring, a_ring,
+                   ready, empty, K: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, TOPK: gl.constexpr,
+                   MAXC: gl.constexpr, BLOCK_M: gl.constexpr, R: gl.constexpr, BLOCK_K: gl.constexpr,
+                   STAGES: gl.constexpr, TILES: gl.constexpr, LOADER_WARPS: gl.constexpr):
+        """Worker partition: cp.async of the packed words, scale bytes and activation rows of every K step into ring
+        slot k % STAGES, STAGES steps ahead of the consumer. Weight rows of the program's expert (ROWS rows of K
+        inputs): with HALF > 0 (gate+up) R/2 rows from pid_n · R/2 and the same R/2 rows HALF further, else R rows
+        from pid_n · R. Activation rows: with TOPK > 0 the pair's token (a_ptr = x), else the pair itself (inter)."""
         HB: gl.constexpr = BLOCK_K // 16
         LQ: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_K // 32), BLOCK_K // 32], [LOADER_WARPS, 1], [1, 0])
         LS: gl.constexpr = gl.BlockedLayout([1, HB], [32, 1], [LOADER_WARPS, 1], [1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
         e, pid_n, mmask, p, _ = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES,
                                          gl.SliceLayout(1, LX))
-        tok = gl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
-        # weight rows: gate n0 .. n0+BN-1, then up N+n0 .. ; the packed bytes as [R, BK/8] int32 words per K step
+        if TOPK > 0:
+            arow = gl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
+        else:
+            arow = p
+        # the packed bytes as [R, BK/8] int32 words per K step, the scale bytes [R, BK/16]
         rq = gl.arange(0, R, layout=gl.SliceLayout(1, LQ))
-        rows_q = gl.where(rq < BLOCK_N, pid_n * BLOCK_N + rq, N + pid_n * BLOCK_N + rq - BLOCK_N)
-        qbase = q_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + e.to(gl.int64) * (N * H // 4)
-        q_off = gl.expand_dims(rows_q * (H // 8), 1) + gl.expand_dims(gl.arange(0, BLOCK_K // 8,
-                                                                               layout=gl.SliceLayout(0, LQ)), 0)
         rs = gl.arange(0, R, layout=gl.SliceLayout(1, LS))
-        rows_s = gl.where(rs < BLOCK_N, pid_n * BLOCK_N + rs, N + pid_n * BLOCK_N + rs - BLOCK_N)
-        s_off = gl.expand_dims(rows_s * (H // 16), 1) + gl.expand_dims(gl.arange(0, HB, layout=gl.SliceLayout(0, LS)), 0)
-        sbase = s_ptr + e.to(gl.int64) * (N * H // 8)
-        x_off = gl.expand_dims(tok * stride_xt, 1) + gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LX)), 0)
-        xm = gl.expand_dims(mmask, 1)
-        for k in range(H // BLOCK_K):
+        if HALF > 0:
+            rows_q = gl.where(rq < R // 2, pid_n * (R // 2) + rq, HALF + pid_n * (R // 2) + rq - R // 2)
+            rows_s = gl.where(rs < R // 2, pid_n * (R // 2) + rs, HALF + pid_n * (R // 2) + rs - R // 2)
+        else:
+            rows_q = pid_n * R + rq
+            rows_s = pid_n * R + rs
+        qbase = q_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + e.to(gl.int64) * (ROWS * K // 8)
+        q_off = gl.expand_dims(rows_q * (K // 8), 1) + gl.expand_dims(gl.arange(0, BLOCK_K // 8,
+                                                                               layout=gl.SliceLayout(0, LQ)), 0)
+        s_off = gl.expand_dims(rows_s * (K // 16), 1) + gl.expand_dims(gl.arange(0, HB, layout=gl.SliceLayout(0, LS)), 0)
+        sbase = s_ptr + e.to(gl.int64) * (ROWS * K // 16)
+        a_off = gl.expand_dims(arow * stride_at, 1) + gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LX)), 0)
+        am = gl.expand_dims(mmask, 1)
+        for k in range(K // BLOCK_K):
             slot = k % STAGES
             mbarrier.wait(empty.index(slot), ((k // STAGES) & 1) ^ 1, pred=k >= STAGES)
             k0 = k * BLOCK_K
@@ -182,7 +193,7 @@ if HAS_GLUON:
                                                    eviction_policy="evict_first")
             async_copy.async_copy_global_to_shared(s_ring.index(slot), sbase + s_off + k0 // 16,
                                                    eviction_policy="evict_first")
-            async_copy.async_copy_global_to_shared(x_ring.index(slot), x_ptr + x_off + k0, mask=xm)
+            async_copy.async_copy_global_to_shared(a_ring.index(slot), a_ptr + a_off + k0, mask=am)
             async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
 
     @gluon.jit
@@ -200,18 +211,17 @@ if HAS_GLUON:
         return gl.reshape(t, (qw.shape[0], 16 * qw.shape[1]))
 
     @gluon.jit
-    def _ws_consumer(q_ring, s_ring, x_ring, ready, empty, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     BLOCK_K: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr):
+    def _ws_consumer(q_ring, s_ring, x_ring, ready, empty, BLOCK_M: gl.constexpr, R: gl.constexpr,
+                     BLOCK_K: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr):
         """Default partition (one warpgroup): decode step k into operand A while the wgmma of step k-1 runs; returns
-        the fp32 accumulator [R, BLOCK_M] (weight rows x tokens)."""
-        R: gl.constexpr = 2 * BLOCK_N
+        the fp32 accumulator [R, BLOCK_M] (weight rows x tokens) of the K inputs."""
         HB: gl.constexpr = BLOCK_K // 16
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         LQ: gl.constexpr = gl.BlockedLayout([1, HB, 2], [32, 1, 1], [4, 1, 1], [2, 1, 0])
         acc = gl.zeros((R, BLOCK_M), dtype=gl.float32, layout=mma)
-        for k in range(H // BLOCK_K):
+        for k in range(K // BLOCK_K):
             slot = k % STAGES
             mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
@@ -225,6 +235,32 @@ if HAS_GLUON:
         return (warpgroup_mma_wait(num_outstanding=0, deps=(acc,)),)  # a tuple: warp_specialize flattens it
 
     @gluon.jit
+    def _ws_mainloop(a_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_at, K: gl.constexpr,
+                     ROWS: gl.constexpr, HALF: gl.constexpr, TOPK: gl.constexpr, MAXC: gl.constexpr,
+                     BLOCK_M: gl.constexpr, R: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                     TILES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+        """The rings, their barriers and the warp-specialised K loop (loader partition + consumer warpgroup); returns
+        the fp32 accumulator [R, BLOCK_M] in the wgmma layout."""
+        HB: gl.constexpr = BLOCK_K // 16
+        # ring buffers [STAGES, tile]; the layouts are the tile's
+        q_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R, BLOCK_K // 8],
+                                           gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, R, HB], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        a_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K],
+                                           gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)  # one cp.async arrival per loader thread
+            mbarrier.init(empty.index(i), count=1)
+        return gl.warp_specialize([
+            (_ws_consumer, (q_ring, s_ring, a_ring, ready, empty, BLOCK_M, R, BLOCK_K, K, STAGES)),
+            (_ws_loader, (a_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_at, q_ring, s_ring,
+                          a_ring, ready, empty, K, ROWS, HALF, TOPK, MAXC, BLOCK_M, R, BLOCK_K, STAGES, TILES,
+                          LOADER_WARPS)),
+        ], [LOADER_WARPS], [LOADER_REGS])[0]
+
+    @gluon.jit
     def _w4_ws_gate_up(x_ptr, q_ptr, s_ptr, g_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, tiles_ptr, T,
                        stride_xt, H: gl.constexpr, N: gl.constexpr, TOPK: gl.constexpr, MAXC: gl.constexpr,
                        E_SH: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
@@ -235,29 +271,13 @@ if HAS_GLUON:
         gl.static_assert(BLOCK_K % 64 == 0, "BLOCK_K must be a multiple of 64")
         gl.static_assert(2 * BLOCK_N == 128, "one warpgroup of 128 MMA rows: BLOCK_N 64")
         R: gl.constexpr = 2 * BLOCK_N
-        HB: gl.constexpr = BLOCK_K // 16
         EL: gl.constexpr = gl.BlockedLayout([2, 1], [32, 1], [1, 4], [0, 1])  # [BLOCK_N, BLOCK_M], n fastest
         e, pid_n, mmask, p, idle = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES,
                                             gl.SliceLayout(0, EL))
         if idle or e == E_SH:
             return
-        # ring buffers [STAGES, tile]; the layouts are the tile's
-        q_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R, BLOCK_K // 8],
-                                           gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, R, HB], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K],
-                                           gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)
-            mbarrier.init(empty.index(i), count=1)
-        acc = gl.warp_specialize([
-            (_ws_consumer, (q_ring, s_ring, x_ring, ready, empty, BLOCK_M, BLOCK_N, BLOCK_K, H, STAGES)),
-            (_ws_loader, (x_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_xt, q_ring, s_ring,
-                          x_ring, ready, empty, H, N, TOPK, MAXC, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, TILES,
-                          LOADER_WARPS)),
-        ], [LOADER_WARPS], [LOADER_REGS])[0]
+        acc = _ws_mainloop(x_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_xt, H, 2 * N, N, TOPK,
+                           MAXC, BLOCK_M, R, BLOCK_K, STAGES, TILES, LOADER_WARPS, LOADER_REGS)
         # epilogue: accumulator [R, BLOCK_M] through shared memory, gate rows 0..BN-1, up rows BN..R-1
         acc_s = gl.allocate_shared_memory(gl.float32, [R, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         acc_s.store(acc)
@@ -269,6 +289,29 @@ if HAS_GLUON:
         h = a_g * (1 / (1 + gl.exp(-a_g))) * a_u * gl.expand_dims(pw, 0)  # as tl.sigmoid
         offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, EL))
         gl.store(inter_ptr + gl.expand_dims(p, 0) * N + gl.expand_dims(offs_n, 1), h.to(gl.bfloat16),
+                 mask=gl.expand_dims(mmask, 0))
+
+
+    @gluon.jit
+    def _w4_ws_down(inter_ptr, q_ptr, s_ptr, g_ptr, counts_ptr, pairs_ptr, out_ptr, tiles_ptr, H: gl.constexpr,
+                    N: gl.constexpr, MAXC: gl.constexpr, E_SH: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr,
+                    LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+        """pair_out[p, h] = (Σ_n inter[p, n] · w'[e, h, n]) · g[e] · 2^8 (fp32) over the routed experts' pairs, rows h
+        of BLOCK_N = 128 weight rows per program; programs of the shared expert E_SH exit."""
+        gl.static_assert(BLOCK_K % 64 == 0, "BLOCK_K must be a multiple of 64")
+        gl.static_assert(BLOCK_N == 128, "one warpgroup of 128 MMA rows: BLOCK_N 128")
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_M, 16])
+        e, pid_n, mmask, p, idle = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES,
+                                            gl.SliceLayout(0, mma))
+        if idle or e == E_SH:
+            return
+        acc = _ws_mainloop(inter_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, 0, N, N, H, 0, 0, MAXC,
+                           BLOCK_M, BLOCK_N, BLOCK_K, STAGES, TILES, LOADER_WARPS, LOADER_REGS)
+        unit: gl.constexpr = 256.0  # 2^SHIFT of decode 5
+        offs_h = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+        gl.store(out_ptr + gl.expand_dims(p, 0) * H + gl.expand_dims(offs_h, 1), acc * (gl.load(g_ptr + e) * unit),
                  mask=gl.expand_dims(mmask, 0))
 
 
@@ -287,42 +330,73 @@ def _shared_tiles(ws, block_m: int) -> torch.Tensor:
     return t
 
 
-def moe_gate_up_ws(x, w13, ws, top_k, tiles: dict | None = None, shared: bool = True):
-    """The Gluon kernel's launch over the routed experts (grid of ``moe_gemm._launch_grid``) and, with ``shared``
-    and a shared expert, the Triton kernel over the shared expert's m-blocks; writes ``ws.inter``. Raises
-    RuntimeError without Gluon 3.6 or a Hopper GPU, ValueError for experts or a workspace it does not take."""
+def _check(name, act, w, ws, parts):
     from repro.checkpoint.nvfp4 import NVFP4Experts
 
+    if not HAS_GLUON:
+        raise RuntimeError(f"{name}: needs triton.experimental.gluon with the Triton 3.6 API")
+    if not (act.is_cuda and torch.cuda.get_device_capability(act.device)[0] == 9):
+        raise RuntimeError(f"{name}: needs a Hopper GPU (sm_90a)")
+    if not isinstance(w, NVFP4Experts) or w.layout != "hop" or w.parts != parts or act.dtype != torch.bfloat16:
+        raise ValueError(f"{name}: needs NVFP4Experts in layout 'hop' ({parts} global scale(s) per expert) and bf16 "
+                         f"activations")
+    if ws.compact:
+        raise ValueError(f"{name}: the compact active-list grid is not implemented")
+
+
+def _shared_launch(ws, run):
+    """Run ``run()`` (a Triton launch) over the static tile table of the shared expert's m-blocks, BLOCK_M 16."""
+    saved = (ws.tiles, ws.tiles_block_m)
+    ws.tiles, ws.tiles_block_m = _shared_tiles(ws, 16), 16
+    try:
+        run()
+    finally:
+        ws.tiles, ws.tiles_block_m = saved
+
+
+def _ws_kwargs(c: dict, kw: dict) -> dict:
+    return dict(BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], STAGES=c["STAGES"],
+                TILES=bool(kw.get("TILES")), LOADER_WARPS=c["LOADER_WARPS"], LOADER_REGS=c["LOADER_REGS"], num_warps=4)
+
+
+def moe_gate_up_ws(x, w13, ws, top_k, tiles: dict | None = None, shared: bool = True):
+    """The Gluon gate+up kernel's launch over the routed experts (grid of ``moe_gemm._launch_grid``) and, with
+    ``shared`` and a shared expert, the Triton kernel over the shared expert's m-blocks; writes ``ws.inter``. Raises
+    RuntimeError without Gluon 3.6 or a Hopper GPU, ValueError for experts or a workspace it does not take."""
     from .moe_gemm import _launch_grid, moe_gate_up
 
-    if not HAS_GLUON:
-        raise RuntimeError("moe_gate_up_ws: needs triton.experimental.gluon with the Triton 3.6 API")
-    if not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9):
-        raise RuntimeError("moe_gate_up_ws: needs a Hopper GPU (sm_90a)")
-    if not isinstance(w13, NVFP4Experts) or w13.layout != "hop" or x.dtype != torch.bfloat16:
-        raise ValueError("moe_gate_up_ws: needs NVFP4Experts in layout 'hop' and bf16 activations")
-    if ws.compact:
-        raise ValueError("moe_gate_up_ws: the compact active-list grid is not implemented")
-    c = dict(WS_TILES_DEFAULT, **(tiles or {}))
+    _check("moe_gate_up_ws", x, w13, ws, 2)
+    c = {**WS_TILES_DEFAULT["gate_up"], **(tiles or {})}
     T, H = x.shape
     E, twoN, _ = w13.shape
     N = twoN // 2
-    E1 = E + (w13.shared is not None)
     assert x.stride(1) == 1 and H % c["BLOCK_K"] == 0 and N % c["BLOCK_N"] == 0
-    grid, kw = _launch_grid(ws, E1, c["BLOCK_M"], N // c["BLOCK_N"], "moe_gate_up_ws")
+    grid, kw = _launch_grid(ws, E + (w13.shared is not None), c["BLOCK_M"], N // c["BLOCK_N"], "moe_gate_up_ws")
     _w4_ws_gate_up[grid](
         x, w13.q, w13.s, w13.g, ws.counts, ws.pairs, ws.pair_w, ws.inter, kw.get("tiles_ptr", ws.counts), T,
         x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, E_SH=E if w13.shared is not None else -1,
-        BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], STAGES=c["STAGES"],
-        TILES=bool(kw.get("TILES")), LOADER_WARPS=c["LOADER_WARPS"], LOADER_REGS=c["LOADER_REGS"], num_warps=4)
+        **_ws_kwargs(c, kw))
     if shared and w13.shared is not None:
-        saved = (ws.tiles, ws.tiles_block_m)
-        ws.tiles, ws.tiles_block_m = _shared_tiles(ws, 16), 16
-        try:
-            moe_gate_up(x, w13, ws, top_k, {"gate_up": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4,
-                                                            num_stages=3)})
-        finally:
-            ws.tiles, ws.tiles_block_m = saved
+        _shared_launch(ws, lambda: moe_gate_up(x, w13, ws, top_k, {"gate_up": dict(
+            BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)}))
+
+
+def moe_down_ws(w2, ws, tiles: dict | None = None, shared: bool = True):
+    """The Gluon down kernel's launch over the routed experts and, with ``shared`` and a shared expert, the Triton
+    kernel over the shared expert's m-blocks; writes ``ws.pair_out`` (fp32). Errors as :func:`moe_gate_up_ws`."""
+    from .moe_gemm import _launch_grid, moe_down
+
+    _check("moe_down_ws", ws.inter, w2, ws, 1)
+    c = {**WS_TILES_DEFAULT["down"], **(tiles or {})}
+    E, H, N = w2.shape
+    assert ws.inter.shape[1] == N and N % c["BLOCK_K"] == 0 and H % c["BLOCK_N"] == 0
+    grid, kw = _launch_grid(ws, E + (w2.shared is not None), c["BLOCK_M"], H // c["BLOCK_N"], "moe_down_ws")
+    _w4_ws_down[grid](
+        ws.inter, w2.q, w2.s, w2.g, ws.counts, ws.pairs, ws.pair_out, kw.get("tiles_ptr", ws.counts), H=H, N=N,
+        MAXC=ws.T_PAD, E_SH=E if w2.shared is not None else -1, **_ws_kwargs(c, kw))
+    if shared and w2.shared is not None:
+        _shared_launch(ws, lambda: moe_down(w2, ws, {"down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4,
+                                                                  num_stages=3)}))
 
 
 #: the real shapes' constexprs (LLaDA2.1-mini: H 2048, N 512, top-8 of 256 experts + the shared one at index 256,
@@ -330,8 +404,8 @@ def moe_gate_up_ws(x, w13, ws, top_k, tiles: dict | None = None, shared: bool = 
 AOT_SHAPES = dict(H=2048, N=512, TOPK=8, MAXC=32, E_SH=256)
 
 
-def aot_build(cc: tuple[int, int] = (9, 0), tiles: dict | None = None, **shapes):
-    """Compile the Gluon gate+up kernel for compute capability ``cc`` (sm_90a) without a GPU, as
+def aot_build(kernel: str = "gate_up", cc: tuple[int, int] = (9, 0), tiles: dict | None = None, **shapes):
+    """Compile the Gluon ``kernel`` ("gate_up" / "down") for compute capability ``cc`` (sm_90a) without a GPU, as
     ``repro.engine.aot.build`` does for the Triton kernels (``triton.compile`` on Gluon's ``GluonASTSource``, ptxas
     included), at :data:`AOT_SHAPES` (overridden by ``shapes``) and ``tiles`` (:data:`WS_TILES_DEFAULT` plus TILES).
     Returns the compiled kernel (``.asm["ptx"]``, ``["ttgir"]``, ``["cubin"]``, ``.metadata``). Needs Triton 3.6's
@@ -341,15 +415,16 @@ def aot_build(cc: tuple[int, int] = (9, 0), tiles: dict | None = None, **shapes)
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = _w4_ws_gate_up
-    c = {**WS_TILES_DEFAULT, "TILES": False, **(tiles or {})}
-    const = dict(AOT_SHAPES, **shapes, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "TILES",
-                                                            "LOADER_WARPS", "LOADER_REGS")})
-    ptrs = dict(x_ptr="*bf16", q_ptr="*u8", s_ptr="*u8", g_ptr="*fp32", counts_ptr="*i32", pairs_ptr="*i32",
-                pairw_ptr="*fp32", inter_ptr="*bf16", tiles_ptr="*i32", T="i32", stride_xt="i32")
+    fn = {"gate_up": _w4_ws_gate_up, "down": _w4_ws_down}[kernel]
+    c = {**WS_TILES_DEFAULT[kernel], "TILES": False, **(tiles or {})}
+    const = {k: v for k, v in dict(AOT_SHAPES, **shapes).items() if k in fn.arg_names}
+    const.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "TILES", "LOADER_WARPS", "LOADER_REGS")})
+    ptrs = dict(x_ptr="*bf16", inter_ptr="*bf16", q_ptr="*u8", s_ptr="*u8", g_ptr="*fp32", counts_ptr="*i32",
+                pairs_ptr="*i32", pairw_ptr="*fp32", out_ptr="*fp32", tiles_ptr="*i32", T="i32", stride_xt="i32")
     sig = {n: ptrs.get(n, "constexpr") for n in fn.arg_names}
     # the launch-time specialisation of 16-byte aligned pointers and the row stride (a multiple of 16 elements)
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs if n.endswith("_ptr") or n == "stride_xt"}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in sig
+             if n.endswith("_ptr") or n == "stride_xt"}
     return triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
                           options=dict(num_warps=4))
 
