@@ -196,6 +196,19 @@ if HAS_GLUON:
             async_copy.async_copy_global_to_shared(a_ring.index(slot), a_ptr + a_off + k0, mask=am)
             async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
 
+    @gluon.constexpr_function
+    def _word_layout(R, HB):
+        """Layout of the packed words [R, HB, 2] (row, 16-input block, word) in the consumer warpgroup: rows on the
+        warps, lanes and registers exactly as in the wgmma's operand A (row r: warp (r % 64) // 16, lane group r % 8,
+        registers for r // 8 % 2 and r // 64), the blocks on the lanes of a quad (and registers beyond 4 blocks), both
+        words of a block in one thread. The decoded tile then differs from operand A only in which lane of a quad
+        holds which inputs: the conversion stays inside each warp (no shared memory, no barrier)."""
+        reg = [[0, 0, 1]] + [[0, 4 << i, 0] for i in range((HB // 4).bit_length() - 1)] + [[8, 0, 0]]
+        reg += [[64 << i, 0, 0] for i in range((R // 64).bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0],
+                                                                     [4, 0, 0]],
+                                          warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[R, HB, 2])
+
     @gluon.jit
     def _ws_decode(qw, sb):
         """w' [R, BK] bf16 of packed words qw [R, BK/16, 2] int32 and scale bytes sb [R, BK/16] uint8 (decode 5)."""
@@ -219,7 +232,7 @@ if HAS_GLUON:
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        LQ: gl.constexpr = gl.BlockedLayout([1, HB, 2], [32, 1, 1], [4, 1, 1], [2, 1, 0])
+        LQ: gl.constexpr = _word_layout(R, HB)
         acc = gl.zeros((R, BLOCK_M), dtype=gl.float32, layout=mma)
         for k in range(K // BLOCK_K):
             slot = k % STAGES
