@@ -15,7 +15,7 @@ from repro.checkpoint import nvfp4 as Q  # noqa: E402
 from repro.engine.kernels import moe as M  # noqa: E402
 from repro.engine.kernels import moe_w4 as W4  # noqa: E402
 from repro.engine.kernels.moe_w4_hop import hop_decode_reference, hop_shift  # noqa: E402
-from repro.engine.kernels.moe_w4_ws import gate_up_ws_reference  # noqa: E402
+from repro.engine.kernels.moe_w4_ws import down_ws_reference, gate_up_ws_reference  # noqa: E402
 
 from .conftest import rel_err  # noqa: E402
 from .test_moe_w4 import CFG, _experts  # noqa: E402
@@ -76,6 +76,34 @@ def test_reference_matches_triton_hop_gate_up(dev, dtype, T, shared, seed, swap)
     ref = gate_up_ws_reference(x, w13, ids_r, wts_r)
     assert ref.dtype == dtype and ref.shape == got.shape
     assert rel_err(got, ref) < (1e-6 if dtype == torch.float32 else 4e-3)
+
+
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("dtype,T,shared,seed", [(torch.float32, 8, True, 0), (torch.float16, 5, False, 1)])
+def test_down_reference_matches_triton_hop_down(dev, dtype, T, shared, seed, swap):
+    """down_ws_reference against the Triton hop-layout down kernel (decode 6 / 5) on small shapes: fp32 to 1e-6,
+    fp16 / bf16 to 1e-3 (fp32 outputs; only the summation order differs)."""
+    if dev == "cuda":
+        dtype = torch.bfloat16
+    H, N, E, k = 128, 64, 16, 4
+    _, _, _, _, w2 = _experts(T, H, N, E, shared, dtype, dev, seed)
+    w2 = w2.with_layout("hop")
+    ids, wts = _routed(T, E, k, shared, dev, seed)
+    ws = M.MoEWorkspace(T, H, N, E, E + int(shared), k, dtype, dev, split_k=1)
+    M.moe_align(ids, wts, ws)
+    g = torch.Generator().manual_seed(seed)
+    ws.inter.copy_(torch.randn(ws.inter.shape, generator=g).to(dtype))
+    decode = 5 if dev == "cuda" else 6
+    cfg = {**CFG, "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2, W4_DECODE=decode,
+                               W4_SWAP=swap)}
+    M.moe_down(w2, ws, cfg)
+    ids_r = torch.cat([ids, torch.full((T, 1), E, device=dev)], 1) if shared else ids
+    inter = _workspace_inter(ws, T, k, shared)
+    got = ws.pair_out[: T * k].view(T, k, H)
+    if shared:
+        got = torch.cat([got, ws.pair_out[T * k:][:, None]], 1)
+    ref = down_ws_reference(inter, w2, ids_r)
+    assert rel_err(got, ref) < (1e-6 if dtype == torch.float32 else 1e-3)
 
 
 def _tested_triton_path():

@@ -101,6 +101,26 @@ def gate_up_ws_reference(x, w13, ids, weights):
     return out
 
 
+def down_ws_reference(inter, w2, ids):
+    """torch reference of the down kernel's contract for explicit pairs: inter [T, k, N] (bf16, as stored), w2
+    NVFP4Experts [E, H, N] in layout "hop" (shared expert as index E); ids [T, k]. Returns pair_out [T, k, H] fp32 =
+    (inter · w'ᵀ) · g · 2^8 (the shared expert: inter · Wᵀ)."""
+    from .moe_w4_hop import hop_decode_reference, hop_shift
+
+    assert w2.layout == "hop" and w2.parts == 1
+    E, H, N = w2.shape
+    out = torch.empty(*ids.shape, H, dtype=torch.float32, device=inter.device)
+    for e in ids.unique().tolist():
+        sel = ids == e
+        a = inter[sel].float()
+        if e == E:
+            out[sel] = a @ w2.shared.float().t()
+        else:
+            w = hop_decode_reference(w2.q[e], w2.s[e], inter.dtype).float()
+            out[sel] = (a @ w.t()) * (w2.g[e, 0] * 2.0 ** hop_shift(inter.dtype))
+    return out
+
+
 if HAS_GLUON:
     # one "hop" word ($8) and its block's scale pair bf16x2(e4m3 · 2^118) ($9) -> the 8 inputs' w' ($0..$7 = inputs
     # 0..7): the instructions of moe_w4_hop._HOP_WORD_ASM
