@@ -1,43 +1,52 @@
-"""Warp-specialised 4-bit expert gate+up GEMM in Gluon (Triton's low-level dialect) for Hopper (sm_90a), beside its
-torch reference :func:`gate_up_ws_reference`. A variant, not wired into the engine's default path.
+"""Warp-specialised 4-bit expert GEMMs (gate+up, down) in Gluon (Triton's low-level dialect) for Hopper (sm_90a),
+beside their torch references :func:`gate_up_ws_reference`, :func:`down_ws_reference`. A variant, not wired into the
+engine's default path.
 
-Contract (the hop-layout launch of :func:`.moe_gemm.moe_gate_up`: same inputs, same output buffer, so it can stand
-in for that launch): x [T, H] bf16; w13 an :class:`~repro.checkpoint.nvfp4.NVFP4Experts` [E, 2N, H] in layout
-"hop" (q uint8 [E, 2N, H/2], s uint8 [E, 2N, H/16] E4M3 bits, g fp32 [E, 2] gate / up) with the shared expert in
-``.shared`` ([2N, H] bf16, expert index E); a :class:`~.route.MoEWorkspace` ``ws`` after the routing (counts [E1+1],
-pairs [E1, T_PAD], pair_w [P1] fp32, optionally the tile table of :func:`.route.moe_tiles`). Result: for every pair
-p = (token t, expert e) ``ws.inter[p, n]`` (bf16 [P1, N]) = bf16(silu(a_g) · a_u · pair_w[p]) with
-``a_g = (Σ_k x[t, k] · w'[e, n, k]) · g[e, 0] · 2^8`` and ``a_u`` likewise over rows N + n with g[e, 1].
+Contract (the hop-layout launches of :func:`.moe_gemm.moe_gate_up` / :func:`.moe_gemm.moe_down`: same inputs, same
+output buffers, so each can stand in for its launch). Gate+up: x [T, H] bf16; w13 an
+:class:`~repro.checkpoint.nvfp4.NVFP4Experts` [E, 2N, H] in layout "hop" (q uint8 [E, 2N, H/2], s uint8
+[E, 2N, H/16] E4M3 bits, g fp32 [E, 2] gate / up), the shared expert in ``.shared`` ([2N, H] bf16, index E); a
+:class:`~.route.MoEWorkspace` ``ws`` after the routing (counts [E1+1], pairs [E1, T_PAD], pair_w [P1] fp32, optionally
+the tile table of :func:`.route.moe_tiles`). For every pair p = (token t, expert e): ``ws.inter[p, n]`` (bf16
+[P1, N]) = bf16(silu(a_g) · a_u · pair_w[p]), ``a_g = (Σ_k x[t, k] · w'[e, n, k]) · g[e, 0] · 2^8``, ``a_u`` the same
+over rows N + n with g[e, 1]. Down: w2 [E, H, N] (g [E, 1]); ``ws.pair_out[p, h]`` (fp32 [P1, H]) =
+(Σ_n inter[p, n] · w'[e, h, n]) · g[e, 0] · 2^8.
 
 Numeric contract (decode 5 of :mod:`.moe_w4_hop`): each weight enters the MMA as the exact bf16 block product
 ``w' = e2m1(code) · e4m3(s) · 2^-8`` (:func:`.moe_w4_hop.hop_decode_reference`), the MMA accumulates in fp32, the
-global scale g · 2^8 multiplies the fp32 accumulator. The K order is the Triton swap-AB kernel's (``W4_SWAP``:
+global scale g · 2^8 multiplies the fp32 accumulator. The K order is the Triton swap-AB kernels' (``W4_SWAP``:
 BLOCK_K steps in order, wgmma with the weights as operand A), so the two should agree bit for bit; the default
-(non-swap) decode-5 kernel splits K into even / odd inputs and agrees to fp32 rounding only.
+(non-swap) decode-5 kernels split K into even / odd inputs and agree to fp32 rounding only.
 
-Pipeline (per program: one expert, BLOCK_N gate rows + the same BLOCK_N up rows = R = 2·BLOCK_N weight rows, up to
-BLOCK_M token rows): ``gl.warp_specialize`` forks
+Pipeline (per program: one expert, R = 128 weight rows — gate+up: BLOCK_N = 64 gate rows and the same 64 up rows;
+down: BLOCK_N = 128 output rows — and up to BLOCK_M = 16 pairs): ``gl.warp_specialize`` forks
 
-* a loader partition (``LOADER_WARPS`` warps, few registers): for each K step, ``STAGES`` ahead, ``cp.async`` of the
-  packed words [R, BK/8] (as [R, BK/16, 2] int32), the scale bytes [R, BK/16] and the gathered activation rows
-  [BLOCK_M, BK] bf16 into ring slot k % STAGES; the copies' completion arrives on ``ready[slot]``
-  (``cp.async.mbarrier.arrive.noinc``, one arrival per loader thread). It waits on ``empty[slot]`` before refilling.
-* the default partition (one warpgroup, 4 warps): waits on ``ready``, reads the words and scales of step k into
-  registers, decodes them (inline PTX ``mul.rn.bf16x2``, decode 5: 13 integer and 4 bf16x2 instructions per 8
-  weights) into the wgmma's register operand A [R, BK], issues ``wgmma`` (swap-AB: M = R weight rows, N = BLOCK_M
-  tokens, B = the activation tile in shared memory, transposed view) asynchronously and keeps one in flight
-  (``warpgroup_mma_wait(1)``): the decode of step k+1 runs while the MMA of step k does. It then frees the slot of
-  step k-1. Epilogue: the accumulator through shared memory, split into gate / up, scaled, SiLU · up · pair_w,
-  stored to inter.
+* a loader partition (``LOADER_WARPS`` = 1 warp, ``LOADER_REGS`` registers): for each K step, up to ``STAGES`` ahead,
+  ``cp.async`` of the packed words [R, BK/8] int32 (16-byte copies), the scale bytes [R, BK/16] (4-byte copies) and
+  the activation rows [BLOCK_M, BK] bf16 (gathered by token for gate+up, by pair for down; rows past the count
+  zero-filled) into ring slot k % STAGES; their completion arrives on ``ready[slot]`` (``cp.async.mbarrier.arrive
+  .noinc``, one arrival per loader thread). It waits on ``empty[slot]`` before refilling a slot.
+* the default partition (one warpgroup): waits on ``ready``, fences (cp.async writes through the generic proxy, wgmma
+  reads through the async one), reads the words and scales of step k into registers in a layout whose rows sit where
+  operand A has them (:func:`_word_layout`), decodes whole words (inline PTX, decode 5: 13 integer and 4
+  ``mul.rn.bf16x2`` per 8 weights), moves the tile into operand A [R, BK] with a warp-local transpose (st.shared +
+  ldmatrix, no CTA barrier), issues the wgmma (swap-AB: M = R weight rows, N = BLOCK_M pairs, B = the activation
+  tile in shared memory) asynchronously and keeps one in flight (``warpgroup_mma_wait(1)``): the decode of step k+1
+  runs while the MMA of step k does. It then hands back the slot of step k-1 (one ``bar.sync`` of the warpgroup,
+  then one arrival). Epilogue: gate+up through shared memory (split into gate / up, scaled, SiLU · up · pair_w, bf16);
+  down straight from the accumulator (scaled, fp32).
 
-Programs: the grid of :func:`.moe_gemm._launch_grid` (plain (E1, N/BLOCK_N, m-blocks) or the tile table; not the
-compact active list). The shared expert (bf16) is not in this kernel: its programs exit and :func:`moe_gate_up_ws`
-runs it through the Triton kernel over a static tile table of its m-blocks (one more launch).
+Programs: the grid of :func:`.moe_gemm._launch_grid` (plain (E1, n-tiles, m-blocks) or the tile table; not the
+compact active list). The shared expert (bf16) is not in these kernels: its programs exit and the wrappers run it
+through the Triton kernel over a static tile table of its m-blocks (one more launch per GEMM; the Triton kernels do
+it in the same launch).
 
-Where it stands: built ahead of time for sm_90a on Triton 3.6 (tests/kernels/test_moe_w4_ws.py); the GPU test and
-``scripts/bench_w4_ws.py`` have not been run on a GPU yet. ``HAS_GLUON`` is False (and the module still imports)
-without ``triton.experimental.gluon`` or with a Gluon whose API differs from 3.6's (``warp_specialize`` taking a list
-of (function, args) pairs).
+Where it stands: both kernels build ahead of time for sm_90a on Triton 3.6 (:func:`aot_build`,
+tests/kernels/test_moe_w4_ws.py: 8 warps per program — 4 consumer, 1 loader, 3 idle from the register reallocation's
+warpgroup granularity —, 28.7 KB of shared memory at STAGES 4). Not run on a GPU yet: the GPU tests and
+``scripts/bench_w4_ws.py`` are the next step. ``HAS_GLUON`` is False (and the module still imports) without
+``triton.experimental.gluon`` or with a Gluon whose ``warp_specialize`` is not 3.6's (a list of (function, args)
+pairs, then the worker warps and registers).
 """
 from __future__ import annotations
 
