@@ -21,7 +21,7 @@ BLOCK_K steps in order, wgmma with the weights as operand A), so the two should 
 Pipeline (per program: one expert, R = 128 weight rows — gate+up: BLOCK_N = 64 gate rows and the same 64 up rows;
 down: BLOCK_N = 128 output rows — and up to BLOCK_M = 16 pairs): ``gl.warp_specialize`` forks
 
-* a loader partition (``LOADER_WARPS`` = 1 warp, ``LOADER_REGS`` registers): for each K step, up to ``STAGES`` ahead,
+* a loader partition (``LOADER_WARPS`` = 4 warps, ``LOADER_REGS`` = 24 registers): for each K step, up to ``STAGES`` ahead,
   ``cp.async`` of the packed words [R, BK/8] int32 (16-byte copies), the scale bytes [R, BK/16] (4-byte copies) and
   the activation rows [BLOCK_M, BK] bf16 (gathered by token for gate+up, by pair for down; rows past the count
   zero-filled) into ring slot k % STAGES; their completion arrives on ``ready[slot]`` (``cp.async.mbarrier.arrive
@@ -42,8 +42,8 @@ through the Triton kernel over a static tile table of its m-blocks (one more lau
 it in the same launch).
 
 Where it stands: both kernels build ahead of time for sm_90a on Triton 3.6 (:func:`aot_build`,
-tests/kernels/test_moe_w4_ws.py: 8 warps per program — 4 consumer, 1 loader, 3 idle from the register reallocation's
-warpgroup granularity —, 28.7 KB of shared memory at STAGES 4). Not run on a GPU yet: the GPU tests and
+tests/kernels/test_moe_w4_ws.py: 8 warps per program, 64 registers per thread at launch, 28.7 KB of shared memory
+at STAGES 4: 4 programs per SM). Not run on a GPU yet: the GPU tests and
 ``scripts/bench_w4_ws.py`` are the next step. ``HAS_GLUON`` is False (and the module still imports) without
 ``triton.experimental.gluon`` or with a Gluon whose ``warp_specialize`` is not 3.6's (a list of (function, args)
 pairs, then the worker warps and registers).
@@ -59,11 +59,13 @@ from ._triton import HAS_TRITON, triton
 __all__ = ["HAS_GLUON", "gate_up_ws_reference", "down_ws_reference", "moe_gate_up_ws", "moe_down_ws", "aot_build",
            "WS_TILES_DEFAULT"]
 
-#: tiles of the Gluon kernels: BLOCK_N gate rows (gate+up: R = 2·BLOCK_N = 128 MMA rows over one warpgroup; down:
-#: BLOCK_N = R = 128 output rows), BLOCK_M
-#: tokens (the MMA's N), BLOCK_K inputs per K step (a multiple of 64: the scale bytes of a row per step are >= 4 bytes,
-#: the smallest cp.async), STAGES ring slots, LOADER_WARPS / LOADER_REGS of the loader partition
-_WS = dict(BLOCK_M=16, BLOCK_K=64, STAGES=4, LOADER_WARPS=1, LOADER_REGS=48)
+#: tiles of the Gluon kernels: BLOCK_N (gate+up: 64 gate rows, R = 2·BLOCK_N = 128 MMA rows over one warpgroup;
+#: down: BLOCK_N = R = 128 output rows), BLOCK_M pairs (the MMA's N), BLOCK_K inputs per K step (a multiple of 64:
+#: a row's scale bytes per step are >= 4 bytes, the smallest cp.async), STAGES ring slots, the loader partition's
+#: warps and registers, MAXNREG the registers per thread at launch (the program has 8 warps: 4 consumer, the loader
+#: warpgroup; Triton's setmaxnreg then gives the consumer (8·MAXNREG − 4·LOADER_REGS) / 4, here 104: without a cap a
+#: program takes 255 registers per thread, one per SM; at 64, 4 per SM; no spills in ptxas -v at these values)
+_WS = dict(BLOCK_M=16, BLOCK_K=64, STAGES=4, LOADER_WARPS=4, LOADER_REGS=24, MAXNREG=64)
 WS_TILES_DEFAULT = {"gate_up": dict(_WS, BLOCK_N=64), "down": dict(_WS, BLOCK_N=128)}
 
 HAS_GLUON = False
@@ -398,7 +400,8 @@ def _shared_launch(ws, run):
 
 def _ws_kwargs(c: dict, kw: dict) -> dict:
     return dict(BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], STAGES=c["STAGES"],
-                TILES=bool(kw.get("TILES")), LOADER_WARPS=c["LOADER_WARPS"], LOADER_REGS=c["LOADER_REGS"], num_warps=4)
+                TILES=bool(kw.get("TILES")), LOADER_WARPS=c["LOADER_WARPS"], LOADER_REGS=c["LOADER_REGS"], num_warps=4,
+                **({"maxnreg": c["MAXNREG"]} if c.get("MAXNREG") else {}))
 
 
 def moe_gate_up_ws(x, w13, ws, top_k, tiles: dict | None = None, shared: bool = True):
@@ -467,8 +470,9 @@ def aot_build(kernel: str = "gate_up", cc: tuple[int, int] = (9, 0), tiles: dict
     # the launch-time specialisation of 16-byte aligned pointers and the row stride (a multiple of 16 elements)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in sig
              if n.endswith("_ptr") or n == "stride_xt"}
+    opts = dict(num_warps=4, **({"maxnreg": c["MAXNREG"]} if c.get("MAXNREG") else {}))
     return triton.compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
-                          options=dict(num_warps=4))
+                          options=opts)
 
 
 def real_gate_up_case(slots: int, seed: int = 0, device="cuda"):
