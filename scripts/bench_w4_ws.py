@@ -55,6 +55,7 @@ def main(argv=None) -> int:
             "triton_decode5": lambda: M.moe_gate_up(x, w13, ws, k, {"gate_up": tiles}),
             "triton_decode5_swap": lambda: M.moe_gate_up(x, w13, ws, k, {"gate_up": dict(tiles, W4_SWAP=True)}),
             "gluon_ws": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages)),
+            "gluon_ws_shared_in": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages, SH_IN=True)),
             "gluon_ws_routed_only": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages), shared=False),
         }
         g = torch.Generator(device="cuda").manual_seed(7)
@@ -65,6 +66,7 @@ def main(argv=None) -> int:
             "down_triton_decode5": lambda: M.moe_down(w2, ws, {"down": dt}),
             "down_triton_decode5_swap": lambda: M.moe_down(w2, ws, {"down": dict(dt, W4_SWAP=True)}),
             "down_gluon_ws": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages)),
+            "down_gluon_ws_shared_in": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages, SH_IN=True)),
             "down_gluon_ws_routed_only": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages), shared=False),
         }
         for name, fn in {**cases, **down}.items():

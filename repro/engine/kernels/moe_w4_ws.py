@@ -37,9 +37,10 @@ down: BLOCK_N = 128 output rows — and up to BLOCK_M = 16 pairs): ``gl.warp_spe
   down straight from the accumulator (scaled, fp32).
 
 Programs: the grid of :func:`.moe_gemm._launch_grid` (plain (E1, n-tiles, m-blocks) or the tile table; not the
-compact active list). The shared expert (bf16) is not in these kernels: its programs exit and the wrappers run it
-through the Triton kernel over a static tile table of its m-blocks (one more launch per GEMM; the Triton kernels do
-it in the same launch).
+compact active list). The shared expert (bf16): by default its programs exit and the wrappers run it through the
+Triton kernel over a static tile table of its m-blocks (one more launch per GEMM; the Triton kernels do it in the same
+launch, as they do here with the tile key ``SH_IN``: operand A its bf16 rows, loaded by the consumer; not bit-equal
+to the Triton kernel's shared rows, whose MMA shapes differ).
 
 Where it stands: both kernels build ahead of time for sm_90a on Triton 3.6 (:func:`aot_build`,
 tests/kernels/test_moe_w4_ws.py: 8 warps per program, 64 registers per thread at launch, 28.7 KB of shared memory
@@ -65,7 +66,9 @@ __all__ = ["HAS_GLUON", "gate_up_ws_reference", "down_ws_reference", "moe_gate_u
 #: warps and registers, MAXNREG the registers per thread at launch (the program has 8 warps: 4 consumer, the loader
 #: warpgroup; Triton's setmaxnreg then gives the consumer (8·MAXNREG − 4·LOADER_REGS) / 4, here 104: without a cap a
 #: program takes 255 registers per thread, one per SM; at 64, 4 per SM; no spills in ptxas -v at these values)
-_WS = dict(BLOCK_M=16, BLOCK_K=64, STAGES=4, LOADER_WARPS=4, LOADER_REGS=24, MAXNREG=64)
+#: SH_IN: the shared expert's programs in the same launch (operand A its bf16 rows, loaded from global memory by the
+#: consumer) instead of a second launch of the Triton kernel
+_WS = dict(BLOCK_M=16, BLOCK_K=64, STAGES=4, LOADER_WARPS=4, LOADER_REGS=24, MAXNREG=64, SH_IN=False)
 WS_TILES_DEFAULT = {"gate_up": dict(_WS, BLOCK_N=64), "down": dict(_WS, BLOCK_N=128)}
 
 HAS_GLUON = False
@@ -185,7 +188,7 @@ if HAS_GLUON:
     def _ws_loader(a_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_at, q_ring, s_ring, a_ring,
                    ready, empty, K: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, TOPK: gl.constexpr,
                    MAXC: gl.constexpr, BLOCK_M: gl.constexpr, R: gl.constexpr, BLOCK_K: gl.constexpr,
-                   STAGES: gl.constexpr, TILES: gl.constexpr, LOADER_WARPS: gl.constexpr):
+                   STAGES: gl.constexpr, TILES: gl.constexpr, LOADER_WARPS: gl.constexpr, E_SH: gl.constexpr):
         """Worker partition: cp.async of the packed words, scale bytes and activation rows of every K step into ring
         slot k % STAGES, STAGES steps ahead of the consumer. Weight rows of the program's expert (ROWS rows of K
         inputs): with HALF > 0 (gate+up) R/2 rows from pid_n · R/2 and the same R/2 rows HALF further, else R rows
@@ -220,10 +223,11 @@ if HAS_GLUON:
             slot = k % STAGES
             mbarrier.wait(empty.index(slot), ((k // STAGES) & 1) ^ 1, pred=k >= STAGES)
             k0 = k * BLOCK_K
-            async_copy.async_copy_global_to_shared(q_ring.index(slot), qbase + q_off + k0 // 8,
-                                                   eviction_policy="evict_first")
-            async_copy.async_copy_global_to_shared(s_ring.index(slot), sbase + s_off + k0 // 16,
-                                                   eviction_policy="evict_first")
+            if e != E_SH:  # the shared expert's rows are bf16, read by the consumer
+                async_copy.async_copy_global_to_shared(q_ring.index(slot), qbase + q_off + k0 // 8,
+                                                       eviction_policy="evict_first")
+                async_copy.async_copy_global_to_shared(s_ring.index(slot), sbase + s_off + k0 // 16,
+                                                       eviction_policy="evict_first")
             async_copy.async_copy_global_to_shared(a_ring.index(slot), a_ptr + a_off + k0, mask=am)
             async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
 
@@ -255,23 +259,36 @@ if HAS_GLUON:
         return gl.reshape(t, (qw.shape[0], 16 * qw.shape[1]))
 
     @gluon.jit
-    def _ws_consumer(q_ring, s_ring, x_ring, ready, empty, BLOCK_M: gl.constexpr, R: gl.constexpr,
-                     BLOCK_K: gl.constexpr, K: gl.constexpr, STAGES: gl.constexpr):
+    def _ws_consumer(q_ring, s_ring, x_ring, ready, empty, wsh_ptr, pid_n, is_sh, BLOCK_M: gl.constexpr,
+                     R: gl.constexpr, BLOCK_K: gl.constexpr, K: gl.constexpr, HALF: gl.constexpr,
+                     STAGES: gl.constexpr, SH_IN: gl.constexpr):
         """Default partition (one warpgroup): decode step k into operand A while the wgmma of step k-1 runs; returns
-        the fp32 accumulator [R, BLOCK_M] (weight rows x tokens) of the K inputs."""
+        the fp32 accumulator [R, BLOCK_M] (weight rows x tokens) of the K inputs. SH_IN and ``is_sh``: operand A is
+        the shared expert's bf16 rows (``wsh_ptr``, rows of K inputs as the loader's), loaded from global memory."""
         HB: gl.constexpr = BLOCK_K // 16
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         LQ: gl.constexpr = _word_layout(R, HB)
         acc = gl.zeros((R, BLOCK_M), dtype=gl.float32, layout=mma)
+        if SH_IN:
+            LW: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [4, 1], [1, 0])
+            rw = gl.arange(0, R, layout=gl.SliceLayout(1, LW))
+            if HALF > 0:
+                rw = gl.where(rw < R // 2, pid_n * (R // 2) + rw, HALF + pid_n * (R // 2) + rw - R // 2)
+            else:
+                rw = pid_n * R + rw
+            w_off = gl.expand_dims(rw * K, 1) + gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LW)), 0)
         for k in range(K // BLOCK_K):
             slot = k % STAGES
             mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
             fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            qw = q_ring.index(slot).reshape([R, HB, 2]).load(LQ)
-            sb = s_ring.index(slot).load(gl.SliceLayout(2, LQ))
-            w = gl.convert_layout(_ws_decode(qw, sb), a_layout)
+            if SH_IN and is_sh:
+                w = gl.convert_layout(gl.load(wsh_ptr + w_off + k * BLOCK_K), a_layout)
+            else:
+                qw = q_ring.index(slot).reshape([R, HB, 2]).load(LQ)
+                sb = s_ring.index(slot).load(gl.SliceLayout(2, LQ))
+                w = gl.convert_layout(_ws_decode(qw, sb), a_layout)
             acc = warpgroup_mma(w, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             gl.thread_barrier()  # every warp is past the wgmma of step k-1 before slot k-1 is handed back
@@ -279,10 +296,11 @@ if HAS_GLUON:
         return (warpgroup_mma_wait(num_outstanding=0, deps=(acc,)),)  # a tuple: warp_specialize flattens it
 
     @gluon.jit
-    def _ws_mainloop(a_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_at, K: gl.constexpr,
-                     ROWS: gl.constexpr, HALF: gl.constexpr, TOPK: gl.constexpr, MAXC: gl.constexpr,
+    def _ws_mainloop(a_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_at, wsh_ptr, pid_n, is_sh,
+                     K: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, TOPK: gl.constexpr, MAXC: gl.constexpr,
                      BLOCK_M: gl.constexpr, R: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                     TILES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                     TILES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                     E_SH: gl.constexpr, SH_IN: gl.constexpr):
         """The rings, their barriers and the warp-specialised K loop (loader partition + consumer warpgroup); returns
         the fp32 accumulator [R, BLOCK_M] in the wgmma layout."""
         HB: gl.constexpr = BLOCK_K // 16
@@ -298,37 +316,49 @@ if HAS_GLUON:
             mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)  # one cp.async arrival per loader thread
             mbarrier.init(empty.index(i), count=1)
         return gl.warp_specialize([
-            (_ws_consumer, (q_ring, s_ring, a_ring, ready, empty, BLOCK_M, R, BLOCK_K, K, STAGES)),
+            (_ws_consumer, (q_ring, s_ring, a_ring, ready, empty, wsh_ptr, pid_n, is_sh, BLOCK_M, R, BLOCK_K, K,
+                            HALF, STAGES, SH_IN)),
             (_ws_loader, (a_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_at, q_ring, s_ring,
                           a_ring, ready, empty, K, ROWS, HALF, TOPK, MAXC, BLOCK_M, R, BLOCK_K, STAGES, TILES,
-                          LOADER_WARPS)),
+                          LOADER_WARPS, E_SH)),
         ], [LOADER_WARPS], [LOADER_REGS])[0]
 
     @gluon.jit
-    def _w4_ws_gate_up(x_ptr, q_ptr, s_ptr, g_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, tiles_ptr, T,
-                       stride_xt, H: gl.constexpr, N: gl.constexpr, TOPK: gl.constexpr, MAXC: gl.constexpr,
+    def _w4_ws_gate_up(x_ptr, q_ptr, s_ptr, g_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, tiles_ptr, wsh_ptr,
+                       T, stride_xt, H: gl.constexpr, N: gl.constexpr, TOPK: gl.constexpr, MAXC: gl.constexpr,
                        E_SH: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                        STAGES: gl.constexpr, TILES: gl.constexpr, LOADER_WARPS: gl.constexpr,
-                       LOADER_REGS: gl.constexpr):
+                       LOADER_REGS: gl.constexpr, SH_IN: gl.constexpr):
         """inter[p, n] = silu(a_g) · a_u · pair_w[p] over the routed experts' pairs (module docstring); programs of
-        the shared expert E_SH exit."""
+        the shared expert E_SH exit, or with SH_IN compute it from its bf16 rows ``wsh_ptr`` ([2N, H], no g)."""
         gl.static_assert(BLOCK_K % 64 == 0, "BLOCK_K must be a multiple of 64")
         gl.static_assert(2 * BLOCK_N == 128, "one warpgroup of 128 MMA rows: BLOCK_N 64")
         R: gl.constexpr = 2 * BLOCK_N
         EL: gl.constexpr = gl.BlockedLayout([2, 1], [32, 1], [1, 4], [0, 1])  # [BLOCK_N, BLOCK_M], n fastest
         e, pid_n, mmask, p, idle = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES,
                                             gl.SliceLayout(0, EL))
-        if idle or e == E_SH:
+        if idle:
             return
-        acc = _ws_mainloop(x_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_xt, H, 2 * N, N, TOPK,
-                           MAXC, BLOCK_M, R, BLOCK_K, STAGES, TILES, LOADER_WARPS, LOADER_REGS)
+        if not SH_IN:
+            if e == E_SH:
+                return
+        acc = _ws_mainloop(x_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_xt, wsh_ptr, pid_n,
+                           e == E_SH, H, 2 * N, N, TOPK, MAXC, BLOCK_M, R, BLOCK_K, STAGES, TILES, LOADER_WARPS,
+                           LOADER_REGS, E_SH, SH_IN)
         # epilogue: accumulator [R, BLOCK_M] through shared memory, gate rows 0..BN-1, up rows BN..R-1
         acc_s = gl.allocate_shared_memory(gl.float32, [R, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         acc_s.store(acc)
         gl.thread_barrier()
         unit: gl.constexpr = 256.0  # 2^SHIFT of decode 5 (moe_w4_hop.hop_shift)
-        a_g = acc_s.slice(0, BLOCK_N).load(EL) * (gl.load(g_ptr + 2 * e) * unit)
-        a_u = acc_s.slice(BLOCK_N, BLOCK_N).load(EL) * (gl.load(g_ptr + 2 * e + 1) * unit)
+        if SH_IN:  # the shared expert's accumulator is not scaled
+            eg = gl.minimum(e, E_SH - 1)
+            sg = gl.where(e == E_SH, 1.0, gl.load(g_ptr + 2 * eg) * unit)
+            su = gl.where(e == E_SH, 1.0, gl.load(g_ptr + 2 * eg + 1) * unit)
+        else:
+            sg = gl.load(g_ptr + 2 * e) * unit
+            su = gl.load(g_ptr + 2 * e + 1) * unit
+        a_g = acc_s.slice(0, BLOCK_N).load(EL) * sg
+        a_u = acc_s.slice(BLOCK_N, BLOCK_N).load(EL) * su
         pw = gl.load(pairw_ptr + p, mask=mmask, other=0.0)
         h = a_g * (1 / (1 + gl.exp(-a_g))) * a_u * gl.expand_dims(pw, 0)  # as tl.sigmoid
         offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, EL))
@@ -337,25 +367,34 @@ if HAS_GLUON:
 
 
     @gluon.jit
-    def _w4_ws_down(inter_ptr, q_ptr, s_ptr, g_ptr, counts_ptr, pairs_ptr, out_ptr, tiles_ptr, H: gl.constexpr,
-                    N: gl.constexpr, MAXC: gl.constexpr, E_SH: gl.constexpr, BLOCK_M: gl.constexpr,
+    def _w4_ws_down(inter_ptr, q_ptr, s_ptr, g_ptr, counts_ptr, pairs_ptr, out_ptr, tiles_ptr, wsh_ptr,
+                    H: gl.constexpr, N: gl.constexpr, MAXC: gl.constexpr, E_SH: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr,
-                    LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                    LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr, SH_IN: gl.constexpr):
         """pair_out[p, h] = (Σ_n inter[p, n] · w'[e, h, n]) · g[e] · 2^8 (fp32) over the routed experts' pairs, rows h
-        of BLOCK_N = 128 weight rows per program; programs of the shared expert E_SH exit."""
+        of BLOCK_N = 128 weight rows per program; programs of the shared expert E_SH exit, or with SH_IN compute it
+        from its bf16 rows ``wsh_ptr`` ([H, N], no g)."""
         gl.static_assert(BLOCK_K % 64 == 0, "BLOCK_K must be a multiple of 64")
         gl.static_assert(BLOCK_N == 128, "one warpgroup of 128 MMA rows: BLOCK_N 128")
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         e, pid_n, mmask, p, idle = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES,
                                             gl.SliceLayout(0, mma))
-        if idle or e == E_SH:
+        if idle:
             return
-        acc = _ws_mainloop(inter_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, 0, N, N, H, 0, 0, MAXC,
-                           BLOCK_M, BLOCK_N, BLOCK_K, STAGES, TILES, LOADER_WARPS, LOADER_REGS)
+        if not SH_IN:
+            if e == E_SH:
+                return
+        acc = _ws_mainloop(inter_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, 0, N, wsh_ptr, pid_n, e == E_SH,
+                           N, H, 0, 0, MAXC, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, TILES, LOADER_WARPS, LOADER_REGS,
+                           E_SH, SH_IN)
         unit: gl.constexpr = 256.0  # 2^SHIFT of decode 5
+        if SH_IN:
+            sc = gl.where(e == E_SH, 1.0, gl.load(g_ptr + gl.minimum(e, E_SH - 1)) * unit)
+        else:
+            sc = gl.load(g_ptr + e) * unit
         offs_h = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        gl.store(out_ptr + gl.expand_dims(p, 0) * H + gl.expand_dims(offs_h, 1), acc * (gl.load(g_ptr + e) * unit),
+        gl.store(out_ptr + gl.expand_dims(p, 0) * H + gl.expand_dims(offs_h, 1), acc * sc,
                  mask=gl.expand_dims(mmask, 0))
 
 
@@ -417,11 +456,12 @@ def moe_gate_up_ws(x, w13, ws, top_k, tiles: dict | None = None, shared: bool = 
     N = twoN // 2
     assert x.stride(1) == 1 and H % c["BLOCK_K"] == 0 and N % c["BLOCK_N"] == 0
     grid, kw = _launch_grid(ws, E + (w13.shared is not None), c["BLOCK_M"], N // c["BLOCK_N"], "moe_gate_up_ws")
+    sh_in = bool(c["SH_IN"]) and shared and w13.shared is not None
     _w4_ws_gate_up[grid](
-        x, w13.q, w13.s, w13.g, ws.counts, ws.pairs, ws.pair_w, ws.inter, kw.get("tiles_ptr", ws.counts), T,
-        x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD, E_SH=E if w13.shared is not None else -1,
-        **_ws_kwargs(c, kw))
-    if shared and w13.shared is not None:
+        x, w13.q, w13.s, w13.g, ws.counts, ws.pairs, ws.pair_w, ws.inter, kw.get("tiles_ptr", ws.counts),
+        w13.shared if sh_in else x, T, x.stride(0), H=H, N=N, TOPK=top_k, MAXC=ws.T_PAD,
+        E_SH=E if w13.shared is not None else -1, SH_IN=sh_in, **_ws_kwargs(c, kw))
+    if shared and w13.shared is not None and not sh_in:
         _shared_launch(ws, lambda: moe_gate_up(x, w13, ws, top_k, {"gate_up": dict(
             BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)}))
 
@@ -436,10 +476,12 @@ def moe_down_ws(w2, ws, tiles: dict | None = None, shared: bool = True):
     E, H, N = w2.shape
     assert ws.inter.shape[1] == N and N % c["BLOCK_K"] == 0 and H % c["BLOCK_N"] == 0
     grid, kw = _launch_grid(ws, E + (w2.shared is not None), c["BLOCK_M"], H // c["BLOCK_N"], "moe_down_ws")
+    sh_in = bool(c["SH_IN"]) and shared and w2.shared is not None
     _w4_ws_down[grid](
-        ws.inter, w2.q, w2.s, w2.g, ws.counts, ws.pairs, ws.pair_out, kw.get("tiles_ptr", ws.counts), H=H, N=N,
-        MAXC=ws.T_PAD, E_SH=E if w2.shared is not None else -1, **_ws_kwargs(c, kw))
-    if shared and w2.shared is not None:
+        ws.inter, w2.q, w2.s, w2.g, ws.counts, ws.pairs, ws.pair_out, kw.get("tiles_ptr", ws.counts),
+        w2.shared if sh_in else ws.inter, H=H, N=N, MAXC=ws.T_PAD, E_SH=E if w2.shared is not None else -1,
+        SH_IN=sh_in, **_ws_kwargs(c, kw))
+    if shared and w2.shared is not None and not sh_in:
         _shared_launch(ws, lambda: moe_down(w2, ws, {"down": dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4,
                                                                   num_stages=3)}))
 
@@ -463,8 +505,9 @@ def aot_build(kernel: str = "gate_up", cc: tuple[int, int] = (9, 0), tiles: dict
     fn = {"gate_up": _w4_ws_gate_up, "down": _w4_ws_down}[kernel]
     c = {**WS_TILES_DEFAULT[kernel], "TILES": False, **(tiles or {})}
     const = {k: v for k, v in dict(AOT_SHAPES, **shapes).items() if k in fn.arg_names}
-    const.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "TILES", "LOADER_WARPS", "LOADER_REGS")})
-    ptrs = dict(x_ptr="*bf16", inter_ptr="*bf16", q_ptr="*u8", s_ptr="*u8", g_ptr="*fp32", counts_ptr="*i32",
+    const.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "TILES", "LOADER_WARPS", "LOADER_REGS",
+                                    "SH_IN")})
+    ptrs = dict(x_ptr="*bf16", inter_ptr="*bf16", wsh_ptr="*bf16", q_ptr="*u8", s_ptr="*u8", g_ptr="*fp32", counts_ptr="*i32",
                 pairs_ptr="*i32", pairw_ptr="*fp32", out_ptr="*fp32", tiles_ptr="*i32", T="i32", stride_xt="i32")
     sig = {n: ptrs.get(n, "constexpr") for n in fn.arg_names}
     # the launch-time specialisation of 16-byte aligned pointers and the row stride (a multiple of 16 elements)
