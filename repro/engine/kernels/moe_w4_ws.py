@@ -303,6 +303,7 @@ if HAS_GLUON:
                      E_SH: gl.constexpr, SH_IN: gl.constexpr):
         """The rings, their barriers and the warp-specialised K loop (loader partition + consumer warpgroup); returns
         the fp32 accumulator [R, BLOCK_M] in the wgmma layout."""
+        gl.static_assert(STAGES >= 2, "the consumer hands a slot back one step late: STAGES >= 2")
         HB: gl.constexpr = BLOCK_K // 16
         # ring buffers [STAGES, tile]; the layouts are the tile's
         q_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R, BLOCK_K // 8],
