@@ -2,7 +2,7 @@
 (repro/engine/kernels/moe_w4_ws.py, plus its separate shared-expert launch) against the Triton hop-layout decode-5
 kernels (default and swap-AB), in the same process on the same routed workspace (tile table, BLOCK_M 16).
 
-    python3 scripts/bench_w4_ws.py [--slots 1,32] [--iters 200]
+    python3 scripts/bench_w4_ws.py [--slots 1,32] [--iters 200] [--stages 4] [--maxnreg 64]
 
 GB/s = the packed bytes of the routed experts touched (q + s of w13 or w2, each once) plus the shared expert's bf16
 rows, over the
@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", default="1,32")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--maxnreg", type=int, default=64, help="registers per thread at launch (0: no cap)")
     args = ap.parse_args(argv)
 
     from repro.engine.kernels import moe as M
@@ -54,9 +55,9 @@ def main(argv=None) -> int:
         cases = {
             "triton_decode5": lambda: M.moe_gate_up(x, w13, ws, k, {"gate_up": tiles}),
             "triton_decode5_swap": lambda: M.moe_gate_up(x, w13, ws, k, {"gate_up": dict(tiles, W4_SWAP=True)}),
-            "gluon_ws": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages)),
-            "gluon_ws_shared_in": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages, SH_IN=True)),
-            "gluon_ws_routed_only": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages), shared=False),
+            "gluon_ws": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages, MAXNREG=args.maxnreg)),
+            "gluon_ws_shared_in": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages, MAXNREG=args.maxnreg, SH_IN=True)),
+            "gluon_ws_routed_only": lambda: moe_gate_up_ws(x, w13, ws, k, dict(STAGES=args.stages, MAXNREG=args.maxnreg), shared=False),
         }
         g = torch.Generator(device="cuda").manual_seed(7)
         w2 = random_nvfp4_experts(256, H, N, 1, torch.bfloat16, "cuda", g).with_layout("hop")
@@ -65,9 +66,9 @@ def main(argv=None) -> int:
         down = {
             "down_triton_decode5": lambda: M.moe_down(w2, ws, {"down": dt}),
             "down_triton_decode5_swap": lambda: M.moe_down(w2, ws, {"down": dict(dt, W4_SWAP=True)}),
-            "down_gluon_ws": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages)),
-            "down_gluon_ws_shared_in": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages, SH_IN=True)),
-            "down_gluon_ws_routed_only": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages), shared=False),
+            "down_gluon_ws": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages, MAXNREG=args.maxnreg)),
+            "down_gluon_ws_shared_in": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages, MAXNREG=args.maxnreg, SH_IN=True)),
+            "down_gluon_ws_routed_only": lambda: moe_down_ws(w2, ws, dict(STAGES=args.stages, MAXNREG=args.maxnreg), shared=False),
         }
         for name, fn in {**cases, **down}.items():
             us = _time(fn, args.iters)
