@@ -4,7 +4,7 @@
 #   image lacks, fastapi starlette pydantic pydantic_core annotated-types typing-inspection typing_extensions uvicorn,
 #   from: pip download --python-version 3.12 --only-binary=:all: --no-deps -d .whl <those>)
 # PLAN: auto (H100: quick-measure; other cards: measure) | quick-measure | measure | lean (about 450 s) |
-#       min (about 230 s: the loop's GPU tests and the batched-vs-single spread) | tune | serve-fused. Tiles tuned by an earlier call of the same machine are kept in .tuned/ and copied back in.
+#       min (about 230 s: the loop's GPU tests and the batched-vs-single spread) | tune | serve-fused | ws-serve. Tiles tuned by an earlier call of the same machine are kept in .tuned/ and copied back in.
 # Every step is bounded (run_card.sh's BUDGET_S); results under $OUT (t/ tune, ab/ A/B of tiles, m/ measurements).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo WHEELS-FAILED
 R=repro/engine/kernels/run_card.sh; O=$OUT
@@ -49,5 +49,12 @@ case $PLAN in
   serve-fused)  # serve bench, then the fused router/route and attention kernels (docs/perf.md)
     OUT=$O/s BUDGET_S=150 PYTHONPATH=/tmp/site bash $R serve 2>&1 | cut -c1-300 | tail -20
     OUT=$O/f TESTS_S=90 ROUTE_S=110 ATTN_S=70 ROUND_S=170 bash repro/engine/kernels/run_device_fused.sh 2>&1 | cut -c1-300 ;;
-  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused"; exit 2 ;;
+  ws-serve)  # the warp-specialised 4-bit expert GEMM (tests, bench), bench serve, the round with its breakdown
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/kernels/test_moe_w4_ws.py tests/kernels/test_moe_w4_hop.py \
+      tests/kernels/test_tune.py tests/kernels/test_route_fused.py 2>&1 | grep -v "^$" | tail -25
+    timeout 90 python3 scripts/bench_w4_ws.py --iters 100 2>&1 | cut -c1-300 | tail -30
+    OUT=$O/s BUDGET_S=$(( 560 - SECONDS )) PYTHONPATH=/tmp/site bash $R serve round 2>&1 | cut -c1-300 ;;
+  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve"; exit 2 ;;
 esac
+# the device tool returns a few files only: everything under $OUT as one archive
+(cd "$O" && tar czf /tmp/out.tgz . && rm -rf ./* && mv /tmp/out.tgz all.tgz)

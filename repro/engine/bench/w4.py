@@ -224,6 +224,8 @@ def _fidelity(shape, fw, fw4, W4, ids, P) -> dict:
     """The 4-bit round's logits against the same experts dequantized once to BF16 through the BF16 kernels (same
     block ``ids`` and cache at prefix ``P``), the BF16 path's own noise against the fp32 torch reference MoE, and
     one MoE layer alone: relative errors and the argmax agreement."""
+    from ..kernels import fastpath as F
+
     # fidelity: the same experts dequantized once to BF16, through the BF16 kernels, same block and cache
     fwd = F.BlockForward(dequantized(W4), shape, fw.max_len, T=fw.T, device="cuda")
     fwd.kv.copy_(fw.kv)
