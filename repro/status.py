@@ -82,21 +82,28 @@ class Cell:
 
 def write_plan(work: Path, suite: str, cells: list[dict]) -> Path:
     """Write ``<work>/<suite>/plan.json``: the run's cells, each ``{"model", "benchmark", "seeds": [...],
-    "records": [shard records files relative to the work directory]}`` (the workflow calls this at the start of a
-    run, workflow/rules/common.smk: write_status_plans). Returns its path."""
+    "records": [shard records files relative to the work directory], "regenerate": [those of them the run's
+    generation jobs write again]}`` (the workflow calls this at the start of a run, workflow/rules/cluster.smk:
+    write_status_plans). A records file listed in ``regenerate`` counts only once written after the plan: one left
+    from earlier inputs (a changed config) is not progress of this run. Returns its path."""
     path = Path(work) / PLAN.format(suite=suite)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps({"suite": suite, "written_at": time.time(), "cells": cells}, indent=1) + "\n")
     return path
 
 
+def _plan_doc(work: Path, suite: str) -> dict | None:
+    try:
+        doc = json.loads((Path(work) / PLAN.format(suite=suite)).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("cells"), list) else None
+
+
 def read_plan(work: Path, suite: str) -> list[dict] | None:
     """The cells of ``<work>/<suite>/plan.json`` (:func:`write_plan`); None when there is none (or it is damaged)."""
-    try:
-        cells = json.loads((Path(work) / PLAN.format(suite=suite)).read_text()).get("cells")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return cells if isinstance(cells, list) else None
+    doc = _plan_doc(work, suite)
+    return doc["cells"] if doc is not None else None
 
 
 def _count_lines(path: Path) -> int:
@@ -135,13 +142,14 @@ def _last_job(sessions) -> dict | None:
     return jobs[-1] if jobs else None
 
 
-def read_shard(out: Path, problems: int | None) -> Shard | None:
+def read_shard(out: Path, problems: int | None, stale_before: float | None = None) -> Shard | None:
     """The :class:`Shard` whose finished records file is ``out`` (a one-benchmark shard, or a grouped job's
-    benchmark file); None when neither it nor its partial file exists."""
+    benchmark file); None when neither it nor its partial file exists. ``stale_before`` (Unix seconds): a finished
+    file last written before then is from earlier inputs (its job is to run again) and does not count."""
     m = _SHARD.search(str(out.relative_to(out.parents[1])))
     k, n = (int(m.group(1)), int(m.group(2))) if m else (0, 1)
     todo = max(0, -(-(problems - k) // n)) if problems is not None else None  # len(problems[k::n])
-    if out.is_file():
+    if out.is_file() and (stale_before is None or out.stat().st_mtime >= stale_before):
         meta = _json(Path(str(out) + ".meta.json")) or {}
         last = meta.get("generated_last_session") or _last_session(meta.get("generation_sessions"))
         return Shard(_count_lines(out), todo, True, out.stat().st_mtime, last)
@@ -159,7 +167,7 @@ def _problems(base: Path, bench: str) -> int | None:
     return _count_lines(problems) if problems.is_file() else None
 
 
-def _scan_plan(work: Path, suite: str, plan: list[dict]) -> list[Cell]:
+def _scan_plan(work: Path, suite: str, plan: list[dict], written_at: float | None = None) -> list[Cell]:
     cells: dict[tuple[str, str], Cell] = {}
     for entry in plan:
         if not isinstance(entry, dict) or not entry.get("model") or not entry.get("benchmark"):
@@ -169,8 +177,9 @@ def _scan_plan(work: Path, suite: str, plan: list[dict]) -> list[Cell]:
         c.problems = _problems(Path(work) / suite, c.bench)
         records = [r for r in entry.get("records") or [] if isinstance(r, str)]
         c.planned = (c.planned or 0) + len(records)
+        regenerate = set(entry.get("regenerate") or []) if isinstance(written_at, (int, float)) else set()
         for rel in records:
-            s = read_shard(Path(work) / rel, c.problems)
+            s = read_shard(Path(work) / rel, c.problems, written_at if rel in regenerate else None)
             if s is not None:
                 c.shards.append(s)
     return [cells[k] for k in sorted(cells)]
@@ -179,9 +188,9 @@ def _scan_plan(work: Path, suite: str, plan: list[dict]) -> list[Cell]:
 def scan(work: Path, suite: str) -> list[Cell]:
     """The suite's cells (model × benchmark) in name order: those of its plan (:func:`write_plan`), else those
     with decoder configs or generation files."""
-    plan = read_plan(work, suite)
-    if plan is not None:
-        return _scan_plan(work, suite, plan)
+    doc = _plan_doc(work, suite)
+    if doc is not None:
+        return _scan_plan(work, suite, doc["cells"], doc.get("written_at"))
     base = Path(work) / suite
     cells: dict[tuple[str, str], Cell] = {}
 

@@ -174,3 +174,49 @@ def test_the_command_names_a_wrong_work_directory_or_suite(suite, tmp_path, caps
     assert "suite 'paper' has not started there (suites there: s)" in capsys.readouterr().err
     assert status.main(["--work", str(work)]) == 0
     assert capsys.readouterr().out.startswith(f"suite s: generation progress in {work / 's'} at ")
+
+
+def test_records_left_from_earlier_inputs_do_not_count_for_a_run_that_regenerates_them(tmp_path):
+    """A config change (new max_new_tokens, say) re-runs generation jobs whose finished records files are still on
+    disk until each job starts. The run's plan lists those files under ``regenerate``; a listed file written before
+    the plan is not progress of this run, one written after it is (the job wrote it again). Files the plan does
+    not list count as they are. Real records: the tiny model's generation job on the first built-in GSM8K
+    problems."""
+    import os
+    import time
+
+    ckpt = tmp_path / "tiny"
+    write_tiny(ckpt, seed=1)
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text(json.dumps({"manifest_sha256": json.loads((ckpt / "checkpoint_manifest.json").read_text())
+                                 ["manifest_sha256"]}))
+    work, base = tmp_path / "work", tmp_path / "work" / "s"
+    (base / "problems").mkdir(parents=True)
+    probs = load_problems("gsm8k", None, limit=2, allow_hub=False).problems
+    (base / "problems" / "gsm8k.for-generation.jsonl").write_text("".join(json.dumps(p) + "\n" for p in probs))
+    recs = {}
+    for m in ("old", "kept"):
+        dec = base / "decoders" / m / "gsm8k" / "seed1.yaml"
+        dec.parent.mkdir(parents=True)
+        dec.write_text("algorithm: orl\nmax_new_tokens: 8\n")
+        out = base / "generations" / m / "gsm8k" / "seed1" / "shard0of1.jsonl"
+        gen.run(gen.argparse.Namespace(
+            backend="engine", model=m, model_dir=str(ckpt), role="orl", verified=str(stamp), benchmark=["gsm8k"],
+            seed=1, shard=0, num_shards=1, device="cpu", precision="fp32", batch_size=1, limit=None,
+            adapter_map=None, out=str(out), group_index=None, decoder=[str(dec)],
+            problems=[str(base / "problems" / "gsm8k.for-generation.jsonl")]))
+        assert out.read_text().count("\n") == 2
+        recs[m] = str(out.relative_to(work))
+    past = time.time() - 3600
+    for rel in recs.values():  # both written an hour before the run below started
+        os.utime(work / rel, (past, past))
+    status.write_plan(work, "s", [{"model": m, "benchmark": "gsm8k", "seeds": [1], "records": [recs[m]],
+                                   "regenerate": [recs[m]] if m == "old" else []} for m in recs])
+    now = time.time()
+    rows = _rows(status.table(work, "s", now=now))
+    assert rows[("kept", "gsm8k")][0] == "2/2" and rows[("kept", "gsm8k")][-1] == "done"
+    assert rows[("old", "gsm8k")][0] == "0/2" and rows[("old", "gsm8k")][-1] != "done", rows
+    assert rows[("all", "")][:2] == ["2/4", "50%"], rows
+    os.utime(work / recs["old"])  # the run's job wrote it again
+    rows = _rows(status.table(work, "s", now=time.time()))
+    assert rows[("old", "gsm8k")][0] == "2/2" and rows[("old", "gsm8k")][-1] == "done"

@@ -53,7 +53,7 @@ case $PLAN in
     timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/kernels/test_moe_w4_ws.py tests/kernels/test_moe_w4_hop.py \
       tests/kernels/test_tune.py tests/kernels/test_route_fused.py 2>&1 | grep -v "^$" | tail -25
     timeout 90 python3 scripts/bench_w4_ws.py --iters 100 2>&1 | cut -c1-300 | tail -30
-    OUT=$O/s BUDGET_S=$(( 560 - SECONDS )) PYTHONPATH=/tmp/site bash $R serve round 2>&1 | cut -c1-300 ;;
+    OUT=$O/s BUDGET_S=$(( ${END_S:-560} - SECONDS )) PYTHONPATH=/tmp/site bash $R ${STEPS:-serve round} 2>&1 | cut -c1-300 ;;
   *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve"; exit 2 ;;
 esac
 # the device tool returns a few files only: everything under $OUT as one archive

@@ -98,3 +98,21 @@ def test_rerun_is_noop_and_deleting_one_output_reruns_only_downstream(tmp_path, 
     stats = job_counts(wf.run("-n", "main_table"))
     assert stats == {"generate_shard": 1, "merge_shards": 1, "score": 1, "write_table": 1, "speed_table": 1,
                      "main_table": 1, "total": 6}
+
+
+def test_a_changed_config_lists_the_records_its_run_regenerates_in_the_plan(tmp_path, smoke_run):
+    """A new max_new_tokens re-runs every generation job of the finished smoke run; the run's plan lists each
+    shard's records file under ``regenerate`` (so `python -m repro.status` does not count the files left from the
+    old setting while the run goes), and once the run is through, status counts the rewritten files as done."""
+    wf = smoke_run.copy_to(tmp_path)
+    wf.configure({**wf.suite, "max_new_tokens": 6}, wf.extra)
+    wf.run("main_table")
+    plan = json.loads((wf.work / "smoke" / "plan.json").read_text())
+    cells = {(c["model"], c["benchmark"]): c for c in plan["cells"]}
+    assert set(cells) == {("tiny", "gsm8k"), ("tiny", "humaneval")}
+    for (model, bench), c in cells.items():
+        assert c["records"] == [f"smoke/generations/{model}/{bench}/seed12345/shard0of1.jsonl"]
+        assert c["regenerate"] == c["records"], c
+        assert (wf.work / c["records"][0]).stat().st_mtime >= plan["written_at"]
+    text = _status(wf)
+    assert _row(text, "tiny", "gsm8k")[-1] == "done" and _row(text, "tiny", "humaneval")[-1] == "done", text

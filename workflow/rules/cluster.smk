@@ -130,11 +130,13 @@ def gpu_mem_mb(wildcards):
 CPU_ONLY = {"gpu": 0, "gpu_model": "", "gres": ""}
 
 
-def write_status_plans(suites):
+def write_status_plans(suites, regenerate=frozenset()):
     """Write each suite's plan for `python -m repro.status` (repro.status.write_plan): every generated model ×
     benchmark × seed of the config, with the records file of each shard, so progress counts a cell before its
     decoder config is rendered. Called at the start of a real run (onstart below) for the suites it
-    generates; replayed models generate nothing and are left out. A plan that cannot be written (a full disk) is a
+    generates; replayed models generate nothing and are left out. ``regenerate``: the records files (relative to
+    the work directory; a grouped job's ``shard<K>of<N>.json``) of the generation jobs this run executes, so that
+    status does not count a records file left from earlier inputs. A plan that cannot be written (a full disk) is a
     note, never a failed start."""
     from repro.status import write_plan
 
@@ -142,11 +144,17 @@ def write_status_plans(suites):
         s = suite_cfg(su)
         n, records = s["shards"], P.GROUP_SHARD if s.get("group_benchmarks") else P.SHARD
         try:
-            write_plan(Path(WORK), su, [
-                {"model": m, "benchmark": b, "seeds": list(s["seeds"]),
-                 "records": [records.format(suite=su, model=m, bench=b, seed=seed, shard=k, nshards=n)
-                             for seed in s["seeds"] for k in range(n)]}
-                for m in s["models"] if not is_replay(config, m) for b in s["benchmarks"]])
+            cells = []
+            for m in s["models"]:
+                if is_replay(config, m):
+                    continue
+                for b in s["benchmarks"]:
+                    recs = [records.format(suite=su, model=m, bench=b, seed=seed, shard=k, nshards=n)
+                            for seed in s["seeds"] for k in range(n)]
+                    redo = [r for r in recs if r in regenerate or os.path.dirname(r) + ".json" in regenerate]
+                    cells.append({"model": m, "benchmark": b, "seeds": list(s["seeds"]), "records": recs,
+                                  "regenerate": redo})
+            write_plan(Path(WORK), su, cells)
         except OSError as e:  # a full disk, say: the run goes on (its jobs say what is wrong); status shows less
             print(f"note: the progress plan of suite {su} was not written ({e.strerror or e}); python -m "
                   "repro.status shows its cells once their decoder configs are rendered", file=sys.stderr)
@@ -175,10 +183,12 @@ onstart:
             print(f"Note: {_decision[1]}", file=sys.stderr)
     # where to watch generation (its jobs' bars go to their logs): repro/status.py, from any shell, also on Slurm;
     # it counts the cells of each generated suite's plan, written now (write_status_plans)
-    _generating = {j.wildcards["suite"] for j in workflow.dag.needrun_jobs()
-                   if j.rule.name in ("generate_shard", "generate_group")}
+    _gen_jobs = [j for j in workflow.dag.needrun_jobs() if j.rule.name in ("generate_shard", "generate_group")]
+    _generating = {j.wildcards["suite"] for j in _gen_jobs}
     if _generating:
-        write_status_plans(sorted(_generating))
+        _work = os.path.abspath(WORK)
+        write_status_plans(sorted(_generating), {os.path.relpath(os.path.abspath(str(f)), _work)
+                                                 for j in _gen_jobs for f in j.output})
         import shlex
 
         _w = os.path.realpath(WORK) != os.path.realpath(os.path.join(workflow.basedir, "work"))
