@@ -38,13 +38,24 @@ def pytest_testnodedown(node, error):  # pytest-xdist, in the controller
     schedule.worker_done(node)
 
 
+#: how the tests of the scorer's bug-report cases end their skip reason (tests/scoring/test_cases.py and others)
+CASES_SKIP = "(set ORL_EVAL_CASES)"
+
+
 def pytest_terminal_summary(terminalreporter):
-    """One line for all the tests skipped without the real benchmark files (each skip stays quiet)."""
+    """One line for all the tests skipped without the real benchmark files, one for those skipped without the
+    scorer's bug-report cases (each skip stays quiet)."""
     n = sum(1 for r in terminalreporter.stats.get("skipped", [])
             if isinstance(r.longrepr, tuple) and r.longrepr[2].endswith(eval_data.SKIP_REASON))
     if n:
         terminalreporter.write_line(f"{n} tests skipped: no real benchmark files in {eval_data.looked_at()}; "
                                     f"{eval_data.HOW}")
+    n = sum(1 for r in terminalreporter.stats.get("skipped", [])
+            if isinstance(r.longrepr, tuple) and r.longrepr[2].endswith(CASES_SKIP))
+    if n:
+        terminalreporter.write_line(f"{n} tests skipped: the scorer's bug-report cases were not found; set "
+                                    "ORL_EVAL_CASES=/path/to/scoring_cases.jsonl (default: "
+                                    "cases/scoring_cases.jsonl beside the data folder) to run them")
     later = schedule.summary_line()
     if later:
         terminalreporter.write_line(later)

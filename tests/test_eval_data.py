@@ -36,3 +36,16 @@ def test_orl_eval_data_without_the_files_means_no_data_also_for_subprocesses(tmp
     assert eval_data.real_data() is None  # not ../shared/data beside the checkout, where a machine may have it
     (tmp_path / "gsm8k.jsonl").write_text("{}\n")
     assert eval_data.real_data() == tmp_path and eval_data.real_data("mbpp.jsonl") is None
+
+
+def test_one_summary_line_counts_the_skips_without_the_scoring_cases(tmp_path):
+    """No cases file: the case tests skip quietly and one line counts them and names ORL_EVAL_CASES."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/scoring/test_cases.py"]
+    r = subprocess.run(cmd, cwd=eval_data.REPO, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, ORL_EVAL_CASES=str(tmp_path / "none.jsonl")))
+    assert r.returncode == 0, r.stdout[-2000:]
+    lines = [x for x in r.stdout.splitlines() if "bug-report cases" in x]
+    n = int(re.search(r"(\d+) skipped", r.stdout.splitlines()[-1]).group(1))
+    assert n > 0 and lines == [f"{n} tests skipped: the scorer's bug-report cases were not found; set "
+                               "ORL_EVAL_CASES=/path/to/scoring_cases.jsonl (default: cases/scoring_cases.jsonl "
+                               "beside the data folder) to run them"], r.stdout[-2000:]
