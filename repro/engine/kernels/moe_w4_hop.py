@@ -21,7 +21,35 @@ import torch
 
 from ._triton import HAS_TRITON, tl, triton
 
-__all__ = ["hop_decode_reference", "hop_shift"]
+__all__ = ["hop_decode_reference", "hop_shift", "HOP_WORD_PTX"]
+
+#: one "hop" word ($8) and its block's scale pair bf16x2(e4m3 · 2^118) ($9) -> the 8 inputs' w' as 8 bf16 ($0..$7 =
+#: inputs 0..7): decode 5's instructions, each bf16x2 result split into its halves (no-ops for ptxas); inline PTX of
+#: the Triton kernels here and of the Gluon ones (moe_w4_ws)
+HOP_WORD_PTX = """{
+    .reg .b32 a, b, c, r;
+    and.b32 r, $8, 0x81C081C0;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$0, $2}, r;
+    shl.b32 a, $8, 3;
+    and.b32 r, a, 0x81C081C0;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$4, $6}, r;
+    shl.b32 a, $8, 6;
+    and.b32 r, a, 0x81C081C0;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$1, $3}, r;
+    shl.b32 a, $8, 1;
+    and.b32 a, a, 0x80008000;
+    shr.u32 b, $8, 3;
+    and.b32 b, b, 0x01800180;
+    or.b32 a, a, b;
+    shr.u32 c, $8, 7;
+    and.b32 c, c, 0x00400040;
+    or.b32 r, a, c;
+    mul.rn.bf16x2 r, r, $9;
+    mov.b32 {$5, $7}, r;
+    }"""
 
 
 def hop_shift(dtype: torch.dtype) -> int:
@@ -148,30 +176,7 @@ if HAS_TRITON:
 
     # one "hop" word ($8) and its block's scale pair ($9) -> the 8 inputs' w' as 8 bf16 ($0..$7 = inputs 0..7):
     # the same instructions as _HOP_DECODE_ASM, each bf16x2 result split into its halves (no-ops for ptxas)
-    _HOP_WORD_ASM = tl.constexpr("""{
-    .reg .b32 a, b, c, r;
-    and.b32 r, $8, 0x81C081C0;
-    mul.rn.bf16x2 r, r, $9;
-    mov.b32 {$0, $2}, r;
-    shl.b32 a, $8, 3;
-    and.b32 r, a, 0x81C081C0;
-    mul.rn.bf16x2 r, r, $9;
-    mov.b32 {$4, $6}, r;
-    shl.b32 a, $8, 6;
-    and.b32 r, a, 0x81C081C0;
-    mul.rn.bf16x2 r, r, $9;
-    mov.b32 {$1, $3}, r;
-    shl.b32 a, $8, 1;
-    and.b32 a, a, 0x80008000;
-    shr.u32 b, $8, 3;
-    and.b32 b, b, 0x01800180;
-    or.b32 a, a, b;
-    shr.u32 c, $8, 7;
-    and.b32 c, c, 0x00400040;
-    or.b32 r, a, c;
-    mul.rn.bf16x2 r, r, $9;
-    mov.b32 {$5, $7}, r;
-    }""")
+    _HOP_WORD_ASM = tl.constexpr(HOP_WORD_PTX)
 
     @triton.jit
     def _join8(v0, v1, v2, v3, v4, v5, v6, v7):

@@ -56,6 +56,7 @@ import inspect
 import torch
 
 from ._triton import HAS_TRITON, triton
+from .moe_w4_hop import HOP_WORD_PTX
 
 __all__ = ["HAS_GLUON", "gate_up_ws_reference", "down_ws_reference", "moe_gate_up_ws", "moe_down_ws", "aot_build",
            "WS_TILES_DEFAULT"]
@@ -136,32 +137,8 @@ def down_ws_reference(inter, w2, ids):
 
 
 if HAS_GLUON:
-    # one "hop" word ($8) and its block's scale pair bf16x2(e4m3 · 2^118) ($9) -> the 8 inputs' w' ($0..$7 = inputs
-    # 0..7): the instructions of moe_w4_hop._HOP_WORD_ASM
-    _HOP_WORD_ASM = gl.constexpr("""{
-    .reg .b32 a, b, c, r;
-    and.b32 r, $8, 0x81C081C0;
-    mul.rn.bf16x2 r, r, $9;
-    mov.b32 {$0, $2}, r;
-    shl.b32 a, $8, 3;
-    and.b32 r, a, 0x81C081C0;
-    mul.rn.bf16x2 r, r, $9;
-    mov.b32 {$4, $6}, r;
-    shl.b32 a, $8, 6;
-    and.b32 r, a, 0x81C081C0;
-    mul.rn.bf16x2 r, r, $9;
-    mov.b32 {$1, $3}, r;
-    shl.b32 a, $8, 1;
-    and.b32 a, a, 0x80008000;
-    shr.u32 b, $8, 3;
-    and.b32 b, b, 0x01800180;
-    or.b32 a, a, b;
-    shr.u32 c, $8, 7;
-    and.b32 c, c, 0x00400040;
-    or.b32 r, a, c;
-    mul.rn.bf16x2 r, r, $9;
-    mov.b32 {$5, $7}, r;
-    }""")
+    # decode 5 of one "hop" word (moe_w4_hop.HOP_WORD_PTX)
+    _HOP_WORD_ASM = gl.constexpr(HOP_WORD_PTX)
 
     @gluon.jit
     def _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M: gl.constexpr, MAXC: gl.constexpr, TILES: gl.constexpr,
