@@ -128,8 +128,14 @@ def test_speed_caption_names_the_tiles_that_ran():
 
 
 def test_a_kernel_no_entry_has_keeps_its_defaults_silently(card, capsys):
-    """The batched file's optional ``attn`` entry is in no card's entry: not a fallback, no line (the H100 printed
-    'no kernel tiles tuned' while running its own tiles)."""
-    card(C.Card("NVIDIA H200", (9, 0), 132, 4800.0, 150.0))
-    assert C.load_config("batched", "attn", {}, E=257, N=512, H=2048, T=32) == {}
+    """A kernel no card's entry has is not a fallback: defaults, no line (the H100 printed 'no kernel tiles tuned'
+    while running its own tiles, for the batched file's optional ``attn`` entry when no card had one). Every tuned
+    card has its own batched ``attn`` entry now, so none borrows another's."""
+    h200 = card(C.Card("NVIDIA H200", (9, 0), 132, 4800.0, 150.0))
+    assert C.load_config("batched", "attn_not_in_any_entry", {"x": 1}, E=257, N=512, H=2048, T=32) == {"x": 1}
+    batched = _shipped("batched", E=257, N=512, H=2048, T=32)
+    for name, entry in batched.items():
+        if isinstance(entry, dict) and "_meta" in entry:
+            assert "attn" in entry, name
+    assert C.load_config("batched", "attn", {}, E=257, N=512, H=2048, T=32) == batched[h200.name]["attn"]
     assert capsys.readouterr().err == ""
