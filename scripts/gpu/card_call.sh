@@ -50,9 +50,9 @@ case $PLAN in
     OUT=$O/s BUDGET_S=150 PYTHONPATH=/tmp/site bash $R serve 2>&1 | cut -c1-300 | tail -20
     OUT=$O/f TESTS_S=90 ROUTE_S=110 ATTN_S=70 ROUND_S=170 bash repro/engine/kernels/run_device_fused.sh 2>&1 | cut -c1-300 ;;
   ws-serve)  # the warp-specialised 4-bit expert GEMM (tests, bench), bench serve, the round with its breakdown
-    timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/kernels/test_moe_w4_ws.py tests/kernels/test_moe_w4_hop.py \
-      tests/kernels/test_tune.py tests/kernels/test_route_fused.py 2>&1 | grep -v "^$" | tail -25
-    timeout 90 python3 scripts/bench_w4_ws.py --iters 100 2>&1 | cut -c1-300 | tail -30
+    timeout ${WS_TEST_S:-100} python3 -m pytest -q -p no:cacheprovider -rs --durations=5 tests/kernels/test_moe_w4_ws.py \
+      tests/kernels/test_moe_w4_hop.py tests/kernels/test_route_fused.py -k "not interpreter" 2>&1 | grep -v "^$" | cut -c1-400 | tail -40
+    timeout ${WS_BENCH_S:-70} python3 scripts/bench_w4_ws.py --iters 100 2>&1 | cut -c1-300 | tail -30
     OUT=$O/s BUDGET_S=$(( ${END_S:-560} - SECONDS )) PYTHONPATH=/tmp/site bash $R ${STEPS:-serve round} 2>&1 | cut -c1-300 ;;
   *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve"; exit 2 ;;
 esac
