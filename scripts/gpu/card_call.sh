@@ -53,7 +53,8 @@ case $PLAN in
     timeout ${WS_TEST_S:-100} python3 -m pytest -q -p no:cacheprovider -rs --durations=5 tests/kernels/test_moe_w4_ws.py \
       tests/kernels/test_moe_w4_hop.py tests/kernels/test_route_fused.py -k "not interpreter" 2>&1 | grep -v "^$" | cut -c1-400 | tail -40
     timeout ${WS_BENCH_S:-70} python3 scripts/bench_w4_ws.py --iters 100 2>&1 | cut -c1-300 | tail -30
-    OUT=$O/s BUDGET_S=$(( ${END_S:-560} - SECONDS )) PYTHONPATH=/tmp/site bash $R ${STEPS:-serve round} 2>&1 | cut -c1-300 ;;
+    W4_ROUND_TILES=${W4_ROUND_TILES:-default,hop_swap,ws} OUT=$O/s BUDGET_S=$(( ${END_S:-560} - SECONDS )) PYTHONPATH=/tmp/site \
+      bash $R ${STEPS:-serve round} 2>&1 | cut -c1-300 ;;
   *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve"; exit 2 ;;
 esac
 # the device tool returns a few files only: everything under $OUT as one archive

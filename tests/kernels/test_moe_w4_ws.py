@@ -229,3 +229,26 @@ def test_gluon_down_matches_triton_decode5(slots, sh_in):
         assert rel_err(got[r:], swap[r:]) < 1e-5
     else:
         assert torch.equal(got[r:], swap[r:])
+
+
+def test_moe_experts_dispatches_ws_tiles_and_refuses_what_it_cannot_run():
+    """``moe_experts`` with ``IMPL: "ws"`` tiles goes to the Gluon kernels: on this CPU that is their one-line
+    refusal (no Hopper GPU), not a silent Triton run; a norm_w or an unknown IMPL is refused by name."""
+    from repro.engine.kernels.moe_w4_ws import WS_TILES_DEFAULT
+
+    dev = "cuda" if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 else "cpu"
+    if dev == "cuda":
+        pytest.skip("a Hopper GPU runs the Gluon kernels: test_gluon_*_matches_triton_decode5 covers it")
+    T, H, N, E, k = 4, 64, 32, 8, 2
+    g = torch.Generator().manual_seed(0)
+    w13 = W4.random_nvfp4_experts(E, 2 * N, H, 2, torch.bfloat16, "cpu", g).with_layout("hop")
+    w2 = W4.random_nvfp4_experts(E, H, N, 1, torch.bfloat16, "cpu", g).with_layout("hop")
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    ws = M.MoEWorkspace(T, H, N, E, E, k, torch.bfloat16, "cpu", split_k=1)
+    ws_tiles = {k_: dict(v, IMPL="ws") for k_, v in WS_TILES_DEFAULT.items()}
+    with pytest.raises(RuntimeError, match="moe_gate_up_ws: needs (triton.experimental.gluon|a Hopper GPU)"):
+        M.moe_experts(x, w13, w2, ws, k, ws_tiles)
+    with pytest.raises(ValueError, match="norm_w must be None"):
+        M.moe_experts(x, w13, w2, ws, k, ws_tiles, norm_w=torch.ones(H, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="IMPL = 'cutlass'"):
+        M.moe_experts(x, w13, w2, ws, k, {"down": {"IMPL": "cutlass"}})

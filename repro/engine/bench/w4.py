@@ -21,6 +21,7 @@ import os
 import torch
 
 from ..kernels.moe_w4 import W4_TILES_DEFAULT
+from ..kernels.moe_w4_ws import WS_TILES_DEFAULT
 
 #: bytes per routed-expert weight in NVFP4: 4-bit code + one E4M3 scale per 16 weights
 NVFP4_BYTES = 0.5 + 1.0 / 16
@@ -62,6 +63,8 @@ W4_TILES = {
     "hop_k128": {k: dict(v, W4_DECODE=5, BLOCK_K=128) for k, v in W4_TILES_DEFAULT.items()},
     "hop_swap": {k: dict(v, W4_DECODE=5, W4_SWAP=True) for k, v in W4_TILES_DEFAULT.items()},
     "hop_swap_k128": {k: dict(v, W4_DECODE=5, W4_SWAP=True, BLOCK_K=128) for k, v in W4_TILES_DEFAULT.items()},
+    # the warp-specialised Gluon GEMMs (moe_w4_ws; Hopper only), same layout and numeric contract as "hop"
+    "ws": {k: dict(v, IMPL="ws", W4_DECODE=5) for k, v in WS_TILES_DEFAULT.items()},
 }
 
 

@@ -157,9 +157,27 @@ def l2_prefetch(tensors, dummy, block=2048, iters=4):
 
 
 def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):
-    """Kernels 3-4: grouped gate+up (SiLU·mul·weight fused) and down into ``ws.pair_out`` (fp32)."""
-    moe_gate_up(x, w13, ws, top_k, configs, norm_w, eps)
-    moe_down(w2, ws, configs)
+    """Kernels 3-4: grouped gate+up (SiLU·mul·weight fused) and down into ``ws.pair_out`` (fp32). A kernel whose
+    tiles say ``IMPL: "ws"`` runs the warp-specialised Gluon GEMM of :mod:`.moe_w4_ws` (4-bit experts in layout
+    "hop", bf16 activations, a Hopper GPU; its tiles are that module's keys) instead of the Triton one. Raises
+    ValueError for ``IMPL: "ws"`` with ``norm_w`` (the Gluon gate+up takes normalised rows) or another IMPL, and
+    what :func:`.moe_w4_ws.moe_gate_up_ws` raises (RuntimeError without Gluon 3.6 or a Hopper GPU)."""
+    gc, dc = ((configs or {}).get(k) or {} for k in ("gate_up", "down"))
+    for name, c in (("gate_up", gc), ("down", dc)):
+        if c.get("IMPL", "triton") not in ("triton", "ws"):
+            raise ValueError(f"moe_experts: tiles of {name}: IMPL = {c['IMPL']!r}; want 'triton' or 'ws'")
+    if gc.get("IMPL") == "ws" or dc.get("IMPL") == "ws":
+        from .moe_w4_ws import moe_down_ws, moe_gate_up_ws  # the Gluon kernels (Hopper only)
+    if gc.get("IMPL") == "ws":
+        if norm_w is not None:
+            raise ValueError("moe_experts: IMPL 'ws' (the Gluon gate+up) takes normalised rows: norm_w must be None")
+        moe_gate_up_ws(x, w13, ws, top_k, tiles=gc)
+    else:
+        moe_gate_up(x, w13, ws, top_k, configs, norm_w, eps)
+    if dc.get("IMPL") == "ws":
+        moe_down_ws(w2, ws, tiles=dc)
+    else:
+        moe_down(w2, ws, configs)
 
 
 def moe_sum(ws: MoEWorkspace, E, E1, top_k, configs=None):
