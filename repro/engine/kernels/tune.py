@@ -292,6 +292,9 @@ def main(argv=None):
     dev = device_name()
     t_start = time.perf_counter()
     summary = {"device": dev, "quick": args.quick, "saved": [], "seconds": {}}
+    # every saved entry says what wrote it (a hand-kept note from before would otherwise stay beside tuned tiles)
+    made = {"source": f"python -m repro.engine.kernels.tune{' --quick' if args.quick else ''}",
+            "date": time.strftime("%Y-%m-%d")}
     print(f"tune: {dev}, families {', '.join(parts)}{' (quick)' if args.quick else ''}", file=sys.stderr)
     if "moe" in parts:
         best, rows = tune_moe(quick=args.quick)
@@ -299,31 +302,31 @@ def main(argv=None):
         meta = {"distinct_experts_in_tuning": best.pop("_distinct"), "best_ms": best.pop("_ms")}
         summary["moe"] = best
         if not args.no_save:
-            summary["saved"].append(save_config("moe", best, extra=meta, E=257, N=512, H=2048, T=32).name)
+            summary["saved"].append(save_config("moe", best, extra={**made, **meta}, E=257, N=512, H=2048, T=32).name)
     if "w4" in parts:
         best, rows = tune_moe_w4(quick=args.quick)
         _print(rows)
         summary["w4"] = best
         if not args.no_save:
-            summary["saved"].append(save_config("moe", best, E=257, N=512, H=2048, T=32).name)
+            summary["saved"].append(save_config("moe", best, extra=made, E=257, N=512, H=2048, T=32).name)
     if "dense" in parts:
         best, rows = tune_dense(quick=args.quick)
         _print(rows)
         summary["dense"] = best
         if not args.no_save:
-            summary["saved"].append(save_config("dense", best, N=5120, H=2048, T=32).name)
+            summary["saved"].append(save_config("dense", best, extra=made, N=5120, H=2048, T=32).name)
     if "linear" in parts:
         best, rows = tune_linear(quick=args.quick)
         _print(rows)
         summary["linear"] = best
         if not args.no_save:
-            summary["saved"].append(save_config("linear", best, H=2048, T=32).name)
+            summary["saved"].append(save_config("linear", best, extra=made, H=2048, T=32).name)
     if "attn" in parts:
         best, rows = tune_attn(quick=args.quick)
         _print(rows)
         summary["attn"] = best
         if not args.no_save:
-            summary["saved"].append(save_config("attn", best, NQ=16, NKV=4, D=128, T=32).name)
+            summary["saved"].append(save_config("attn", best, extra=made, NQ=16, NKV=4, D=128, T=32).name)
     precisions = [p for f, p in (("batched", "bf16"), ("batched-w4", "nvfp4-w4a16")) if f in parts]
     if precisions:  # the batched round's tiles by slot count (measured with the bench layer's tools)
         from repro.engine.bench.tune_batched import summary_table, tune_batched
