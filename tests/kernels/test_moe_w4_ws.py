@@ -23,13 +23,19 @@ from .test_moe_w4 import CFG, _experts  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _routed(T, E, k, shared, dev, seed):
-    """Random distinct expert ids [T, k] and routing weights; with ``shared`` the shared expert E appended as a
-    last column of weight 1 (the pairs T·k + t of the workspace)."""
+def _hop_case(T, shared, dtype, dev, seed, H=128, N=64, E=16, k=4):
+    """A small routed case: ``(x, w13, w2, ws, ids, wts, ids_r, wts_r)``, experts in layout "hop", random distinct
+    expert ids [T, k] with random weights aligned into ``ws``; ``ids_r`` / ``wts_r`` the same with, when ``shared``,
+    the shared expert E appended as a last column of weight 1 (the pairs T·k + t of the workspace)."""
+    x, _, _, w13, w2 = _experts(T, H, N, E, shared, dtype, dev, seed)
     g = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(dev)
-    w = torch.rand(T, k, generator=g).to(dev)
-    return ids, w
+    wts = torch.rand(T, k, generator=g).to(dev)
+    ws = M.MoEWorkspace(T, H, N, E, E + int(shared), k, dtype, dev, split_k=1)
+    M.moe_align(ids, wts, ws)
+    ids_r = torch.cat([ids, torch.full((T, 1), E, device=dev)], 1) if shared else ids
+    wts_r = torch.cat([wts, torch.ones(T, 1, device=dev)], 1) if shared else wts
+    return x, w13.with_layout("hop"), w2.with_layout("hop"), ws, ids_r, wts_r
 
 
 def _workspace_inter(ws, T, k, shared):
@@ -60,19 +66,13 @@ def test_reference_matches_triton_hop_gate_up(dev, dtype, T, shared, seed, swap)
     bf16 to the rounding of inter."""
     if dev == "cuda":
         dtype = torch.bfloat16
-    H, N, E, k = 128, 64, 16, 4
-    x, _, _, w13, _ = _experts(T, H, N, E, shared, dtype, dev, seed)
-    w13 = w13.with_layout("hop")
-    ids, wts = _routed(T, E, k, shared, dev, seed)
-    ws = M.MoEWorkspace(T, H, N, E, E + int(shared), k, dtype, dev, split_k=1)
-    M.moe_align(ids, wts, ws)
+    k = 4
+    x, w13, _, ws, ids_r, wts_r = _hop_case(T, shared, dtype, dev, seed, k=k)
     decode = 5 if dev == "cuda" else 6
     cfg = {**CFG, "gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=2, W4_DECODE=decode,
                                   W4_SWAP=swap)}
     M.moe_gate_up(x, w13, ws, k, cfg)
     got = _workspace_inter(ws, T, k, shared)
-    ids_r = torch.cat([ids, torch.full((T, 1), E, device=dev)], 1) if shared else ids
-    wts_r = torch.cat([wts, torch.ones(T, 1, device=dev)], 1) if shared else wts
     ref = gate_up_ws_reference(x, w13, ids_r, wts_r)
     assert ref.dtype == dtype and ref.shape == got.shape
     assert rel_err(got, ref) < (1e-6 if dtype == torch.float32 else 4e-3)
@@ -85,19 +85,14 @@ def test_down_reference_matches_triton_hop_down(dev, dtype, T, shared, seed, swa
     fp16 / bf16 to 1e-3 (fp32 outputs; only the summation order differs)."""
     if dev == "cuda":
         dtype = torch.bfloat16
-    H, N, E, k = 128, 64, 16, 4
-    _, _, _, _, w2 = _experts(T, H, N, E, shared, dtype, dev, seed)
-    w2 = w2.with_layout("hop")
-    ids, wts = _routed(T, E, k, shared, dev, seed)
-    ws = M.MoEWorkspace(T, H, N, E, E + int(shared), k, dtype, dev, split_k=1)
-    M.moe_align(ids, wts, ws)
+    H, k = 128, 4
+    _, _, w2, ws, ids_r, _ = _hop_case(T, shared, dtype, dev, seed, H=H, k=k)
     g = torch.Generator().manual_seed(seed)
     ws.inter.copy_(torch.randn(ws.inter.shape, generator=g).to(dtype))
     decode = 5 if dev == "cuda" else 6
     cfg = {**CFG, "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=2, W4_DECODE=decode,
                                W4_SWAP=swap)}
     M.moe_down(w2, ws, cfg)
-    ids_r = torch.cat([ids, torch.full((T, 1), E, device=dev)], 1) if shared else ids
     inter = _workspace_inter(ws, T, k, shared)
     got = ws.pair_out[: T * k].view(T, k, H)
     if shared:

@@ -24,8 +24,8 @@ from ._triton import HAS_TRITON, tl, triton
 __all__ = ["hop_decode_reference", "hop_shift", "HOP_WORD_PTX"]
 
 #: one "hop" word ($8) and its block's scale pair bf16x2(e4m3 · 2^118) ($9) -> the 8 inputs' w' as 8 bf16 ($0..$7 =
-#: inputs 0..7): decode 5's instructions, each bf16x2 result split into its halves (no-ops for ptxas); inline PTX of
-#: the Triton kernels here and of the Gluon ones (moe_w4_ws)
+#: inputs 0..7): the instructions of _HOP_DECODE_ASM, each bf16x2 result split into its halves (no-ops for ptxas);
+#: inline PTX of the Triton kernels here and of the Gluon ones (moe_w4_ws)
 HOP_WORD_PTX = """{
     .reg .b32 a, b, c, r;
     and.b32 r, $8, 0x81C081C0;
@@ -174,9 +174,7 @@ if HAS_TRITON:
             co = tl.where(i < 2, _hop_field(h, 2), _hop_field(h, 3))
             return (_e2m1_f32(ce) * sc).to(dtype), (_e2m1_f32(co) * sc).to(dtype)
 
-    # one "hop" word ($8) and its block's scale pair ($9) -> the 8 inputs' w' as 8 bf16 ($0..$7 = inputs 0..7):
-    # the same instructions as _HOP_DECODE_ASM, each bf16x2 result split into its halves (no-ops for ptxas)
-    _HOP_WORD_ASM = tl.constexpr(HOP_WORD_PTX)
+    _HOP_WORD_ASM = tl.constexpr(HOP_WORD_PTX)  # decode 5 of one word, 8 bf16 out (module-level HOP_WORD_PTX)
 
     @triton.jit
     def _join8(v0, v1, v2, v3, v4, v5, v6, v7):
