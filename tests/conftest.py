@@ -45,13 +45,15 @@ CASES_SKIP = "(set ORL_EVAL_CASES)"
 def pytest_terminal_summary(terminalreporter):
     """One line for all the tests skipped without the real benchmark files, one for those skipped without the
     scorer's bug-report cases (each skip stays quiet)."""
-    n = sum(1 for r in terminalreporter.stats.get("skipped", [])
-            if isinstance(r.longrepr, tuple) and r.longrepr[2].endswith(eval_data.SKIP_REASON))
+    def skipped(reason_end: str) -> int:
+        return sum(1 for r in terminalreporter.stats.get("skipped", [])
+                   if isinstance(r.longrepr, tuple) and r.longrepr[2].endswith(reason_end))
+
+    n = skipped(eval_data.SKIP_REASON)
     if n:
         terminalreporter.write_line(f"{n} tests skipped: no real benchmark files in {eval_data.looked_at()}; "
                                     f"{eval_data.HOW}")
-    n = sum(1 for r in terminalreporter.stats.get("skipped", [])
-            if isinstance(r.longrepr, tuple) and r.longrepr[2].endswith(CASES_SKIP))
+    n = skipped(CASES_SKIP)
     if n:
         terminalreporter.write_line(f"{n} tests skipped: the scorer's bug-report cases were not found; set "
                                     "ORL_EVAL_CASES=/path/to/scoring_cases.jsonl (default: "

@@ -271,7 +271,7 @@ def seed_entries(tuned: dict, keys, batched_file: dict, attn_file: dict, card: s
         if not isinstance(entry, dict) or not any(k in entry for k in keys):
             continue
         cand = {k: entry.get(k, out["tuned"].get(k)) for k in keys if k in entry or k in out["tuned"]}
-        split = ((attn_file.get(name) or {}).get("split") or {}) if isinstance(attn_file.get(name), dict) else {}
+        split = (attn_file.get(name) or {}).get("split") or {}
         if "attn" in keys and "attn" not in entry and split:
             cand["attn"] = {k: split[k] for k in ATTN_KEYS if k in split}
         if cand not in out.values():
