@@ -4,6 +4,8 @@
 #   attn64     plus a batched "attn" entry for this card with the H200's attention keys (BLOCK_M 64, BLOCK_N 64,
 #              3 stages: the batched path's attention tiles; the single-request entry stays),
 #   h200       this card's batched and attn entries replaced by the H200's,
+#   ws16       this card's batched 16-bit expert GEMMs (moe_gate_up, moe_down) on the warp-specialised Gluon kernels
+#              (repro/engine/kernels/moe_ws.py: IMPL "ws", BLOCK_M 64, 4 stages; BF16 only),
 # then the spread of the batched path's logits against the single-request path's (SPREAD_SEEDS, default 8; 0: none).
 # PRECISIONS: default "bf16 nvfp4-w4a16"; VARIANTS: default "as_tuned attn64 h200". Writes under $OUT.
 set -o pipefail
@@ -22,6 +24,11 @@ if v == "attn64":
     db[card]["attn"] = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 3}
 if v == "h200":
     db[card] = dict(db["NVIDIA H200"]); da[card] = dict(da["NVIDIA H200"])
+if v.startswith("ws16"):  # ws16 or ws16_mM_sS: BLOCK_M M, STAGES S
+    m, st = ([int(t[1:]) for t in v.split("_")[1:]] + [64, 4])[:2] if "_" in v else (64, 4)
+    from repro.engine.kernels.moe_ws import WS16_TILES_DEFAULT
+    for k in ("gate_up", "down"):
+        db[card][f"moe_{k}"] = dict(WS16_TILES_DEFAULT[k], IMPL="ws", BLOCK_M=m, STAGES=st, num_warps=4, num_stages=3)
 b.write_text(json.dumps(db)); a.write_text(json.dumps(da))
 PY
 }

@@ -4,7 +4,7 @@
 #   image lacks, fastapi starlette pydantic pydantic_core annotated-types typing-inspection typing_extensions uvicorn,
 #   from: pip download --python-version 3.12 --only-binary=:all: --no-deps -d .whl <those>)
 # PLAN: auto (H100: quick-measure; other cards: measure) | quick-measure | measure | lean (about 450 s) |
-#       min (about 230 s: the loop's GPU tests and the batched-vs-single spread) | tune | serve-fused | ws-serve. Tiles tuned by an earlier call of the same machine are kept in .tuned/ and copied back in.
+#       min (about 230 s: the loop's GPU tests and the batched-vs-single spread) | tune | serve-fused | ws-serve | ws. Tiles tuned by an earlier call of the same machine are kept in .tuned/ and copied back in.
 # Every step is bounded (run_card.sh's BUDGET_S); results under $OUT (t/ tune, ab/ A/B of tiles, m/ measurements).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo WHEELS-FAILED
 R=repro/engine/kernels/run_card.sh; O=$OUT
@@ -55,7 +55,17 @@ case $PLAN in
     timeout ${WS_BENCH_S:-70} python3 scripts/bench_w4_ws.py --iters 100 2>&1 | cut -c1-300 | tail -30
     W4_ROUND_TILES=${W4_ROUND_TILES:-default,hop_swap,ws} OUT=$O/s BUDGET_S=$(( ${END_S:-560} - SECONDS )) PYTHONPATH=/tmp/site \
       bash $R ${STEPS:-serve round} 2>&1 | cut -c1-300 ;;
-  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve"; exit 2 ;;
+  ws)  # both warp-specialised Gluon expert GEMMs: GPU tests, per-launch benches, batch 32 BF16 on the 16-bit one, the 4-bit round on the 4-bit one
+    timeout ${WS_TEST_S:-130} python3 -m pytest -q -p no:cacheprovider -rs --durations=6 tests/kernels/test_moe_ws.py \
+      tests/kernels/test_moe_w4_ws.py tests/kernels/test_moe_w4_hop.py -k "not interpreter" 2>&1 | grep -v "^$" | cut -c1-400 | tail -40
+    mkdir -p $O/b
+    timeout 60 python3 scripts/bench_w4_ws.py --iters 100 2>&1 | tee $O/b/w4_ws.log | cut -c1-300 | grep -v '^{' | tail -30
+    timeout 75 python3 scripts/bench_ws16.py --iters 30 2>&1 | tee $O/b/ws16.log | cut -c1-300 | grep -v '^{' | tail -40
+    OUT=$O/ab VARIANTS="${WS_VARIANTS:-as_tuned ws16 ws16_m64_s3}" PRECISIONS=bf16 SPREAD_SEEDS=0 timeout 200 \
+      bash scripts/gpu/batched_tiles_ab.sh 2>&1 | tail -8
+    W4_ROUND_TILES=${W4_ROUND_TILES:-default,hop_swap,ws} OUT=$O/s BUDGET_S=$(( ${END_S:-585} - SECONDS )) \
+      ROUND_ARGS="--prefixes 1024 --naive-iters 0 --iters 30" bash $R round 2>&1 | cut -c1-300 ;;
+  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve | ws"; exit 2 ;;
 esac
 # the device tool returns a few files only: everything under $OUT as one archive
 (cd "$O" && tar czf /tmp/out.tgz . && rm -rf ./* && mv /tmp/out.tgz all.tgz)

@@ -158,16 +158,20 @@ def l2_prefetch(tensors, dummy, block=2048, iters=4):
 
 def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):
     """Kernels 3-4: grouped gate+up (SiLU·mul·weight fused) and down into ``ws.pair_out`` (fp32). A kernel whose
-    tiles say ``IMPL: "ws"`` runs the warp-specialised Gluon GEMM of :mod:`.moe_w4_ws` (4-bit experts in layout
-    "hop", bf16 activations, a Hopper GPU; its tiles are that module's keys) instead of the Triton one. Raises
-    ValueError for ``IMPL: "ws"`` with ``norm_w`` (the Gluon gate+up takes normalised rows) or another IMPL, and
-    what :func:`.moe_w4_ws.moe_gate_up_ws` raises (RuntimeError without Gluon 3.6 or a Hopper GPU)."""
+    tiles say ``IMPL: "ws"`` runs a warp-specialised Gluon GEMM instead of the Triton one: :mod:`.moe_w4_ws` for
+    4-bit experts (layout "hop"), :mod:`.moe_ws` for bf16 experts (a Hopper GPU, bf16 activations; the tiles are
+    that module's keys). Raises ValueError for ``IMPL: "ws"`` with ``norm_w`` (the Gluon gate+up takes normalised
+    rows) or another IMPL, and what the Gluon wrappers raise (RuntimeError without Gluon 3.6 or a Hopper GPU)."""
     gc, dc = ((configs or {}).get(k) or {} for k in ("gate_up", "down"))
     for name, c in (("gate_up", gc), ("down", dc)):
         if c.get("IMPL", "triton") not in ("triton", "ws"):
             raise ValueError(f"moe_experts: tiles of {name}: IMPL = {c['IMPL']!r}; want 'triton' or 'ws'")
-    if gc.get("IMPL") == "ws" or dc.get("IMPL") == "ws":
-        from .moe_w4_ws import moe_down_ws, moe_gate_up_ws  # the Gluon kernels (Hopper only)
+    if gc.get("IMPL") == "ws" or dc.get("IMPL") == "ws":  # the Gluon kernels (Hopper only)
+        if isinstance(w13, torch.Tensor):
+            from .moe_ws import moe_down_ws16 as moe_down_ws
+            from .moe_ws import moe_gate_up_ws16 as moe_gate_up_ws
+        else:
+            from .moe_w4_ws import moe_down_ws, moe_gate_up_ws
     if gc.get("IMPL") == "ws":
         if norm_w is not None:
             raise ValueError("moe_experts: IMPL 'ws' (the Gluon gate+up) takes normalised rows: norm_w must be None")
