@@ -156,3 +156,45 @@ def test_gluon16_rows_do_not_depend_on_block_m(slots):
     for bm, (i, o) in zip((32, 64), got[1:]):
         assert torch.equal(i[:P], got[0][0][:P]), f"inter differs at BLOCK_M {bm}"
         assert torch.equal(o[:P], got[0][1][:P]), f"pair_out differs at BLOCK_M {bm}"
+
+
+def test_batched_forward_sends_ws_tiles_to_moe_ws(monkeypatch):
+    """The batched round with ``IMPL: "ws"`` expert tiles (how the tile file or scripts/gpu/batched_tiles_ab.sh's
+    ``ws16`` variant selects the Gluon kernels): every MoE layer's gate+up and down go to moe_ws with those tiles,
+    over the tile table at their BLOCK_M; the dense layer 0 stays on the Triton kernels. On the CPU the Gluon
+    kernels are replaced by the Triton ones at the same BLOCK_M (recording each call), so the round's outputs must
+    equal the all-Triton round's."""
+    import repro.engine.kernels.moe_ws as MW
+    from repro.engine.graph import SMALL_TILES
+    from repro.engine.kernels.fastpath import random_weights
+    from repro.engine.kernels.fastpath_batch import BatchedBlockForward
+
+    from .test_batched_forward import MAX_LEN, TINY, T
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU plumbing check; the GPU tests run the Gluon kernels")
+    calls = []
+
+    def fake(kind):
+        def run(*args, tiles=None):
+            ws = args[2] if kind == "gate_up" else args[1]
+            calls.append((kind, tiles.get("IMPL"), tiles["BLOCK_M"], ws.tiles_block_m))
+            t = {kind: dict(SMALL_TILES["moe"][kind], BLOCK_M=tiles["BLOCK_M"])}
+            (M.moe_gate_up(*args[:4], t) if kind == "gate_up" else M.moe_down(args[0], ws, t))
+        return run
+
+    monkeypatch.setattr(MW, "moe_gate_up_ws16", fake("gate_up"))
+    monkeypatch.setattr(MW, "moe_down_ws16", fake("down"))
+    W = random_weights(TINY, "cpu", torch.float32, seed=3, std=0.1)
+    ws_moe = {**SMALL_TILES["moe"], **{k: dict(MW.WS16_TILES_DEFAULT[k], IMPL="ws", BLOCK_M=16) for k in
+                                       ("gate_up", "down")}}
+    outs = []
+    for cfg in (SMALL_TILES, {**SMALL_TILES, "moe": ws_moe}):
+        fw = BatchedBlockForward(W, TINY, MAX_LEN, slots=2, T=T, device="cpu", configs=cfg)
+        g = torch.Generator().manual_seed(4)
+        fw.ids.copy_(torch.randint(0, TINY.vocab, fw.ids.shape, generator=g))
+        fw.forward()
+        outs.append(fw.logits.clone())
+    moe_layers = sum(1 for L in W["layers"] if "router" in L)
+    assert calls == [("gate_up", "ws", 16, 16), ("down", "ws", 16, 16)] * moe_layers
+    assert torch.equal(outs[0], outs[1])
