@@ -162,6 +162,39 @@ if HAS_GLUON:
         return e, pid_n, mmask, p, pid_m * BLOCK_M >= cnt
 
     @gluon.jit
+    def _ws_loader_rows(counts_ptr, pairs_ptr, tiles_ptr, T, TOPK: gl.constexpr, MAXC: gl.constexpr,
+                        BLOCK_M: gl.constexpr, TILES: gl.constexpr, layout: gl.constexpr):
+        """(e, pid_n, mmask, activation row) of a loader partition's program: with TOPK > 0 the pair's token (the
+        routed pairs t·TOPK + j, then the shared expert's T·TOPK + t), else the pair itself."""
+        e, pid_n, mmask, p, _ = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES, layout)
+        if TOPK > 0:
+            arow = gl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
+        else:
+            arow = p
+        return e, pid_n, mmask, arow
+
+    @gluon.jit
+    def _ws_weight_rows(pid_n, R: gl.constexpr, HALF: gl.constexpr, layout: gl.constexpr):
+        """The R weight rows of a program (1-D, ``layout``): with HALF > 0 (gate+up) R/2 rows from pid_n · R/2 and
+        the same R/2 rows HALF further, else R rows from pid_n · R."""
+        r = gl.arange(0, R, layout=layout)
+        if HALF > 0:
+            return gl.where(r < R // 2, pid_n * (R // 2) + r, HALF + pid_n * (R // 2) + r - R // 2)
+        return pid_n * R + r
+
+    @gluon.jit
+    def _ws_barriers(STAGES: gl.constexpr, LOADER_WARPS: gl.constexpr):
+        """(ready, empty) mbarriers of a ring of STAGES slots: ready counts one cp.async arrival per loader thread,
+        empty the consumer's one arrival."""
+        gl.static_assert(STAGES >= 2, "the consumer hands a slot back one step late: STAGES >= 2")
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)
+            mbarrier.init(empty.index(i), count=1)
+        return ready, empty
+
+    @gluon.jit
     def _ws_loader(a_ptr, q_ptr, s_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_at, q_ring, s_ring, a_ring,
                    ready, empty, K: gl.constexpr, ROWS: gl.constexpr, HALF: gl.constexpr, TOPK: gl.constexpr,
                    MAXC: gl.constexpr, BLOCK_M: gl.constexpr, R: gl.constexpr, BLOCK_K: gl.constexpr,
@@ -174,21 +207,11 @@ if HAS_GLUON:
         LQ: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_K // 32), BLOCK_K // 32], [LOADER_WARPS, 1], [1, 0])
         LS: gl.constexpr = gl.BlockedLayout([1, HB], [32, 1], [LOADER_WARPS, 1], [1, 0])
         LX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
-        e, pid_n, mmask, p, _ = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES,
-                                         gl.SliceLayout(1, LX))
-        if TOPK > 0:
-            arow = gl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
-        else:
-            arow = p
+        e, pid_n, mmask, arow = _ws_loader_rows(counts_ptr, pairs_ptr, tiles_ptr, T, TOPK, MAXC, BLOCK_M, TILES,
+                                                gl.SliceLayout(1, LX))
         # the packed bytes as [R, BK/8] int32 words per K step, the scale bytes [R, BK/16]
-        rq = gl.arange(0, R, layout=gl.SliceLayout(1, LQ))
-        rs = gl.arange(0, R, layout=gl.SliceLayout(1, LS))
-        if HALF > 0:
-            rows_q = gl.where(rq < R // 2, pid_n * (R // 2) + rq, HALF + pid_n * (R // 2) + rq - R // 2)
-            rows_s = gl.where(rs < R // 2, pid_n * (R // 2) + rs, HALF + pid_n * (R // 2) + rs - R // 2)
-        else:
-            rows_q = pid_n * R + rq
-            rows_s = pid_n * R + rs
+        rows_q = _ws_weight_rows(pid_n, R, HALF, gl.SliceLayout(1, LQ))
+        rows_s = _ws_weight_rows(pid_n, R, HALF, gl.SliceLayout(1, LS))
         qbase = q_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + e.to(gl.int64) * (ROWS * K // 8)
         q_off = gl.expand_dims(rows_q * (K // 8), 1) + gl.expand_dims(gl.arange(0, BLOCK_K // 8,
                                                                                layout=gl.SliceLayout(0, LQ)), 0)
@@ -280,7 +303,6 @@ if HAS_GLUON:
                      E_SH: gl.constexpr, SH_IN: gl.constexpr):
         """The rings, their barriers and the warp-specialised K loop (loader partition + consumer warpgroup); returns
         the fp32 accumulator [R, BLOCK_M] in the wgmma layout."""
-        gl.static_assert(STAGES >= 2, "the consumer hands a slot back one step late: STAGES >= 2")
         HB: gl.constexpr = BLOCK_K // 16
         # ring buffers [STAGES, tile]; the layouts are the tile's
         q_ring = gl.allocate_shared_memory(gl.int32, [STAGES, R, BLOCK_K // 8],
@@ -288,11 +310,7 @@ if HAS_GLUON:
         s_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, R, HB], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         a_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K],
                                            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)  # one cp.async arrival per loader thread
-            mbarrier.init(empty.index(i), count=1)
+        ready, empty = _ws_barriers(STAGES, LOADER_WARPS)
         return gl.warp_specialize([
             (_ws_consumer, (q_ring, s_ring, a_ring, ready, empty, wsh_ptr, pid_n, is_sh, BLOCK_M, R, BLOCK_K, K,
                             HALF, STAGES, SH_IN)),

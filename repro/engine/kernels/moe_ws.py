@@ -52,7 +52,7 @@ if HAS_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                   warpgroup_mma_wait)
 
-    from .moe_w4_ws import _ws_slot
+    from .moe_w4_ws import _ws_barriers, _ws_loader_rows, _ws_slot, _ws_weight_rows
 
     @gluon.jit
     def _ws16_loader(a_ptr, w_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_at, w_ring, a_ring, ready, empty,
@@ -64,17 +64,9 @@ if HAS_GLUON:
         pid_n · R/2 and the same R/2 rows HALF further, else R rows from pid_n · R. Activation rows: with TOPK > 0
         the pair's token (a_ptr = x), else the pair itself (inter)."""
         LX: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
-        e, pid_n, mmask, p, _ = _ws_slot(counts_ptr, pairs_ptr, tiles_ptr, BLOCK_M, MAXC, TILES,
-                                         gl.SliceLayout(1, LX))
-        if TOPK > 0:
-            arow = gl.where(p < T * TOPK, p // TOPK, p - T * TOPK)
-        else:
-            arow = p
-        rw = gl.arange(0, R, layout=gl.SliceLayout(1, LX))
-        if HALF > 0:
-            rows = gl.where(rw < R // 2, pid_n * (R // 2) + rw, HALF + pid_n * (R // 2) + rw - R // 2)
-        else:
-            rows = pid_n * R + rw
+        e, pid_n, mmask, arow = _ws_loader_rows(counts_ptr, pairs_ptr, tiles_ptr, T, TOPK, MAXC, BLOCK_M, TILES,
+                                                gl.SliceLayout(1, LX))
+        rows = _ws_weight_rows(pid_n, R, HALF, gl.SliceLayout(1, LX))
         cols = gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, LX)), 0)
         wbase = w_ptr + e.to(gl.int64) * (ROWS * K)
         w_off = gl.expand_dims(rows * K, 1) + cols
@@ -113,15 +105,10 @@ if HAS_GLUON:
                        BLOCK_M: gl.constexpr, R: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                        TILES: gl.constexpr, LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr):
         """The rings, their barriers and the warp-specialised K loop; returns the accumulator [R, BLOCK_M]."""
-        gl.static_assert(STAGES >= 2, "the consumer hands a slot back one step late: STAGES >= 2")
         sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         w_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, R, BLOCK_K], sl)
         a_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], sl)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=32 * LOADER_WARPS)  # one cp.async arrival per loader thread
-            mbarrier.init(empty.index(i), count=1)
+        ready, empty = _ws_barriers(STAGES, LOADER_WARPS)
         return gl.warp_specialize([
             (_ws16_consumer, (w_ring, a_ring, ready, empty, BLOCK_M, R, BLOCK_K, K, STAGES)),
             (_ws16_loader, (a_ptr, w_ptr, counts_ptr, pairs_ptr, tiles_ptr, T, stride_at, w_ring, a_ring, ready,
