@@ -114,6 +114,21 @@ def _tested_triton_path():
     return tested_triton_dir()
 
 
+def run_on_tested_triton(code: str) -> dict:
+    """Run ``code`` (which prints one JSON document last) in a subprocess on the tested Triton 3.6, without the
+    interpreter; its document. Skips when the tested Triton is not installed."""
+    import json
+
+    path = _tested_triton_path()
+    if path is None:
+        pytest.skip("the tested Triton 3.6 is not installed beside this one (bash scripts/setup.sh installs it)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([p for p in (path, str(REPO)) if p])
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 _AOT = """
 from repro.engine.kernels.moe_w4_ws import HAS_GLUON, aot_build
 import json, sys, triton
@@ -136,16 +151,7 @@ def test_gluon_kernels_build_for_sm90a():
     """The Gluon kernels (gate+up, down) compile for sm_90a on the tested Triton (3.6) without a GPU, at the real
     shapes, plain grid and the tile table with the shared expert in the launch (SH_IN): a cubin, wgmma with the register operand, the warp-specialised region with its loader
     partition and register reallocation, the cp.async ring's mbarrier arrivals, the decode-5 bf16x2 multiplies."""
-    path = _tested_triton_path()
-    if path is None:
-        pytest.skip("the tested Triton 3.6 is not installed beside this one (bash scripts/setup.sh installs it)")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([p for p in (path, str(REPO)) if p])
-    p = subprocess.run([sys.executable, "-c", _AOT], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    import json
-
-    built = json.loads(p.stdout.strip().splitlines()[-1])
+    built = run_on_tested_triton(_AOT)
     assert len(built) == 4, built
     for tiles, r in built.items():
         assert r["triton"].startswith("3.6"), r

@@ -1,11 +1,6 @@
 """The warp-specialised Gluon 16-bit expert GEMMs (repro/engine/kernels/moe_ws.py): their ahead-of-time build for
 sm_90a on the tested Triton 3.6 (CPU, a subprocess), their refusal off Hopper, and on a Hopper GPU their output at
 the real shapes against the Triton BF16 kernels and the torch reference."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -14,9 +9,7 @@ pytest.importorskip("triton")
 from repro.engine.kernels import moe as M  # noqa: E402
 
 from .conftest import rel_err  # noqa: E402
-from .test_moe_w4_ws import _tested_triton_path  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
+from .test_moe_w4_ws import run_on_tested_triton  # noqa: E402
 
 _AOT = """
 from repro.engine.kernels.moe_ws import HAS_GLUON, aot_build
@@ -42,16 +35,7 @@ def test_gluon16_kernels_build_for_sm90a():
     plain grid and the tile table, BLOCK_M 64 and 32: a cubin with wgmma, the warp-specialised region with its loader
     partition and register reallocation, 16-byte cp.async copies and their mbarrier arrivals, shared memory within
     the card's 227 KB per block."""
-    path = _tested_triton_path()
-    if path is None:
-        pytest.skip("the tested Triton 3.6 is not installed beside this one (bash scripts/setup.sh installs it)")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([p for p in (path, str(REPO)) if p])
-    p = subprocess.run([sys.executable, "-c", _AOT], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    import json
-
-    built = json.loads(p.stdout.strip().splitlines()[-1])
+    built = run_on_tested_triton(_AOT)
     assert len(built) == 6, built
     for tiles, r in built.items():
         assert r["triton"].startswith("3.6") and r["cubin"] > 0 and r["target"], (tiles, r)
