@@ -187,31 +187,3 @@ def test_round_check_times_each_seed_as_this_cards_entry_and_leaves_the_file_wit
     assert win["attn"]["BLOCK_M"] == 64 and win["qkv"] == h200["qkv"]
     assert rec["ms"]["NVIDIA H200"] == {"1": 4.5, "32": 13.8}
     assert json.loads(path.read_text())[H100.name]["attn"]["BLOCK_M"] == 16  # the choice, until the caller saves
-
-
-def test_gluon_entries_offer_the_ws16_expert_gemms_on_hopper_only(monkeypatch):
-    """The round check's Gluon candidates: BF16 on a Hopper card with Gluon, the per-unit choice with both expert
-    GEMMs on IMPL "ws" tiles (BLOCK_M 64, 4 and 3 stages, no by_slots) and every other unit as chosen; none for the
-    4-bit round, off Hopper, or without Gluon."""
-    import torch
-
-    from repro.engine.kernels import moe_ws
-
-    tuned = {"qkv": {"BLOCK_M": 64}, "moe_gate_up": {"BLOCK_M": 16, "by_slots": {"32": {"BLOCK_M": 64}}},
-             "moe_down": {"BLOCK_M": 16}}
-    monkeypatch.setattr(moe_ws, "HAS_GLUON", True)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for cc, prec, want in (((9, 0), "bf16", 2), ((9, 0), "nvfp4-w4a16", 0), ((8, 0), "bf16", 0), ((10, 0), "bf16", 0)):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, cc=cc: cc)
-        got = TB.gluon_entries(tuned, prec)
-        assert len(got) == want, (cc, prec)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    got = TB.gluon_entries(tuned, "bf16")
-    assert sorted(got) == ["ws16_s3", "ws16_s4"]
-    for st, e in ((4, got["ws16_s4"]), (3, got["ws16_s3"])):
-        assert e["qkv"] == tuned["qkv"]
-        for k in ("gate_up", "down"):
-            t = e[f"moe_{k}"]
-            assert t["IMPL"] == "ws" and t["BLOCK_M"] == 64 and t["STAGES"] == st and "by_slots" not in t
-    monkeypatch.setattr(moe_ws, "HAS_GLUON", False)
-    assert TB.gluon_entries(tuned, "bf16") == {}

@@ -26,9 +26,7 @@ unit at once: the device time of each kernel family comes from a torch.profiler 
 
 The per-unit choice is then checked as a whole round (:func:`round_check`): the batched graph round is timed at
 every tuned S with the per-unit choice and with each tuned entry of another card of this compute capability (and
-this card's previous entry), their missing keys filled from the per-unit choice (:func:`seed_entries`), and on a
-Hopper card with Gluon, for BF16, the per-unit choice with the expert GEMMs on the warp-specialised Gluon kernels
-(:func:`gluon_entries`); the entry
+this card's previous entry), their missing keys filled from the per-unit choice (:func:`seed_entries`); the entry
 with the least mean time relative to the best at each S is saved (:func:`pick_by_rounds`; another entry must beat the
 per-unit choice by more than :data:`HYSTERESIS`). Kernel times summed per unit miss what the round sees between
 kernels (on an H100 the H200's entry ran batch 32 at 13.77 ms where its own per-unit choice ran 14.97 ms,
@@ -281,21 +279,6 @@ def seed_entries(tuned: dict, keys, batched_file: dict, attn_file: dict, card: s
     return out
 
 
-def gluon_entries(tuned: dict, precision: str) -> dict:
-    """Round-check candidates on the warp-specialised Gluon expert GEMMs (:mod:`..kernels.moe_ws`): for BF16 on a
-    Hopper card with Triton 3.6's Gluon, ``{"ws16_s4": ..., "ws16_s3": ...}``, the per-unit choice ``tuned`` with
-    ``moe_gate_up`` / ``moe_down`` replaced by ``IMPL: "ws"`` tiles at BLOCK_M 64 and 4 / 3 ring stages (one setting
-    for every S: ``IMPL`` is not a ``by_slots`` key); else ``{}``."""
-    from ..kernels import moe_ws
-
-    if precision != "bf16" or not moe_ws.HAS_GLUON or not torch.cuda.is_available() \
-            or torch.cuda.get_device_capability()[0] != 9 or "moe_gate_up" not in tuned:
-        return {}
-    return {f"ws16_s{st}": {**tuned, **{f"moe_{k}": dict(moe_ws.WS16_TILES_DEFAULT[k], IMPL="ws", BLOCK_M=64, STAGES=st,
-                                                         num_warps=4, num_stages=3) for k in ("gate_up", "down")}}
-            for st in (4, 3)}
-
-
 def pick_by_rounds(times: dict) -> str:
     """The label of ``times`` (``{label: {S: round ms}}``, ``"tuned"`` among them) to save: the least mean over S of
     ms / the best ms at that S, over the S ``"tuned"`` ran (a label missing one of them is out); another label
@@ -312,7 +295,7 @@ def pick_by_rounds(times: dict) -> str:
 
 def round_check(tuned: dict, slots, precision: str, seed: int = 0, log=print, iters: int = 20) -> tuple[dict, dict]:
     """Time the batched graph round (:func:`~repro.engine.bench.graph_round.bench_slots`) at each S of ``slots`` with
-    each entry of :func:`seed_entries` and :func:`gluon_entries` written as this card's, and return ``(entries to save, record)``: the
+    each entry of :func:`seed_entries` written as this card's, and return ``(entries to save, record)``: the
     :func:`pick_by_rounds` winner's tiles for :func:`unit_keys` of ``precision``, and ``{"chosen", "ms": {label:
     {S: ms}}, "entries": {label: tiles}}``. Leaves the file with the per-unit choice (the caller saves the winner)."""
     from ..kernels.configs import config_path, current_card, nearest_cards, save_config
@@ -327,7 +310,6 @@ def round_check(tuned: dict, slots, precision: str, seed: int = 0, log=print, it
     adata = json.loads(apath.read_text()) if apath.exists() else {}
     keys = unit_keys(precision)
     cands = seed_entries(tuned, keys, data, adata, card.name, nearest_cards(data, card))
-    cands.update(gluon_entries(cands["tuned"], precision))
     model, bw = _model(None, precision, seed), copy_bandwidth()
     ms: dict = {}
     try:
