@@ -1,7 +1,8 @@
 """Probe (not the engine's contract): a benchmark run with the MoE workspaces' pair outputs stored in bf16 instead of
 fp32, to size the lead of docs/perf.md ("The warp-specialised 16-bit expert GEMM": the down GEMM's fp32 pair rows,
 75 MB a layer at 32 slots, written and read back by the top-k sum). The down kernels' stores round to the buffer's
-dtype and the top-k sum reads it into fp32, so nothing else changes.
+dtype; the top-k sum (norm.add_rmsnorm) then adds the bf16 rows in bf16 (a real change would add them in fp32: the
+same bytes, so the same time). Speed only: its numbers are not the engine's.
 
     python3 scripts/gpu/pair_out_bf16_probe.py batch --sections batched-graph --batch-sizes 32   # then the same
     python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes 32                # fp32, to compare
