@@ -1,9 +1,9 @@
 """Time the 16-bit expert GEMMs (gate+up, down) per launch at LLaDA2.1-mini's shapes and the batched round's slot
-counts: the Triton kernels at this card's batched tiles (the tile file's entry for S slots, as the batched round reads
-it), the Triton down GEMM with NT output tiles per program (``--nt``), and the warp-specialised Gluon kernels
-(repro/engine/kernels/moe_ws.py) at a few tile sets, in the same process on the same routed workspace.
+counts: the warp-specialised Gluon kernels (repro/engine/kernels/moe_ws.py) at a few tile sets against the Triton
+kernels at this card's batched tiles (the tile file's entry for S slots, as the batched round reads it), in the same
+process on the same routed workspace.
 
-    python3 scripts/bench_ws16.py [--slots 1,8,32] [--iters 50] [--nt 2,4,8] [--no-gluon]
+    python3 scripts/bench_ws16.py [--slots 1,8,32] [--iters 50]
 
 GB/s = the bf16 bytes of the experts touched (each once: gate+up 2N·H, down H·N rows per expert) over the time per
 launch (CUDA events around ``iters`` launches after a warm-up). The last line is one JSON document.
@@ -37,8 +37,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--slots", default="1,8,32")
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--nt", default="2,4,8", help="the Triton down GEMM also with these output tiles per program (NT)")
-    ap.add_argument("--no-gluon", dest="gluon", action="store_false", help="only the Triton kernels")
     args = ap.parse_args(argv)
 
     from repro.engine.kernels import moe as M
@@ -57,10 +55,7 @@ def main(argv=None) -> int:
         nb = {"gate_up": touched * twoN * H * 2, "down": touched * H * N * 2}
         cases = [("triton", "gate_up", tt["gate_up"]["BLOCK_M"], lambda: M.moe_gate_up(x, w13, ws, k, tt)),
                  ("triton", "down", tt["down"]["BLOCK_M"], lambda: M.moe_down(w2, ws, tt))]
-        for nt in (int(n) for n in args.nt.split(",") if n):  # the down GEMM with NT output tiles per program
-            dn = {"down": dict(tt["down"], NT=nt)}
-            cases.append((f"triton_nt{nt}", "down", tt["down"]["BLOCK_M"], lambda dn=dn: M.moe_down(w2, ws, dn)))
-        for name, t in variants.items() if args.gluon else ():
+        for name, t in variants.items():
             cases += [(name, "gate_up", t["BLOCK_M"], lambda t=t: moe_gate_up_ws16(x, w13, ws, k, t)),
                       (name, "down", t["BLOCK_M"], lambda t=t: moe_down_ws16(w2, ws, t))]
         for name, kern, bm, fn in cases:

@@ -4,7 +4,6 @@
 #   attn64     plus a batched "attn" entry for this card with the H200's attention keys (BLOCK_M 64, BLOCK_N 64,
 #              3 stages: the batched path's attention tiles; the single-request entry stays),
 #   h200       this card's batched and attn entries replaced by the H200's,
-#   ntN        this card's batched down GEMM with N output tiles per program (tile key NT, base and by_slots),
 #   ws16       this card's batched 16-bit expert GEMMs (moe_gate_up, moe_down) on the warp-specialised Gluon kernels
 #              (repro/engine/kernels/moe_ws.py: IMPL "ws", BLOCK_M 64, 4 stages; BF16 only),
 # then the spread of the batched path's logits against the single-request path's (SPREAD_SEEDS, default 8; 0: none).
@@ -25,10 +24,6 @@ if v == "attn64":
     db[card]["attn"] = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 3}
 if v == "h200":
     db[card] = dict(db["NVIDIA H200"]); da[card] = dict(da["NVIDIA H200"])
-if v.startswith("nt"):
-    d = db[card]["moe_down"]; d["NT"] = int(v[2:])
-    for step in d.get("by_slots", {}).values():
-        step["NT"] = int(v[2:])
 if v.startswith("ws16"):  # ws16 or ws16_mM_sS: BLOCK_M M, STAGES S
     m, st = ([int(t[1:]) for t in v.split("_")[1:]] + [64, 4])[:2] if "_" in v else (64, 4)
     from repro.engine.kernels.moe_ws import WS16_TILES_DEFAULT
@@ -40,8 +35,8 @@ PY
 for v in ${VARIANTS:-as_tuned attn64 h200}; do
   rm -rf $CFG && cp -r /tmp/configs.orig $CFG && edit $v
   for p in ${PRECISIONS:-bf16 nvfp4-w4a16}; do
-    timeout ${AB_S:-60} python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes ${AB_SIZES:-32} --precision $p \
-      --json "$OUT/ab_${v}_${p}.json" 2>&1 | grep -E "^\s+(1|8|32) " | sed "s/^/$v $p: /"
+    timeout 60 python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes 32 --precision $p \
+      --json "$OUT/ab_${v}_${p}.json" 2>&1 | grep -E "^\s+32 " | sed "s/^/$v $p: /"
   done
 done
 rm -rf $CFG && cp -r /tmp/configs.orig $CFG

@@ -4,7 +4,7 @@
 #   image lacks, fastapi starlette pydantic pydantic_core annotated-types typing-inspection typing_extensions uvicorn,
 #   from: pip download --python-version 3.12 --only-binary=:all: --no-deps -d .whl <those>)
 # PLAN: auto (H100: quick-measure; other cards: measure) | quick-measure | measure | lean (about 450 s) |
-#       min (about 230 s: the loop's GPU tests and the batched-vs-single spread) | tune | serve-fused | ws-serve | ws | nt. Tiles tuned by an earlier call of the same machine are kept in .tuned/ and copied back in.
+#       min (about 230 s: the loop's GPU tests and the batched-vs-single spread) | tune | serve-fused | ws-serve | ws. Tiles tuned by an earlier call of the same machine are kept in .tuned/ and copied back in.
 # Every step is bounded (run_card.sh's BUDGET_S); results under $OUT (t/ tune, ab/ A/B of tiles, m/ measurements).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo WHEELS-FAILED
 R=repro/engine/kernels/run_card.sh; O=$OUT
@@ -65,15 +65,7 @@ case $PLAN in
       bash scripts/gpu/batched_tiles_ab.sh 2>&1 | tail -8
     W4_ROUND_TILES=${W4_ROUND_TILES:-default,hop_swap,ws} OUT=$O/s BUDGET_S=$(( ${END_S:-585} - SECONDS )) \
       ROUND_ARGS="--prefixes 1024 --naive-iters 0 --iters 30" bash $R round 2>&1 | cut -c1-300 ;;
-  nt)  # the BF16 down GEMM with NT output tiles per program: its GPU test, per launch, batch 8 / 32 at NT 2 / 4 / 8, then the GPU tests
-    timeout 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py -k output_tiles 2>&1 | tail -3
-    mkdir -p $O/b
-    timeout 70 python3 scripts/bench_ws16.py --iters 30 --slots 8,32 --no-gluon 2>&1 | tee $O/b/nt.log | cut -c1-300 | grep -v '^{' | tail -20
-    OUT=$O/ab VARIANTS="${NT_VARIANTS:-as_tuned nt2 nt4 nt8}" PRECISIONS=bf16 SPREAD_SEEDS=0 AB_S=70 AB_SIZES=8,32 timeout 290 \
-      bash scripts/gpu/batched_tiles_ab.sh 2>&1 | tail -12
-    OUT=$O/m BUDGET_S=$(( ${END_S:-570} - SECONDS )) TEST_S=$(( ${END_S:-570} - SECONDS - 5 )) TESTS="tests/kernels $ENGINE_TESTS" \
-      PYTEST_ARGS="-n 4 --dist loadfile --durations=10" PYTHONPATH=/tmp/site bash $R tests 2>&1 | cut -c1-300 ;;
-  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve | ws | nt"; exit 2 ;;
+  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve | ws"; exit 2 ;;
 esac
 # the device tool returns a few files only: everything under $OUT as one archive
 (cd "$O" && tar czf /tmp/out.tgz . && rm -rf ./* && mv /tmp/out.tgz all.tgz)

@@ -223,36 +223,3 @@ def test_fused_norm_router_and_gate_up(dev):
     assert torch.equal(ws.topk_ids.long().sort(1).values, ids_ref.sort(1).values)
     ref = M.moe_reference(xn, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
     assert rel_err(out, ref) < 1e-5
-
-
-@pytest.mark.parametrize("tma", [False, True])
-def test_down_output_tiles_per_program_change_nothing(dev, tma):
-    """The BF16 down GEMM with NT output tiles per program (one flattened loop, ``_down_flat``): pair_out
-    bit-identical to NT = 1 at NT 2 and 4 (each tile is the same dots in the same K order), over the (E1, n, m)
-    grid and the tile table, with and without TMA weight tiles; NT refused by name where it does not apply."""
-    from repro.engine.kernels.moe_gemm import tma_available
-
-    if tma and not tma_available():
-        pytest.skip("no tensor descriptors in this Triton")
-    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    T, H, N, E, k = 24, 128, 64, 8, 2
-    x, gate, bias, w13, w2 = _inputs(T, H, N, E, True, dtype, dev, 7)
-    ws = M.MoEWorkspace(T, H, N, E, E + 1, k, dtype, dev, split_k=2)
-    M.moe_route_align(x, gate, bias, ws, E + 1, k, 4, 2, 2.5, True, SMALL_CFG)
-    M.moe_gate_up(x, w13, ws, k, SMALL_CFG)
-    base = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=2, TMA=int(tma))
-    for table in (False, True):
-        if table:
-            M.moe_tiles(ws, 16)
-        outs = {}
-        for nt in (1, 2, 4):
-            ws.pair_out.fill_(float("nan"))
-            M.moe_down(w2, ws, {"down": dict(base, NT=nt)})
-            outs[nt] = ws.pair_out.clone()
-        assert not torch.isnan(outs[1]).any()
-        for nt in (2, 4):
-            assert torch.equal(outs[nt], outs[1]), (table, nt)
-    with pytest.raises(ValueError, match="NT = 3"):
-        M.moe_down(w2, ws, {"down": dict(base, NT=3)})
-    with pytest.raises(ValueError, match="moe_gate_up: tile key NT"):
-        M.moe_gate_up(x, w13, ws, k, {"gate_up": dict(base, NT=2)})

@@ -121,9 +121,6 @@ def rows_linear(x, w, out, cfg, add: bool = False):
             or not w.is_contiguous() or not out.is_contiguous()):
         raise ValueError(f"rows_linear: x {tuple(x.shape)}, w {tuple(w.shape)}, out {tuple(out.shape)} with tiles "
                          f"{bn}x{bk} (N, K must be multiples of the tiles; w, out contiguous)")
-    if cfg.get("NT", 1) != 1:
-        raise ValueError(f"rows_linear: tile key NT={cfg['NT']!r} is the expert down GEMM's (output tiles per "
-                         f"program); the QKV / O / lm_head GEMMs take one tile per program: drop it")
     tma = int(cfg.get("TMA") or 0)
     if tma not in (0, 1, 2):
         raise ValueError(f"rows_linear: tile key TMA={cfg['TMA']!r}; want 0 (pointer loads), 1 (weights by tensor "
@@ -141,10 +138,8 @@ def rows_linear(x, w, out, cfg, add: bool = False):
 #: ``tl.dot`` in K order, 16 inputs per MMA, whatever the tile: a row's numbers do not depend on BLOCK_M / N / K, the
 #: warps, the pipeline depth, TMA or pointer loads, or mma.sync against wgmma. Measured on the H200 (docs/perf.md,
 #: "Session 8: tiles by slot count"): eight tile sets spanning these keys gave bit-identical logits over the full
-#: 20-layer model; the GPU test ``test_batched_bf16_slots_bit_identical`` checks the tile file's own choices. ``NT``
-#: (output tiles per program of the BF16 down GEMM, one flattened loop: each tile the same dots in K order) is checked
-#: by tests/kernels/test_moe.py::test_down_output_tiles_per_program_change_nothing (bit-identical to NT = 1).
-SLOT_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "TMA", "NT")
+#: 20-layer model; the GPU test ``test_batched_bf16_slots_bit_identical`` checks the tile file's own choices.
+SLOT_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "TMA")
 #: the same for the 4-bit expert kernels (``moe_w4``): only the row tile within mma.sync (BLOCK_M 16 / 32 gave the same
 #: bits; BLOCK_M 64 takes wgmma and did not) and the pipeline depth; BLOCK_K sets the order of the even / odd input
 #: halves in the K loop, so it stays one setting
@@ -163,8 +158,7 @@ def _slot_count(lo) -> int:
 
 def _check_slot_value(key: str, v) -> None:
     """One ``by_slots`` tile value: BLOCK_* a power of two >= 16 (the MMA's smallest tile side), num_warps a power
-    of two in 1..16, num_stages an int >= 1, TMA 0 / 1 / 2 (:func:`rows_linear`), NT a power of two. ValueError
-    naming the key."""
+    of two in 1..16, num_stages an int >= 1, TMA 0 / 1 / 2 (:func:`rows_linear`). ValueError naming the key."""
     ok = isinstance(v, int) and not isinstance(v, bool)
     if ok and key.startswith("BLOCK_"):
         ok = v >= 16 and v & (v - 1) == 0
@@ -178,9 +172,6 @@ def _check_slot_value(key: str, v) -> None:
     elif ok and key == "TMA":
         ok = v in (0, 1, 2)
         want = "0, 1 or 2"
-    elif ok and key == "NT":
-        ok = v >= 1 and v & (v - 1) == 0
-        want = "a power of two >= 1"
     else:
         want = "an integer"
     if not ok:

@@ -16,8 +16,7 @@ owns, over the grid (E1, n-tiles, m-blocks), the compact active-expert list or a
 one or two scalar loads), and run one K loop per program: BF16 tiles, or the packed 4-bit tiles of
 :mod:`.moe_w4` (``W4``; the shared expert's 16-bit branch taken per program). BF16 weight tiles come in by
 pointer loads, or with the tile key ``TMA`` by tensor descriptor (:func:`_weight_descriptor`; the same tiles,
-dots and K order, so the same results). The BF16 down GEMM's tile key ``NT`` gives a program NT output tiles in one
-flattened loop (``_down_flat``: the same dots per tile, the same results). All on device, no host sync, static
+dots and K order, so the same results). All on device, no host sync, static
 shapes: CUDA-graph capturable. Errors: ValueError for 4-bit experts that do not fit the workspace, the tiles or
 the decode, for the RMSNorm fold with 4-bit experts, and for a BLOCK_M other than the tile table's.
 
@@ -166,33 +165,6 @@ if HAS_TRITON:
         return acc
 
     @triton.jit
-    def _down_flat(inter_ptr, p, mmask, w_ptr, out_ptr, e, pid_n, H: tl.constexpr, N: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NT: tl.constexpr,
-                   TMA: tl.constexpr):
-        """Down for NT output tiles of one expert's pairs (rows h from pid_n · NT · BLOCK_N) in one flattened loop
-        of NT · N / BLOCK_K steps, each tile stored at its last step: one loop for the pipeliner, so the next tile's
-        weights stream in while this tile's last dots run (N = 512 gives a tile only 8 steps of 64). Each tile's
-        accumulator takes the same dots in the same K order as :func:`_down_acc`'s. TMA: ``w_ptr`` a tensor
-        descriptor over [E1·H, N]; else the stacked weights [E1, H, N]."""
-        KS: tl.constexpr = N // BLOCK_K
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = inter_ptr + p[:, None] * N + offs_k[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for it in range(NT * KS):
-            kk = it % KS
-            n0 = (pid_n * NT + it // KS) * BLOCK_N
-            a = tl.load(a_ptrs + kk * BLOCK_K, mask=mmask[:, None], other=0.0)
-            if TMA:
-                w = w_ptr.load([e * H + n0, kk * BLOCK_K]).T
-            else:
-                w = tl.load(w_ptr + e.to(tl.int64) * (H * N) + (n0 + tl.arange(0, BLOCK_N))[None, :] * N
-                            + (kk * BLOCK_K + offs_k)[:, None], eviction_policy="evict_first")
-            acc = tl.dot(a, w, acc)
-            if kk == KS - 1:
-                tl.store(out_ptr + p[:, None] * H + (n0 + tl.arange(0, BLOCK_N))[None, :], acc, mask=mmask[:, None])
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-
-    @triton.jit
     def _moe_gate_up_kernel(
         x_ptr, w13_ptr, counts_ptr, pairs_ptr, pairw_ptr, inter_ptr, nw_ptr, eps, T, stride_xt,
         H: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, MAXC: tl.constexpr,
@@ -245,17 +217,12 @@ if HAS_TRITON:
         NACT_IDX: tl.constexpr = 0, SH: tl.constexpr = 0, E_SH: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
         TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False, W4_SWAP: tl.constexpr = False,
-        NT: tl.constexpr = 1,
     ):
         """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up;
-        TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N]; NT > 1, BF16: NT output tiles per program in one
-        flattened loop, :func:`_down_flat`)."""
+        TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N])."""
         e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
                                                         NACT_IDX, SH, E_SH, TILES, tiles_ptr, USE_PDL)
         if idle:
-            return
-        if NT > 1:
-            _down_flat(inter_ptr, p, mmask, w2_ptr, out_ptr, e, pid_n, H, N, BLOCK_M, BLOCK_N, BLOCK_K, NT, TMA)
             return
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if W4:
@@ -416,13 +383,7 @@ def _launch(ws: MoEWorkspace, E1: int, cfg: dict, n_out: int, k_in: int, w_arg, 
     :func:`_launch_grid`, the active-list / shared-expert / 4-bit (``w4``) / PDL arguments, and with the tile key
     ``TMA`` (BF16 experts) the weights as a tensor descriptor (:func:`_weight_descriptor`)."""
     bn, bk = min(cfg["BLOCK_N"], n_out), min(cfg["BLOCK_K"], k_in)
-    nt = cfg.get("NT", 1)
-    if nt != 1 and (kernel != "moe_down" or w4 or nt < 1 or (n_out // bn) % nt):
-        raise ValueError(f"{kernel}: tile key NT = {nt!r}: output tiles per program are the BF16 down GEMM's key, "
-                         f"a divisor of its {n_out // bn} tiles of {bn} rows")
-    grid, tiles = _launch_grid(ws, E1, cfg["BLOCK_M"], n_out // bn // nt, kernel)
-    if nt != 1:
-        tiles = dict(tiles, NT=nt)
+    grid, tiles = _launch_grid(ws, E1, cfg["BLOCK_M"], n_out // bn, kernel)
     if cfg.get("TMA") and not w4:
         w_arg, tiles = _weight_descriptor(w_arg, (bn, bk), kernel), dict(tiles, TMA=True)
     return grid, w_arg, dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, ACTIVE=ws.compact, active_ptr=ws.active,
