@@ -4,7 +4,9 @@
 #   image lacks, fastapi starlette pydantic pydantic_core annotated-types typing-inspection typing_extensions uvicorn,
 #   from: pip download --python-version 3.12 --only-binary=:all: --no-deps -d .whl <those>)
 # PLAN: auto (H100: quick-measure; other cards: measure) | quick-measure | measure | lean (about 450 s) |
-#       min (about 230 s: the loop's GPU tests and the batched-vs-single spread) | tune | serve-fused | ws-serve | ws. Tiles tuned by an earlier call of the same machine are kept in .tuned/ and copied back in.
+#       min (about 230 s: the loop's GPU tests and the batched-vs-single spread) | tune | serve-fused | ws-serve | ws |
+#       pairs (GPU tests, batch 32 with fp32 against bf16 MoE pair rows, the table's figures).
+# Tiles tuned by an earlier call of the same machine are kept in .tuned/ and copied back in.
 # Every step is bounded (run_card.sh's BUDGET_S); results under $OUT (t/ tune, ab/ A/B of tiles, m/ measurements).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo WHEELS-FAILED
 R=repro/engine/kernels/run_card.sh; O=$OUT
@@ -65,7 +67,20 @@ case $PLAN in
       bash scripts/gpu/batched_tiles_ab.sh 2>&1 | tail -8
     W4_ROUND_TILES=${W4_ROUND_TILES:-default,hop_swap,ws} OUT=$O/s BUDGET_S=$(( ${END_S:-585} - SECONDS )) \
       ROUND_ARGS="--prefixes 1024 --naive-iters 0 --iters 30" bash $R round 2>&1 | cut -c1-300 ;;
-  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve | ws"; exit 2 ;;
+  pairs)  # the MoE pair rows in bf16: GPU tests (kernels + engine loop), batch 32 A/B against fp32 pair rows (two runs
+          # each, in turn), then the table's figures and the batched-vs-single spread
+    OUT=$O/m BUDGET_S=${TEST_BUDGET_S:-215} TEST_S=${TEST_S:-200} TESTS="tests/kernels $ENGINE_TESTS" \
+      PYTEST_ARGS="-n 4 --dist loadfile --durations=10" PYTHONPATH=/tmp/site bash $R card tests 2>&1 | cut -c1-300
+    mkdir -p $O/ab
+    for i in 1 2; do
+      timeout 70 python3 scripts/gpu/pair_rows_fp32.py batch --sections batched-graph --batch-sizes 32 \
+        --json $O/ab/fp32_$i.json 2>&1 | grep -v '^{' | tail -3
+      timeout 70 python3 -m repro.engine.bench batch --sections batched-graph --batch-sizes 32 \
+        --json $O/ab/bf16_$i.json 2>&1 | grep -v '^{' | tail -3
+    done
+    OUT=$O/m BUDGET_S=$(( ${END_S:-585} - SECONDS )) ROUND_ARGS="--prefixes 1024 --naive-iters 0 --iters 30" \
+      bash $R ${STEPS:-batch batch-w4 spread round} 2>&1 | cut -c1-300 ;;
+  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve | ws | pairs"; exit 2 ;;
 esac
 # the device tool returns a few files only: everything under $OUT as one archive
 (cd "$O" && tar czf /tmp/out.tgz . && rm -rf ./* && mv /tmp/out.tgz all.tgz)

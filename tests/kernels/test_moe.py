@@ -223,3 +223,61 @@ def test_fused_norm_router_and_gate_up(dev):
     assert torch.equal(ws.topk_ids.long().sort(1).values, ids_ref.sort(1).values)
     ref = M.moe_reference(xn, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("w4", [False, True])
+def test_down_stores_each_pair_row_as_its_fp32_sum_rounded_once(dev, w4):
+    """The down GEMM accumulates in fp32 and rounds once at the store: its pair rows in the activation dtype (the
+    workspace's default pair_dtype) are bit for bit its fp32 rows rounded (fp16 under the interpreter, bf16 on the
+    GPU; 16-bit and NVFP4 experts)."""
+    from repro.checkpoint import nvfp4 as Q
+
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float16
+    T, H, N, E, k = 6, 64, 32, 8, 2
+    x, gate, bias, w13, w2 = _inputs(T, H, N, E, True, dtype, dev, 12)
+    cfg = SMALL_CFG
+    if w4:
+        q = Q.NVFP4Experts(E, H, N, 1, dtype, dev)
+        for e in range(E):
+            t = Q.quantize(w2[e].float().cpu())
+            q.load_part(e, 0, t["weight"].to(dev), t["weight_scale"].to(dev), t["weight_scale_2"].to(dev))
+        w2 = q.with_shared(w2[E])
+        cfg = {**SMALL_CFG, "down": dict(SMALL_CFG["down"], BLOCK_K=32)}
+    ws = M.MoEWorkspace.create(T, H, N, E, E + 1, k, dtype, dev, split_k=2)
+    assert ws.pair_out.dtype == dtype
+    M.moe_route_align(x, gate, bias, ws, E + 1, k, 4, 2, 2.5, True, cfg)
+    M.moe_gate_up(x, w13, ws, k, cfg)
+    low = ws.pair_out.fill_(float("nan"))
+    M.moe_down(w2, ws, cfg)
+    ws.pair_out = torch.full(low.shape, float("nan"), device=dev)  # the same launch into fp32 rows
+    M.moe_down(w2, ws, cfg)
+    assert not torch.isnan(ws.pair_out).any()
+    assert torch.equal(low, ws.pair_out.to(dtype))
+
+
+@pytest.mark.parametrize("rows", [0, 2])
+def test_top_k_sum_adds_low_precision_pair_rows_in_fp32(dev, rows):
+    """The top-k sum (moe_sum, and add_rmsnorm's pairs mode at rows 0 and rows 2) adds 16-bit pair rows in fp32 and
+    rounds once: one row of 1 plus eight rows of a quarter of the dtype's unit in the last place at 1 (a sum that
+    16-bit accumulation rounds back to 1 after every add) gives 1 + 2 ulp, exactly, in every column."""
+    from repro.engine.kernels import norm as Nm
+
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float16
+    T, H, k = 3, 64, 8
+    ulp = torch.finfo(dtype).eps  # unit in the last place at 1
+    pairs = torch.full((T * k + T, H), ulp / 4, dtype=dtype, device=dev)
+    pairs[0: T * k: k] = 1.0  # each token's first pair
+    want = torch.full((T, H), 1 + 2 * ulp, dtype=dtype, device=dev)
+    assert float(want[0, 0]) == 1 + 2 * ulp and float((torch.ones((), dtype=dtype) + ulp / 4)) == 1.0
+    if rows == 0:
+        ws = M.MoEWorkspace.create(T, H, 32, 16, 17, k, dtype, dev, split_k=1)
+        ws.pair_out.copy_(pairs)
+        assert torch.equal(M.moe_sum(ws, 16, 17, k, {"sum": dict(BLOCK_H=32)}), want)
+    h = torch.zeros(T, H, dtype=dtype, device=dev)
+    normed = torch.empty_like(h)
+    Nm.add_rmsnorm(h, torch.ones(H, dtype=dtype, device=dev), normed, pairs=pairs, top_k=k, shared=True,
+                   rows=rows)
+    assert torch.equal(h, want)
+    hr, _ = Nm.add_rmsnorm_reference(torch.zeros_like(h), torch.ones(H, dtype=dtype, device=dev), pairs=pairs,
+                                     top_k=k, shared=True)
+    assert torch.equal(hr, want)

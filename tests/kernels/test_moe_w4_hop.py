@@ -61,7 +61,7 @@ def test_down_reads_every_code_as_block_product_times_global_scale(dev, decode, 
     dt = torch.float32 if dev == "cpu" else torch.bfloat16
     H, N, E = 64, 64, 2
     w2 = _every_code_experts(dev, dt, H, N, E)
-    ws = M.MoEWorkspace(N, H, N, E, E, 1, dt, dev, split_k=1)
+    ws = M.MoEWorkspace(N, H, N, E, E, 1, dt, dev, split_k=1, pair_dtype=torch.float32)  # the fp32 sums, unrounded
     ids = torch.arange(N, device=dev)[:, None] % E
     M.moe_align(ids, torch.ones(N, 1, device=dev), ws)
     ws.inter.copy_(torch.eye(N, dtype=dt, device=dev))

@@ -31,7 +31,7 @@ def _hop_case(T, shared, dtype, dev, seed, H=128, N=64, E=16, k=4):
     g = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(dev)
     wts = torch.rand(T, k, generator=g).to(dev)
-    ws = M.MoEWorkspace(T, H, N, E, E + int(shared), k, dtype, dev, split_k=1)
+    ws = M.MoEWorkspace(T, H, N, E, E + int(shared), k, dtype, dev, split_k=1, pair_dtype=torch.float32)
     M.moe_align(ids, wts, ws)
     ids_r = torch.cat([ids, torch.full((T, 1), E, device=dev)], 1) if shared else ids
     wts_r = torch.cat([wts, torch.ones(T, 1, device=dev)], 1) if shared else wts
@@ -210,7 +210,7 @@ def test_gluon_down_matches_triton_decode5(slots, sh_in):
 
     if not HAS_GLUON:
         pytest.skip("no Triton 3.6 Gluon")
-    x, w13, ws, k = real_gate_up_case(slots)
+    x, w13, ws, k = real_gate_up_case(slots, pair_dtype=torch.float32)  # the fp32 sums: the arithmetic compared
     g = torch.Generator(device="cuda").manual_seed(7)
     w2 = random_nvfp4_experts(256, 2048, 512, 1, torch.bfloat16, "cuda", g).with_layout("hop")
     w2 = w2.with_shared((torch.randn(2048, 512, device="cuda", generator=g) * 0.02).to(torch.bfloat16))
@@ -230,6 +230,9 @@ def test_gluon_down_matches_triton_decode5(slots, sh_in):
         assert rel_err(got[r:], swap[r:]) < 1e-5
     else:
         assert torch.equal(got[r:], swap[r:])
+    ws.pair_out = torch.full(got.shape, float("nan"), dtype=torch.bfloat16, device="cuda")  # the engine's pair rows
+    moe_down_ws(w2, ws, dict(SH_IN=sh_in))
+    assert torch.equal(ws.pair_out, got.to(torch.bfloat16)), "bf16 pair rows are not the fp32 sums rounded once"
 
 
 def test_moe_experts_dispatches_ws_tiles_and_refuses_what_it_cannot_run():

@@ -66,14 +66,14 @@ def test_moe_experts_sends_bf16_ws_tiles_to_the_gluon16_kernels():
         moe_gate_up_ws16(x, w13, ws, k, dict(tiles["gate_up"], W4_DECODE=5))
 
 
-def _gpu_case(slots, block_m):
+def _gpu_case(slots, block_m, pair_dtype=None):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs sm_90 (Hopper)")
     from repro.engine.kernels.moe_ws import HAS_GLUON, real_case16
 
     if not HAS_GLUON:
         pytest.skip("no Triton 3.6 Gluon")
-    return real_case16(slots, block_m)
+    return real_case16(slots, block_m, pair_dtype=pair_dtype)
 
 
 def _triton16(block_m):
@@ -91,7 +91,7 @@ def test_gluon16_matches_triton_and_reference(slots, block_m):
     from repro.engine.kernels.moe_gemm import expert_gemms_reference
     from repro.engine.kernels.moe_ws import moe_down_ws16, moe_gate_up_ws16
 
-    x, w13, w2, ws, k = _gpu_case(slots, block_m)
+    x, w13, w2, ws, k = _gpu_case(slots, block_m, torch.float32)  # fp32 pair rows: the arithmetic compared
     tiles = dict(BLOCK_M=block_m)
     ws.inter.fill_(float("nan"))
     moe_gate_up_ws16(x, w13, ws, k, tiles)
@@ -108,6 +108,13 @@ def test_gluon16_matches_triton_and_reference(slots, block_m):
     M.moe_down(w2, ws, _triton16(block_m))
     assert rel_err(out, ws.pair_out) < 1e-5
     assert rel_err(out, tri_out) < 4e-3
+    fp32_rows = ws.pair_out
+    ws.pair_out = torch.full(out.shape, float("nan"), dtype=torch.bfloat16, device="cuda")  # the engine's pair rows
+    moe_down_ws16(w2, ws, tiles)
+    assert torch.equal(ws.pair_out, out.to(torch.bfloat16)), "Gluon: bf16 pair rows are not its fp32 sums rounded"
+    M.moe_down(w2, ws, _triton16(block_m))
+    assert torch.equal(ws.pair_out, fp32_rows.to(torch.bfloat16)), "Triton: bf16 pair rows are not its fp32 sums"
+    ws.pair_out = fp32_rows
     if slots == 1:  # the torch reference, pair by pair (its gathered weights are [T, k+1, 2N, H] fp32: 2.4 GB here)
         ids = torch.full((ws.T, k + 1), 256, device="cuda", dtype=torch.long)
         wts = torch.ones(ws.T, k + 1, device="cuda")

@@ -25,8 +25,9 @@ whole-block entry point :func:`fused_moe` and the engine seam adapter:
    ``silu(gate)*up*routing_weight`` to ``inter[p]``. So each touched expert's weights are read once per
    layer (twice only for an expert with more than BLOCK_M tokens, e.g. the shared expert at BLOCK_M=16:
    the second read usually hits L2).
-2. ``_moe_down_kernel``: same grid over (E1, H/BLOCK_N, m-blocks); ``pair_out[p] = inter[p]·w2[e]ᵀ`` (fp32).
-3. ``_moe_sum_kernel``: ``out[t] = Σ_k pair_out[t*top_k+k] + pair_out[T*top_k+t]`` (deterministic order;
+2. ``_moe_down_kernel``: same grid over (E1, H/BLOCK_N, m-blocks); ``pair_out[p] = inter[p]·w2[e]ᵀ`` (fp32 sums,
+   stored in pair_out's dtype: the activation dtype by default, :class:`~.route.MoEWorkspace`).
+3. ``_moe_sum_kernel``: ``out[t] = Σ_k pair_out[t*top_k+k] + pair_out[T*top_k+t]`` in fp32 (deterministic order;
    the engine's fast path fuses this sum with the residual add and the next RMSNorm, see ``norm.py``).
 
 Source: the grouped GEMM over per-expert token lists follows the idea of vLLM/SGLang ``fused_moe_kernel``
@@ -121,7 +122,8 @@ if HAS_TRITON:
         pair_ptr, out_ptr, T, H: tl.constexpr, TOPK: tl.constexpr, HAS_SHARED: tl.constexpr,
         BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):
-        """out[t, h] = Σ_k pair[t*TOPK+k, h] (+ pair[T*TOPK+t, h]); fp32 sum, cast to out dtype."""
+        """out[t, h] = Σ_k pair[t*TOPK+k, h] (+ pair[T*TOPK+t, h]); the rows (any float dtype) summed in fp32, cast
+        to out dtype."""
         if USE_PDL:
             gdc_launch_dependents()
             gdc_wait()
@@ -129,9 +131,9 @@ if HAS_TRITON:
         offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
         for k in tl.static_range(TOPK):
-            acc += tl.load(pair_ptr + (t * TOPK + k) * H + offs)
+            acc += tl.load(pair_ptr + (t * TOPK + k) * H + offs).to(tl.float32)
         if HAS_SHARED:
-            acc += tl.load(pair_ptr + (T * TOPK + t) * H + offs)
+            acc += tl.load(pair_ptr + (T * TOPK + t) * H + offs).to(tl.float32)
         tl.store(out_ptr + t * H + offs, acc.to(out_ptr.dtype.element_ty))
 
 
@@ -157,7 +159,7 @@ def l2_prefetch(tensors, dummy, block=2048, iters=4):
 
 
 def moe_experts(x, w13, w2, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=1e-6):
-    """Kernels 3-4: grouped gate+up (SiLU·mul·weight fused) and down into ``ws.pair_out`` (fp32). A kernel whose
+    """Kernels 3-4: grouped gate+up (SiLU·mul·weight fused) and down into ``ws.pair_out`` (its dtype). A kernel whose
     tiles say ``IMPL: "ws"`` runs a warp-specialised Gluon GEMM instead of the Triton one: :mod:`.moe_w4_ws` for
     4-bit experts (layout "hop"), :mod:`.moe_ws` for bf16 experts (a Hopper GPU, bf16 activations; the tiles are
     that module's keys). Raises ValueError for ``IMPL: "ws"`` with ``norm_w`` (the Gluon gate+up takes normalised

@@ -8,7 +8,8 @@ a :class:`~.route.MoEWorkspace` ``ws``: ``counts`` [E1 (+1)], ``pairs`` [E1, T_P
 
 * :func:`moe_gate_up`: ``ws.inter[p]`` [P1, N] (activation dtype) = silu(x[t]·w13[e, :N]ᵀ) · (x[t]·w13[e, N:]ᵀ) ·
   pair_w[p] for every pair p = (token t, expert e), fp32 accumulation (optionally RMSNorm(x)·norm_w folded in);
-* :func:`moe_down`: ``ws.pair_out[p]`` [P1, H] fp32 = inter[p]·w2[e]ᵀ;
+* :func:`moe_down`: ``ws.pair_out[p]`` [P1, H] = inter[p]·w2[e]ᵀ, fp32 accumulation, stored in pair_out's dtype
+  (:class:`~.route.MoEWorkspace`: the activation dtype by default);
 * :func:`linear_rows`: the down kernel as a skinny GEMM over one "expert" (the QKV / O projections, variant).
 
 Both kernels start with one shared prologue, ``_expert_slot`` (which expert, output tile and token rows a program
@@ -38,7 +39,8 @@ def expert_gemms_reference(x, w13, w2, ids, weights):
     """fp32 torch reference of the two grouped GEMMs for explicit pairs: x [T, H]; w13 [E1, 2N, H], w2 [E1, H, N]
     (tensors, or NVFP4Experts: dequantized, shared expert appended as index E); ids [T, k] int64 expert per pair,
     weights [T, k] (routing weights; 1 for the shared expert). Returns ``(inter [T, k, N], pair_out [T, k, H])``
-    fp32, with inter rounded to x's dtype first as the kernel stores it (pair_out = that inter · w2[e]ᵀ)."""
+    fp32, with inter rounded to x's dtype first as the kernel stores it (pair_out = that inter · w2[e]ᵀ, in fp32:
+    round it to the workspace's ``pair_dtype`` to compare with ``ws.pair_out``)."""
     from repro.checkpoint.nvfp4 import NVFP4Experts
 
     def dense(w):
@@ -218,8 +220,8 @@ if HAS_TRITON:
         W4: tl.constexpr = False, q_ptr=None, s_ptr=None, g_ptr=None, W4_DECODE: tl.constexpr = 1,
         TILES: tl.constexpr = False, tiles_ptr=None, TMA: tl.constexpr = False, W4_SWAP: tl.constexpr = False,
     ):
-        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32) for the pairs p of expert e (W4: as gate+up;
-        TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N])."""
+        """pair_out[p, h] = Σ_n inter[p, n] * w2[e, h, n] (fp32 sum, stored in out's dtype) for the pairs p of
+        expert e (W4: as gate+up; TMA: ``w2_ptr`` a tensor descriptor over [E1·H, N])."""
         e, pid_n, offs_m, mmask, p, idle = _expert_slot(counts_ptr, active_ptr, pairs_ptr, BLOCK_M, MAXC, ACTIVE,
                                                         NACT_IDX, SH, E_SH, TILES, tiles_ptr, USE_PDL)
         if idle:
@@ -238,7 +240,7 @@ if HAS_TRITON:
         else:
             acc = _down_acc(inter_ptr, p, mmask, w2_ptr + e.to(tl.int64) * (H * N), q_ptr, s_ptr, g_ptr, e, offs_n,
                             H, N, BLOCK_M, BLOCK_N, BLOCK_K, False)
-        tl.store(out_ptr + p[:, None] * H + offs_n[None, :], acc, mask=mmask[:, None])
+        tl.store(out_ptr + p[:, None] * H + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -336,8 +338,8 @@ def moe_gate_up(x, w13, ws: MoEWorkspace, top_k, configs=None, norm_w=None, eps=
 
 
 def moe_down(w2, ws: MoEWorkspace, configs=None):
-    """Kernel 4: grouped down GEMM ``ws.pair_out[p] = ws.inter[p]·w2[e]ᵀ`` (fp32); w2 [E1, H, N] or
-    NVFP4Experts [E, H, N] (+ shared), as in :func:`moe_gate_up`."""
+    """Kernel 4: grouped down GEMM ``ws.pair_out[p] = ws.inter[p]·w2[e]ᵀ`` (fp32 sums, stored in pair_out's dtype);
+    w2 [E1, H, N] or NVFP4Experts [E, H, N] (+ shared), as in :func:`moe_gate_up`."""
     T = ws.T
     dc = _cfg("down", configs, w2.shape[1], w2.shape[2], ws.E1, T)
     E1, H, N, w_arg, w4 = _expert_operand(w2, ws, "moe_down", dc["BLOCK_K"], dc.get("W4_DECODE"),

@@ -9,8 +9,8 @@ output buffers, so each can stand in for its launch). Gate+up: x [T, H] bf16; w1
 :class:`~.route.MoEWorkspace` ``ws`` after the routing (counts [E1+1], pairs [E1, T_PAD], pair_w [P1] fp32, optionally
 the tile table of :func:`.route.moe_tiles`). For every pair p = (token t, expert e): ``ws.inter[p, n]`` (bf16
 [P1, N]) = bf16(silu(a_g) · a_u · pair_w[p]), ``a_g = (Σ_k x[t, k] · w'[e, n, k]) · g[e, 0] · 2^8``, ``a_u`` the same
-over rows N + n with g[e, 1]. Down: w2 [E, H, N] (g [E, 1]); ``ws.pair_out[p, h]`` (fp32 [P1, H]) =
-(Σ_n inter[p, n] · w'[e, h, n]) · g[e, 0] · 2^8.
+over rows N + n with g[e, 1]. Down: w2 [E, H, N] (g [E, 1]); ``ws.pair_out[p, h]`` ([P1, H], its dtype) =
+(Σ_n inter[p, n] · w'[e, h, n]) · g[e, 0] · 2^8, computed in fp32 and rounded once at the store.
 
 Numeric contract (decode 5 of :mod:`.moe_w4_hop`): each weight enters the MMA as the exact bf16 block product
 ``w' = e2m1(code) · e4m3(s) · 2^-8`` (:func:`.moe_w4_hop.hop_decode_reference`), the MMA accumulates in fp32, the
@@ -368,8 +368,8 @@ if HAS_GLUON:
                     H: gl.constexpr, N: gl.constexpr, MAXC: gl.constexpr, E_SH: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr,
                     LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr, SH_IN: gl.constexpr):
-        """pair_out[p, h] = (Σ_n inter[p, n] · w'[e, h, n]) · g[e] · 2^8 (fp32) over the routed experts' pairs, rows h
-        of BLOCK_N = 128 weight rows per program; programs of the shared expert E_SH exit, or with SH_IN compute it
+        """pair_out[p, h] = (Σ_n inter[p, n] · w'[e, h, n]) · g[e] · 2^8 (fp32, stored in out's dtype) over the
+        routed experts' pairs, rows h of BLOCK_N = 128 weight rows per program; programs of the shared expert E_SH exit, or with SH_IN compute it
         from its bf16 rows ``wsh_ptr`` ([H, N], no g)."""
         gl.static_assert(BLOCK_K % 64 == 0, "BLOCK_K must be a multiple of 64")
         gl.static_assert(BLOCK_N == 128, "one warpgroup of 128 MMA rows: BLOCK_N 128")
@@ -391,7 +391,7 @@ if HAS_GLUON:
         else:
             sc = gl.load(g_ptr + e) * unit
         offs_h = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        gl.store(out_ptr + gl.expand_dims(p, 0) * H + gl.expand_dims(offs_h, 1), acc * sc,
+        gl.store(out_ptr + gl.expand_dims(p, 0) * H + gl.expand_dims(offs_h, 1), (acc * sc).to(out_ptr.dtype.element_ty),
                  mask=gl.expand_dims(mmask, 0))
 
 
@@ -465,7 +465,7 @@ def moe_gate_up_ws(x, w13, ws, top_k, tiles: dict | None = None, shared: bool = 
 
 def moe_down_ws(w2, ws, tiles: dict | None = None, shared: bool = True):
     """The Gluon down kernel's launch over the routed experts and, with ``shared`` and a shared expert, the Triton
-    kernel over the shared expert's m-blocks; writes ``ws.pair_out`` (fp32). Errors as :func:`moe_gate_up_ws`."""
+    kernel over the shared expert's m-blocks; writes ``ws.pair_out`` (in its dtype). Errors as :func:`moe_gate_up_ws`."""
     from .moe_gemm import _launch_grid, moe_down
 
     _check("moe_down_ws", ws.inter, w2, ws, 1)
@@ -505,7 +505,7 @@ def aot_build(kernel: str = "gate_up", cc: tuple[int, int] = (9, 0), tiles: dict
     const.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "TILES", "LOADER_WARPS", "LOADER_REGS",
                                     "SH_IN")})
     ptrs = dict(x_ptr="*bf16", inter_ptr="*bf16", wsh_ptr="*bf16", q_ptr="*u8", s_ptr="*u8", g_ptr="*fp32", counts_ptr="*i32",
-                pairs_ptr="*i32", pairw_ptr="*fp32", out_ptr="*fp32", tiles_ptr="*i32", T="i32", stride_xt="i32")
+                pairs_ptr="*i32", pairw_ptr="*fp32", out_ptr="*bf16", tiles_ptr="*i32", T="i32", stride_xt="i32")
     sig = {n: ptrs.get(n, "constexpr") for n in fn.arg_names}
     # the launch-time specialisation of 16-byte aligned pointers and the row stride (a multiple of 16 elements)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in sig
@@ -515,11 +515,11 @@ def aot_build(kernel: str = "gate_up", cc: tuple[int, int] = (9, 0), tiles: dict
                           options=opts)
 
 
-def real_gate_up_case(slots: int, seed: int = 0, device="cuda"):
+def real_gate_up_case(slots: int, seed: int = 0, device="cuda", pair_dtype=None):
     """``(x, w13, ws, top_k)`` of the batched round's gate+up at ``slots`` requests of a 32-token block (T = 32 ·
     slots), LLaDA2.1-mini's shapes: random hop-layout NVFP4 experts [256, 1024, 2048] plus a bf16 shared expert,
-    random top-8 routing with random weights aligned into a workspace with its tile table (BLOCK_M 16). For the GPU
-    test and ``scripts/bench_w4_ws.py``."""
+    random top-8 routing with random weights aligned into a workspace with its tile table (BLOCK_M 16), ``ws.pair_out``
+    in ``pair_dtype`` (default bf16). For the GPU test and ``scripts/bench_w4_ws.py``."""
     from .moe_w4 import random_nvfp4_experts
     from .route import MoEWorkspace, moe_align, moe_tiles
 
@@ -531,7 +531,7 @@ def real_gate_up_case(slots: int, seed: int = 0, device="cuda"):
     x = torch.randn(T, H, device=device, generator=g).to(torch.bfloat16)
     gc = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randperm(E, generator=gc)[:k] for _ in range(T)]).to(device)
-    ws = MoEWorkspace(T, H, N, E, E + 1, k, torch.bfloat16, device, split_k=1)
+    ws = MoEWorkspace(T, H, N, E, E + 1, k, torch.bfloat16, device, split_k=1, pair_dtype=pair_dtype)
     moe_align(ids, torch.rand(T, k, generator=gc).to(device), ws)
     moe_tiles(ws, 16, static=True)
     return x, w13, ws, k

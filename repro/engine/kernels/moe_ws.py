@@ -8,7 +8,8 @@ output buffers). Gate+up: x [T, H] bf16; w13 [E1, 2N, H] bf16 contiguous (gate r
 expert, if any, at index E = E1 - 1); a :class:`~.route.MoEWorkspace` ``ws`` after the routing (counts, pairs, pair_w,
 optionally the tile table of :func:`.route.moe_tiles`). For every pair p = (token t, expert e): ``ws.inter[p, n]``
 (bf16 [P1, N]) = bf16(silu(a_g) · a_u · pair_w[p]), a_g = Σ_k x[t, k] · w13[e, n, k] and a_u over row N + n, fp32
-accumulation. Down: w2 [E1, H, N] bf16; ``ws.pair_out[p, h]`` (fp32 [P1, H]) = Σ_n inter[p, n] · w2[e, h, n].
+accumulation. Down: w2 [E1, H, N] bf16; ``ws.pair_out[p, h]`` ([P1, H], its dtype) = Σ_n inter[p, n] · w2[e, h, n],
+summed in fp32 and rounded once at the store.
 
 Numbers: the wgmma accumulates in fp32 in K order, BLOCK_K inputs per step, 16 per MMA, as the Triton kernels' K
 loop does; the operands are swapped (weights are operand A, M = 128 weight rows; the pairs are N). A pair's numbers
@@ -149,7 +150,8 @@ if HAS_GLUON:
                    MAXC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                    STAGES: gl.constexpr, TILES: gl.constexpr, LOADER_WARPS: gl.constexpr,
                    LOADER_REGS: gl.constexpr):
-        """pair_out[p, h] = Σ_n inter[p, n] · w2[e, h, n] (fp32), BLOCK_N = 128 rows h per program."""
+        """pair_out[p, h] = Σ_n inter[p, n] · w2[e, h, n] (fp32 sum, stored in out's dtype), BLOCK_N = 128 rows h
+        per program."""
         gl.static_assert(BLOCK_K % 64 == 0, "BLOCK_K must be a multiple of 64")
         gl.static_assert(BLOCK_N == 128, "one warpgroup of 128 MMA rows: BLOCK_N 128")
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -161,7 +163,8 @@ if HAS_GLUON:
         acc = _ws16_mainloop(inter_ptr, w_ptr, counts_ptr, pairs_ptr, tiles_ptr, 0, N, N, H, 0, 0, MAXC, BLOCK_M,
                              BLOCK_N, BLOCK_K, STAGES, TILES, LOADER_WARPS, LOADER_REGS)
         offs_h = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        gl.store(out_ptr + gl.expand_dims(p, 0) * H + gl.expand_dims(offs_h, 1), acc, mask=gl.expand_dims(mmask, 0))
+        gl.store(out_ptr + gl.expand_dims(p, 0) * H + gl.expand_dims(offs_h, 1), acc.to(out_ptr.dtype.element_ty),
+                 mask=gl.expand_dims(mmask, 0))
 
 
 def _check(name: str, act: torch.Tensor, w, ws, c: dict) -> None:
@@ -213,7 +216,7 @@ def moe_gate_up_ws16(x: torch.Tensor, w13: torch.Tensor, ws, top_k: int, tiles: 
 
 
 def moe_down_ws16(w2: torch.Tensor, ws, tiles: dict | None = None) -> None:
-    """The Gluon down over every expert's pairs; writes ``ws.pair_out`` (fp32 [P1, H]) from ``ws.inter``. w2
+    """The Gluon down over every expert's pairs; writes ``ws.pair_out`` ([P1, H], its dtype) from ``ws.inter``. w2
     [E1, H, N] bf16. Raises as the module says."""
     from .moe_gemm import _launch_grid
 
@@ -247,7 +250,7 @@ def aot_build(kernel: str = "gate_up", cc: tuple[int, int] = (9, 0), tiles: dict
     const.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "TILES", "LOADER_WARPS",
                                     "LOADER_REGS")})
     ptrs = dict(x_ptr="*bf16", inter_ptr="*bf16", w_ptr="*bf16", counts_ptr="*i32", pairs_ptr="*i32",
-                pairw_ptr="*fp32", out_ptr="*fp32", tiles_ptr="*i32", T="i32", stride_xt="i32")
+                pairw_ptr="*fp32", out_ptr="*bf16", tiles_ptr="*i32", T="i32", stride_xt="i32")
     sig = {n: ptrs.get(n, "constexpr") for n in fn.arg_names}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in sig
              if n.endswith("_ptr") or n == "stride_xt"}
@@ -256,11 +259,12 @@ def aot_build(kernel: str = "gate_up", cc: tuple[int, int] = (9, 0), tiles: dict
                           options=opts)
 
 
-def real_case16(slots: int, block_m: int = 64, seed: int = 0, device="cuda"):
+def real_case16(slots: int, block_m: int = 64, seed: int = 0, device="cuda", pair_dtype=None):
     """``(x, w13, w2, ws, top_k)`` of the batched round's expert GEMMs at ``slots`` requests of a 32-token block (T =
     32 · slots), LLaDA2.1-mini's shapes: random bf16 experts w13 [257, 1024, 2048], w2 [257, 2048, 512] (the shared
     expert at index 256), random top-8 routing with random weights aligned into a workspace with its tile table
-    (``block_m``), ``ws.inter`` filled with random bf16 rows. For the GPU tests and ``scripts/bench_ws16.py``."""
+    (``block_m``), ``ws.inter`` filled with random bf16 rows, ``ws.pair_out`` in ``pair_dtype`` (default bf16). For the
+    GPU tests and ``scripts/bench_ws16.py``."""
     from .route import MoEWorkspace, moe_align, moe_tiles
 
     H, N, E, k = 2048, 512, 256, 8
@@ -271,7 +275,7 @@ def real_case16(slots: int, block_m: int = 64, seed: int = 0, device="cuda"):
     x = torch.randn(T, H, device=device, generator=g).to(torch.bfloat16)
     gc = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randperm(E, generator=gc)[:k] for _ in range(T)]).to(device)
-    ws = MoEWorkspace(T, H, N, E, E + 1, k, torch.bfloat16, device, split_k=1)
+    ws = MoEWorkspace(T, H, N, E, E + 1, k, torch.bfloat16, device, split_k=1, pair_dtype=pair_dtype)
     moe_align(ids, torch.rand(T, k, generator=gc).to(device), ws)
     moe_tiles(ws, block_m, static=True)
     ws.inter.copy_(torch.randn(ws.inter.shape, device=device, generator=g).to(torch.bfloat16))

@@ -8,8 +8,8 @@ Modes of :func:`add_rmsnorm` (all update ``h`` in place and write ``normed``):
 
 * ``delta=None, pairs=None``: ``normed = rmsnorm(h)`` (no add; used after the embedding).
 * ``delta`` [T, H]: ``h += delta`` (attention output).
-* ``pairs`` [P1, H] fp32 (``MoEWorkspace.pair_out``): ``h += (Σ_k pairs[t*K+k] (+ pairs[T*K+t])).to(dtype)``,
-  i.e. the MoE top-k sum + shared expert fused with the residual add and the next norm.
+* ``pairs`` [P1, H] (``MoEWorkspace.pair_out``, bf16 or fp32): ``h += (Σ_k pairs[t*K+k] (+ pairs[T*K+t])).to(dtype)``
+  with the sum in fp32, i.e. the MoE top-k sum + shared expert fused with the residual add and the next norm.
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ def add_rmsnorm_reference(h, w, delta=None, pairs=None, top_k=1, shared=False, e
     if delta is not None:
         h = (h.float() + delta.float()).to(h.dtype)
     elif pairs is not None:
-        s = pairs[: T * top_k].view(T, top_k, -1).sum(1)
+        s = pairs[: T * top_k].view(T, top_k, -1).float().sum(1)
         if shared:
-            s = s + pairs[T * top_k: T * top_k + T]
+            s = s + pairs[T * top_k: T * top_k + T].float()
         h = (h.float() + s.to(h.dtype).float()).to(h.dtype)
     return h, rmsnorm_reference(h, w, eps)
 
@@ -57,9 +57,9 @@ if HAS_TRITON:
         if MODE == 2:
             s = tl.zeros((BLOCK_H,), dtype=tl.float32)
             for k in tl.static_range(TOPK):
-                s += tl.load(d_ptr + (t * TOPK + k) * H + offs, mask=msk, other=0.0)
+                s += tl.load(d_ptr + (t * TOPK + k) * H + offs, mask=msk, other=0.0).to(tl.float32)
             if HAS_SHARED:
-                s += tl.load(d_ptr + (T * TOPK + t) * H + offs, mask=msk, other=0.0)
+                s += tl.load(d_ptr + (T * TOPK + t) * H + offs, mask=msk, other=0.0).to(tl.float32)
             h = (h + s.to(dt).to(tl.float32)).to(dt).to(tl.float32)
             tl.store(h_ptr + t * H + offs, h.to(dt), mask=msk)
         _norm_store(h, dt, w_ptr, y_ptr, t, offs, msk, eps, H)
@@ -77,7 +77,7 @@ if HAS_TRITON:
     def _row_inputs(h_ptr, d_ptr, t, hlim, T, H: tl.constexpr, BLOCK_H: tl.constexpr, MODE: tl.constexpr,
                     TOPK: tl.constexpr, HAS_SHARED: tl.constexpr):
         """The loads of row t (columns < hlim): h [BLOCK_H], the addend (MODE 1: [BLOCK_H]; MODE 2: the top-k pair
-        rows [TOPK, BLOCK_H] fp32; MODE 0: h again) and the shared expert's row (MODE 2 with HAS_SHARED, else h)."""
+        rows [TOPK, BLOCK_H] in pairs' dtype; MODE 0: h again) and the shared expert's row (MODE 2 with HAS_SHARED, else h)."""
         offs = tl.arange(0, BLOCK_H)
         msk = offs < hlim
         hv = tl.load(h_ptr + t * H + offs, mask=msk, other=0.0)
@@ -105,9 +105,9 @@ if HAS_TRITON:
             h = (h + d.to(tl.float32)).to(dt).to(tl.float32)
             tl.store(h_ptr + t * H + offs, h.to(dt), mask=msk)
         if MODE == 2:
-            s = tl.sum(d, axis=0)
+            s = tl.sum(d.to(tl.float32), axis=0)
             if HAS_SHARED:
-                s += sh
+                s += sh.to(tl.float32)
             h = (h + s.to(dt).to(tl.float32)).to(dt).to(tl.float32)
             tl.store(h_ptr + t * H + offs, h.to(dt), mask=msk)
         _norm_store(h, dt, w_ptr, y_ptr, t, offs, msk, eps, H)

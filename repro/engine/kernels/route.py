@@ -356,11 +356,20 @@ class MoEWorkspace:
     part [SPLIT_K, T_PAD, E] fp32 (router partial logits); topk_ids [T, K] int32; topk_w [T, K] fp32;
     pair_w [P1] fp32; counts_all [n_slots, E1] int32 (one row per MoE layer in the fast path, so that each
     layer's select kernel can clear the next layer's row; ``counts`` is the row in use); pairs [E1, T_PAD]
-    int32; inter [P1, N] dtype; pair_out [P1, H] fp32; out [T, H] dtype, with P1 = T*K (+T with a shared
-    expert); tiles [MAXT, 2] int32 once :func:`moe_tiles` or ``moe_route_align(tile_block_m=)`` made it. The shared expert's row (index E) is constant: count T, pairs T*K + t, weight 1.
+    int32; inter [P1, N] dtype; pair_out [P1, H] ``pair_dtype`` (default: dtype); out [T, H] dtype, with P1 = T*K
+    (+T with a shared expert); tiles [MAXT, 2] int32 once :func:`moe_tiles` or ``moe_route_align(tile_block_m=)``
+    made it. The shared expert's row (index E) is constant: count T, pairs T*K + t, weight 1.
+
+    The expert GEMMs accumulate in fp32 and store each pair's output rounded to ``pair_dtype``; the top-k sum
+    (:func:`.moe.moe_sum`, :func:`.norm.add_rmsnorm`) adds the rows in fp32 and rounds once. In the activation
+    dtype (the default) a pair row is rounded where the HF LLaDA2 code rounds it (each expert's down_proj output
+    is bf16 there) and as vLLM/SGLang ``fused_moe`` store it (``intermediate_cache3`` in the activation dtype), at
+    half the bytes of fp32: at 32 slots the down GEMM writes 9,216 rows of H = 2,048 a layer, 37.7 MB in bf16
+    against 75.5 MB in fp32. ``pair_dtype=torch.float32`` keeps the fp32 sums (the tests that compare the GEMMs'
+    arithmetic use it).
     """
 
-    def __init__(self, T, H, N, E, E1, top_k, dtype, device, split_k=4, n_slots=1):
+    def __init__(self, T, H, N, E, E1, top_k, dtype, device, split_k=4, n_slots=1, pair_dtype=None):
         self.T, self.E, self.E1, self.top_k = T, E, E1, top_k
         self.T_PAD = T_PAD = max(16, next_pow2(T))
         P1 = T * top_k + (T if E1 == E + 1 else 0)
@@ -376,7 +385,7 @@ class MoEWorkspace:
         self.compact = False  # launch the expert GEMMs over (active list) instead of all E1 experts
         self.pairs = torch.zeros(E1, T_PAD, **i32)
         self.inter = torch.zeros(P1, N, dtype=dtype, device=device)
-        self.pair_out = torch.zeros(P1, H, **f32)
+        self.pair_out = torch.zeros(P1, H, dtype=pair_dtype or dtype, device=device)
         self.out = torch.zeros(T, H, dtype=dtype, device=device)
         self.slot = 0
         self.tiles = None  # tile table [MAXT, 2] of moe_tiles (expert GEMMs launched over it), BLOCK_M it is for
@@ -388,8 +397,8 @@ class MoEWorkspace:
             self.pair_w[T * top_k:] = 1.0
 
     @classmethod
-    def create(cls, T, H, N, E, E1, top_k, dtype, device, split_k=4, n_slots=1):
-        return cls(T, H, N, E, E1, top_k, dtype, device, split_k, n_slots)
+    def create(cls, T, H, N, E, E1, top_k, dtype, device, split_k=4, n_slots=1, pair_dtype=None):
+        return cls(T, H, N, E, E1, top_k, dtype, device, split_k, n_slots, pair_dtype=pair_dtype)
 
     @property
     def counts(self) -> torch.Tensor:
