@@ -16,6 +16,13 @@ from .test_moe import SMALL_CFG  # noqa: E402
 CFG = {**SMALL_CFG, "gate_up": dict(SMALL_CFG["gate_up"], BLOCK_K=32), "down": dict(SMALL_CFG["down"], BLOCK_K=32)}
 
 
+#: the fused 4-bit MoE in a 16-bit dtype against the fp32 reference on the same dequantized weights: three roundings
+#: to the dtype in sequence (inter, the pair rows, the output). Emulated in torch in bf16 at these tests' shapes over
+#: 40 seeds: rel. err. median 2.8e-3, max 3.4e-3 (max 2.8e-3 with fp32 pair rows); the H100's kernels 3.0e-3 and
+#: 3.1e-3 (2026-12-07). fp16 rounds 8x finer.
+BF16_TOL = 5e-3
+
+
 def _experts(T, H, N, E, shared, dtype, dev, seed):
     """Inputs + NVFP4 experts quantized from random weights by the checkpoint quantizer (the real path)."""
     g = torch.Generator().manual_seed(seed)
@@ -235,8 +242,7 @@ def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compa
     assert not torch.isnan(out).any()
     topk = (ws.topk_ids.long(), ws.topk_w)
     ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=topk)
-    tol = 1e-5 if dtype == torch.float32 else 3e-3
-    assert rel_err(out, ref) < tol
+    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else BF16_TOL)
     # the same experts dequantized at load through the 16-bit kernels: the same values, so the same result
     # up to the fp32 summation order (even/odd split of the K loop)
     a, b = w13.dequantize(), w2.dequantize()
@@ -262,7 +268,7 @@ def test_fused_moe_w4_k128_tiles_match_dequantized_reference(dev, block_k):
     out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=cfg)
     ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
     assert not torch.isnan(out).any()
-    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 3e-3)
+    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else BF16_TOL)
 
 
 #: the batched round's candidate 4-bit row tiles (docs/bench/graph_round_w4_sweep_sets.json): BLOCK_M 32 / 64
@@ -323,7 +329,7 @@ def test_fused_moe_w4_batched_row_tiles_match_dequantized_reference(dev, tiles):
         out = M.fused_moe(x, gate, bias, w13, w2, top_k=k, n_group=ng, topk_group=tg, ws=ws, configs=c)
         assert not torch.isnan(out).any()
         ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=(ws.topk_ids.long(), ws.topk_w))
-        assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 3e-3)
+        assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else BF16_TOL)
 
 
 def test_w4_refuses_bad_tiles_and_norm_fold(dev):
