@@ -5,7 +5,8 @@
 #   from: pip download --python-version 3.12 --only-binary=:all: --no-deps -d .whl <those>)
 # PLAN: auto (H100: quick-measure; other cards: measure) | quick-measure | measure | lean (about 450 s) |
 #       min (about 230 s: the loop's GPU tests and the batched-vs-single spread) | tune | serve-fused | ws-serve | ws |
-#       pairs (GPU tests, batch 32 with fp32 against bf16 MoE pair rows, the table's figures).
+#       pairs (GPU tests, batch 32 with fp32 against bf16 MoE pair rows, the table's figures) |
+#       down32 (the MoE kernels' tests, kernel families at 32 slots, moe_down tile variants at 32 slots).
 # Tiles tuned by an earlier call of the same machine are kept in .tuned/ and copied back in.
 # Every step is bounded (run_card.sh's BUDGET_S); results under $OUT (t/ tune, ab/ A/B of tiles, m/ measurements).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo WHEELS-FAILED
@@ -80,7 +81,19 @@ case $PLAN in
     done
     OUT=$O/m BUDGET_S=$(( ${END_S:-585} - SECONDS )) ROUND_ARGS="--prefixes 1024 --naive-iters 0 --iters 30" \
       bash $R ${STEPS:-batch batch-w4 spread round} 2>&1 | cut -c1-300 ;;
-  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve | ws | pairs"; exit 2 ;;
+  down32)  # the MoE kernels' GPU tests, the batched round's kernel families at 32 slots (BF16, 4-bit), then the
+           # batch-32 BF16 round with this card's moe_down tiles at 32 slots varied (DOWN_VARIANTS)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_moe_w4.py tests/kernels/test_moe.py \
+      tests/kernels/test_moe_ws.py tests/kernels/test_moe_w4_ws.py tests/kernels/test_moe_w4_hop.py 2>&1 | grep -v "^$" | tail -6
+    mkdir -p $O/b
+    for p in bf16 nvfp4-w4a16; do
+      timeout 90 python3 -m repro.engine.bench graph-round --slots 32 --breakdown --precision $p --json $O/b/gr32_$p.json \
+        2>&1 | grep -v '^{' | tail -30
+    done
+    OUT=$O/ab VARIANTS="${DOWN_VARIANTS:-as_tuned moe_down@32:BLOCK_N=256,num_warps=8 moe_down@32:num_stages=4 \
+moe_down@32:BLOCK_K=128,num_stages=2 moe_down@32:TMA=0 moe_down@32:num_warps=8 as_tuned}" PRECISIONS=bf16 SPREAD_SEEDS=0 \
+      timeout $(( ${END_S:-585} - SECONDS )) bash scripts/gpu/batched_tiles_ab.sh 2>&1 | tail -12 ;;
+  *) echo "plan: auto | quick-measure | measure | lean | min | tune | serve-fused | ws-serve | ws | pairs | down32"; exit 2 ;;
 esac
 # the device tool returns a few files only: everything under $OUT as one archive
 (cd "$O" && tar czf /tmp/out.tgz . && rm -rf ./* && mv /tmp/out.tgz all.tgz)
