@@ -242,7 +242,8 @@ def test_fused_moe_w4_matches_dequantized_reference(dev, dtype, T, shared, compa
     assert not torch.isnan(out).any()
     topk = (ws.topk_ids.long(), ws.topk_w)
     ref = W4.moe_w4_reference(x, gate, bias, w13, w2, k, ng, tg, topk=topk)
-    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else BF16_TOL)
+    tol = 1e-5 if dtype == torch.float32 else BF16_TOL
+    assert rel_err(out, ref) < tol
     # the same experts dequantized at load through the 16-bit kernels: the same values, so the same result
     # up to the fp32 summation order (even/odd split of the K loop)
     a, b = w13.dequantize(), w2.dequantize()
