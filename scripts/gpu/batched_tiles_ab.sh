@@ -7,7 +7,8 @@
 #   ws16       this card's batched 16-bit expert GEMMs (moe_gate_up, moe_down) on the warp-specialised Gluon kernels
 #              (repro/engine/kernels/moe_ws.py: IMPL "ws", BLOCK_M 64, 4 stages; BF16 only),
 #   ENTRY@S:K=V,K=V   this card's batched entry ENTRY (e.g. moe_down) at S slots with the keys K set to the integers V
-#              (over the entry's by_slots[S]), e.g. moe_down@32:BLOCK_N=256,num_warps=8,
+#              (over the entry's by_slots[S]), e.g. moe_down@32:BLOCK_N=256,num_warps=8; ENTRY:K=V,... the same on
+#              the entry itself (every S), e.g. attn:BLOCK_M=128,num_warps=8,
 # then the spread of the batched path's logits against the single-request path's (SPREAD_SEEDS, default 8; 0: none).
 # PRECISIONS: default "bf16 nvfp4-w4a16"; VARIANTS: default "as_tuned attn64 h200". Writes under $OUT.
 set -o pipefail
@@ -31,11 +32,15 @@ if v.startswith("ws16"):  # ws16 or ws16_mM_sS: BLOCK_M M, STAGES S
     from repro.engine.kernels.moe_ws import WS16_TILES_DEFAULT
     for k in ("gate_up", "down"):
         db[card][f"moe_{k}"] = dict(WS16_TILES_DEFAULT[k], IMPL="ws", BLOCK_M=m, STAGES=st, num_warps=4, num_stages=3)
-if "@" in v:  # ENTRY@S:K=V,...
-    entry, rest = v.split("@", 1)
-    slots, kv = rest.split(":", 1)
-    bs = db[card][entry].setdefault("by_slots", {})
-    bs[slots] = {**bs.get(slots, {}), **{k: int(x) for k, x in (p.split("=") for p in kv.split(","))}}
+if ":" in v:  # ENTRY@S:K=V,... (the entry's by_slots[S]) or ENTRY:K=V,... (the entry itself)
+    head, kv = v.split(":", 1)
+    keys = {k: int(x) for k, x in (p.split("=") for p in kv.split(","))}
+    if "@" in head:
+        entry, slots = head.split("@", 1)
+        bs = db[card][entry].setdefault("by_slots", {})
+        bs[slots] = {**bs.get(slots, {}), **keys}
+    else:
+        db[card][head] = {**db[card].get(head, {}), **keys}
 b.write_text(json.dumps(db)); a.write_text(json.dumps(da))
 PY
 }
