@@ -110,7 +110,8 @@ def kernel_breakdown(fw, head=True) -> dict:
     order: per layer the 1st is QKV and the 2nd the O projection, the last of the forward lm_head; the expert
     GEMMs of the first ``first_dense`` layers are the dense FFN (``dense_*``), the others the routed experts with
     the shared expert (one launch). Returns ``{family: ms, "total": ms, "kernels": n, "by_kernel": {name: ms}}`` (the
-    last: the attention and norm kernels by name); raises RuntimeError when the profiler recorded no kernel."""
+    last: the attention, norm and router/route kernels by name); raises RuntimeError when the profiler recorded no
+    kernel."""
     from .profiling import cuda_kernels
 
     try:
@@ -122,7 +123,7 @@ def kernel_breakdown(fw, head=True) -> dict:
     by_kernel: dict = {}
     for e, f in zip(ks, fams):
         out[f] += e["dur"] / 1e3
-        if f in ("attention", "norms"):
+        if f in ("attention", "norms", "router/route"):
             name = e["name"].split("(")[0]
             by_kernel[name] = by_kernel.get(name, 0.0) + e["dur"] / 1e3
     out["total"] = sum(out[f] for f in FAMILIES)
