@@ -369,8 +369,8 @@ if HAS_GLUON:
                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, TILES: gl.constexpr,
                     LOADER_WARPS: gl.constexpr, LOADER_REGS: gl.constexpr, SH_IN: gl.constexpr):
         """pair_out[p, h] = (Σ_n inter[p, n] · w'[e, h, n]) · g[e] · 2^8 (fp32, stored in out's dtype) over the
-        routed experts' pairs, rows h of BLOCK_N = 128 weight rows per program; programs of the shared expert E_SH exit, or with SH_IN compute it
-        from its bf16 rows ``wsh_ptr`` ([H, N], no g)."""
+        routed experts' pairs, rows h of BLOCK_N = 128 weight rows per program; programs of the shared expert E_SH
+        exit, or with SH_IN compute it from its bf16 rows ``wsh_ptr`` ([H, N], no g)."""
         gl.static_assert(BLOCK_K % 64 == 0, "BLOCK_K must be a multiple of 64")
         gl.static_assert(BLOCK_N == 128, "one warpgroup of 128 MMA rows: BLOCK_N 128")
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -391,8 +391,8 @@ if HAS_GLUON:
         else:
             sc = gl.load(g_ptr + e) * unit
         offs_h = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        gl.store(out_ptr + gl.expand_dims(p, 0) * H + gl.expand_dims(offs_h, 1), (acc * sc).to(out_ptr.dtype.element_ty),
-                 mask=gl.expand_dims(mmask, 0))
+        gl.store(out_ptr + gl.expand_dims(p, 0) * H + gl.expand_dims(offs_h, 1),
+                 (acc * sc).to(out_ptr.dtype.element_ty), mask=gl.expand_dims(mmask, 0))
 
 
 _SHARED_TILES: dict = {}
@@ -465,7 +465,8 @@ def moe_gate_up_ws(x, w13, ws, top_k, tiles: dict | None = None, shared: bool = 
 
 def moe_down_ws(w2, ws, tiles: dict | None = None, shared: bool = True):
     """The Gluon down kernel's launch over the routed experts and, with ``shared`` and a shared expert, the Triton
-    kernel over the shared expert's m-blocks; writes ``ws.pair_out`` (in its dtype). Errors as :func:`moe_gate_up_ws`."""
+    kernel over the shared expert's m-blocks; writes ``ws.pair_out`` (in its dtype). Errors as
+    :func:`moe_gate_up_ws`."""
     from .moe_gemm import _launch_grid, moe_down
 
     _check("moe_down_ws", ws.inter, w2, ws, 1)

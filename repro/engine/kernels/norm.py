@@ -77,7 +77,8 @@ if HAS_TRITON:
     def _row_inputs(h_ptr, d_ptr, t, hlim, T, H: tl.constexpr, BLOCK_H: tl.constexpr, MODE: tl.constexpr,
                     TOPK: tl.constexpr, HAS_SHARED: tl.constexpr):
         """The loads of row t (columns < hlim): h [BLOCK_H], the addend (MODE 1: [BLOCK_H]; MODE 2: the top-k pair
-        rows [TOPK, BLOCK_H] in pairs' dtype; MODE 0: h again) and the shared expert's row (MODE 2 with HAS_SHARED, else h)."""
+        rows [TOPK, BLOCK_H] in pairs' dtype; MODE 0: h again) and the shared expert's row (MODE 2 with HAS_SHARED,
+        else h)."""
         offs = tl.arange(0, BLOCK_H)
         msk = offs < hlim
         hv = tl.load(h_ptr + t * H + offs, mask=msk, other=0.0)
